@@ -1,0 +1,30 @@
+# The two commands of the README:
+#   make demo   - set up a virtual environment and run the workflow on a small generated volume
+#   make test   - set up a virtual environment and run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q uv
+	$(VENV)/bin/uv pip install -q --python $(PY) -e ".[dev]"
+	# PyTorch is a test-only reference; pip (not uv) finds the local CPU wheel.
+	$(VENV)/bin/pip install -q torch==2.13.0
+	touch $@
+
+demo: setup
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
+
+test: setup
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -m "not slow and not gpu"
+
+bench: setup
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) demo_out .pytest_cache .snakemake
