@@ -1,0 +1,1 @@
+"""The workflow side of znni: tasks, per-task execution, finalize, demo data."""
