@@ -1,2 +1,20 @@
-"""znni: exact dense sliding-window inference of 3D ConvNets (ZNNi in Python)."""
+"""znni: exact dense sliding-window inference of 3D ConvNets (ZNNi in Python).
+
+>>> import znni_core
+>>> net = znni_core.load_network("net.onnx")          # doctest: +SKIP
+>>> out = znni_core.infer(net, volume, memory_budget=2**30)   # doctest: +SKIP
+"""
 __version__ = "0.1.0"
+
+from .errors import ZnniError  # noqa: E402
+from .net import Network, load_network, save_network  # noqa: E402
+
+
+def infer(net, x, *, device="cpu", memory_budget=None, plan=None, progress=None):
+    """Dense sliding-window output; see :func:`znni_core.infer.infer`."""
+    from .inference import infer as _infer
+
+    return _infer(net, x, device=device, memory_budget=memory_budget, plan=plan, progress=progress)
+
+
+__all__ = ["Network", "ZnniError", "infer", "load_network", "save_network", "__version__"]

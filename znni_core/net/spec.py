@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Union
 
 import numpy as np
@@ -173,6 +174,10 @@ class Network:
 
     def digest(self) -> str:
         """A content hash of structure and weights (sha256 hex), stable across loaders."""
+        return self._digest
+
+    @cached_property
+    def _digest(self) -> str:
         h = hashlib.sha256()
         for layer in self.layers:
             if isinstance(layer, Conv):

@@ -1,0 +1,33 @@
+"""Test-wide settings: isolated caches, numba threading layer, the gpu/slurm markers."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+# before anything imports numba (PITFALLS: the default workqueue layer crashes under threads)
+os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
+_CACHE = tempfile.mkdtemp(prefix="znni-test-cache-")
+os.environ.setdefault("ZNNI_CACHE_DIR", _CACHE)
+os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(_CACHE, "numba"))
+
+import pytest  # noqa: E402
+
+
+def _has_gpu() -> bool:
+    try:
+        import cupy
+
+        return bool(cupy.is_available())
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu = _has_gpu()
+    sbatch = shutil.which("sbatch") is not None
+    for item in items:
+        if "gpu" in item.keywords and not gpu:
+            item.add_marker(pytest.mark.skip(reason="no CUDA device"))
+        if "slurm" in item.keywords and not sbatch:
+            item.add_marker(pytest.mark.skip(reason="no SLURM (sbatch not on PATH)"))

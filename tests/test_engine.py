@@ -1,0 +1,120 @@
+"""The engine end to end: every plan choice gives the dense sliding-window output.
+
+References: the definition applied window by window (``tests/reference.py``) and
+PyTorch's dilated dense formulation.  Tolerance: max relative error <= 1e-4 (float32).
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import znni_core
+from znni_core.errors import InputError, MemoryBudgetError, PlanError
+from znni_core.plan import Plan, autotune
+
+from .nets import NETS, make_net
+from .reference import max_rel_err, naive_dense, torch_dense
+
+TOL = 1e-4
+
+
+def _input(net, extra, seed=1, c=None):
+    rng = np.random.default_rng(seed)
+    shape = tuple(f + e for f, e in zip(net.field_of_view, extra))
+    return rng.standard_normal((c or net.in_channels,) + shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_default_infer_matches_torch_and_naive(name):
+    net = make_net(NETS[name], c_in=2 if name == "aniso" else 1)
+    x = _input(net, (5, 7, 6))
+    out = znni_core.infer(net, x)
+    ref = torch_dense(net, x)
+    assert out.shape == ref.shape == (net.out_channels,) + tuple(n - f + 1 for n, f in zip(x.shape[1:], net.field_of_view))
+    assert max_rel_err(out, ref) <= TOL
+    rng = np.random.default_rng(3)
+    pos = [tuple(int(rng.integers(0, s)) for s in out.shape[1:]) for _ in range(12)]
+    for p, v in naive_dense(net, x, pos).items():
+        assert max_rel_err(out[(slice(None),) + p], v) <= TOL, p
+
+
+@pytest.mark.parametrize("prim", ["direct-gemm", "direct-numba", "fft-data", "fft-task"])
+@pytest.mark.parametrize("name", ["iso2pool", "aniso"])
+def test_every_primitive_and_pool_mode(name, prim):
+    net = make_net(NETS[name], c_in=2 if name == "aniso" else 1, seed=5)
+    x = _input(net, (3, 9, 4), seed=2)
+    ref = torch_dense(net, x)
+    for modes in itertools.product(("mpf", "pool"), repeat=len(net.pools)):
+        plan = autotune(net, memory_budget=2 ** 30, primitives=(prim,), pool_modes=modes)
+        assert all(s.primitive == prim for s in plan.steps if s.op == "conv")
+        assert plan.pool_modes == modes
+        assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL, modes
+
+
+def test_micro_batches_and_small_patches_are_exact():
+    net = make_net(NETS["deep"], seed=7)
+    x = _input(net, (13, 6, 17))
+    ref = torch_dense(net, x)
+    # smallest legal patch: many tiles, last ones shifted back
+    d, f = net.pooling_product, net.field_of_view
+    plan = autotune(net, memory_budget=2 ** 30, patch_shape=tuple(a + b - 1 for a, b in zip(d, f)))
+    assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL
+    # force micro-batching by editing a plan's steps (the executor must honour them)
+    plan = autotune(net, memory_budget=2 ** 30, pool_modes=("mpf",) * 3, primitives=("fft-data",))
+    steps = tuple(s.__class__(**{**s.__dict__, "micro_batch": 3 if s.op == "conv" else 0}) for s in plan.steps)
+    mb_plan = Plan.from_dict({**plan.to_dict(), "steps": [s.__dict__ for s in steps]})
+    assert max_rel_err(znni_core.infer(net, x, plan=mb_plan), ref) <= TOL
+
+
+def test_small_budget_stays_exact_and_fits():
+    net = make_net(NETS["iso2pool"], seed=11)
+    x = _input(net, (20, 20, 20))
+    ref = torch_dense(net, x)
+    for budget in (2 ** 20, 4 * 2 ** 20, 64 * 2 ** 20):
+        plan = autotune(net, memory_budget=budget)
+        assert plan.predicted_peak_bytes <= budget
+        assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL
+
+
+def test_budget_too_small_is_a_clear_error():
+    net = make_net(NETS["iso2pool"])
+    with pytest.raises(MemoryBudgetError, match="budget"):
+        autotune(net, memory_budget=1000)
+
+
+def test_plan_json_round_trip_and_describe():
+    net = make_net(NETS["aniso"], c_in=2)
+    plan = autotune(net, memory_budget=2 ** 28)
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and again.digest() == plan.digest()
+    text = plan.describe()
+    assert "primitive" in text and str(plan.patch_shape) in text
+    assert plan.rejected, "the search keeps what it threw away"
+
+
+def test_field_of_view_formula():
+    net = make_net(NETS["aniso"], c_in=2)
+    # conv(1,3,3) pool(1,2,2) conv(2,3,2)@d(1,2,2) pool(1,3,2)@d(1,2,2) conv(1,2,2)@d(1,6,4)
+    assert net.field_of_view == (1 + 0 + 0 + 1 + 0 + 0, 1 + 2 + 1 + 4 + 4 + 6, 1 + 2 + 1 + 2 + 2 + 4)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda x: x.astype(np.uint8), "dtype"),
+    (lambda x: x[:, :3], "field of view"),
+    (lambda x: np.concatenate([x, x]), "channel"),
+    (lambda x: np.where(x > 2, np.nan, x).astype(np.float32), "NaN"),
+])
+def test_bad_input_is_a_clear_error(bad, match):
+    net = make_net(NETS["iso2pool"])
+    x = _input(net, (2, 2, 2))
+    with pytest.raises(InputError, match=match):
+        znni_core.infer(net, bad(x))
+
+
+def test_plan_for_another_network_is_refused():
+    a, b = make_net(NETS["nopool"], seed=1), make_net(NETS["nopool"], seed=2)
+    plan = autotune(a, memory_budget=2 ** 26)
+    with pytest.raises(PlanError, match="another network"):
+        znni_core.infer(b, _input(b, (1, 1, 1)), plan=plan)

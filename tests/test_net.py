@@ -1,0 +1,125 @@
+"""Network loading: ONNX from torch.onnx.export(dynamo=False), YAML + safetensors/npz, refusals."""
+from __future__ import annotations
+
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+
+import znni_core
+from znni_core.errors import NetworkError, UnsupportedOperatorError
+from znni_core.net import load_network, save_network
+from znni_core.net.spec import Conv
+
+from .nets import NETS, make_net
+from .reference import max_rel_err, torch_dense
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+
+def export(model, path, c_in=1, shape=(12, 12, 12)):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model.eval(), torch.zeros((1, c_in) + shape), str(path), dynamo=False)
+    return path
+
+
+def test_onnx_chain_matches_torch_model(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv3d(2, 4, (1, 3, 2)), nn.ELU(0.5), nn.MaxPool3d((1, 2, 2)), nn.Dropout(0.3),
+                          nn.Conv3d(4, 3, (2, 3, 3), bias=False), nn.LeakyReLU(0.2), nn.Identity(),
+                          nn.MaxPool3d((2, 1, 2)), nn.Conv3d(3, 3, 2), nn.Tanh(), nn.Conv3d(3, 2, 1), nn.Softmax(dim=1))
+    net = load_network(export(model, tmp_path / "m.onnx", c_in=2, shape=(10, 20, 20)))
+    assert net.in_channels == 2 and net.out_channels == 2
+    assert net.field_of_view == (1 + 0 + 0 + 1 + 1 + 1 * 2, 1 + 2 + 1 + 2 + 0 + 2, 1 + 1 + 1 + 4 + 2 + 4)
+    x = np.random.default_rng(0).standard_normal((2, 7, 19, 22)).astype(np.float32)
+    out = znni_core.infer(net, x)
+    # one window through the original torch model == one output voxel
+    f = net.field_of_view
+    with torch.no_grad():
+        for p in [(0, 0, 0), (1, 5, 7), tuple(s - 1 for s in out.shape[1:])]:
+            win = torch.from_numpy(x[:, p[0]:p[0] + f[0], p[1]:p[1] + f[1], p[2]:p[2] + f[2]][None].copy())
+            ref = model(win).numpy()[0, :, 0, 0, 0]
+            assert max_rel_err(out[(slice(None),) + p], ref) <= 1e-4
+    assert max_rel_err(out, torch_dense(net, x)) <= 1e-4
+
+
+def test_yaml_round_trip_safetensors_and_npz(tmp_path):
+    net = make_net(NETS["aniso"], c_in=2)
+    path = save_network(net, tmp_path / "n.yaml")
+    again = load_network(path)
+    assert again.digest() == net.digest()
+    # npz weights work too
+    import yaml
+    spec = yaml.safe_load(path.read_text())
+    arrays = {}
+    for i, layer in enumerate(net.layers):
+        if isinstance(layer, Conv):
+            arrays[f"l{i}.weight"] = layer.weight
+            if layer.bias is not None:
+                arrays[f"l{i}.bias"] = layer.bias
+    np.savez(tmp_path / "w.npz", **arrays)
+    spec["weights"] = "w.npz"
+    (tmp_path / "n2.yaml").write_text(yaml.safe_dump(spec))
+    assert load_network(tmp_path / "n2.yaml").digest() == net.digest()
+
+
+@pytest.mark.parametrize("module,match", [
+    (nn.Conv3d(1, 2, 3, padding=1), "pads"),
+    (nn.Conv3d(1, 2, 3, stride=2), "strides"),
+    (nn.Conv3d(1, 2, 3, dilation=2), "dilations"),
+    (nn.Sequential(nn.Conv3d(1, 2, 3), nn.MaxPool3d(2, stride=1)), "stride"),
+    (nn.Sequential(nn.Conv3d(1, 4, 3), nn.Conv3d(4, 4, 3, groups=2)), "group"),
+    (nn.Sequential(nn.Conv3d(1, 2, 3), nn.AvgPool3d(2)), "AveragePool"),
+    (nn.Sequential(nn.Conv3d(1, 2, 3), nn.Hardswish()), "HardSwish"),
+])
+def test_unsupported_onnx_is_refused_naming_the_node(tmp_path, module, match):
+    with pytest.raises(UnsupportedOperatorError, match=match) as err:
+        load_network(export(module, tmp_path / "bad.onnx"))
+    assert "node" in str(err.value)
+
+
+def test_non_finite_weights_refused_at_load(tmp_path):
+    model = nn.Conv3d(1, 2, 3)
+    with torch.no_grad():
+        model.weight[0, 0, 1, 1, 1] = float("nan")
+    with pytest.raises(NetworkError, match="NaN/Inf"):
+        load_network(export(model, tmp_path / "nan.onnx"))
+    net = make_net(NETS["nopool"])
+    path = save_network(net, tmp_path / "n.yaml")
+    from safetensors.numpy import load_file, save_file
+    t = load_file(str(tmp_path / "n.safetensors"))
+    t["l0.weight"][0, 0, 0, 0, 0] = np.inf
+    save_file(t, str(tmp_path / "n.safetensors"))
+    with pytest.raises(NetworkError, match="NaN/Inf"):
+        load_network(path)
+
+
+class Boom:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+@pytest.mark.parametrize("name", ["ckpt.pt", "model.pth", "weights.pkl", "sneaky.onnx"])
+def test_pickle_checkpoints_are_refused(tmp_path, name, capsys):
+    path = tmp_path / name
+    path.write_bytes(pickle.dumps({"w": Boom()}))
+    with pytest.raises(NetworkError):
+        load_network(path)
+    assert "pwned" not in capsys.readouterr().out
+
+
+def test_yaml_tags_are_refused(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text("format: znni-network/1\nlayers: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(NetworkError, match="safe"):
+        load_network(path)
+
+
+def test_channel_mismatch_inside_spec_is_refused():
+    with pytest.raises(NetworkError, match="input channels"):
+        make_net([("conv", 2, 3), ("conv", 2, 3)]).layers  # fine
+        from znni_core.net.spec import Network
+        Network((Conv(np.ones((2, 1, 3, 3, 3), np.float32)), Conv(np.ones((2, 3, 3, 3, 3), np.float32))))

@@ -1,0 +1,108 @@
+"""Run a :class:`~znni_core.plan.Plan` on one input patch.
+
+The executor follows the plan literally: per layer the chosen primitive, per pooling
+layer either MPF (all fragments batched, breadth first) or ``pool`` (one pooling
+offset at a time through the rest of the network, depth first: less memory, same
+result), conv layers in micro-batches of fragments.  It never does IO.
+
+Memory discipline matters: the planner's memory model (``plan/memory.py``) simulates
+exactly this code, so references to dead arrays are dropped as soon as possible.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ..errors import PlanError
+from ..layers import FFTConv, apply_activation, conv_direct_gemm, conv_direct_numba, max_pool, mpf, recombine
+from ..net.spec import Activation, Conv, Network, Pool
+
+
+def _conv_fn(step, layer: Conv, in_spatial, xp):
+    prim = step.primitive
+    if prim.startswith("fft-"):
+        return FFTConv(layer.weight, layer.bias, in_spatial, threads=step.threads, mode=prim[4:], xp=xp)
+    w = layer.weight if xp is np else xp.asarray(layer.weight)
+    b = None if layer.bias is None else (layer.bias if xp is np else xp.asarray(layer.bias))
+    if prim == "direct-gemm":
+        return lambda x: conv_direct_gemm(x, w, b)
+    if prim == "direct-numba":
+        if xp is not np:
+            raise PlanError("direct-numba is a CPU primitive; re-plan for the GPU")
+        return lambda x: conv_direct_numba(x, w, b)
+    raise PlanError(f"step {step.index}: unknown convolution primitive {prim!r}")
+
+
+def _run_conv(step, layer: Conv, x, xp):
+    fn = _conv_fn(step, layer, x.shape[2:], xp)
+    n = x.shape[0]
+    mb = step.micro_batch or n
+    if mb >= n:
+        return fn(x)
+    out = None
+    for i in range(0, n, mb):
+        part = fn(x[i:i + mb])
+        if out is None:
+            out = xp.empty((n,) + part.shape[1:], dtype=part.dtype)
+        out[i:i + part.shape[0]] = part
+        del part
+    return out
+
+
+def _fragment(x, window, offset):
+    """The pooled fragment at ``offset``: one slice of :func:`mpf`'s batch."""
+    m = [(n - p + 1) // p for n, p in zip(x.shape[2:], window)]
+    sl = tuple(slice(o, o + k * p) for o, k, p in zip(offset, m, window))
+    return max_pool(x[(slice(None), slice(None)) + sl], window)
+
+
+def _run(steps, layers, i, x, xp):
+    while i < len(steps):
+        step = steps[i]
+        layer = layers[step.index]
+        if step.op == "conv":
+            x = _run_conv(step, layer, x, xp)
+        elif step.op == "act":
+            if layer.kind != "identity":
+                x = apply_activation(x, layer.kind, layer.alpha, out=x)
+        elif step.primitive == "mpf":
+            x = mpf(x, layer.window)
+        else:  # depth-first pooling: each offset through the rest of the network
+            n = x.shape[0]
+            offsets = list(itertools.product(*(range(p) for p in layer.window)))
+            out = None
+            for k, off in enumerate(offsets):
+                y = _run(steps, layers, i + 1, _fragment(x, layer.window, off), xp)
+                if out is None:
+                    r = y.shape[0] // n
+                    out = xp.empty((n, len(offsets), r) + y.shape[1:], dtype=y.dtype)
+                out[:, k] = y.reshape((n, -1) + y.shape[1:])
+                del y
+            del x
+            return out.reshape((-1,) + out.shape[3:])
+        i += 1
+    return x
+
+
+def run_patch(plan, net: Network, x, *, xp=np):
+    """Dense output ``(C_out, n - F + 1)`` of one input patch ``(C, n)``.
+
+    The plan's choices (primitives, pool modes, micro-batches) apply to any patch whose
+    output is a multiple of the pooling product; a patch no larger than the plan's stays
+    within its memory budget.
+    """
+    fov, d = net.field_of_view, net.pooling_product
+    if any(n < f or (n - f + 1) % dd for n, f, dd in zip(x.shape[1:], fov, d)):
+        raise PlanError(f"patch of shape {tuple(x.shape[1:])}: every axis n needs n >= field of view {fov} "
+                        f"and (n - F + 1) divisible by the pooling product {d}")
+    if plan.network_digest != net.digest():
+        raise PlanError("the plan was made for another network (digest mismatch); re-run `znni plan`")
+    layers = net.layers
+    if plan.steps and plan.steps[0].op == "act":
+        x = x.copy()  # activations run in place; never modify the caller's input
+    y = _run(plan.steps, layers, 0, x[None], xp)
+    pools = [l.window for l in layers if isinstance(l, Pool)]
+    if pools:
+        y = recombine(y, pools)
+    return y[0]

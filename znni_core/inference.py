@@ -1,0 +1,84 @@
+"""``infer``: the dense sliding-window output of a network on an array."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from .errors import InputError, PlanError
+from .exec.device import require_device
+from .exec.tiling import run_tiled
+from .net.spec import Network
+
+
+def as_input(net: Network, x) -> np.ndarray:
+    """Validate and normalise ``x`` to float32 ``(C, Z, Y, X)`` (no silent rescaling)."""
+    if not isinstance(x, np.ndarray):
+        raise InputError(f"input must be a numpy array, got {type(x).__name__}")
+    if x.dtype.kind != "f":
+        raise InputError(f"input dtype is {x.dtype}, expected float32; convert and normalise explicitly "
+                         "(e.g. x.astype(np.float32) / 255) - znni never rescales silently")
+    if x.ndim == 3:
+        x = x[None]
+    if x.ndim != 4:
+        raise InputError(f"input must be (C, Z, Y, X) or (Z, Y, X); got shape {x.shape}")
+    if x.shape[0] != net.in_channels:
+        raise InputError(f"input has {x.shape[0]} channel(s) but the network expects {net.in_channels}")
+    fov = net.field_of_view
+    if any(n < f for n, f in zip(x.shape[1:], fov)):
+        raise InputError(f"input spatial shape {x.shape[1:]} (z, y, x) is smaller than the field of view {fov}; "
+                          "give at least one field of view of context on every axis")
+    if not np.isfinite(x).all():
+        raise InputError(f"input holds {int((~np.isfinite(x)).sum())} NaN/Inf value(s)")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+@contextlib.contextmanager
+def thread_limits(threads: int):
+    """Give BLAS and numba the plan's thread count for the duration of a run."""
+    from threadpoolctl import threadpool_limits
+
+    try:
+        import numba
+
+        old = numba.get_num_threads()
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    except Exception:  # numba missing or not configurable: nothing to restore
+        numba, old = None, None
+    try:
+        with threadpool_limits(limits=threads):
+            yield
+    finally:
+        if numba is not None and old is not None:
+            numba.set_num_threads(old)
+
+
+def infer(net: Network, x, *, device: str = "cpu", memory_budget: int | None = None, plan=None,
+          progress=None) -> np.ndarray:
+    """Dense sliding-window output of ``net`` on ``x``.
+
+    ``x`` is ``(C, Z, Y, X)`` or ``(Z, Y, X)`` float32; the result is
+    ``(C_out, Z - Fz + 1, Y - Fy + 1, X - Fx + 1)`` float32 with
+    ``out[:, i, j, k] = net(x[:, i:i+Fz, j:j+Fy, k:k+Fx])``.  Without a ``plan`` one is
+    made with ``effort="estimate"`` under ``memory_budget`` (bytes; default a fraction
+    of available RAM).  The budget bounds the engine's working memory per patch; the
+    whole input and the returned array are extra.
+
+    >>> import numpy as np
+    >>> from znni_core.net.spec import Network, Conv
+    >>> net = Network((Conv(np.ones((1, 1, 2, 2, 2), np.float32)),))
+    >>> infer(net, np.ones((3, 3, 3), np.float32)).shape
+    (1, 2, 2, 2)
+    """
+    from .plan.autotune import autotune
+
+    xp = require_device(device)
+    x = as_input(net, x)
+    if plan is None:
+        plan = autotune(net, memory_budget=memory_budget, device=device, effort="estimate")
+    elif plan.network_digest != net.digest():
+        raise PlanError("the plan was made for another network (digest mismatch); re-run `znni plan`")
+    elif plan.device != device:
+        raise PlanError(f"the plan is for device {plan.device!r} but device={device!r} was requested")
+    with thread_limits(plan.threads):
+        return run_tiled(plan, net, x, xp=xp, progress=progress)

@@ -1,0 +1,263 @@
+"""The memory-aware autotuner (ZNNi Sec. VI-A), as a transparent search.
+
+Candidates: every pool/MPF assignment of the pooling layers x input patch shapes
+(anisotropic networks get anisotropic patches).  For each, every convolution layer
+gets the fastest (primitive, micro-batch) whose peak fits the budget given what is
+alive at that point (the memory walk of ``plan/memory.py``).  Objective: dense output
+voxels per second = output voxels / sum of step times; constraint: peak <= budget.
+Everything thrown away is kept, with its reason, in ``Plan.rejected``.
+"""
+from __future__ import annotations
+
+import datetime
+import itertools
+import math
+import os
+
+import numpy as np
+
+from ..errors import MemoryBudgetError, PlanError
+from ..net.spec import Activation, Conv, Network, Pool
+from . import memory as M
+from . import timing as T
+from .plan import CONV_PRIMITIVES, Plan, Rejected, Step
+
+EFFORTS = ("estimate", "measure", "exhaustive")
+DEFAULT_BUDGET_FRACTION = 0.5  # of the RAM available when planning
+MAX_PATCH_VOXELS = 512 ** 3
+GIB = 2 ** 30
+
+
+def default_budget() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available * DEFAULT_BUDGET_FRACTION)
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _fmt(b: float) -> str:
+    return f"{b / 1e9:.2f} GB" if b >= 1e8 else f"{b / 1e6:.1f} MB"
+
+
+def patch_candidates(net: Network, max_voxels: int) -> list[tuple]:
+    """Input patch shapes: output per axis a multiple of the pooling product D."""
+    fov, d = np.array(net.field_of_view), np.array(net.pooling_product)
+    aniso = len(set(net.field_of_view)) > 1 or len(set(net.pooling_product)) > 1
+    aspects = [1.0, 2.0, 4.0, 8.0] if aniso else [1.0]
+    edges = sorted({int(round(v)) for v in np.geomspace(max(fov.max(), 8), 1024, 40)})
+    seen, out = set(), []
+    for edge in edges:
+        for a in aspects:
+            target = np.array([edge / a, edge, edge]) if fov[0] <= fov[1] else np.array([edge, edge / a, edge / a])
+            m = np.maximum(1, np.floor((target - fov + 1) / d)).astype(int)
+            shape = tuple(int(v) for v in m * d + fov - 1)
+            if shape not in seen and math.prod(shape) * net.in_channels <= max_voxels:
+                seen.add(shape)
+                out.append(shape)
+    return out
+
+
+def pool_mode_candidates(n_pools: int) -> list[tuple]:
+    if n_pools <= 4:
+        return list(itertools.product(("mpf", "pool"), repeat=n_pools))
+    # many pooling layers: depth-first on a prefix, MPF after (the ZNNi choices)
+    return [("pool",) * k + ("mpf",) * (n_pools - k) for k in range(n_pools + 1)]
+
+
+class _Timer:
+    def __init__(self, effort: str, threads: int):
+        self.cal = T.calibrate(threads)
+        self.meas = T.Measurements(threads) if effort != "estimate" else None
+        self.measure_all = effort == "exhaustive"
+
+    def conv(self, prim, n, layer, spatial, measure=False) -> float:
+        est = T.estimate_conv(prim, n, layer, spatial, self.cal)
+        if self.meas is not None and (measure or self.measure_all) and est < 20.0:
+            return self.meas.conv(prim, n, layer, spatial)
+        return est
+
+
+def _micro_batches(n: int) -> list[int]:
+    out, mb = [], n
+    while mb >= 1:
+        out.append(mb)
+        if mb == 1:
+            break
+        mb = (mb + 1) // 2
+    return out
+
+
+def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
+    """Best choices for one (patch, pool modes) candidate; returns (steps, seconds, peak, notes)."""
+    layers = net.layers
+    live_max: dict[int, int] = {}
+
+    def record(i, n, c, spatial, live):
+        live_max[i] = max(live_max.get(i, 0), live)
+        return "direct-gemm", 1
+
+    M.walk(net, patch, modes, record)  # pass 1: what is alive before each conv (shapes only)
+    decisions, notes = {}, []
+
+    def decide(i, n, c, spatial, live):
+        if i in decisions:
+            return decisions[i]
+        layer = layers[i]
+        room = budget - live_max[i]
+        options = []
+        for prim in primitives:
+            for mb in _micro_batches(n):
+                extra = M.conv_primitive_bytes(prim, mb, layer, spatial) + (M.nbytes((n, layer.out_channels) + M.out_spatial(layer, spatial)) if mb < n else 0)
+                options.append((prim, mb, extra))
+        fitting = [(p, mb, e) for p, mb, e in options if e <= room]
+        if not fitting:
+            p, mb, e = min(options, key=lambda o: o[2])
+            decisions[i] = (p, mb)
+            return decisions[i]
+        timed = []
+        for p, mb, e in fitting:
+            t = timer.conv(p, mb, layer, spatial, measure) * math.ceil(n / mb)
+            timed.append((t, p, mb))
+            if mb == n:
+                pass
+        timed.sort()
+        decisions[i] = (timed[0][1], timed[0][2])
+        best_t = timed[0][0]
+        for p in primitives:  # faster whole-batch alternatives refused for memory
+            e = M.conv_primitive_bytes(p, n, layer, spatial)
+            if e > room:
+                t = timer.conv(p, n, layer, spatial)
+                if t < best_t:
+                    notes.append(Rejected(f"layer {i} {p} (batch {n})", f"needs {_fmt(live_max[i] + e)} > budget {_fmt(budget)}"))
+        return decisions[i]
+
+    steps_mem, peak = M.walk(net, patch, modes, decide)
+    # repeats: steps after a depth-first pool run once per offset
+    repeat, reps, mode_iter = 1, {}, iter(modes)
+    for i, layer in enumerate(layers):
+        reps[i] = repeat
+        if isinstance(layer, Pool) and next(mode_iter) == "pool":
+            repeat *= math.prod(layer.window)
+    steps, total = [], 0.0
+    for sm in steps_mem:
+        layer = layers[sm.index]
+        if isinstance(layer, Conv):
+            prim, mb = decisions[sm.index]
+            n = sm.in_shape[0]
+            t = timer.conv(prim, mb, layer, sm.in_shape[2:], measure) * math.ceil(n / mb)
+            prim_name, mbv = prim, (0 if mb >= n else mb)
+        elif isinstance(layer, Activation):
+            t = T.estimate_elementwise(M.nbytes(sm.in_shape), timer.cal, 1.0 if layer.kind == "identity" else 2.0)
+            prim_name, mbv = layer.kind, 0
+        else:
+            t = T.estimate_elementwise(M.nbytes(sm.in_shape), timer.cal, 1.5)
+            prim_name, mbv = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)], 0
+        t *= reps[sm.index]
+        total += t
+        steps.append(Step(sm.index, sm.op, prim_name, sm.in_shape, sm.out_shape, mbv, timer.cal["threads"], t, sm.peak))
+    out_vox = math.prod(net.output_shape(patch))
+    total += T.estimate_elementwise(M.nbytes((net.out_channels, out_vox)), timer.cal, 2.0)  # recombine
+    return steps, total, peak, notes
+
+
+def autotune(net: Network, *, memory_budget: int | None = None, device: str = "cpu", effort: str = "estimate",
+             threads: int | None = None, patch_shape=None, primitives=None, pool_modes=None,
+             use_cache: bool = True) -> Plan:
+    """Choose input patch, pool/MPF per pooling layer, primitive and micro-batch per conv layer.
+
+    Raises :class:`MemoryBudgetError` when not even the smallest patch fits, naming what it needs.
+    """
+    if effort not in EFFORTS:
+        raise PlanError(f"effort {effort!r} is not one of {EFFORTS}")
+    if device != "cpu":
+        from ..exec.device import require_device
+
+        require_device(device)
+    budget = int(memory_budget) if memory_budget is not None else default_budget()
+    if budget <= 0:
+        raise PlanError(f"memory budget {memory_budget!r} must be a positive number of bytes")
+    threads = int(threads or default_threads())
+    prims = tuple(primitives or CONV_PRIMITIVES)
+    bad = [p for p in prims if p not in CONV_PRIMITIVES]
+    if bad:
+        raise PlanError(f"unknown primitives {bad}; choose from {CONV_PRIMITIVES}")
+
+    cache = T.JsonCache(T.cache_dir() / "plans.json") if use_cache and effort != "estimate" else None
+    ckey = f"{net.digest()}|{budget}|{device}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|{T.machine_key(threads)}"
+    if cache is not None and (hit := cache.get(ckey)):
+        return Plan.from_dict(hit)
+
+    timer = _Timer(effort, threads)
+    if patch_shape is not None:
+        patch_shape = tuple(int(v) for v in patch_shape)
+        fov, d = net.field_of_view, net.pooling_product
+        bad = [(n, f, dd) for n, f, dd in zip(patch_shape, fov, d) if n < f or (n - f + 1) % dd]
+        if bad:
+            raise PlanError(f"patch shape {patch_shape}: each axis n needs n >= field of view {fov} and "
+                            f"(n - F + 1) divisible by the pooling product {d}")
+        patches = [patch_shape]
+    else:
+        patches = patch_candidates(net, MAX_PATCH_VOXELS)
+    mode_sets = pool_mode_candidates(len(net.pools))
+    if pool_modes is not None:
+        pool_modes = tuple(pool_modes)
+        if len(pool_modes) != len(net.pools) or any(m not in ("mpf", "pool") for m in pool_modes):
+            raise PlanError(f"pool_modes {pool_modes} must give 'mpf' or 'pool' for each of the "
+                            f"{len(net.pools)} pooling layers")
+        mode_sets = [pool_modes]
+
+    results, rejected = [], []
+    smallest_need = None
+    for patch in patches:
+        if M.nbytes((net.in_channels,) + patch) * 2 > budget:
+            continue
+        for modes in mode_sets:
+            steps, secs, peak, notes = _evaluate(net, patch, modes, budget, timer, prims)
+            desc = f"patch {patch} pools {'/'.join(modes) or '-'}"
+            vps = math.prod(net.output_shape(patch)) / secs
+            if peak > budget:
+                rejected.append(Rejected(desc, f"needs {_fmt(peak)} > budget {_fmt(budget)}", vps))
+                smallest_need = peak if smallest_need is None else min(smallest_need, peak)
+            else:
+                results.append((vps, patch, modes, steps, secs, peak, notes))
+    if not results:
+        need = smallest_need or M.nbytes((net.in_channels,) + tuple(net.field_of_view)) * 2
+        raise MemoryBudgetError(
+            f"no plan fits the memory budget of {_fmt(budget)}: the smallest candidate needs {_fmt(need)}. "
+            f"Raise the budget (--memory / mem_mb) to at least {_fmt(need * 1.1)}.")
+    results.sort(key=lambda r: -r[0])
+
+    if effort in ("measure", "exhaustive"):
+        # re-time the best candidates on real shapes (exhaustive: all were measured already)
+        top = results if effort == "exhaustive" else results[:3]
+        remeasured = []
+        for vps, patch, modes, *_ in top:
+            steps, secs, peak, notes = _evaluate(net, patch, modes, budget, timer, prims, measure=True)
+            remeasured.append((math.prod(net.output_shape(patch)) / secs, patch, modes, steps, secs, peak, notes))
+        remeasured.sort(key=lambda r: -r[0])
+        results = remeasured + results[len(top):]
+
+    vps, patch, modes, steps, secs, peak, notes = results[0]
+    for r in results[1:]:
+        rejected.append(Rejected(f"patch {r[1]} pools {'/'.join(r[2]) or '-'}",
+                                 f"slower: {r[0]:,.0f} < {vps:,.0f} voxels/s", r[0]))
+    rejected.sort(key=lambda r: -r.voxels_per_s)
+    plan = Plan(
+        network_digest=net.digest(), device=device, patch_shape=patch, output_shape=net.output_shape(patch),
+        field_of_view=net.field_of_view, memory_budget=budget, steps=tuple(steps), predicted_seconds=secs,
+        predicted_peak_bytes=int(peak), effort=effort, threads=threads,
+        rejected=tuple(notes) + tuple(rejected[:50]),
+        provenance={"versions": T.versions(), "cpu": T.cpu_model(), "threads": threads,
+                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "effort": effort, "candidates": len(patches) * len(mode_sets),
+                    "calibration": {k: timer.cal[k] for k in ("gemm_flops", "numba_flops", "mem_bw")}},
+    )
+    if cache is not None:
+        cache.put(ckey, plan.to_dict())
+    return plan

@@ -1,0 +1,124 @@
+"""Predicted memory of running a plan: a symbolic walk of ``exec/engine.py``.
+
+The walk mirrors the executor step by step: what is alive (the caller's patch, the
+pre-pool tensors held by depth-first pooling, partial results) plus the chosen
+primitive's own peak (its output and workspace, from ``layers``' memory formulas).
+Shapes are ``(N, C, z, y, x)``; bytes are float32.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .. import layers as L
+from ..net.spec import Activation, Conv, Network, Pool
+
+F32 = 4
+
+
+def nbytes(shape) -> int:
+    return F32 * math.prod(shape)
+
+
+def conv_primitive_bytes(primitive: str, n: int, layer: Conv, in_spatial) -> int:
+    """Peak bytes one primitive call allocates (output + workspace, not its input)."""
+    args = (n, layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel)
+    if primitive == "direct-gemm":
+        return int(L.conv_direct_gemm_memory(*args))
+    if primitive == "direct-numba":
+        return int(L.conv_direct_numba_memory(*args))
+    if primitive.startswith("fft-"):
+        return int(L.fft_conv_memory(*args, mode=primitive[4:]))
+    raise ValueError(f"unknown convolution primitive {primitive!r}")
+
+
+def act_extra_bytes(kind: str, shape) -> int:
+    """Temporaries of an in-place activation (relu/identity need none)."""
+    return 0 if kind in ("relu", "identity") else nbytes(shape)
+
+
+@dataclass
+class StepMemory:
+    index: int
+    op: str
+    in_shape: tuple
+    out_shape: tuple
+    peak: int  # live bytes at this step's peak (max over repeats in depth-first pooling)
+
+
+def out_spatial(layer, spatial):
+    if isinstance(layer, Conv):
+        return tuple(n - k + 1 for n, k in zip(spatial, layer.kernel))
+    if isinstance(layer, Pool):
+        return tuple((n - p + 1) // p for n, p in zip(spatial, layer.window))
+    return tuple(spatial)
+
+
+def walk(net: Network, patch_shape, pool_modes, conv_choice) -> tuple[list[StepMemory], int]:
+    """Simulate the executor on ``patch_shape``.
+
+    ``pool_modes``: per pooling layer (network order) ``"mpf"`` or ``"pool"``;
+    ``conv_choice(layer_index, n, c_in, in_spatial, live) -> (primitive, micro_batch)`` where
+    ``live`` is what is alive before the call (independent of the choices: shapes only).
+    Returns per-step records and the overall predicted peak in bytes.
+    """
+    layers = net.layers
+    records: dict[int, StepMemory] = {}
+    modes = iter(pool_modes)
+    mode_of = {i: next(modes) for i, l in enumerate(layers) if isinstance(l, Pool)}
+    patch = (1, net.in_channels) + tuple(patch_shape)
+
+    def note(i, op, sin, sout, peak):
+        r = records.get(i)
+        if r is None or peak > r.peak:
+            records[i] = StepMemory(i, op, sin, sout, peak)
+
+    def sim(i, shape, held, x_bytes):
+        """Run from layer i with current x of ``shape``; ``held`` bytes alive outside;
+        ``x_bytes`` = bytes of x owned here (0 if x is a view of someone else's array).
+        Returns (final shape, peak, bytes owned by the result)."""
+        peak = held + x_bytes
+        while i < len(layers):
+            layer = layers[i]
+            n, c = shape[0], shape[1]
+            if isinstance(layer, Conv):
+                prim, mb = conv_choice(i, n, c, shape[2:], held + x_bytes)
+                out = (n, layer.out_channels) + out_spatial(layer, shape[2:])
+                mb = mb or n
+                if mb >= n:
+                    p = held + x_bytes + conv_primitive_bytes(prim, n, layer, shape[2:])
+                else:
+                    p = held + x_bytes + nbytes(out) + conv_primitive_bytes(prim, mb, layer, shape[2:])
+                note(i, "conv", shape, out, p)
+                shape, x_bytes = out, nbytes(out)
+            elif isinstance(layer, Activation):
+                p = held + x_bytes + act_extra_bytes(layer.kind, shape)
+                note(i, "act", shape, shape, p)
+            elif mode_of[i] == "mpf":
+                sp = out_spatial(layer, shape[2:])
+                out = (n * math.prod(layer.window), c) + sp
+                p = held + x_bytes + nbytes(out)
+                note(i, "pool", shape, out, p)
+                shape, x_bytes = out, nbytes(out)
+            else:  # depth-first: every offset through the rest, results gathered
+                nfrag = math.prod(layer.window)
+                frag = (n, c) + out_spatial(layer, shape[2:])
+                note(i, "pool", shape, frag, held + x_bytes + nbytes(frag))
+                # first offset: no gather buffer yet; the result then the buffer coexist
+                fshape, p0, y_bytes = sim(i + 1, frag, held + x_bytes, nbytes(frag))
+                gather = nfrag * y_bytes
+                first = max(p0, held + x_bytes + y_bytes + gather)
+                # later offsets run while the gather buffer is alive
+                _, p1, _ = sim(i + 1, frag, held + x_bytes + gather, nbytes(frag))
+                peak = max(peak, first, p1 if nfrag > 1 else 0)
+                out = (fshape[0] * nfrag,) + fshape[1:]
+                return out, peak, gather
+            peak = max(peak, p)
+            i += 1
+        return shape, peak, x_bytes
+
+    final, peak, y_bytes = sim(0, patch, nbytes(patch), 0)
+    if net.pools:  # recombine: fragments -> dense copy
+        peak = max(peak, nbytes(patch) + y_bytes + y_bytes)
+    steps = [records[i] for i in sorted(records)]
+    return steps, int(peak)

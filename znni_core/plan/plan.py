@@ -1,0 +1,156 @@
+"""The frozen, serialisable :class:`Plan`: what the autotuner chose and why.
+
+A plan is data: executors take a plan and arrays, nothing else.  It round-trips
+through JSON (``Plan.from_json(plan.to_json()) == plan``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from ..errors import PlanError
+
+PLAN_FORMAT = "znni-plan/1"
+CONV_PRIMITIVES = ("direct-gemm", "direct-numba", "fft-data", "fft-task")
+POOL_MODES = ("mpf", "pool")  # mpf: fragments batched; pool: fragments one at a time through the rest
+
+
+def _tuple(v):
+    return tuple(_tuple(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+@dataclass(frozen=True)
+class Step:
+    """One layer of the network as the plan runs it."""
+
+    index: int  # position in Network.layers
+    op: str  # conv | pool | act
+    primitive: str  # conv: CONV_PRIMITIVES; pool: mpf | pool; act: the activation kind
+    in_shape: tuple  # (N, C, z, y, x) as this step sees it (N = fragments in flight)
+    out_shape: tuple
+    micro_batch: int = 0  # conv: fragments per primitive call (0 = all)
+    threads: int = 1
+    seconds: float = 0.0  # predicted time of this step over the whole patch
+    bytes: int = 0  # predicted live bytes at this step's peak
+
+    def __post_init__(self):
+        object.__setattr__(self, "in_shape", _tuple(self.in_shape))
+        object.__setattr__(self, "out_shape", _tuple(self.out_shape))
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A candidate the search threw away, and why (never silently)."""
+
+    candidate: str
+    reason: str
+    voxels_per_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    network_digest: str
+    device: str
+    patch_shape: tuple  # input patch (z, y, x)
+    output_shape: tuple  # dense output per patch (z, y, x)
+    field_of_view: tuple
+    memory_budget: int
+    steps: tuple
+    predicted_seconds: float
+    predicted_peak_bytes: int
+    effort: str = "estimate"
+    threads: int = 1
+    rejected: tuple = ()
+    provenance: dict = field(default_factory=dict, compare=False, hash=False)
+    format: str = PLAN_FORMAT
+
+    def __post_init__(self):
+        for name in ("patch_shape", "output_shape", "field_of_view"):
+            object.__setattr__(self, name, _tuple(getattr(self, name)))
+        object.__setattr__(self, "steps", tuple(s if isinstance(s, Step) else Step(**s) for s in self.steps))
+        object.__setattr__(self, "rejected", tuple(r if isinstance(r, Rejected) else Rejected(**r) for r in self.rejected))
+        if self.format != PLAN_FORMAT:
+            raise PlanError(f"plan format {self.format!r} is not {PLAN_FORMAT!r}; re-run `znni plan`")
+
+    # ---- derived ----------------------------------------------------------
+    @property
+    def output_voxels(self) -> int:
+        z, y, x = self.output_shape
+        return int(z * y * x)
+
+    @property
+    def predicted_voxels_per_s(self) -> float:
+        return self.output_voxels / self.predicted_seconds if self.predicted_seconds > 0 else 0.0
+
+    @property
+    def pool_modes(self) -> tuple:
+        return tuple(s.primitive for s in self.steps if s.op == "pool")
+
+    # ---- serialisation --------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["predicted_voxels_per_s"] = self.predicted_voxels_per_s
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names - {"predicted_voxels_per_s"}
+        if unknown:
+            raise PlanError(f"plan has unknown keys {sorted(unknown)}; was it written by a newer znni?")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"plan is not valid JSON: {exc}") from exc
+        return cls.from_dict(d)
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path) -> "Plan":
+        path = Path(path)
+        if not path.is_file():
+            raise PlanError(f"plan file {path} does not exist; create it with `znni plan`")
+        return cls.from_json(path.read_text())
+
+    def digest(self) -> str:
+        """Hash of what determines the computation (not the provenance or predictions)."""
+        key = {"net": self.network_digest, "device": self.device, "patch": self.patch_shape,
+               "steps": [(s.index, s.op, s.primitive, s.micro_batch, s.threads) for s in self.steps]}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+    # ---- display ---------------------------------------------------------------
+    def describe(self, max_rejected: int = 5) -> str:
+        gib = 2 ** 30
+        lines = [
+            f"plan for network {self.network_digest[:12]} on {self.device} ({self.threads} threads), effort {self.effort}",
+            f"input patch {self.patch_shape} -> dense output {self.output_shape} (field of view {self.field_of_view})",
+            f"predicted {self.predicted_seconds:.3g} s/patch, {self.predicted_voxels_per_s:,.0f} output voxels/s, "
+            f"peak {self.predicted_peak_bytes / gib:.3f} GiB of budget {self.memory_budget / gib:.3f} GiB",
+            "",
+            f"{'#':>3} {'layer':<6} {'primitive':<13} {'in (N,C,z,y,x)':<28} {'out':<28} {'mb':>4} {'seconds':>9} {'GiB':>8}",
+        ]
+        for s in self.steps:
+            mb = str(s.micro_batch) if s.op == "conv" and s.micro_batch else ""
+            lines.append(f"{s.index:>3} {s.op:<6} {s.primitive:<13} {str(s.in_shape):<28} {str(s.out_shape):<28} "
+                         f"{mb:>4} {s.seconds:>9.3g} {s.bytes / gib:>8.3f}")
+        if self.rejected:
+            lines += ["", f"rejected alternatives ({len(self.rejected)} in all; top {min(max_rejected, len(self.rejected))}):"]
+            for r in self.rejected[:max_rejected]:
+                lines.append(f"  {r.candidate}: {r.reason}")
+        return "\n".join(lines)

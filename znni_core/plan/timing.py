@@ -1,0 +1,192 @@
+"""Time models for primitives: ``estimate`` (analytic, calibrated once per machine)
+and ``measure`` (timed on the real shapes, cached on disk like FFTW wisdom).
+
+Caches live in ``$ZNNI_CACHE_DIR`` (default ``~/.cache/znni``), keyed by CPU model,
+thread count and library versions, so a cluster plans once and every node reuses it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import layers as L
+from ..net.spec import Conv
+
+F32 = 4
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("ZNNI_CACHE_DIR") or Path.home() / ".cache" / "znni")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def versions() -> dict:
+    import scipy
+
+    import znni_core
+
+    out = {"znni": znni_core.__version__, "numpy": np.__version__, "scipy": scipy.__version__,
+           "python": platform.python_version()}
+    for mod in ("pyfftw", "numba"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # optional at runtime
+            out[mod] = None
+    return out
+
+
+def machine_key(threads: int) -> str:
+    blas = os.environ.get("OPENBLAS_CORETYPE", "")
+    raw = json.dumps([cpu_model(), threads, versions(), blas], sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _best_of(fn, repeats=3) -> float:
+    fn()  # warm-up (plans, compiles)
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+class JsonCache:
+    """A tiny persistent key -> value store (JSON), written atomically."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            self.data = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        except (OSError, json.JSONDecodeError):
+            self.data = {}  # a corrupt cache is only a cache: start over
+
+    def get(self, key):
+        return self.data.get(key)
+
+    def put(self, key, value):
+        self.data[key] = value
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.data, sort_keys=True))
+        os.replace(tmp, self.path)
+
+
+# --------------------------------------------------------------------- calibration
+def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
+    """Machine rates for the analytic model, measured once (about 2 s) and cached."""
+    cache = JsonCache(cache_dir() / "calibration.json")
+    key = machine_key(threads)
+    if not refresh and (hit := cache.get(key)):
+        return hit
+    rng = np.random.default_rng(0)
+    # direct convolution (BLAS lowering): effective FLOP/s on a mid-size layer
+    x = rng.standard_normal((1, 16, 20, 20, 20), dtype=np.float32)
+    w = rng.standard_normal((16, 16, 3, 3, 3), dtype=np.float32)
+    flops = 2 * 16 * 16 * 27 * 18 ** 3
+    gemm = flops / _best_of(lambda: L.conv_direct_gemm(x, w))
+    numba_rate = flops / _best_of(lambda: L.conv_direct_numba(x, w))
+    # FFT: cost per V log2 V of one real transform, and complex multiply-adds per second
+    xs = rng.standard_normal((1, 4, 32, 32, 32), dtype=np.float32)
+    w5 = rng.standard_normal((4, 4, 5, 5, 5), dtype=np.float32)
+    rates = {}
+    for mode in ("data", "task"):
+        conv = L.FFTConv(w5, None, (32, 32, 32), threads=threads, mode=mode)
+        t_small = _best_of(lambda: conv(xs))
+        xs2 = rng.standard_normal((1, 16, 32, 32, 32), dtype=np.float32)
+        conv2 = L.FFTConv(rng.standard_normal((16, 16, 5, 5, 5), dtype=np.float32), None, (32, 32, 32),
+                          threads=threads, mode=mode)
+        t_big = _best_of(lambda: conv2(xs2))
+        v = math.prod(L.fft_shape((32, 32, 32)))
+        vlog = v * math.log2(v)
+        # t = a * transforms * VlogV + b * macs * V/2 ; transforms: N*(Cin+Cout); macs: Cin*Cout
+        a11, a12, b1 = 8 * vlog, 16 * v / 2, t_small
+        a21, a22, b2 = 32 * vlog, 256 * v / 2, t_big
+        det = a11 * a22 - a12 * a21
+        per_vlog = max((b1 * a22 - a12 * b2) / det, 1e-12)
+        per_mac = max((a11 * b2 - a21 * b1) / det, 1e-12)
+        rates[mode] = {"s_per_vlogv": per_vlog, "s_per_mac": per_mac}
+    big = np.empty(2 ** 24, dtype=np.float32)
+    bw = big.nbytes * 2 / _best_of(lambda: np.maximum(big, 0, out=big))
+    cal = {"gemm_flops": gemm, "numba_flops": numba_rate, "fft": rates, "mem_bw": bw,
+           "cpu": cpu_model(), "threads": threads}
+    cache.put(key, cal)
+    return cal
+
+
+def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict) -> float:
+    out = [s - k + 1 for s, k in zip(in_spatial, layer.kernel)]
+    cin, cout = layer.in_channels, layer.out_channels
+    flops = 2.0 * n * cin * cout * math.prod(layer.kernel) * math.prod(out)
+    if primitive == "direct-gemm":
+        lowered = n * cin * math.prod(layer.kernel) * math.prod(out) * F32
+        return flops / cal["gemm_flops"] + lowered / cal["mem_bw"]
+    if primitive == "direct-numba":
+        return flops / cal["numba_flops"]
+    r = cal["fft"][primitive[4:]]
+    v = math.prod(L.fft_shape(in_spatial))
+    vlog = v * math.log2(max(v, 2))
+    kernel_transforms = cin * cout * 0.5  # pruned: about half the work of a full transform
+    transforms = n * (cin + cout) + kernel_transforms
+    return transforms * vlog * r["s_per_vlogv"] + n * cin * cout * (v / 2) * r["s_per_mac"]
+
+
+def estimate_elementwise(shape_bytes: int, cal: dict, passes: float = 2.0) -> float:
+    return passes * shape_bytes / cal["mem_bw"]
+
+
+# --------------------------------------------------------------------- measurement
+class Measurements:
+    """Timed primitive runs on real shapes, cached per (primitive, shape, threads, machine)."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.cache = JsonCache(cache_dir() / f"measure-{machine_key(threads)}.json")
+
+    def conv(self, primitive: str, n: int, layer: Conv, in_spatial) -> float:
+        key = f"{primitive}|{n}|{layer.in_channels}|{layer.out_channels}|{tuple(in_spatial)}|{layer.kernel}"
+        if (hit := self.cache.get(key)) is not None:
+            return hit
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((n, layer.in_channels) + tuple(in_spatial), dtype=np.float32)
+        w = layer.weight
+        if primitive == "direct-gemm":
+            fn = lambda: L.conv_direct_gemm(x, w, layer.bias)  # noqa: E731
+        elif primitive == "direct-numba":
+            fn = lambda: L.conv_direct_numba(x, w, layer.bias)  # noqa: E731
+        else:
+            def fn():
+                L.FFTConv(w, layer.bias, tuple(in_spatial), threads=self.threads, mode=primitive[4:])(x)
+        t = _best_of(fn, repeats=1)
+        self.cache.put(key, t)
+        return t
+
+    def export(self, path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps({"machine": machine_key(self.threads), "data": self.cache.data}, sort_keys=True))
+        return path
+
+    def import_(self, path) -> int:
+        d = json.loads(Path(path).read_text())
+        if d.get("machine") != machine_key(self.threads):
+            return 0  # measurements of another machine/version do not apply
+        for k, v in d["data"].items():
+            self.cache.put(k, v)
+        return len(d["data"])
