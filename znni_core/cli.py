@@ -1,10 +1,122 @@
 """The ``znni`` command line: engine commands here, workflow commands from :mod:`znni_core.pipeline.cli`."""
 from __future__ import annotations
 
+import re
+import sys
+from pathlib import Path
+from typing import Optional
+
 import typer
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="znni: exact dense sliding-window inference of 3D ConvNets over EM volumes.")
+
+_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
+          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "t": 10 ** 12, "tb": 10 ** 12, "tib": 2 ** 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"2GiB"``, ``"500MB"``, ``"1e9"`` -> bytes."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise typer.BadParameter(f"{text!r} is not a size; use bytes or a unit like 512MiB, 2GiB, 8GB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _fail(exc: Exception) -> None:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def info(net: Path = typer.Argument(..., help="network (.onnx or .yaml)")):
+    """Describe a network: layers, field of view, halo, digest."""
+    from . import load_network
+    from .errors import ZnniError
+
+    try:
+        n = load_network(net)
+    except ZnniError as exc:
+        _fail(exc)
+    typer.echo(n.describe())
+    low, high = n.halo
+    typer.echo(f"halo low {low} high {high} (z, y, x); pooling product {n.pooling_product}; digest {n.digest()[:16]}")
+
+
+@app.command()
+def plan(
+    net: Path = typer.Argument(..., help="network (.onnx or .yaml)"),
+    memory: str = typer.Option(None, "--memory", "-m", help="memory budget (bytes or 2GiB); default: half the available RAM"),
+    device: str = typer.Option("cpu", help="cpu | gpu"),
+    effort: str = typer.Option("estimate", help="estimate | measure | exhaustive"),
+    threads: Optional[int] = typer.Option(None, help="threads (default: the CPUs this process may use)"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the plan as JSON here"),
+    rejected: int = typer.Option(5, help="how many rejected alternatives to print"),
+):
+    """Autotune and print a plan (ZNNi Table IV style); write it with --output."""
+    from . import load_network
+    from .errors import ZnniError
+    from .plan import autotune
+
+    try:
+        p = autotune(load_network(net), memory_budget=parse_bytes(memory) if memory else None, device=device,
+                     effort=effort, threads=threads)
+    except ZnniError as exc:
+        _fail(exc)
+    typer.echo(p.describe(max_rejected=rejected))
+    if output:
+        p.save(output)
+        typer.echo(f"\nplan written to {output}")
+
+
+def _read_array(path: str):
+    import numpy as np
+
+    if path.endswith(".npy"):
+        return np.load(path, allow_pickle=False)
+    if path.endswith((".tif", ".tiff")):
+        import tifffile
+
+        return tifffile.imread(path)
+    raise typer.BadParameter(f"{path}: input must be .npy or .tif (use the workflow for layers)")
+
+
+@app.command("infer")
+def infer_cmd(
+    net: Path = typer.Argument(..., help="network (.onnx or .yaml)"),
+    input: str = typer.Argument(..., help="input volume .npy / .tif, (z, y, x) or (c, z, y, x)"),
+    output: str = typer.Argument(..., help="output .npy / .tif (float32, (c, z, y, x))"),
+    memory: str = typer.Option(None, "--memory", "-m", help="memory budget (bytes or 2GiB)"),
+    plan_path: Optional[Path] = typer.Option(None, "--plan", help="run exactly this plan (from `znni plan`)"),
+    scale: Optional[float] = typer.Option(None, help="multiply the input by this after converting to float32 "
+                                          "(e.g. 0.00392156 for uint8 -> [0, 1]); integer input needs it"),
+    device: str = typer.Option("cpu", help="cpu | gpu"),
+):
+    """Dense sliding-window output of NET on an array file."""
+    import numpy as np
+
+    from . import infer, load_network
+    from .errors import ZnniError
+    from .plan import Plan
+
+    try:
+        n = load_network(net)
+        x = _read_array(input)
+        if scale is not None:
+            x = x.astype(np.float32) * np.float32(scale)
+        p = Plan.load(plan_path) if plan_path else None
+        y = infer(n, x, device=device, memory_budget=parse_bytes(memory) if memory else None, plan=p)
+    except ZnniError as exc:
+        _fail(exc)
+    if output.endswith(".npy"):
+        np.save(output, y)
+    elif output.endswith((".tif", ".tiff")):
+        import tifffile
+
+        tifffile.imwrite(output, y)
+    else:
+        _fail(ValueError(f"{output}: output must be .npy or .tif"))
+    typer.echo(f"wrote {output}: {y.shape} float32", err=True)
 
 
 def _register_pipeline() -> None:
@@ -21,4 +133,4 @@ def main() -> None:  # console-script entry point
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
