@@ -1,0 +1,10 @@
+"""Geometry in voxels, axis order (z, y, x): coordinates, boxes, halos, chunk grids, tasks.
+
+Imports nothing else of znni; every type is immutable.
+"""
+from .coordinate import Coordinate, as_coordinate
+from .grid import EDGE_POLICIES, Block, ChunkGrid, Halo, create_blocks, output_bounds
+from .roi import Roi
+
+__all__ = ["EDGE_POLICIES", "Block", "ChunkGrid", "Coordinate", "Halo", "Roi", "as_coordinate",
+           "create_blocks", "output_bounds"]

@@ -1,0 +1,193 @@
+"""Halo, chunk grids, blocks and task creation.
+
+The halo is *derived* from the network's field of view ``F``, never typed in::
+
+    output voxel i sits over input voxel i + low,   low = (F - 1) // 2,  high = F - 1 - low
+
+    input    |<-low->|<------- write_roi ------->|<-high->|
+             [=======|###########################|========)
+             |<------------------ read_roi --------------->|
+
+Edge policies at the border of the input volume (daisy's ``fit`` documents the same idea)::
+
+    valid   output bounds = input bounds shrunk by the halo; every read lies inside the input
+              input   [...............................................]
+              output         [.................................]
+    mirror  output bounds = input bounds; reads beyond the border are reflected
+    zero      input   [...............................................]
+              output  [...............................................]
+            (mirror: numpy ``reflect``, the border voxel is not repeated;
+             zero: the missing context is 0.0 after normalisation)
+
+Tasks are boxes of ``task_chunks`` whole output chunks, so every output chunk has exactly
+one writer; only chunks at the high end of the output bounds are partial.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from .coordinate import Coordinate, as_coordinate
+from .roi import Roi
+
+EDGE_POLICIES = ("valid", "mirror", "zero")
+
+
+@dataclass(frozen=True)
+class Halo:
+    """Context around the write ROI that a network needs: ``low`` below, ``high`` above."""
+
+    low: Coordinate
+    high: Coordinate
+
+    def __init__(self, low, high):
+        low, high = as_coordinate(low, 3, "halo low"), as_coordinate(high, 3, "halo high")
+        if any(v < 0 for v in tuple(low) + tuple(high)):
+            raise ValueError(f"halo must be >= 0, got low {tuple(low)} high {tuple(high)}")
+        object.__setattr__(self, "low", low)
+        object.__setattr__(self, "high", high)
+
+    @classmethod
+    def from_field_of_view(cls, fov) -> "Halo":
+        f = as_coordinate(fov, 3, "field of view")
+        if any(v < 1 for v in f):
+            raise ValueError(f"field of view must be >= 1 on every axis, got {tuple(f)}")
+        low = Coordinate((v - 1) // 2 for v in f)
+        return cls(low, f - 1 - low)
+
+    @property
+    def field_of_view(self) -> Coordinate:
+        return self.low + self.high + 1
+
+    def read_roi(self, write_roi: Roi) -> Roi:
+        return write_roi.grow(self.low, self.high)
+
+
+def output_bounds(input_bounds: Roi, halo: Halo, edge: str) -> Roi:
+    """Everything an input layer can produce under the edge policy."""
+    if edge not in EDGE_POLICIES:
+        raise ValueError(f"edge policy {edge!r} is not one of {EDGE_POLICIES}")
+    if edge == "valid":
+        if not (input_bounds.shape - halo.field_of_view).all_ge(0):
+            raise ValueError(f"input bounds {input_bounds} are smaller than the field of view "
+                             f"{tuple(halo.field_of_view)}: no valid output exists; use edge: mirror or zero")
+        return input_bounds.grow(-halo.low, -halo.high)
+    return input_bounds
+
+
+@dataclass(frozen=True)
+class ChunkGrid:
+    """The storage grid of a layer: chunks of ``chunk_shape`` starting at ``bounds.offset``.
+
+    >>> g = ChunkGrid(Roi((0, 0, 0), (10, 64, 64)), (4, 32, 32))
+    >>> g.grid_shape
+    Coordinate(3, 2, 2)
+    >>> g.chunk_roi((2, 1, 1))
+    Roi(offset=(8, 32, 32), shape=(2, 32, 32))
+    """
+
+    bounds: Roi
+    chunk_shape: Coordinate
+
+    def __init__(self, bounds: Roi, chunk_shape):
+        cs = as_coordinate(chunk_shape, bounds.dims, "chunk shape")
+        if any(v < 1 for v in cs):
+            raise ValueError(f"chunk shape must be >= 1 on every axis, got {tuple(cs)}")
+        object.__setattr__(self, "bounds", bounds)
+        object.__setattr__(self, "chunk_shape", cs)
+
+    @property
+    def grid_shape(self) -> Coordinate:
+        return self.bounds.shape.ceil_div(self.chunk_shape)
+
+    @property
+    def num_chunks(self) -> int:
+        return self.grid_shape.prod()
+
+    def chunk_roi(self, index) -> Roi:
+        idx = Coordinate(index)
+        if not (idx.all_ge(0) and idx.all_lt(self.grid_shape)):
+            raise IndexError(f"chunk index {tuple(idx)} outside the grid {tuple(self.grid_shape)}")
+        begin = self.bounds.offset + idx * self.chunk_shape
+        return Roi(begin, self.chunk_shape).intersect(self.bounds)
+
+    def chunk_index(self, roi: Roi) -> Coordinate:
+        """Index of the chunk whose (clipped) Roi is exactly ``roi``; ValueError otherwise."""
+        rel = roi.offset - self.bounds.offset
+        idx = rel // self.chunk_shape
+        if rel % self.chunk_shape != Coordinate((0,) * roi.dims) or not (
+                idx.all_ge(0) and idx.all_lt(self.grid_shape)) or self.chunk_roi(idx) != roi:
+            raise ValueError(f"{roi!r} is not a chunk of the grid (chunks {tuple(self.chunk_shape)} "
+                             f"from {tuple(self.bounds.offset)}, bounds {self.bounds})")
+        return idx
+
+    def chunks_in(self, roi: Roi):
+        """Indices (C order) of every chunk intersecting ``roi``."""
+        roi = roi.intersect(self.bounds)
+        if roi.empty:
+            return []
+        lo = (roi.begin - self.bounds.offset) // self.chunk_shape
+        hi = (roi.end - self.bounds.offset).ceil_div(self.chunk_shape)
+        return [Coordinate(i) for i in itertools.product(*(range(a, b) for a, b in zip(lo, hi)))]
+
+    def is_aligned(self, roi: Roi) -> bool:
+        """True if ``roi`` is a union of whole chunks (chunks at the bounds' end may be partial)."""
+        snapped = roi.snap_to_grid(self.chunk_shape, self.bounds.offset, "grow").intersect(self.bounds)
+        return snapped == roi
+
+
+@dataclass(frozen=True)
+class Block:
+    """One task: ``write_roi`` (whole output chunks) and ``read_roi = write_roi`` grown by the halo."""
+
+    id: int
+    write_roi: Roi
+    read_roi: Roi
+    chunks: tuple  # chunk indices (Coordinate) of the output grid, C order
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "write_roi": self.write_roi.to_dict(), "read_roi": self.read_roi.to_dict(),
+                "chunks": [list(c) for c in self.chunks]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Block":
+        return cls(int(d["id"]), Roi.from_dict(d["write_roi"]), Roi.from_dict(d["read_roi"]),
+                   tuple(Coordinate(c) for c in d["chunks"]))
+
+
+def create_blocks(grid: ChunkGrid, task_chunks, halo: Halo, region: Roi | None = None) -> list[Block]:
+    """Tasks of ``task_chunks`` chunks (z, y, x) covering ``region`` (default: the whole grid).
+
+    ``region`` is grown outwards to whole chunks (and clipped to the grid bounds): every output chunk
+    touched by the region is written by exactly one task. Ids are C-order indices in the
+    global task grid, so they do not depend on the region.
+
+    >>> g = ChunkGrid(Roi((0, 0, 0), (8, 10, 10)), (4, 4, 4))
+    >>> [b.write_roi.shape for b in create_blocks(g, (2, 2, 2), Halo((1, 1, 1), (1, 1, 1)))]
+    [Coordinate(8, 8, 8), Coordinate(8, 8, 2), Coordinate(8, 2, 8), Coordinate(8, 2, 2)]
+    """
+    tc = as_coordinate(task_chunks, grid.bounds.dims, "task size in chunks")
+    if any(v < 1 for v in tc):
+        raise ValueError(f"task size must be >= 1 chunk on every axis, got {tuple(tc)}")
+    region = grid.bounds if region is None else region
+    if not grid.bounds.contains(region):
+        raise ValueError(f"region {region} is not inside the output bounds {grid.bounds}")
+    if region.empty:
+        return []
+    lo = (region.begin - grid.bounds.offset) // grid.chunk_shape
+    hi = (region.end - grid.bounds.offset).ceil_div(grid.chunk_shape)
+    # tasks are laid on the global chunk grid (multiples of task_chunks), so a sub-region run and a
+    # whole-volume run give the same task for a chunk
+    tlo, thi = lo // tc, hi.ceil_div(tc)
+    tgrid = grid.grid_shape.ceil_div(tc)
+    blocks = []
+    for t in itertools.product(*(range(a, b) for a, b in zip(tlo, thi))):
+        c0 = (Coordinate(t) * tc).max(lo)
+        c1 = ((Coordinate(t) + 1) * tc).min(hi)
+        chunks = tuple(Coordinate(i) for i in itertools.product(*(range(a, b) for a, b in zip(c0, c1))))
+        begin = grid.bounds.offset + c0 * grid.chunk_shape
+        end = (grid.bounds.offset + c1 * grid.chunk_shape).min(grid.bounds.end)
+        write = Roi.from_bounds(begin, end)
+        tid = (t[0] * tgrid[1] + t[1]) * tgrid[2] + t[2]  # stable: the same chunk, the same task id
+        blocks.append(Block(tid, write, halo.read_roi(write), chunks))
+    return blocks

@@ -1,0 +1,119 @@
+"""Neuroglancer precomputed ``info`` files: build, validate, compare (axis order converted here).
+
+The info file stores (x, y, z); everything returned from here is (z, y, x).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DataError
+from ..geometry import ChunkGrid, Coordinate, Roi
+from .paths import check_key
+
+DTYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64")
+ENCODINGS = ("raw",)  # what znni writes; reading accepts whatever cloud-volume decodes
+
+
+@dataclass(frozen=True)
+class ScaleSpec:
+    """One scale of an image layer, in (z, y, x) voxels and nanometres."""
+
+    key: str
+    bounds: Roi
+    chunk_shape: Coordinate
+    resolution: tuple  # (z, y, x) nm
+    dtype: str
+    channels: int
+    encoding: str = "raw"
+
+    @property
+    def grid(self) -> ChunkGrid:
+        return ChunkGrid(self.bounds, self.chunk_shape)
+
+    def to_scale(self) -> dict:
+        return {"key": self.key, "size": list(self.bounds.shape.xyz()),
+                "voxel_offset": list(self.bounds.offset.xyz()), "chunk_sizes": [list(self.chunk_shape.xyz())],
+                "resolution": [float(v) for v in self.resolution[::-1]], "encoding": self.encoding}
+
+    def to_info(self) -> dict:
+        return {"type": "image", "data_type": self.dtype, "num_channels": int(self.channels),
+                "scales": [self.to_scale()]}
+
+
+def _ints(v, n, what, where):
+    if not isinstance(v, (list, tuple)) or len(v) != n or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and float(x) == int(x) for x in v):
+        raise DataError(f"{where}: {what} must be {n} integers, got {v!r}")
+    return [int(x) for x in v]
+
+
+def validate_info(info, where: str) -> dict:
+    """Structure and safety checks before anything reads or writes the layer (RELIABILITY T28c)."""
+    if not isinstance(info, dict):
+        raise DataError(f"{where}: info is not a JSON object")
+    if info.get("type") not in ("image", "segmentation"):
+        raise DataError(f"{where}: layer type {info.get('type')!r} is not an image layer")
+    if info.get("data_type") not in DTYPES:
+        raise DataError(f"{where}: data_type {info.get('data_type')!r} is not one of {DTYPES}")
+    nc = info.get("num_channels")
+    if not isinstance(nc, int) or isinstance(nc, bool) or nc < 1:
+        raise DataError(f"{where}: num_channels must be a positive integer, got {nc!r}")
+    scales = info.get("scales")
+    if not isinstance(scales, list) or not scales:
+        raise DataError(f"{where}: info has no scales")
+    keys = set()
+    for i, s in enumerate(scales):
+        w = f"{where} scale {i}"
+        if not isinstance(s, dict):
+            raise DataError(f"{w}: not a JSON object")
+        check_key(s.get("key"), f"{w} key")
+        if s["key"] in keys:
+            raise DataError(f"{w}: duplicate key {s['key']!r}")
+        keys.add(s["key"])
+        if any(v < 1 for v in _ints(s.get("size"), 3, "size", w)):
+            raise DataError(f"{w}: size must be positive, got {s.get('size')}")
+        _ints(s.get("voxel_offset", [0, 0, 0]), 3, "voxel_offset", w)
+        cs = s.get("chunk_sizes")
+        if not isinstance(cs, list) or not cs:
+            raise DataError(f"{w}: chunk_sizes missing")
+        if any(v < 1 for v in _ints(cs[0], 3, "chunk_sizes[0]", w)):
+            raise DataError(f"{w}: chunk sizes must be positive, got {cs[0]}")
+        res = s.get("resolution")
+        if not isinstance(res, list) or len(res) != 3 or not all(
+                isinstance(r, (int, float)) and np.isfinite(r) and r > 0 for r in res):
+            raise DataError(f"{w}: resolution must be 3 positive numbers, got {res!r}")
+        if "sharding" in s and s["sharding"]:
+            sh = s["sharding"]
+            if not isinstance(sh, dict):
+                raise DataError(f"{w}: sharding must be an object")
+    return info
+
+
+def scale_spec(info: dict, mip: int, where: str) -> ScaleSpec:
+    scales = info["scales"]
+    if not isinstance(mip, int) or mip < 0 or mip >= len(scales):
+        raise DataError(f"{where}: mip {mip!r} does not exist; the layer has mips 0..{len(scales) - 1}")
+    s = scales[mip]
+    size = Coordinate.from_xyz(s["size"])
+    off = Coordinate.from_xyz(s.get("voxel_offset", [0, 0, 0]))
+    return ScaleSpec(key=s["key"], bounds=Roi(off, size), chunk_shape=Coordinate.from_xyz(s["chunk_sizes"][0]),
+                     resolution=tuple(float(r) for r in s["resolution"][::-1]), dtype=info["data_type"],
+                     channels=int(info["num_channels"]), encoding=s.get("encoding", "raw"))
+
+
+def compare_scale(existing: ScaleSpec, wanted: ScaleSpec) -> list[str]:
+    """Differences that make an existing output layer unusable for this run (empty = compatible)."""
+    diffs = []
+    for name in ("key", "dtype", "channels", "encoding"):
+        a, b = getattr(existing, name), getattr(wanted, name)
+        if a != b:
+            diffs.append(f"{name}: layer has {a!r}, config needs {b!r}")
+    if existing.bounds != wanted.bounds:
+        diffs.append(f"bounds (voxel_offset/size, z,y,x): layer has {existing.bounds!r}, config needs {wanted.bounds!r}")
+    if existing.chunk_shape != wanted.chunk_shape:
+        diffs.append(f"chunk size (z,y,x): layer has {tuple(existing.chunk_shape)}, config needs {tuple(wanted.chunk_shape)}")
+    if not np.allclose(existing.resolution, wanted.resolution, rtol=1e-6):
+        diffs.append(f"resolution (z,y,x nm): layer has {existing.resolution}, config needs {wanted.resolution}")
+    return diffs

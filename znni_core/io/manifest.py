@@ -1,0 +1,44 @@
+"""Per-task manifests: the done-marker Snakemake sees, written only after every chunk verified.
+
+A manifest is JSON: task id and ROIs, one entry per chunk (name, status ``written`` with sha256,
+or ``empty`` for chunks skipped because their input was all zero), plan and network digests,
+versions, device, timings, and any input chunks filled with zeros.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import DataError
+from .atomic import atomic_write
+
+MANIFEST_FORMAT = "znni-manifest/1"
+CHUNK_STATUSES = ("written", "empty")
+
+
+def write_manifest(path, manifest: dict) -> Path:
+    manifest = dict(manifest, format=MANIFEST_FORMAT)
+    path = Path(path)
+    atomic_write(path, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    return path
+
+
+def read_manifest(path) -> dict:
+    """Load and structurally check a manifest; :class:`DataError` names the file and the problem."""
+    path = Path(path)
+    try:
+        m = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"manifest {path} is missing: its task never finished; run it again") from None
+    except json.JSONDecodeError as exc:
+        raise DataError(f"manifest {path} is not valid JSON ({exc}); delete it and re-run its task") from exc
+    if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
+        raise DataError(f"manifest {path}: format {m.get('format') if isinstance(m, dict) else None!r} "
+                        f"is not {MANIFEST_FORMAT!r}; re-run its task")
+    for key in ("task", "chunks", "plan_digest", "network_digest", "layer"):
+        if key not in m:
+            raise DataError(f"manifest {path} lacks {key!r}; re-run its task")
+    for c in m["chunks"]:
+        if c.get("status") not in CHUNK_STATUSES or (c["status"] == "written" and not c.get("sha256")):
+            raise DataError(f"manifest {path}: chunk entry {c!r} is incomplete; re-run its task")
+    return m

@@ -1,0 +1,304 @@
+"""Neuroglancer precomputed layers: reading through cloud-volume, writing whole chunks ourselves.
+
+Reads use ``CloudVolume(..., parallel=1)`` (PITFALLS: ``parallel>1`` corrupted uploads and
+ignored endpoint aliases).  Writes bypass cloud-volume: one whole output chunk at a time, encoded
+``raw`` (C order of (c, z, y, x) == Fortran order of cloud-volume's (x, y, z, c)), written
+atomically on ``file://`` (:func:`~znni_core.io.atomic.atomic_write`) or as one object PUT on
+``gs://``/``s3://``, then read back and checked against its sha256.  A chunk has exactly one
+representation: writing ``name`` removes ``name.gz`` and vice versa (RELIABILITY T17).
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from functools import cached_property
+
+import numpy as np
+
+from ..errors import DataError, InputError
+from ..geometry import ChunkGrid, Coordinate, Roi
+from .atomic import atomic_write, clean_stale_temporaries
+from .info import ScaleSpec, scale_spec, validate_info
+from .paths import LayerURL, check_key
+
+COMPRESSIONS = ("none", "gzip")
+_SUFFIXES = {"none": "", "gzip": ".gz"}
+_ALL_SUFFIXES = ("", ".gz", ".br", ".zstd", ".xz", ".bz2")
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def encode_raw(arr: np.ndarray, dtype: str) -> bytes:
+    """(C, z, y, x) array -> precomputed raw bytes (little endian)."""
+    return np.ascontiguousarray(arr, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+
+
+def decode_raw(data: bytes, dtype: str, shape) -> np.ndarray:
+    dt = np.dtype(dtype).newbyteorder("<")
+    expected = int(np.prod(shape)) * dt.itemsize
+    if len(data) != expected:
+        raise DataError(f"chunk holds {len(data)} bytes, expected {expected} for shape {tuple(shape)} {dtype}")
+    return np.frombuffer(data, dtype=dt).reshape(shape).astype(dtype)
+
+
+def _cloudfiles(url: LayerURL):
+    from cloudfiles import CloudFiles
+
+    return CloudFiles(url.cloudpath(), progress=False)
+
+
+def read_json(url: LayerURL, name: str):
+    """A small JSON file of the layer, or None if absent."""
+    if url.is_local:
+        p = url.local_path / name
+        if not p.is_file():
+            return None
+        try:
+            return json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{url}/{name} is not valid JSON: {exc}") from exc
+    data = _cloudfiles(url).get(name)
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{url}/{name} is not valid JSON: {exc}") from exc
+
+
+def write_json(url: LayerURL, name: str, obj, *, exclusive: bool = False) -> bool:
+    data = json.dumps(obj, indent=2, sort_keys=True).encode()
+    if url.is_local:
+        return atomic_write(url.local_path / name, data, exclusive=exclusive)
+    cf = _cloudfiles(url)
+    if exclusive and cf.exists(name):
+        return False
+    cf.put(name, data, content_type="application/json", compress=None, cache_control="no-cache")
+    return True
+
+
+class PrecomputedLayer:
+    """One scale of a precomputed image layer, geometry in (z, y, x) voxels.
+
+    Parameters
+    ----------
+    url : LayerURL
+    mip : int
+        Scale index.
+    """
+
+    def __init__(self, url: LayerURL, mip: int = 0):
+        self.url = url
+        self.mip = mip
+        info = read_json(url, "info")
+        if info is None:
+            raise DataError(f"layer {url} has no info file; check the path (create outputs with `znni create-layer`)")
+        self.info = validate_info(info, f"layer {url}")
+        self.spec: ScaleSpec = scale_spec(self.info, mip, f"layer {url}")
+        self.key = check_key(self.spec.key, f"layer {url} scale key")
+        self.sharded = bool(self.info["scales"][mip].get("sharding"))
+
+    # ---- geometry -------------------------------------------------------------------
+    @property
+    def bounds(self) -> Roi:
+        return self.spec.bounds
+
+    @property
+    def grid(self) -> ChunkGrid:
+        return self.spec.grid
+
+    @property
+    def dtype(self) -> str:
+        return self.spec.dtype
+
+    @property
+    def channels(self) -> int:
+        return self.spec.channels
+
+    @property
+    def resolution(self) -> tuple:
+        return self.spec.resolution
+
+    def chunk_name(self, index) -> str:
+        """``<key>/<x0>-<x1>_<y0>-<y1>_<z0>-<z1>`` (absolute voxel coordinates, as cloud-volume names chunks)."""
+        roi = self.grid.chunk_roi(index)
+        b, e = roi.begin.xyz(), roi.end.xyz()
+        return f"{self.key}/{b[0]}-{e[0]}_{b[1]}-{e[1]}_{b[2]}-{e[2]}"
+
+    # ---- reading through cloud-volume --------------------------------------------------------
+    @cached_property
+    def _cv(self):
+        return self._open_cv(False)
+
+    @cached_property
+    def _cv_fill(self):
+        return self._open_cv(True)
+
+    def _open_cv(self, fill_missing: bool):
+        from cloudvolume import CloudVolume
+
+        return CloudVolume(self.url.cloudpath(), mip=self.mip, parallel=1, fill_missing=fill_missing,
+                           bounded=True, progress=False, cache=False, info=self.info, green_threads=False,
+                           lru_bytes=0)
+
+    def missing_chunks(self, roi: Roi) -> list[str]:
+        """Names of the stored chunks under ``roi`` that are absent or 0 bytes."""
+        names = [self.chunk_name(i) for i in self.grid.chunks_in(roi)]
+        if self.sharded:
+            return []
+        if self.url.is_local:
+            root = self.url.local_path
+            return [n for n in names
+                    if not any((root / (n + s)).is_file() and (root / (n + s)).stat().st_size > 0
+                               for s in _ALL_SUFFIXES)]
+        sizes = _cloudfiles(self.url).size(names)
+        return [n for n in names if not sizes.get(n)]
+
+    def read(self, roi: Roi, *, fill_missing: bool = False) -> tuple[np.ndarray, list[str]]:
+        """``(C, z, y, x)`` array of ``roi`` (inside the bounds) and the chunks filled with zeros.
+
+        Missing or 0-byte chunks raise :class:`DataError` naming them unless ``fill_missing``.
+        """
+        from cloudvolume.exceptions import EmptyVolumeException
+
+        if not self.bounds.contains(roi):
+            raise InputError(f"read {roi} is outside the layer bounds {self.bounds} of {self.url}")
+        missing = []
+        if fill_missing:
+            missing = self.missing_chunks(roi)
+        b, e = roi.begin.xyz(), roi.end.xyz()
+        cv = self._cv_fill if fill_missing else self._cv
+        try:
+            cut = cv[b[0]:e[0], b[1]:e[1], b[2]:e[2]]
+        except EmptyVolumeException:
+            missing = self.missing_chunks(roi)
+            raise DataError(
+                f"input {self.url} mip {self.mip}: {len(missing)} chunk(s) under {roi} are missing or empty "
+                f"(first: {missing[:3]}); repair the input, or set input.missing: zero to fill them with 0 "
+                "(recorded in the manifests)") from None
+        except DataError:
+            raise
+        except Exception as exc:  # decoding errors of corrupt chunks
+            raise DataError(f"input {self.url} mip {self.mip}: reading {roi} failed: {type(exc).__name__}: {exc}; "
+                            f"chunks involved: {[self.chunk_name(i) for i in self.grid.chunks_in(roi)][:4]}") from exc
+        arr = np.asarray(cut)  # (x, y, z, c)
+        return np.ascontiguousarray(arr.transpose(3, 2, 1, 0)), missing
+
+    # ---- writing whole chunks ----------------------------------------------------------
+    def _check_chunk(self, index, arr) -> Roi:
+        roi = self.grid.chunk_roi(index)
+        want = (self.channels,) + tuple(roi.shape)
+        if arr.shape != want:
+            raise DataError(f"chunk {self.chunk_name(index)}: array shape {arr.shape} != {want} (c, z, y, x)")
+        if arr.dtype != np.dtype(self.dtype):
+            raise DataError(f"chunk {self.chunk_name(index)}: dtype {arr.dtype}, the layer holds {self.dtype}")
+        return roi
+
+    def write_chunk(self, index, arr: np.ndarray, *, compress: str = "none") -> str:
+        """Write one whole chunk; return the sha256 of its raw bytes.  Other representations are removed."""
+        if compress not in COMPRESSIONS:
+            raise DataError(f"compression {compress!r} is not one of {COMPRESSIONS}")
+        self._check_chunk(index, arr)
+        name = self.chunk_name(index)
+        raw = encode_raw(arr, self.dtype)
+        digest = sha256(raw)
+        if self.url.is_local:
+            path = self.url.local_path / (name + _SUFFIXES[compress])
+            data = gzip.compress(raw, compresslevel=6, mtime=0) if compress == "gzip" else raw
+            atomic_write(path, data)
+            for s in _ALL_SUFFIXES:
+                if s != _SUFFIXES[compress]:
+                    (self.url.local_path / (name + s)).unlink(missing_ok=True)
+            clean_stale_temporaries(path.parent, os.path.basename(name))
+        else:
+            _cloudfiles(self.url).put(name, raw, content_type="application/octet-stream",
+                                      compress="gzip" if compress == "gzip" else None, cache_control="no-cache")
+        return digest
+
+    def read_chunk_bytes(self, index) -> bytes | None:
+        """Decoded raw bytes of a stored chunk, or None if absent.  More than one representation is an error."""
+        name = self.chunk_name(index)
+        if self.url.is_local:
+            found = [s for s in _ALL_SUFFIXES if (self.url.local_path / (name + s)).is_file()]
+            if not found:
+                return None
+            if len(found) > 1:
+                raise DataError(f"chunk {name} of {self.url} is stored as {[name + s for s in found]}: readers "
+                                "would pick one by probe order; re-run its task to leave exactly one")
+            data = (self.url.local_path / (name + found[0])).read_bytes()
+            if found[0] == ".gz":
+                try:
+                    data = gzip.decompress(data)
+                except (OSError, EOFError) as exc:
+                    raise DataError(f"chunk {name}.gz of {self.url} is not valid gzip: {exc}") from exc
+            elif found[0] != "":
+                raise DataError(f"chunk {name}{found[0]}: znni only verifies raw and gzip chunks")
+            return data
+        return _cloudfiles(self.url).get(name)
+
+    def verify_chunk(self, index, digest: str) -> None:
+        """Read back and compare checksums; raise :class:`DataError` naming the chunk."""
+        data = self.read_chunk_bytes(index)
+        name = self.chunk_name(index)
+        if data is None:
+            raise DataError(f"chunk {name} of {self.url} is missing after its write (expected sha256 {digest[:12]})")
+        got = sha256(data)
+        if got != digest:
+            raise DataError(f"chunk {name} of {self.url}: read-back sha256 {got[:12]} != written {digest[:12]} "
+                            "(torn or corrupted write); re-run its task")
+
+    def read_chunk(self, index) -> np.ndarray | None:
+        data = self.read_chunk_bytes(index)
+        if data is None:
+            return None
+        roi = self.grid.chunk_roi(index)
+        return decode_raw(data, self.dtype, (self.channels,) + tuple(roi.shape))
+
+    def delete_chunk(self, index) -> None:
+        name = self.chunk_name(index)
+        if self.url.is_local:
+            for s in _ALL_SUFFIXES:
+                (self.url.local_path / (name + s)).unlink(missing_ok=True)
+        else:
+            _cloudfiles(self.url).delete(name)
+
+
+def create_layer(url: LayerURL, spec: ScaleSpec, provenance: dict) -> str:
+    """Write ``info`` and ``provenance`` once; return ``created`` or ``exists``.
+
+    An existing layer must match ``spec`` (RELIABILITY T18, T22): otherwise :class:`DataError`
+    listing each difference.  On ``file://`` the info is created with an exclusive link, so of many
+    simultaneous creators exactly one writes it.
+    """
+    from .info import compare_scale
+
+    check_key(spec.key, "output scale key")
+    created = write_json(url, "info", spec.to_info(), exclusive=True)
+    if not created:
+        existing = PrecomputedLayer(url, 0)
+        diffs = compare_scale(existing.spec, spec)
+        if diffs:
+            raise DataError(f"output layer {url} exists and does not match the config:\n  - " + "\n  - ".join(diffs)
+                            + "\nChoose a new output path, or delete the layer if it is yours to replace.")
+    if read_json(url, "provenance") is None:
+        write_json(url, "provenance", provenance, exclusive=True)
+    return "created" if created else "exists"
+
+
+def open_output(url: LayerURL, spec: ScaleSpec) -> PrecomputedLayer:
+    """Open an output layer that must already exist and match ``spec`` (a worker's check, T18)."""
+    from .info import compare_scale
+
+    try:
+        layer = PrecomputedLayer(url, 0)
+    except DataError as exc:
+        raise DataError(f"{exc}. The output layer is created by `znni create-layer` (rule create_layer) "
+                        "before any task runs.") from None
+    diffs = compare_scale(layer.spec, spec)
+    if diffs:
+        raise DataError(f"output layer {url} does not match this run's config:\n  - " + "\n  - ".join(diffs))
+    return layer
