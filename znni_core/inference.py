@@ -28,8 +28,9 @@ def as_input(net: Network, x) -> np.ndarray:
     if any(n < f for n, f in zip(x.shape[1:], fov)):
         raise InputError(f"input spatial shape {x.shape[1:]} (z, y, x) is smaller than the field of view {fov}; "
                           "give at least one field of view of context on every axis")
-    if not np.isfinite(x).all():
-        raise InputError(f"input holds {int((~np.isfinite(x)).sum())} NaN/Inf value(s)")
+    for z in range(x.shape[1]):  # slab by slab: no full-size temporary
+        if not np.isfinite(x[:, z]).all():
+            raise InputError(f"input holds NaN/Inf value(s) (first in z-slice {z}); clean or mask the input")
     return np.ascontiguousarray(x, dtype=np.float32)
 
 

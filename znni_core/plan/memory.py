@@ -33,8 +33,8 @@ def conv_primitive_bytes(primitive: str, n: int, layer: Conv, in_spatial) -> int
 
 
 def act_extra_bytes(kind: str, shape) -> int:
-    """Temporaries of an in-place activation (relu/identity need none)."""
-    return 0 if kind in ("relu", "identity") else nbytes(shape)
+    """Temporaries of an in-place activation."""
+    return int(L.activation_memory(kind, shape))
 
 
 @dataclass
@@ -117,8 +117,11 @@ def walk(net: Network, patch_shape, pool_modes, conv_choice) -> tuple[list[StepM
             i += 1
         return shape, peak, x_bytes
 
-    final, peak, y_bytes = sim(0, patch, nbytes(patch), 0)
+    # held throughout: the input patch and the dense result array the tiler fills
+    dense = nbytes((net.out_channels,) + tuple(net.output_shape(patch_shape)))
+    base = nbytes(patch) + dense
+    final, peak, y_bytes = sim(0, patch, base, 0)
     if net.pools:  # recombine: fragments -> dense copy
-        peak = max(peak, nbytes(patch) + y_bytes + y_bytes)
+        peak = max(peak, base + y_bytes + dense)
     steps = [records[i] for i in sorted(records)]
     return steps, int(peak)
