@@ -1,0 +1,76 @@
+"""Layer primitives on batched 5-D float32 arrays ``(N, C, Z, Y, X)``.
+
+Each primitive is written once against an array module ``xp`` (numpy or CuPy,
+see :mod:`.xp`); pyfftw and numba are CPU fast paths.  ``layers`` knows arrays
+only: no network, plan or IO imports.
+
+Convolutions (PyTorch ``Conv3d`` semantics: correlation, valid, stride 1):
+:func:`conv_direct_gemm`, :func:`conv_direct_numba`, :class:`FFTConv` /
+:func:`fft_conv`.  Pooling: :func:`max_pool`, :func:`mpf`, :func:`recombine`,
+:func:`max_filter_dense`.  Activations: :func:`apply_activation`.
+
+Every primitive has a ``*_memory`` function predicting the peak bytes a call
+allocates, output included, input excluded.
+"""
+from .activation import ACTIVATIONS, activation_memory, apply_activation
+from .direct import (
+    conv_direct_gemm,
+    conv_direct_gemm_memory,
+    conv_direct_numba,
+    conv_direct_numba_memory,
+    conv_out_shape,
+)
+from .fft import (
+    FFTConv,
+    default_wisdom_path,
+    fft_conv,
+    fft_conv_memory,
+    fft_kernel_cache_bytes,
+    fft_shape,
+    fft_size,
+    load_wisdom,
+    pruned_rfftn,
+    save_wisdom,
+)
+from .pool import (
+    max_filter_dense,
+    max_pool,
+    max_pool_memory,
+    mpf,
+    mpf_memory,
+    mpf_shape,
+    recombine,
+    recombine_memory,
+)
+from .xp import cupy_or_none, get_array_module
+
+__all__ = [
+    "ACTIVATIONS",
+    "FFTConv",
+    "activation_memory",
+    "apply_activation",
+    "conv_direct_gemm",
+    "conv_direct_gemm_memory",
+    "conv_direct_numba",
+    "conv_direct_numba_memory",
+    "conv_out_shape",
+    "cupy_or_none",
+    "default_wisdom_path",
+    "fft_conv",
+    "fft_conv_memory",
+    "fft_kernel_cache_bytes",
+    "fft_shape",
+    "fft_size",
+    "get_array_module",
+    "load_wisdom",
+    "max_filter_dense",
+    "max_pool",
+    "max_pool_memory",
+    "mpf",
+    "mpf_memory",
+    "mpf_shape",
+    "recombine",
+    "recombine_memory",
+    "pruned_rfftn",
+    "save_wisdom",
+]

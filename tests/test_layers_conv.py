@@ -1,0 +1,150 @@
+"""Every convolution path equals scipy.signal.correlate (valid) and torch conv3d."""
+import numpy as np
+import pytest
+import scipy.signal
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from znni_core.errors import InputError
+from znni_core.layers import (
+    FFTConv,
+    conv_direct_gemm,
+    conv_direct_numba,
+    fft_conv,
+    fft_shape,
+    fft_size,
+    pruned_rfftn,
+)
+from znni_core.layers.direct import _gemm_blocks
+from znni_core.layers.fft import _fft_conv_xp
+
+TOL = 1e-4  # max abs error / max |reference|, float32
+
+
+def reference(x, w, b):
+    """Float64 scipy correlate, summed over input channels."""
+    n, ci = x.shape[:2]
+    out = []
+    for i in range(n):
+        chans = []
+        for o in range(w.shape[0]):
+            acc = sum(scipy.signal.correlate(x[i, c].astype(np.float64), w[o, c].astype(np.float64), mode="valid")
+                      for c in range(ci))
+            chans.append(acc + (0.0 if b is None else float(b[o])))
+        out.append(chans)
+    return np.array(out)
+
+
+def rel_err(y, ref):
+    assert y.shape == ref.shape and y.dtype == np.float32
+    return float(np.abs(y - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def all_paths(x, w, b, threads=2):
+    yield "gemm", conv_direct_gemm(x, w, b)
+    # a tiny budget forces row and column blocks
+    k = w.shape[1] * int(np.prod(w.shape[2:]))
+    yield "gemm-cols", conv_direct_gemm(x, w, b, max_bytes=4 * (k + w.shape[0]) * 2)
+    yield "numba", conv_direct_numba(x, w, b)
+    for mode in ("data", "task"):
+        yield f"fft-{mode}", FFTConv(w, b, x.shape[2:], mode=mode, threads=threads, effort="estimate")(x)
+    khat = np.conj(np.fft.rfftn(w, s=fft_shape(x.shape[2:]), axes=(2, 3, 4))).reshape(w.shape[0], w.shape[1], -1)
+    yield "fft-xp", _fft_conv_xp(x, khat, b, fft_shape(x.shape[2:]), tuple(
+        n - q + 1 for n, q in zip(x.shape[2:], w.shape[2:])))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 2), ci=st.integers(1, 3), co=st.integers(1, 3),
+    kernel=st.tuples(*[st.integers(1, 4)] * 3), extra=st.tuples(*[st.sampled_from([0, 1, 2, 4, 6, 8])] * 3),
+    bias=st.booleans(), threads=st.integers(1, 3), seed=st.integers(0, 2**16),
+)
+def test_all_paths_equal_scipy_correlate(n, ci, co, kernel, extra, bias, threads, seed):
+    rng = np.random.default_rng(seed)
+    shape = tuple(k + e for k, e in zip(kernel, extra))  # odd, even and prime sizes
+    x = rng.standard_normal((n, ci) + shape).astype(np.float32)
+    w = rng.standard_normal((co, ci) + kernel).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32) if bias else None
+    ref = reference(x, w, b)
+    for name, y in all_paths(x, w, b, threads):
+        assert rel_err(y, ref) <= TOL, name
+
+
+@pytest.mark.parametrize("shape,kernel", [((13, 17, 11), (2, 4, 1)), ((20, 9, 16), (3, 3, 3)), ((7, 23, 12), (5, 1, 4))])
+def test_all_paths_equal_torch_conv3d(shape, kernel):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 4) + shape).astype(np.float32)
+    w = rng.standard_normal((5, 4) + kernel).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    ref = torch.nn.functional.conv3d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                     torch.from_numpy(b).double()).numpy()
+    for name, y in all_paths(x, w, b):
+        assert rel_err(y, ref) <= TOL, name
+
+
+def test_gemm_blocks_respect_max_bytes():
+    # one plane of lowered 16 x 27 channels at 40 x 40 is 0.7 MiB; whole planes fit 8 MiB
+    assert _gemm_blocks((40, 40, 40), (3, 3, 3), 16, 16, None)[1:] == (40, 40)
+    tz, ty, tw = _gemm_blocks((40, 40, 40), (3, 3, 3), 16, 16, 100_000)
+    assert tz == 1 and tw == 40 and 4 * (16 * 27 + 16) * ty * tw <= 100_000
+    tz, ty, tw = _gemm_blocks((40, 40, 40), (3, 3, 3), 16, 16, 10_000)
+    assert (tz, ty) == (1, 1) and 4 * (16 * 27 + 16) * tw <= 10_000
+    with pytest.raises(InputError, match="max_bytes"):
+        _gemm_blocks((40, 40, 40), (3, 3, 3), 16, 16, 100)
+
+
+def test_gemm_out_argument_and_validation():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 2, 6, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 3, 3, 3)).astype(np.float32)
+    out = np.full((1, 3, 4, 4, 4), np.nan, np.float32)
+    assert conv_direct_gemm(x, w, out=out) is out
+    assert rel_err(out, reference(x, w, None)) <= TOL
+    with pytest.raises(InputError, match="input channels"):
+        conv_direct_gemm(x, w[:, :1])
+    with pytest.raises(InputError, match="larger"):
+        conv_direct_numba(x, np.zeros((1, 2, 7, 1, 1), np.float32))
+    with pytest.raises(InputError, match="bias"):
+        fft_conv(x, w, np.zeros(2, np.float32), effort="estimate")
+
+
+def test_fftconv_reuses_kernel_spectra_across_calls_and_batches():
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((2, 3, 3, 2, 4)).astype(np.float32)
+    conv = FFTConv(w, None, (9, 8, 10), effort="estimate")
+    khat = conv.khat.copy()
+    for n in (1, 4):
+        x = rng.standard_normal((n, 3, 9, 8, 10)).astype(np.float32)
+        assert rel_err(conv(x), reference(x, w, None)) <= TOL
+    np.testing.assert_array_equal(conv.khat, khat)
+    with pytest.raises(InputError, match="expected"):
+        conv(rng.standard_normal((1, 3, 9, 8, 11)).astype(np.float32))
+
+
+@pytest.mark.parametrize("extent,fshape", [((5, 5, 5), (64, 64, 64)), ((2, 4, 1), (9, 10, 7)), ((7, 3, 6), (7, 3, 6))])
+def test_pruned_rfftn_equals_full_rfftn_of_padded(extent, fshape):
+    a = np.random.default_rng(0).standard_normal((3, 2) + extent).astype(np.float32)
+    full = np.fft.rfftn(a.astype(np.float64), s=fshape, axes=(-3, -2, -1))
+    got = pruned_rfftn(a, fshape, threads=2)
+    assert got.shape == full.shape
+    assert np.abs(got - full).max() <= 1e-5 * np.abs(full).max()
+
+
+def test_fft_size():
+    assert [fft_size(n) for n in (1, 7, 11, 13, 17, 97, 121, 128)] == [1, 7, 12, 14, 18, 98, 125, 128]
+    for n in range(1, 300):
+        m = fft_size(n)
+        r = m
+        for p in (2, 3, 5, 7):
+            while r % p == 0:
+                r //= p
+        assert r == 1 and m >= n
+        # and no smaller smooth size was skipped
+        for k in range(n, m):
+            r = k
+            for p in (2, 3, 5, 7):
+                while r % p == 0:
+                    r //= p
+            assert r != 1
+    assert fft_shape((11, 13, 97)) == (12, 14, 98)

@@ -1,0 +1,97 @@
+"""max_pool, MPF, recombine and the dense max filter against brute-force references."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.lib.stride_tricks import sliding_window_view
+
+from znni_core.errors import InputError
+from znni_core.layers import conv_direct_gemm, max_filter_dense, max_pool, mpf, recombine
+
+windows = st.tuples(*[st.integers(1, 3)] * 3)
+
+
+def brute_max_filter(x, p, d=(1, 1, 1)):
+    """Dense max filter by explicit windows (independent of the separable code)."""
+    span = tuple((q - 1) * e + 1 for q, e in zip(p, d))
+    v = sliding_window_view(x, span, axis=(2, 3, 4))[..., :: d[0], :: d[1], :: d[2]]
+    return v.max(axis=(-3, -2, -1))
+
+
+def test_mpf_1d_by_hand():
+    x = np.arange(9, dtype=np.float32).reshape(1, 1, 1, 1, 9) % 5  # 0 1 2 3 4 0 1 2 3
+    f = mpf(x, (1, 1, 2))
+    assert f.shape == (2, 1, 1, 1, 4)
+    assert f[0, 0, 0, 0].tolist() == [1, 3, 4, 2]  # windows [0 1][2 3][4 0][1 2]
+    assert f[1, 0, 0, 0].tolist() == [2, 4, 1, 3]  # windows [1 2][3 4][0 1][2 3]
+    assert recombine(f, [(1, 1, 2)])[0, 0, 0, 0].tolist() == [1, 2, 3, 4, 4, 1, 2, 3]
+
+
+def test_max_pool_by_hand_and_shape():
+    x = np.arange(2 * 3 * 5 * 4 * 7, dtype=np.float32).reshape(2, 3, 5, 4, 7)
+    y = max_pool(x, (2, 2, 3))
+    assert y.shape == (2, 3, 2, 2, 2)
+    # increasing ramp: the max of a window is its last element
+    assert y[1, 2, 1, 0, 1] == x[1, 2, 3, 1, 5]
+    with pytest.raises(InputError):
+        max_pool(x, (6, 1, 1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=windows, n=st.integers(1, 2), c=st.integers(1, 2),
+       extra=st.tuples(*[st.integers(0, 5)] * 3), seed=st.integers(0, 2**16))
+def test_max_pool_and_mpf_equal_dense_then_subsample(p, n, c, extra, seed):
+    rng = np.random.default_rng(seed)
+    shape = tuple(2 * q + e for q, e in zip(p, extra))
+    x = rng.standard_normal((n, c) + shape).astype(np.float32)
+    dense = brute_max_filter(x, p)
+    mp = max_pool(x, p)
+    np.testing.assert_array_equal(mp, dense[:, :, :: p[0], :: p[1], :: p[2]][(...,) + tuple(slice(0, s) for s in mp.shape[2:])])
+    f = mpf(x, p)
+    P = math.prod(p)
+    m = tuple((s - q + 1) // q for s, q in zip(shape, p))
+    assert f.shape == (n * P, c) + m
+    for i in range(n):
+        for k, o in enumerate(itertools.product(*[range(q) for q in p])):
+            want = dense[i, :, o[0] :: p[0], o[1] :: p[1], o[2] :: p[2]][:, : m[0], : m[1], : m[2]]
+            np.testing.assert_array_equal(f[i * P + k], want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=windows, d=st.tuples(*[st.integers(1, 3)] * 3), seed=st.integers(0, 2**16))
+def test_max_filter_dense_matches_brute_force(p, d, seed):
+    x = np.random.default_rng(seed).standard_normal((2, 2, 9, 8, 7)).astype(np.float32)
+    np.testing.assert_array_equal(max_filter_dense(x, p, d), brute_max_filter(x, p, d))
+
+
+@pytest.mark.parametrize("p1,p2", [((1, 2, 2), (2, 3, 1)), ((2, 2, 2), (2, 2, 2)), ((3, 1, 2), (1, 2, 3))])
+def test_recombine_two_mpf_layers_is_dilated_dense_filter(p1, p2):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 17, 16, 15)).astype(np.float32)
+    y = recombine(mpf(mpf(x, p1), p2), [p1, p2])
+    dense = brute_max_filter(brute_max_filter(x, p1), p2, p1)
+    D = tuple(a * b for a, b in zip(p1, p2))
+    assert y.shape[:2] == (2, 3) and all(s % q == 0 for s, q in zip(y.shape[2:], D))
+    assert all(s <= t for s, t in zip(y.shape[2:], dense.shape[2:]))
+    np.testing.assert_array_equal(y, dense[(...,) + tuple(slice(0, s) for s in y.shape[2:])])
+
+
+def test_recombine_through_a_valid_conv_is_dilated_conv():
+    """mpf -> valid conv -> recombine == dense filter -> conv dilated by the window."""
+    rng = np.random.default_rng(1)
+    p = (1, 2, 3)
+    x = rng.standard_normal((1, 2, 12, 14, 16)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 2, 3, 2)).astype(np.float32)
+    y = recombine(conv_direct_gemm(mpf(x, p), w), [p])
+    dense = torch.nn.functional.conv3d(torch.from_numpy(brute_max_filter(x, p)), torch.from_numpy(w),
+                                       dilation=p).numpy()
+    np.testing.assert_allclose(y, dense[(...,) + tuple(slice(0, s) for s in y.shape[2:])], rtol=1e-5, atol=1e-5)
+
+
+def test_recombine_rejects_a_bad_batch():
+    with pytest.raises(InputError, match="multiple"):
+        recombine(np.zeros((3, 1, 2, 2, 2), np.float32), [(1, 1, 2)])

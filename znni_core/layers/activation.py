@@ -1,0 +1,95 @@
+"""Element-wise activations and channel softmax, one source for numpy and CuPy."""
+from __future__ import annotations
+
+from ..errors import InputError
+from .xp import get_array_module
+
+__all__ = ["ACTIVATIONS", "activation_memory", "apply_activation"]
+
+ACTIVATIONS = ("relu", "leaky_relu", "elu", "sigmoid", "tanh", "softmax", "identity")
+
+
+def apply_activation(x, kind, alpha=0.0, *, out=None):
+    """Apply an activation; in place when ``out is x``.
+
+    Parameters
+    ----------
+    x : array, shape (N, C, ...)
+    kind : {"relu", "leaky_relu", "elu", "sigmoid", "tanh", "softmax", "identity"}
+        ``leaky_relu``: ``x`` if ``x > 0`` else ``alpha * x`` (alpha = negative slope);
+        ``elu``: ``x`` if ``x > 0`` else ``alpha * (exp(x) - 1)``;
+        ``softmax``: over the channel axis 1, shifted by the channel maximum
+        (numerically stable).
+    alpha : float
+    out : array or None
+        Destination (may be ``x``).  ``None`` allocates a new array, except for
+        ``identity``, which then returns ``x`` itself.
+
+    Returns
+    -------
+    array
+        ``out`` (or the new array).
+
+    Notes
+    -----
+    Temporaries: ``leaky_relu`` and ``elu`` use one array the size of ``x``; the
+    others none besides softmax's per-position max and sum (``1/C`` of ``x``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> apply_activation(np.array([-2.0, 3.0], np.float32), "leaky_relu", 0.5).tolist()
+    [-1.0, 3.0]
+    """
+    xp = get_array_module(x)
+    if kind not in ACTIVATIONS:
+        raise InputError(f"unknown activation {kind!r}; supported: {', '.join(ACTIVATIONS)}")
+    if kind == "identity":
+        if out is None or out is x:
+            return x
+        out[...] = x
+        return out
+    if out is None:
+        out = xp.empty_like(x)
+    alpha = float(alpha)
+    if kind == "relu":
+        xp.maximum(x, 0, out=out)
+    elif kind == "tanh":
+        xp.tanh(x, out=out)
+    elif kind == "sigmoid":
+        # 1 / (1 + e^-x) = (1 + tanh(x / 2)) / 2: no overflow for large |x|
+        xp.multiply(x, 0.5, out=out)
+        xp.tanh(out, out=out)
+        out *= 0.5
+        out += 0.5
+    elif kind == "leaky_relu":
+        tmp = xp.multiply(x, alpha)
+        # max(x, a x) is leaky ReLU for a <= 1, min(x, a x) for a > 1
+        (xp.maximum if alpha <= 1.0 else xp.minimum)(x, tmp, out=out)
+    elif kind == "elu":
+        tmp = xp.minimum(x, 0)
+        xp.expm1(tmp, out=tmp)
+        tmp *= alpha
+        xp.maximum(x, 0, out=out)
+        out += tmp
+    else:  # softmax over channels
+        if x.ndim < 2:
+            raise InputError(f"softmax needs a channel axis 1; got shape {x.shape}")
+        m = x.max(axis=1, keepdims=True)
+        xp.subtract(x, m, out=out)
+        del m
+        xp.exp(out, out=out)
+        s = out.sum(axis=1, keepdims=True)
+        out /= s
+    return out
+
+
+def activation_memory(kind, shape, itemsize=4, in_place=True) -> int:
+    """Peak bytes :func:`apply_activation` allocates (output when not in place)."""
+    import math
+
+    size = itemsize * math.prod(shape)
+    extra = size if kind in ("leaky_relu", "elu") else 0
+    if kind == "softmax":
+        extra = 2 * size // max(1, shape[1])
+    return extra + (0 if in_place or kind == "identity" else size)

@@ -1,0 +1,257 @@
+"""Direct ("valid", stride-1, PyTorch Conv3d semantics) 3-D convolution.
+
+Two CPU paths:
+
+* :func:`conv_direct_gemm` lowers the convolution to BLAS products.  It uses the
+  *full-width* lowering: in the flattened input of one item, the value under kernel
+  offset ``(dz, dy, dx)`` for output position ``j = z*Y*X + y*X + x`` sits at
+  ``j + dz*Y*X + dy*X + dx``, so every row of the lowered matrix is a *contiguous*
+  slice of the input (one memcpy-speed copy instead of a 3-D gather).  Output
+  positions with ``y >= Yo`` or ``x >= Xo`` are computed and thrown away (a few
+  percent of the work).  The lowered matrix is built for a block of output rows at
+  a time, a few MiB so that it stays in cache, never more than ``max_bytes``::
+
+        input plane (Y x X)          lowered block (C*kz*ky*kx, rows*X)
+        +-----------------+          row (c,dz,dy,dx) = x[c].flat[base+off : +L]
+        |####### valid    |  ---->   result = W (C_out, C*k^3) @ block
+        |#######  ..      |          keep [:, :, :Xo] of every row
+        +-----------------+
+
+* :func:`conv_direct_numba` is a parallel numba loop nest (fallback and reference).
+
+Both are CPU-only; ``conv_direct_gemm`` is written against ``xp`` and runs on CuPy
+too (``as_strided`` and ``matmul`` exist there).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import InputError
+from ._numba import njit, prange
+from .xp import get_array_module
+
+__all__ = [
+    "conv_direct_gemm",
+    "conv_direct_gemm_memory",
+    "conv_direct_numba",
+    "conv_direct_numba_memory",
+    "conv_out_shape",
+]
+
+F32 = 4
+DEFAULT_MAX_BYTES = 256 * 2**20
+#: lowered blocks of about this size ran fastest (64^3 x 24 maps, 3^3: 8 MiB blocks
+#: 52 ms, one 600 MiB block 110 ms; benchmarks/bench_primitives.py)
+_BLOCK_TARGET = 8 * 2**20
+
+
+def conv_out_shape(in_shape, kernel):
+    """Valid output spatial shape ``n - k + 1`` per axis."""
+    return tuple(int(n) - int(k) + 1 for n, k in zip(in_shape, kernel))
+
+
+def _validate(x, w, b):
+    """Normalise to contiguous float32 and check the shapes; returns (xp, x, w, b)."""
+    xp = get_array_module(x)
+    if getattr(x, "ndim", None) != 5:
+        raise InputError(f"x must be 5-D (N, C_in, Z, Y, X); got shape {getattr(x, 'shape', None)}")
+    if getattr(w, "ndim", None) != 5:
+        raise InputError(f"w must be 5-D (C_out, C_in, kz, ky, kx); got shape {getattr(w, 'shape', None)}")
+    if w.shape[1] != x.shape[1]:
+        raise InputError(f"w expects {w.shape[1]} input channels but x has {x.shape[1]} (x {x.shape}, w {w.shape})")
+    if min(conv_out_shape(x.shape[2:], w.shape[2:])) < 1:
+        raise InputError(f"kernel {w.shape[2:]} is larger than the input {x.shape[2:]}")
+    x = xp.ascontiguousarray(x, dtype=xp.float32)
+    w = xp.ascontiguousarray(xp.asarray(w), dtype=xp.float32)
+    if b is not None:
+        b = xp.ascontiguousarray(xp.asarray(b), dtype=xp.float32)
+        if b.shape != (w.shape[0],):
+            raise InputError(f"bias must have shape ({w.shape[0]},); got {b.shape}")
+    return xp, x, w, b
+
+
+def _gemm_blocks(in_shape, kernel, c_in, c_out, max_bytes):
+    """Block geometry ``(tz, ty, tw)`` of the lowered matrix.
+
+    ``tz > 1``: whole planes (``ty = Y``, ``tw = X``); ``tz == 1``: ``ty`` full rows
+    (``tw = X``) or, when one row is over budget, ``ty = 1`` and ``tw`` columns.
+    """
+    Z, Y, X = in_shape
+    Zo, Yo, Xo = conv_out_shape(in_shape, kernel)
+    k = c_in * math.prod(kernel)
+    per_pos = F32 * (k + c_out)  # lowered column + result column
+    max_bytes = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
+    if per_pos > max_bytes:
+        raise InputError(
+            f"max_bytes={max_bytes} cannot hold one lowered column ({per_pos} bytes for "
+            f"{c_in} x {kernel} -> {c_out}); raise max_bytes to at least {per_pos}"
+        )
+    target = min(max_bytes, _BLOCK_TARGET)
+    row, plane = per_pos * X, per_pos * Y * X
+    if plane <= target and Zo > 1:
+        return min(Zo, target // plane), Y, X
+    if row <= max_bytes:
+        return 1, max(1, min(Yo, target // row)), X
+    return 1, 1, min(Xo, max_bytes // per_pos)
+
+
+def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None):
+    """Valid 3-D convolution (cross-correlation) lowered to BLAS products.
+
+    Parameters
+    ----------
+    x : array, shape (N, C_in, Z, Y, X), float32
+    w : array, shape (C_out, C_in, kz, ky, kx)
+    b : array, shape (C_out,), or None
+    max_bytes : int, optional
+        Cap on the workspace (lowered block + its product); default 256 MiB.  Blocks
+        are a few MiB anyway (cache), so this only binds when one row is larger.
+    out : array, shape (N, C_out, Zo, Yo, Xo), optional
+        Destination.
+
+    Returns
+    -------
+    array, shape (N, C_out, Z - kz + 1, Y - ky + 1, X - kx + 1), float32
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.ones((1, 2, 4, 4, 4), np.float32); w = np.ones((3, 2, 3, 3, 3), np.float32)
+    >>> conv_direct_gemm(x, w).shape, float(conv_direct_gemm(x, w)[0, 0, 0, 0, 0])
+    ((1, 3, 2, 2, 2), 54.0)
+    """
+    xp, x, w, b = _validate(x, w, b)
+    N, C, Z, Y, X = x.shape
+    O, kernel = w.shape[0], w.shape[2:]
+    kz, ky, kx = kernel
+    Zo, Yo, Xo = conv_out_shape((Z, Y, X), kernel)
+    if out is None:
+        out = xp.empty((N, O, Zo, Yo, Xo), dtype=xp.float32)
+    elif out.shape != (N, O, Zo, Yo, Xo):
+        raise InputError(f"out has shape {out.shape}; expected {(N, O, Zo, Yo, Xo)}")
+    tz, ty, tw = _gemm_blocks((Z, Y, X), kernel, C, O, max_bytes)
+    blen = tz * ty * tw
+    K = C * kz * ky * kx
+    cols = xp.empty((C, kz, ky, kx, blen), dtype=xp.float32)
+    cols2 = cols.reshape(K, blen)
+    res = xp.empty((O, blen), dtype=xp.float32)
+    w2 = w.reshape(O, K)
+    bias = None if b is None else b.reshape(O, 1)
+    YX, it = Y * X, x.itemsize
+    as_strided = xp.lib.stride_tricks.as_strided
+    if tz > 1:
+        blocks = [(z0, 0, 0, min(tz, Zo - z0), Yo, Xo) for z0 in range(0, Zo, tz)]
+    else:
+        blocks = [
+            (z0, y0, x0, 1, min(ty, Yo - y0), min(tw, Xo - x0))
+            for z0 in range(Zo)
+            for y0 in range(0, Yo, ty)
+            for x0 in range(0, Xo, tw)
+        ]
+    for n in range(N):
+        xf = x[n].reshape(C, Z * YX)
+        for z0, y0, x0, nz, vy, vx in blocks:
+            # rows of the last plane past vy and columns past vx are never read
+            L = (nz - 1) * ty * tw + (vy - 1) * tw + vx
+            src = xf[:, z0 * YX + y0 * X + x0 :]
+            view = as_strided(src, shape=(C, kz, ky, kx, L), strides=(xf.strides[0], YX * it, X * it, it, it))
+            cols[..., :L] = view
+            if L < blen:
+                cols[..., L:] = 0  # garbage columns are discarded, but keep them finite
+            xp.matmul(w2, cols2, out=res)
+            if bias is not None:
+                res += bias
+            out[n, :, z0 : z0 + nz, y0 : y0 + vy, x0 : x0 + vx] = res.reshape(O, nz, ty, tw)[:, :, :vy, :vx]
+    return out
+
+
+def conv_direct_gemm_memory(n, c_in, c_out, in_shape, kernel, max_bytes=None) -> int:
+    """Predicted peak bytes of :func:`conv_direct_gemm`: output + lowered block + product.
+
+    Assumes a contiguous float32 input (otherwise a converted copy is added) and
+    ``out=None``.
+    """
+    tz, ty, tw = _gemm_blocks(tuple(in_shape), tuple(kernel), c_in, c_out, max_bytes)
+    blen = tz * ty * tw
+    work = F32 * blen * (c_in * math.prod(kernel) + c_out)
+    return F32 * n * c_out * math.prod(conv_out_shape(in_shape, kernel)) + work
+
+
+# ----------------------------------------------------------------------------- numba
+_OB = 4  # output channels per task: each loaded input value feeds 4 accumulators
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def _conv_numba_kernel(x, w, b, out):  # pragma: no cover - compiled
+    N, C, Z, Y, X = x.shape
+    O, _, kz, ky, kx = w.shape
+    _, _, Zo, Yo, Xo = out.shape
+    nob = (O + _OB - 1) // _OB
+    for t in prange(N * nob * Zo):
+        n = t // (nob * Zo)
+        o0 = ((t // Zo) % nob) * _OB
+        z = t % Zo
+        no = min(_OB, O - o0)
+        acc = np.empty((_OB, Xo), np.float32)
+        for yy in range(Yo):
+            for q in range(no):
+                for xx in range(Xo):
+                    acc[q, xx] = b[o0 + q]
+            for c in range(C):
+                for dz in range(kz):
+                    for dy in range(ky):
+                        row = x[n, c, z + dz, yy + dy]
+                        for dx in range(kx):
+                            if no == _OB:
+                                w0 = w[o0, c, dz, dy, dx]
+                                w1 = w[o0 + 1, c, dz, dy, dx]
+                                w2 = w[o0 + 2, c, dz, dy, dx]
+                                w3 = w[o0 + 3, c, dz, dy, dx]
+                                for xx in range(Xo):
+                                    v = row[xx + dx]
+                                    acc[0, xx] += w0 * v
+                                    acc[1, xx] += w1 * v
+                                    acc[2, xx] += w2 * v
+                                    acc[3, xx] += w3 * v
+                            else:
+                                for q in range(no):
+                                    wq = w[o0 + q, c, dz, dy, dx]
+                                    for xx in range(Xo):
+                                        acc[q, xx] += wq * row[xx + dx]
+            for q in range(no):
+                for xx in range(Xo):
+                    out[n, o0 + q, z, yy, xx] = acc[q, xx]
+
+
+def conv_direct_numba(x, w, b=None):
+    """Valid 3-D convolution by a parallel numba loop nest (numpy arrays only).
+
+    Parallel over (item, block of 4 output channels, output plane); each task keeps
+    one output row per channel in registers/L1 and streams the input rows.
+
+    Parameters
+    ----------
+    x : ndarray, shape (N, C_in, Z, Y, X)
+    w : ndarray, shape (C_out, C_in, kz, ky, kx)
+    b : ndarray, shape (C_out,), or None
+
+    Returns
+    -------
+    ndarray, shape (N, C_out, Zo, Yo, Xo), float32
+    """
+    xp, x, w, b = _validate(x, w, b)
+    if xp is not np:
+        raise InputError("conv_direct_numba runs on numpy arrays only; use conv_direct_gemm or FFTConv on the GPU")
+    if b is None:
+        b = np.zeros(w.shape[0], np.float32)
+    out = np.empty((x.shape[0], w.shape[0]) + conv_out_shape(x.shape[2:], w.shape[2:]), np.float32)
+    _conv_numba_kernel(x, w, b, out)
+    return out
+
+
+def conv_direct_numba_memory(n, c_in, c_out, in_shape, kernel) -> int:
+    """Predicted peak bytes of :func:`conv_direct_numba`: its output (per-thread row
+    buffers are a few KiB), contiguous float32 input assumed."""
+    return F32 * n * c_out * math.prod(conv_out_shape(in_shape, kernel))

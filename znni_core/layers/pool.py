@@ -1,0 +1,231 @@
+"""Max-pooling, max-pooling fragments (MPF) and their recombination.
+
+All functions take batched 5-D arrays ``(N, C, Z, Y, X)`` and work for numpy and
+CuPy alike (``xp = get_array_module(x)``).
+
+MPF in one dimension, window ``p = 2`` (``m = (n - p + 1) // p``)::
+
+    x            : 0 1 2 3 4 5 6 7 8      n = 9
+    offset 0     : [0 1][2 3][4 5][6 7]   -> m = 4 values
+    offset 1     :   [1 2][3 4][5 6][7 8] -> m = 4 values
+    recombined   : f0[0] f1[0] f0[1] f1[1] ... = dense stride-1 max filter[:2m]
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+from ..errors import InputError
+from .xp import get_array_module
+
+__all__ = [
+    "max_filter_dense",
+    "max_pool",
+    "max_pool_memory",
+    "mpf",
+    "mpf_memory",
+    "recombine",
+    "recombine_memory",
+]
+
+F32 = 4
+
+
+def _window(p, name="window"):
+    """Normalise a pooling window / dilation to a 3-tuple of positive ints."""
+    if isinstance(p, int):
+        p = (p, p, p)
+    p = tuple(int(v) for v in p)
+    if len(p) != 3 or any(v < 1 for v in p):
+        raise InputError(f"{name} {p!r} must be three positive integers (z, y, x)")
+    return p
+
+
+def _check5(x):
+    if x.ndim != 5:
+        raise InputError(f"expected a 5-D (N, C, Z, Y, X) array, got shape {x.shape}")
+
+
+def _pool_into(x, p, m, out):
+    """``out = max over the window`` of non-overlapping windows starting at 0.
+
+    One strided view per window offset, accumulated with ``maximum(..., out=out)``:
+    no temporary larger than ``out``.
+    """
+    xp = get_array_module(x)
+    first = True
+    for a, b, c in itertools.product(range(p[0]), range(p[1]), range(p[2])):
+        v = x[:, :, a : a + m[0] * p[0] : p[0], b : b + m[1] * p[1] : p[1], c : c + m[2] * p[2] : p[2]]
+        if first:
+            out[...] = v
+            first = False
+        else:
+            xp.maximum(out, v, out=out)
+    return out
+
+
+def max_pool(x, p):
+    """Plain max-pooling, kernel = stride = ``p``; output ``floor(n / p)`` per axis.
+
+    Parameters
+    ----------
+    x : array, shape (N, C, Z, Y, X)
+    p : int or 3-tuple of int
+
+    Returns
+    -------
+    array, shape (N, C, Z // pz, Y // py, X // px)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.arange(8, dtype=np.float32).reshape(1, 1, 1, 1, 8)
+    >>> max_pool(x, (1, 1, 2))[0, 0, 0, 0].tolist()
+    [1.0, 3.0, 5.0, 7.0]
+    """
+    _check5(x)
+    p = _window(p)
+    m = tuple(n // q for n, q in zip(x.shape[2:], p))
+    if min(m) < 1:
+        raise InputError(f"input spatial shape {x.shape[2:]} is smaller than the pooling window {p}")
+    xp = get_array_module(x)
+    out = xp.empty(x.shape[:2] + m, dtype=x.dtype)
+    return _pool_into(x, p, m, out)
+
+
+def mpf_shape(spatial, p):
+    """Common fragment size ``m = (n - p + 1) // p`` per axis."""
+    p = _window(p)
+    return tuple((n - q + 1) // q for n, q in zip(spatial, p))
+
+
+def mpf(x, p):
+    """Max-pooling fragments: every pooling offset, stacked into the batch axis.
+
+    For offset ``o`` in ``product(range(pz), range(py), range(px))`` (C order, index
+    ``k``), fragment ``k`` of batch item ``i`` is ``max_pool(x[i, :, oz:, oy:, ox:], p)``
+    cut to the common size ``m = (n - p + 1) // p``; it lands at batch index
+    ``i * P + k`` with ``P = pz * py * px`` (old batch major).
+
+    Parameters
+    ----------
+    x : array, shape (N, C, Z, Y, X)
+    p : int or 3-tuple of int
+
+    Returns
+    -------
+    array, shape (N * P, C, mz, my, mx)
+    """
+    _check5(x)
+    p = _window(p)
+    m = mpf_shape(x.shape[2:], p)
+    if min(m) < 1:
+        raise InputError(f"input spatial shape {x.shape[2:]} is too small for MPF with window {p}")
+    xp = get_array_module(x)
+    n, c = x.shape[:2]
+    P = math.prod(p)
+    out = xp.empty((n, P, c) + m, dtype=x.dtype)
+    for k, (a, b, d) in enumerate(itertools.product(range(p[0]), range(p[1]), range(p[2]))):
+        _pool_into(x[:, :, a:, b:, d:], p, m, out[:, k])
+    return out.reshape((n * P, c) + m)
+
+
+def recombine(y, pools):
+    """Interleave MPF fragments back into the dense (stride-1) output.
+
+    Parameters
+    ----------
+    y : array, shape (N0 * prod_l P_l, C, mz, my, mx)
+        Fragments after applying :func:`mpf` for every window in ``pools`` (network
+        order) followed by shape-preserving or valid layers.
+    pools : sequence of 3-tuples
+        The MPF windows, in network order.
+
+    Returns
+    -------
+    array, shape (N0, C, mz * Dz, my * Dy, mx * Dx) with ``D = prod_l p_l``.
+        Dense position along z is ``q * Dz + r_L * d_L + ... + r_1 * d_1`` where
+        ``r_l`` is the offset of pooling layer ``l`` and ``d_l`` the product of the
+        windows before it (``d_1 = 1``).
+
+    Notes
+    -----
+    One reshape/transpose; the final reshape copies unless every window is 1.
+    """
+    _check5(y)
+    pools = [_window(p, "pooling window") for p in pools]
+    if not pools:
+        return y
+    Ptot = math.prod(math.prod(p) for p in pools)
+    nf, c = y.shape[:2]
+    if nf % Ptot:
+        raise InputError(f"batch {nf} is not a multiple of the {Ptot} fragments of pools {pools}")
+    n0 = nf // Ptot
+    m = y.shape[2:]
+    L = len(pools)
+    # batch index = ((n0 * P1 + o1) * P2 + o2) ...; o_l = (rz_l, ry_l, rx_l) in C order
+    shape = (n0,) + tuple(v for p in pools for v in p) + (c,) + m
+    v = y.reshape(shape)
+    # axis of r_{l, a} (layer l, spatial axis a) in v
+    r_ax = lambda l, a: 1 + 3 * l + a  # noqa: E731
+    c_ax, m_ax = 1 + 3 * L, 2 + 3 * L
+    order = [0, c_ax]
+    for a in range(3):
+        order.append(m_ax + a)
+        order.extend(r_ax(l, a) for l in reversed(range(L)))
+    D = tuple(math.prod(p[a] for p in pools) for a in range(3))
+    return v.transpose(order).reshape((n0, c) + tuple(mi * d for mi, d in zip(m, D)))
+
+
+def max_filter_dense(x, p, dilation=(1, 1, 1)):
+    """Stride-1 max filter of window ``p`` with ``dilation``, valid output.
+
+    Output size per axis ``n - (p - 1) * dilation``.  Separable: one pass per axis,
+    each a running maximum over ``p`` shifted views.
+
+    Parameters
+    ----------
+    x : array, shape (N, C, Z, Y, X)
+    p, dilation : int or 3-tuple of int
+
+    Returns
+    -------
+    array
+    """
+    _check5(x)
+    p, d = _window(p), _window(dilation, "dilation")
+    xp = get_array_module(x)
+    for ax in range(3):
+        if p[ax] == 1:
+            continue
+        n_out = x.shape[2 + ax] - (p[ax] - 1) * d[ax]
+        if n_out < 1:
+            raise InputError(f"axis {ax} of size {x.shape[2 + ax]} is smaller than window {p} with dilation {d}")
+
+        def sl(j):
+            s = [slice(None)] * 5
+            s[2 + ax] = slice(j * d[ax], j * d[ax] + n_out)
+            return tuple(s)
+
+        out = x[sl(0)].copy()
+        for j in range(1, p[ax]):
+            xp.maximum(out, x[sl(j)], out=out)
+        x = out
+    return x
+
+
+def max_pool_memory(n, c, in_shape, p) -> int:
+    """Peak bytes of :func:`max_pool` (its float32 output; the input excluded)."""
+    p = _window(p)
+    return F32 * n * c * math.prod(s // q for s, q in zip(in_shape, p))
+
+
+def mpf_memory(n, c, in_shape, p) -> int:
+    """Peak bytes of :func:`mpf` (its float32 output; the input excluded)."""
+    p = _window(p)
+    return F32 * n * math.prod(p) * c * math.prod(mpf_shape(in_shape, p))
+
+
+def recombine_memory(nf, c, frag_shape, pools) -> int:
+    """Peak bytes of :func:`recombine`: one dense copy of the fragments (float32)."""
+    return F32 * nf * c * math.prod(frag_shape)

@@ -1,0 +1,68 @@
+"""Array-module dispatch: one source for numpy (CPU) and CuPy (GPU).
+
+CuPy is never imported when this module is imported; :func:`cupy_or_none` imports
+it lazily and :func:`get_array_module` only looks at CuPy when the array's type
+comes from it, so CPU-only runs never pay for (or fail on) a CuPy import.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import numpy
+
+__all__ = ["cupy_or_none", "get_array_module", "is_numpy"]
+
+_CUPY = None
+_CUPY_TRIED = False
+
+
+def cupy_or_none():
+    """Return the ``cupy`` module if it imports, else ``None``.
+
+    The import is attempted once per process; any failure (not installed, CUDA
+    libraries missing) gives ``None``.  Whether a device is usable is a separate
+    question: see ``cupy.is_available()``.
+
+    Returns
+    -------
+    module or None
+    """
+    global _CUPY, _CUPY_TRIED
+    if not _CUPY_TRIED:
+        _CUPY_TRIED = True
+        try:
+            _CUPY = importlib.import_module("cupy")
+        except Exception:  # ImportError, or CUDA runtime errors raised at import
+            _CUPY = None
+    return _CUPY
+
+
+def get_array_module(x):
+    """The array module (``numpy`` or ``cupy``) that owns ``x``.
+
+    Parameters
+    ----------
+    x : array-like
+        A numpy array, a CuPy array, or anything numpy accepts.
+
+    Returns
+    -------
+    module
+        ``cupy`` when ``x`` is a CuPy array, else ``numpy``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> get_array_module(np.zeros(3)) is np
+    True
+    """
+    mod = type(x).__module__
+    if mod.startswith("cupy") and "cupy" in sys.modules:
+        return sys.modules["cupy"]
+    return numpy
+
+
+def is_numpy(xp) -> bool:
+    """True when ``xp`` is numpy (the CPU fast paths apply)."""
+    return xp is numpy
