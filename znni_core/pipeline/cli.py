@@ -1,8 +1,201 @@
-"""Workflow commands of the ``znni`` CLI (run-task, tasks, create-layer, finalize, demo-data ...)."""
+"""Workflow commands of the ``znni`` CLI (validate, create-layer, tasks, run-task, finalize, status,
+demo-data, serve).  Each Snakemake rule calls exactly one of them."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+RUN_HELP = "the run file <work_dir>/run.json written by `znni validate` (or the config.yaml, mapped to it)"
+
+
+def _fail(exc: Exception, code: int = 1):
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(code)
+
+
+def _log(msg: str) -> None:
+    typer.echo(msg, err=True)
 
 
 def register(app: typer.Typer) -> None:
     """Add the workflow commands to the main ``znni`` app."""
+
+    @app.command("validate")
+    def validate_cmd(
+        config: Optional[Path] = typer.Argument(None, help="config.yaml (see docs/configuration.md)"),
+        mem_mb: Optional[int] = typer.Option(None, "--mem-mb", help="memory of one infer job in MiB; the plan's "
+                                             "budget is plan.memory_fraction of it"),
+        config_json: Optional[str] = typer.Option(None, "--config-json", help="the config as JSON (used by the "
+                                                  "workflow so --config overrides count); replaces CONFIG's content"),
+        threads: Optional[int] = typer.Option(None, "--threads", help="threads of one infer job (the plan's)"),
+        dry_run: bool = typer.Option(False, "--dry-run", help="check and print the plan; write nothing"),
+    ):
+        """Check config, network and layers (everything that can fail before scheduling); write the plan."""
+        from ..errors import ZnniError
+        from .config import load_config, resolve, save_run, validate_config
+
+        try:
+            if config_json is None and config is None:
+                _fail(ValueError("give CONFIG (config.yaml) or --config-json"), 2)
+            cfg = validate_config(json.loads(config_json)) if config_json else load_config(config)
+            run, plan = resolve(cfg, mem_mb=mem_mb, threads=threads, progress=_log)
+        except ZnniError as exc:
+            _fail(exc)
+        _log(plan.describe(max_rejected=3))
+        if dry_run:
+            _log("dry run: nothing written")
+            return
+        path = save_run(run, plan, Path(run["work_dir"]))
+        _log(f"run file {path}; plan {run['plan']['path']}; {run['num_tasks']} tasks")
+
+    @app.command("create-layer")
+    def create_layer_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP),
+                         marker: Optional[Path] = typer.Option(None, help="write this local marker file when done")):
+        """Create the output layer's info and provenance once (or check an existing layer matches)."""
+        from ..errors import ZnniError
+        from ..io import atomic_write, create_layer, parse_layer_url
+        from .config import load_run, output_spec
+
+        try:
+            run = load_run(run_file)
+            cfg = run["config"]
+            url = parse_layer_url(run["output"]["url"], endpoint=cfg["output"]["endpoint_url"])
+            prov = {"description": f"znni dense inference of {Path(run['network']['path']).name} on {run['input']['url']}",
+                    "owners": [], "sources": [run["input"]["url"]],
+                    "processing": [{"method": {"task": "znni create-layer", "run_digest": run["digest"]},
+                                    "by": "znni", "date": run["created"]}]}
+            state = create_layer(url, output_spec(run), prov)
+        except ZnniError as exc:
+            _fail(exc)
+        _log(f"output layer {url}: {state}")
+        if marker:
+            atomic_write(marker, (json.dumps({"layer": str(url), "state": state, "run_digest": run["digest"],
+                                               "info": run["output"]["info"]}, indent=1) + "\n").encode())
+
+    @app.command("tasks")
+    def tasks_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP),
+                  output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the task list as JSON")):
+        """List the tasks: whole output chunks, disjoint, covering the region."""
+        from ..errors import ZnniError
+        from ..io import atomic_write
+        from .config import load_run
+        from .task import task_list
+
+        try:
+            run = load_run(run_file)
+            tasks = task_list(run)
+        except ZnniError as exc:
+            _fail(exc)
+        doc = {"run_digest": run["digest"], "num_tasks": len(tasks), "tasks": tasks}
+        if output:
+            atomic_write(output, (json.dumps(doc, indent=1) + "\n").encode())
+            _log(f"{len(tasks)} tasks -> {output}")
+        else:
+            for t in tasks:
+                typer.echo(f"{t['id']:6d}  write offset {t['write_roi']['offset']} shape {t['write_roi']['shape']}  "
+                           f"{len(t['chunks'])} chunks")
+
+    @app.command("run-task")
+    def run_task_cmd(
+        run_file: Path = typer.Argument(..., help=RUN_HELP),
+        task: Optional[int] = typer.Option(None, "--task", "-t", help="task id (see `znni tasks`)"),
+        chunk: Optional[str] = typer.Option(None, "--chunk", "-c", help="one chunk: its name x0-x1_y0-y1_z0-z1 or "
+                                            "index z,y,x; computed with its task, only this chunk is written"),
+        mem_mb: Optional[int] = typer.Option(None, "--mem-mb", help="memory of this job (MiB); checked against the plan"),
+        progress: bool = typer.Option(True, help="progress bar over patches"),
+    ):
+        """Run one task (or rewrite one chunk): read, infer, write whole chunks atomically, verify, manifest."""
+        from ..errors import ZnniError
+        from .config import load_run, run_geometry, task_bytes
+        from .task import run_task
+
+        if (task is None) == (chunk is None):
+            _fail(ValueError("give exactly one of --task or --chunk"), 2)
+        try:
+            if mem_mb is not None:
+                run = load_run(run_file)
+                _check_mem(run, mem_mb, run_geometry, task_bytes)
+            run_task(run_file, task, chunk=chunk, show_progress=progress, log=_log)
+        except ZnniError as exc:
+            _fail(exc)
+
+    @app.command("finalize")
+    def finalize_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP),
+                     verify: Optional[str] = typer.Option(None, help="checksum | exists (default from the config)")):
+        """Check every manifest and chunk, append provenance, write report, preview and viewer link."""
+        from ..errors import ZnniError
+        from .finalize import finalize
+
+        try:
+            s = finalize(run_file, verify=verify, log=_log)
+        except ZnniError as exc:
+            _fail(exc)
+        typer.echo(f"output:      {s['output']}")
+        typer.echo(f"report:      {Path(s['preview']).with_name('report.html')}")
+        typer.echo(f"preview:     {s['preview']}")
+        typer.echo(f"neuroglancer: {s['neuroglancer'][:120]}... (full link in the report)")
+        for n in s["viewer_notes"]:
+            typer.echo(f"  note: {n}")
+
+    @app.command("status")
+    def status_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP)):
+        """How many tasks have a manifest (done), and which do not."""
+        from ..errors import ZnniError
+        from .config import load_run, run_geometry
+        from .task import manifest_path
+
+        try:
+            run = load_run(run_file)
+            _, _, _, blocks = run_geometry(run)
+        except ZnniError as exc:
+            _fail(exc)
+        todo = [b.id for b in blocks if not manifest_path(run, b.id).is_file()]
+        typer.echo(f"{len(blocks) - len(todo)} of {len(blocks)} tasks done; not done: {todo[:50]}"
+                   + (" ..." if len(todo) > 50 else ""))
+
+    @app.command("demo-data")
+    def demo_data_cmd(out_dir: Path = typer.Argument(Path("demo_out"), help="where to put em/, net.yaml, config.yaml"),
+                      seed: int = typer.Option(0, help="random seed of the volume")):
+        """Generate the demo: an EM-like precomputed layer, a small network and a config using them."""
+        from .demo import write_demo, write_demo_config
+
+        out_dir = out_dir.resolve()
+        r = write_demo(out_dir, seed=seed)
+        cfg = write_demo_config(out_dir / "config.yaml", out_dir, work_dir=out_dir / "work",
+                                output="file://" + str(out_dir / "output"))
+        _log(f"demo input {r['input']} {r['volume'].shape} uint8; network {r['network']}; config {cfg}")
+
+    @app.command("serve")
+    def serve_cmd(root: Path = typer.Argument(Path("/"), help="directory to serve (layer URLs are paths under it)"),
+                  port: int = typer.Option(1337, help="port on 127.0.0.1")):
+        """Serve local layers over HTTP with CORS so Neuroglancer can open file:// outputs."""
+        import functools
+        import http.server
+
+        class CORS(http.server.SimpleHTTPRequestHandler):
+            def end_headers(self):
+                self.send_header("Access-Control-Allow-Origin", "*")
+                super().end_headers()
+
+        handler = functools.partial(CORS, directory=str(root))
+        with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as srv:
+            _log(f"serving {root} on http://127.0.0.1:{port} (Ctrl-C to stop)")
+            srv.serve_forever()
+
+
+def _check_mem(run, mem_mb, run_geometry, task_bytes):
+    import numpy as np
+
+    from ..errors import PlanError
+
+    _, grid, halo, blocks = run_geometry(run)
+    biggest = max(blocks, key=lambda b: b.write_roi.size)
+    need = task_bytes(biggest.write_roi.shape, halo, run["network"]["in_channels"], run["network"]["out_channels"],
+                      np.dtype(run["input"]["dtype"]).itemsize, np.dtype(run["output"]["info"]["data_type"]).itemsize)
+    need += run["plan"]["memory_budget"]
+    if need > mem_mb * 2 ** 20:
+        raise PlanError(f"this job has mem_mb={mem_mb} but a task needs about {need / 2**20:.0f} MiB (plan budget "
+                        f"{run['plan']['memory_budget'] / 2**20:.0f} MiB + task buffers); raise mem_mb or lower task_chunks")

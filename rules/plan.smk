@@ -1,0 +1,18 @@
+# Validate the configuration against the network and the layers, and autotune the plan: once.
+# Everything that can be known to fail fails here, before any task is scheduled.
+# Give this rule the same mem_mb and threads as infer_task (the plan is made for that job size).
+
+
+rule validate:
+    output:
+        run=f"{WORK}/run.json",
+        plan=f"{WORK}/plan.json",
+    params:
+        config=CONFIG_JSON,
+    log:
+        f"{WORK}/logs/validate.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+    shell:
+        "znni validate --config-json {params.config:q} --mem-mb {resources.mem_mb} --threads {threads} > {log} 2>&1"

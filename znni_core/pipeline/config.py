@@ -1,0 +1,277 @@
+"""Workflow configuration: JSON-schema validation with defaults, then the checks that need data.
+
+:func:`load_config` checks the *form* (schema, defaults filled in); :func:`resolve` opens the
+network and the layers and refuses, before anything is scheduled, every run that cannot succeed
+(RELIABILITY T21-T24, T26, T27): it returns the *run*, a JSON-able dict every later step reads.
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from ..errors import ConfigError, DataError, InputError, PlanError
+from ..geometry import EDGE_POLICIES, ChunkGrid, Coordinate, Halo, Roi, create_blocks, output_bounds
+from ..io import ScaleSpec, compare_scale, open_input, parse_layer_url
+from ..io.precomputed import PrecomputedLayer
+
+SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
+RUN_FORMAT = "znni-run/1"
+
+
+def schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _validator():
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+
+    def set_defaults(validator, properties, instance, sch):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from base.VALIDATORS["properties"](validator, properties, instance, sch)
+
+    cls = jsonschema.validators.extend(base, {"properties": set_defaults})
+    return cls(schema())
+
+
+def validate_config(cfg: dict) -> dict:
+    """Schema check with defaults filled in; :class:`ConfigError` lists every problem with its key."""
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"the configuration must be a mapping, got {type(cfg).__name__}")
+    cfg = copy.deepcopy(cfg)
+    v = _validator()
+    errors = sorted(v.iter_errors(cfg), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = [f"  {'.'.join(str(p) for p in e.absolute_path) or '<top>'}: {e.message}" for e in errors]
+        raise ConfigError("invalid configuration (see config.yaml comments / docs/configuration.md):\n"
+                          + "\n".join(lines))
+    # a second pass fills defaults inside objects that were themselves defaulted
+    list(v.iter_errors(cfg))
+    return cfg
+
+
+def load_config(path) -> dict:
+    path = Path(path)
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    return validate_config(cfg or {})
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def versions() -> dict:
+    import cloudvolume
+    import dask
+    import zarr
+
+    from .. import __version__
+
+    return {"znni": __version__, "numpy": np.__version__, "cloud-volume": cloudvolume.__version__,
+            "dask": dask.__version__, "zarr": zarr.__version__}
+
+
+def _roi_doc(r: Roi) -> str:
+    return f"offset {tuple(r.offset)} shape {tuple(r.shape)} (z, y, x)"
+
+
+def task_bytes(write_shape, halo: Halo, c_in: int, c_out: int, in_itemsize: int, out_itemsize: int) -> int:
+    """Host memory of one task besides the engine: raw + float32 input, float32 output, encoded output."""
+    read = int(np.prod(tuple(Coordinate(write_shape) + halo.low + halo.high)))
+    write = int(np.prod(tuple(write_shape)))
+    return read * c_in * (in_itemsize + 4) + write * c_out * (4 + out_itemsize) * 2
+
+
+def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None, plan_out=None, progress=print):
+    """All checks that need the network and the layers; autotune or load the plan; return the run.
+
+    Nothing is written to the output layer here.  ``mem_mb`` is the memory of one infer job (the
+    plan's budget is ``plan.memory_fraction`` of it).
+    """
+    from .. import load_network
+    from ..plan import Plan, autotune
+
+    cfg = validate_config(cfg)
+    work = Path(cfg["work_dir"]).resolve()
+    net_path = Path(cfg["network"]["path"]).resolve()
+    net = load_network(net_path)  # T19: NaN/Inf weights refused here
+    fov = Coordinate(net.field_of_view)
+    halo = Halo.from_field_of_view(fov)
+
+    iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
+    inp = open_input(iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"])
+    where = f"input {iu} mip {cfg['input']['mip']}"
+    # T21: dtype declared in the config must be what the layer holds
+    if inp.dtype != cfg["input"]["dtype"]:
+        raise InputError(f"{where} holds {inp.dtype} but input.dtype says {cfg['input']['dtype']}: znni never "
+                         "rescales silently; fix input.dtype and normalize.scale/shift together")
+    # T27: channels
+    if inp.channels != net.in_channels:
+        raise InputError(f"{where} has {inp.channels} channel(s) but the network {net_path.name} expects "
+                         f"{net.in_channels}; pick the matching layer or network")
+    # T23: resolution
+    net_res = cfg["network"]["resolution"] or net.metadata.get("resolution")
+    if net_res is not None and not np.allclose(tuple(net_res), inp.resolution, rtol=1e-3):
+        raise InputError(f"{where} has resolution {inp.resolution} nm (z, y, x) but the network was trained at "
+                         f"{tuple(float(v) for v in net_res)} nm; choose the input mip with that resolution")
+    # T22: region vs what the input can produce
+    edge = cfg["edge"]
+    assert edge in EDGE_POLICIES
+    try:
+        producible = output_bounds(inp.bounds, halo, edge)
+    except ValueError as exc:
+        raise InputError(f"{where}: {exc}") from None
+    if cfg["region"] is None:
+        region = producible
+    else:
+        region = Roi(cfg["region"]["offset"], cfg["region"]["shape"])
+        if not producible.contains(region):
+            why = ("the region grown by the network's halo " + f"low {tuple(halo.low)} high {tuple(halo.high)}"
+                   if edge == "valid" else "the region")
+            raise InputError(f"region {_roi_doc(region)} is not covered by {where}: {why} must lie inside the "
+                             f"input bounds {_roi_doc(inp.bounds)}; the largest possible region under edge={edge} is "
+                             f"{_roi_doc(producible)} (or use edge: mirror / zero)")
+    if edge == "mirror" and not inp.bounds.shape.all_ge(halo.high + 1):
+        raise InputError(f"{where}: edge=mirror needs the input to be larger than the halo {tuple(halo.high)} on "
+                         f"every axis; it is {tuple(inp.bounds.shape)}")
+
+    # output layer: bounds = region, resolution = input's
+    ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
+    if ou.format != "precomputed":
+        raise ConfigError(f"output.path {ou}: znni writes Neuroglancer precomputed layers; give a directory or "
+                          "bucket path without .zarr")
+    if cfg["output"]["compression"] == "gzip" and ou.is_local:
+        raise ConfigError("output.compression: gzip on a file:// layer names chunks *.gz; tensorstore and other "
+                          "readers then see zeros without an error (PITFALLS). Use compression: none locally.")
+    if ou.is_local and iu.is_local and ou.local_path == iu.local_path:
+        raise ConfigError(f"output.path {ou} is the input layer; choose another directory")
+    res = inp.resolution
+    key = cfg["output"]["scale_key"] or "_".join(f"{v:g}" for v in res[::-1])
+    out_spec = ScaleSpec(key=key, bounds=region, chunk_shape=Coordinate(cfg["output"]["chunk_size"]),
+                         resolution=tuple(res), dtype=cfg["output"]["dtype"], channels=net.out_channels,
+                         encoding=cfg["output"]["encoding"])
+    try:
+        existing = PrecomputedLayer(ou, 0)
+    except DataError as exc:
+        if "has no info file" not in str(exc):
+            raise
+        existing = None
+    if existing is not None:  # T21 (dtype), T22 (offset), T24 (grid) against an existing layer
+        diffs = compare_scale(existing.spec, out_spec)
+        if diffs:
+            raise DataError(f"output layer {ou} exists and does not match this config:\n  - " + "\n  - ".join(diffs)
+                            + "\nChoose a new output.path, or delete the layer if it is yours to replace.")
+
+    # T24: task size vs memory, and the grid
+    grid = ChunkGrid(region, out_spec.chunk_shape)
+    tc = Coordinate(cfg["task_chunks"])
+    task_shape = (tc * out_spec.chunk_shape).min(region.shape)
+    extra = task_bytes(task_shape, halo, net.in_channels, net.out_channels, np.dtype(inp.dtype).itemsize,
+                       np.dtype(out_spec.dtype).itemsize)
+    budget = None
+    if mem_mb is not None:
+        budget = int(mem_mb * 2 ** 20 * cfg["plan"]["memory_fraction"])
+        if extra + budget > mem_mb * 2 ** 20:
+            raise PlanError(f"a task of {tuple(tc)} chunks of {tuple(out_spec.chunk_shape)} needs {extra / 2**20:.0f} MiB "
+                            f"for its input and output plus the engine's {budget / 2**20:.0f} MiB, more than the infer "
+                            f"job's mem_mb={mem_mb}; lower task_chunks or output.chunk_size, or raise mem_mb")
+
+    # the plan (once; every task reuses it)
+    if cfg["plan"]["file"]:
+        plan = Plan.load(cfg["plan"]["file"])
+        if plan.network_digest != net.digest():
+            raise PlanError(f"plan.file {cfg['plan']['file']} was made for another network; re-run `znni plan`")
+        if plan.device != cfg["device"]:
+            raise PlanError(f"plan.file is for device {plan.device!r}, the config asks {cfg['device']!r}")
+    else:
+        plan = autotune(net, memory_budget=budget, device=cfg["device"], effort=cfg["plan"]["effort"], threads=threads)
+    blocks = create_blocks(grid, tc, halo)
+    if not blocks:
+        raise ConfigError(f"the region {_roi_doc(region)} holds no output voxel")
+    plan_path = Path(plan_out) if plan_out else work / "plan.json"
+    run = {
+        "format": RUN_FORMAT,
+        "config": cfg,
+        "work_dir": str(work),
+        "network": {"path": str(net_path), "digest": net.digest(), "field_of_view": list(fov),
+                    "halo": {"low": list(halo.low), "high": list(halo.high)},
+                    "in_channels": net.in_channels, "out_channels": net.out_channels},
+        "input": {"url": str(iu), "mip": cfg["input"]["mip"], "bounds": inp.bounds.to_dict(),
+                  "resolution": list(inp.resolution), "dtype": inp.dtype, "channels": inp.channels},
+        "output": {"url": str(ou), "scale": out_spec.to_scale(), "info": out_spec.to_info()},
+        "region": region.to_dict(),
+        "task_chunks": list(tc),
+        "num_tasks": len(blocks),
+        "num_chunks": grid.num_chunks,
+        "plan": {"path": str(plan_path), "digest": plan.digest(), "patch_shape": list(plan.patch_shape),
+                 "memory_budget": plan.memory_budget},
+        "mem_mb": mem_mb,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": versions(),
+    }
+    run["digest"] = _digest({k: run[k] for k in ("config", "network", "input", "output", "region", "task_chunks")}
+                            | {"plan": run["plan"]["digest"]})
+    progress(f"network {net_path.name}: field of view {tuple(fov)}, halo low {tuple(halo.low)} high {tuple(halo.high)}")
+    progress(f"input {iu}: {_roi_doc(inp.bounds)}, {inp.dtype}, {inp.channels} ch, {inp.resolution} nm")
+    progress(f"output {ou}: {_roi_doc(region)}, chunks {tuple(out_spec.chunk_shape)}, {out_spec.dtype}; "
+             f"{grid.num_chunks} chunks in {len(blocks)} tasks of up to {tuple(tc)} chunks")
+    return run, plan
+
+
+def save_run(run: dict, plan, work: Path) -> Path:
+    from ..io import atomic_write
+
+    work = Path(work)
+    plan.save(run["plan"]["path"])
+    path = work / "run.json"
+    atomic_write(path, (json.dumps(run, indent=1, sort_keys=True) + "\n").encode())
+    return path
+
+
+def load_run(path) -> dict:
+    """Read a run file (``<work_dir>/run.json``); a config.yaml is accepted and mapped to its run file."""
+    path = Path(path)
+    if path.suffix in (".yaml", ".yml"):
+        cfg = load_config(path)
+        path = Path(cfg["work_dir"]) / "run.json"
+    try:
+        run = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} does not exist: run `znni validate CONFIG` (or the workflow) first") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc}); re-run `znni validate`") from exc
+    if run.get("format") != RUN_FORMAT:
+        raise ConfigError(f"{path} is not a znni run file ({RUN_FORMAT}); re-run `znni validate`")
+    return run
+
+
+def run_geometry(run: dict):
+    """(region, grid, halo, blocks) of a run, recomputed deterministically."""
+    region = Roi.from_dict(run["region"])
+    scale = run["output"]["scale"]
+    grid = ChunkGrid(region, Coordinate.from_xyz(scale["chunk_sizes"][0]))
+    halo = Halo(run["network"]["halo"]["low"], run["network"]["halo"]["high"])
+    blocks = create_blocks(grid, run["task_chunks"], halo)
+    return region, grid, halo, blocks
+
+
+def output_spec(run: dict) -> ScaleSpec:
+    from ..io.info import scale_spec
+
+    return scale_spec(run["output"]["info"], 0, "run output")
+

@@ -1,0 +1,225 @@
+"""Finalize a run: check every manifest and chunk, append provenance, write the report.
+
+The report (``<work_dir>/report/``): ``summary.json``, ``report.html``, ``preview.png`` (input | output,
+middle z slice of the region) and a Neuroglancer link showing input and output.
+"""
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import time
+import urllib.parse
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from ..io import atomic_write, clean_stale_temporaries, open_input, open_output, parse_layer_url, read_json, write_json
+from ..io import read_manifest
+from .config import load_run, output_spec, run_geometry
+from .task import manifest_path
+
+
+def check_manifests(run: dict, out, verify: str, log=print):
+    """Per task: 'done', or an error string.  Never counts a task without a verified manifest as done."""
+    _, grid, _, blocks = run_geometry(run)
+    results, manifests = {}, {}
+    it = blocks
+    try:
+        from tqdm import tqdm
+
+        it = tqdm(blocks, desc="finalize: checking tasks", unit="task", leave=False)
+    except ImportError:
+        pass
+    for b in it:
+        mp = manifest_path(run, b.id)
+        try:
+            m = read_manifest(mp)
+            if m["plan_digest"] != run["plan"]["digest"] or m["network_digest"] != run["network"]["digest"]:
+                raise DataError(f"manifest {mp} was written with another plan or network; re-run task {b.id}")
+            if [c["index"] for c in m["chunks"]] != [list(i) for i in b.chunks]:
+                raise DataError(f"manifest {mp} lists other chunks than task {b.id} owns; re-run it")
+            for c in m["chunks"]:
+                idx = tuple(c["index"])
+                if c["status"] == "empty":
+                    if out.read_chunk_bytes(idx) is not None:
+                        raise DataError(f"chunk {c['name']} is recorded empty but exists; re-run task {b.id}")
+                elif verify == "checksum":
+                    out.verify_chunk(idx, c["sha256"])
+                elif out.read_chunk_bytes(idx) is None:
+                    raise DataError(f"chunk {c['name']} of task {b.id} is missing; re-run task {b.id}")
+            results[b.id] = "done"
+            manifests[b.id] = m
+        except DataError as exc:
+            results[b.id] = str(exc)
+    return results, manifests
+
+
+def neuroglancer_link(run: dict, base: str, port: int) -> tuple[str, list[str]]:
+    """A link showing input and output; file:// layers are served by ``znni serve`` (notes say how)."""
+    notes = []
+
+    def source(url: str) -> str:
+        if url.startswith("file://"):
+            path = url[len("file://"):]
+            notes.append(f"file:// layers: run `znni serve / --port {port}` (serves with CORS) while viewing")
+            return f"precomputed://http://127.0.0.1:{port}{path}"
+        if url.startswith("zarr://"):
+            notes.append("zarr input: serve it the same way")
+            return "zarr://http://127.0.0.1:%d%s" % (port, url.split("file://", 1)[-1])
+        return "precomputed://" + url
+
+    region = run["region"]
+    center = [o + s / 2 for o, s in zip(region["offset"], region["shape"])][::-1]  # x, y, z
+    res = run["input"]["resolution"][::-1]
+    state = {
+        "dimensions": {"x": [res[0] * 1e-9, "m"], "y": [res[1] * 1e-9, "m"], "z": [res[2] * 1e-9, "m"]},
+        "position": center,
+        "layers": [
+            {"type": "image", "source": source(run["input"]["url"]), "name": "input"},
+            {"type": "image", "source": source(run["output"]["url"]), "name": "znni output", "opacity": 0.6,
+             "shader": "#uicontrol invlerp normalized\nvoid main() { emitRGB(vec3(normalized(), 0.0, 0.0)); }"},
+        ],
+        "layout": "4panel",
+    }
+    link = base.rstrip("/") + "/#!" + urllib.parse.quote(json.dumps(state, separators=(",", ":")), safe="")
+    return link, sorted(set(notes))
+
+
+def preview(run: dict, out, path: Path) -> Path:
+    """PNG: middle z slice of the region, input (left) | output channel 0 (right)."""
+    from PIL import Image, ImageDraw
+
+    cfg = run["config"]
+    region_off = run["region"]["offset"]
+    region_shape = run["region"]["shape"]
+    z = region_off[0] + region_shape[0] // 2
+    from ..geometry import Roi
+
+    sl = Roi((z, region_off[1], region_off[2]), (1, region_shape[1], region_shape[2]))
+    inp = open_input(parse_layer_url(run["input"]["url"], endpoint=cfg["input"]["endpoint_url"]), run["input"]["mip"],
+                     resolution=cfg["input"]["resolution"])
+    raw, _ = inp.read(sl.intersect(inp.bounds), fill_missing=True)
+    a = raw[0, 0].astype(np.float32)
+    outs = np.zeros(tuple(sl.shape)[1:], np.float32)
+    _, grid, _, _ = run_geometry(run)
+    for idx in grid.chunks_in(sl):
+        c = out.read_chunk(idx)
+        if c is None:
+            continue
+        croi = grid.chunk_roi(idx)
+        inter = croi.intersect(sl)
+        src = c[(0,) + inter.to_slices(croi.offset)][0]
+        dst = inter.to_slices(sl.offset)[1:]
+        outs[dst] = src
+
+    def to8(v, lo=None, hi=None):
+        lo = float(v.min()) if lo is None else lo
+        hi = float(v.max()) if hi is None else hi
+        return np.clip((v - lo) / max(hi - lo, 1e-12) * 255, 0, 255).astype(np.uint8)
+
+    if out.dtype == "uint8":
+        b = outs.astype(np.uint8)
+    else:
+        b = to8(outs)
+    h, w = a.shape
+    img = Image.new("L", (2 * w + 8, h + 16), 255)
+    img.paste(Image.fromarray(to8(a)), (0, 16))
+    img.paste(Image.fromarray(b), (w + 8, 16))
+    d = ImageDraw.Draw(img)
+    d.text((2, 2), f"input z={z}", fill=0)
+    d.text((w + 10, 2), "output ch 0", fill=0)
+    scale = max(1, 512 // max(w, 1))
+    if scale > 1:
+        img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
+    buf = path.with_suffix(".tmp.png")
+    img.save(buf)
+    buf.replace(path)
+    return path
+
+
+def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
+    t0 = time.perf_counter()
+    run = load_run(run_file)
+    cfg = run["config"]
+    verify = verify or cfg["finalize"]["verify"]
+    out_url = parse_layer_url(run["output"]["url"], endpoint=cfg["output"]["endpoint_url"])
+    out = open_output(out_url, output_spec(run))
+    results, manifests = check_manifests(run, out, verify, log)
+    failed = {t: r for t, r in results.items() if r != "done"}
+    n_written = sum(1 for m in manifests.values() for c in m["chunks"] if c["status"] == "written")
+    n_empty = sum(1 for m in manifests.values() for c in m["chunks"] if c["status"] == "empty")
+    compute_s = sum(m["timings"]["total_s"] for m in manifests.values())
+    voxels = sum(m["voxels"] for m in manifests.values())
+    filled = sorted({k for m in manifests.values() for k in m.get("missing_input_filled", [])})
+    removed = clean_stale_temporaries_in_layer(out_url) if not failed else []
+    report_dir = Path(run["work_dir"]) / "report"
+    summary = {
+        "tasks": len(results), "done": len(results) - len(failed), "failed": sorted(failed),
+        "failures": {str(k): v for k, v in sorted(failed.items())},
+        "chunks_written": n_written, "chunks_empty": n_empty, "voxels": voxels,
+        "task_seconds": round(compute_s, 3), "voxels_per_s_per_job": round(voxels / compute_s, 1) if compute_s else 0,
+        "wall_seconds": round(max((m["finished"] for m in manifests.values()), default=0)
+                              - min((m["finished"] - m["timings"]["total_s"] for m in manifests.values()), default=0), 3),
+        "missing_input_filled": filled, "verify": verify, "stale_temporaries_removed": len(removed),
+        "output": str(out_url), "input": run["input"]["url"], "run_digest": run["digest"],
+    }
+    if summary["wall_seconds"] > 0:
+        summary["voxels_per_s_wall"] = round(voxels / summary["wall_seconds"], 1)
+    if failed:
+        for t, why in sorted(failed.items()):
+            log(f"FAILED task {t}: {why}")
+        log(f"finalize: {len(failed)} of {len(results)} task(s) not done; nothing finalized. "
+            f"Re-run the workflow (only those tasks run) or `znni run-task {run_file} --task ID`.")
+        raise DataError(f"{len(failed)} task(s) failed or unverified: {sorted(failed)[:20]}")
+
+    # provenance: appended once per finalize
+    prov = read_json(out_url, "provenance") or {"description": "", "owners": [], "processing": [], "sources": []}
+    prov.setdefault("processing", []).append({
+        "method": {"task": "znni inference", "network": run["network"]["path"],
+                   "network_digest": run["network"]["digest"], "plan_digest": run["plan"]["digest"],
+                   "region": run["region"], "edge": cfg["edge"], "normalize": cfg["normalize"],
+                   "missing_input_filled": filled, "chunks_empty": n_empty},
+        "by": "znni", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": run["versions"], "run_digest": run["digest"],
+    })
+    write_json(out_url, "provenance", prov)
+
+    report_dir.mkdir(parents=True, exist_ok=True)
+    png = preview(run, out, report_dir / "preview.png")
+    link, notes = neuroglancer_link(run, cfg["finalize"]["neuroglancer"], cfg["finalize"]["serve_port"])
+    summary.update({"preview": str(png), "neuroglancer": link, "viewer_notes": notes,
+                    "finalize_seconds": round(time.perf_counter() - t0, 3)})
+    atomic_write(report_dir / "summary.json", (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
+    write_html(report_dir / "report.html", run, summary)
+    log(f"finalize: {summary['done']}/{summary['tasks']} tasks done, 0 failed; {n_written} chunks written, "
+        f"{n_empty} empty (skipped, all-zero input); {voxels:,} voxels, {summary['voxels_per_s_per_job']:,.0f} voxels/s "
+        f"per job" + (f", {summary['voxels_per_s_wall']:,.0f} voxels/s wall" if "voxels_per_s_wall" in summary else ""))
+    return summary
+
+
+def clean_stale_temporaries_in_layer(url) -> list:
+    if not url.is_local:
+        return []
+    removed = []
+    for d in [url.local_path] + [p for p in url.local_path.iterdir() if p.is_dir()]:
+        removed += clean_stale_temporaries(d, all_hosts=False)
+    return removed
+
+
+def write_html(path: Path, run: dict, s: dict) -> None:
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                   for k, v in s.items() if k not in ("neuroglancer", "failures"))
+    doc = f"""<!doctype html><meta charset="utf-8"><title>znni report</title>
+<style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}th{{text-align:left;padding-right:1em}}</style>
+<h1>znni run report</h1>
+<p>input <code>{html.escape(run['input']['url'])}</code> &rarr; output <code>{html.escape(run['output']['url'])}</code></p>
+<p><a href="{html.escape(s['neuroglancer'])}">Open input and output in Neuroglancer</a>
+{''.join('<br><small>' + html.escape(n) + '</small>' for n in s['viewer_notes'])}</p>
+<img src="preview.png" alt="input | output" style="max-width:100%">
+<table>{rows}</table>
+<h2>Network</h2><pre>{html.escape(json.dumps(run['network'], indent=1))}</pre>
+<h2>Plan</h2><pre>{html.escape(json.dumps(run['plan'], indent=1))}</pre>
+"""
+    atomic_write(path, doc.encode())

@@ -1,0 +1,289 @@
+"""Execute one task: read its read-ROI, split into patches with Dask, run the engine, write whole
+chunks atomically, read them back, then write the manifest (the only thing Snakemake sees).
+
+::
+
+    read_roi (input, halo derived from the network)
+      -> gather (edge policy: valid | mirror | zero), normalise to float32
+      -> Dask: output tiles of the plan's output shape, each computed from its input window
+         (tile + F - 1: overlap = halo), engine per tile, assembled in place
+      -> per chunk: finite? (else NonFiniteError, nothing written) -> encode -> atomic write
+         -> read back + sha256 -> manifest
+"""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError, InputError, NonFiniteError
+from ..geometry import Block, Coordinate, Roi
+from ..io import open_input, open_output, parse_layer_url, read_manifest, write_manifest
+from .config import load_run, output_spec, run_geometry
+
+
+def manifest_path(run: dict, task_id: int) -> Path:
+    return Path(run["work_dir"]) / "manifests" / f"{task_id:06d}.json"
+
+
+def _reflect(coords: np.ndarray, begin: int, end: int) -> np.ndarray:
+    """numpy ``reflect`` (border voxel not repeated), any distance."""
+    n = end - begin
+    if n == 1:
+        return np.full_like(coords, begin)
+    period = 2 * (n - 1)
+    t = np.mod(coords - begin, period)
+    t = np.where(t >= n, period - t, t)
+    return t + begin
+
+
+def gather(inp, read_roi: Roi, edge: str, fill_missing: bool):
+    """Raw input over ``read_roi`` (C, z, y, x) and a boolean 'inside the input' box for zero padding.
+
+    Returns ``(raw, inner_slices, missing)``; ``inner_slices`` is None when every voxel came from the input.
+    """
+    bounds = inp.bounds
+    if bounds.contains(read_roi):
+        raw, missing = inp.read(read_roi, fill_missing=fill_missing)
+        return raw, None, missing
+    if edge == "valid":
+        raise InputError(f"read {read_roi} leaves the input bounds {bounds} (edge=valid); this is a bug in "
+                         "task creation or the input layer changed since `znni validate`")
+    if edge == "zero":
+        inner = read_roi.intersect(bounds)
+        raw_in, missing = inp.read(inner, fill_missing=fill_missing)
+        raw = np.zeros((raw_in.shape[0],) + tuple(read_roi.shape), dtype=raw_in.dtype)
+        sl = inner.to_slices(read_roi.offset)
+        raw[(slice(None),) + sl] = raw_in
+        return raw, sl, missing
+    # mirror
+    maps = [_reflect(np.arange(b, e), lo, hi) for b, e, lo, hi in zip(read_roi.begin, read_roi.end, bounds.begin, bounds.end)]
+    hull = Roi.from_bounds([int(m.min()) for m in maps], [int(m.max()) + 1 for m in maps])
+    raw_h, missing = inp.read(hull, fill_missing=fill_missing)
+    raw = raw_h
+    for axis, m in enumerate(maps):
+        raw = np.take(raw, m - hull.offset[axis], axis=axis + 1)
+    return np.ascontiguousarray(raw), None, missing
+
+
+def normalise(raw: np.ndarray, scale: float, shift: float, inner=None) -> np.ndarray:
+    x = raw.astype(np.float32)
+    x *= np.float32(scale)
+    x += np.float32(shift)
+    if inner is not None:  # zero padding is 0.0 *after* normalisation
+        keep = np.zeros(x.shape[1:], dtype=bool)
+        keep[inner] = True
+        x[:, ~keep] = 0.0
+    return x
+
+
+def compute(net, plan, x: np.ndarray, out_shape, *, device: str = "cpu", progress=None) -> np.ndarray:
+    """Dense output ``(C_out,) + out_shape`` of ``x`` (input = output + F - 1), by Dask tiles of the plan."""
+    import dask
+    import dask.array as da
+
+    from .. import infer
+
+    fov = net.field_of_view
+    tile = tuple(min(t, s) for t, s in zip(plan.output_shape, out_shape))
+    chunks = da.core.normalize_chunks((net.out_channels,) + tile, (net.out_channels,) + tuple(out_shape))
+
+    def one_tile(block_info=None):
+        loc = block_info[None]["array-location"][1:]
+        sl = tuple(slice(a, b + f - 1) for (a, b), f in zip(loc, fov))
+        y = infer(net, np.ascontiguousarray(x[(slice(None),) + sl]), device=device, plan=plan)
+        if progress is not None:
+            progress(1)
+        return y
+
+    arr = da.map_blocks(one_tile, chunks=chunks, dtype=np.float32, meta=np.empty((0, 0, 0, 0), np.float32))
+    with dask.config.set(scheduler="synchronous"):  # the engine threads inside each tile
+        return np.asarray(arr.compute())
+
+
+def quantise(y: np.ndarray, dtype: str, chunk_name: str) -> np.ndarray:
+    if dtype == "float32":
+        return np.ascontiguousarray(y, dtype=np.float32)
+    lo, hi = float(y.min()), float(y.max())
+    if lo < -1e-6 or hi > 1 + 1e-6:
+        raise DataError(f"chunk {chunk_name}: output dtype uint8 stores probabilities in [0, 1], but the network "
+                        f"gives values in [{lo:.4g}, {hi:.4g}]; use output.dtype: float32 (no silent rescale)")
+    return np.rint(np.clip(y, 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, device: str | None = None,
+             show_progress: bool = True, log=print) -> dict:
+    """Run one task (or one chunk of it, computed with its whole task so the bytes equal a task run).
+
+    Returns the manifest dict.  Writes the manifest only for a whole-task run; a ``chunk`` run updates the
+    chunk's entry of an existing manifest.
+    """
+    from .. import load_network
+    from ..plan import Plan
+
+    t0 = time.perf_counter()
+    run = load_run(run_file)
+    cfg = run["config"]
+    device = device or cfg["device"]
+    region, grid, halo, blocks = run_geometry(run)
+    by_id = {b.id: b for b in blocks}
+    out_url = parse_layer_url(run["output"]["url"], endpoint=cfg["output"]["endpoint_url"])
+    out = open_output(out_url, output_spec(run))  # T18: the layer must exist and match
+    chunk_index = None
+    if chunk is not None:
+        chunk_index = _find_chunk(out, grid, chunk)
+        owners = [b for b in blocks if chunk_index in b.chunks]
+        task_id = owners[0].id
+    if task_id not in by_id:
+        raise InputError(f"task {task_id} does not exist; this run has task ids {sorted(by_id)[:5]}... "
+                         f"({len(by_id)} tasks; see {Path(run['work_dir']) / 'tasks.json'})")
+    block: Block = by_id[task_id]
+    net = load_network(run["network"]["path"])
+    if net.digest() != run["network"]["digest"]:
+        raise DataError(f"network {run['network']['path']} changed since `znni validate` (digest mismatch); "
+                        "re-run the workflow from validate (delete the work_dir's run.json)")
+    plan = Plan.load(run["plan"]["path"])
+    if plan.digest() != run["plan"]["digest"]:
+        raise DataError(f"plan {run['plan']['path']} changed since `znni validate`; re-run validate")
+
+    # ---- read -------------------------------------------------------------------------
+    in_url = parse_layer_url(run["input"]["url"], endpoint=cfg["input"]["endpoint_url"])
+    inp = open_input(in_url, run["input"]["mip"], resolution=cfg["input"]["resolution"])
+    if inp.dtype != run["input"]["dtype"] or inp.bounds != Roi.from_dict(run["input"]["bounds"]):
+        raise DataError(f"input {in_url} changed since `znni validate` (dtype {inp.dtype}, bounds {inp.bounds}); "
+                        "re-run validate")
+    fill = cfg["input"]["missing"] == "zero"
+    t_read = time.perf_counter()
+    raw, inner, missing = gather(inp, block.read_roi, cfg["edge"], fill)
+    t_read = time.perf_counter() - t_read
+
+    # ---- empty chunks (T26): all-zero input context is skipped and recorded ------------------------
+    empty = set()
+    if cfg["input"]["empty"] == "skip":
+        for idx in block.chunks:
+            croi = halo.read_roi(grid.chunk_roi(idx))
+            if not raw[(slice(None),) + croi.to_slices(block.read_roi.offset)].any():
+                empty.add(idx)
+    todo = [i for i in block.chunks if i not in empty and (chunk_index is None or i == chunk_index)]
+
+    # ---- compute ---------------------------------------------------------------------------
+    t_comp = time.perf_counter()
+    y = None
+    if todo:
+        x = normalise(raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], inner)
+        del raw
+        bar = None
+        ntiles = int(np.prod([-(-s // t) for s, t in zip(block.write_roi.shape,
+                                                         [min(a, b) for a, b in zip(plan.output_shape, block.write_roi.shape)])]))
+        if show_progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=ntiles, desc=f"task {task_id} patches", unit="patch", leave=False)
+        y = compute(net, plan, x, tuple(block.write_roi.shape), device=device,
+                    progress=bar.update if bar is not None else None)
+        if bar is not None:
+            bar.close()
+        del x
+    t_comp = time.perf_counter() - t_comp
+
+    # ---- check everything before writing anything (T20) ------------------------------------------
+    encoded = {}
+    bad = []
+    for idx in todo:
+        sl = grid.chunk_roi(idx).to_slices(block.write_roi.offset)
+        yc = y[(slice(None),) + sl]
+        if not np.isfinite(yc).all():
+            bad.append((out.chunk_name(idx), int((~np.isfinite(yc)).sum())))
+            continue
+        encoded[idx] = quantise(yc, out.dtype, out.chunk_name(idx))
+    if bad:
+        raise NonFiniteError(
+            f"task {task_id}: the network produced NaN/Inf in {len(bad)} chunk(s) "
+            + ", ".join(f"{n} ({k} voxels)" for n, k in bad[:5])
+            + "; nothing was written for this task. Check input normalisation (normalize.scale/shift) and the weights.")
+
+    # ---- write, verify -------------------------------------------------------------------------------
+    t_write = time.perf_counter()
+    compress = cfg["output"]["compression"]
+    entries = {}
+    for idx in block.chunks:
+        if chunk_index is not None and idx != chunk_index:
+            continue
+        name = out.chunk_name(idx)
+        roi = grid.chunk_roi(idx)
+        if idx in empty:
+            out.delete_chunk(idx)  # a stale chunk from an earlier run must not survive as 'valid'
+            entries[idx] = {"name": name, "index": list(idx), "roi": roi.to_dict(), "status": "empty"}
+            continue
+        digest = out.write_chunk(idx, encoded[idx], compress=compress)
+        out.verify_chunk(idx, digest)
+        entries[idx] = {"name": name, "index": list(idx), "roi": roi.to_dict(), "status": "written",
+                        "sha256": digest, "nbytes": int(encoded[idx].nbytes)}
+    t_write = time.perf_counter() - t_write
+    total = time.perf_counter() - t0
+
+    mpath = manifest_path(run, task_id)
+    voxels = int(np.prod(tuple(block.write_roi.shape)))
+    if chunk_index is not None:
+        log(f"chunk {out.chunk_name(chunk_index)} (task {task_id}) rewritten and verified")
+        if mpath.is_file():
+            m = read_manifest(mpath)
+            m["chunks"] = [entries[chunk_index] if c["index"] == list(chunk_index) else c for c in m["chunks"]]
+            m.setdefault("reruns", []).append({"chunk": out.chunk_name(chunk_index), "seconds": round(total, 3),
+                                                "host": socket.gethostname(), "time": time.time()})
+            write_manifest(mpath, m)
+        return {"chunks": [entries[chunk_index]]}
+    manifest = {
+        "task": task_id,
+        "run_digest": run["digest"],
+        "layer": str(out_url),
+        "write_roi": block.write_roi.to_dict(),
+        "read_roi": block.read_roi.to_dict(),
+        "chunks": [entries[i] for i in block.chunks],
+        "plan_digest": plan.digest(),
+        "network_digest": net.digest(),
+        "missing_input_filled": missing,
+        "versions": run["versions"] | {"python": platform.python_version()},
+        "device": device,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "voxels": voxels,
+        "timings": {"read_s": round(t_read, 4), "compute_s": round(t_comp, 4), "write_verify_s": round(t_write, 4),
+                    "total_s": round(total, 4)},
+        "finished": time.time(),
+    }
+    write_manifest(mpath, manifest)
+    n_empty = sum(1 for e in entries.values() if e["status"] == "empty")
+    log(f"task {task_id}: {len(entries) - n_empty} chunk(s) written and verified, {n_empty} empty, "
+        f"{voxels:,} voxels in {total:.2f} s ({voxels / max(total, 1e-9):,.0f} voxels/s) -> {mpath}")
+    return manifest
+
+
+def _find_chunk(out, grid, chunk: str):
+    """A chunk given as its name (``x0-x1_y0-y1_z0-z1``, with or without the scale key) or ``z,y,x`` index."""
+    s = chunk.strip().split("/")[-1]
+    if "_" in s and "-" in s:
+        for idx in grid.chunks_in(grid.bounds):
+            if out.chunk_name(idx).split("/")[-1] == s:
+                return idx
+        raise InputError(f"chunk {chunk!r} is not a chunk of the output grid (names look like "
+                         f"{out.chunk_name(Coordinate(0, 0, 0)).split('/')[-1]})")
+    try:
+        idx = Coordinate(int(v) for v in s.split(","))
+        grid.chunk_roi(idx)
+    except (ValueError, IndexError):
+        raise InputError(f"chunk {chunk!r}: give a chunk name x0-x1_y0-y1_z0-z1 or an index z,y,x within "
+                         f"{tuple(grid.grid_shape)}") from None
+    return idx
+
+
+def task_list(run: dict) -> list[dict]:
+    _, grid, _, blocks = run_geometry(run)
+    return [b.to_dict() for b in blocks]
+
+
+
