@@ -83,6 +83,22 @@ def test_all_paths_equal_torch_conv3d(shape, kernel):
         assert rel_err(y, ref) <= TOL, name
 
 
+@pytest.mark.parametrize("target", [1, 3_000, 20_000, 60_000, 10**9])
+def test_gemm_every_block_geometry(monkeypatch, target):
+    """Small block targets force multi-plane blocks with a short last one, row blocks
+    with a short last one, and column blocks."""
+    import znni_core.layers.direct as D
+
+    monkeypatch.setattr(D, "_BLOCK_TARGET", target)
+    rng = np.random.default_rng(target)
+    x = rng.standard_normal((2, 3, 12, 9, 7)).astype(np.float32)
+    w = rng.standard_normal((2, 3, 2, 3, 2)).astype(np.float32)
+    b = rng.standard_normal(2).astype(np.float32)
+    ref = reference(x, w, b)
+    for mb in (None, 4 * (3 * 12 + 2) * 3):
+        assert rel_err(conv_direct_gemm(x, w, b, max_bytes=mb), ref) <= TOL
+
+
 def test_gemm_blocks_respect_max_bytes():
     # one plane of lowered 16 x 27 channels at 40 x 40 is 0.7 MiB; whole planes fit 8 MiB
     assert _gemm_blocks((40, 40, 40), (3, 3, 3), 16, 16, None)[1:] == (40, 40)

@@ -91,5 +91,5 @@ def activation_memory(kind, shape, itemsize=4, in_place=True) -> int:
     size = itemsize * math.prod(shape)
     extra = size if kind in ("leaky_relu", "elu") else 0
     if kind == "softmax":
-        extra = 2 * size // max(1, shape[1])
+        extra = size // max(1, shape[1])  # the channel max, freed before the sum
     return extra + (0 if in_place or kind == "identity" else size)

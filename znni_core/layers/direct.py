@@ -163,7 +163,9 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None):
             xp.matmul(w2, cols2, out=res)
             if bias is not None:
                 res += bias
-            out[n, :, z0 : z0 + nz, y0 : y0 + vy, x0 : x0 + vx] = res.reshape(O, nz, ty, tw)[:, :, :vy, :vx]
+            # a short last block of planes: only its first nz * ty * tw columns matter
+            done = res[:, : nz * ty * tw].reshape(O, nz, ty, tw)
+            out[n, :, z0 : z0 + nz, y0 : y0 + vy, x0 : x0 + vx] = done[:, :, :vy, :vx]
     return out
 
 

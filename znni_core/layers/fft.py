@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pyfftw
 
 from ..errors import InputError
 from ._numba import njit, prange
@@ -111,8 +112,6 @@ def save_wisdom(path=None) -> Path:
     pathlib.Path
         Where it was written.
     """
-    import pyfftw
-
     path = Path(path) if path is not None else default_wisdom_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -140,8 +139,6 @@ def load_wisdom(path=None):
     InputError
         The file is not znni wisdom.
     """
-    import pyfftw
-
     path = Path(path) if path is not None else default_wisdom_path()
     if not path.exists():
         return None
@@ -156,8 +153,6 @@ def load_wisdom(path=None):
 
 # ----------------------------------------------------------------------------- pruned transforms
 def _plan(a, b, axis, direction, threads, effort):
-    import pyfftw
-
     # plans are always made before the buffers are filled: MEASURE overwrites them
     return pyfftw.FFTW(
         a, b, axes=(axis,), direction=direction, threads=threads,
@@ -206,8 +201,6 @@ def _run(plans):
 
 
 def _empty_spec(batch, fshape):
-    import pyfftw
-
     return pyfftw.empty_aligned((batch,) + _spec_shape(fshape), dtype=np.complex64)
 
 
