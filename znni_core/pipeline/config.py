@@ -199,7 +199,18 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         if plan.device != cfg["device"]:
             raise PlanError(f"plan.file is for device {plan.device!r}, the config asks {cfg['device']!r}")
     else:
-        plan = autotune(net, memory_budget=budget, device=cfg["device"], effort=cfg["plan"]["effort"], threads=threads)
+        # A patch larger than a task is wasted work: first try one patch per task (output rounded up to the
+        # pooling product D); if that does not fit the budget, let the autotuner search smaller patches.
+        from ..errors import MemoryBudgetError
+
+        d = Coordinate(net.pooling_product)
+        task_patch = tuple(task_shape.ceil_div(d) * d + fov - 1)
+        try:
+            plan = autotune(net, memory_budget=budget, device=cfg["device"], effort=cfg["plan"]["effort"],
+                            threads=threads, patch_shape=task_patch)
+        except MemoryBudgetError:
+            plan = autotune(net, memory_budget=budget, device=cfg["device"], effort=cfg["plan"]["effort"],
+                            threads=threads)
     blocks = create_blocks(grid, tc, halo)
     if not blocks:
         raise ConfigError(f"the region {_roi_doc(region)} holds no output voxel")
