@@ -1,0 +1,125 @@
+"""What machine, what libraries, what BLAS kernel, and how fast its float32 GEMM is."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> set:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def blas_info() -> list[dict]:
+    from threadpoolctl import threadpool_info
+
+    keep = ("user_api", "internal_api", "version", "architecture", "num_threads", "threading_layer", "prefix")
+    return [{k: i.get(k) for k in keep} for i in threadpool_info()]
+
+
+def gemm_flops(n: int = 2048, repeats: int = 5) -> float:
+    """Best float32 GEMM rate of numpy (its BLAS, current thread limits) in FLOP/s."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best
+
+
+def gemm_flops_with_coretype(coretype: str | None, n: int = 2048) -> float | None:
+    """The same measurement in a fresh interpreter with ``OPENBLAS_CORETYPE`` set (or unset)."""
+    env = dict(os.environ)
+    env.pop("OPENBLAS_CORETYPE", None)
+    if coretype:
+        env["OPENBLAS_CORETYPE"] = coretype
+    code = f"from benchmarks.machine import gemm_flops; print(gemm_flops({n}))"
+    try:
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                           cwd=str(Path(__file__).resolve().parent.parent))
+        return float(r.stdout.strip().splitlines()[-1])
+    except Exception:
+        return None
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for mod in ("numpy", "scipy", "torch", "pyfftw", "numba", "threadpoolctl", "psutil", "matplotlib", "znni_core"):
+        try:
+            m = __import__(mod)
+            out[mod] = getattr(m, "__version__", "?")
+        except Exception as exc:  # report, do not fail the benchmark
+            out[mod] = f"unavailable ({exc.__class__.__name__})"
+    return out
+
+
+def git_head() -> str:
+    try:
+        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                           cwd=str(Path(__file__).resolve().parent.parent))
+        return r.stdout.strip()
+    except Exception:
+        return "?"
+
+
+def describe(measure_haswell: bool = True) -> dict:
+    import psutil
+
+    load = os.getloadavg()
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": cpu_model(),
+        "avx512": "avx512f" in cpu_flags(),
+        "cores": usable_cores(),
+        "ram_gib": round(psutil.virtual_memory().total / 2 ** 30, 1),
+        "ram_available_gib": round(psutil.virtual_memory().available / 2 ** 30, 1),
+        "loadavg_at_start": [round(v, 2) for v in load],
+        "platform": platform.platform(),
+        "versions": versions(),
+        "git_head": git_head(),
+        "blas": blas_info(),
+        "openblas_coretype_env": os.environ.get("OPENBLAS_CORETYPE"),
+        "openblas_coretype_original": os.environ.get("ZNNI_BENCH_ORIG_CORETYPE", os.environ.get("OPENBLAS_CORETYPE")),
+        "gemm_flops": gemm_flops(),
+    }
+    if measure_haswell and os.environ.get("OPENBLAS_CORETYPE") != "Haswell":
+        info["gemm_flops_haswell"] = gemm_flops_with_coretype("Haswell")
+    return info
+
+
+if __name__ == "__main__":
+    print(json.dumps(describe(), indent=1))

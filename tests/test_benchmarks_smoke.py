@@ -1,0 +1,68 @@
+"""A tiny end-to-end run of the benchmark harness (no timing assertions).
+
+It checks the plumbing: the ZNNi networks build, both PyTorch baselines agree with each
+other and with znni, the harness times all three methods at two budgets, and the JSON,
+plot and RESULTS.md are written.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from benchmarks import harness, machine, plot, report  # noqa: E402
+from benchmarks.baselines import TorchDense, TorchNaive  # noqa: E402
+from benchmarks.nets import ARCH, direct_flops_per_voxel, make_network  # noqa: E402
+from tests.nets import make_net  # noqa: E402
+
+MB = 2 ** 20
+
+
+def test_znni_networks_geometry():
+    fov = {"n337": 86, "n537": 164, "n726": 118, "n926": 156}
+    for name, (k, pools, convs) in ARCH.items():
+        net = make_network(name, width=4)
+        assert net.field_of_view == (fov[name],) * 3
+        assert net.pooling_product == (2 ** pools,) * 3
+        assert sum(1 for l in net.layers if type(l).__name__ == "Conv") == convs
+        assert net.out_channels == 3 and net.in_channels == 1
+    assert direct_flops_per_voxel(make_network("n337", 24)) == 2 * 27 * (24 + 5 * 24 * 24 + 24 * 3)
+
+
+def test_baselines_agree_on_a_small_net():
+    torch.set_num_threads(2)
+    net = make_net([("conv", 3, 3), ("act", "relu"), ("pool", 2), ("conv", 3, 2), ("act", "relu"),
+                    ("pool", (1, 2, 2)), ("conv", 2, 2)], seed=3)
+    f, d = net.field_of_view, net.pooling_product
+    x = np.random.default_rng(0).standard_normal((1,) + tuple(ff - 1 + 2 * dd for ff, dd in zip(f, d)),
+                                                 dtype=np.float32)
+    dense = TorchDense(net).run(x)
+    naive, _, done = TorchNaive(net).run(x)
+    assert done == np.prod(d)
+    np.testing.assert_allclose(naive, dense, rtol=1e-5, atol=1e-5)
+
+
+def test_harness_smoke(tmp_path):
+    torch.set_num_threads(2)
+    net = make_net([("conv", 3, 3), ("act", "relu"), ("pool", 2), ("conv", 4, 3), ("act", "relu"),
+                    ("pool", 2), ("conv", 3, 2)], seed=1)
+    cfg = harness.Config(networks=(), width=4, budget=48 * MB, sweep_budgets=(32 * MB, 48 * MB), repeats=2,
+                         effort="estimate", dense_candidates=1, naive_time_limit=0.2, profile=True)
+    m = machine.describe(measure_haswell=False)
+    res = harness.bench_network(net, cfg, m["gemm_flops"])
+    main = res["main"]
+    assert main["verify"]["ok"], main["verify"]
+    for key in ("znni", "dense", "naive"):
+        assert main[key]["voxels_per_s"] > 0 and len(main[key]["seconds"]) == cfg.repeats
+    assert main["ratio_vs_dense"] > 0 and main["ratio_vs_naive"] > 0
+    assert len(res["sweep"]) == 2 and "znni_profile" in main and "dense_profile" in main
+
+    results = {"config": {**cfg.__dict__, "extra": {"command": "pytest smoke"}}, "machine": m, "networks": [res]}
+    (tmp_path / "results_w4.json").write_text(json.dumps(results, default=str))
+    png = plot.sweep_plot(results, tmp_path / "sweep_w4.png")
+    assert png.stat().st_size > 1000
+    md = report.write_report(tmp_path).read_text()
+    assert net.name in md and "sweep_w4.png" in md and "GEMM" in md
