@@ -1,0 +1,289 @@
+"""io: chunk round trips (cloud-volume, tensorstore), atomicity (T2, T10), one representation per chunk
+(T17), unsafe info keys (T28c), zarr input, manifests, s3:// against a loopback moto server."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from znni_core.errors import DataError
+from znni_core.geometry import Coordinate, Roi
+from znni_core.io import (PrecomputedLayer, ScaleSpec, ZarrLayer, atomic_write, check_key, clean_stale_temporaries,
+                          create_layer, open_output, parse_layer_url, read_manifest, write_manifest)
+
+PROV = {"description": "test", "owners": [], "processing": [], "sources": []}
+
+
+def make_layer(tmp_path, name="out", dtype="float32", channels=2, bounds=Roi((2, 3, 4), (10, 20, 30)),
+               chunk=(4, 8, 16)):
+    url = parse_layer_url("file://" + str(tmp_path / name))
+    spec = ScaleSpec("8_8_40", bounds, Coordinate(chunk), (40.0, 8.0, 8.0), dtype, channels)
+    create_layer(url, spec, PROV)
+    return url, spec, PrecomputedLayer(url, 0)
+
+
+def fill(layer, arr, compress="none"):
+    for idx in layer.grid.chunks_in(layer.bounds):
+        sl = layer.grid.chunk_roi(idx).to_slices(layer.bounds.offset)
+        d = layer.write_chunk(idx, np.ascontiguousarray(arr[(slice(None),) + sl]), compress=compress)
+        layer.verify_chunk(idx, d)
+
+
+def test_roundtrip_cloudvolume_and_tensorstore(tmp_path):
+    import tensorstore as ts
+
+    url, spec, layer = make_layer(tmp_path)
+    arr = np.random.default_rng(0).random((2, 10, 20, 30)).astype(np.float32)
+    fill(layer, arr)
+    got, missing = layer.read(layer.bounds)
+    assert missing == [] and np.array_equal(got, arr)
+    t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": str(url).replace("file://", "file://")}).result()
+    b, e = layer.bounds.begin.xyz(), layer.bounds.end.xyz()
+    ts_arr = t[b[0]:e[0], b[1]:e[1], b[2]:e[2], :].read().result()  # (x, y, z, c)
+    assert np.array_equal(np.asarray(ts_arr).transpose(3, 2, 1, 0), arr)
+    # a sub-box that crosses chunk borders
+    r = Roi((5, 9, 17), (3, 7, 9))
+    sub, _ = layer.read(r)
+    assert np.array_equal(sub, arr[(slice(None),) + r.to_slices(layer.bounds.offset)])
+
+
+def test_create_layer_once_and_mismatch_is_an_error(tmp_path):
+    url, spec, _ = make_layer(tmp_path)
+    assert create_layer(url, spec, PROV) == "exists"
+    other = ScaleSpec(spec.key, Roi((0, 0, 0), (10, 20, 30)), spec.chunk_shape, spec.resolution, "uint8", 2)
+    with pytest.raises(DataError) as e:
+        create_layer(url, other, PROV)
+    assert "dtype" in str(e.value) and "bounds" in str(e.value)
+    with pytest.raises(DataError, match="does not match"):  # T18: a worker opening a mismatched layer
+        open_output(url, other)
+
+
+def test_T18_many_creators_write_info_once(tmp_path):
+    url = parse_layer_url("file://" + str(tmp_path / "out"))
+    spec = ScaleSpec("k", Roi((0, 0, 0), (4, 4, 4)), Coordinate(2, 2, 2), (1.0, 1.0, 1.0), "float32", 1)
+    results = []
+    ts = [threading.Thread(target=lambda: results.append(create_layer(url, spec, PROV))) for _ in range(8)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert sorted(results) == ["created"] + ["exists"] * 7
+
+
+def test_T17_one_representation_per_chunk(tmp_path):
+    url, spec, layer = make_layer(tmp_path, channels=1)
+    idx = Coordinate(0, 0, 0)
+    a = np.ones((1, 4, 8, 16), np.float32)
+    b = np.full((1, 4, 8, 16), 2, np.float32)
+    name = layer.chunk_name(idx)
+    layer.write_chunk(idx, a, compress="gzip")
+    assert (url.local_path / (name + ".gz")).is_file()
+    layer.write_chunk(idx, b, compress="none")
+    files = sorted(p.name for p in (url.local_path / spec.key).iterdir())
+    assert files == [name.split("/")[1]]
+    got, _ = layer.read(layer.grid.chunk_roi(idx))
+    assert np.array_equal(got, b)
+    layer.write_chunk(idx, a, compress="gzip")
+    assert sorted(p.name for p in (url.local_path / spec.key).iterdir()) == [name.split("/")[1] + ".gz"]
+    got, _ = layer.read(layer.grid.chunk_roi(idx))
+    assert np.array_equal(got, a)
+    # two representations planted by another tool: verification refuses to guess
+    (url.local_path / name).write_bytes(b.tobytes())
+    with pytest.raises(DataError, match="stored as"):
+        layer.read_chunk_bytes(idx)
+
+
+@pytest.mark.parametrize("key", ["../../evil", "/abs/path", "a/../../b", "..", "c:\\x", "a\\b", ""])
+def test_T28c_unsafe_keys_refused_before_any_write(tmp_path, key):
+    layer_dir = tmp_path / "nest" / "layer"
+    layer_dir.mkdir(parents=True)
+    info = {"type": "image", "data_type": "uint8", "num_channels": 1,
+            "scales": [{"key": key, "size": [4, 4, 4], "voxel_offset": [0, 0, 0], "chunk_sizes": [[2, 2, 2]],
+                        "resolution": [1, 1, 1], "encoding": "raw"}]}
+    (layer_dir / "info").write_text(json.dumps(info))
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    with pytest.raises(DataError):
+        PrecomputedLayer(parse_layer_url("file://" + str(layer_dir)), 0)
+    url = parse_layer_url("file://" + str(tmp_path / "new"))
+    spec = ScaleSpec(key, Roi((0, 0, 0), (4, 4, 4)), Coordinate(2, 2, 2), (1.0, 1.0, 1.0), "uint8", 1)
+    with pytest.raises(DataError):
+        create_layer(url, spec, PROV)
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_check_key_accepts_normal_keys():
+    assert check_key("8_8_40") == "8_8_40"
+    assert check_key("mip/0") == "mip/0"
+
+
+def test_missing_input_chunks_are_named(tmp_path):
+    url, spec, layer = make_layer(tmp_path, dtype="uint8", channels=1)
+    arr = np.full((1, 10, 20, 30), 7, np.uint8)
+    fill(layer, arr)
+    idx = Coordinate(1, 1, 0)
+    name = layer.chunk_name(idx)
+    (url.local_path / name).write_bytes(b"")  # 0-byte chunk
+    with pytest.raises(DataError, match="missing or empty") as e:
+        layer.read(layer.bounds)
+    assert name in str(e.value)
+    got, missing = layer.read(layer.bounds, fill_missing=True)
+    assert missing == [name]
+    assert (got == 0).sum() == layer.grid.chunk_roi(idx).size
+
+
+_WRITER = textwrap.dedent("""
+    import sys, numpy as np
+    from znni_core.io import parse_layer_url, PrecomputedLayer
+    layer = PrecomputedLayer(parse_layer_url(sys.argv[1]), 0)
+    a = [np.full((1, 64, 128, 128), v, np.float32) for v in (1.0, 2.0)]
+    print("ready", flush=True)
+    i = 0
+    while True:
+        layer.write_chunk((0, 0, 0), a[i % 2]); i += 1
+""")
+
+
+def test_T2_sigkill_during_writes_never_leaves_a_torn_chunk(tmp_path):
+    url, spec, layer = make_layer(tmp_path, channels=1, bounds=Roi((0, 0, 0), (64, 128, 128)), chunk=(64, 128, 128))
+    valid = {np.full((1, 64, 128, 128), v, np.float32).tobytes() for v in (1.0, 2.0)}
+    rng = np.random.default_rng(1234)
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    for trial in range(6):
+        p = subprocess.Popen([sys.executable, "-c", _WRITER, str(url)], stdout=subprocess.PIPE, env=env)
+        assert p.stdout.readline().strip() == b"ready"
+        time.sleep(float(rng.uniform(0.02, 0.3)))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        data = layer.read_chunk_bytes((0, 0, 0))
+        assert data is None or data in valid, f"trial {trial}: torn chunk readable"
+    # the next good write leaves no temporary file of the killed writers behind
+    layer.write_chunk((0, 0, 0), np.zeros((1, 64, 128, 128), np.float32))
+    assert [p.name for p in (url.local_path / spec.key).iterdir()] == [layer.chunk_name((0, 0, 0)).split("/")[1]]
+
+
+def test_T10_concurrent_identical_writers(tmp_path):
+    url, spec, layer = make_layer(tmp_path, channels=1, bounds=Roi((0, 0, 0), (16, 64, 64)), chunk=(16, 64, 64))
+    a = np.random.default_rng(0).random((1, 16, 64, 64)).astype(np.float32)
+    stop = threading.Event()
+    seen = []
+
+    def reader():
+        while not stop.is_set():
+            d = layer.read_chunk_bytes((0, 0, 0))
+            if d is not None:
+                seen.append(d == a.tobytes())
+
+    r = threading.Thread(target=reader)
+    r.start()
+    ws = [threading.Thread(target=lambda: [layer.write_chunk((0, 0, 0), a) for _ in range(10)]) for _ in range(4)]
+    [w.start() for w in ws]
+    [w.join() for w in ws]
+    stop.set()
+    r.join()
+    assert seen and all(seen)
+    assert layer.read_chunk_bytes((0, 0, 0)) == a.tobytes()
+
+
+def test_atomic_write_exclusive_and_stale_cleanup(tmp_path):
+    p = tmp_path / "f"
+    assert atomic_write(p, b"one", exclusive=True)
+    assert not atomic_write(p, b"two", exclusive=True)
+    assert p.read_bytes() == b"one"
+    dead = tmp_path / f".f.znni-tmp.{os.uname().nodename.split('.')[0]}.999999999.abcd"
+    dead.write_bytes(b"x")
+    other = tmp_path / ".f.znni-tmp.otherhost.1.abcd"
+    other.write_bytes(b"x")
+    removed = clean_stale_temporaries(tmp_path)
+    assert dead in removed and other.exists()
+    assert other in clean_stale_temporaries(tmp_path, all_hosts=True)
+
+
+def test_manifest_roundtrip_and_errors(tmp_path):
+    m = {"task": 3, "chunks": [{"name": "k/0-1_0-1_0-1", "status": "written", "sha256": "ab"}],
+         "plan_digest": "p", "network_digest": "n", "layer": "file:///x"}
+    p = write_manifest(tmp_path / "m.json", m)
+    assert read_manifest(p)["task"] == 3
+    with pytest.raises(DataError, match="missing"):
+        read_manifest(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(DataError, match="not valid JSON"):
+        read_manifest(tmp_path / "bad.json")
+    write_manifest(tmp_path / "inc.json", dict(m, chunks=[{"name": "x", "status": "written"}]))
+    with pytest.raises(DataError, match="incomplete"):
+        read_manifest(tmp_path / "inc.json")
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_zarr_input(tmp_path, fmt):
+    import zarr
+
+    path = tmp_path / "em.zarr"
+    arr = np.random.default_rng(0).integers(0, 255, (10, 20, 30), dtype=np.uint8)
+    z = zarr.create_array(str(path), shape=arr.shape, chunks=(4, 8, 8), dtype="uint8", zarr_format=fmt)
+    z[:] = arr
+    z.attrs["resolution"] = [40, 8, 8]
+    layer = ZarrLayer(parse_layer_url(str(path)))
+    assert layer.bounds == Roi((0, 0, 0), (10, 20, 30)) and layer.channels == 1
+    r = Roi((1, 2, 3), (5, 9, 11))
+    got, missing = layer.read(r)
+    assert missing == [] and np.array_equal(got[0], arr[r.to_slices()])
+    # delete one chunk: missing data is an error, not silent fill values (T26)
+    key = z._async_array.metadata.encode_chunk_key((0, 0, 0))
+    os.unlink(path / key)
+    with pytest.raises(DataError, match="missing"):
+        layer.read(r)
+    got, missing = layer.read(r, fill_missing=True)
+    assert missing == [key]
+
+
+def test_urls():
+    from znni_core.errors import ConfigError
+
+    assert parse_layer_url("/a/b").cloudpath() == "file:///a/b"
+    assert parse_layer_url("gs://bucket/x/").path == "bucket/x"
+    assert parse_layer_url("/a/b.zarr").format == "zarr"
+    for bad in ("http://x/y", "file://rel/path", "s3://bucket/../x", ""):
+        with pytest.raises(ConfigError):
+            parse_layer_url(bad)
+
+
+@pytest.fixture
+def moto_s3(monkeypatch):
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    import boto3
+
+    boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1").create_bucket(Bucket="znni")
+    from cloudfiles import secrets
+
+    secrets.AWS_CREDENTIALS_CACHE.clear()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def test_s3_output_against_loopback_server(moto_s3):
+    url = parse_layer_url("s3://znni/layers/out", endpoint=moto_s3)
+    spec = ScaleSpec("8_8_40", Roi((0, 0, 0), (6, 20, 20)), Coordinate(4, 16, 16), (40.0, 8.0, 8.0), "float32", 1)
+    assert create_layer(url, spec, PROV) == "created"
+    assert create_layer(url, spec, PROV) == "exists"
+    layer = open_output(url, spec)
+    arr = np.random.default_rng(0).random((1, 6, 20, 20)).astype(np.float32)
+    fill(layer, arr, compress="gzip")
+    got, _ = layer.read(layer.bounds)
+    assert np.array_equal(got, arr)
+    import boto3
+
+    keys = [o["Key"] for o in boto3.client("s3", endpoint_url=moto_s3).list_objects_v2(Bucket="znni")["Contents"]]
+    assert "layers/out/info" in keys and "layers/out/8_8_40/0-16_0-16_0-4" in keys
