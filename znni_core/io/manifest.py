@@ -30,8 +30,11 @@ def read_manifest(path) -> dict:
         m = json.loads(path.read_text())
     except FileNotFoundError:
         raise DataError(f"manifest {path} is missing: its task never finished; run it again") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"manifest {path} is not valid JSON ({exc}); delete it and re-run its task") from exc
+    except OSError as exc:  # a directory, unreadable, I/O error: the done-check failed, not 'done' (T16)
+        raise DataError(f"manifest {path} cannot be read ({exc.strerror or exc}); fix or delete it and "
+                        "re-run its task") from exc
     if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
         raise DataError(f"manifest {path}: format {m.get('format') if isinstance(m, dict) else None!r} "
                         f"is not {MANIFEST_FORMAT!r}; re-run its task")
