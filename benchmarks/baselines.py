@@ -95,28 +95,36 @@ class TorchDense:
             else:
                 self.ops.append(("act", layer))
 
-    def forward(self, t):
+    def forward(self, t, profile: list | None = None):
+        """``profile``: if a list, one ``{"op", "in", "seconds"}`` row per op is appended."""
         torch = _torch()
         import torch.nn.functional as F
 
         with torch.inference_mode():
             for op in self.ops:
+                t0 = time.perf_counter()
+                shape = list(t.shape[1:])
                 if op[0] == "conv":
                     t = F.conv3d(t, op[1], op[2], dilation=op[3])
+                    desc = f"conv {op[1].shape[1]}->{op[1].shape[0]} k={tuple(op[1].shape[2:])} dil={op[3]}"
                 elif op[0] == "pool":
                     holder = [t]
                     del t
                     t = _dilated_max_owned(holder, op[1], op[2])
+                    desc = f"max filter {op[1]} dil={op[2]}"
                 else:
                     t = _act(t, op[1])
+                    desc = op[1].kind
+                if profile is not None:
+                    profile.append({"op": desc, "in": shape, "seconds": time.perf_counter() - t0})
         return t
 
-    def run(self, x: np.ndarray) -> np.ndarray:
+    def run(self, x: np.ndarray, profile: list | None = None) -> np.ndarray:
         torch = _torch()
         if x.ndim == 3:
             x = x[None]
         t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))[None]
-        return self.forward(t)[0].numpy()
+        return self.forward(t, profile)[0].numpy()
 
     def peak_bytes(self, n) -> int:
         """Model of the peak live bytes for an input of edge(s) ``n`` (input array included)."""

@@ -149,7 +149,7 @@ def width_section(res: dict, png: str | None) -> list[str]:
     L.append("")
 
     # profiles
-    L += ["### Where the time goes (one extra run of each at the main budget)", ""]
+    L += ["### Where the time goes (per-layer times of round 0 at the main budget)", ""]
     for n in res["networks"]:
         r = n["main"]
         if "znni_profile" in r:
