@@ -1,0 +1,283 @@
+"""Fault-suite harness (RELIABILITY.md): tiny generated cases, fault injection, byte comparison.
+
+Three ways to run a task, cheapest first:
+
+* :func:`run_task_proc` -- a real process running :func:`znni_core.pipeline.task.run_task`, forked
+  from a *forkserver* that imported znni, numpy, numba and cloud-volume once (a plain
+  ``znni run-task`` spends seconds importing).  The parent can SIGKILL it after a seeded delay, or
+  the child kills itself at a named point (:data:`POINTS`).  The forkserver starts before any
+  thread exists, so forking is safe.
+* ``znni run-task`` through the CLI (:func:`znni`), for messages and exit codes.
+* the whole workflow (:func:`snakemake`), with ``ZNNI_FAULT`` injected into every job through
+  ``sitecustomize`` (:func:`fault_env`).
+
+Fault spec (``ZNNI_FAULT``, also the ``fault`` argument): ``point[:task[:arg]]`` with point in
+:data:`POINTS`; ``task`` restricts it to one task id (``*`` = any); ``arg`` is the chunk count for
+``after-chunk``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+ZNNI = str(BIN / "znni")
+SNAKEMAKE = str(BIN / "snakemake")
+INJECT_DIR = Path(__file__).resolve().parent / "faults_inject"
+
+POINTS = ("compute",        # kill while the task computes (before any write)
+          "after-chunk",    # kill after the N-th chunk write of the task (some chunks written)
+          "before-manifest",  # kill after the last chunk was written and verified, before the manifest
+          "fail",           # raise (a task that always fails)
+          "nan")            # make the engine produce NaN (T20)
+
+# Small but real: FOV (5, 10, 10) demo network, 8 single-chunk tasks by default.
+SHAPE = (16, 64, 64)
+CHUNK = (8, 32, 32)
+TASK = (1, 1, 1)
+
+
+@dataclass
+class Case:
+    root: Path
+
+    @property
+    def data(self) -> Path: return self.root / "data"
+    @property
+    def config(self) -> Path: return self.root / "config.yaml"
+    @property
+    def work(self) -> Path: return self.root / "work"
+    @property
+    def out(self) -> Path: return self.root / "out"
+    @property
+    def run_file(self) -> Path: return self.work / "run.json"
+
+    def manifest(self, task: int) -> Path:
+        return self.work / "manifests" / f"{task:06d}.json"
+
+    def tasks(self) -> list[dict]:
+        return json.loads((self.work / "tasks.json").read_text())["tasks"]
+
+    def copy(self, dest: Path) -> "Case":
+        """A copy with every path rewritten (config, run.json, layer info); mtimes kept."""
+        shutil.copytree(self.root, dest, symlinks=True, ignore=shutil.ignore_patterns("*.lock", "locks"))
+        for f in [dest / "config.yaml", *dest.glob("work/*.json"), *dest.glob("work/manifests/*.json"),
+                  *dest.glob(".snakemake/metadata/*")]:
+            if f.is_file():
+                st = f.stat()
+                f.write_text(f.read_text().replace(str(self.root), str(dest)))
+                os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return Case(dest)
+
+
+def make_case(root: Path, *, shape=SHAPE, chunk=CHUNK, task_chunks=TASK, seed=0, net=None, **overrides) -> Case:
+    """Demo volume + network + config.yaml under ``root`` (not yet validated)."""
+    import yaml
+
+    from znni_core.net import save_network
+    from znni_core.pipeline.demo import write_demo, write_demo_config
+
+    case = Case(Path(root))
+    write_demo(case.data, shape=shape, seed=seed, chunk=chunk)
+    if net is not None:
+        save_network(net, case.data / "net.yaml")
+    write_demo_config(case.config, case.data, work_dir=case.work, output="file://" + str(case.out),
+                      task_chunks=task_chunks, chunk=chunk)
+    if overrides:
+        cfg = yaml.safe_load(case.config.read_text())
+        for dotted, v in overrides.items():
+            d = cfg
+            *head, last = dotted.split("__")
+            for k in head:
+                d = d.setdefault(k, {})
+            d[last] = v
+        case.config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return case
+
+
+def znni(*args, env=None, timeout=120, check=False) -> subprocess.CompletedProcess:
+    p = subprocess.run([ZNNI, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                       env=env or job_env())
+    if check and p.returncode != 0:
+        raise AssertionError(f"znni {args} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return p
+
+
+def prepare(case: Case, mem_mb: int = 2000) -> Case:
+    """validate (plan, once) + create-layer + tasks, as the workflow's first three rules do."""
+    znni("validate", case.config, "--mem-mb", mem_mb, "--threads", 1, check=True)
+    znni("create-layer", case.run_file, "--marker", case.work / "layer.json", check=True)
+    znni("tasks", case.run_file, "--output", case.work / "tasks.json", check=True)
+    return case
+
+
+# ---- bytes --------------------------------------------------------------------------------------
+def layer_files(layer_dir: Path) -> dict[str, bytes]:
+    """Every chunk file of a file:// layer (relative path -> bytes); info/provenance excluded."""
+    out = {}
+    for p in sorted(Path(layer_dir).rglob("*")):
+        if p.is_file() and p.name not in ("info", "provenance"):
+            out[str(p.relative_to(layer_dir))] = p.read_bytes()
+    return out
+
+
+def temporaries(layer_dir: Path) -> list[str]:
+    return [str(p) for p in Path(layer_dir).rglob("*") if ".znni-tmp." in p.name]
+
+
+def assert_same_chunks(got: dict[str, bytes], want: dict[str, bytes], what: str = "") -> None:
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    differ = sorted(k for k in set(want) & set(got) if got[k] != want[k])
+    assert not (missing or extra or differ), (
+        f"{what}: layer differs from the uninterrupted run: missing {missing[:5]}, extra {extra[:5]}, "
+        f"different bytes {differ[:5]}")
+
+
+def digest(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+# ---- environment ------------------------------------------------------------------------------
+def job_env(fault: str | None = None, extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
+    env.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
+    env.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "znni-tests-numba"))
+    env.pop("ZNNI_FAULT", None)
+    if fault:
+        env["ZNNI_FAULT"] = fault
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(INJECT_DIR), env.get("PYTHONPATH")) if p)
+    env.update(extra or {})
+    return env
+
+
+def fault_env(fault: str | None, extra: dict | None = None) -> dict:
+    return job_env(fault, extra)
+
+
+def snakemake(case: Case, *args, profile="profiles/local", env=None, timeout=300) -> subprocess.CompletedProcess:
+    cmd = ["timeout", "-k", "10", str(timeout), SNAKEMAKE, "-s", str(REPO / "workflow" / "Snakefile"),
+           "--directory", str(case.root), "--configfile", str(case.config),
+           "--profile", str(REPO / profile), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env or job_env(), cwd=case.root)
+
+
+def start_snakemake(case: Case, *args, profile="profiles/local", env=None, log: Path | None = None):
+    cmd = [SNAKEMAKE, "-s", str(REPO / "workflow" / "Snakefile"), "--directory", str(case.root),
+           "--configfile", str(case.config), "--profile", str(REPO / profile), *map(str, args)]
+    f = open(log or case.root / "snakemake.out", "ab")
+    return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env or job_env(), cwd=case.root,
+                            start_new_session=True)
+
+
+# ---- forked task runs -----------------------------------------------------------------------------
+_CTX = None
+
+
+def _ctx(warm_case: "Case | None" = None):
+    """The forkserver: started once, single-threaded, warmed on a scratch copy of ``warm_case``."""
+    global _CTX
+    if _CTX is None:
+        from multiprocessing import forkserver
+
+        saved = dict(os.environ)
+        os.environ.update({k: v for k, v in job_env().items() if k.startswith("NUMBA_")})
+        # one thread everywhere in the server and its children: forking a process that has
+        # started thread pools is unsafe, and the plan is made for one thread anyway.
+        os.environ.update(NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+                          NUMBA_THREADING_LAYER="workqueue")
+        if warm_case is not None:
+            scratch = warm_case.copy(Path(warm_case.root).with_name(warm_case.root.name + "-warm"))
+            os.environ["ZNNI_WARM_RUN"] = str(scratch.run_file)
+        try:
+            _CTX = mp.get_context("forkserver")
+            _CTX.set_forkserver_preload(["tests.faults_inject.warm"])
+            forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+    return _CTX
+
+
+def _child(run_file: str, task: int, fault: str | None) -> None:
+    import logging
+
+    logging.disable(logging.CRITICAL)
+    sys.path.insert(0, str(INJECT_DIR))
+    import znni_core.pipeline.task as T
+
+    from tests.faults_inject import sitecustomize as inj
+
+    if fault:
+        inj.patch_task_module(T, fault)
+    T.run_task(run_file, task, show_progress=False, log=lambda *a, **k: None)
+
+
+@dataclass
+class ProcResult:
+    exitcode: int          # negative: killed by that signal
+    seconds: float
+
+    @property
+    def killed(self) -> bool:
+        return self.exitcode == -signal.SIGKILL
+
+
+def run_task_proc(case: Case, task: int, *, fault: str | None = None, kill_after: float | None = None,
+                  timeout: float = 120) -> ProcResult:
+    """Run one task in a forked process; SIGKILL it after ``kill_after`` s (if still running)."""
+    p = _ctx(case).Process(target=_child, args=(str(case.run_file), task, fault))
+    t0 = time.perf_counter()
+    p.start()
+    if kill_after is not None:
+        p.join(kill_after)
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGKILL)
+    p.join(timeout)
+    if p.is_alive():
+        p.kill()
+        p.join()
+        raise AssertionError(f"task {task} hung for {timeout} s")
+    return ProcResult(p.exitcode, time.perf_counter() - t0)
+
+
+def manifest_ok(case: Case, task: int) -> bool | None:
+    """None: no manifest; True: manifest present and every chunk it lists verifies; False: it lies."""
+    from znni_core.io import read_manifest
+
+    mp_ = case.manifest(task)
+    if not mp_.exists():
+        return None
+    m = read_manifest(mp_)
+    for c in m["chunks"]:
+        if c["status"] != "written":
+            continue
+        f = list(case.out.rglob(c["name"].split("/")[-1]))
+        if len(f) != 1 or digest(f[0].read_bytes()) != c["sha256"]:
+            return False
+    return True
+
+
+def kill_tree(pid: int, sig=signal.SIGKILL) -> None:
+    import psutil
+
+    try:
+        procs = psutil.Process(pid).children(recursive=True) + [psutil.Process(pid)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass

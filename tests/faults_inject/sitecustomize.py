@@ -1,0 +1,91 @@
+"""Test-only crash injection for znni jobs (never installed; tests put this directory on PYTHONPATH).
+
+``ZNNI_FAULT=point[:task[:arg]]`` (see tests/faults_helpers.py) patches
+``znni_core.pipeline.task`` right after it is imported, so a ``znni run-task`` started by Snakemake
+(locally or through SLURM) kills itself with SIGKILL, or fails, at a chosen point.
+"""
+import os
+import signal
+import sys
+
+
+def _parse(spec):
+    parts = spec.split(":")
+    point = parts[0]
+    task = parts[1] if len(parts) > 1 and parts[1] not in ("", "*") else None
+    arg = int(parts[2]) if len(parts) > 2 and parts[2] else 1
+    return point, task, arg
+
+
+def _die():
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def patch_task_module(T, spec):
+    point, task, arg = _parse(spec)
+    state = {"on": False, "chunks": 0}
+    orig_run, orig_compute, orig_open, orig_manifest = T.run_task, T.compute, T.open_output, T.write_manifest
+
+    def run_task(run_file, task_id=None, **kw):
+        state["on"] = task is None or (task_id is not None and int(task) == int(task_id))
+        if state["on"] and point == "fail":
+            from znni_core.errors import DataError
+            raise DataError(f"injected failure of task {task_id} (ZNNI_FAULT={spec})")
+        return orig_run(run_file, task_id, **kw)
+
+    def compute(*a, **k):
+        if state["on"] and point == "compute":
+            _die()
+        y = orig_compute(*a, **k)
+        if state["on"] and point == "nan":
+            y.flat[y.size // 2] = float("nan")
+        return y
+
+    def open_output(*a, **k):
+        out = orig_open(*a, **k)
+        if state["on"] and point == "after-chunk":
+            write = out.write_chunk
+
+            def write_chunk(*wa, **wk):
+                r = write(*wa, **wk)
+                state["chunks"] += 1
+                if state["chunks"] >= arg:
+                    _die()
+                return r
+            out.write_chunk = write_chunk
+        return out
+
+    def write_manifest(*a, **k):
+        if state["on"] and point == "before-manifest":
+            _die()
+        return orig_manifest(*a, **k)
+
+    T.run_task, T.compute, T.open_output, T.write_manifest = run_task, compute, open_output, write_manifest
+
+
+_SPEC = os.environ.get("ZNNI_FAULT")
+if _SPEC and __name__ == "sitecustomize":
+    import importlib.abc
+    import importlib.util
+
+    class _Patcher(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "znni_core.pipeline.task":
+                return None
+            sys.meta_path.remove(self)
+            try:
+                spec = importlib.util.find_spec(name)
+            finally:
+                sys.meta_path.insert(0, self)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_and_patch(module):
+                exec_module(module)
+                patch_task_module(module, _SPEC)
+            spec.loader.exec_module = exec_and_patch
+            return spec
+
+    sys.meta_path.insert(0, _Patcher())

@@ -1,0 +1,286 @@
+"""Crash, fault and bad-input cases of RELIABILITY.md on a tiny generated volume.
+
+Timing-dependent cases run over 20 fixed seeds and are marked slow (CI runs them with
+``pytest -m slow``); the clear-error cases are fast and run with ``make test``.
+One plan and one uninterrupted ("golden") layer per module: every trial works on a copy.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests import faults_helpers as H
+
+SEEDS = list(range(20))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A validated case (plan, layer, tasks) with no task run yet."""
+    return H.prepare(H.make_case(tmp_path_factory.mktemp("faults") / "base"))
+
+
+@pytest.fixture(scope="module")
+def golden(base, tmp_path_factory):
+    """The uninterrupted run: chunk bytes and per-task durations."""
+    case = base.copy(tmp_path_factory.mktemp("golden") / "case")
+    seconds = {}
+    for t in case.tasks():
+        r = H.run_task_proc(case, t["id"])
+        assert r.exitcode == 0, f"task {t['id']} failed in the golden run"
+        seconds[t["id"]] = r.seconds
+    files = H.layer_files(case.out)
+    assert len(files) == len(case.tasks())  # one chunk per task, none empty in the demo volume
+    return {"files": files, "seconds": seconds, "case": case}
+
+
+def _trial(base, tmp_path, golden_run=None) -> H.Case:
+    case = base.copy(tmp_path / "case")
+    if golden_run is not None:  # start from a finished run (manifests and chunks present)
+        shutil.rmtree(case.out)
+        shutil.copytree(golden_run.out, case.out)
+        shutil.copytree(golden_run.work / "manifests", case.work / "manifests")
+    return case
+
+
+# ---- T1: SIGKILL a task during its run; rerun --------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_t1_sigkill_task_then_rerun(base, golden, tmp_path, seed):
+    rng = random.Random(seed)
+    case = _trial(base, tmp_path, golden["case"])
+    task = rng.choice([t["id"] for t in case.tasks()])
+    case.manifest(task).unlink()            # Snakemake removes a job's output before running it
+    before = H.layer_files(case.out)
+    # kill at a seeded point of the task's run: anywhere from start-up to just after it ends
+    delay = rng.uniform(0.0, 1.2 * golden["seconds"][task])
+    r = H.run_task_proc(case, task, kill_after=delay)
+    ok = H.manifest_ok(case, task)
+    if r.killed:
+        assert ok in (None, True), "a manifest that lies survived the kill"
+    assert not H.temporaries(case.out) or r.killed
+    after_kill = H.layer_files(case.out)
+    others = {k: v for k, v in before.items() if k in after_kill}
+    # NL: every chunk finished before the kill is byte-identical (this task rewrites identical bytes)
+    H.assert_same_chunks(others, {k: golden["files"][k] for k in others}, f"seed {seed} after kill")
+    r2 = H.run_task_proc(case, task)
+    assert r2.exitcode == 0
+    assert H.manifest_ok(case, task) is True
+    H.assert_same_chunks(H.layer_files(case.out), golden["files"], f"seed {seed} after rerun")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_t1_sigkill_at_points_no_done_marker(base, golden, tmp_path, seed):
+    """Deterministic kill points: while computing, or after the first chunk write (fresh run)."""
+    rng = random.Random(1000 + seed)
+    case = _trial(base, tmp_path)
+    task = rng.choice([t["id"] for t in case.tasks()])
+    point = rng.choice(["compute", "after-chunk"])
+    r = H.run_task_proc(case, task, fault=point)
+    assert r.killed
+    assert not case.manifest(task).exists(), f"done-marker written before the kill ({point})"
+    r2 = H.run_task_proc(case, task)
+    assert r2.exitcode == 0 and H.manifest_ok(case, task) is True
+    got = H.layer_files(case.out)
+    H.assert_same_chunks(got, {k: golden["files"][k] for k in got}, f"seed {seed} {point}")
+    assert len(got) == 1  # only this task ran
+
+
+# ---- T3: SIGKILL between the last write and the manifest ----------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_t3_kill_before_manifest_then_rerun(base, golden, tmp_path, seed):
+    rng = random.Random(2000 + seed)
+    case = _trial(base, tmp_path, golden["case"] if seed % 2 else None)
+    task = rng.choice([t["id"] for t in case.tasks()])
+    if case.manifest(task).exists():
+        case.manifest(task).unlink()
+    r = H.run_task_proc(case, task, fault="before-manifest")
+    assert r.killed and not case.manifest(task).exists()
+    assert not H.temporaries(case.out)      # chunk writes themselves completed
+    r2 = H.run_task_proc(case, task)
+    assert r2.exitcode == 0 and H.manifest_ok(case, task) is True
+    got = H.layer_files(case.out)
+    H.assert_same_chunks(got, {k: golden["files"][k] for k in got}, f"seed {seed}")
+
+
+# ---- T16: the done-check itself raises ---------------------------------------------------------
+@pytest.mark.parametrize("how", ["truncated-json", "directory", "lying-checksum"])
+def test_t16_done_check_raises_is_a_clear_error(base, golden, tmp_path, how):
+    case = _trial(base, tmp_path, golden["case"])
+    m = case.manifest(3)
+    if how == "truncated-json":
+        m.write_text(m.read_text()[:40])
+    elif how == "directory":
+        m.unlink()
+        m.mkdir()
+    else:
+        doc = json.loads(m.read_text())
+        doc["chunks"][0]["sha256"] = "0" * 64
+        m.write_text(json.dumps(doc))
+    before = H.layer_files(case.out)
+    p = H.znni("finalize", case.run_file)
+    assert p.returncode != 0, "finalize accepted a broken done-marker"
+    assert "000003" in p.stderr or "task 3" in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert not (case.work / "report" / "summary.json").exists()
+    H.assert_same_chunks(H.layer_files(case.out), before, "finalize must not touch chunks")
+
+
+# ---- T19: NaN / Inf in weights -----------------------------------------------------------------
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_t19_nonfinite_weights_refused_at_load(tmp_path, bad):
+    from znni_core.pipeline.demo import demo_network
+
+    net = demo_network()
+    net.layers[0].weight[0, 0, 1, 1, 1] = bad
+    case = H.make_case(tmp_path / "c", net=net)
+    p = H.znni("validate", case.config, "--mem-mb", 2000, "--threads", 1)
+    assert p.returncode != 0
+    assert "conv1" in p.stderr and ("NaN" in p.stderr or "nan" in p.stderr.lower() or "inf" in p.stderr.lower())
+    assert "Traceback" not in p.stderr
+    assert not case.run_file.exists() and not case.out.exists()
+
+
+# ---- T20: NaN / Inf produced during inference ------------------------------------------------------
+def test_t20_nonfinite_output_is_a_clear_error_nothing_written(base, tmp_path):
+    import yaml
+
+    # normalize.scale large enough that bright voxels become Inf in float32 inside the network
+    case = _trial(base, tmp_path)
+    cfg = yaml.safe_load(case.config.read_text())
+    cfg["normalize"]["scale"] = 3e38
+    case.config.write_text(yaml.safe_dump(cfg))
+    p = H.znni("validate", case.config, "--mem-mb", 2000, "--threads", 1)
+    if p.returncode == 0:
+        H.znni("tasks", case.run_file, "--output", case.work / "tasks.json", check=True)
+        p = H.znni("run-task", case.run_file, "--task", 0, "--no-progress")
+    assert p.returncode != 0
+    assert "NaN" in p.stderr or "Inf" in p.stderr or "finite" in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    assert not case.manifest(0).exists()
+    assert H.layer_files(case.out) == {}
+
+
+def test_t20_injected_nan_in_engine_output(base, tmp_path):
+    case = _trial(base, tmp_path)
+    p = H.znni("run-task", case.run_file, "--task", 2, "--no-progress", env=H.fault_env("nan"))
+    assert p.returncode != 0 and ("NaN" in p.stderr or "finite" in p.stderr), p.stderr[-2000:]
+    assert not case.manifest(2).exists() and H.layer_files(case.out) == {}
+
+
+# ---- T25: a patch over the memory budget -------------------------------------------------------
+def test_t25_planner_refuses_patch_over_budget(base, tmp_path):
+    """Every chosen plan fits its budget; below the smallest patch the planner refuses (CE)."""
+    import znni_core
+    from znni_core.plan import autotune
+
+    net = znni_core.load_network(base.data / "net.yaml")
+    for budget in (20_000, 200_000, 20_000_000):
+        plan = autotune(net, memory_budget=budget)
+        assert plan.predicted_peak_bytes <= budget, (budget, plan.predicted_peak_bytes)
+    p = H.znni("plan", base.data / "net.yaml", "--memory", 1000, "--output", tmp_path / "plan.json")
+    assert p.returncode != 0 and "budget" in p.stderr.lower(), p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_t25_job_memory_below_plan_refused_before_any_write(base, tmp_path):
+    case = _trial(base, tmp_path)
+    p = H.znni("run-task", case.run_file, "--task", 0, "--mem-mb", 10, "--no-progress")
+    assert p.returncode != 0 and "mem" in p.stderr.lower(), p.stderr[-2000:]
+    assert not case.manifest(0).exists() and H.layer_files(case.out) == {}
+
+
+# ---- T9: corrupt input chunk at rest ---------------------------------------------------------------
+@pytest.mark.parametrize("how", ["truncated", "zero-bytes", "extra-bytes"])
+def test_t9_corrupt_input_chunk_at_rest(base, golden, tmp_path, how):
+    case = _trial(base, tmp_path)
+    chunks = sorted(p for p in (case.data / "em").rglob("*") if p.is_file() and p.name not in ("info", "provenance"))
+    victim = chunks[0]
+    good = victim.read_bytes()
+    victim.write_bytes({"truncated": good[: len(good) // 2], "zero-bytes": b"",
+                        "extra-bytes": good + b"\0" * 7}[how])
+    # task 0's read ROI starts at the origin: it reads the victim (the chunk at the origin)
+    p = H.znni("run-task", case.run_file, "--task", 0, "--no-progress")
+    assert p.returncode != 0, "a corrupt input chunk was read silently"
+    assert victim.name in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert not case.manifest(0).exists() and H.layer_files(case.out) == {}
+    victim.write_bytes(good)                 # repair, rerun: BI
+    assert H.znni("run-task", case.run_file, "--task", 0, "--no-progress").returncode == 0
+    got = H.layer_files(case.out)
+    assert len(got) == 1
+    H.assert_same_chunks(got, {k: golden["files"][k] for k in got}, f"T9 {how} after repair")
+
+
+# ---- T28a/b: unsafe network files ----------------------------------------------------------------
+def test_t28a_pickle_checkpoint_refused_without_running_payload(tmp_path):
+    import pickle
+
+    import znni_core
+
+    canary = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (canary,))
+
+    for name in ("net.pt", "net.pkl", "net.pth", "net.ckpt"):
+        f = tmp_path / name
+        f.write_bytes(pickle.dumps({"state_dict": Payload()}))
+        with pytest.raises(Exception) as ei:
+            znni_core.load_network(f)
+        assert "pickle" in str(ei.value).lower() or "refus" in str(ei.value).lower() or "not" in str(ei.value)
+        assert not canary.exists(), f"{name}: the pickle payload ran"
+
+
+def test_t28b_yaml_tags_refused(tmp_path):
+    import znni_core
+
+    canary = tmp_path / "pwned"
+    spec = tmp_path / "net.yaml"
+    spec.write_text(f"name: x\nlayers: !!python/object/apply:os.system ['touch {canary}']\n")
+    with pytest.raises(Exception):
+        znni_core.load_network(spec)
+    assert not canary.exists()
+
+
+# ---- T28c: a layer info with '..' or absolute keys ------------------------------------------------
+@pytest.mark.parametrize("key", ["../../escape", "/tmp/znni-escape-abs", "a/../../b"])
+def test_t28c_bad_scale_key_refused_before_any_write(base, tmp_path, key):
+    case = _trial(base, tmp_path)
+    info = json.loads((case.out / "info").read_text())
+    info["scales"][0]["key"] = key
+    (case.out / "info").write_text(json.dumps(info))
+    before = {p for p in tmp_path.rglob("*")}
+    p = H.znni("run-task", case.run_file, "--task", 0, "--no-progress")
+    assert p.returncode != 0 and ("key" in p.stderr.lower()), p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    created = {q for q in tmp_path.rglob("*")} - before
+    assert not created, f"files created: {sorted(map(str, created))[:5]}"
+    assert not Path("/tmp/znni-escape-abs").exists()
+
+
+def test_t28c_bad_scale_key_in_config_refused(base, tmp_path):
+    import yaml
+
+    case = _trial(base, tmp_path)
+    shutil.rmtree(case.work)
+    shutil.rmtree(case.out)
+    cfg = yaml.safe_load(case.config.read_text())
+    cfg["output"]["scale_key"] = "../outside"
+    case.config.write_text(yaml.safe_dump(cfg))
+    # refused by `validate` or, at the latest, by `create-layer`: before any layer write or task
+    p = H.znni("validate", case.config, "--mem-mb", 2000, "--threads", 1)
+    if p.returncode == 0:
+        p = H.znni("create-layer", case.run_file)
+    assert p.returncode != 0 and "key" in p.stderr.lower(), p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    assert not (case.root / "outside").exists() and not case.out.exists()
