@@ -104,7 +104,8 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     plan's budget is ``plan.memory_fraction`` of it).
     """
     from .. import load_network
-    from ..plan import Plan, autotune
+    from ..plan.autotune import autotune  # the function (plan/__init__ shadows it with the module once imported)
+    from ..plan.plan import Plan
 
     cfg = validate_config(cfg)
     work = Path(cfg["work_dir"]).resolve()

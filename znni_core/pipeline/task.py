@@ -72,8 +72,12 @@ def gather(inp, read_roi: Roi, edge: str, fill_missing: bool):
 
 def normalise(raw: np.ndarray, scale: float, shift: float, inner=None) -> np.ndarray:
     x = raw.astype(np.float32)
-    x *= np.float32(scale)
-    x += np.float32(shift)
+    with np.errstate(over="ignore", invalid="ignore"):
+        x *= np.float32(scale)
+        x += np.float32(shift)
+    if not np.isfinite(x).all():
+        raise InputError(f"the input becomes NaN/Inf after normalisation (normalize.scale={scale}, shift={shift}, "
+                         f"raw range [{raw.min()}, {raw.max()}]); fix normalize in the config")
     if inner is not None:  # zero padding is 0.0 *after* normalisation
         keep = np.zeros(x.shape[1:], dtype=bool)
         keep[inner] = True
@@ -123,7 +127,7 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
     chunk's entry of an existing manifest.
     """
     from .. import load_network
-    from ..plan import Plan
+    from ..plan.plan import Plan
 
     t0 = time.perf_counter()
     run = load_run(run_file)

