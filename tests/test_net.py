@@ -33,7 +33,7 @@ def test_onnx_chain_matches_torch_model(tmp_path):
                           nn.MaxPool3d((2, 1, 2)), nn.Conv3d(3, 3, 2), nn.Tanh(), nn.Conv3d(3, 2, 1), nn.Softmax(dim=1))
     net = load_network(export(model, tmp_path / "m.onnx", c_in=2, shape=(10, 20, 20)))
     assert net.in_channels == 2 and net.out_channels == 2
-    assert net.field_of_view == (1 + 0 + 0 + 1 + 1 + 1 * 2, 1 + 2 + 1 + 2 + 0 + 2, 1 + 1 + 1 + 4 + 2 + 4)
+    assert net.field_of_view == (1 + 0 + 0 + 1 + 1 + 1 * 2, 1 + 2 + 1 + 4 + 0 + 2, 1 + 1 + 1 + 4 + 2 + 4)
     x = np.random.default_rng(0).standard_normal((2, 7, 19, 22)).astype(np.float32)
     out = znni_core.infer(net, x)
     # one window through the original torch model == one output voxel

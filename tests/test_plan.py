@@ -62,10 +62,10 @@ def test_throughput_grows_with_budget():
 def test_measure_plan_is_cached_and_reloads_fast():
     net = make_net(NETS["iso2pool"], seed=4)
     t0 = time.perf_counter()
-    first = autotune(net, memory_budget=64 * MIB, effort="measure")
+    first = autotune(net, memory_budget=16 * MIB, effort="measure")
     t_first = time.perf_counter() - t0
     t0 = time.perf_counter()
-    again = autotune(net, memory_budget=64 * MIB, effort="measure")
+    again = autotune(net, memory_budget=16 * MIB, effort="measure")
     assert time.perf_counter() - t0 < 1.0
     assert again == first and first.effort == "measure"
     assert t_first > 0
@@ -92,7 +92,7 @@ def test_plan_records_rejections_with_reasons():
 
 def test_exhaustive_measures_every_candidate_and_takes_the_best():
     net = make_net(NETS["iso2pool"], seed=8)
-    plan = autotune(net, memory_budget=32 * MIB, effort="exhaustive")
+    plan = autotune(net, memory_budget=4 * MIB, effort="exhaustive")
     assert plan.effort == "exhaustive"
     slower = [r.voxels_per_s for r in plan.rejected if r.reason.startswith("slower")]
     assert slower and max(slower) <= plan.predicted_voxels_per_s

@@ -26,6 +26,8 @@ EFFORTS = ("estimate", "measure", "exhaustive")
 DEFAULT_BUDGET_FRACTION = 0.5  # of the RAM available when planning
 MAX_PATCH_VOXELS = 512 ** 3
 GIB = 2 ** 30
+MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
+SHORTLIST = 3  # per layer, options measured (the best by estimate, within 3x of it)
 
 
 def default_budget() -> int:
@@ -76,9 +78,12 @@ class _Timer:
         self.meas = T.Measurements(threads) if effort != "estimate" else None
         self.measure_all = effort == "exhaustive"
 
+    def estimate(self, prim, n, layer, spatial) -> float:
+        return T.estimate_conv(prim, n, layer, spatial, self.cal)
+
     def conv(self, prim, n, layer, spatial, measure=False) -> float:
-        est = T.estimate_conv(prim, n, layer, spatial, self.cal)
-        if self.meas is not None and (measure or self.measure_all) and est < 20.0:
+        est = self.estimate(prim, n, layer, spatial)
+        if self.meas is not None and (measure or self.measure_all) and est < MAX_MEASURE_SECONDS:
             return self.meas.conv(prim, n, layer, spatial)
         return est
 
@@ -120,13 +125,12 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
             p, mb, e = min(options, key=lambda o: o[2])
             decisions[i] = (p, mb)
             return decisions[i]
-        timed = []
-        for p, mb, e in fitting:
-            t = timer.conv(p, mb, layer, spatial, measure) * math.ceil(n / mb)
-            timed.append((t, p, mb))
-            if mb == n:
-                pass
-        timed.sort()
+        est = sorted((timer.estimate(p, mb, layer, spatial) * math.ceil(n / mb), p, mb) for p, mb, _ in fitting)
+        if timer.meas is not None and (measure or timer.measure_all):
+            short = [o for o in est if o[0] <= 3 * est[0][0]][:SHORTLIST]
+            timed = sorted((timer.conv(p, mb, layer, spatial, True) * math.ceil(n / mb), p, mb) for _, p, mb in short)
+        else:
+            timed = est
         decisions[i] = (timed[0][1], timed[0][2])
         best_t = timed[0][0]
         for p in primitives:  # faster whole-batch alternatives refused for memory
