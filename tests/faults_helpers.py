@@ -186,20 +186,15 @@ _CTX = None
 
 
 def _ctx(warm_case: "Case | None" = None):
-    """The forkserver: started once, single-threaded, warmed on a scratch copy of ``warm_case``."""
+    """The forkserver: started once, before any thread, with znni and its dependencies imported."""
     global _CTX
     if _CTX is None:
         from multiprocessing import forkserver
 
         saved = dict(os.environ)
         os.environ.update({k: v for k, v in job_env().items() if k.startswith("NUMBA_")})
-        # one thread everywhere in the server and its children: forking a process that has
-        # started thread pools is unsafe, and the plan is made for one thread anyway.
-        os.environ.update(NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-                          NUMBA_THREADING_LAYER="workqueue")
-        if warm_case is not None:
-            scratch = warm_case.copy(Path(warm_case.root).with_name(warm_case.root.name + "-warm"))
-            os.environ["ZNNI_WARM_RUN"] = str(scratch.run_file)
+        # The server only imports (no engine call): an OpenMP/numba thread pool started before a
+        # fork is unsafe, and children must compute exactly as `znni run-task` does.
         try:
             _CTX = mp.get_context("forkserver")
             _CTX.set_forkserver_preload(["tests.faults_inject.warm"])
@@ -237,7 +232,7 @@ class ProcResult:
 def run_task_proc(case: Case, task: int, *, fault: str | None = None, kill_after: float | None = None,
                   timeout: float = 120) -> ProcResult:
     """Run one task in a forked process; SIGKILL it after ``kill_after`` s (if still running)."""
-    p = _ctx(case).Process(target=_child, args=(str(case.run_file), task, fault))
+    p = _ctx().Process(target=_child, args=(str(case.run_file), task, fault))
     t0 = time.perf_counter()
     p.start()
     if kill_after is not None:

@@ -1,12 +1,9 @@
-"""Forkserver preload for the fault suite: import znni and run one task of a scratch copy of the
-case (``ZNNI_WARM_RUN``), so that every forked task starts with numba kernels and lazy imports warm.
-Threads are capped to 1 in the server (tests/faults_helpers.py) so forking stays safe."""
-import os
-
-import cloudvolume  # noqa: F401  (slow import, done once)
-import znni_core.pipeline.task as T
+"""Forkserver preload for the fault suite: import znni and its slow dependencies once, so forked
+task runs start in well under a second. No engine call here (thread pools must not exist before
+a fork; tests/faults_helpers.py)."""
+import cloudvolume  # noqa: F401
+import dask.array  # noqa: F401
+import znni_core.pipeline.task  # noqa: F401
+import znni_core.layers  # noqa: F401
 
 from . import sitecustomize  # noqa: F401
-
-if os.environ.get("ZNNI_WARM_RUN"):
-    T.run_task(os.environ["ZNNI_WARM_RUN"], 0, show_progress=False, log=lambda *a, **k: None)

@@ -1,0 +1,134 @@
+"""Whole-workflow faults (RELIABILITY T4, T15; T4 and T5 on SLURM in test_slurm.py).
+
+T4: the Snakemake main process is SIGKILLed at seeded times, again and again within one run, and
+restarted as documented (``--unlock``, then the same command with ``--rerun-incomplete``). After
+every kill: no manifest lies, every chunk finished before the kill equals the uninterrupted run
+(NL), and the restart reruns none of the tasks that were done (counted from its log). At the end
+the layer equals the uninterrupted run byte for byte (BI).
+"""
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import re
+import signal
+import time
+
+import psutil
+import pytest
+
+from tests import faults_helpers as H
+
+KILLS = int(os.environ.get("ZNNI_FAULT_KILLS", "20"))
+
+
+def _wait_jobs_gone(case, timeout=120):
+    """Wait until no job process of this case is left (orphans of a killed main finish or die)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        left = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                cmd = " ".join(p.info["cmdline"] or [])
+            except psutil.NoSuchProcess:
+                continue
+            if str(case.run_file) in cmd or (str(case.root) in cmd and "snakemake" in cmd):
+                left.append(p.pid)
+        if not left:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"job processes of {case.root} still running after {timeout} s")
+
+
+def _done_tasks(case) -> set[int]:
+    done = set()
+    for t in case.tasks() if (case.work / "tasks.json").exists() else []:
+        ok = H.manifest_ok(case, t["id"])
+        assert ok is not False, f"task {t['id']}: manifest lists a chunk that does not verify"
+        if ok:
+            done.add(t["id"])
+    return done
+
+
+def _ran_tasks(log: str) -> set[int]:
+    return {int(m) for m in re.findall(r"rule infer_task:.*?wildcards: task=(\d+)", log, flags=re.S)}
+
+
+def chained_kills(case, golden_files, *, kills, profile, seed0, delay=(1.0, 8.0), reset=3, timeout=400):
+    """``kills`` cycles of: start, SIGKILL at a seeded time, check, --unlock, restart to the end, check."""
+    rng = random.Random(seed0)
+    log = case.root / "snakemake.out"
+    stats = {"kills": 0, "rerun": 0}
+    for k in range(kills):
+        log.write_text("")
+        p = H.start_snakemake(case, profile=profile, log=log)
+        try:
+            p.wait(rng.uniform(*delay))
+            assert p.returncode == 0, log.read_text()[-3000:]   # finished before the kill
+        except subprocess.TimeoutExpired:
+            if rng.random() < 0.5:          # a crashed session: main process and its local jobs
+                os.killpg(p.pid, signal.SIGKILL)
+            else:                           # only the main process (its jobs run on as orphans)
+                os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+            stats["kills"] += 1
+        _wait_jobs_gone(case)
+        done = _done_tasks(case)
+        files = H.layer_files(case.out) if case.out.exists() else {}
+        H.assert_same_chunks(files, {n: golden_files[n] for n in files if n in golden_files}, f"kill {k}")
+        assert set(files) <= set(golden_files), f"kill {k}: unexpected files {sorted(set(files) - set(golden_files))}"
+        # restart as documented: --unlock, then the same command (the profile has rerun-incomplete)
+        u = H.snakemake(case, "--unlock", profile=profile, timeout=120)
+        assert u.returncode == 0, u.stderr[-2000:]
+        log.write_text("")
+        q = H.start_snakemake(case, profile=profile, log=log)
+        q.wait(timeout)
+        text = log.read_text()
+        assert q.returncode == 0, text[-3000:]
+        rerun = _ran_tasks(text)
+        stats["rerun"] += len(rerun)
+        assert not (rerun & done), f"kill {k}: tasks {sorted(rerun & done)} were done but ran again"
+        assert rerun | done == {t["id"] for t in case.tasks()}
+        H.assert_same_chunks(H.layer_files(case.out), golden_files, f"kill {k}: after restart")
+        assert not H.temporaries(case.out)
+        # give the next kill work to interrupt: forget a seeded few tasks (as `--forcerun` would)
+        for t in rng.sample([t["id"] for t in case.tasks()], k=min(reset, len(case.tasks()))):
+            case.manifest(t).unlink()
+    return stats
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """A case nobody has run: kills may land in validate, create-layer or tasks too."""
+    return H.make_case(tmp_path_factory.mktemp("wf") / "fresh")
+
+
+@pytest.fixture(scope="module")
+def golden_files(fresh, tmp_path_factory):
+    case = H.prepare(fresh.copy(tmp_path_factory.mktemp("wfgold") / "case"))
+    for t in case.tasks():
+        assert H.run_task_proc(case, t["id"]).exitcode == 0
+    return H.layer_files(case.out)
+
+
+@pytest.mark.slow
+def test_t4_kill_snakemake_main_local_and_resume(fresh, golden_files, tmp_path):
+    case = fresh.copy(tmp_path / "case")
+    stats = chained_kills(case, golden_files, kills=KILLS, profile="profiles/local", seed0=4000)
+    assert stats["kills"] >= KILLS // 2, stats
+
+
+@pytest.mark.slow
+def test_t15_one_task_always_fails_keep_going(fresh, golden_files, tmp_path):
+    case = fresh.copy(tmp_path / "case")
+    p = H.snakemake(case, "--retries", 2, profile="profiles/local", env=H.fault_env("fail:5"))
+    assert p.returncode != 0
+    err = p.stdout + p.stderr
+    assert re.search(r"not done \[5\]", err), err[-3000:]
+    assert err.count("injected failure of task 5") >= 1 or "000005" in err
+    assert _done_tasks(case) == {t["id"] for t in case.tasks()} - {5}
+    files = H.layer_files(case.out)
+    H.assert_same_chunks(files, {n: golden_files[n] for n in files}, "T15 other tasks")
+    assert len(files) == len(golden_files) - 1
+    assert not (case.work / "report" / "summary.json").exists()
