@@ -71,7 +71,7 @@ def infer(net: Network, x, *, device: str = "cpu", memory_budget: int | None = N
     >>> infer(net, np.ones((3, 3, 3), np.float32)).shape
     (1, 2, 2, 2)
     """
-    from .plan.autotune import autotune
+    from .plan import autotune
 
     xp = require_device(device)
     x = as_input(net, x)
