@@ -185,7 +185,7 @@ def start_snakemake(case: Case, *args, profile="profiles/local", env=None, log: 
 _CTX = None
 
 
-def _ctx(warm_case: "Case | None" = None):
+def _ctx():
     """The forkserver: started once, before any thread, with znni and its dependencies imported."""
     global _CTX
     if _CTX is None:
