@@ -141,12 +141,14 @@ def width_section(res: dict, png: str | None) -> list[str]:
         for r in sorted(n["sweep"], key=lambda r: r["budget"]):
             z, d, nv = r.get("znni"), r.get("dense"), r.get("naive")
             pz = tuple(r["znni_plan"]["patch_shape"]) if "znni_plan" in r else "-"
+            if z and not r.get("znni_warmed_up"):
+                pz = f"{pz}, cold"
             L.append(f"| {n['network']} | {r['budget'] / GIB:g} | {_k(z and z['voxels_per_s'])} ({pz}) | "
                      f"{_k(d and d['voxels_per_s']) if d else 'does not fit'} ({d['input_edge'] if d else '-'}) | "
                      f"{_k(nv and nv['voxels_per_s'])} ({nv['input_edge'] if nv else '-'}) | "
                      f"{'%.2fx' % r['ratio_vs_dense'] if 'ratio_vs_dense' in r else '-'} | "
                      f"{'%.1fx' % r['ratio_vs_naive'] if 'ratio_vs_naive' in r else '-'} |")
-    L.append("")
+    L += ["", "Sweep points marked *cold* timed znni's first run (no warm-up: its plan predicted a long run).", ""]
 
     # profiles
     L += ["### Where the time goes (per-layer times of round 0 at the main budget)", ""]
