@@ -106,8 +106,6 @@ class ZnniRunner:
     name = "znni"
 
     def __init__(self, net, budget, effort, threads):
-        # the submodule, not the package attribute: importing ``znni_core.plan.autotune`` rebinds
-        # ``znni_core.plan.autotune`` from the wrapper function to the module
         from znni_core.plan import autotune
 
         self.net = net
