@@ -302,8 +302,12 @@ class FFTConv:
     xp : module
         ``numpy`` (pyfftw + numba) or ``cupy`` (``cupy.fft``, no pruning).
     effort : {"estimate", "measure", "patient"}
-        FFTW planner effort; plans come from FFTW's in-process wisdom after the
-        first call per shape (see :func:`save_wisdom` / :func:`load_wisdom`).
+        FFTW planner effort of the per-call transforms; plans come from FFTW's
+        in-process wisdom after the first call per shape (persist it with
+        :func:`save_wisdom` / :func:`load_wisdom`).  ``"measure"`` cost 4-7 s on the
+        first call at 24 maps of 64^3 on 2 busy cores, hence the default
+        ``"estimate"``.  The one-off kernel transforms always use ``"estimate"``:
+        measuring on the whole kernel cache costs more than it saves.
 
     Examples
     --------
@@ -315,7 +319,7 @@ class FFTConv:
     ((4, 2, 3, 3, 3), 27.0)
     """
 
-    def __init__(self, w, b, in_spatial, *, threads=1, mode="data", xp=np, effort="measure"):
+    def __init__(self, w, b, in_spatial, *, threads=1, mode="data", xp=np, effort="estimate"):
         if mode not in ("data", "task"):
             raise InputError(f"mode must be 'data' or 'task', got {mode!r}")
         if effort not in _EFFORT:
@@ -337,7 +341,7 @@ class FFTConv:
             if self.bias.shape != (self.c_out,):
                 raise InputError(f"bias must have shape ({self.c_out},); got {self.bias.shape}")
         if xp is np:
-            self.khat = _kernel_spectrum(w, self.fshape, self.threads, effort)
+            self.khat = _kernel_spectrum(w, self.fshape, self.threads, "estimate")
         else:  # GPU: full cuFFT transforms (unnormalised product, irfftn normalises)
             k = xp.fft.rfftn(w, s=self.fshape, axes=(2, 3, 4))
             self.khat = xp.conj(k).astype(xp.complex64).reshape(self.c_out, self.c_in, -1)
