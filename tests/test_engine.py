@@ -46,7 +46,9 @@ def test_every_primitive_and_pool_mode(name, prim):
     net = make_net(NETS[name], c_in=2 if name == "aniso" else 1, seed=5)
     x = _input(net, (3, 9, 4), seed=2)
     ref = torch_dense(net, x)
-    for modes in itertools.product(("mpf", "pool"), repeat=len(net.pools)):
+    combos = list(itertools.product(("mpf", "pool"), repeat=len(net.pools)))
+    combos += [("slab:1",) + c[1:] for c in combos[:2]] + [("slab:5",) + combos[-1][1:]]
+    for modes in combos:
         plan = autotune(net, memory_budget=2 ** 30, primitives=(prim,), pool_modes=modes)
         assert all(s.primitive == prim for s in plan.steps if s.op == "conv")
         assert plan.pool_modes == modes

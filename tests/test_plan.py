@@ -33,7 +33,7 @@ WIDE = [("conv", 8, 3), ("act", "relu"), ("pool", 2), ("conv", 12, 3), ("act", "
 
 
 @pytest.mark.parametrize("prim", ["direct-gemm", "fft-data", "fft-task"])
-@pytest.mark.parametrize("modes", [("mpf", "mpf"), ("pool", "mpf"), ("pool", "pool")])
+@pytest.mark.parametrize("modes", [("mpf", "mpf"), ("pool", "mpf"), ("pool", "pool"), ("slab:4", "mpf"), ("slab:2", "pool")])
 def test_predicted_peak_matches_measured(prim, modes):
     net = make_net(WIDE, seed=1)
     plan = autotune(net, memory_budget=2 ** 31, primitives=(prim,), pool_modes=modes, patch_shape=(45, 45, 45))

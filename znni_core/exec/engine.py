@@ -15,6 +15,7 @@ import itertools
 import numpy as np
 
 from ..errors import PlanError
+from ..plan.memory import slab_geometry
 from ..layers import FFTConv, apply_activation, conv_direct_gemm, conv_direct_numba, max_pool, mpf, recombine
 from ..net.spec import Activation, Conv, Network, Pool
 
@@ -57,6 +58,38 @@ def _fragment(x, window, offset):
     return max_pool(x[(slice(None), slice(None)) + sl], window)
 
 
+def _gather(n, offsets, run_offset, xp):
+    """Run every pooling offset through the rest; interleave as MPF would (old batch major)."""
+    out = None
+    for k, off in enumerate(offsets):
+        y = run_offset(off)
+        if out is None:
+            r = y.shape[0] // n
+            out = xp.empty((n, len(offsets), r) + y.shape[1:], dtype=y.dtype)
+        out[:, k] = y.reshape((n, -1) + y.shape[1:])
+        del y
+    return out.reshape((-1,) + out.shape[3:])
+
+
+def _slab_fragment(steps, layers, k, x, offset, rows, xp):
+    """Fragment ``offset`` of pooling layer ``k``, computing layers [0, k) slab by slab in z."""
+    window = layers[steps[k].index].window
+    g = slab_geometry(layers, x.shape[1], steps[k].index, x.shape[2:], rows)
+    ez = g["extent"][0]
+    frag = xp.empty((x.shape[0], g["channels"]) + g["frag"], dtype=np.float32)
+    oz, oy, ox = offset
+    my, mx = g["frag"][1:]
+    for j0 in range(0, g["frag"][0], g["rows"]):
+        j1 = min(j0 + g["rows"], g["frag"][0])
+        z0 = oz + j0 * window[0]
+        pre = _run(steps[:k], layers, 0, x[:, :, z0:z0 + (j1 - j0) * window[0] + ez - 1], xp)
+        sl = (slice(None), slice(None), slice(0, (j1 - j0) * window[0]),
+              slice(oy, oy + my * window[1]), slice(ox, ox + mx * window[2]))
+        frag[:, :, j0:j1] = max_pool(pre[sl], window)
+        del pre
+    return frag
+
+
 def _run(steps, layers, i, x, xp):
     while i < len(steps):
         step = steps[i]
@@ -69,18 +102,9 @@ def _run(steps, layers, i, x, xp):
         elif step.primitive == "mpf":
             x = mpf(x, layer.window)
         else:  # depth-first pooling: each offset through the rest of the network
-            n = x.shape[0]
             offsets = list(itertools.product(*(range(p) for p in layer.window)))
-            out = None
-            for k, off in enumerate(offsets):
-                y = _run(steps, layers, i + 1, _fragment(x, layer.window, off), xp)
-                if out is None:
-                    r = y.shape[0] // n
-                    out = xp.empty((n, len(offsets), r) + y.shape[1:], dtype=y.dtype)
-                out[:, k] = y.reshape((n, -1) + y.shape[1:])
-                del y
-            del x
-            return out.reshape((-1,) + out.shape[3:])
+            return _gather(x.shape[0], offsets,
+                           lambda off: _run(steps, layers, i + 1, _fragment(x, layer.window, off), xp), xp)
         i += 1
     return x
 
@@ -101,7 +125,18 @@ def run_patch(plan, net: Network, x, *, xp=np):
     layers = net.layers
     if plan.steps and plan.steps[0].op == "act":
         x = x.copy()  # activations run in place; never modify the caller's input
-    y = _run(plan.steps, layers, 0, x[None], xp)
+    steps = plan.steps
+    k = next((j for j, s in enumerate(steps) if s.op == "pool"), None)
+    if k is not None and steps[k].primitive == "slab":
+        # first pooling layer in slab mode: the layers before it are recomputed per offset,
+        # z-slab by z-slab, so their full-size output never exists
+        window = layers[steps[k].index].window
+        offsets = list(itertools.product(*(range(p) for p in window)))
+        xb = x[None]
+        y = _gather(1, offsets, lambda off: _run(
+            steps, layers, k + 1, _slab_fragment(steps, layers, k, xb, off, steps[k].micro_batch, xp), xp), xp)
+    else:
+        y = _run(steps, layers, 0, x[None], xp)
     pools = [l.window for l in layers if isinstance(l, Pool)]
     if pools:
         y = recombine(y, pools)

@@ -73,12 +73,12 @@ def walk(net: Network, patch_shape, pool_modes, conv_choice) -> tuple[list[StepM
         if r is None or peak > r.peak:
             records[i] = StepMemory(i, op, sin, sout, peak)
 
-    def sim(i, shape, held, x_bytes):
-        """Run from layer i with current x of ``shape``; ``held`` bytes alive outside;
+    def sim(i, shape, held, x_bytes, stop=len(layers)):
+        """Run layers [i, stop) with current x of ``shape``; ``held`` bytes alive outside;
         ``x_bytes`` = bytes of x owned here (0 if x is a view of someone else's array).
         Returns (final shape, peak, bytes owned by the result)."""
         peak = held + x_bytes
-        while i < len(layers):
+        while i < stop:
             layer = layers[i]
             n, c = shape[0], shape[1]
             if isinstance(layer, Conv):
@@ -100,6 +100,8 @@ def walk(net: Network, patch_shape, pool_modes, conv_choice) -> tuple[list[StepM
                 p = held + x_bytes + nbytes(out)
                 note(i, "pool", shape, out, p)
                 shape, x_bytes = out, nbytes(out)
+            elif mode_of[i].startswith("slab"):
+                raise ValueError("slab mode is only for the first pooling layer")
             else:  # depth-first: every offset through the rest, results gathered
                 nfrag = math.prod(layer.window)
                 frag = (n, c) + out_spatial(layer, shape[2:])
@@ -117,11 +119,60 @@ def walk(net: Network, patch_shape, pool_modes, conv_choice) -> tuple[list[StepM
             i += 1
         return shape, peak, x_bytes
 
+    def sim_slab(k, rows, patch, base):
+        """First pooling layer ``k`` in slab mode: per offset, layers [0, k) run on z-slabs
+        giving ``rows`` fragment rows each, pooled straight into one fragment."""
+        g = slab_geometry(layers, net.in_channels, k, patch[2:], rows)
+        pool = layers[k]
+        frag = (1, g["channels"]) + g["frag"]
+        fb = nbytes(frag)
+        slab = (1, patch[1], g["slab_in_z"]) + tuple(patch[3:])
+
+        def prefix(extra):
+            pshape, pp, pbytes = sim(0, slab, base + extra + fb, 0, stop=k)
+            pooled = nbytes((1, g["channels"], rows) + g["frag"][1:])
+            p = max(pp, base + extra + fb + pbytes + pooled)
+            note(k, "pool", pshape, frag, p)
+            return p
+
+        nfrag = math.prod(pool.window)
+        p_pre0 = prefix(0)
+        fshape, p0, y_bytes = sim(k + 1, frag, base, fb)
+        gather = nfrag * y_bytes
+        p_pre1 = prefix(gather)
+        _, p1, _ = sim(k + 1, frag, base + gather, fb)
+        peak = max(p_pre0, p0, base + y_bytes + gather, p_pre1, p1)
+        return (fshape[0] * nfrag,) + fshape[1:], peak, gather
+
     # held throughout: the input patch and the dense result array the tiler fills
     dense = nbytes((net.out_channels,) + tuple(net.output_shape(patch_shape)))
     base = nbytes(patch) + dense
-    final, peak, y_bytes = sim(0, patch, base, 0)
+    first_pool = next((i for i, l in enumerate(layers) if isinstance(l, Pool)), None)
+    if first_pool is not None and mode_of[first_pool].startswith("slab"):
+        final, peak, y_bytes = sim_slab(first_pool, int(mode_of[first_pool].split(":")[1]), patch, base)
+    else:
+        final, peak, y_bytes = sim(0, patch, base, 0)
     if net.pools:  # recombine: fragments -> dense copy
         peak = max(peak, base + y_bytes + dense)
     steps = [records[i] for i in sorted(records)]
     return steps, int(peak)
+
+
+def slab_geometry(layers, in_channels: int, k: int, spatial, rows: int) -> dict:
+    """Shapes of slab mode at the first pooling layer ``k`` (layers before it: conv/act only).
+
+    ``extent``: receptive extent of layers [0, k) per axis; ``frag``: fragment shape;
+    ``slab_in_z``: input rows of one slab giving ``rows`` fragment rows; ``n_slabs``.
+    """
+    extent = [1, 1, 1]
+    channels = in_channels
+    for layer in layers[:k]:
+        if isinstance(layer, Conv):
+            extent = [e + kk - 1 for e, kk in zip(extent, layer.kernel)]
+            channels = layer.out_channels
+    window = layers[k].window
+    pre = [n - e + 1 for n, e in zip(spatial, extent)]
+    frag = tuple((n - p + 1) // p for n, p in zip(pre, window))
+    rows = max(1, min(rows, frag[0]))
+    return {"extent": tuple(extent), "channels": channels, "frag": frag, "rows": rows,
+            "slab_in_z": rows * window[0] + extent[0] - 1, "n_slabs": math.ceil(frag[0] / rows)}

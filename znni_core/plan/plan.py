@@ -14,7 +14,8 @@ from ..errors import PlanError
 
 PLAN_FORMAT = "znni-plan/1"
 CONV_PRIMITIVES = ("direct-gemm", "direct-numba", "fft-data", "fft-task")
-POOL_MODES = ("mpf", "pool")  # mpf: fragments batched; pool: fragments one at a time through the rest
+POOL_MODES = ("mpf", "pool", "slab")  # mpf: fragments batched; pool: one offset at a time through the rest;
+# slab (first pooling layer only): also the layers before it recomputed per offset in z-slabs (micro_batch = rows)
 
 
 def _tuple(v):
@@ -86,7 +87,8 @@ class Plan:
 
     @property
     def pool_modes(self) -> tuple:
-        return tuple(s.primitive for s in self.steps if s.op == "pool")
+        return tuple(f"slab:{s.micro_batch}" if s.primitive == "slab" else s.primitive
+                     for s in self.steps if s.op == "pool")
 
     # ---- serialisation --------------------------------------------------------
     def to_dict(self) -> dict:

@@ -13,6 +13,7 @@ import datetime
 import itertools
 import math
 import os
+import re
 
 import numpy as np
 
@@ -72,19 +73,32 @@ def pool_mode_candidates(n_pools: int) -> list[tuple]:
     return [("pool",) * k + ("mpf",) * (n_pools - k) for k in range(n_pools + 1)]
 
 
+def _slab_modes(net: Network, patch, mode_sets) -> list[tuple]:
+    """Slab variants of the first pooling layer: a few slab heights (fragment rows)."""
+    if not net.pools:
+        return []
+    k = next(i for i, l in enumerate(net.layers) if isinstance(l, Pool))
+    rows_total = M.slab_geometry(net.layers, net.in_channels, k, patch, 1)["frag"][0]
+    heights = sorted({max(1, rows_total // 8), max(1, rows_total // 2)})
+    rests = sorted({m[1:] for m in mode_sets})
+    return [(f"slab:{h}",) + rest for h in heights for rest in rests]
+
+
 class _Timer:
     def __init__(self, effort: str, threads: int):
         self.cal = T.calibrate(threads)
         self.meas = T.Measurements(threads) if effort != "estimate" else None
         self.measure_all = effort == "exhaustive"
 
-    def estimate(self, prim, n, layer, spatial) -> float:
-        return T.estimate_conv(prim, n, layer, spatial, self.cal)
+    def estimate(self, prim, n, layer, spatial, micro_batch=None) -> float:
+        return T.estimate_conv(prim, n, layer, spatial, self.cal, micro_batch)
 
-    def conv(self, prim, n, layer, spatial, measure=False) -> float:
-        est = self.estimate(prim, n, layer, spatial)
+    def conv(self, prim, n, layer, spatial, micro_batch, measure=False) -> float:
+        """Seconds for ``n`` fragments in micro-batches: measured (scaled per call) or estimated."""
+        mb = micro_batch or n
+        est = self.estimate(prim, n, layer, spatial, mb)
         if self.meas is not None and (measure or self.measure_all) and est < MAX_MEASURE_SECONDS:
-            return self.meas.conv(prim, n, layer, spatial)
+            return self.meas.conv(prim, mb, layer, spatial) * math.ceil(n / mb)
         return est
 
 
@@ -125,10 +139,10 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
             p, mb, e = min(options, key=lambda o: o[2])
             decisions[i] = (p, mb)
             return decisions[i]
-        est = sorted((timer.estimate(p, mb, layer, spatial) * math.ceil(n / mb), p, mb) for p, mb, _ in fitting)
+        est = sorted((timer.estimate(p, n, layer, spatial, mb), p, mb) for p, mb, _ in fitting)
         if timer.meas is not None and (measure or timer.measure_all):
             short = [o for o in est if o[0] <= 3 * est[0][0]][:SHORTLIST]
-            timed = sorted((timer.conv(p, mb, layer, spatial, True) * math.ceil(n / mb), p, mb) for _, p, mb in short)
+            timed = sorted((timer.conv(p, n, layer, spatial, mb, True), p, mb) for _, p, mb in short)
         else:
             timed = est
         decisions[i] = (timed[0][1], timed[0][2])
@@ -136,7 +150,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
         for p in primitives:  # faster whole-batch alternatives refused for memory
             e = M.conv_primitive_bytes(p, n, layer, spatial)
             if e > room:
-                t = timer.conv(p, n, layer, spatial)
+                t = timer.conv(p, n, layer, spatial, n)
                 if t < best_t:
                     notes.append(Rejected(f"layer {i} {p} (batch {n})", f"needs {_fmt(live_max[i] + e)} > budget {_fmt(budget)}"))
         return decisions[i]
@@ -146,22 +160,30 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
     repeat, reps, mode_iter = 1, {}, iter(modes)
     for i, layer in enumerate(layers):
         reps[i] = repeat
-        if isinstance(layer, Pool) and next(mode_iter) == "pool":
-            repeat *= math.prod(layer.window)
+        if isinstance(layer, Pool):
+            mode = next(mode_iter)
+            if mode.startswith("slab"):  # layers before run per offset and per z-slab
+                g = M.slab_geometry(layers, net.in_channels, i, patch, int(mode.split(":")[1]))
+                for j in range(i):
+                    reps[j] = math.prod(layer.window) * g["n_slabs"]
+            if mode != "mpf":
+                repeat *= math.prod(layer.window)
     steps, total = [], 0.0
     for sm in steps_mem:
         layer = layers[sm.index]
         if isinstance(layer, Conv):
             prim, mb = decisions[sm.index]
             n = sm.in_shape[0]
-            t = timer.conv(prim, mb, layer, sm.in_shape[2:], measure) * math.ceil(n / mb)
+            t = timer.conv(prim, n, layer, sm.in_shape[2:], mb, measure)
             prim_name, mbv = prim, (0 if mb >= n else mb)
         elif isinstance(layer, Activation):
             t = T.estimate_elementwise(M.nbytes(sm.in_shape), timer.cal, 1.0 if layer.kind == "identity" else 2.0)
             prim_name, mbv = layer.kind, 0
         else:
             t = T.estimate_elementwise(M.nbytes(sm.in_shape), timer.cal, 1.5)
-            prim_name, mbv = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)], 0
+            mode = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)]
+            prim_name, _, rows = mode.partition(":")
+            mbv = int(rows or 0)
         t *= reps[sm.index]
         total += t
         steps.append(Step(sm.index, sm.op, prim_name, sm.in_shape, sm.out_shape, mbv, timer.cal["threads"], t, sm.peak))
@@ -211,8 +233,9 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
     mode_sets = pool_mode_candidates(len(net.pools))
     if pool_modes is not None:
         pool_modes = tuple(pool_modes)
-        if len(pool_modes) != len(net.pools) or any(m not in ("mpf", "pool") for m in pool_modes):
-            raise PlanError(f"pool_modes {pool_modes} must give 'mpf' or 'pool' for each of the "
+        if len(pool_modes) != len(net.pools) or any(m not in ("mpf", "pool") for m in pool_modes[1:]) or \
+                not (pool_modes[0] in ("mpf", "pool") or re.fullmatch(r"slab:[1-9][0-9]*", pool_modes[0])):
+            raise PlanError(f"pool_modes {pool_modes} must give 'mpf' or 'pool' (first one also 'slab:ROWS') for each of the "
                             f"{len(net.pools)} pooling layers")
         mode_sets = [pool_modes]
 
@@ -221,7 +244,7 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
     for patch in patches:
         if M.nbytes((net.in_channels,) + patch) * 2 > budget:
             continue
-        for modes in mode_sets:
+        for modes in (mode_sets if pool_modes is not None else mode_sets + _slab_modes(net, patch, mode_sets)):
             steps, secs, peak, notes = _evaluate(net, patch, modes, budget, timer, prims)
             desc = f"patch {patch} pools {'/'.join(modes) or '-'}"
             vps = math.prod(net.output_shape(patch)) / secs

@@ -20,6 +20,7 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
+CALIBRATION_VERSION = 2  # bump when the models or the calibration change
 
 
 def cache_dir() -> Path:
@@ -55,18 +56,19 @@ def versions() -> dict:
 
 def machine_key(threads: int) -> str:
     blas = os.environ.get("OPENBLAS_CORETYPE", "")
-    raw = json.dumps([cpu_model(), threads, versions(), blas], sort_keys=True)
+    raw = json.dumps([CALIBRATION_VERSION, cpu_model(), threads, versions(), blas], sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
 def _best_of(fn, repeats=3) -> float:
+    """Minimum of ``repeats`` timed runs after a warm-up: the least disturbed by other load."""
     fn()  # warm-up (plans, compiles)
     ts = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
+    return float(min(ts))
 
 
 class JsonCache:
@@ -98,9 +100,9 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
         return hit
     rng = np.random.default_rng(0)
     # direct convolution (BLAS lowering): effective FLOP/s on a mid-size layer
-    x = rng.standard_normal((1, 16, 20, 20, 20), dtype=np.float32)
-    w = rng.standard_normal((16, 16, 3, 3, 3), dtype=np.float32)
-    flops = 2 * 16 * 16 * 27 * 18 ** 3
+    x = rng.standard_normal((1, 24, 34, 34, 34), dtype=np.float32)
+    w = rng.standard_normal((24, 24, 3, 3, 3), dtype=np.float32)
+    flops = 2 * 24 * 24 * 27 * 32 ** 3
     gemm = flops / _best_of(lambda: L.conv_direct_gemm(x, w))
     numba_rate = flops / _best_of(lambda: L.conv_direct_numba(x, w))
     # FFT: cost per V log2 V of one real transform, and complex multiply-adds per second
@@ -120,8 +122,11 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
         a11, a12, b1 = 8 * vlog, 16 * v / 2, t_small
         a21, a22, b2 = 32 * vlog, 256 * v / 2, t_big
         det = a11 * a22 - a12 * a21
-        per_vlog = max((b1 * a22 - a12 * b2) / det, 1e-12)
-        per_mac = max((a11 * b2 - a21 * b1) / det, 1e-12)
+        per_vlog = (b1 * a22 - a12 * b2) / det
+        per_mac = (a11 * b2 - a21 * b1) / det
+        if per_vlog <= 0 or per_mac <= 0:  # noisy timings: split each run's time evenly instead
+            per_vlog = 0.5 * b1 / a11
+            per_mac = 0.5 * b2 / a22
         rates[mode] = {"s_per_vlogv": per_vlog, "s_per_mac": per_mac}
     big = np.empty(2 ** 24, dtype=np.float32)
     bw = big.nbytes * 2 / _best_of(lambda: np.maximum(big, 0, out=big))
@@ -131,7 +136,11 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
     return cal
 
 
-def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict) -> float:
+def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, micro_batch: int | None = None) -> float:
+    """Seconds for a conv layer over ``n`` fragments, called in micro-batches of ``micro_batch``.
+
+    FFT kernel transforms are computed once per layer call (shared by all micro-batches).
+    """
     out = [s - k + 1 for s, k in zip(in_spatial, layer.kernel)]
     cin, cout = layer.in_channels, layer.out_channels
     flops = 2.0 * n * cin * cout * math.prod(layer.kernel) * math.prod(out)
@@ -145,7 +154,10 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict) ->
     vlog = v * math.log2(max(v, 2))
     kernel_transforms = cin * cout * 0.5  # pruned: about half the work of a full transform
     transforms = n * (cin + cout) + kernel_transforms
-    return transforms * vlog * r["s_per_vlogv"] + n * cin * cout * (v / 2) * r["s_per_mac"]
+    t = transforms * vlog * r["s_per_vlogv"] + n * cin * cout * (v / 2) * r["s_per_mac"]
+    if micro_batch and micro_batch < n:  # every micro-batch pays its own transform set-up
+        t += (math.ceil(n / micro_batch) - 1) * 1e-4 * (cin + cout)
+    return t
 
 
 def estimate_elementwise(shape_bytes: int, cal: dict, passes: float = 2.0) -> float:
