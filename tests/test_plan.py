@@ -98,3 +98,20 @@ def test_exhaustive_measures_every_candidate_and_takes_the_best():
     assert slower and max(slower) <= plan.predicted_voxels_per_s
     # every conv timing was measured and cached on disk
     assert len(T.Measurements(plan.threads).cache.data) > 0
+
+
+@pytest.mark.parametrize("name", ["n337", "n537", "n726", "n926"])
+def test_znni_networks_plan_fast_under_every_budget(name):
+    """Issue 3: estimate-planning under 10 s per network, every budget from 0.5 GiB up fits."""
+    from benchmarks.nets import make_network
+    from znni_core.plan.search import default_threads
+
+    T.calibrate(default_threads())  # once per machine, cached; not part of planning time
+    for width in (24, 80):
+        net = make_network(name, width=width)
+        for gib in (0.5, 2, 8):
+            t0 = time.perf_counter()
+            plan = autotune(net, memory_budget=int(gib * 2 ** 30))
+            assert time.perf_counter() - t0 < 10.0
+            assert plan.predicted_peak_bytes <= gib * 2 ** 30
+            assert Plan.from_json(plan.to_json()) == plan

@@ -20,7 +20,7 @@ def nbytes(shape) -> int:
     return F32 * math.prod(shape)
 
 
-def conv_primitive_bytes(primitive: str, n: int, layer: Conv, in_spatial) -> int:
+def conv_primitive_bytes(primitive: str, n: int, layer: Conv, in_spatial, threads: int = 1) -> int:
     """Peak bytes one primitive call allocates (output + workspace, not its input)."""
     args = (n, layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel)
     if primitive == "direct-gemm":
@@ -28,7 +28,7 @@ def conv_primitive_bytes(primitive: str, n: int, layer: Conv, in_spatial) -> int
     if primitive == "direct-numba":
         return int(L.conv_direct_numba_memory(*args))
     if primitive.startswith("fft-"):
-        return int(L.fft_conv_memory(*args, mode=primitive[4:]))
+        return int(L.fft_conv_memory(*args, mode=primitive[4:], threads=threads))
     raise ValueError(f"unknown convolution primitive {primitive!r}")
 
 
@@ -54,7 +54,7 @@ def out_spatial(layer, spatial):
     return tuple(spatial)
 
 
-def walk(net: Network, patch_shape, pool_modes, conv_choice) -> tuple[list[StepMemory], int]:
+def walk(net: Network, patch_shape, pool_modes, conv_choice, threads: int = 1) -> tuple[list[StepMemory], int]:
     """Simulate the executor on ``patch_shape``.
 
     ``pool_modes``: per pooling layer (network order) ``"mpf"`` or ``"pool"``;
@@ -86,9 +86,9 @@ def walk(net: Network, patch_shape, pool_modes, conv_choice) -> tuple[list[StepM
                 out = (n, layer.out_channels) + out_spatial(layer, shape[2:])
                 mb = mb or n
                 if mb >= n:
-                    p = held + x_bytes + conv_primitive_bytes(prim, n, layer, shape[2:])
+                    p = held + x_bytes + conv_primitive_bytes(prim, n, layer, shape[2:], threads)
                 else:
-                    p = held + x_bytes + nbytes(out) + conv_primitive_bytes(prim, mb, layer, shape[2:])
+                    p = held + x_bytes + nbytes(out) + conv_primitive_bytes(prim, mb, layer, shape[2:], threads)
                 note(i, "conv", shape, out, p)
                 shape, x_bytes = out, nbytes(out)
             elif isinstance(layer, Activation):

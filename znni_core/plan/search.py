@@ -121,7 +121,8 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
         live_max[i] = max(live_max.get(i, 0), live)
         return "direct-gemm", 1
 
-    M.walk(net, patch, modes, record)  # pass 1: what is alive before each conv (shapes only)
+    threads = timer.cal["threads"]
+    M.walk(net, patch, modes, record, threads)  # pass 1: what is alive before each conv (shapes only)
     decisions, notes = {}, []
 
     def decide(i, n, c, spatial, live):
@@ -132,7 +133,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
         options = []
         for prim in primitives:
             for mb in _micro_batches(n):
-                extra = M.conv_primitive_bytes(prim, mb, layer, spatial) + (M.nbytes((n, layer.out_channels) + M.out_spatial(layer, spatial)) if mb < n else 0)
+                extra = M.conv_primitive_bytes(prim, mb, layer, spatial, threads) + (M.nbytes((n, layer.out_channels) + M.out_spatial(layer, spatial)) if mb < n else 0)
                 options.append((prim, mb, extra))
         fitting = [(p, mb, e) for p, mb, e in options if e <= room]
         if not fitting:
@@ -148,14 +149,14 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
         decisions[i] = (timed[0][1], timed[0][2])
         best_t = timed[0][0]
         for p in primitives:  # faster whole-batch alternatives refused for memory
-            e = M.conv_primitive_bytes(p, n, layer, spatial)
+            e = M.conv_primitive_bytes(p, n, layer, spatial, threads)
             if e > room:
                 t = timer.conv(p, n, layer, spatial, n)
                 if t < best_t:
                     notes.append(Rejected(f"layer {i} {p} (batch {n})", f"needs {_fmt(live_max[i] + e)} > budget {_fmt(budget)}"))
         return decisions[i]
 
-    steps_mem, peak = M.walk(net, patch, modes, decide)
+    steps_mem, peak = M.walk(net, patch, modes, decide, threads)
     # repeats: steps after a depth-first pool run once per offset
     repeat, reps, mode_iter = 1, {}, iter(modes)
     for i, layer in enumerate(layers):
