@@ -9,6 +9,8 @@ rule finalize:
         summary=f"{WORK}/report/summary.json",
         report=f"{WORK}/report/report.html",
         preview=f"{WORK}/report/preview.png",
+    conda:
+        "../workflow/envs/znni.yaml"
     log:
         f"{WORK}/logs/finalize.log",
     shell:

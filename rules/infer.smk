@@ -12,6 +12,8 @@ rule infer_task:
         tasks=f"{WORK}/tasks.json",
     output:
         f"{WORK}/manifests/{{task}}.json",
+    conda:
+        "../workflow/envs/znni.yaml"
     log:
         f"{WORK}/logs/tasks/{{task}}.log",
     benchmark:

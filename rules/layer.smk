@@ -7,6 +7,8 @@ rule create_layer:
         run=f"{WORK}/run.json",
     output:
         f"{WORK}/layer.json",
+    conda:
+        "../workflow/envs/znni.yaml"
     log:
         f"{WORK}/logs/create_layer.log",
     shell:
@@ -19,6 +21,8 @@ checkpoint tasks:
         layer=f"{WORK}/layer.json",
     output:
         f"{WORK}/tasks.json",
+    conda:
+        "../workflow/envs/znni.yaml"
     log:
         f"{WORK}/logs/tasks.log",
     shell:

@@ -9,6 +9,8 @@ rule validate:
         plan=f"{WORK}/plan.json",
     params:
         config=CONFIG_JSON,
+    conda:
+        "../workflow/envs/znni.yaml"
     log:
         f"{WORK}/logs/validate.log",
     threads: 1

@@ -66,8 +66,14 @@ def layer_files(url: str) -> dict:
 
 
 def subprocess_env(tmp_cache: Path) -> dict:
+    """Environment for `znni` / snakemake subprocesses: this venv's bin first on PATH, bytecode cached once
+    per test session (some machines set PYTHONDONTWRITEBYTECODE: ~5 s of compiling per process)."""
+    import sys
+
     env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = str(tmp_cache / "pycache")
+    session = os.environ.get("ZNNI_CACHE_DIR") or str(tmp_cache)
+    env["PYTHONPYCACHEPREFIX"] = str(Path(session) / "pycache")
     env.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
     return env

@@ -1,0 +1,143 @@
+"""The real workflow: snakemake with the local profile on a tiny volume.
+
+Output == `infer` on the whole volume (float32 tolerance); two runs byte-identical; a rerun after
+losing half the manifests runs exactly those tasks (T13); `--force` of one manifest rewrites only
+that task's chunks (T14); tensorstore reads what cloud-volume reads; lint and dry run pass.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import znni_core
+from znni_core.io import PrecomputedLayer, parse_layer_url
+
+from .pipeline_helpers import base_config, em, layer_files, subprocess_env
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"),
+             "--profile", str(REPO / "profiles" / "local")]
+
+
+def snakemake(cwd, configfile, *args, check=True):
+    p = subprocess.run(SNAKEMAKE + ["--configfile", str(configfile), *args], cwd=cwd, env=subprocess_env(cwd),
+                       capture_output=True, text=True, timeout=600)
+    if check and p.returncode != 0:
+        raise AssertionError(f"snakemake failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+    return p
+
+
+def write_config(tmp_path, name, vol, **over):
+    over.setdefault("output", {"chunk_size": [6, 17, 17]})  # valid output (10, 33, 33): 2x2x2 chunks
+    cfg = base_config(tmp_path / name, vol=vol, task_chunks=[1, 1, 2], **over)  # 4 tasks
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return cfg, path
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("wf")
+    vol = em((12, 40, 40))
+    out = []
+    for name in ("a", "b"):
+        cfg, path = write_config(tmp, name, vol)
+        p = snakemake(tmp, path)
+        out.append((cfg, path, p))
+    return tmp, vol, out
+
+
+def test_workflow_equals_infer_and_is_byte_identical(two_runs):
+    tmp, vol, [(cfg_a, _, pa), (cfg_b, _, _)] = two_runs
+    assert "znni summary" in pa.stderr and "0 not done" in pa.stderr
+    layer = PrecomputedLayer(parse_layer_url(cfg_a["output"]["path"]), 0)
+    got, _ = layer.read(layer.bounds)
+    net = znni_core.load_network(cfg_a["network"]["path"])
+    ref = znni_core.infer(net, vol.astype(np.float32) * np.float32(1 / 255))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    a, b = layer_files(cfg_a["output"]["path"]), layer_files(cfg_b["output"]["path"])
+    assert a and a == b
+    report = Path(cfg_a["work_dir"]) / "report"
+    s = json.loads((report / "summary.json").read_text())
+    assert s["failed"] == [] and s["done"] == s["tasks"] and (report / "preview.png").stat().st_size > 0
+    assert "neuroglancer" in s and (report / "report.html").is_file()
+    for log in ("validate.log", "create_layer.log", "tasks.log", "finalize.log"):
+        assert (Path(cfg_a["work_dir"]) / "logs" / log).is_file()
+
+
+def test_tensorstore_reads_what_cloudvolume_reads(two_runs):
+    import tensorstore as ts
+
+    _, _, [(cfg, _, _), _] = two_runs
+    layer = PrecomputedLayer(parse_layer_url(cfg["output"]["path"]), 0)
+    cv, _ = layer.read(layer.bounds)
+    t = ts.open({"driver": "neuroglancer_precomputed",
+                 "kvstore": "file://" + str(Path(cfg["output"]["path"]).resolve())}).result()
+    b, e = layer.bounds.begin.xyz(), layer.bounds.end.xyz()
+    arr = np.asarray(t[b[0]:e[0], b[1]:e[1], b[2]:e[2], :].read().result()).transpose(3, 2, 1, 0)
+    assert np.array_equal(arr, cv)
+
+
+def _jobs_run(p, rule):
+    return len(re.findall(rf"\(Rule: {rule}\)", p.stdout + p.stderr))  # "Finished jobid: N (Rule: x)"
+
+
+@pytest.mark.slow  # ~30 s; the same cases run in-process in tests/test_pipeline.py
+def test_T13_T14_rerun_only_unfinished_or_forced_tasks(two_runs):
+    tmp, _, [_, (cfg, path, _)] = two_runs
+    work = Path(cfg["work_dir"])
+    manifests = sorted((work / "manifests").iterdir())
+    assert len(manifests) == 4
+    before = layer_files(cfg["output"]["path"])
+    root = Path(cfg["output"]["path"])
+    mt = {k: (root / k).stat().st_mtime_ns for k in before}
+    # T13: lose two manifests (a crash after their chunks, before their markers): exactly those rerun
+    for m in manifests[::2]:
+        m.unlink()
+    for f in (work / "report").iterdir():  # the crash came before finalize
+        f.unlink()
+    p = snakemake(tmp, path)
+    assert _jobs_run(p, "infer_task") == 2, p.stdout[-2000:]
+    assert "2 done now, 2 skipped" in p.stderr
+    assert layer_files(cfg["output"]["path"]) == before
+    # T14: force one task: only its chunks are rewritten
+    target = manifests[1]
+    own = {c["name"] for c in json.loads(target.read_text())["chunks"]}
+    mt = {k: (root / k).stat().st_mtime_ns for k in before}
+    p = snakemake(tmp, path, "--force", str(target))
+    assert _jobs_run(p, "infer_task") == 1
+    changed = {k for k in before if (root / k).stat().st_mtime_ns != mt[k]}
+    assert changed == own
+    assert layer_files(cfg["output"]["path"]) == before
+
+
+def test_clear_error_before_scheduling(tmp_path):
+    """A wrong input dtype stops the workflow in `validate`: no layer, no task."""
+    cfg, path = write_config(tmp_path, "bad", em((12, 40, 40)), input={"dtype": "uint16"})
+    p = snakemake(tmp_path, path, check=False)
+    assert p.returncode != 0
+    log = (Path(cfg["work_dir"]) / "logs" / "validate.log").read_text()
+    assert "holds uint8 but input.dtype says uint16" in log
+    assert not Path(cfg["output"]["path"]).exists()
+    assert not (Path(cfg["work_dir"]) / "manifests").exists()
+
+
+def test_schema_error_at_workflow_load(tmp_path):
+    cfg, path = write_config(tmp_path, "bad", em((8, 30, 30)), edge="wrap")
+    p = snakemake(tmp_path, path, "-n", check=False)
+    assert p.returncode != 0 and "edge" in (p.stdout + p.stderr)
+
+
+def test_lint_and_dry_run(tmp_path):
+    cfg, path = write_config(tmp_path, "dry", em((8, 30, 30)))
+    p = snakemake(tmp_path, path, "--lint")
+    assert "good condition" in p.stdout + p.stderr
+    p = snakemake(tmp_path, path, "-n")
+    assert "validate" in p.stdout
