@@ -9,7 +9,6 @@ import tempfile
 os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
 _CACHE = tempfile.mkdtemp(prefix="znni-test-cache-")
 os.environ.setdefault("ZNNI_CACHE_DIR", _CACHE)
-os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(_CACHE, "numba"))
 
 import pytest  # noqa: E402
 
