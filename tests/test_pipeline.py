@@ -205,7 +205,11 @@ def test_T26_black_region_recorded_empty(tmp_path):
 def test_T20_nonfinite_output_is_an_error_and_nothing_written(tmp_path):
     vol = em()
     # a finite input (<= 2.55e38) that a plain convolution overflows to Inf inside the engine
-    cfg = base_config(tmp_path, vol=vol, layout=[("conv", 1, 3)], normalize={"scale": 1e36})
+    cfg = base_config(tmp_path, vol=vol, normalize={"scale": 1e36})
+    from znni_core.net import save_network
+    from znni_core.net.spec import Conv, Network
+
+    save_network(Network((Conv(np.ones((1, 1, 3, 3, 3), np.float32)),)), cfg["network"]["path"])  # sums overflow
     rf = prepare(cfg)
     with pytest.raises(NonFiniteError, match="NaN/Inf") as e:
         run_task(rf, 0, **QUIET)
