@@ -27,6 +27,7 @@ EFFORTS = ("estimate", "measure", "exhaustive")
 DEFAULT_BUDGET_FRACTION = 0.5  # of the RAM available when planning
 MAX_PATCH_VOXELS = 512 ** 3
 GIB = 2 ** 30
+GPU_PRIMITIVES = ("direct-gemm", "fft-data")
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
 SHORTLIST = 3  # per layer, options measured (the best by estimate, within 3x of it)
 
@@ -202,15 +203,18 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
     """
     if effort not in EFFORTS:
         raise PlanError(f"effort {effort!r} is not one of {EFFORTS}")
+    gpu_free = None
     if device != "cpu":
         from ..exec.device import require_device
 
-        require_device(device)
-    budget = int(memory_budget) if memory_budget is not None else default_budget()
+        cp = require_device(device)
+        gpu_free = int(cp.cuda.runtime.memGetInfo()[0] * DEFAULT_BUDGET_FRACTION)
+    budget = int(memory_budget) if memory_budget is not None else (gpu_free or default_budget())
     if budget <= 0:
         raise PlanError(f"memory budget {memory_budget!r} must be a positive number of bytes")
     threads = int(threads or default_threads())
-    prims = tuple(primitives or CONV_PRIMITIVES)
+    # on the GPU the same xp code runs on CuPy; numba's CPU kernel and FFTW threads do not apply
+    prims = tuple(primitives or (CONV_PRIMITIVES if device == "cpu" else GPU_PRIMITIVES))
     bad = [p for p in prims if p not in CONV_PRIMITIVES]
     if bad:
         raise PlanError(f"unknown primitives {bad}; choose from {CONV_PRIMITIVES}")

@@ -1,0 +1,35 @@
+"""The same engine on CuPy (skipped without a CUDA device): GPU output == CPU output == torch."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import znni_core
+from znni_core.errors import DeviceError
+from znni_core.exec.device import require_device
+from znni_core.plan import autotune
+
+from .nets import NETS, make_net
+from .reference import max_rel_err, torch_dense
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prim", ["direct-gemm", "fft-data"])
+def test_gpu_matches_torch(prim):
+    net = make_net(NETS["aniso"], c_in=2, seed=4)
+    x = np.random.default_rng(0).standard_normal((2,) + tuple(f + 9 for f in net.field_of_view)).astype(np.float32)
+    plan = autotune(net, device="gpu", memory_budget=2 ** 30, primitives=(prim,))
+    out = znni_core.infer(net, x, device="gpu", plan=plan)
+    assert isinstance(out, np.ndarray)
+    assert max_rel_err(out, torch_dense(net, x)) <= 1e-4
+
+
+def test_gpu_request_without_device_is_a_clear_error():
+    try:
+        require_device("gpu")
+    except DeviceError as exc:
+        assert "device" in str(exc)
+    else:
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(DeviceError):
+        require_device("tpu")
