@@ -104,7 +104,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     plan's budget is ``plan.memory_fraction`` of it).
     """
     from .. import load_network
-    from ..plan.autotune import autotune  # the function (plan/__init__ shadows it with the module once imported)
+    from ..plan import autotune
     from ..plan.plan import Plan
 
     cfg = validate_config(cfg)
