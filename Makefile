@@ -12,7 +12,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q uv
-	$(VENV)/bin/uv pip install -q --python $(PY) -e ".[dev]"
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e ".[dev]"
 	# PyTorch is a test-only reference; pip (not uv) finds the local CPU wheel.
 	$(VENV)/bin/pip install -q torch==2.13.0
 	touch $@
@@ -20,8 +20,10 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 
+# Subprocess-heavy tests (Snakemake jobs) need bytecode caching; some machines disable it.
 test: setup
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -m "not slow and not gpu"
+	env -u PYTHONDONTWRITEBYTECODE PATH="$(abspath $(VENV))/bin:$$PATH" NUMBA_THREADING_LAYER=threadsafe \
+		$(PY) -m pytest -q -m "not slow and not gpu" -p no:cacheprovider
 
 bench: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m benchmarks
