@@ -89,12 +89,15 @@ def chained_kills(case, golden_files, *, kills, profile, seed0, delay=(1.0, 8.0)
         rerun = _ran_tasks(text)
         stats["rerun"] += len(rerun)
         assert not (rerun & done), f"kill {k}: tasks {sorted(rerun & done)} were done but ran again"
-        assert rerun | done == {t["id"] for t in case.tasks()}
+        assert rerun | done == {t["id"] for t in case.tasks()}, (
+            f"kill {k}: done before restart {sorted(done)}, rerun {sorted(rerun)}:\n{text[-3000:]}")
         H.assert_same_chunks(H.layer_files(case.out), golden_files, f"kill {k}: after restart")
         assert not H.temporaries(case.out)
-        # give the next kill work to interrupt: forget a seeded few tasks (as `--forcerun` would)
+        # give the next kill work to interrupt: forget a seeded few tasks and the report (as
+        # `--forcerun` would; with the report present Snakemake ignores missing intermediates)
         for t in rng.sample([t["id"] for t in case.tasks()], k=min(reset, len(case.tasks()))):
             case.manifest(t).unlink()
+        (case.work / "report" / "summary.json").unlink(missing_ok=True)
     return stats
 
 

@@ -19,7 +19,11 @@ CHUNK_STATUSES = ("written", "empty")
 def write_manifest(path, manifest: dict) -> Path:
     manifest = dict(manifest, format=MANIFEST_FORMAT)
     path = Path(path)
-    atomic_write(path, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    try:
+        atomic_write(path, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    except OSError as exc:  # disk full, I/O error (RELIABILITY T6): no manifest, so the task is not done
+        raise DataError(f"manifest {path}: write failed ({exc.strerror or exc}); the task's chunks are written "
+                        "but it is not marked done; free space or fix the storage and re-run it") from exc
     return path
 
 

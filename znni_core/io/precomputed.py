@@ -209,7 +209,12 @@ class PrecomputedLayer:
         if self.url.is_local:
             path = self.url.local_path / (name + _SUFFIXES[compress])
             data = gzip.compress(raw, compresslevel=6, mtime=0) if compress == "gzip" else raw
-            atomic_write(path, data)
+            try:
+                atomic_write(path, data)
+            except OSError as exc:  # disk full, quota, I/O error (RELIABILITY T6): previous version intact
+                raise DataError(f"chunk {name} of {self.url}: write failed ({exc.strerror or exc}); the previous "
+                                "version of the chunk, if any, is intact; free space or fix the storage and "
+                                "re-run its task") from exc
             for s in _ALL_SUFFIXES:
                 if s != _SUFFIXES[compress]:
                     (self.url.local_path / (name + s)).unlink(missing_ok=True)
