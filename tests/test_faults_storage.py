@@ -117,3 +117,101 @@ def test_t6_disk_full_for_manifest(finished, small_disk, tmp_path):
     p = H.znni("run-task", case.run_file, "--task", task, "--no-progress")
     assert p.returncode == 0, p.stderr[-3000:]
     assert H.manifest_ok(case, task) is True
+
+
+# ---- T7 / T8: a loopback S3 that fails or corrupts on purpose -------------------------------------
+@pytest.fixture
+def s3(monkeypatch, tmp_path):
+    pytest.importorskip("moto")
+    from tests.s3_faults import S3Faults
+
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    from cloudfiles import secrets
+
+    secrets.AWS_CREDENTIALS_CACHE.clear()
+    with S3Faults() as srv:
+        yield srv
+
+
+def _s3_layer(endpoint, name="out"):
+    from znni_core.geometry import Coordinate, Roi
+    from znni_core.io import ScaleSpec, create_layer, open_output
+    from znni_core.io.paths import parse_layer_url
+
+    url = parse_layer_url(f"s3://znni/layers/{name}", endpoint=endpoint)
+    spec = ScaleSpec("8_8_40", Roi((0, 0, 0), (8, 32, 32)), Coordinate(4, 16, 16), (40.0, 8.0, 8.0), "float32", 1)
+    create_layer(url, spec, {"description": "t", "owners": [], "processing": [], "sources": []})
+    return open_output(url, spec)
+
+
+def _arr(layer, idx, seed=0):
+    import numpy as np
+
+    shape = (layer.channels,) + tuple(layer.grid.chunk_roi(idx).shape)
+    return np.random.default_rng(seed).random(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("action", ["503", "500", "reset"])
+def test_t7_transient_s3_errors_retried(s3, action):
+    """Transient errors on chunk PUTs and GETs: retried with bounded backoff, chunks BI."""
+    import time
+
+    layer = _s3_layer(s3.endpoint)
+    idxs = list(layer.grid.chunks_in(layer.bounds))
+    s3.rule("PUT", "/8_8_40/", action, times=2)
+    s3.rule("GET", "/8_8_40/", action, times=2)
+    t0 = time.perf_counter()
+    for i, idx in enumerate(idxs):
+        d = layer.write_chunk(idx, _arr(layer, idx, i))
+        layer.verify_chunk(idx, d)
+    took = time.perf_counter() - t0
+    assert sum(1 for _, p, a in s3.log if a == action) == 4, s3.log   # the faults did happen
+    assert took < 60, f"backoff not bounded: {took:.0f} s for {len(idxs)} chunks"
+    stored = s3.objects()
+    for i, idx in enumerate(idxs):
+        assert stored["layers/out/" + layer.chunk_name(idx)] == _arr(layer, idx, i).tobytes()
+
+
+@pytest.mark.skip(reason="T7 403: cloud-volume/cloudfiles' S3Interface.put_file is wrapped in tenacity @retry "
+                  "(7 attempts, random exponential backoff 0.5-60 s, every exception type), so a permanent 403 "
+                  "is PUT 7 times over ~20-60 s before the error surfaces. Needs znni's own S3 chunk PUT/GET "
+                  "(boto3, retries mode=standard: 5xx/throttle/reset retried with capped backoff, 4xx not).")
+def test_t7_permanent_403_is_a_clear_error_without_retry_storm(s3):
+    import time
+
+    from znni_core.errors import DataError
+
+    layer = _s3_layer(s3.endpoint)
+    idx = next(iter(layer.grid.chunks_in(layer.bounds)))
+    s3.rule("PUT", "/8_8_40/", "403")
+    t0 = time.perf_counter()
+    with pytest.raises(Exception) as ei:
+        d = layer.write_chunk(idx, _arr(layer, idx))
+        layer.verify_chunk(idx, d)
+    took = time.perf_counter() - t0
+    n = s3.requests("PUT", "/8_8_40/")
+    assert n <= 3, f"{n} PUTs for a permanent 403 (a retry storm)"
+    assert took < 20, f"{took:.0f} s before giving up on a permanent 403"
+    msg = str(ei.value)
+    assert "403" in msg or "AccessDenied" in msg or "Forbidden" in msg or "denied" in msg.lower(), msg
+    assert "layers/out/" + layer.chunk_name(idx) not in s3.objects()
+    del DataError
+
+
+@pytest.mark.parametrize("direction", ["GET", "PUT"])
+def test_t8_corrupted_transfer_is_a_clear_error(s3, direction):
+    """A flipped byte on the wire (upload or read-back): the chunk's checksum check fails: CE naming it."""
+    from znni_core.errors import DataError
+
+    layer = _s3_layer(s3.endpoint)
+    idx = next(iter(layer.grid.chunks_in(layer.bounds)))
+    s3.rule(direction, "/8_8_40/", "corrupt")
+    with pytest.raises(DataError) as ei:
+        d = layer.write_chunk(idx, _arr(layer, idx))
+        layer.verify_chunk(idx, d)
+    msg = str(ei.value)
+    assert layer.chunk_name(idx) in msg, msg
+    assert "sha256" in msg or "md5" in msg.lower(), msg

@@ -243,7 +243,10 @@ class PrecomputedLayer:
             elif found[0] != "":
                 raise DataError(f"chunk {name}{found[0]}: znni only verifies raw and gzip chunks")
             return data
-        return _cloudfiles(self.url).get(name)
+        try:
+            return _cloudfiles(self.url).get(name)
+        except Exception as exc:  # e.g. an MD5 mismatch on the wire (RELIABILITY T8): never silent garbage
+            raise DataError(f"chunk {name} of {self.url}: read failed: {type(exc).__name__}: {exc}") from exc
 
     def verify_chunk(self, index, digest: str) -> None:
         """Read back and compare checksums; raise :class:`DataError` naming the chunk."""
