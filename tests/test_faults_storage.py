@@ -215,3 +215,47 @@ def test_t8_corrupted_transfer_is_a_clear_error(s3, direction):
     msg = str(ei.value)
     assert layer.chunk_name(idx) in msg, msg
     assert "sha256" in msg or "md5" in msg.lower(), msg
+
+
+# ---- T28d: a canary secret in the credentials file never leaks ------------------------------------
+def test_t28d_canary_secret_absent_from_logs_metadata_manifests_provenance(tmp_path, monkeypatch):
+    """The whole workflow writes to a loopback S3 with credentials from a cloud-volume secrets file
+    holding a canary; afterwards the canary is nowhere: Snakemake's output, job logs, .snakemake
+    metadata, manifests, report, and every object of the bucket (info, provenance, chunks)."""
+    import json
+
+    import yaml
+
+    pytest.importorskip("moto")
+    from tests.s3_faults import S3Faults
+
+    canary = "CANARY-" + uuid.uuid4().hex
+    key_id = "AKIA" + uuid.uuid4().hex[:16].upper()
+    cvdir = tmp_path / "cv"
+    (cvdir / "secrets").mkdir(parents=True)
+    secret = json.dumps({"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": canary,
+                         "AWS_DEFAULT_REGION": "us-east-1"})
+    with S3Faults() as s3:
+        from znni_core.io.paths import s3_alias
+
+        # cloudfiles looks up <service>-secret.json; with an endpoint the service is znni's alias
+        for name in ("aws", s3_alias(s3.direct)):
+            (cvdir / "secrets" / f"{name}-secret.json").write_text(secret)
+        case = H.make_case(tmp_path / "case", task_chunks=(2, 1, 2))
+        cfg = yaml.safe_load(case.config.read_text())
+        cfg["output"]["path"] = "s3://znni/layers/out"
+        cfg["output"]["endpoint_url"] = s3.direct
+        case.config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        env = H.job_env(extra={"CLOUD_VOLUME_DIR": str(cvdir), "CLOUD_FILES_DIR": str(cvdir)})
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+            env.pop(k, None)
+        p = H.snakemake(case, env=env, timeout=400)
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, out[-4000:]
+        objects = s3.objects()
+    assert any(k.endswith("provenance") for k in objects) and len(objects) >= 4, sorted(objects)
+    assert canary not in out
+    leaks = [str(f) for f in case.root.rglob("*") if f.is_file() and canary.encode() in f.read_bytes()]
+    assert not leaks, f"the secret leaked into {leaks}"
+    assert not [k for k, v in objects.items() if canary.encode() in v], "the secret leaked into the bucket"
+    assert (case.work / "manifests").is_dir() and (case.root / ".snakemake" / "metadata").is_dir()
