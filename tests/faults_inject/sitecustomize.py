@@ -43,6 +43,13 @@ def patch_task_module(T, spec):
                 open(marker, "w").close()
                 import time
                 time.sleep(arg)
+        if state["on"] and point == "hog":  # hold `arg` MB for 4 s (over a job's --mem: OUT_OF_MEMORY)
+            import time
+            block = bytearray(arg * 2 ** 20)
+            for i in range(0, len(block), 4096):
+                block[i] = 1
+            time.sleep(4)
+            del block
         y = orig_compute(*a, **k)
         if state["on"] and point == "nan":
             y.flat[y.size // 2] = float("nan")
@@ -90,7 +97,8 @@ if _SPEC and __name__ == "sitecustomize":
 
             def exec_and_patch(module):
                 exec_module(module)
-                patch_task_module(module, _SPEC)
+                for one in _SPEC.split(","):  # several faults: "sleep-once:5:80,hog:2:1200"
+                    patch_task_module(module, one)
             spec.loader.exec_module = exec_and_patch
             return spec
 
