@@ -46,10 +46,11 @@ class Config:
     sweep_budgets: tuple = (GIB // 2, GIB, 2 * GIB)
     repeats: int = 3
     threads: int = 2
-    effort: str = "measure"  # znni autotuner effort
-    dense_candidates: int = 2  # input edges PyTorch dense tries under the budget
+    effort: str = "estimate"  # znni autotuner effort
+    dense_candidates: int = 1  # input edges PyTorch dense tries under the budget
     dense_safety: float = 1.8  # first guess of measured peak / byte model for PyTorch dense
-    naive_time_limit: float = 6.0  # seconds of naive offsets per timed run before extrapolating
+    naive_time_limit: float = 4.0  # seconds of naive offsets per timed run before extrapolating
+    max_patch_seconds: float | dict | None = None  # cap znni's predicted seconds per patch (bounds wall time)
     sweep_warmup_below_s: float = 15.0  # sweep points warm znni up only if its plan predicts less
     profile: bool = True  # per-layer times of znni and PyTorch dense, taken on round 0
     seed: int = 0
@@ -105,12 +106,41 @@ def _edge_naive(net, model: TorchNaive, budget, safety=1.8):
 class ZnniRunner:
     name = "znni"
 
-    def __init__(self, net, budget, effort, threads):
+    def __init__(self, net, budget, effort, threads, max_patch_seconds=None):
         from znni_core.plan import autotune
 
         self.net = net
+        self.capped = None
         t0 = time.perf_counter()
-        self.plan = autotune(net, memory_budget=budget, device="cpu", effort=effort, threads=threads)
+        plan = autotune(net, memory_budget=budget, device="cpu", effort=effort, threads=threads)
+        if max_patch_seconds and plan.predicted_seconds > max_patch_seconds:
+            # bound the benchmark's wall time: the best plan (by the same autotuner, same budget)
+            # among smaller cube patches whose predicted time per patch is under the cap.  A smaller
+            # patch only loses throughput (more border work), so this never flatters znni.
+            f, d = max(net.field_of_view), max(net.pooling_product)
+            m = (plan.patch_shape[0] - f + 1) // d
+            best, quickest = None, None
+            while m >= 1:
+                p = autotune(net, memory_budget=budget, device="cpu", effort="estimate", threads=threads,
+                             patch_shape=(f - 1 + m * d,) * 3)
+                if quickest is None or p.predicted_seconds < quickest.predicted_seconds:
+                    quickest = p
+                if p.predicted_seconds <= max_patch_seconds:
+                    if best is None or p.predicted_voxels_per_s > best.predicted_voxels_per_s:
+                        best = p
+                    if p.predicted_seconds < 0.25 * max_patch_seconds:
+                        break
+                m -= 1
+            best = best or quickest  # nothing under the cap: the quickest patch the tuner found
+            if best is not None:
+                self.capped = {"uncapped_patch": list(plan.patch_shape),
+                               "uncapped_predicted_voxels_per_s": plan.predicted_voxels_per_s,
+                               "uncapped_predicted_seconds": plan.predicted_seconds,
+                               "max_patch_seconds": max_patch_seconds}
+                plan = best if effort == "estimate" else autotune(
+                    net, memory_budget=budget, device="cpu", effort=effort, threads=threads,
+                    patch_shape=best.patch_shape)
+        self.plan = plan
         self.plan_seconds = time.perf_counter() - t0
         self.x = _input((net.in_channels,) + tuple(self.plan.patch_shape))
         self.out_voxels = math.prod(self.plan.output_shape)
@@ -202,13 +232,17 @@ def bench_budget(net, cfg: Config, budget: int, gemm: float, repeats: int, do_ve
     # znni plan
     zr = None
     try:
-        zr = ZnniRunner(net, budget, cfg.effort, cfg.threads)
+        cap = cfg.max_patch_seconds
+        if isinstance(cap, dict):
+            cap = cap.get(net.name.split("-w")[0], cap.get("*"))
+        zr = ZnniRunner(net, budget, cfg.effort, cfg.threads, cap)
         res["znni_plan"] = {"patch_shape": list(zr.plan.patch_shape), "output_shape": list(zr.plan.output_shape),
                             "pool_modes": list(zr.plan.pool_modes),
                             "primitives": [s.primitive for s in zr.plan.steps if s.op == "conv"],
                             "predicted_voxels_per_s": zr.plan.predicted_voxels_per_s,
                             "predicted_peak_bytes": zr.plan.predicted_peak_bytes,
-                            "plan_seconds": zr.plan_seconds, "describe": zr.plan.describe(max_rejected=4)}
+                            "plan_seconds": zr.plan_seconds, "describe": zr.plan.describe(max_rejected=4),
+                            "capped": zr.capped}
         log(f"  znni plan: patch {zr.plan.patch_shape} pools {zr.plan.pool_modes} "
             f"predicted {zr.plan.predicted_voxels_per_s:,.0f} vox/s (planned in {zr.plan_seconds:.1f}s)")
     except Exception as exc:

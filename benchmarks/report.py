@@ -102,6 +102,12 @@ def width_section(res: dict, png: str | None) -> list[str]:
         r = n["main"]
         if "znni_plan" in r:
             p = r["znni_plan"]
+            if p.get("capped"):
+                c = p["capped"]
+                L += [f"**{n['network']}** (time-capped: the uncapped plan's patch {tuple(c['uncapped_patch'])} "
+                      f"predicts {c['uncapped_predicted_seconds']:.0f} s per patch, "
+                      f"{_k(c['uncapped_predicted_voxels_per_s'])} vox/s; the benchmark used the autotuner's best "
+                      f"patch under {c['max_patch_seconds']:g} s predicted)", ""]
             L += [f"**{n['network']}**: {_plan_short(p)}; predicted {_k(p['predicted_voxels_per_s'])} vox/s, "
                   f"{_g(p['predicted_peak_bytes'])} GiB; planned in {p['plan_seconds']:.1f} s; "
                   f"first (cold) run {r.get('znni_cold_s', float('nan')):.2f} s.", "",
@@ -132,7 +138,13 @@ def width_section(res: dict, png: str | None) -> list[str]:
     L.append("")
 
     # sweep
-    L += [f"### Budget sweep (1 timed run per point{'' if len(cfg['sweep_budgets']) < 2 else ''})", ""]
+    L += ["### Budget sweep", "",
+          "One timed run per method and budget, except the main budget (its rounds, as above). "
+          "Same harness: znni autotuned at each budget, PyTorch dense at its largest fitting edge, naive "
+          "extrapolated from the offsets timed."]
+    if cfg.get("extra", {}).get("sweep_command"):
+        L += ["", f"Sweep command: `{cfg['extra']['sweep_command']}`"]
+    L.append("")
     if png:
         L += [f"![throughput vs memory, width {w}]({png})", ""]
     L += ["| network | budget GiB | znni vox/s (patch) | dense vox/s (edge) | naive vox/s (edge) | znni/dense | znni/naive |",
