@@ -10,15 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from znni_core.plan.timing import cpu_model  # noqa: F401  (one definition, shared with the planner)
 
 
 def cpu_flags() -> set:
