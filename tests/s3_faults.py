@@ -142,6 +142,11 @@ class S3Faults:
         self._thread.start()
         self.endpoint = f"http://127.0.0.1:{self._proxy.server_address[1]}"
         self.direct = f"http://127.0.0.1:{self.upstream_port}"
+        # moto's backends are process-global: every ThreadedMotoServer in this pytest process shares
+        # one store, so a bucket another test filled would leak in here.  Start from an empty store.
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(f"{self.direct}/moto-api/reset", method="POST")).read()
         import boto3
 
         boto3.client("s3", endpoint_url=self.direct, region_name="us-east-1", aws_access_key_id="x",
