@@ -12,6 +12,7 @@ import pytest
 
 import znni_core
 from znni_core.errors import InputError, MemoryBudgetError, PlanError
+from znni_core.net.spec import Conv
 from znni_core.plan import Plan, autotune
 
 from .nets import NETS, make_net
@@ -40,7 +41,7 @@ def test_default_infer_matches_torch_and_naive(name):
         assert max_rel_err(out[(slice(None),) + p], v) <= TOL, p
 
 
-@pytest.mark.parametrize("prim", ["direct-gemm", "direct-numba", "fft-data", "fft-task"])
+@pytest.mark.parametrize("prim", ["direct-gemm", "direct-numba", "fft-data", "fft-task", "fft-stream"])
 @pytest.mark.parametrize("name", ["iso2pool", "aniso"])
 def test_every_primitive_and_pool_mode(name, prim):
     net = make_net(NETS[name], c_in=2 if name == "aniso" else 1, seed=5)
@@ -120,3 +121,33 @@ def test_plan_for_another_network_is_refused():
     plan = autotune(a, memory_budget=2 ** 26)
     with pytest.raises(PlanError, match="another network"):
         znni_core.infer(b, _input(b, (1, 1, 1)), plan=plan)
+
+
+def test_fft_kernel_spectra_built_once_per_run(monkeypatch):
+    """Resident FFT layers are built once and reused by every pooling offset, slab and tile;
+    ``fft-stream`` layers keep nothing and are rebuilt per call (cheap: no kernel cache)."""
+    from znni_core.exec import engine
+
+    net = make_net(NETS["iso2pool"], seed=13)
+    x = _input(net, (9, 7, 8), seed=3)
+    ref = torch_dense(net, x)
+    built = []
+    real = engine.FFTConv
+
+    def counting(*a, **kw):
+        built.append(kw.get("mode"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(engine, "FFTConv", counting)
+    d, f = net.pooling_product, net.field_of_view
+    patch = tuple(a + b - 1 for a, b in zip(d, f))  # smallest patch: many tiles
+    n_conv = sum(1 for l in net.layers if isinstance(l, Conv))
+    for modes in (("pool", "pool"), ("slab:1", "pool")):
+        built.clear()
+        plan = autotune(net, memory_budget=2 ** 30, primitives=("fft-task",), pool_modes=modes, patch_shape=patch)
+        assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL
+        assert built == ["task"] * n_conv, modes
+    built.clear()
+    plan = autotune(net, memory_budget=2 ** 30, primitives=("fft-stream",), pool_modes=("pool", "pool"), patch_shape=patch)
+    assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL
+    assert len(built) > n_conv and set(built) == {"stream"}

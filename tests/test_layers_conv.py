@@ -47,7 +47,7 @@ def all_paths(x, w, b, threads=2):
     k = w.shape[1] * int(np.prod(w.shape[2:]))
     yield "gemm-cols", conv_direct_gemm(x, w, b, max_bytes=4 * (k + w.shape[0]) * 2)
     yield "numba", conv_direct_numba(x, w, b)
-    for mode in ("data", "task"):
+    for mode in ("data", "task", "stream"):
         yield f"fft-{mode}", FFTConv(w, b, x.shape[2:], mode=mode, threads=threads, effort="estimate")(x)
     khat = np.conj(np.fft.rfftn(w, s=fft_shape(x.shape[2:]), axes=(2, 3, 4))).reshape(w.shape[0], w.shape[1], -1)
     yield "fft-xp", _fft_conv_xp(x, khat, b, fft_shape(x.shape[2:]), tuple(

@@ -20,10 +20,17 @@ from ..layers import FFTConv, apply_activation, conv_direct_gemm, conv_direct_nu
 from ..net.spec import Activation, Conv, Network, Pool
 
 
-def _conv_fn(step, layer: Conv, in_spatial, xp):
+def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
     prim = step.primitive
+    if prim == "fft-stream":  # no kernel cache: cheap to build
+        return FFTConv(layer.weight, layer.bias, in_spatial, threads=step.threads, mode="stream", xp=xp)
     if prim.startswith("fft-"):
-        return FFTConv(layer.weight, layer.bias, in_spatial, threads=step.threads, mode=prim[4:], xp=xp)
+        # kernel spectra resident for the whole run: built on the first call, reused by every
+        # pooling offset, slab, micro-batch and patch of the same shape (the plan counts them)
+        key = (step.index, tuple(in_spatial))
+        if key not in convs:
+            convs[key] = FFTConv(layer.weight, layer.bias, in_spatial, threads=step.threads, mode=prim[4:], xp=xp)
+        return convs[key]
     w = layer.weight if xp is np else xp.asarray(layer.weight)
     b = None if layer.bias is None else (layer.bias if xp is np else xp.asarray(layer.bias))
     if prim == "direct-gemm":
@@ -35,8 +42,8 @@ def _conv_fn(step, layer: Conv, in_spatial, xp):
     raise PlanError(f"step {step.index}: unknown convolution primitive {prim!r}")
 
 
-def _run_conv(step, layer: Conv, x, xp):
-    fn = _conv_fn(step, layer, x.shape[2:], xp)
+def _run_conv(step, layer: Conv, x, xp, convs):
+    fn = _conv_fn(step, layer, x.shape[2:], xp, convs)
     n = x.shape[0]
     mb = step.micro_batch or n
     if mb >= n:
@@ -71,7 +78,7 @@ def _gather(n, offsets, run_offset, xp):
     return out.reshape((-1,) + out.shape[3:])
 
 
-def _slab_fragment(steps, layers, k, x, offset, rows, xp):
+def _slab_fragment(steps, layers, k, x, offset, rows, xp, convs):
     """Fragment ``offset`` of pooling layer ``k``, computing layers [0, k) slab by slab in z."""
     window = layers[steps[k].index].window
     g = slab_geometry(layers, x.shape[1], steps[k].index, x.shape[2:], rows)
@@ -81,8 +88,9 @@ def _slab_fragment(steps, layers, k, x, offset, rows, xp):
     my, mx = g["frag"][1:]
     for j0 in range(0, g["frag"][0], g["rows"]):
         j1 = min(j0 + g["rows"], g["frag"][0])
+        j0 = j1 - g["rows"]  # the last slab is shifted back: every slab has one shape (one FFT kernel cache)
         z0 = oz + j0 * window[0]
-        pre = _run(steps[:k], layers, 0, x[:, :, z0:z0 + (j1 - j0) * window[0] + ez - 1], xp)
+        pre = _run(steps[:k], layers, 0, x[:, :, z0:z0 + (j1 - j0) * window[0] + ez - 1], xp, convs)
         sl = (slice(None), slice(None), slice(0, (j1 - j0) * window[0]),
               slice(oy, oy + my * window[1]), slice(ox, ox + mx * window[2]))
         frag[:, :, j0:j1] = max_pool(pre[sl], window)
@@ -90,12 +98,12 @@ def _slab_fragment(steps, layers, k, x, offset, rows, xp):
     return frag
 
 
-def _run(steps, layers, i, x, xp):
+def _run(steps, layers, i, x, xp, convs):
     while i < len(steps):
         step = steps[i]
         layer = layers[step.index]
         if step.op == "conv":
-            x = _run_conv(step, layer, x, xp)
+            x = _run_conv(step, layer, x, xp, convs)
         elif step.op == "act":
             if layer.kind != "identity":
                 x = apply_activation(x, layer.kind, layer.alpha, out=x)
@@ -104,18 +112,20 @@ def _run(steps, layers, i, x, xp):
         else:  # depth-first pooling: each offset through the rest of the network
             offsets = list(itertools.product(*(range(p) for p in layer.window)))
             return _gather(x.shape[0], offsets,
-                           lambda off: _run(steps, layers, i + 1, _fragment(x, layer.window, off), xp), xp)
+                           lambda off: _run(steps, layers, i + 1, _fragment(x, layer.window, off), xp, convs), xp)
         i += 1
     return x
 
 
-def run_patch(plan, net: Network, x, *, xp=np):
+def run_patch(plan, net: Network, x, *, xp=np, convs=None):
     """Dense output ``(C_out, n - F + 1)`` of one input patch ``(C, n)``.
 
     The plan's choices (primitives, pool modes, micro-batches) apply to any patch whose
     output is a multiple of the pooling product; a patch no larger than the plan's stays
-    within its memory budget.
+    within its memory budget.  ``convs``: a dict that keeps the FFT layers (their kernel
+    spectra) between calls; pass the same one for every patch of a run.
     """
+    convs = {} if convs is None else convs
     fov, d = net.field_of_view, net.pooling_product
     if any(n < f or (n - f + 1) % dd for n, f, dd in zip(x.shape[1:], fov, d)):
         raise PlanError(f"patch of shape {tuple(x.shape[1:])}: every axis n needs n >= field of view {fov} "
@@ -134,9 +144,10 @@ def run_patch(plan, net: Network, x, *, xp=np):
         offsets = list(itertools.product(*(range(p) for p in window)))
         xb = x[None]
         y = _gather(1, offsets, lambda off: _run(
-            steps, layers, k + 1, _slab_fragment(steps, layers, k, xb, off, steps[k].micro_batch, xp), xp), xp)
+            steps, layers, k + 1, _slab_fragment(steps, layers, k, xb, off, steps[k].micro_batch, xp, convs), xp, convs),
+            xp)
     else:
-        y = _run(steps, layers, 0, x[None], xp)
+        y = _run(steps, layers, 0, x[None], xp, convs)
     pools = [l.window for l in layers if isinstance(l, Pool)]
     if pools:
         y = recombine(y, pools)

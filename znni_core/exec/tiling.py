@@ -37,6 +37,7 @@ def run_tiled(plan, net, x: np.ndarray, *, xp=np, progress=None) -> np.ndarray:
     tile = [min(t, math.ceil(o / dd) * dd) for t, o, dd in zip(plan.output_shape, out_total, d)]
     result = np.empty((net.out_channels,) + tuple(out_total), dtype=np.float32)
     grids = [tile_starts(o, t) for o, t in zip(out_total, tile)]
+    convs = {}  # FFT kernel spectra, shared by every tile (all tiles have the same shape)
     for start in itertools.product(*grids):
         need = [s + t + f - 1 for s, t, f in zip(start, tile, fov)]
         sl = tuple(slice(s, min(e, n)) for s, e, n in zip(start, need, x.shape[1:]))
@@ -45,7 +46,7 @@ def run_tiled(plan, net, x: np.ndarray, *, xp=np, progress=None) -> np.ndarray:
         if any(p[1] for p in pad):
             patch = np.pad(patch, [(0, 0)] + pad, mode="edge")  # only affects outputs that are cropped
         patch = np.ascontiguousarray(patch) if xp is np else xp.asarray(patch)
-        y = run_patch(plan, net, patch, xp=xp)
+        y = run_patch(plan, net, patch, xp=xp, convs=convs)
         del patch
         if xp is not np:
             y = xp.asnumpy(y)

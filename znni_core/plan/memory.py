@@ -28,8 +28,18 @@ def conv_primitive_bytes(primitive: str, n: int, layer: Conv, in_spatial, thread
     if primitive == "direct-numba":
         return int(L.conv_direct_numba_memory(*args))
     if primitive.startswith("fft-"):
-        return int(L.fft_conv_memory(*args, mode=primitive[4:], threads=threads))
+        # resident kernel spectra are counted once for the whole run: resident_bytes
+        return int(L.fft_conv_memory(*args, mode=primitive[4:], threads=threads, cache=False))
     raise ValueError(f"unknown convolution primitive {primitive!r}")
+
+
+def resident_bytes(primitive: str, layer: Conv, in_spatial) -> int:
+    """Bytes a conv step keeps for the whole run: the kernel spectra of ``fft-data`` /
+    ``fft-task`` (the executor builds them on first use and reuses them for every pooling
+    offset, slab, micro-batch and patch)."""
+    if primitive in ("fft-data", "fft-task"):
+        return int(L.fft_kernel_cache_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial)))
+    return 0
 
 
 def act_extra_bytes(kind: str, shape) -> int:
@@ -54,8 +64,12 @@ def out_spatial(layer, spatial):
     return tuple(spatial)
 
 
-def walk(net: Network, patch_shape, pool_modes, conv_choice, threads: int = 1) -> tuple[list[StepMemory], int]:
+def walk(net: Network, patch_shape, pool_modes, conv_choice, threads: int = 1,
+         resident: int = 0) -> tuple[list[StepMemory], int]:
     """Simulate the executor on ``patch_shape``.
+
+    ``resident``: bytes held for the whole run on top (the resident FFT kernel spectra of
+    the plan's conv choices, :func:`resident_bytes`).
 
     ``pool_modes``: per pooling layer (network order) ``"mpf"`` or ``"pool"``;
     ``conv_choice(layer_index, n, c_in, in_spatial, live) -> (primitive, micro_batch)`` where
@@ -146,7 +160,7 @@ def walk(net: Network, patch_shape, pool_modes, conv_choice, threads: int = 1) -
 
     # held throughout: the input patch and the dense result array the tiler fills
     dense = nbytes((net.out_channels,) + tuple(net.output_shape(patch_shape)))
-    base = nbytes(patch) + dense
+    base = nbytes(patch) + dense + int(resident)
     first_pool = next((i for i, l in enumerate(layers) if isinstance(l, Pool)), None)
     if first_pool is not None and mode_of[first_pool].startswith("slab"):
         final, peak, y_bytes = sim_slab(first_pool, int(mode_of[first_pool].split(":")[1]), patch, base)

@@ -21,7 +21,7 @@ from ..errors import MemoryBudgetError, PlanError
 from ..net.spec import Activation, Conv, Network, Pool
 from . import memory as M
 from . import timing as T
-from .plan import CONV_PRIMITIVES, Plan, Rejected, Step
+from .plan import CONV_PRIMITIVES, RESIDENT_PRIMITIVES, Plan, Rejected, Step
 
 EFFORTS = ("estimate", "measure", "exhaustive")
 DEFAULT_BUDGET_FRACTION = 0.5  # of the RAM available when planning
@@ -94,6 +94,12 @@ class _Timer:
     def estimate(self, prim, n, layer, spatial, micro_batch=None) -> float:
         return T.estimate_conv(prim, n, layer, spatial, self.cal, micro_batch)
 
+    def layer(self, prim, n, layer, spatial, micro_batch, reps, measure=False) -> float:
+        """Seconds of a conv step over the whole patch: ``reps`` calls, plus the one-off
+        build of resident kernel spectra."""
+        return reps * self.conv(prim, n, layer, spatial, micro_batch, measure) + \
+            T.estimate_setup(prim, layer, spatial, self.cal)
+
     def conv(self, prim, n, layer, spatial, micro_batch, measure=False) -> float:
         """Seconds for ``n`` fragments in micro-batches: measured (scaled per call) or estimated."""
         mb = micro_batch or n
@@ -122,42 +128,6 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
         live_max[i] = max(live_max.get(i, 0), live)
         return "direct-gemm", 1
 
-    threads = timer.cal["threads"]
-    M.walk(net, patch, modes, record, threads)  # pass 1: what is alive before each conv (shapes only)
-    decisions, notes = {}, []
-
-    def decide(i, n, c, spatial, live):
-        if i in decisions:
-            return decisions[i]
-        layer = layers[i]
-        room = budget - live_max[i]
-        options = []
-        for prim in primitives:
-            for mb in _micro_batches(n):
-                extra = M.conv_primitive_bytes(prim, mb, layer, spatial, threads) + (M.nbytes((n, layer.out_channels) + M.out_spatial(layer, spatial)) if mb < n else 0)
-                options.append((prim, mb, extra))
-        fitting = [(p, mb, e) for p, mb, e in options if e <= room]
-        if not fitting:
-            p, mb, e = min(options, key=lambda o: o[2])
-            decisions[i] = (p, mb)
-            return decisions[i]
-        est = sorted((timer.estimate(p, n, layer, spatial, mb), p, mb) for p, mb, _ in fitting)
-        if timer.meas is not None and (measure or timer.measure_all):
-            short = [o for o in est if o[0] <= 3 * est[0][0]][:SHORTLIST]
-            timed = sorted((timer.conv(p, n, layer, spatial, mb, True), p, mb) for _, p, mb in short)
-        else:
-            timed = est
-        decisions[i] = (timed[0][1], timed[0][2])
-        best_t = timed[0][0]
-        for p in primitives:  # faster whole-batch alternatives refused for memory
-            e = M.conv_primitive_bytes(p, n, layer, spatial, threads)
-            if e > room:
-                t = timer.conv(p, n, layer, spatial, n)
-                if t < best_t:
-                    notes.append(Rejected(f"layer {i} {p} (batch {n})", f"needs {_fmt(live_max[i] + e)} > budget {_fmt(budget)}"))
-        return decisions[i]
-
-    steps_mem, peak = M.walk(net, patch, modes, decide, threads)
     # repeats: steps after a depth-first pool run once per offset
     repeat, reps, mode_iter = 1, {}, iter(modes)
     for i, layer in enumerate(layers):
@@ -170,23 +140,74 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
                     reps[j] = math.prod(layer.window) * g["n_slabs"]
             if mode != "mpf":
                 repeat *= math.prod(layer.window)
+    threads = timer.cal["threads"]
+    M.walk(net, patch, modes, record, threads)  # pass 1: what is alive before each conv (shapes only)
+    no_cache: set[int] = set()  # layers refused resident kernel spectra (they did not fit)
+    while True:
+        decisions, notes, resident = {}, [], {}
+
+        def decide(i, n, c, spatial, live):
+            if i in decisions:
+                return decisions[i]
+            layer = layers[i]
+            room = budget - live_max[i] - sum(resident.values())
+            options = []
+            allowed = [p for p in primitives if not (i in no_cache and p in RESIDENT_PRIMITIVES)] or primitives
+            for prim in allowed:
+                keep = M.resident_bytes(prim, layer, spatial)
+                for mb in _micro_batches(n):
+                    out = M.nbytes((n, layer.out_channels) + M.out_spatial(layer, spatial)) if mb < n else 0
+                    options.append((prim, mb, M.conv_primitive_bytes(prim, mb, layer, spatial, threads) + out + keep))
+            fitting = [(p, mb, e) for p, mb, e in options if e <= room]
+            if not fitting:
+                p, mb, e = min(options, key=lambda o: o[2])
+                decisions[i] = (p, mb)
+                return decisions[i]
+            est = sorted((timer.layer(p, n, layer, spatial, mb, reps[i]), p, mb) for p, mb, _ in fitting)
+            if timer.meas is not None and (measure or timer.measure_all):
+                short = [o for o in est if o[0] <= 3 * est[0][0]][:SHORTLIST]
+                timed = sorted((timer.layer(p, n, layer, spatial, mb, reps[i], True), p, mb) for _, p, mb in short)
+            else:
+                timed = est
+            decisions[i] = (timed[0][1], timed[0][2])
+            resident[i] = M.resident_bytes(timed[0][1], layer, spatial)
+            best_t = timed[0][0]
+            for p in primitives:  # faster whole-batch alternatives refused for memory
+                e = M.conv_primitive_bytes(p, n, layer, spatial, threads) + M.resident_bytes(p, layer, spatial)
+                if e > room:
+                    t = timer.layer(p, n, layer, spatial, n, reps[i])
+                    if t < best_t:
+                        notes.append(Rejected(f"layer {i} {p} (batch {n})", f"needs {_fmt(live_max[i] + e)} > budget {_fmt(budget)}"))
+            return decisions[i]
+
+        M.walk(net, patch, modes, decide, threads)  # pass 2: choices, layer by layer
+        held = sum(resident.values())
+        steps_mem, peak = M.walk(net, patch, modes, lambda i, *a: decisions[i], threads, resident=held)
+        if peak <= budget or not held:
+            break
+        # the resident spectra chosen layer by layer do not fit together: drop the largest, re-decide
+        largest = max(resident, key=resident.get)
+        if largest in no_cache:  # only resident primitives allowed: the candidate does not fit
+            break
+        no_cache.add(largest)
     steps, total = [], 0.0
     for sm in steps_mem:
         layer = layers[sm.index]
         if isinstance(layer, Conv):
             prim, mb = decisions[sm.index]
             n = sm.in_shape[0]
-            t = timer.conv(prim, n, layer, sm.in_shape[2:], mb, measure)
+            t = timer.layer(prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], measure)
             prim_name, mbv = prim, (0 if mb >= n else mb)
         elif isinstance(layer, Activation):
             t = T.estimate_elementwise(M.nbytes(sm.in_shape), timer.cal, 1.0 if layer.kind == "identity" else 2.0)
             prim_name, mbv = layer.kind, 0
+            t *= reps[sm.index]
         else:
             t = T.estimate_elementwise(M.nbytes(sm.in_shape), timer.cal, 1.5)
             mode = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)]
             prim_name, _, rows = mode.partition(":")
             mbv = int(rows or 0)
-        t *= reps[sm.index]
+            t *= reps[sm.index]
         total += t
         steps.append(Step(sm.index, sm.op, prim_name, sm.in_shape, sm.out_shape, mbv, timer.cal["threads"], t, sm.peak))
     out_vox = math.prod(net.output_shape(patch))
