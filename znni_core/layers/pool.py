@@ -15,7 +15,10 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
+
 from ..errors import InputError
+from ._numba import njit, prange
 from .xp import get_array_module
 
 __all__ = [
@@ -46,11 +49,62 @@ def _check5(x):
         raise InputError(f"expected a 5-D (N, C, Z, Y, X) array, got shape {x.shape}")
 
 
+@njit(parallel=True, cache=True, fastmath=True)
+def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compiled
+    """``out[n, k, c] = max_pool(x[n, c, oz:, oy:, ox:], p)`` for every offset ``offs[k]``.
+
+    Parallel over (item, channel).  Per fragment plane: the max over the ``p0`` input
+    planes (contiguous rows, vectorised) into a plane buffer that stays in cache, shared
+    by the consecutive offsets with the same ``oz``, then the in-plane windows from that
+    buffer; no strided pass over the whole array.
+    """
+    N, C, Z, Y, X = x.shape
+    K, m0, m1, m2 = out.shape[1], out.shape[3], out.shape[4], out.shape[5]
+    for t in prange(N * C):
+        n = t // C
+        c = t % C
+        plane = np.empty((Y, X), np.float32)
+        for i in range(m0):
+            for k in range(K):
+                oz, oy, ox = offs[k, 0], offs[k, 1], offs[k, 2]
+                if k == 0 or oz != offs[k - 1, 0]:  # offsets sharing oz share the plane max
+                    z0 = oz + i * p0
+                    plane[:, :] = x[n, c, z0]
+                    for u in range(1, p0):
+                        src = x[n, c, z0 + u]
+                        for yy in range(Y):
+                            row, srow = plane[yy], src[yy]
+                            for xx in range(X):
+                                if srow[xx] > row[xx]:
+                                    row[xx] = srow[xx]
+                dst = out[n, k, c, i]
+                for j in range(m1):
+                    y0 = oy + j * p1
+                    drow = dst[j]
+                    for l in range(m2):
+                        x0 = ox + l * p2
+                        v = plane[y0, x0]
+                        for w in range(p1):
+                            prow = plane[y0 + w]
+                            for s in range(p2):
+                                if prow[x0 + s] > v:
+                                    v = prow[x0 + s]
+                        drow[l] = v
+
+
+def _pool_offsets(x, p, m, offsets, out):
+    """numpy fast path: ``out`` (N, K, C, *m) gets the pooled fragment of every offset."""
+    # views (a slab, a shifted window) are read in place: numba takes any strides
+    _pool_offsets_kernel(x, p[0], p[1], p[2], np.asarray(offsets, dtype=np.int64).reshape(-1, 3), out)
+    return out
+
+
 def _pool_into(x, p, m, out):
     """``out = max over the window`` of non-overlapping windows starting at 0.
 
     One strided view per window offset, accumulated with ``maximum(..., out=out)``:
-    no temporary larger than ``out``.
+    no temporary larger than ``out`` (the generic ``xp`` path; numpy uses the numba
+    kernel above).
     """
     xp = get_array_module(x)
     first = True
@@ -89,6 +143,9 @@ def max_pool(x, p):
     if min(m) < 1:
         raise InputError(f"input spatial shape {x.shape[2:]} is smaller than the pooling window {p}")
     xp = get_array_module(x)
+    if xp is np and x.dtype == np.float32:
+        out = np.empty((x.shape[0], 1, x.shape[1]) + m, dtype=np.float32)
+        return _pool_offsets(x, p, m, [(0, 0, 0)], out)[:, 0]
     out = xp.empty(x.shape[:2] + m, dtype=x.dtype)
     return _pool_into(x, p, m, out)
 
@@ -125,7 +182,10 @@ def mpf(x, p):
     n, c = x.shape[:2]
     P = math.prod(p)
     out = xp.empty((n, P, c) + m, dtype=x.dtype)
-    for k, (a, b, d) in enumerate(itertools.product(range(p[0]), range(p[1]), range(p[2]))):
+    offsets = list(itertools.product(range(p[0]), range(p[1]), range(p[2])))
+    if xp is np and x.dtype == np.float32:
+        return _pool_offsets(x, p, m, offsets, out).reshape((n * P, c) + m)
+    for k, (a, b, d) in enumerate(offsets):
         _pool_into(x[:, :, a:, b:, d:], p, m, out[:, k])
     return out.reshape((n * P, c) + m)
 

@@ -20,7 +20,7 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 3  # bump when the models or the calibration change
+CALIBRATION_VERSION = 4  # bump when the models or the calibration change
 
 
 def cache_dir() -> Path:
@@ -116,7 +116,19 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
 
 # FFT calibration shapes: a 48^3 transform (a typical fragment size), two mixes of
 # transforms vs multiply-adds so the two rates separate, kernel 5^3
-_FFT_CAL = {"size": 48, "kernel": 5, "mixes": ((1, 24), (16, 4))}  # (N, C) with C_in = C_out = C
+_FFT_CAL = {"size": 48, "kernel": 5, "mixes": ((1, 24), (16, 4)),  # (N, C) with C_in = C_out = C
+            "large": 96, "large_mix": (1, 16)}  # a second size: transforms slow down out of cache
+
+
+def _size_factor(v: float, rates: dict, part: str, mode: str | None = None) -> float:
+    """Slow-down of an FFT term at transform volume ``v`` relative to the calibration size:
+    interpolated in log(v) between the two calibrated sizes (extrapolated up to 1.5x the span; never faster than at the first size)."""
+    sf = rates.get("size")
+    if not sf:
+        return 1.0
+    f = sf[part][mode] if mode else sf[part]
+    e = math.log(v / sf["v0"]) / math.log(sf["v1"] / sf["v0"])
+    return float(f ** min(max(e, 0.0), 1.5))
 
 
 def _fft_rates(threads: int) -> dict:
@@ -160,6 +172,26 @@ def _fft_rates(threads: int) -> dict:
     stream_extra = calls[("stream", n1, c1)] - calls[("task", n1, c1)]
     rates["stream"] = dict(task, s_per_kernel_vlogv=max(stream_extra, 0.05 * calls[("task", n1, c1)]) / kern)
     rates["build_s_per_kernel_vlogv"] = builds[c1] / kern
+    # the same model at the large size: its error there is the size factor
+    m1, (n, c) = _FFT_CAL["large"], _FFT_CAL["large_mix"]
+    v1 = float(m1 ** 3)
+    vlog1 = v1 * math.log2(v1)
+    x = rng.standard_normal((n, c, m1, m1, m1), dtype=np.float32)
+    w = rng.standard_normal((c, c, k, k, k), dtype=np.float32)
+    size = {"v0": v, "v1": v1, "call": {}}
+    for mode in ("data", "task"):
+        t0 = time.perf_counter()
+        conv = L.FFTConv(w, None, (m1,) * 3, threads=threads, mode=mode)
+        if mode == "task":
+            size["build"] = max(1.0, (time.perf_counter() - t0) / (c * c * vlog1 * rates["build_s_per_kernel_vlogv"]))
+        t = _best_of(lambda: conv(x), repeats=1)
+        r = rates[mode]
+        size["call"][mode] = max(1.0, t / (n * 2 * c * vlog1 * r["s_per_vlogv"] + n * c * c * v1 / 2 * r["s_per_mac"]))
+    size["call"]["stream"] = size["call"]["task"]
+    conv = L.FFTConv(w, None, (m1,) * 3, threads=threads, mode="stream")
+    t = _best_of(lambda: conv(x), repeats=1) - t
+    size["kernel"] = max(1.0, t / (c * c * vlog1 * rates["stream"]["s_per_kernel_vlogv"]))
+    rates["size"] = size
     return rates
 
 
@@ -181,10 +213,12 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     v = math.prod(L.fft_shape(in_spatial))
     vlog = v * math.log2(max(v, 2))
     calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
+    mode, rates = primitive[4:], cal["fft"]
     t = n * (cin + cout) * vlog * r["s_per_vlogv"] + n * cin * cout * (v / 2) * r["s_per_mac"]
+    t *= _size_factor(v, rates, "call", mode)
     t += (calls - 1) * 1e-4 * (cin + cout)  # every micro-batch pays its own transform set-up
     if primitive == "fft-stream":
-        t += calls * cin * cout * vlog * r["s_per_kernel_vlogv"]
+        t += calls * cin * cout * vlog * r["s_per_kernel_vlogv"] * _size_factor(v, rates, "kernel")
     return t
 
 
@@ -193,7 +227,8 @@ def estimate_setup(primitive: str, layer: Conv, in_spatial, cal: dict) -> float:
     if primitive not in ("fft-data", "fft-task"):
         return 0.0
     v = math.prod(L.fft_shape(in_spatial))
-    return layer.in_channels * layer.out_channels * v * math.log2(max(v, 2)) * cal["fft"]["build_s_per_kernel_vlogv"]
+    rate = cal["fft"]["build_s_per_kernel_vlogv"] * _size_factor(v, cal["fft"], "build")
+    return layer.in_channels * layer.out_channels * v * math.log2(max(v, 2)) * rate
 
 
 def estimate_elementwise(shape_bytes: int, cal: dict, passes: float = 2.0) -> float:
