@@ -5,6 +5,7 @@
         s3.rule("PUT", "8_8_40/", "503", times=2)   # the first two chunk PUTs answer 503
         ... use s3.endpoint (the proxy) as endpoint_url ...
         s3.log                          # [(method, path, action)] of every request seen
+        s3.access_keys                  # the access key id (never the secret) that signed each of them
 
 Actions: ``503`` / ``500`` / ``403`` (an S3 XML error, request not forwarded), ``reset`` (the
 connection is closed without an answer), ``corrupt`` (forwarded; one byte of the response body,
@@ -13,6 +14,7 @@ or of a PUT body, is flipped: headers such as ETag are left as they were).
 from __future__ import annotations
 
 import http.client
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -58,6 +60,8 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body()
         action = s._action(self.command, self.path)
         s.log.append((self.command, self.path, action or "ok"))
+        m = re.search(r"Credential=([^/,\s]+)/", self.headers.get("Authorization", ""))
+        s.access_keys.append(m.group(1) if m else None)
         if action == "reset":
             self.close_connection = True
             self.connection.close()
@@ -107,6 +111,7 @@ class S3Faults:
     def __init__(self, bucket: str = "znni"):
         self.bucket = bucket
         self.log: list[tuple[str, str, str]] = []
+        self.access_keys: list[str | None] = []   # the access key id that signed each request of ``log``
         self._rules: list[_Rule] = []
         self._lock = threading.Lock()
 

@@ -44,3 +44,11 @@ class DataError(ZnniError, RuntimeError):
 
 class NonFiniteError(DataError):
     """NaN or Inf appeared where only finite values are allowed."""
+
+
+class StorageError(DataError):
+    """A storage request failed: refused by the server, or still failing after bounded retries."""
+
+
+class StoragePermissionError(StorageError):
+    """The storage refused access (HTTP 403, bad or missing credentials): permanent, never retried."""

@@ -6,6 +6,10 @@ ignored endpoint aliases).  Writes bypass cloud-volume: one whole output chunk a
 atomically on ``file://`` (:func:`~znni_core.io.atomic.atomic_write`) or as one object PUT on
 ``gs://``/``s3://``, then read back and checked against its sha256.  A chunk has exactly one
 representation: writing ``name`` removes ``name.gz`` and vice versa (RELIABILITY T17).
+
+On ``s3://`` the chunk, ``info`` and ``provenance`` requests go through :mod:`znni_core.io.s3`
+(bounded retries of 5xx/throttling/resets, none of 403 and other client errors, RELIABILITY T7),
+not cloudfiles, whose fixed 7-attempt retry of every error cannot be configured.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from ..geometry import ChunkGrid, Coordinate, Roi
 from .atomic import atomic_write, clean_stale_temporaries
 from .info import ScaleSpec, scale_spec, validate_info
 from .paths import LayerURL, check_key
+from .s3 import S3Objects
 
 COMPRESSIONS = ("none", "gzip")
 _SUFFIXES = {"none": "", "gzip": ".gz"}
@@ -51,6 +56,22 @@ def _cloudfiles(url: LayerURL):
     return CloudFiles(url.cloudpath(), progress=False)
 
 
+def _s3_bytes(s3: S3Objects, name: str) -> bytes | None:
+    """Decoded body of an object (gzip Content-Encoding undone), or None if absent."""
+    got = s3.get(name)
+    if got is None:
+        return None
+    data, enc = got
+    if enc in ("gzip", "x-gzip"):
+        try:
+            return gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise DataError(f"{s3.where(name)} is stored with gzip encoding but is not valid gzip: {exc}") from exc
+    if enc not in ("", "identity"):
+        raise DataError(f"{s3.where(name)} has Content-Encoding {enc!r}; znni reads raw and gzip objects only")
+    return data
+
+
 def read_json(url: LayerURL, name: str):
     """A small JSON file of the layer, or None if absent."""
     if url.is_local:
@@ -61,7 +82,7 @@ def read_json(url: LayerURL, name: str):
             return json.loads(p.read_text())
         except json.JSONDecodeError as exc:
             raise DataError(f"{url}/{name} is not valid JSON: {exc}") from exc
-    data = _cloudfiles(url).get(name)
+    data = _s3_bytes(S3Objects(url), name) if url.protocol == "s3" else _cloudfiles(url).get(name)
     if data is None:
         return None
     try:
@@ -74,6 +95,12 @@ def write_json(url: LayerURL, name: str, obj, *, exclusive: bool = False) -> boo
     data = json.dumps(obj, indent=2, sort_keys=True).encode()
     if url.is_local:
         return atomic_write(url.local_path / name, data, exclusive=exclusive)
+    if url.protocol == "s3":
+        s3 = S3Objects(url)
+        if exclusive and s3.exists(name):
+            return False
+        s3.put(name, data, content_type="application/json", cache_control="no-cache")
+        return True
     cf = _cloudfiles(url)
     if exclusive and cf.exists(name):
         return False
@@ -145,6 +172,10 @@ class PrecomputedLayer:
                            bounded=True, progress=False, cache=False, info=self.info, green_threads=False,
                            lru_bytes=0)
 
+    @cached_property
+    def _s3(self) -> S3Objects:
+        return S3Objects(self.url)
+
     def missing_chunks(self, roi: Roi) -> list[str]:
         """Names of the stored chunks under ``roi`` that are absent or 0 bytes."""
         names = [self.chunk_name(i) for i in self.grid.chunks_in(roi)]
@@ -155,7 +186,7 @@ class PrecomputedLayer:
             return [n for n in names
                     if not any((root / (n + s)).is_file() and (root / (n + s)).stat().st_size > 0
                                for s in _ALL_SUFFIXES)]
-        sizes = _cloudfiles(self.url).size(names)
+        sizes = self._s3.sizes(names) if self.url.protocol == "s3" else _cloudfiles(self.url).size(names)
         return [n for n in names if not sizes.get(n)]
 
     def read(self, roi: Roi, *, fill_missing: bool = False) -> tuple[np.ndarray, list[str]]:
@@ -219,6 +250,11 @@ class PrecomputedLayer:
                 if s != _SUFFIXES[compress]:
                     (self.url.local_path / (name + s)).unlink(missing_ok=True)
             clean_stale_temporaries(path.parent, os.path.basename(name))
+        elif self.url.protocol == "s3":
+            # one PUT (Content-MD5 checked by the server); a failure raises StorageError naming the key
+            data = gzip.compress(raw, compresslevel=6, mtime=0) if compress == "gzip" else raw
+            self._s3.put(name, data, content_type="application/octet-stream",
+                         content_encoding="gzip" if compress == "gzip" else None, cache_control="no-cache")
         else:
             _cloudfiles(self.url).put(name, raw, content_type="application/octet-stream",
                                       compress="gzip" if compress == "gzip" else None, cache_control="no-cache")
@@ -243,6 +279,8 @@ class PrecomputedLayer:
             elif found[0] != "":
                 raise DataError(f"chunk {name}{found[0]}: znni only verifies raw and gzip chunks")
             return data
+        if self.url.protocol == "s3":
+            return _s3_bytes(self._s3, name)  # errors are StorageError / DataError naming the key
         try:
             return _cloudfiles(self.url).get(name)
         except Exception as exc:  # e.g. an MD5 mismatch on the wire (RELIABILITY T8): never silent garbage
@@ -271,6 +309,8 @@ class PrecomputedLayer:
         if self.url.is_local:
             for s in _ALL_SUFFIXES:
                 (self.url.local_path / (name + s)).unlink(missing_ok=True)
+        elif self.url.protocol == "s3":
+            self._s3.delete(name)
         else:
             _cloudfiles(self.url).delete(name)
 

@@ -1,0 +1,256 @@
+"""znni's own object I/O for ``s3://`` layers: bounded retries of transient errors, none of permanent ones.
+
+cloudfiles (under cloud-volume) wraps every ``S3Interface`` call in tenacity ``@retry`` (7 attempts,
+random exponential backoff 0.5-60 s, on *every* exception) on top of boto3's own retries, and offers
+no setting to change that: a permanent 403 was PUT 7 times over 20-60 s before the error surfaced
+(RELIABILITY T7).  The objects znni writes and reads itself on ``s3://`` (output chunks, ``info``,
+``provenance``) therefore go through one boto3 client per endpoint, bucket and credentials:
+
+* botocore's ``standard`` retry mode, :data:`MAX_ATTEMPTS` attempts in all: HTTP 500/502/503/504,
+  throttling (``SlowDown``), ``RequestTimeout`` and connection errors (reset, refused, timeouts) are
+  retried with jittered exponential backoff (base 50 ms, 1 s when throttled, each wait capped at 20 s);
+* every other answer (403 ``AccessDenied``, 404 ``NoSuchBucket``, 400 ``BadDigest``, ...) fails at the
+  first response, as a :class:`~znni_core.errors.StorageError` naming the object and the fix;
+* :data:`CONNECT_TIMEOUT` / :data:`READ_TIMEOUT` seconds per attempt.
+
+Credentials are looked up as cloudfiles does (``<bucket>-<service>-secret.json`` then
+``<service>-secret.json`` in the cloud-volume / cloudfiles secrets directories, where the service is
+znni's endpoint alias or ``aws``), and otherwise from boto3's default chain (``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, profiles, instance roles).  Secrets never appear in
+messages.  Inputs are still read through cloud-volume (and so cloudfiles' retries).
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import DataError, StorageError, StoragePermissionError
+from .paths import LayerURL, s3_alias
+
+MAX_ATTEMPTS = 5        # first try included; ZNNI_S3_MAX_ATTEMPTS overrides (1-20)
+CONNECT_TIMEOUT = 10.0  # seconds, per attempt
+READ_TIMEOUT = 60.0     # seconds without a byte, per attempt
+ACL = "bucket-owner-full-control"  # what cloudfiles sets on its PUTs
+
+_PERMISSION_CODES = {"403", "AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                     "ExpiredToken", "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled",
+                     "AccountProblem", "InvalidSecurity"}
+_DIGEST_CODES = {"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "XAmzContentChecksumMismatch"}
+_MD5_ETAG = re.compile(r"^[0-9a-fA-F]{32}$")
+
+_clients: dict = {}
+_lock = threading.Lock()
+
+
+def max_attempts() -> int:
+    v = os.environ.get("ZNNI_S3_MAX_ATTEMPTS")
+    if not v:
+        return MAX_ATTEMPTS
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 20:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"ZNNI_S3_MAX_ATTEMPTS={v!r} must be an integer from 1 to 20 (attempts per S3 request)")
+    return n
+
+
+def _service(url: LayerURL) -> str:
+    return s3_alias(url.endpoint) if url.endpoint else "aws"
+
+
+def _secret_file(bucket: str, service: str) -> dict:
+    """The first cloud-volume/cloudfiles secrets file that exists (cloudfiles' own lookup order), or {}."""
+    from cloudfiles.secrets import secretpath
+
+    for name in (f"{bucket}-{service}-secret.json", f"{service}-secret.json"):
+        p = secretpath(name)
+        if os.path.exists(p):
+            try:
+                with open(p) as f:
+                    d = json.load(f)
+            except (OSError, ValueError) as exc:
+                raise StoragePermissionError(f"S3 credentials file {p} could not be read ({type(exc).__name__}); "
+                                             "fix or remove it") from None
+            if not isinstance(d, dict):
+                raise StoragePermissionError(f"S3 credentials file {p} must hold a JSON object")
+            return d
+    return {}
+
+
+class S3Objects:
+    """Objects under one ``s3://bucket/prefix`` layer; keys are relative to the layer."""
+
+    def __init__(self, url: LayerURL):
+        if url.protocol != "s3":
+            raise ValueError(f"{url} is not an s3:// layer")
+        self.url = url
+        self.bucket, _, self.prefix = url.path.partition("/")
+        self.service = _service(url)
+        self.attempts = max_attempts()
+        self.client = self._client()
+
+    # ---- client --------------------------------------------------------------------------------
+    def _client(self):
+        secrets = _secret_file(self.bucket, self.service)
+        key_id = secrets.get("AWS_ACCESS_KEY_ID")
+        secret = secrets.get("AWS_SECRET_ACCESS_KEY")
+        token = secrets.get("AWS_SESSION_TOKEN")
+        region = secrets.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        # the cache key holds a digest of the credentials, never the secret itself
+        fp = hashlib.sha256(repr((key_id, secret, token)).encode()).hexdigest()
+        env = tuple(os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                                                 "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"))
+        ck = (os.getpid(), self.url.endpoint, region, fp, hashlib.sha256(repr(env).encode()).hexdigest(),
+              self.attempts)
+        with _lock:
+            c = _clients.get(ck)
+            if c is None:
+                import boto3
+                from botocore.config import Config
+
+                cfg = {"retries": {"mode": "standard", "total_max_attempts": self.attempts},  # first try included
+                       "connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT}
+                if self.url.endpoint:
+                    # S3-compatible servers often lack the trailing-checksum (aws-chunked) uploads that
+                    # botocore sends by default; cloudfiles makes the same choice.  Content-MD5 is sent instead.
+                    cfg.update(request_checksum_calculation="when_required",
+                               response_checksum_validation="when_required")
+                # a fresh session per client: boto3's default session is not thread-safe
+                c = boto3.session.Session().client(
+                    "s3", endpoint_url=self.url.endpoint or None, region_name=region,
+                    aws_access_key_id=key_id, aws_secret_access_key=secret, aws_session_token=token,
+                    config=Config(**cfg))
+                _clients[ck] = c
+        return c
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def where(self, name: str) -> str:
+        at = f" (endpoint {self.url.endpoint})" if self.url.endpoint else ""
+        return f"s3://{self.bucket}/{self.key(name)}{at}"
+
+    # ---- errors --------------------------------------------------------------------------------
+    def _error(self, exc: Exception, op: str, name: str) -> Exception:
+        """A znni error for a failed request: what, where, why, how many attempts, the fix."""
+        from botocore.exceptions import (BotoCoreError, ClientError, NoCredentialsError,
+                                         PartialCredentialsError)
+
+        where = self.where(name)
+        action = {"PUT": "s3:PutObject", "GET": "s3:GetObject", "HEAD": "s3:GetObject (and s3:ListBucket)",
+                  "DELETE": "s3:DeleteObject"}[op]
+        if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+            return StoragePermissionError(
+                f"{op} {where}: no usable S3 credentials ({type(exc).__name__}); set AWS_ACCESS_KEY_ID and "
+                f"AWS_SECRET_ACCESS_KEY, or write {self.service}-secret.json in the cloud-volume secrets directory")
+        if isinstance(exc, ClientError):
+            err = exc.response.get("Error", {})
+            meta = exc.response.get("ResponseMetadata", {})
+            code = str(err.get("Code") or "")
+            status = int(meta.get("HTTPStatusCode") or (code if code.isdigit() else 0))
+            tries = int(meta.get("RetryAttempts") or 0) + 1
+            msg = err.get("Message") or ""
+            what = f"HTTP {status} {code}" + (f": {msg}" if msg and msg != code else "")
+            if status == 403 or code in _PERMISSION_CODES:
+                return StoragePermissionError(
+                    f"{op} {where} was refused: {what}. This is permanent and was not retried "
+                    f"({tries} request). Check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or "
+                    f"{self.service}-secret.json in the cloud-volume secrets directory) and the bucket policy: "
+                    f"they must allow {action} on this key; then re-run the task.")
+            if code in _DIGEST_CODES:
+                return DataError(
+                    f"{op} {where}: the server's md5/checksum of the uploaded body did not match ({what}): the "
+                    "chunk was corrupted in transit and not stored; re-run its task")
+            if code == "NoSuchBucket":
+                return StorageError(f"{op} {where}: {what}; check the bucket name in the path and endpoint_url")
+            if status >= 500 or status == 429 or code in ("SlowDown", "RequestTimeout", "Throttling"):
+                return StorageError(
+                    f"{op} {where}: still failing after {tries} attempts with bounded backoff ({what}); the "
+                    "server is unavailable or throttling: re-run the task later")
+            return StorageError(f"{op} {where} was refused: {what}; not retried (a client error); check the path, "
+                                "endpoint_url and the bucket's configuration")
+        if isinstance(exc, BotoCoreError):
+            return StorageError(
+                f"{op} {where}: {type(exc).__name__}: {exc} (after up to {self.attempts} attempts with bounded "
+                "backoff); check that the endpoint is reachable, then re-run the task")
+        return StorageError(f"{op} {where}: {type(exc).__name__}: {exc}")
+
+    def _call(self, op: str, name: str, fn, **kw):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn(Bucket=self.bucket, Key=self.key(name), **kw)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, op, name) from exc
+
+    # ---- objects ---------------------------------------------------------------------------------
+    def put(self, name: str, data: bytes, *, content_type: str, content_encoding: str | None = None,
+            cache_control: str | None = "no-cache") -> None:
+        """One PUT of the whole object, with Content-MD5 so the server rejects a body corrupted in transit."""
+        kw = {"Body": data, "ContentType": content_type, "ACL": ACL,
+              "ContentMD5": base64.b64encode(hashlib.md5(data).digest()).decode()}
+        if content_encoding:
+            kw["ContentEncoding"] = content_encoding
+        if cache_control:
+            kw["CacheControl"] = cache_control
+        self._call("PUT", name, self.client.put_object, **kw)
+
+    def get(self, name: str) -> tuple[bytes, str] | None:
+        """``(body, content_encoding)`` or None if the object does not exist.
+
+        A body whose md5 differs from a single-part ETag raises :class:`DataError` (RELIABILITY T8).
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            r = self.client.get_object(Bucket=self.bucket, Key=self.key(name))
+            body = r["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise self._error(exc, "GET", name) from exc
+        except BotoCoreError as exc:
+            raise self._error(exc, "GET", name) from exc
+        etag = (r.get("ETag") or "").strip('"')
+        if _MD5_ETAG.match(etag) and r.get("ServerSideEncryption") != "aws:kms":
+            got = hashlib.md5(body).hexdigest()
+            if got != etag.lower():
+                raise DataError(f"GET {self.where(name)}: the body's md5 {got} != the server's ETag {etag} "
+                                "(corrupted in transit); retry, or re-run the task that wrote it")
+        enc = ",".join(e.strip() for e in (r.get("ContentEncoding") or "").split(",")
+                       if e.strip() and e.strip() != "aws-chunked")
+        return body, enc
+
+    def size(self, name: str) -> int | None:
+        """Bytes of the object, or None if it does not exist."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            r = self.client.head_object(Bucket=self.bucket, Key=self.key(name))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise self._error(exc, "HEAD", name) from exc
+        except BotoCoreError as exc:
+            raise self._error(exc, "HEAD", name) from exc
+        return int(r.get("ContentLength") or 0)
+
+    def sizes(self, names: list[str], threads: int = 8) -> dict[str, int | None]:
+        if len(names) <= 1:
+            return {n: self.size(n) for n in names}
+        with ThreadPoolExecutor(max_workers=min(threads, len(names))) as ex:
+            return dict(zip(names, ex.map(self.size, names)))
+
+    def exists(self, name: str) -> bool:
+        return self.size(name) is not None
+
+    def delete(self, name: str) -> None:
+        self._call("DELETE", name, self.client.delete_object)
