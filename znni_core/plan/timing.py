@@ -20,7 +20,7 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 4  # bump when the models or the calibration change
+CALIBRATION_VERSION = 5  # bump when the models or the calibration change
 
 
 def cache_dir() -> Path:
@@ -105,10 +105,16 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
     flops = 2 * 24 * 24 * 27 * 32 ** 3
     gemm = flops / _best_of(lambda: L.conv_direct_gemm(x, w))
     numba_rate = flops / _best_of(lambda: L.conv_direct_numba(x, w))
+    # a first layer (one input channel): a short reduction (K = 27), far from BLAS peak
+    x1 = rng.standard_normal((1, 1, 66, 66, 66), dtype=np.float32)
+    w1 = rng.standard_normal((24, 1, 3, 3, 3), dtype=np.float32)
+    flops1 = 2 * 24 * 27 * 64 ** 3
+    direct_points = {"gemm": [[27, flops1 / _best_of(lambda: L.conv_direct_gemm(x1, w1))], [24 * 27, gemm]],
+                     "numba": [[27, flops1 / _best_of(lambda: L.conv_direct_numba(x1, w1))], [24 * 27, numba_rate]]}
     rates = _fft_rates(threads)
     big = np.empty(2 ** 24, dtype=np.float32)
     bw = big.nbytes * 2 / _best_of(lambda: np.maximum(big, 0, out=big))
-    cal = {"gemm_flops": gemm, "numba_flops": numba_rate, "fft": rates, "mem_bw": bw,
+    cal = {"gemm_flops": gemm, "numba_flops": numba_rate, "direct_points": direct_points, "fft": rates, "mem_bw": bw,
            "cpu": cpu_model(), "threads": threads}
     cache.put(key, cal)
     return cal
@@ -204,11 +210,8 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     out = [s - k + 1 for s, k in zip(in_spatial, layer.kernel)]
     cin, cout = layer.in_channels, layer.out_channels
     flops = 2.0 * n * cin * cout * math.prod(layer.kernel) * math.prod(out)
-    if primitive == "direct-gemm":
-        lowered = n * cin * math.prod(layer.kernel) * math.prod(out) * F32
-        return flops / cal["gemm_flops"] + lowered / cal["mem_bw"]
-    if primitive == "direct-numba":
-        return flops / cal["numba_flops"]
+    if primitive in ("direct-gemm", "direct-numba"):
+        return flops / _direct_rate(primitive[7:], cin * math.prod(layer.kernel), cal)
     r = cal["fft"][primitive[4:]]
     v = math.prod(L.fft_shape(in_spatial))
     vlog = v * math.log2(max(v, 2))
@@ -220,6 +223,14 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     if primitive == "fft-stream":
         t += calls * cin * cout * vlog * r["s_per_kernel_vlogv"] * _size_factor(v, rates, "kernel")
     return t
+
+
+def _direct_rate(kind: str, k: int, cal: dict) -> float:
+    """FLOP/s of a direct conv with reduction length ``k = C_in * prod(kernel)``: log-log
+    interpolation between the calibrated points (clamped outside them)."""
+    (k0, r0), (k1, r1) = cal["direct_points"][kind]
+    e = min(max(math.log(k / k0) / math.log(k1 / k0), 0.0), 1.0)
+    return float(r0 * (r1 / r0) ** e)
 
 
 def estimate_setup(primitive: str, layer: Conv, in_spatial, cal: dict) -> float:
