@@ -147,6 +147,15 @@ def test_fft_kernel_spectra_built_once_per_run(monkeypatch):
         plan = autotune(net, memory_budget=2 ** 30, primitives=("fft-task",), pool_modes=modes, patch_shape=patch)
         assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL
         assert built == ["task"] * n_conv, modes
+    # a cache dict kept across calls (the pipeline's Dask blocks): built once for all of them
+    built.clear()
+    cache = {}
+    for _ in range(2):
+        assert max_rel_err(znni_core.infer(net, x, plan=plan, cache=cache), ref) <= TOL
+    assert built == ["task"] * n_conv
+    small = x[:, :patch[0], :patch[1], :patch[2]]  # one smaller tile: rebuilt, replacing (never adding)
+    znni_core.infer(net, small[:, :-1] if small.shape[1] > f[0] else small, plan=plan, cache=cache)
+    assert len(next(iter(cache.values()))) == n_conv and len(cache) == 1
     built.clear()
     plan = autotune(net, memory_budget=2 ** 30, primitives=("fft-stream",), pool_modes=("pool", "pool"), patch_shape=patch)
     assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL

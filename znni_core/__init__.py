@@ -10,11 +10,11 @@ from .errors import ZnniError  # noqa: E402
 from .net import Network, load_network, save_network  # noqa: E402
 
 
-def infer(net, x, *, device="cpu", memory_budget=None, plan=None, progress=None):
-    """Dense sliding-window output; see :func:`znni_core.infer.infer`."""
+def infer(net, x, *, device="cpu", memory_budget=None, plan=None, progress=None, cache=None):
+    """Dense sliding-window output; see :func:`znni_core.inference.infer`."""
     from .inference import infer as _infer
 
-    return _infer(net, x, device=device, memory_budget=memory_budget, plan=plan, progress=progress)
+    return _infer(net, x, device=device, memory_budget=memory_budget, plan=plan, progress=progress, cache=cache)
 
 
 __all__ = ["Network", "ZnniError", "infer", "load_network", "save_network", "__version__"]

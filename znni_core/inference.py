@@ -55,7 +55,7 @@ def thread_limits(threads: int):
 
 
 def infer(net: Network, x, *, device: str = "cpu", memory_budget: int | None = None, plan=None,
-          progress=None) -> np.ndarray:
+          progress=None, cache: dict | None = None) -> np.ndarray:
     """Dense sliding-window output of ``net`` on ``x``.
 
     ``x`` is ``(C, Z, Y, X)`` or ``(Z, Y, X)`` float32; the result is
@@ -63,7 +63,9 @@ def infer(net: Network, x, *, device: str = "cpu", memory_budget: int | None = N
     ``out[:, i, j, k] = net(x[:, i:i+Fz, j:j+Fy, k:k+Fx])``.  Without a ``plan`` one is
     made with ``effort="estimate"`` under ``memory_budget`` (bytes; default a fraction
     of available RAM).  The budget bounds the engine's working memory per patch; the
-    whole input and the returned array are extra.
+    whole input and the returned array are extra.  ``cache``: pass the same dict to
+    several calls with one plan (e.g. the blocks of a task) to build the plan's resident
+    FFT kernel spectra once for all of them; it holds at most one plan's spectra.
 
     >>> import numpy as np
     >>> from znni_core.net.spec import Network, Conv
@@ -82,4 +84,4 @@ def infer(net: Network, x, *, device: str = "cpu", memory_budget: int | None = N
     elif plan.device != device:
         raise PlanError(f"the plan is for device {plan.device!r} but device={device!r} was requested")
     with thread_limits(plan.threads):
-        return run_tiled(plan, net, x, xp=xp, progress=progress)
+        return run_tiled(plan, net, x, xp=xp, progress=progress, cache=cache)

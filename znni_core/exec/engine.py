@@ -27,10 +27,15 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
     if prim.startswith("fft-"):
         # kernel spectra resident for the whole run: built on the first call, reused by every
         # pooling offset, slab, micro-batch and patch of the same shape (the plan counts them)
-        key = (step.index, tuple(in_spatial))
-        if key not in convs:
-            convs[key] = FFTConv(layer.weight, layer.bias, in_spatial, threads=step.threads, mode=prim[4:], xp=xp)
-        return convs[key]
+        # one entry per step: a tile of another shape (a small input) replaces it, so at most
+        # one set of spectra per step is ever alive, as the memory model assumes
+        shape = tuple(int(v) for v in in_spatial)
+        hit = convs.get(step.index)
+        if hit is None or hit.in_spatial != shape:
+            convs.pop(step.index, None)
+            del hit
+            convs[step.index] = FFTConv(layer.weight, layer.bias, shape, threads=step.threads, mode=prim[4:], xp=xp)
+        return convs[step.index]
     w = layer.weight if xp is np else xp.asarray(layer.weight)
     b = None if layer.bias is None else (layer.bias if xp is np else xp.asarray(layer.bias))
     if prim == "direct-gemm":
@@ -117,13 +122,24 @@ def _run(steps, layers, i, x, xp, convs):
     return x
 
 
+def kernel_cache(cache: dict | None, plan) -> dict:
+    """The per-plan part of a caller's cache dict (``{}`` when ``cache`` is None)."""
+    if cache is None:
+        return {}
+    key = (plan.network_digest, plan.device, tuple((s.index, s.primitive, s.in_shape) for s in plan.steps))
+    for other in [k for k in cache if k != key]:  # another plan's spectra: not ours to keep alive
+        del cache[other]
+    return cache.setdefault(key, {})
+
+
 def run_patch(plan, net: Network, x, *, xp=np, convs=None):
     """Dense output ``(C_out, n - F + 1)`` of one input patch ``(C, n)``.
 
     The plan's choices (primitives, pool modes, micro-batches) apply to any patch whose
     output is a multiple of the pooling product; a patch no larger than the plan's stays
     within its memory budget.  ``convs``: a dict that keeps the FFT layers (their kernel
-    spectra) between calls; pass the same one for every patch of a run.
+    spectra) between calls, one per step; pass the same one for every patch of a run
+    of this plan (:func:`kernel_cache` gives the one for a plan).
     """
     convs = {} if convs is None else convs
     fov, d = net.field_of_view, net.pooling_product

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .engine import run_patch
+from .engine import kernel_cache, run_patch
 
 
 def tile_starts(total: int, tile: int) -> list[int]:
@@ -29,15 +29,18 @@ def tile_starts(total: int, tile: int) -> list[int]:
     return starts
 
 
-def run_tiled(plan, net, x: np.ndarray, *, xp=np, progress=None) -> np.ndarray:
-    """``x``: (C, Z, Y, X) float32 with every axis >= the field of view."""
+def run_tiled(plan, net, x: np.ndarray, *, xp=np, progress=None, cache: dict | None = None) -> np.ndarray:
+    """``x``: (C, Z, Y, X) float32 with every axis >= the field of view.
+
+    ``cache``: a dict kept by the caller across calls with the same plan, so resident FFT
+    kernel spectra are built once for all of them (e.g. every Dask block of a task)."""
     fov, d = net.field_of_view, net.pooling_product
     out_total = [n - f + 1 for n, f in zip(x.shape[1:], fov)]
     # tile output: the plan's, or the smallest multiple of D covering a small input
     tile = [min(t, math.ceil(o / dd) * dd) for t, o, dd in zip(plan.output_shape, out_total, d)]
     result = np.empty((net.out_channels,) + tuple(out_total), dtype=np.float32)
     grids = [tile_starts(o, t) for o, t in zip(out_total, tile)]
-    convs = {}  # FFT kernel spectra, shared by every tile (all tiles have the same shape)
+    convs = kernel_cache(cache, plan)  # FFT kernel spectra, shared by every tile (all of one shape)
     for start in itertools.product(*grids):
         need = [s + t + f - 1 for s, t, f in zip(start, tile, fov)]
         sl = tuple(slice(s, min(e, n)) for s, e, n in zip(start, need, x.shape[1:]))

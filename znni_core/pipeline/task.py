@@ -96,10 +96,12 @@ def compute(net, plan, x: np.ndarray, out_shape, *, device: str = "cpu", progres
     tile = tuple(min(t, s) for t, s in zip(plan.output_shape, out_shape))
     chunks = da.core.normalize_chunks((net.out_channels,) + tile, (net.out_channels,) + tuple(out_shape))
 
+    cache: dict = {}  # the plan's resident FFT kernel spectra, built once for every block
+
     def one_tile(block_info=None):
         loc = block_info[None]["array-location"][1:]
         sl = tuple(slice(a, b + f - 1) for (a, b), f in zip(loc, fov))
-        y = infer(net, np.ascontiguousarray(x[(slice(None),) + sl]), device=device, plan=plan)
+        y = infer(net, np.ascontiguousarray(x[(slice(None),) + sl]), device=device, plan=plan, cache=cache)
         if progress is not None:
             progress(1)
         return y
