@@ -160,3 +160,49 @@ def test_fft_kernel_spectra_built_once_per_run(monkeypatch):
     plan = autotune(net, memory_budget=2 ** 30, primitives=("fft-stream",), pool_modes=("pool", "pool"), patch_shape=patch)
     assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL
     assert len(built) > n_conv and set(built) == {"stream"}
+
+
+@pytest.mark.parametrize("prim", ["fft-task", "fft-stream", "direct-gemm"])
+def test_conv_in_blocks_is_exact(prim):
+    """Overlap-save blocks (``Step.tile``): each conv run on input blocks whose outputs tile
+    its output, the last block shifted back; any block shape gives the same result."""
+    net = make_net(NETS["aniso"], c_in=2, seed=17)
+    x = _input(net, (7, 11, 5), seed=4)
+    ref = torch_dense(net, x)
+    plan = autotune(net, memory_budget=2 ** 30, primitives=(prim,), pool_modes=("mpf",) * len(net.pools))
+    for shrink in ((1, 1, 1), (3, 2, 4)):
+        steps = []
+        for s in plan.steps:
+            if s.op == "conv":
+                k = net.layers[s.index].kernel
+                # an input block with an output of at least 1 and smaller than the whole where possible
+                t = tuple(max(kk, n - d) for n, kk, d in zip(s.in_shape[2:], k, shrink))
+                s = s.__class__(**{**s.__dict__, "tile": t})
+            steps.append(s)
+        tiled = Plan.from_dict({**plan.to_dict(), "steps": [s.__dict__ for s in steps]})
+        assert any(s.tile and s.tile != s.in_shape[2:] for s in tiled.steps)
+        assert max_rel_err(znni_core.infer(net, x, plan=tiled), ref) <= TOL, shrink
+
+
+def test_blocked_conv_memory_matches_model():
+    import tracemalloc
+
+    from znni_core.exec import engine
+    from znni_core.plan import memory as M
+    from znni_core.plan.plan import Step
+
+    rng = np.random.default_rng(0)
+    layer = Conv(rng.standard_normal((8, 6, 5, 5, 5), dtype=np.float32), np.zeros(8, np.float32))
+    x = rng.standard_normal((3, 6, 70, 66, 61), dtype=np.float32)
+    for prim, tile, mb in (("fft-task", (32, 32, 32), 0), ("fft-stream", (48, 32, 61), 2), ("fft-data", (), 1)):
+        step = Step(0, "conv", prim, x.shape, (), mb, 2, tile=tile)
+        engine._run_conv(step, layer, x, np, {})  # warm-up: numba compilation, FFTW plans
+        tracemalloc.start()
+        convs = {}
+        y = engine._run_conv(step, layer, x, np, convs)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        shape = M.conv_blocks(x.shape[2:], layer.kernel, tile)[0]
+        pred = M.conv_step_bytes(prim, 3, mb, layer, x.shape[2:], tile, 2) + M.resident_bytes(prim, layer, shape)
+        assert abs(peak - pred) <= 0.2 * pred, (prim, tile, peak / 2 ** 20, pred / 2 ** 20)
+        del y, convs

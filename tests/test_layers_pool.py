@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from numpy.lib.stride_tricks import sliding_window_view
 
 from znni_core.errors import InputError
-from znni_core.layers import conv_direct_gemm, max_filter_dense, max_pool, mpf, recombine
+from znni_core.layers import (conv_direct_gemm, fragment_of_filtered, max_filter_dense, max_filter_inplace, max_pool, mpf,
+                              recombine)
 
 windows = st.tuples(*[st.integers(1, 3)] * 3)
 
@@ -95,3 +96,14 @@ def test_recombine_through_a_valid_conv_is_dilated_conv():
 def test_recombine_rejects_a_bad_batch():
     with pytest.raises(InputError, match="multiple"):
         recombine(np.zeros((3, 1, 2, 2, 2), np.float32), [(1, 1, 2)])
+
+
+@pytest.mark.parametrize("p", [(2, 2, 2), (1, 2, 3), (3, 1, 2)])
+def test_inplace_filter_fragments_equal_mpf(p):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 13, 11, 14)).astype(np.float32)
+    want = mpf(x, p)
+    xf = max_filter_inplace(x.copy(), p)
+    offsets = list(itertools.product(*(range(q) for q in p)))
+    got = np.stack([fragment_of_filtered(xf, p, o) for o in offsets], axis=1).reshape(want.shape)
+    assert np.array_equal(got, want)

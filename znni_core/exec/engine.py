@@ -15,8 +15,10 @@ import itertools
 import numpy as np
 
 from ..errors import PlanError
+from ..geometry.blocks import conv_blocks
 from ..plan.memory import slab_geometry
-from ..layers import FFTConv, apply_activation, conv_direct_gemm, conv_direct_numba, max_pool, mpf, recombine
+from ..layers import (FFTConv, apply_activation, conv_direct_gemm, conv_direct_numba, fragment_of_filtered,
+                      max_filter_inplace, max_pool, mpf, recombine)
 from ..net.spec import Activation, Conv, Network, Pool
 
 
@@ -48,18 +50,29 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
 
 
 def _run_conv(step, layer: Conv, x, xp, convs):
-    fn = _conv_fn(step, layer, x.shape[2:], xp, convs)
-    n = x.shape[0]
+    n, spatial = x.shape[0], tuple(x.shape[2:])
     mb = step.micro_batch or n
-    if mb >= n:
+    tile, origins = conv_blocks(spatial, layer.kernel, step.tile)
+    fn = _conv_fn(step, layer, tile, xp, convs)
+    if mb >= n and tile == spatial:
         return fn(x)
-    out = None
-    for i in range(0, n, mb):
-        part = fn(x[i:i + mb])
-        if out is None:
-            out = xp.empty((n,) + part.shape[1:], dtype=part.dtype)
-        out[i:i + part.shape[0]] = part
-        del part
+    out = xp.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), dtype=np.float32)
+    ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
+    if isinstance(fn, FFTConv):  # one set of call buffers for all blocks of this step
+        fn.keep_buffers = True
+    try:
+        for i in range(0, n, mb):
+            for o in origins:
+                src = (slice(i, i + mb), slice(None)) + tuple(slice(a, a + t) for a, t in zip(o, tile))
+                dst = (slice(i, i + mb), slice(None)) + tuple(slice(a, a + b) for a, b in zip(o, ob))
+                if isinstance(fn, FFTConv):
+                    fn(x[src], out=out[dst])  # straight into the output block
+                else:
+                    out[dst] = fn(x[src])
+    finally:
+        if isinstance(fn, FFTConv):
+            fn.keep_buffers = False
+            fn.release()
     return out
 
 
@@ -116,8 +129,14 @@ def _run(steps, layers, i, x, xp, convs):
             x = mpf(x, layer.window)
         else:  # depth-first pooling: each offset through the rest of the network
             offsets = list(itertools.product(*(range(p) for p in layer.window)))
-            return _gather(x.shape[0], offsets,
-                           lambda off: _run(steps, layers, i + 1, _fragment(x, layer.window, off), xp, convs), xp)
+            if xp is np and i > 0 and x.dtype == np.float32 and x.flags.c_contiguous:
+                # x is ours (a layer's output): filter it in place once, then every offset's
+                # fragment is a strided subsample (a contiguous copy, as _fragment makes)
+                xf = max_filter_inplace(x, layer.window)
+                frag = lambda off: np.ascontiguousarray(fragment_of_filtered(xf, layer.window, off))  # noqa: E731
+            else:
+                frag = lambda off: _fragment(x, layer.window, off)  # noqa: E731
+            return _gather(x.shape[0], offsets, lambda off: _run(steps, layers, i + 1, frag(off), xp, convs), xp)
         i += 1
     return x
 

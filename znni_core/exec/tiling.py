@@ -17,16 +17,8 @@ import math
 
 import numpy as np
 
+from ..geometry.blocks import block_starts as tile_starts
 from .engine import kernel_cache, run_patch
-
-
-def tile_starts(total: int, tile: int) -> list[int]:
-    """Start offsets of tiles of size ``tile`` covering ``[0, total)``; the last is shifted back."""
-    if total <= tile:
-        return [0]
-    starts = list(range(0, total - tile, tile))
-    starts.append(total - tile)
-    return starts
 
 
 def run_tiled(plan, net, x: np.ndarray, *, xp=np, progress=None, cache: dict | None = None) -> np.ndarray:

@@ -33,7 +33,9 @@ from .fft import (
     save_wisdom,
 )
 from .pool import (
+    fragment_of_filtered,
     max_filter_dense,
+    max_filter_inplace,
     max_pool,
     max_pool_memory,
     mpf,
@@ -63,7 +65,9 @@ __all__ = [
     "fft_size",
     "get_array_module",
     "load_wisdom",
+    "fragment_of_filtered",
     "max_filter_dense",
+    "max_filter_inplace",
     "max_pool",
     "max_pool_memory",
     "mpf",

@@ -386,6 +386,10 @@ class FFTConv:
         self.c_out, self.c_in = w.shape[:2]
         self.fshape = fft_shape(self.in_spatial)
         self.threads, self.mode, self.xp, self.effort = max(1, int(threads)), mode, xp, effort
+        #: keep the call buffers for the next call of the same size (the caller then calls
+        #: :meth:`release`); off by default, so a lone call leaves only the kernel spectra
+        self.keep_buffers = False
+        self._work = self._pool = None
         self.bias = None
         if b is not None:
             self.bias = xp.ascontiguousarray(xp.asarray(b), dtype=xp.float32)
@@ -405,17 +409,27 @@ class FFTConv:
         """Bytes held by the cached kernel transforms (0 in ``"stream"`` mode)."""
         return 0 if self.khat is None else int(self.khat.nbytes)
 
-    def __call__(self, x):
-        """Convolve ``x`` ``(N, C_in, *in_spatial)`` -> ``(N, C_out, *out_spatial)``."""
+    def __call__(self, x, out=None):
+        """Convolve ``x`` ``(N, C_in, *in_spatial)`` -> ``(N, C_out, *out_spatial)``.
+
+        ``out``: a destination (any strides, e.g. a block of a larger array; ``task`` and
+        ``stream`` write into it directly, the other modes copy)."""
         xp = get_array_module(x)
         if xp is not self.xp:
             raise InputError(f"FFTConv was built for {self.xp.__name__} arrays, got a {xp.__name__} array")
         if x.ndim != 5 or x.shape[1] != self.c_in or tuple(x.shape[2:]) != self.in_spatial:
             raise InputError(f"x has shape {x.shape}; expected (N, {self.c_in}) + {self.in_spatial}")
-        if xp is not np:
-            return _fft_conv_xp(x, self.khat, self.bias, self.fshape, self.out_spatial)
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        return self._call_data(x) if self.mode == "data" else self._call_task(x)
+        if out is not None and tuple(out.shape) != (x.shape[0], self.c_out) + self.out_spatial:
+            raise InputError(f"out has shape {out.shape}; expected {(x.shape[0], self.c_out) + self.out_spatial}")
+        if xp is not np or self.mode == "data":
+            y = (_fft_conv_xp(x, self.khat, self.bias, self.fshape, self.out_spatial) if xp is not np
+                 else self._call_data(np.ascontiguousarray(x, dtype=np.float32)))
+            if out is None:
+                return y
+            out[...] = y
+            return out
+        # a block view is read in place: the transforms' fill copies it anyway
+        return self._call_task(np.asarray(x, dtype=np.float32), out)
 
     # -- "data": batched transforms, each multithreaded
     def _call_data(self, x):
@@ -438,21 +452,43 @@ class FFTConv:
         return out
 
     # -- "task": independent transforms / output channels over a pool of workers
-    def _call_task(self, x):
-        n, T, eff = x.shape[0], self.threads, self.effort
-        fs, (zo, yo, xo) = self.fshape, self.out_spatial
+    def release(self):
+        """Drop the per-call buffers, plans and worker threads kept between calls of one
+        batch size (the kernel spectra stay).  The executor calls it at the end of a step."""
+        self._work = None
+        if getattr(self, "_pool", None) is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _task_buffers(self, n):
+        """Buffers and FFTW plans of a ``task``/``stream`` call on ``n`` items, reused by the
+        next call of the same size (blocks, micro-batches): no fresh pages, no re-planning."""
+        hit = getattr(self, "_work", None)
+        if hit is not None and hit[0] == n:
+            return hit[1]
+        self._work = None  # one set at a time
+        T, eff, fs = self.threads, self.effort, self.fshape
         B = n * self.c_in
         xin = _empty_spec(B, fs)
-        xs = x.reshape((B,) + self.in_spatial)
         bounds = np.linspace(0, B, min(T, B) + 1).astype(int)
         chunks = [(a, c) for a, c in zip(bounds[:-1], bounds[1:]) if c > a]
         fplans = [_forward_plans(xin[a:c], self.in_spatial, fs, 1, eff) for a, c in chunks]
         nw = min(T, self.c_out)
         work = [_empty_spec(n, fs) for _ in range(nw)]
         iplans = [_inverse_plans(wb, self.out_spatial, fs, 1, eff) for wb in work]
+        kwork = [_kernel_worker(self.c_in, self.kernel, fs) for _ in range(nw)] if self.mode == "stream" else None
+        bufs = (xin, chunks, fplans, nw, work, iplans, kwork)
+        self._work = (n, bufs)
+        return bufs
+
+    def _call_task(self, x, out=None):
+        n = x.shape[0]
+        fs, (zo, yo, xo) = self.fshape, self.out_spatial
+        xin, chunks, fplans, nw, work, iplans, kwork = self._task_buffers(n)
+        xs = x.reshape((n * self.c_in,) + self.in_spatial)  # a view when N and C merge (blocks do)
         stream = self.mode == "stream"
-        kwork = [_kernel_worker(self.c_in, self.kernel, fs) for _ in range(nw)] if stream else None
-        out = np.empty((n, self.c_out) + self.out_spatial, np.float32)
+        if out is None:
+            out = np.empty((n, self.c_out) + self.out_spatial, np.float32)
         X = xin.reshape(n, self.c_in, -1)
         block = _mac_block(n, self.c_in)
 
@@ -474,9 +510,12 @@ class FFTConv:
                 if self.bias is not None:
                     dst += self.bias[o]
 
-        with ThreadPoolExecutor(max_workers=max(len(chunks), nw)) as pool:
-            list(pool.map(forward, range(len(chunks))))
-            list(pool.map(channels, range(nw)))
+        if getattr(self, "_pool", None) is None:
+            self._pool = ThreadPoolExecutor(max_workers=max(self.threads, 1))
+        list(self._pool.map(forward, range(len(chunks))))
+        list(self._pool.map(channels, range(nw)))
+        if not self.keep_buffers:
+            self.release()
         return out
 
 

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from .. import layers as L
+from ..geometry.blocks import conv_blocks
 from ..net.spec import Activation, Conv, Network, Pool
 
 F32 = 4
@@ -31,6 +32,19 @@ def conv_primitive_bytes(primitive: str, n: int, layer: Conv, in_spatial, thread
         # resident kernel spectra are counted once for the whole run: resident_bytes
         return int(L.fft_conv_memory(*args, mode=primitive[4:], threads=threads, cache=False))
     raise ValueError(f"unknown convolution primitive {primitive!r}")
+
+
+def conv_step_bytes(primitive: str, n: int, mb: int, layer: Conv, spatial, tile=(), threads: int = 1) -> int:
+    """Peak bytes of a conv step over ``n`` fragments on top of its input: in micro-batches
+    of ``mb`` (0 = all) and input blocks ``tile`` (overlap-save; () = whole), the output is
+    allocated first and each call adds its own peak plus a contiguous copy of its block."""
+    mb = mb or n
+    tile, _ = conv_blocks(tuple(spatial), layer.kernel, tile)
+    if mb >= n and tile == tuple(spatial):
+        return conv_primitive_bytes(primitive, n, layer, spatial, threads)
+    block = nbytes((mb, layer.in_channels) + tile) if tile != tuple(spatial) else 0
+    out = nbytes((n, layer.out_channels) + out_spatial(layer, spatial))
+    return out + block + conv_primitive_bytes(primitive, mb, layer, tile, threads)
 
 
 def resident_bytes(primitive: str, layer: Conv, in_spatial) -> int:
@@ -72,7 +86,7 @@ def walk(net: Network, patch_shape, pool_modes, conv_choice, threads: int = 1,
     the plan's conv choices, :func:`resident_bytes`).
 
     ``pool_modes``: per pooling layer (network order) ``"mpf"`` or ``"pool"``;
-    ``conv_choice(layer_index, n, c_in, in_spatial, live) -> (primitive, micro_batch)`` where
+    ``conv_choice(layer_index, n, c_in, in_spatial, live) -> (primitive, micro_batch[, tile])`` where
     ``live`` is what is alive before the call (independent of the choices: shapes only).
     Returns per-step records and the overall predicted peak in bytes.
     """
@@ -96,13 +110,10 @@ def walk(net: Network, patch_shape, pool_modes, conv_choice, threads: int = 1,
             layer = layers[i]
             n, c = shape[0], shape[1]
             if isinstance(layer, Conv):
-                prim, mb = conv_choice(i, n, c, shape[2:], held + x_bytes)
+                choice = conv_choice(i, n, c, shape[2:], held + x_bytes)
+                prim, mb, tile = choice if len(choice) == 3 else (*choice, ())
                 out = (n, layer.out_channels) + out_spatial(layer, shape[2:])
-                mb = mb or n
-                if mb >= n:
-                    p = held + x_bytes + conv_primitive_bytes(prim, n, layer, shape[2:], threads)
-                else:
-                    p = held + x_bytes + nbytes(out) + conv_primitive_bytes(prim, mb, layer, shape[2:], threads)
+                p = held + x_bytes + conv_step_bytes(prim, n, mb, layer, shape[2:], tile, threads)
                 note(i, "conv", shape, out, p)
                 shape, x_bytes = out, nbytes(out)
             elif isinstance(layer, Activation):

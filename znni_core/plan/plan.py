@@ -37,10 +37,12 @@ class Step:
     threads: int = 1
     seconds: float = 0.0  # predicted time of this step over the whole patch
     bytes: int = 0  # predicted live bytes at this step's peak
+    tile: tuple = ()  # conv: input block (z, y, x) per primitive call (overlap-save); () = the whole input
 
     def __post_init__(self):
         object.__setattr__(self, "in_shape", _tuple(self.in_shape))
         object.__setattr__(self, "out_shape", _tuple(self.out_shape))
+        object.__setattr__(self, "tile", _tuple(self.tile))
 
 
 @dataclass(frozen=True)
@@ -151,8 +153,9 @@ class Plan:
         ]
         for s in self.steps:
             mb = str(s.micro_batch) if s.op == "conv" and s.micro_batch else ""
+            tile = f"  blocks {'x'.join(map(str, s.tile))}" if s.tile else ""
             lines.append(f"{s.index:>3} {s.op:<6} {s.primitive:<13} {str(s.in_shape):<28} {str(s.out_shape):<28} "
-                         f"{mb:>4} {s.seconds:>9.3g} {s.bytes / gib:>8.3f}")
+                         f"{mb:>4} {s.seconds:>9.3g} {s.bytes / gib:>8.3f}{tile}")
         if self.rejected:
             lines += ["", f"rejected alternatives ({len(self.rejected)} in all; top {min(max_rejected, len(self.rejected))}):"]
             for r in self.rejected[:max_rejected]:

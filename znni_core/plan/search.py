@@ -94,11 +94,17 @@ class _Timer:
     def estimate(self, prim, n, layer, spatial, micro_batch=None) -> float:
         return T.estimate_conv(prim, n, layer, spatial, self.cal, micro_batch)
 
-    def layer(self, prim, n, layer, spatial, micro_batch, reps, measure=False) -> float:
-        """Seconds of a conv step over the whole patch: ``reps`` calls, plus the one-off
-        build of resident kernel spectra."""
-        return reps * self.conv(prim, n, layer, spatial, micro_batch, measure) + \
-            T.estimate_setup(prim, layer, spatial, self.cal)
+    def layer(self, prim, n, layer, spatial, micro_batch, reps, measure=False, tile=()) -> float:
+        """Seconds of a conv step over the whole patch: ``reps`` runs (pooling offsets, slabs),
+        each in micro-batches and input blocks, plus the one-off build of resident kernel spectra."""
+        shape, origins = M.conv_blocks(tuple(spatial), layer.kernel, tile)
+        if len(origins) == 1:
+            return reps * self.conv(prim, n, layer, spatial, micro_batch, measure) + \
+                T.estimate_setup(prim, layer, spatial, self.cal)
+        mb = micro_batch or n
+        copy = T.estimate_elementwise(M.nbytes((mb, layer.in_channels) + shape), self.cal, 2.0)
+        per_call = self.conv(prim, mb, layer, shape, mb, measure) + copy
+        return reps * math.ceil(n / mb) * len(origins) * per_call + T.estimate_setup(prim, layer, shape, self.cal)
 
     def conv(self, prim, n, layer, spatial, micro_batch, measure=False) -> float:
         """Seconds for ``n`` fragments in micro-batches: measured (scaled per call) or estimated."""
@@ -107,6 +113,20 @@ class _Timer:
         if self.meas is not None and (measure or self.measure_all) and est < MAX_MEASURE_SECONDS:
             return self.meas.conv(prim, mb, layer, spatial) * math.ceil(n / mb)
         return est
+
+
+FFT_TILE_EDGES = (32, 48, 64, 96, 128)  # overlap-save block edges tried for FFT convolutions
+
+
+def _fft_tiles(spatial, kernel) -> list[tuple]:
+    """Input blocks for an FFT conv: the whole input, or cubes (clipped to the input) whose
+    output is at least the kernel per axis (smaller blocks would be mostly overlap)."""
+    out, spatial = [()], tuple(int(s) for s in spatial)
+    for e in FFT_TILE_EDGES:
+        t = tuple(min(e, s) for s in spatial)
+        if t != spatial and t not in out and all(tt - k + 1 >= k for tt, k in zip(t, kernel)):
+            out.append(t)
+    return out
 
 
 def _micro_batches(n: int) -> list[int]:
@@ -154,23 +174,27 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
             options = []
             allowed = [p for p in primitives if not (i in no_cache and p in RESIDENT_PRIMITIVES)] or primitives
             for prim in allowed:
-                keep = M.resident_bytes(prim, layer, spatial)
-                for mb in _micro_batches(n):
-                    out = M.nbytes((n, layer.out_channels) + M.out_spatial(layer, spatial)) if mb < n else 0
-                    options.append((prim, mb, M.conv_primitive_bytes(prim, mb, layer, spatial, threads) + out + keep))
-            fitting = [(p, mb, e) for p, mb, e in options if e <= room]
+                for tile in (_fft_tiles(spatial, layer.kernel) if prim.startswith("fft-") else [()]):
+                    keep = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
+                    for mb in _micro_batches(n):
+                        need = M.conv_step_bytes(prim, n, mb, layer, spatial, tile, threads) + keep
+                        options.append((prim, mb, tile, need))
+            fitting = [o for o in options if o[3] <= room]
             if not fitting:
-                p, mb, e = min(options, key=lambda o: o[2])
-                decisions[i] = (p, mb)
+                p, mb, tile, _ = min(options, key=lambda o: o[3])
+                decisions[i] = (p, mb, tile)
                 return decisions[i]
-            est = sorted((timer.layer(p, n, layer, spatial, mb, reps[i]), p, mb) for p, mb, _ in fitting)
+            est = sorted((timer.layer(p, n, layer, spatial, mb, reps[i], tile=tile), p, mb, tile)
+                         for p, mb, tile, _ in fitting)
             if timer.meas is not None and (measure or timer.measure_all):
                 short = [o for o in est if o[0] <= 3 * est[0][0]][:SHORTLIST]
-                timed = sorted((timer.layer(p, n, layer, spatial, mb, reps[i], True), p, mb) for _, p, mb in short)
+                timed = sorted((timer.layer(p, n, layer, spatial, mb, reps[i], True, tile), p, mb, tile)
+                               for _, p, mb, tile in short)
             else:
                 timed = est
-            decisions[i] = (timed[0][1], timed[0][2])
-            resident[i] = M.resident_bytes(timed[0][1], layer, spatial)
+            _, prim, mb, tile = timed[0]
+            decisions[i] = (prim, mb, tile)
+            resident[i] = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
             best_t = timed[0][0]
             for p in primitives:  # faster whole-batch alternatives refused for memory
                 e = M.conv_primitive_bytes(p, n, layer, spatial, threads) + M.resident_bytes(p, layer, spatial)
@@ -194,22 +218,26 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
     for sm in steps_mem:
         layer = layers[sm.index]
         if isinstance(layer, Conv):
-            prim, mb = decisions[sm.index]
+            prim, mb, tile = decisions[sm.index]
             n = sm.in_shape[0]
-            t = timer.layer(prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], measure)
+            t = timer.layer(prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], measure, tile)
             prim_name, mbv = prim, (0 if mb >= n else mb)
+            tile = M.conv_blocks(sm.in_shape[2:], layer.kernel, tile)[0] if tile else ()
         elif isinstance(layer, Activation):
+            tile = ()
             t = T.estimate_elementwise(M.nbytes(sm.in_shape), timer.cal, 1.0 if layer.kind == "identity" else 2.0)
             prim_name, mbv = layer.kind, 0
             t *= reps[sm.index]
         else:
+            tile = ()
             t = T.estimate_elementwise(M.nbytes(sm.in_shape), timer.cal, 1.5)
             mode = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)]
             prim_name, _, rows = mode.partition(":")
             mbv = int(rows or 0)
             t *= reps[sm.index]
         total += t
-        steps.append(Step(sm.index, sm.op, prim_name, sm.in_shape, sm.out_shape, mbv, timer.cal["threads"], t, sm.peak))
+        steps.append(Step(sm.index, sm.op, prim_name, sm.in_shape, sm.out_shape, mbv, timer.cal["threads"], t, sm.peak,
+                          tile))
     out_vox = math.prod(net.output_shape(patch))
     total += T.estimate_elementwise(M.nbytes((net.out_channels, out_vox)), timer.cal, 2.0)  # recombine
     return steps, total, peak, notes
