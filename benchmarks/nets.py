@@ -5,7 +5,7 @@ Architectures from the authors' network files in ``seung-lab/ZNNi`` (``networks/
 layers, C conv layers, the repository's files are named ``PKC``):
 
 * n337: 7 convs 3^3, a 2^3 max-pool after each of the first 3;  FoV 86,  D = 8
-* n537: 7 convs 5^3, a 2^3 max-pool after each of the first 3;  FoV 132, D = 8
+* n537: 7 convs 5^3, a 2^3 max-pool after each of the first 3;  FoV 164, D = 8
 * n726: 6 convs 7^3, a 2^3 max-pool after each of the first 2;  FoV 118, D = 4
 * n926: 6 convs 9^3, a 2^3 max-pool after each of the first 2;  FoV 156, D = 4
 

@@ -5,10 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${ZNNI_DEMO_OUT:-demo_out}"
+case "$OUT" in /*) ;; *) OUT="$PWD/$OUT" ;; esac   # absolute from here on (printed paths, pycache)
 # Jobs are separate processes: let Python cache bytecode (some machines set PYTHONDONTWRITEBYTECODE,
 # which costs ~5 s of compiling per job) and keep numba's compiled kernels between jobs.
 unset PYTHONDONTWRITEBYTECODE
-export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$PWD/$OUT/.pycache}"
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$OUT/.pycache}"
 export NUMBA_THREADING_LAYER="${NUMBA_THREADING_LAYER:-threadsafe}"
 start=$(date +%s)
 
@@ -18,8 +19,8 @@ snakemake --profile profiles/local --configfile "$OUT/config.yaml"
 
 echo
 echo "znni demo finished in $(( $(date +%s) - start )) s"
-echo "  input layer:  $PWD/$OUT/em"
-echo "  output layer: $PWD/$OUT/output"
-echo "  report:       $PWD/$OUT/work/report/report.html"
-echo "  preview:      $PWD/$OUT/work/report/preview.png"
+echo "  input layer:  $OUT/em"
+echo "  output layer: $OUT/output"
+echo "  report:       $OUT/work/report/report.html"
+echo "  preview:      $OUT/work/report/preview.png"
 echo "  view:         znni serve / --port 1337, then open the Neuroglancer link in the report"
