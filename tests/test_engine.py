@@ -206,3 +206,24 @@ def test_blocked_conv_memory_matches_model():
         pred = M.conv_step_bytes(prim, 3, mb, layer, x.shape[2:], tile, 2) + M.resident_bytes(prim, layer, shape)
         assert abs(peak - pred) <= 0.2 * pred, (prim, tile, peak / 2 ** 20, pred / 2 ** 20)
         del y, convs
+
+
+def test_monotone_activations_move_after_pooling():
+    from znni_core.exec.engine import pool_before_activation
+    from znni_core.net.spec import Activation, Pool
+    from znni_core.plan.plan import Step
+
+    w = np.ones((1, 1, 1, 1, 1), np.float32)
+    for act, swapped in ((Activation("relu"), True), (Activation("elu", alpha=0.5), True),
+                         (Activation("leaky_relu", alpha=-0.2), False), (Activation("softmax"), False)):
+        layers = (Conv(w), act, Pool((2, 2, 2)))
+        steps = tuple(Step(i, op, "x", (), ()) for i, op in enumerate(("conv", "act", "pool")))
+        got = [s.op for s in pool_before_activation(steps, layers)]
+        assert got == (["conv", "pool", "act"] if swapped else ["conv", "act", "pool"]), act.kind
+    # exactness of the swap itself: max-pool of f(x) == f(max-pool of x) for a non-decreasing f
+    from znni_core.layers import apply_activation, max_pool
+    x = np.random.default_rng(3).standard_normal((1, 2, 6, 6, 6)).astype(np.float32)
+    for kind, alpha in (("relu", 0.0), ("elu", 1.0), ("sigmoid", 0.0), ("tanh", 0.0), ("leaky_relu", 0.1)):
+        a = max_pool(apply_activation(x.copy(), kind, alpha), (2, 2, 2))
+        b = apply_activation(max_pool(x, (2, 2, 2)), kind, alpha)
+        assert np.array_equal(a, b), kind

@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import PlanError
 from ..geometry.blocks import conv_blocks
 from ..plan.memory import slab_geometry
+from ..layers.activation import commutes_with_max
 from ..layers import (FFTConv, apply_activation, conv_direct_gemm, conv_direct_numba, fragment_of_filtered,
                       max_filter_inplace, max_pool, mpf, recombine)
 from ..net.spec import Activation, Conv, Network, Pool
@@ -151,6 +152,21 @@ def kernel_cache(cache: dict | None, plan) -> dict:
     return cache.setdefault(key, {})
 
 
+def pool_before_activation(steps, layers) -> tuple:
+    """The plan's steps with every (monotone activation, pooling) pair swapped.
+
+    ``pool(f(x)) == f(pool(x))`` exactly for a non-decreasing ``f``, and the activation
+    then runs on the pooled fragments, ``prod(window)`` times fewer voxels in depth-first
+    and slab mode (where the pre-pool tensor is produced once per offset).
+    """
+    out = list(steps)
+    for j in range(len(out) - 1):
+        a, b = out[j], out[j + 1]
+        if a.op == "act" and b.op == "pool" and commutes_with_max(layers[a.index]):
+            out[j], out[j + 1] = b, a
+    return tuple(out)
+
+
 def run_patch(plan, net: Network, x, *, xp=np, convs=None):
     """Dense output ``(C_out, n - F + 1)`` of one input patch ``(C, n)``.
 
@@ -170,7 +186,7 @@ def run_patch(plan, net: Network, x, *, xp=np, convs=None):
     layers = net.layers
     if plan.steps and plan.steps[0].op == "act":
         x = x.copy()  # activations run in place; never modify the caller's input
-    steps = plan.steps
+    steps = pool_before_activation(plan.steps, layers)
     k = next((j for j, s in enumerate(steps) if s.op == "pool"), None)
     if k is not None and steps[k].primitive == "slab":
         # first pooling layer in slab mode: the layers before it are recomputed per offset,

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..errors import InputError
 from .xp import get_array_module
 
-__all__ = ["ACTIVATIONS", "activation_memory", "apply_activation"]
+__all__ = ["ACTIVATIONS", "activation_memory", "apply_activation", "commutes_with_max"]
 
 ACTIVATIONS = ("relu", "leaky_relu", "elu", "sigmoid", "tanh", "softmax", "identity")
 
@@ -93,3 +93,12 @@ def activation_memory(kind, shape, itemsize=4, in_place=True) -> int:
     if kind == "softmax":
         extra = size // max(1, shape[1])  # the channel max, freed before the sum
     return extra + (0 if in_place or kind == "identity" else size)
+
+
+def commutes_with_max(layer) -> bool:
+    """Non-decreasing activations, which commute with max-pooling exactly:
+    ``max(f(a), f(b)) == f(max(a, b))`` (relu, sigmoid, tanh, identity; leaky_relu and elu
+    with ``alpha >= 0``).  ``layer``: anything with ``kind`` and ``alpha``."""
+    if layer.kind in ("relu", "sigmoid", "tanh", "identity"):
+        return True
+    return layer.kind in ("leaky_relu", "elu") and float(layer.alpha) >= 0.0
