@@ -1,8 +1,8 @@
 """``python -m benchmarks``: znni vs PyTorch CPU on the ZNNi networks; writes benchmarks/RESULTS.md.
 
 Default run: all four networks, width 24, main budget 2 GiB, sweep 0.5/1/2 GiB, 3 rounds,
-znni patches capped at 40 s predicted (90 s for n537).  With the engine as of 2026-11-23 the
-main comparison alone took 38 min on the shared 2-core machine (load 5-26); the smaller
+znni patches capped at 40 s predicted (90 s for n537).  With the engine as of 2026-11-23 03:00 the
+main comparison (``--max-patch-seconds 60``) took 29 min on a quiet 2-core machine; the smaller
 sweep points take about 1-3 min each per network.  Faster: ``--networks n337,n726
 --budgets ''``, or ``--quick`` (a minutes-long sanity run into a temporary folder).  The
 committed RESULTS.md came from a main run with ``--budgets ''`` plus ``--sweep-only`` for
