@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from ..geometry.blocks import block_starts as tile_starts
+from ..geometry.blocks import block_starts
 from .engine import kernel_cache, run_patch
 
 
@@ -31,7 +31,7 @@ def run_tiled(plan, net, x: np.ndarray, *, xp=np, progress=None, cache: dict | N
     # tile output: the plan's, or the smallest multiple of D covering a small input
     tile = [min(t, math.ceil(o / dd) * dd) for t, o, dd in zip(plan.output_shape, out_total, d)]
     result = np.empty((net.out_channels,) + tuple(out_total), dtype=np.float32)
-    grids = [tile_starts(o, t) for o, t in zip(out_total, tile)]
+    grids = [block_starts(o, t) for o, t in zip(out_total, tile)]
     convs = kernel_cache(cache, plan)  # FFT kernel spectra, shared by every tile (all of one shape)
     for start in itertools.product(*grids):
         need = [s + t + f - 1 for s, t, f in zip(start, tile, fov)]

@@ -51,6 +51,14 @@ def _check5(x):
         raise InputError(f"expected a 5-D (N, C, Z, Y, X) array, got shape {x.shape}")
 
 
+@njit(cache=True, fastmath=True, inline="always")
+def _max_into(row, src):  # pragma: no cover - compiled
+    """row = max(row, src) elementwise, in place (1-D, same length)."""
+    for i in range(row.shape[0]):
+        if src[i] > row[i]:
+            row[i] = src[i]
+
+
 @njit(parallel=True, cache=True, fastmath=True)
 def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compiled
     """``out[n, k, c] = max_pool(x[n, c, oz:, oy:, ox:], p)`` for every offset ``offs[k]``.
@@ -75,10 +83,7 @@ def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compil
                     for u in range(1, p0):
                         src = x[n, c, z0 + u]
                         for yy in range(Y):
-                            row, srow = plane[yy], src[yy]
-                            for xx in range(X):
-                                if srow[xx] > row[xx]:
-                                    row[xx] = srow[xx]
+                            _max_into(plane[yy], src[yy])
                 dst = out[n, k, c, i]
                 for j in range(m1):
                     y0 = oy + j * p1
@@ -105,19 +110,12 @@ def _max_filter_inplace_kernel(x, p0, p1, p2):  # pragma: no cover - compiled
         for z in range(Z - p0 + 1):
             for u in range(1, p0):
                 for yy in range(Y):
-                    row, src = a[z, yy], a[z + u, yy]
-                    for xx in range(X):
-                        if src[xx] > row[xx]:
-                            row[xx] = src[xx]
+                    _max_into(a[z, yy], a[z + u, yy])
         for z in range(Z - p0 + 1):
             pl = a[z]
             for yy in range(Y - p1 + 1):
-                row = pl[yy]
                 for w in range(1, p1):
-                    src = pl[yy + w]
-                    for xx in range(X):
-                        if src[xx] > row[xx]:
-                            row[xx] = src[xx]
+                    _max_into(pl[yy], pl[yy + w])
             for yy in range(Y - p1 + 1):
                 row = pl[yy]
                 for xx in range(X - p2 + 1):
