@@ -60,3 +60,40 @@ def direct_flops_per_voxel(net: Network) -> float:
     """
     return float(sum(2 * l.in_channels * l.out_channels * math.prod(l.kernel)
                      for l in net.layers if isinstance(l, Conv)))
+
+
+def make_boundary_network(seed: int = 0) -> Network:
+    """The EM boundary-detector class (znn-release's N4 on ISBI 2012): 2D kernels in 3D.
+
+    conv (1,4,4) 1->48, pool (1,2,2), conv (1,5,5) 48->48, pool, conv (1,4,4) 48->48, pool,
+    conv (1,4,4) 48->48, pool, conv (1,3,3) 48->200, conv 1x1x1 200->1, sigmoid; ReLU after
+    every hidden conv.  FoV (1, 95, 95), D = (1, 16, 16); 218,696 multiply-adds per output
+    voxel.  Random He-scaled weights (the architecture, not the trained values, sets the speed).
+    """
+    rng = np.random.default_rng([seed, 4])
+    spec = [((1, 4, 4), 48, True), ((1, 5, 5), 48, True), ((1, 4, 4), 48, True), ((1, 4, 4), 48, True),
+            ((1, 3, 3), 200, False), ((1, 1, 1), 1, False)]
+    layers, c = [], 1
+    for i, (k, c_out, pool) in enumerate(spec):
+        w = (rng.standard_normal((c_out, c) + k) * math.sqrt(2.0 / (c * math.prod(k)))).astype(np.float32)
+        b = (rng.standard_normal(c_out) * 0.05).astype(np.float32)
+        layers.append(Conv(w, b, name=f"conv{i + 1}"))
+        layers.append(Activation("sigmoid" if i == len(spec) - 1 else "relu", name=f"act{i + 1}"))
+        if pool:
+            layers.append(Pool((1, 2, 2), name=f"pool{i + 1}"))
+        c = c_out
+    return Network(tuple(layers), name="boundary-n4", metadata={"source": "znn-release N4 class", "seed": seed})
+
+
+def make_stack(kind: str, width: int = 48, depth: int = 4, seed: int = 0) -> Network:
+    """Pool-free stacks for the convolution roof: ``kind`` = ``2d`` ((1,3,3) kernels),
+    ``3d`` (3^3) or ``1x1`` (1x1x1); ``width`` maps, ReLU between, one input channel
+    widened by the first layer."""
+    k = {"2d": (1, 3, 3), "3d": (3, 3, 3), "1x1": (1, 1, 1)}[kind]
+    rng = np.random.default_rng([seed, depth, width])
+    layers, c = [], width
+    for i in range(depth):
+        w = (rng.standard_normal((width, c) + k) * math.sqrt(2.0 / (c * math.prod(k)))).astype(np.float32)
+        layers.append(Conv(w, (rng.standard_normal(width) * 0.05).astype(np.float32), name=f"conv{i + 1}"))
+        layers.append(Activation("relu", name=f"relu{i + 1}"))
+    return Network(tuple(layers), name=f"stack-{kind}-w{width}", metadata={"seed": seed})

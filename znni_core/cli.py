@@ -52,6 +52,8 @@ def plan(
     threads: Optional[int] = typer.Option(None, help="threads (default: the CPUs this process may use)"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the plan as JSON here"),
     rejected: int = typer.Option(5, help="how many rejected alternatives to print"),
+    input_shape: Optional[str] = typer.Option(None, "--input-shape",
+                                              help="Z,Y,X of the input the plan is for: no patch larger than it"),
 ):
     """Autotune and print a plan (ZNNi Table IV style); write it with --output."""
     from . import load_network
@@ -59,8 +61,16 @@ def plan(
     from .plan import autotune
 
     try:
+        shape = None
+        if input_shape:
+            try:
+                shape = tuple(int(v) for v in input_shape.replace("x", ",").split(","))
+            except ValueError:
+                shape = ()
+            if len(shape) != 3:
+                raise ZnniError(f"--input-shape {input_shape!r}: give three integers Z,Y,X (e.g. 15,256,256)")
         p = autotune(load_network(net), memory_budget=parse_bytes(memory) if memory else None, device=device,
-                     effort=effort, threads=threads)
+                     effort=effort, threads=threads, input_shape=shape)
     except ZnniError as exc:
         _fail(exc)
     typer.echo(p.describe(max_rejected=rejected))
@@ -90,6 +100,7 @@ def infer_cmd(
     plan_path: Optional[Path] = typer.Option(None, "--plan", help="run exactly this plan (from `znni plan`)"),
     scale: Optional[float] = typer.Option(None, help="multiply the input by this after converting to float32 "
                                           "(e.g. 0.00392156 for uint8 -> [0, 1]); integer input needs it"),
+    shift: Optional[float] = typer.Option(None, help="add this after --scale (x * scale + shift), e.g. -0.5 to centre"),
     device: str = typer.Option("cpu", help="cpu | gpu"),
 ):
     """Dense sliding-window output of NET on an array file."""
@@ -104,6 +115,8 @@ def infer_cmd(
         x = _read_array(input)
         if scale is not None:
             x = x.astype(np.float32) * np.float32(scale)
+        if shift is not None:
+            x = x.astype(np.float32) + np.float32(shift)
         p = Plan.load(plan_path) if plan_path else None
         y = infer(n, x, device=device, memory_budget=parse_bytes(memory) if memory else None, plan=p)
     except ZnniError as exc:

@@ -62,7 +62,8 @@ def infer(net: Network, x, *, device: str = "cpu", memory_budget: int | None = N
     ``(C_out, Z - Fz + 1, Y - Fy + 1, X - Fx + 1)`` float32 with
     ``out[:, i, j, k] = net(x[:, i:i+Fz, j:j+Fy, k:k+Fx])``.  Without a ``plan`` one is
     made with ``effort="estimate"`` under ``memory_budget`` (bytes; default a fraction
-    of available RAM).  The budget bounds the engine's working memory per patch; the
+    of available RAM) for this input's shape (no patch larger than ``x``; an input smaller
+    than one good patch runs as one patch) and cached on disk for the next call.  The budget bounds the engine's working memory per patch; the
     whole input and the returned array are extra.  ``cache``: pass the same dict to
     several calls with one plan (e.g. the blocks of a task) to build the plan's resident
     FFT kernel spectra once for all of them; it holds at most one plan's spectra.
@@ -78,7 +79,9 @@ def infer(net: Network, x, *, device: str = "cpu", memory_budget: int | None = N
     xp = require_device(device)
     x = as_input(net, x)
     if plan is None:
-        plan = autotune(net, memory_budget=memory_budget, device=device, effort="estimate")
+        # bounded by the work: no patch larger than this input (cached by shape, like FFTW wisdom)
+        plan = autotune(net, memory_budget=memory_budget, device=device, effort="estimate",
+                        input_shape=x.shape[1:])
     elif plan.network_digest != net.digest():
         raise PlanError("the plan was made for another network (digest mismatch); re-run `znni plan`")
     elif plan.device != device:

@@ -9,6 +9,7 @@ Used by the tiler (patches of a plan over an input) and by blocked convolution
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 
@@ -25,6 +26,14 @@ def block_starts(total: int, block: int) -> list[int]:
     return starts
 
 
+@functools.lru_cache(maxsize=65536)
+def _conv_blocks(spatial: tuple, kernel: tuple, tile: tuple) -> tuple[tuple, tuple]:
+    tile = tuple(min(int(t), int(s)) for t, s in zip(tile or spatial, spatial))
+    outs = [int(s) - int(k) + 1 for s, k in zip(spatial, kernel)]
+    obl = [t - int(k) + 1 for t, k in zip(tile, kernel)]
+    return tile, tuple(itertools.product(*(block_starts(o, b) for o, b in zip(outs, obl))))
+
+
 def conv_blocks(spatial, kernel, tile=None) -> tuple[tuple, list[tuple]]:
     """Input block shape and block origins of a valid convolution run block by block.
 
@@ -34,7 +43,5 @@ def conv_blocks(spatial, kernel, tile=None) -> tuple[tuple, list[tuple]]:
     >>> conv_blocks((10, 10, 10), (3, 3, 3), (6, 10, 10))
     ((6, 10, 10), [(0, 0, 0), (4, 0, 0)])
     """
-    tile = tuple(min(int(t), int(s)) for t, s in zip(tile or spatial, spatial))
-    outs = [int(s) - int(k) + 1 for s, k in zip(spatial, kernel)]
-    obl = [t - int(k) + 1 for t, k in zip(tile, kernel)]
-    return tile, list(itertools.product(*(block_starts(o, b) for o, b in zip(outs, obl))))
+    tile, origins = _conv_blocks(tuple(int(v) for v in spatial), tuple(int(v) for v in kernel), tuple(tile or ()))
+    return tile, list(origins)

@@ -38,6 +38,7 @@ spectra would not fit.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 import os
@@ -70,6 +71,7 @@ MODES = ("data", "task", "stream")
 _EFFORT = {"estimate": "FFTW_ESTIMATE", "measure": "FFTW_MEASURE", "patient": "FFTW_PATIENT"}
 
 
+@functools.lru_cache(maxsize=4096)  # asked hundreds of thousands of times while planning
 def fft_size(n: int) -> int:
     """Smallest ``m >= n`` of the form ``2^a 3^b 5^c 7^d`` (fast FFTW sizes).
 

@@ -53,15 +53,15 @@ class Conv:
                 raise NetworkError(f"{self.name}: bias holds NaN/Inf values; re-export the network")
             object.__setattr__(self, "bias", b)
 
-    @property
+    @cached_property  # read hundreds of thousands of times while planning
     def kernel(self) -> Shape3:
         return tuple(int(v) for v in self.weight.shape[2:])  # type: ignore[return-value]
 
-    @property
+    @cached_property
     def in_channels(self) -> int:
         return int(self.weight.shape[1])
 
-    @property
+    @cached_property
     def out_channels(self) -> int:
         return int(self.weight.shape[0])
 

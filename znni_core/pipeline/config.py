@@ -211,7 +211,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
                             threads=threads, patch_shape=task_patch)
         except MemoryBudgetError:
             plan = autotune(net, memory_budget=budget, device=cfg["device"], effort=cfg["plan"]["effort"],
-                            threads=threads)
+                            threads=threads, input_shape=task_patch)
     blocks = create_blocks(grid, tc, halo)
     if not blocks:
         raise ConfigError(f"the region {_roi_doc(region)} holds no output voxel")

@@ -7,6 +7,7 @@ Shapes are ``(N, C, z, y, x)``; bytes are float32.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -38,6 +39,25 @@ def conv_step_bytes(primitive: str, n: int, mb: int, layer: Conv, spatial, tile=
     """Peak bytes of a conv step over ``n`` fragments on top of its input: in micro-batches
     of ``mb`` (0 = all) and input blocks ``tile`` (overlap-save; () = whole), the output is
     allocated first and each call adds its own peak plus a contiguous copy of its block."""
+    return _conv_step_bytes(primitive, n, mb, _Shape(layer), tuple(spatial), tuple(tile or ()), threads)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What the memory formulas read of a conv layer (hashable, holds no weights)."""
+
+    in_channels: int
+    out_channels: int
+    kernel: tuple
+
+    def __init__(self, layer):
+        object.__setattr__(self, "in_channels", layer.in_channels)
+        object.__setattr__(self, "out_channels", layer.out_channels)
+        object.__setattr__(self, "kernel", tuple(layer.kernel))
+
+
+@functools.lru_cache(maxsize=1 << 16)  # the planner asks the same questions for every pool-mode candidate
+def _conv_step_bytes(primitive, n, mb, layer, spatial, tile, threads) -> int:
     mb = mb or n
     tile, _ = conv_blocks(tuple(spatial), layer.kernel, tile)
     if mb >= n and tile == tuple(spatial):

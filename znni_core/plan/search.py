@@ -29,7 +29,13 @@ MAX_PATCH_VOXELS = 512 ** 3
 GIB = 2 ** 30
 GPU_PRIMITIVES = ("direct-gemm", "fft-data")
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
+PATIENCE = 2  # coarse patches in a row without a gain before a series of growing patches stops
+COARSE = 3  # a series is first sampled at every COARSE-th patch, then refined around the best
 SHORTLIST = 3  # per layer, options measured (the best by estimate, within 3x of it)
+#: fixed costs the rates do not see (Python, dispatch): per primitive call and per patch
+#: (tiny patches of a 1x1x1 stack: 0.08 ms per conv call, 2.8 ms per 8-step patch)
+CALL_OVERHEAD_S = 1e-4
+PATCH_OVERHEAD_S = 1e-3
 
 
 def default_budget() -> int:
@@ -49,28 +55,51 @@ def _fmt(b: float) -> str:
     return f"{b / 1e9:.2f} GB" if b >= 1e8 else f"{b / 1e6:.1f} MB"
 
 
-def patch_candidates(net: Network, max_voxels: int) -> list[tuple]:
-    """Input patch shapes: output per axis a multiple of the pooling product D."""
+def input_patch(net: Network, input_shape) -> tuple:
+    """The smallest admissible patch covering ``input_shape`` (z, y, x): output per axis
+    rounded up to the pooling product D.  No patch larger than this does useful work."""
+    fov, d = net.field_of_view, net.pooling_product
+    bad = [(n, f) for n, f in zip(input_shape, fov) if int(n) < f]
+    if len(tuple(input_shape)) != 3 or bad:
+        raise PlanError(f"input shape {tuple(input_shape)} (z, y, x) must be 3 sizes of at least the field of view {fov}")
+    return tuple(math.ceil((int(n) - f + 1) / dd) * dd + f - 1 for n, f, dd in zip(input_shape, fov, d))
+
+
+def patch_candidates(net: Network, max_voxels: int, input_shape=None) -> list[list[tuple]]:
+    """Input patch shapes (output per axis a multiple of the pooling product D), as one
+    ascending series per aspect ratio, so the search can stop a series once it stops
+    improving.  With ``input_shape`` no patch exceeds the input (rounded up to D) and
+    the whole input is a candidate of its own."""
     fov, d = np.array(net.field_of_view), np.array(net.pooling_product)
     aniso = len(set(net.field_of_view)) > 1 or len(set(net.pooling_product)) > 1
     aspects = [1.0, 2.0, 4.0, 8.0] if aniso else [1.0]
     edges = sorted({int(round(v)) for v in np.geomspace(max(fov.max(), 8), 1024, 40)})
-    seen, out = set(), []
-    for edge in edges:
-        for a in aspects:
+    cap = np.array(input_patch(net, input_shape)) if input_shape is not None else None
+    seen, series = set(), []
+    for a in aspects:
+        out = []
+        for edge in edges:
             target = np.array([edge / a, edge, edge]) if fov[0] <= fov[1] else np.array([edge, edge / a, edge / a])
             m = np.maximum(1, np.floor((target - fov + 1) / d)).astype(int)
-            shape = tuple(int(v) for v in m * d + fov - 1)
+            shape = m * d + fov - 1
+            if cap is not None:
+                shape = np.minimum(shape, cap)
+            shape = tuple(int(v) for v in shape)
             if shape not in seen and math.prod(shape) * net.in_channels <= max_voxels:
                 seen.add(shape)
                 out.append(shape)
-    return out
+        if out:
+            series.append(out)
+    if cap is not None and tuple(int(v) for v in cap) not in seen:
+        series.append([tuple(int(v) for v in cap)])
+    return series
 
 
 def pool_mode_candidates(n_pools: int) -> list[tuple]:
-    if n_pools <= 4:
+    if n_pools <= 2:
         return list(itertools.product(("mpf", "pool"), repeat=n_pools))
-    # many pooling layers: depth-first on a prefix, MPF after (the ZNNi choices)
+    # three or more pooling layers: depth-first on a prefix, MPF after (the ZNNi choices;
+    # the other assignments trade memory the same way and took most of the planning time)
     return [("pool",) * k + ("mpf",) * (n_pools - k) for k in range(n_pools + 1)]
 
 
@@ -90,6 +119,7 @@ class _Timer:
         self.cal = T.calibrate(threads)
         self.meas = T.Measurements(threads) if effort != "estimate" else None
         self.measure_all = effort == "exhaustive"
+        self._memo: dict = {}  # (primitive, n, layer, shapes, ...) -> seconds, for this search only
 
     def estimate(self, prim, n, layer, spatial, micro_batch=None) -> float:
         return T.estimate_conv(prim, n, layer, spatial, self.cal, micro_batch)
@@ -97,13 +127,20 @@ class _Timer:
     def layer(self, prim, n, layer, spatial, micro_batch, reps, measure=False, tile=()) -> float:
         """Seconds of a conv step over the whole patch: ``reps`` runs (pooling offsets, slabs),
         each in micro-batches and input blocks, plus the one-off build of resident kernel spectra."""
+        key = (prim, n, id(layer), tuple(spatial), micro_batch, reps, measure, tuple(tile or ()))
+        if (hit := self._memo.get(key)) is None:
+            hit = self._memo[key] = self._layer(prim, n, layer, spatial, micro_batch, reps, measure, tile)
+        return hit
+
+    def _layer(self, prim, n, layer, spatial, micro_batch, reps, measure, tile) -> float:
         shape, origins = M.conv_blocks(tuple(spatial), layer.kernel, tile)
         if len(origins) == 1:
+            calls = reps * math.ceil(n / (micro_batch or n))
             return reps * self.conv(prim, n, layer, spatial, micro_batch, measure) + \
-                T.estimate_setup(prim, layer, spatial, self.cal)
+                T.estimate_setup(prim, layer, spatial, self.cal) + calls * CALL_OVERHEAD_S
         mb = micro_batch or n
         copy = T.estimate_elementwise(M.nbytes((mb, layer.in_channels) + shape), self.cal, 2.0)
-        per_call = self.conv(prim, mb, layer, shape, mb, measure) + copy
+        per_call = self.conv(prim, mb, layer, shape, mb, measure) + copy + CALL_OVERHEAD_S
         return reps * math.ceil(n / mb) * len(origins) * per_call + T.estimate_setup(prim, layer, shape, self.cal)
 
     def conv(self, prim, n, layer, spatial, micro_batch, measure=False) -> float:
@@ -171,21 +208,25 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
                 return decisions[i]
             layer = layers[i]
             room = budget - live_max[i] - sum(resident.values())
-            options = []
-            allowed = [p for p in primitives if not (i in no_cache and p in RESIDENT_PRIMITIVES)] or primitives
-            for prim in allowed:
-                for tile in (_fft_tiles(spatial, layer.kernel) if prim.startswith("fft-") else [()]):
-                    keep = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
-                    for mb in _micro_batches(n):
-                        need = M.conv_step_bytes(prim, n, mb, layer, spatial, tile, threads) + keep
-                        options.append((prim, mb, tile, need))
-            fitting = [o for o in options if o[3] <= room]
-            if not fitting:
-                p, mb, tile, _ = min(options, key=lambda o: o[3])
+            allowed = tuple(p for p in primitives if not (i in no_cache and p in RESIDENT_PRIMITIVES)) or primitives
+            key = ("ranked", i, n, tuple(spatial), reps[i], allowed)
+            ranked = timer._memo.get(key)  # every option of this layer by estimated time (shared by candidates)
+            if ranked is None:
+                ranked = []
+                for prim in allowed:
+                    for tile in (_fft_tiles(spatial, layer.kernel) if prim.startswith("fft-") else [()]):
+                        keep = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
+                        for mb in _micro_batches(n):
+                            need = M.conv_step_bytes(prim, n, mb, layer, spatial, tile, threads) + keep
+                            ranked.append((timer.layer(prim, n, layer, spatial, mb, reps[i], tile=tile), prim, mb, tile,
+                                           need))
+                ranked.sort(key=lambda o: o[:3])
+                timer._memo[key] = ranked
+            est = [o[:4] for o in ranked if o[4] <= room]
+            if not est:
+                _, p, mb, tile, _ = min(ranked, key=lambda o: o[4])
                 decisions[i] = (p, mb, tile)
                 return decisions[i]
-            est = sorted((timer.layer(p, n, layer, spatial, mb, reps[i], tile=tile), p, mb, tile)
-                         for p, mb, tile, _ in fitting)
             if timer.meas is not None and (measure or timer.measure_all):
                 short = [o for o in est if o[0] <= 3 * est[0][0]][:SHORTLIST]
                 timed = sorted((timer.layer(p, n, layer, spatial, mb, reps[i], True, tile), p, mb, tile)
@@ -227,28 +268,33 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
             tile = ()
             t = T.estimate_elementwise(M.nbytes(sm.in_shape), timer.cal, 1.0 if layer.kind == "identity" else 2.0)
             prim_name, mbv = layer.kind, 0
-            t *= reps[sm.index]
+            t = (t + CALL_OVERHEAD_S) * reps[sm.index]
         else:
             tile = ()
             t = T.estimate_elementwise(M.nbytes(sm.in_shape), timer.cal, 1.5)
             mode = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)]
             prim_name, _, rows = mode.partition(":")
             mbv = int(rows or 0)
-            t *= reps[sm.index]
+            t = (t + CALL_OVERHEAD_S) * reps[sm.index]
         total += t
         steps.append(Step(sm.index, sm.op, prim_name, sm.in_shape, sm.out_shape, mbv, timer.cal["threads"], t, sm.peak,
                           tile))
     out_vox = math.prod(net.output_shape(patch))
     total += T.estimate_elementwise(M.nbytes((net.out_channels, out_vox)), timer.cal, 2.0)  # recombine
+    total += PATCH_OVERHEAD_S
     return steps, total, peak, notes
 
 
 def autotune(net: Network, *, memory_budget: int | None = None, device: str = "cpu", effort: str = "estimate",
              threads: int | None = None, patch_shape=None, primitives=None, pool_modes=None,
-             use_cache: bool = True) -> Plan:
+             input_shape=None, use_cache: bool = True) -> Plan:
     """Choose input patch, pool/MPF per pooling layer, primitive and micro-batch per conv layer.
 
-    Raises :class:`MemoryBudgetError` when not even the smallest patch fits, naming what it needs.
+    ``input_shape`` (z, y, x): the input the plan is for (a whole array, or a task's read
+    shape); no patch larger than it is considered, and the whole input is a candidate.
+    Plans are cached on disk by (network, input shape, budget, device, effort, threads,
+    machine), like FFTW wisdom.  Raises :class:`MemoryBudgetError` when not even the
+    smallest patch fits, naming what it needs.
     """
     if effort not in EFFORTS:
         raise PlanError(f"effort {effort!r} is not one of {EFFORTS}")
@@ -268,8 +314,12 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
     if bad:
         raise PlanError(f"unknown primitives {bad}; choose from {CONV_PRIMITIVES}")
 
-    cache = T.JsonCache(T.cache_dir() / "plans.json") if use_cache and effort != "estimate" else None
-    ckey = f"{net.digest()}|{budget}|{device}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|{T.machine_key(threads)}"
+    if input_shape is not None:
+        input_shape = tuple(int(v) for v in input_shape)
+        input_patch(net, input_shape)  # validates
+    cache = T.JsonCache(T.cache_dir() / "plans.json") if use_cache else None
+    ckey = (f"{net.digest()}|{budget}|{device}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|{input_shape}|"
+            f"{T.machine_key(threads)}")
     if cache is not None and (hit := cache.get(ckey)):
         return Plan.from_dict(hit)
 
@@ -281,9 +331,9 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
         if bad:
             raise PlanError(f"patch shape {patch_shape}: each axis n needs n >= field of view {fov} and "
                             f"(n - F + 1) divisible by the pooling product {d}")
-        patches = [patch_shape]
+        series = [[patch_shape]]
     else:
-        patches = patch_candidates(net, MAX_PATCH_VOXELS)
+        series = patch_candidates(net, MAX_PATCH_VOXELS, input_shape)
     mode_sets = pool_mode_candidates(len(net.pools))
     if pool_modes is not None:
         pool_modes = tuple(pool_modes)
@@ -295,18 +345,58 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
 
     results, rejected = [], []
     smallest_need = None
-    for patch in patches:
-        if M.nbytes((net.in_channels,) + patch) * 2 > budget:
+    evaluated = 0
+    frugal_first = sorted(mode_sets, key=lambda m: -sum(v == "pool" for v in m))
+
+    def try_patch(patch) -> float:
+        """Evaluate every pool-mode assignment of ``patch``; best fitting voxels/s (0: none fits)."""
+        nonlocal evaluated, smallest_need
+        best = 0.0
+        # slab modes recompute the first layers (slower, smaller): tried only when no
+        # MPF/depth-first assignment fits this patch
+        # all-depth-first (the least memory) goes first: if even it does not fit, no other
+        # MPF/depth-first assignment does, and only the slab modes remain
+        for group in ([mode_sets] if pool_modes is not None else [frugal_first, "slab"]):
+            if group == "slab":
+                if best:
+                    break
+                group = _slab_modes(net, patch, [frugal_first[0]])
+            for j, modes in enumerate(group):
+                if j == 1 and group is frugal_first and not best:
+                    break
+                steps, secs, peak, notes = _evaluate(net, patch, modes, budget, timer, prims)
+                evaluated += 1
+                desc = f"patch {patch} pools {'/'.join(modes) or '-'}"
+                vps = math.prod(net.output_shape(patch)) / secs
+                if peak > budget:
+                    rejected.append(Rejected(desc, f"needs {_fmt(peak)} > budget {_fmt(budget)}", vps))
+                    smallest_need = peak if smallest_need is None else min(smallest_need, peak)
+                else:
+                    results.append((vps, patch, modes, steps, secs, peak, notes))
+                    best = max(best, vps)
+        return best
+
+    for patches in series:
+        # coarse to fine along a series of growing patches: every COARSE-th patch until
+        # throughput has fallen PATIENCE times in a row or the input alone no longer fits
+        # (monotone trends), then the neighbours of the best coarse patch
+        patches = [p for p in patches if M.nbytes((net.in_channels,) + p) * 2 <= budget]
+        if not patches:
             continue
-        for modes in (mode_sets if pool_modes is not None else mode_sets + _slab_modes(net, patch, mode_sets)):
-            steps, secs, peak, notes = _evaluate(net, patch, modes, budget, timer, prims)
-            desc = f"patch {patch} pools {'/'.join(modes) or '-'}"
-            vps = math.prod(net.output_shape(patch)) / secs
-            if peak > budget:
-                rejected.append(Rejected(desc, f"needs {_fmt(peak)} > budget {_fmt(budget)}", vps))
-                smallest_need = peak if smallest_need is None else min(smallest_need, peak)
+        coarse = sorted(set(range(0, len(patches), COARSE)) | {len(patches) - 1})
+        seen, best_i, best_vps, worse = {}, None, 0.0, 0
+        for i in coarse:
+            seen[i] = try_patch(patches[i])
+            if seen[i] > best_vps:
+                best_i, best_vps, worse = i, seen[i], 0
             else:
-                results.append((vps, patch, modes, steps, secs, peak, notes))
+                worse += 1
+                if worse >= PATIENCE:
+                    break
+        if best_i is not None:
+            for i in range(max(0, best_i - COARSE + 1), min(len(patches), best_i + COARSE)):
+                if i not in seen:
+                    seen[i] = try_patch(patches[i])
     if not results:
         need = smallest_need or M.nbytes((net.in_channels,) + tuple(net.field_of_view)) * 2
         raise MemoryBudgetError(
@@ -336,7 +426,7 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
         rejected=tuple(notes) + tuple(rejected[:50]),
         provenance={"versions": T.versions(), "cpu": T.cpu_model(), "threads": threads,
                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    "effort": effort, "candidates": len(patches) * len(mode_sets),
+                    "effort": effort, "candidates": evaluated, "input_shape": input_shape,
                     "calibration": {k: timer.cal[k] for k in ("gemm_flops", "numba_flops", "mem_bw")}},
     )
     if cache is not None:
