@@ -10,6 +10,7 @@ from znni_core.errors import InputError
 from znni_core.layers import (
     FFTConv,
     conv_direct_gemm,
+    conv_direct_gemm_memory,
     conv_direct_numba,
     fft_conv,
     fft_shape,
@@ -164,3 +165,17 @@ def test_fft_size():
                     r //= p
             assert r != 1
     assert fft_shape((11, 13, 97)) == (12, 14, 98)
+
+
+def test_gemm_1x1x1_is_one_product_per_item_into_any_destination():
+    """The 1x1x1 fast path (no lowering) into a contiguous and into a strided ``out``."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 4, 6, 7)).astype(np.float32)
+    w = rng.standard_normal((3, 5, 1, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    ref = reference(x, w, b)
+    assert rel_err(conv_direct_gemm(x, w, b), ref) <= TOL
+    big = np.full((2, 3, 4, 6, 9), np.nan, np.float32)
+    conv_direct_gemm(x, w, b, out=big[..., 1:8])
+    assert rel_err(big[..., 1:8], ref) <= TOL and np.isnan(big[..., 0]).all()
+    assert conv_direct_gemm_memory(2, 5, 3, (4, 6, 7), (1, 1, 1)) == 4 * ref.size  # the output only

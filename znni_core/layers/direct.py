@@ -131,6 +131,19 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None):
         out = xp.empty((N, O, Zo, Yo, Xo), dtype=xp.float32)
     elif out.shape != (N, O, Zo, Yo, Xo):
         raise InputError(f"out has shape {out.shape}; expected {(N, O, Zo, Yo, Xo)}")
+    if kz == ky == kx == 1:  # 1x1x1: one GEMM per item straight on the input, no lowering
+        w2 = w.reshape(O, C)
+        for n in range(N):
+            if out[n].flags.c_contiguous:
+                o2 = out[n].reshape(O, Z * Y * X)
+                xp.matmul(w2, x[n].reshape(C, Z * Y * X), out=o2)
+            else:  # a strided destination (a block of a larger output)
+                o2 = xp.matmul(w2, x[n].reshape(C, Z * Y * X))
+            if b is not None:
+                o2 += b.reshape(O, 1)
+            if not out[n].flags.c_contiguous:
+                out[n] = o2.reshape(O, Z, Y, X)
+        return out
     tz, ty, tw = _gemm_blocks((Z, Y, X), kernel, C, O, max_bytes)
     blen = tz * ty * tw
     K = C * kz * ky * kx
@@ -175,6 +188,8 @@ def conv_direct_gemm_memory(n, c_in, c_out, in_shape, kernel, max_bytes=None) ->
     Assumes a contiguous float32 input (otherwise a converted copy is added) and
     ``out=None``.
     """
+    if math.prod(kernel) == 1:  # no lowering: the output only
+        return F32 * n * c_out * math.prod(in_shape)
     tz, ty, tw = _gemm_blocks(tuple(in_shape), tuple(kernel), c_in, c_out, max_bytes)
     blen = tz * ty * tw
     work = F32 * blen * (c_in * math.prod(kernel) + c_out)

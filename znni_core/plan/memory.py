@@ -63,7 +63,7 @@ def _conv_step_bytes(primitive, n, mb, layer, spatial, tile, threads) -> int:
     if mb >= n and tile == tuple(spatial):
         return conv_primitive_bytes(primitive, n, layer, spatial, threads)
     block = nbytes((mb, layer.in_channels) + tile) if tile != tuple(spatial) else 0
-    out = nbytes((n, layer.out_channels) + out_spatial(layer, spatial))
+    out = nbytes((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)))
     return out + block + conv_primitive_bytes(primitive, mb, layer, tile, threads)
 
 
