@@ -313,6 +313,12 @@ def main(argv=None):
             print(json.dumps({k: row[k] for k in ("median_s", "znni_first_call_s")}, default=float), flush=True)
             res["rows"].append(row)
     out.mkdir(parents=True, exist_ok=True)
+    if a.only and (out / "runtimes.json").is_file():  # keep the other cases of the last full run
+        old = json.loads((out / "runtimes.json").read_text())
+        fresh = {r["case"] for r in res["rows"]}
+        res["rows"] = [r if r["case"] not in fresh else next(n for n in res["rows"] if n["case"] == r["case"])
+                       for r in old["rows"]] + [r for r in res["rows"] if r["case"] not in {o["case"] for o in old["rows"]}]
+        res["command"] = f"{old['command']}; then {res['command']} (re-ran those cases)"
     (out / "runtimes.json").write_text(json.dumps(res, indent=1, default=float))
     (out / "RUNTIMES.md").write_text(render(res))
     print(render(res))

@@ -166,6 +166,11 @@ def _fft_tiles(spatial, kernel) -> list[tuple]:
     return out
 
 
+def _flat_axis(kernel, spatial) -> bool:
+    """Whether the kernel is 1 deep along an axis the input extends along."""
+    return any(k == 1 and s > 1 for k, s in zip(kernel, spatial))
+
+
 def _micro_batches(n: int) -> list[int]:
     out, mb = [], n
     while mb >= 1:
@@ -209,6 +214,11 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
             layer = layers[i]
             room = budget - live_max[i] - sum(resident.values())
             allowed = tuple(p for p in primitives if not (i in no_cache and p in RESIDENT_PRIMITIVES)) or primitives
+            if _flat_axis(layer.kernel, spatial):
+                # FFTConv transforms every axis: a kernel 1 deep on an axis of extent > 1 (2D
+                # kernels in 3D) pays transforms along it for nothing, and the rate model does not
+                # see it (boundary net (1,5,5) layer: fft-task 2.0 s where direct-gemm took 1.0 s)
+                allowed = tuple(p for p in allowed if not p.startswith("fft-")) or allowed
             key = ("ranked", i, n, tuple(spatial), reps[i], allowed)
             ranked = timer._memo.get(key)  # every option of this layer by estimated time (shared by candidates)
             if ranked is None:
