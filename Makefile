@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench bench-runtimes clean
 
 setup: $(VENV)/.installed
 
@@ -27,6 +27,11 @@ test: setup
 
 bench: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m benchmarks
+
+# znni vs PyTorch, ONNX Runtime and OpenVINO (f32) as users call them: benchmarks/RUNTIMES.md
+bench-runtimes: setup
+	$(VENV)/bin/uv pip install -q --python $(PY) -e ".[dev,bench]"
+	PATH="$(abspath $(VENV))/bin:$$PATH" NUMBA_THREADING_LAYER=threadsafe $(PY) -m benchmarks.runtimes
 
 clean:
 	rm -rf $(VENV) demo_out .pytest_cache .snakemake

@@ -66,3 +66,26 @@ def test_harness_smoke(tmp_path):
     assert png.stat().st_size > 1000
     md = report.write_report(tmp_path).read_text()
     assert net.name in md and "sweep_w4.png" in md and "GEMM" in md
+
+
+def test_runtime_baselines_dense_forms_equal_znni(tmp_path):
+    """The dense formulation every runtime baseline runs (3D, and 2D with z as the batch)
+    computes what znni computes, and the ONNX export of it runs where a runtime is installed."""
+    from benchmarks.nets import make_boundary_network
+    from benchmarks.runtimes import Baselines, dense_module, is_2d
+
+    import znni_core
+
+    net = make_boundary_network()
+    assert net.field_of_view == (1, 95, 95) and net.pooling_product == (1, 16, 16) and is_2d(net)
+    assert direct_flops_per_voxel(net) == 2 * 218_696
+    x = np.random.default_rng(0).random((1, 2, 110, 111), dtype=np.float32)
+    ref = znni_core.infer(net, x, memory_budget=256 * MB)
+    with torch.no_grad():
+        y3 = dense_module(net)(torch.from_numpy(x[None])).numpy()[0]
+        y2 = dense_module(net, two_d=True)(torch.from_numpy(x.transpose(1, 0, 2, 3).copy())).numpy()
+    assert np.abs(y3 - ref).max() < 1e-4
+    assert np.abs(y2.transpose(1, 0, 2, 3) - ref).max() < 1e-4
+    base = Baselines(net, x, threads=1, tmp=tmp_path)
+    for name, fn in base.fns.items():  # PyTorch always; ONNX Runtime / OpenVINO with the bench extra
+        assert np.abs(fn() - ref).max() < 1e-4, name
