@@ -142,3 +142,10 @@ def test_patch_never_exceeds_the_input_and_small_input_is_one_patch():
     assert all((c - f + 1) % dd == 0 and c - n < dd for c, n, f, dd in zip(cap, x_shape, fov, d))
     with pytest.raises(znni_core.errors.PlanError, match="field of view"):
         autotune(net, memory_budget=2 ** 31, input_shape=(1, 1, 1))
+
+
+def test_plan_cache_keeps_the_newest_entries(tmp_path):
+    c = T.JsonCache(tmp_path / "plans.json", max_entries=2)
+    for k in ("a", "b", "a", "c"):  # re-putting "a" makes it the newest
+        c.put(k, {"v": k})
+    assert list(T.JsonCache(tmp_path / "plans.json").data) == ["a", "c"]

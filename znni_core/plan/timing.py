@@ -20,7 +20,7 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 5  # bump when the models or the calibration change
+CALIBRATION_VERSION = 6  # bump when the models or the calibration change (6: call/patch overheads, bounded search)
 
 
 def cache_dir() -> Path:
@@ -74,8 +74,8 @@ def _best_of(fn, repeats=3) -> float:
 class JsonCache:
     """A tiny persistent key -> value store (JSON), written atomically."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, path: Path, max_entries: int | None = None):
+        self.path, self.max_entries = Path(path), max_entries
         try:
             self.data = json.loads(self.path.read_text()) if self.path.is_file() else {}
         except (OSError, json.JSONDecodeError):
@@ -85,9 +85,13 @@ class JsonCache:
         return self.data.get(key)
 
     def put(self, key, value):
-        self.data[key] = value
+        self.data.pop(key, None)
+        self.data[key] = value  # newest last (JSON objects keep their order)
+        if self.max_entries is not None:
+            for old in list(self.data)[: max(0, len(self.data) - self.max_entries)]:
+                del self.data[old]
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.data, sort_keys=True))
+        tmp.write_text(json.dumps(self.data))
         os.replace(tmp, self.path)
 
 
