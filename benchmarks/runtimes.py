@@ -188,6 +188,13 @@ def timed(fn):
     return time.perf_counter() - t0, y
 
 
+def predicted_seconds(plan, net, shape) -> float:
+    """The time model's seconds for ``infer`` on ``shape``: per-patch prediction x patches."""
+    out = [n - f + 1 for n, f in zip(shape, net.field_of_view)]
+    tiles = math.prod(math.ceil(o / t) for o, t in zip(out, plan.output_shape))
+    return plan.predicted_seconds * tiles
+
+
 def bench_case(name, net, x, budget, threads, rounds, tmp):
     import znni_core
 
@@ -221,6 +228,7 @@ def bench_case(name, net, x, budget, threads, rounds, tmp):
     row["znni_plan"] = {"patch": list(plan.patch_shape), "pools": list(plan.pool_modes),
                         "primitives": [s.primitive for s in plan.steps if s.op == "conv"],
                         "candidates": plan.provenance.get("candidates")}
+    row["znni_predicted_s"] = predicted_seconds(plan, net, x.shape[1:])
     strongest = max((k for k in med if k != "znni"), key=lambda k: -med[k], default=None)
     if strongest:
         row["strongest"] = strongest
@@ -274,6 +282,11 @@ def render(res: dict) -> str:
             eff = r["gflops_direct"][k] * 1e9 / r.get("sgemm_flops", res["sgemm_flops"])
             lines.append(f"| {k} | {v:.3f} | {r['voxels_per_s'][k]:,.0f} | {v / r['median_s']['znni']:.2f} | "
                          f"{eff:.0%} | {r['max_abs_err_vs_pytorch'].get(k, float('nan')):.1e} |")
+        if r.get("znni_predicted_s"):
+            err = r["znni_predicted_s"] / r["median_s"]["znni"] - 1
+            lines.append("")
+            lines.append(f"time model: predicted {r['znni_predicted_s']:.2f} s for znni, measured "
+                         f"{r['median_s']['znni']:.2f} s ({err:+.0%})")
         if r.get("strongest"):
             verdict = "faster" if r["znni_vs_strongest"] >= 1 else "SLOWER"
             lines.append("")
