@@ -70,11 +70,12 @@ def test_measure_plan_is_cached_and_reloads_without_measuring(monkeypatch):
 
 
 def test_estimate_plan_is_cached_by_input_shape(monkeypatch):
+    from znni_core.plan import search
+
     net = make_net(WIDE, seed=4)
     a = autotune(net, memory_budget=64 * MIB, input_shape=(40, 50, 60))
-    evaluated = []
-    real = __import__("znni_core.plan.search", fromlist=["_evaluate"])._evaluate
-    monkeypatch.setattr("znni_core.plan.search._evaluate", lambda *a, **k: evaluated.append(1) or real(*a, **k))
+    evaluated, real = [], search._evaluate
+    monkeypatch.setattr(search, "_evaluate", lambda *a, **k: evaluated.append(1) or real(*a, **k))
     assert autotune(net, memory_budget=64 * MIB, input_shape=(40, 50, 60)) == a
     assert evaluated == []
     b = autotune(net, memory_budget=64 * MIB, input_shape=(40, 50, 61))  # another shape: planned anew

@@ -63,8 +63,9 @@ def infer(net: Network, x, *, device: str = "cpu", memory_budget: int | None = N
     ``out[:, i, j, k] = net(x[:, i:i+Fz, j:j+Fy, k:k+Fx])``.  Without a ``plan`` one is
     made with ``effort="estimate"`` under ``memory_budget`` (bytes; default a fraction
     of available RAM) for this input's shape (no patch larger than ``x``; an input smaller
-    than one good patch runs as one patch) and cached on disk for the next call.  The budget bounds the engine's working memory per patch; the
-    whole input and the returned array are extra.  ``cache``: pass the same dict to
+    than one good patch runs as one patch) and cached on disk for the next call.  The
+    budget bounds the engine's working memory per patch; the whole input and the
+    returned array are extra.  ``cache``: pass the same dict to
     several calls with one plan (e.g. the blocks of a task) to build the plan's resident
     FFT kernel spectra once for all of them; it holds at most one plan's spectra.
 

@@ -134,14 +134,11 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None):
     if kz == ky == kx == 1:  # 1x1x1: one GEMM per item straight on the input, no lowering
         w2 = w.reshape(O, C)
         for n in range(N):
-            if out[n].flags.c_contiguous:
-                o2 = out[n].reshape(O, Z * Y * X)
-                xp.matmul(w2, x[n].reshape(C, Z * Y * X), out=o2)
-            else:  # a strided destination (a block of a larger output)
-                o2 = xp.matmul(w2, x[n].reshape(C, Z * Y * X))
+            direct = out[n].flags.c_contiguous  # else a strided block of a larger output: via a temporary
+            o2 = xp.matmul(w2, x[n].reshape(C, Z * Y * X), out=out[n].reshape(O, Z * Y * X) if direct else None)
             if b is not None:
                 o2 += b.reshape(O, 1)
-            if not out[n].flags.c_contiguous:
+            if not direct:
                 out[n] = o2.reshape(O, Z, Y, X)
         return out
     tz, ty, tw = _gemm_blocks((Z, Y, X), kernel, C, O, max_bytes)

@@ -29,6 +29,7 @@ MAX_PATCH_VOXELS = 512 ** 3
 GIB = 2 ** 30
 GPU_PRIMITIVES = ("direct-gemm", "fft-data")
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
+SEARCH_VERSION = 2  # in the plan cache key: bump when the search or time model changes (stale plans)
 PLAN_CACHE_ENTRIES = 256  # newest plans kept on disk (one per network x shape x budget x ...)
 PATIENCE = 2  # coarse patches in a row without a gain before a series of growing patches stops
 COARSE = 3  # a series is first sampled at every COARSE-th patch, then refined around the best
@@ -330,7 +331,7 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
         input_patch(net, input_shape)  # validates
     cache = T.JsonCache(T.cache_dir() / "plans.json", max_entries=PLAN_CACHE_ENTRIES) if use_cache else None
     ckey = (f"{net.digest()}|{budget}|{device}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|{input_shape}|"
-            f"{T.machine_key(threads)}")
+            f"{SEARCH_VERSION}|{T.machine_key(threads)}")
     if cache is not None and (hit := cache.get(ckey)):
         return Plan.from_dict(hit)
 
