@@ -1,19 +1,29 @@
-"""Read a chain network from ONNX as exported by ``torch.onnx.export(..., dynamo=False)``.
+"""Read a network from ONNX as exported by ``torch.onnx.export(..., dynamo=False)``.
 
-Only protobuf is parsed (never pickle).  Anything outside the supported chain is
-refused with a message naming the node, the operator and the attribute.
+Only protobuf is parsed (never pickle).  The file becomes a :class:`~.graph.Graph`;
+a plain chain of valid stride-1 convolutions, max-pools and activations becomes a
+:class:`~.spec.Network` instead (the MPF fast path).  Anything outside the supported
+operators is refused with a message naming the node, the operator and the attribute.
+
+Slices are read relative to the shape the file was exported at (a crop of ``a`` voxels
+at the start and ``b`` at the end stays that crop for any input shape); BatchNorm folds
+into the convolution before it, or becomes a per-channel affine map.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import NetworkError, UnsupportedOperatorError
+from .graph import PATCH_DEPENDENT, Graph, Node, _axis_len, _Inadmissible
 from .spec import Activation, Conv, Network, Pool
 
 _ACT = {"Relu": "relu", "LeakyRelu": "leaky_relu", "Elu": "elu", "Sigmoid": "sigmoid",
         "Tanh": "tanh", "Softmax": "softmax", "Identity": "identity", "Dropout": "identity"}
 _DEFAULT_ALPHA = {"LeakyRelu": 0.01, "Elu": 1.0}
-SUPPORTED = ("Conv", "MaxPool") + tuple(_ACT)
+_ARITH = ("Add", "Sub", "Mul", "Div")
+SUPPORTED = ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "Resize", "Upsample", "Slice", "Pad", "Concat",
+             "BatchNormalization", "Constant") + _ARITH + tuple(_ACT)
+_BIG = 2**62
 
 
 def _attrs(node) -> dict:
@@ -26,95 +36,424 @@ def _label(node) -> str:
     return f"node {node.name or '<unnamed>'!r} ({node.op_type})"
 
 
+def _refuse(node, why: str):
+    raise UnsupportedOperatorError(f"{_label(node)}: {why}")
+
+
 def _require(node, attrs: dict, key: str, ok, want: str) -> None:
     if key in attrs and not ok(attrs[key]):
-        raise UnsupportedOperatorError(
-            f"{_label(node)}: attribute {key}={attrs[key]!r} is not supported; znni needs {want}. "
-            "Re-export the model with that setting (dense inference derives padding from the field of view).")
+        _refuse(node, f"attribute {key}={attrs[key]!r} is not supported; znni needs {want}. "
+                      "Re-export the model with that setting.")
 
 
 def _is_all(v, value) -> bool:
     return all(int(x) == value for x in v)
 
 
-def load_onnx(path) -> Network:
-    import onnx
-    from onnx import numpy_helper
+def _str(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
 
-    try:
-        model = onnx.load(str(path))
-    except Exception as exc:  # protobuf decode errors have many types
-        raise NetworkError(f"{path}: not a readable ONNX file ({exc}); export with torch.onnx.export(..., dynamo=False)") from exc
-    graph = model.graph
-    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
-    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    real_inputs = [i for i in graph.input if i.name not in consts]
-    if len(real_inputs) != 1:
-        raise NetworkError(f"{path}: expected exactly one graph input, found {[i.name for i in real_inputs]}")
-    elem = real_inputs[0].type.tensor_type.elem_type
-    if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
-        raise NetworkError(f"{path}: graph input has ONNX element type {elem}; znni runs float networks")
-    current = real_inputs[0].name
-    layers = []
-    for node in graph.node:
-        if node.op_type == "Constant":
-            consts[node.output[0]] = numpy_helper.to_array(_attrs(node)["value"])
-            continue
-        if node.domain not in ("", "ai.onnx"):
-            raise UnsupportedOperatorError(f"{_label(node)}: custom domain {node.domain!r} is not supported")
-        if node.op_type not in SUPPORTED:
-            raise UnsupportedOperatorError(
-                f"{_label(node)}: operator {node.op_type} is not supported; znni runs chains of "
-                f"{', '.join(SUPPORTED)}")
-        data_inputs = [i for i in node.input if i and i not in consts]
-        if data_inputs != [current]:
-            raise UnsupportedOperatorError(
-                f"{_label(node)}: reads {list(node.input)}, but znni runs a single chain and expected it to read "
-                f"{current!r} (branches, skips and concatenations are not supported)")
-        attrs = _attrs(node)
-        name = node.name or f"{node.op_type.lower()}{len(layers)}"
-        if node.op_type == "Conv":
-            w = consts.get(node.input[1])
-            if w is None or w.ndim != 5:
-                raise UnsupportedOperatorError(
-                    f"{_label(node)}: needs a constant 5-D weight (Conv3d); got "
-                    f"{'a computed weight' if w is None else f'{w.ndim}-D'}")
-            b = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-            _require(node, attrs, "strides", lambda v: _is_all(v, 1), "stride 1")
-            _require(node, attrs, "dilations", lambda v: _is_all(v, 1), "dilation 1")
-            _require(node, attrs, "group", lambda v: int(v) == 1, "groups=1")
-            _require(node, attrs, "pads", lambda v: _is_all(v, 0), "padding 0 (valid convolution)")
-            _require(node, attrs, "auto_pad", lambda v: v in (b"NOTSET", b"VALID", "NOTSET", "VALID"), "no auto padding")
-            layers.append(Conv(np.asarray(w, np.float32), None if b is None else np.asarray(b, np.float32), name=name))
-        elif node.op_type == "MaxPool":
-            k = [int(v) for v in attrs.get("kernel_shape", [])]
-            if len(k) != 3:
-                raise UnsupportedOperatorError(f"{_label(node)}: kernel_shape {k} is not 3-D (MaxPool3d)")
-            _require(node, attrs, "strides", lambda v: [int(s) for s in v] == k, f"stride equal to the kernel {k}")
-            _require(node, attrs, "pads", lambda v: _is_all(v, 0), "padding 0")
-            _require(node, attrs, "dilations", lambda v: _is_all(v, 1), "dilation 1")
-            _require(node, attrs, "ceil_mode", lambda v: int(v) == 0, "ceil_mode=False")
-            _require(node, attrs, "auto_pad", lambda v: v in (b"NOTSET", b"VALID", "NOTSET", "VALID"), "no auto padding")
-            if len(node.output) > 1 and node.output[1]:
-                raise UnsupportedOperatorError(f"{_label(node)}: pooling indices output is not supported")
-            if "strides" not in attrs and k != [1, 1, 1]:
-                raise UnsupportedOperatorError(f"{_label(node)}: stride 1 with kernel {k}; znni needs stride == kernel")
-            layers.append(Pool(tuple(k), name=name))
+
+def _pads3(node, pads) -> tuple:
+    p = [int(v) for v in pads]
+    if len(p) != 6:
+        _refuse(node, f"pads {p} are not 3-D")
+    if min(p) < 0:
+        _refuse(node, f"negative pads {p} are not supported")
+    return tuple(p[:3]), tuple(p[3:])
+
+
+class _Reader:
+    def __init__(self, path):
+        import onnx
+        from onnx import numpy_helper
+
+        self.numpy_helper = numpy_helper
+        try:
+            model = onnx.load(str(path))
+        except Exception as exc:  # protobuf decode errors have many types
+            raise NetworkError(f"{path}: not a readable ONNX file ({exc}); export with "
+                               "torch.onnx.export(..., dynamo=False)") from exc
+        self.path, self.graph = path, model.graph
+        self.opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+        self.consts = {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
+        inputs = [i for i in self.graph.input if i.name not in self.consts]
+        if len(inputs) != 1:
+            raise NetworkError(f"{path}: expected exactly one graph input, found {[i.name for i in inputs]}")
+        tt = inputs[0].type.tensor_type
+        if tt.elem_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+            raise NetworkError(f"{path}: graph input has ONNX element type {tt.elem_type}; znni runs float networks")
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tt.shape.dim]
+        if len(dims) not in (0, 5):
+            raise NetworkError(f"{path}: the input has {len(dims)} dimensions; znni runs 3-D networks "
+                               "(N, C, Z, Y, X)")
+        self.input = inputs[0].name
+        self.in_channels = int(dims[1]) if len(dims) == 5 and dims[1] else None
+        self.export_shape = tuple(int(d) for d in dims[2:]) if len(dims) == 5 and all(dims[2:]) else None
+        self.nodes: list[Node] = []
+        self.alias: dict[str, str] = {}  # identity-like outputs -> the tensor they stand for
+        self.shape: dict[str, tuple] = {}  # spatial shape of each tensor at the export shape
+        if self.export_shape:
+            self.shape[self.input] = self.export_shape
+        self.readers: dict[str, int] = {}
+        for n in self.graph.node:
+            for i in n.input:
+                self.readers[i] = self.readers.get(i, 0) + 1
+
+    # ---- helpers ----------------------------------------------------------
+    def data(self, name: str) -> str:
+        return self.alias.get(name, name)
+
+    def const(self, node, i: int, what: str, optional=False):
+        if len(node.input) <= i or not node.input[i]:
+            if optional or optional is None:
+                return None
+            _refuse(node, f"needs the {what} input")
+        name = node.input[i]
+        if name not in self.consts:
+            if optional is None:
+                return None
+            _refuse(node, f"{what} {name!r} is computed in the graph; znni needs a constant. Export with a fixed "
+                          "input shape (no dynamic_axes) so the exporter folds shape arithmetic into constants")
+        return self.consts[name]
+
+    def add(self, op, node, inputs, **params) -> None:
+        name = node.name or f"{op}{len(self.nodes)}"
+        inputs = [self.data(i) for i in inputs]
+        new = Node(op, tuple(inputs), node.output[0], name, params)
+        if self.export_shape and all(i in self.shape for i in inputs):
+            try:
+                self.shape[new.output] = tuple(
+                    _axis_len(new, a, [self.shape[i][a] for i in inputs], exact=False) for a in range(3))
+            except _Inadmissible as exc:
+                raise NetworkError(f"{self.path}: at the exported input shape {self.export_shape}: {exc}") from None
+        self.nodes.append(new)
+
+    def producer(self, tensor: str):
+        return next((n for n in reversed(self.nodes) if n.output == tensor), None)
+
+    # ---- operators --------------------------------------------------------
+    def conv(self, node, attrs):
+        w = self.consts.get(node.input[1]) if len(node.input) > 1 else None
+        if w is None or w.ndim != 5:
+            _refuse(node, f"needs a constant 5-D weight (Conv3d); got {'a computed weight' if w is None else f'{w.ndim}-D'}")
+        b = self.const(node, 2, "bias", optional=True)
+        _require(node, attrs, "dilations", lambda v: _is_all(v, 1), "dilation 1")
+        _require(node, attrs, "group", lambda v: int(v) == 1, "groups=1")
+        _require(node, attrs, "auto_pad", lambda v: _str(v) in ("NOTSET", "VALID"), "explicit pads (no auto_pad)")
+        stride = tuple(int(v) for v in attrs.get("strides", (1, 1, 1)))
+        low, high = _pads3(node, attrs.get("pads", [0] * 6))
+        conv = Conv(np.asarray(w, np.float32), None if b is None else np.asarray(b, np.float32),
+                    name=node.name or f"conv{len(self.nodes)}")
+        self.add("conv", node, [node.input[0]], conv=conv, stride=stride, pads=(low, high))
+
+    def deconv(self, node, attrs):
+        w = self.consts.get(node.input[1]) if len(node.input) > 1 else None
+        if w is None or w.ndim != 5:
+            _refuse(node, "needs a constant 5-D weight (ConvTranspose3d)")
+        b = self.const(node, 2, "bias", optional=True)
+        k = list(w.shape[2:])
+        _require(node, attrs, "strides", lambda v: [int(s) for s in v] == k, f"stride equal to the kernel {k}")
+        _require(node, attrs, "pads", lambda v: _is_all(v, 0), "padding 0")
+        _require(node, attrs, "output_padding", lambda v: _is_all(v, 0), "output_padding 0")
+        _require(node, attrs, "dilations", lambda v: _is_all(v, 1), "dilation 1")
+        _require(node, attrs, "group", lambda v: int(v) == 1, "groups=1")
+        if "output_shape" in attrs:
+            _refuse(node, "attribute output_shape is not supported")
+        if "strides" not in attrs and k != [1, 1, 1]:
+            _refuse(node, f"stride 1 with kernel {k}; znni needs stride == kernel")
+        bias = np.zeros(w.shape[1], np.float32) if b is None else np.asarray(b, np.float32)
+        if not (np.isfinite(w).all() and np.isfinite(bias).all()):
+            raise NetworkError(f"{_label(node)}: weight or bias holds NaN/Inf; re-export the network")
+        self.add("deconv", node, [node.input[0]], weight=np.ascontiguousarray(w, np.float32), bias=bias,
+                 stride=tuple(k))
+
+    def pool(self, node, attrs):
+        k = [int(v) for v in attrs.get("kernel_shape", [])]
+        if len(k) != 3:
+            _refuse(node, f"kernel_shape {k} is not 3-D")
+        _require(node, attrs, "strides", lambda v: [int(s) for s in v] == k, f"stride equal to the kernel {k}")
+        _require(node, attrs, "pads", lambda v: _is_all(v, 0), "padding 0")
+        _require(node, attrs, "dilations", lambda v: _is_all(v, 1), "dilation 1")
+        _require(node, attrs, "ceil_mode", lambda v: int(v) == 0, "ceil_mode=False")
+        _require(node, attrs, "auto_pad", lambda v: _str(v) in ("NOTSET", "VALID"), "no auto padding")
+        if len(node.output) > 1 and node.output[1]:
+            _refuse(node, "pooling indices output is not supported")
+        if "strides" not in attrs and k != [1, 1, 1]:
+            _refuse(node, f"stride 1 with kernel {k}; znni needs stride == kernel")
+        self.add("pool", node, [node.input[0]], window=tuple(k), kind="max" if node.op_type == "MaxPool" else "avg")
+
+    def resize(self, node, attrs):
+        if node.op_type == "Upsample":
+            scales, coord = self.const(node, 1, "scales"), "asymmetric"
+            mode = _str(attrs.get("mode", "nearest"))
+            nearest = "floor"
         else:
-            kind = _ACT[node.op_type]
-            if node.op_type == "Softmax":
-                axis = int(attrs.get("axis", 1 if opset < 13 else -1))
-                if axis != 1 or opset < 13:
-                    raise UnsupportedOperatorError(
-                        f"{_label(node)}: softmax over axis {axis} (opset {opset}); znni supports Softmax(dim=1) "
-                        "over channels at opset >= 13")
-            if node.op_type == "Dropout" and len(node.output) > 1 and node.output[1]:
-                raise UnsupportedOperatorError(f"{_label(node)}: dropout mask output is not supported")
-            alpha = float(attrs.get("alpha", _DEFAULT_ALPHA.get(node.op_type, 0.0)))
-            layers.append(Activation(kind, alpha, name=name))
-        current = node.output[0]
-    outputs = [o.name for o in graph.output]
-    if outputs != [current]:
-        raise NetworkError(f"{path}: graph outputs {outputs} are not the end of the chain ({current!r})")
-    return Network(tuple(layers), name=graph.name or str(path), metadata={"source": str(path), "format": "onnx",
-                                                                         "opset": opset})
+            scales = self.const(node, 2, "scales", optional=None)
+            sizes = self.const(node, 3, "sizes", optional=None)
+            if (scales is None or scales.size == 0) and sizes is not None and sizes.size == 5:
+                src = self.shape.get(self.data(node.input[0]))
+                if src is None:
+                    _refuse(node, "gives output sizes, not scales, and the input shape is not fixed; export "
+                                  "with nn.Upsample(scale_factor=...)")
+                scales = np.array([1, 1] + [s / n for s, n in zip(sizes[2:], src)])
+            mode = _str(attrs.get("mode", "nearest"))
+            coord = _str(attrs.get("coordinate_transformation_mode", "half_pixel"))
+            nearest = _str(attrs.get("nearest_mode", "round_prefer_floor"))
+        if scales is None or np.asarray(scales).size != 5:
+            _refuse(node, "needs 5 constant scales (N, C, Z, Y, X)")
+        scales = [float(s) for s in np.asarray(scales).reshape(-1)]
+        if scales[:2] != [1.0, 1.0] or any(s < 1 or s != int(s) for s in scales[2:]):
+            _refuse(node, f"scales {scales}: znni supports integer upsampling factors >= 1 on z, y, x")
+        scale = tuple(int(s) for s in scales[2:])
+        if mode == "nearest":
+            repeat = (coord == "asymmetric" and nearest == "floor") or (
+                coord in ("half_pixel", "pytorch_half_pixel") and nearest in ("round_prefer_floor", "round_prefer_ceil"))
+            if not repeat:
+                _refuse(node, f"nearest resize with coordinate_transformation_mode={coord}, nearest_mode={nearest} "
+                              "is not a plain repetition; export nn.Upsample(mode='nearest')")
+        elif mode == "linear":
+            if coord not in ("half_pixel", "pytorch_half_pixel", "align_corners"):
+                _refuse(node, f"linear resize with coordinate_transformation_mode={coord} is not supported; "
+                              "use align_corners True or False")
+            coord = "align_corners" if coord == "align_corners" else "half_pixel"
+        else:
+            _refuse(node, f"resize mode {mode!r} is not supported (nearest, linear)")
+        self.add("resize", node, [node.input[0]], scale=scale, mode=mode, coord=coord if mode == "linear" else "")
+
+    def slice(self, node, attrs):
+        if self.opset < 10:
+            _refuse(node, f"Slice at opset {self.opset}; re-export at opset >= 11")
+        starts = [int(v) for v in self.const(node, 1, "starts")]
+        ends = [int(v) for v in self.const(node, 2, "ends")]
+        axes = self.const(node, 3, "axes", optional=True)
+        steps = self.const(node, 4, "steps", optional=True)
+        axes = list(range(len(starts))) if axes is None else [int(a) % 5 for a in axes]
+        if steps is not None and any(int(s) != 1 for s in steps):
+            if not self.undo_repeat(node, axes, starts, ends, [int(s) for s in steps]):
+                _refuse(node, f"steps {list(steps)}: only step 1 slices (crops) are supported, and strided "
+                              "slices of a nearest upsampling whose factor they divide")
+            return
+        src = self.shape.get(self.data(node.input[0]))
+        low, high = [0, 0, 0], [0, 0, 0]
+        for a, s, e in zip(axes, starts, ends):
+            if a < 2:
+                if s == 0 and e >= _BIG // 4:
+                    continue
+                _refuse(node, f"slices axis {a} ({'batch' if a == 0 else 'channels'}) [{s}:{e}]; znni crops z, y, x only")
+            i = a - 2
+            if s < 0 or 0 < e < _BIG // 4:
+                if src is None:
+                    _refuse(node, f"crop [{s}:{e}] on axis {a} is absolute and the input shape is not fixed; "
+                                  "export with a fixed input shape")
+            n = src[i] if src else 0
+            low[i] = s if s >= 0 else n + s
+            high[i] = 0 if e >= _BIG // 4 else (-e if e < 0 else n - min(e, n))
+        self.add("crop", node, [node.input[0]], low=tuple(low), high=tuple(high))
+
+    def undo_repeat(self, node, axes, starts, ends, steps) -> bool:
+        """``resize(nearest, f)[..., ::s]`` is ``resize(nearest, f / s)`` when ``s`` divides ``f``
+        (a PyTorch idiom for upsampling some axes only): fold the slice into the resize."""
+        src = self.data(node.input[0])
+        prev = self.producer(src)
+        if prev is None or prev.op != "resize" or prev["mode"] != "nearest" or self.readers.get(node.input[0], 0) != 1:
+            return False
+        scale = list(prev["scale"])
+        for a, s, e, st in zip(axes, starts, ends, steps):
+            if a < 2 or s != 0 or e < _BIG // 4 or scale[a - 2] % st:
+                return False
+            scale[a - 2] //= st
+        self.nodes[self.nodes.index(prev)] = Node("resize", prev.inputs, prev.output, prev.name,
+                                                  {**prev.params, "scale": tuple(scale)})
+        if prev.inputs[0] in self.shape:
+            self.shape[prev.output] = tuple(n * f for n, f in zip(self.shape[prev.inputs[0]], scale))
+            self.shape[node.output[0]] = self.shape[prev.output]
+        self.alias[node.output[0]] = prev.output
+        return True
+
+    def pad(self, node, attrs):
+        mode = _str(attrs.get("mode", "constant"))
+        if mode != "constant":
+            _refuse(node, f"pad mode {mode!r} is not supported (constant)")
+        pads = attrs.get("pads") if self.opset < 11 else self.const(node, 1, "pads")
+        value = float(attrs.get("value", 0.0)) if self.opset < 11 else self.const(node, 2, "value", optional=True)
+        value = 0.0 if value is None else float(np.asarray(value).reshape(-1)[0])
+        p = [int(v) for v in pads]
+        if len(node.input) > 3 and node.input[3]:
+            _refuse(node, "the axes input is not supported")
+        if len(p) != 10 or any(p[i] for i in (0, 1, 5, 6)):
+            _refuse(node, f"pads {p}: znni pads z, y, x only")
+        if min(p) < 0:
+            _refuse(node, f"negative pads {p} are not supported")
+        self.add("pad", node, [node.input[0]], low=tuple(p[2:5]), high=tuple(p[7:10]), value=value)
+
+    def arith(self, node, attrs):
+        a, b = node.input[0], node.input[1]
+        ca, cb = self.consts.get(a), self.consts.get(b)
+        if ca is None and cb is None:
+            if node.op_type not in ("Add", "Mul"):
+                _refuse(node, f"{node.op_type} of two computed tensors is not supported (Add, Mul are)")
+            self.add(node.op_type.lower(), node, [a, b])
+            return
+        if ca is not None and cb is not None:
+            _refuse(node, "both inputs are constants (should have been folded)")
+        c = np.asarray(cb if ca is None else ca, np.float64)
+        data = a if ca is None else b
+        if c.ndim > 5 or any(d != 1 for i, d in enumerate(c.shape[::-1]) if i != 3):
+            _refuse(node, f"constant of shape {c.shape}: only scalars and per-channel (1, C, 1, 1, 1) constants")
+        c = c.reshape(-1)
+        one = np.ones_like(c)
+        op = node.op_type
+        if op == "Add":
+            scale, shift = one, c
+        elif op == "Sub":
+            scale, shift = (one, -c) if ca is None else (-one, c)
+        elif op == "Mul":
+            scale, shift = c, 0 * c
+        else:
+            if ca is not None:
+                _refuse(node, "division by a computed tensor is not supported")
+            scale, shift = 1 / c, 0 * c
+        self.affine(node, data, scale, shift)
+
+    def affine(self, node, data, scale, shift):
+        scale, shift = np.asarray(scale, np.float64), np.asarray(shift, np.float64)
+        if not (np.isfinite(scale).all() and np.isfinite(shift).all()):
+            raise NetworkError(f"{_label(node)}: constants hold NaN/Inf; re-export the network")
+        prev = self.producer(self.data(data))
+        n = max(scale.size, shift.size)
+        if prev is not None and prev.op == "conv" and self.readers.get(data, 0) == 1 \
+                and n in (1, prev.conv.out_channels):
+            # fold into the convolution before it: W' = s W, b' = s b + t
+            conv = prev.conv
+            s = np.broadcast_to(scale, (conv.out_channels,))
+            t = np.broadcast_to(shift, (conv.out_channels,))
+            bias = conv.bias if conv.bias is not None else np.zeros(conv.out_channels, np.float32)
+            folded = Conv((conv.weight.astype(np.float64) * s[:, None, None, None, None]).astype(np.float32),
+                          (bias.astype(np.float64) * s + t).astype(np.float32), name=conv.name)
+            self.nodes[self.nodes.index(prev)] = Node("conv", prev.inputs, prev.output, prev.name,
+                                                      {**prev.params, "conv": folded})
+            self.alias[node.output[0]] = self.data(data)
+            if prev.output in self.shape:
+                self.shape[node.output[0]] = self.shape[prev.output]
+            return
+        if n == 1:
+            scale, shift = scale.reshape(1), shift.reshape(1)
+        self.add("affine", node, [data], scale=np.broadcast_to(scale, (n,)).astype(np.float32).copy(),
+                 shift=np.broadcast_to(shift, (n,)).astype(np.float32).copy())
+
+    def batchnorm(self, node, attrs):
+        if int(attrs.get("training_mode", 0)):
+            _refuse(node, "training_mode=1; export the model in eval mode (model.eval())")
+        gamma, beta, mean, var = (np.asarray(self.const(node, i, w), np.float64)
+                                  for i, w in ((1, "scale"), (2, "bias"), (3, "mean"), (4, "var")))
+        eps = float(attrs.get("epsilon", 1e-5))
+        scale = gamma / np.sqrt(var + eps)
+        self.affine(node, node.input[0], scale, beta - mean * scale)
+
+    def act(self, node, attrs):
+        kind = _ACT[node.op_type]
+        if node.op_type == "Softmax":
+            axis = int(attrs.get("axis", 1 if self.opset < 13 else -1))
+            if axis != 1 or self.opset < 13:
+                _refuse(node, f"softmax over axis {axis} (opset {self.opset}); znni supports Softmax(dim=1) "
+                              "over channels at opset >= 13")
+        if node.op_type == "Dropout" and len(node.output) > 1 and node.output[1]:
+            _refuse(node, "dropout mask output is not supported")
+        if kind == "identity":
+            self.alias[node.output[0]] = self.data(node.input[0])
+            if self.data(node.input[0]) in self.shape:
+                self.shape[node.output[0]] = self.shape[self.data(node.input[0])]
+            return
+        alpha = float(attrs.get("alpha", _DEFAULT_ALPHA.get(node.op_type, 0.0)))
+        self.add("act", node, [node.input[0]], act=Activation(kind, alpha, name=node.name or kind))
+
+    def concat(self, node, attrs):
+        if int(attrs.get("axis", 1)) % 5 != 1:
+            _refuse(node, f"concatenation along axis {attrs.get('axis')}; znni concatenates channels (axis 1)")
+        self.add("concat", node, list(node.input))
+
+    # ---- the walk ----------------------------------------------------------
+    def fold(self, node) -> bool:
+        """Evaluate a node whose inputs are all constants (shape arithmetic)."""
+        if node.op_type == "Constant":
+            attrs = _attrs(node)
+            if "value" not in attrs:
+                _refuse(node, f"Constant without a tensor value ({list(attrs)}) is not supported")
+            self.consts[node.output[0]] = self.numpy_helper.to_array(attrs["value"])
+            return True
+        if not node.input or any(i and i not in self.consts for i in node.input):
+            return False
+        import onnx
+        from onnx.reference import ReferenceEvaluator
+
+        g = onnx.helper.make_graph([node], "fold", [], [onnx.helper.make_tensor_value_info(o, 0, None)
+                                                        for o in node.output if o])
+        model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", self.opset)])
+        try:
+            outs = ReferenceEvaluator(model).run(None, {})
+        except Exception as exc:
+            _refuse(node, f"could not fold this constant computation ({exc})")
+        for name, value in zip([o for o in node.output if o], outs):
+            self.consts[name] = np.asarray(value)
+        return True
+
+    def read(self):
+        handlers = {"Conv": self.conv, "ConvTranspose": self.deconv, "MaxPool": self.pool,
+                    "AveragePool": self.pool, "Resize": self.resize, "Upsample": self.resize,
+                    "Slice": self.slice, "Pad": self.pad, "Concat": self.concat, "BatchNormalization": self.batchnorm,
+                    **{k: self.arith for k in _ARITH}, **{k: self.act for k in _ACT}}
+        for node in self.graph.node:
+            if node.domain not in ("", "ai.onnx"):
+                _refuse(node, f"custom domain {node.domain!r} is not supported")
+            if node.op_type in PATCH_DEPENDENT:
+                _refuse(node, f"operator {node.op_type} {PATCH_DEPENDENT[node.op_type]}, so the output depends on "
+                              "the patch and has no exact sliding-window meaning; znni refuses it. Replace it by "
+                              "BatchNorm (folded at load) or retrain without it")
+            if self.fold(node):
+                continue
+            if node.op_type not in handlers:
+                _refuse(node, f"operator {node.op_type} is not supported; znni runs {', '.join(SUPPORTED)}")
+            handlers[node.op_type](node, _attrs(node))
+        outputs = [o.name for o in self.graph.output]
+        if len(outputs) != 1:
+            raise NetworkError(f"{self.path}: the graph has {len(outputs)} outputs {outputs}; znni runs one")
+        return self.data(outputs[0])
+
+
+def _as_chain(reader: _Reader, output: str, in_channels: int):
+    """The graph as a :class:`Network` when it is a plain chain (MPF applies), else None."""
+    layers, current = [], reader.input
+    for node in reader.nodes:
+        if node.inputs != (current,):
+            return None
+        if node.op == "conv" and all(s == 1 for s in node["stride"]) and not any(map(any, node["pads"])):
+            layers.append(node.conv)
+        elif node.op == "pool" and node["kind"] == "max":
+            layers.append(Pool(node["window"], name=node.name))
+        elif node.op == "act":
+            layers.append(node["act"])
+        else:
+            return None
+        current = node.output
+    if current != output or not layers or not isinstance(layers[0], (Conv, Activation, Pool)):
+        return None
+    return layers
+
+
+def load_onnx(path):
+    """A :class:`Network` (chain) or a :class:`Graph` from an ONNX file."""
+    reader = _Reader(path)
+    output = reader.read()
+    if output == reader.input:
+        raise NetworkError(f"{path}: the graph computes nothing (its output is its input)")
+    meta = {"source": str(path), "format": "onnx", "opset": reader.opset}
+    layers = _as_chain(reader, output, reader.in_channels)
+    if layers is not None and any(isinstance(l, Conv) for l in layers):
+        return Network(tuple(layers), name=reader.graph.name or str(path), metadata=meta)
+    first = next((n.conv for n in reader.nodes if n.op == "conv" and reader.input in n.inputs), None)
+    in_channels = reader.in_channels or (first.in_channels if first is not None else None)
+    if in_channels is None:
+        raise NetworkError(f"{path}: cannot tell the number of input channels; export with a fixed input shape")
+    return Graph(tuple(reader.nodes), reader.input, output, in_channels, name=reader.graph.name or str(path),
+                 metadata=meta, export_shape=reader.export_shape)

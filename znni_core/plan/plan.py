@@ -70,9 +70,12 @@ class Plan:
     rejected: tuple = ()
     provenance: dict = field(default_factory=dict, compare=False, hash=False)
     format: str = PLAN_FORMAT
+    kind: str = "chain"  # chain (MPF) | valid (graph, exact tiles) | padded (graph, blended patches)
+    overlap: tuple = ()  # padded: blending overlap of neighbouring patch outputs (z, y, x)
+    blend: str = ""  # padded: bump | gaussian | linear (exec/blend.py)
 
     def __post_init__(self):
-        for name in ("patch_shape", "output_shape", "field_of_view"):
+        for name in ("patch_shape", "output_shape", "field_of_view", "overlap"):
             object.__setattr__(self, name, _tuple(getattr(self, name)))
         object.__setattr__(self, "steps", tuple(s if isinstance(s, Step) else Step(**s) for s in self.steps))
         object.__setattr__(self, "rejected", tuple(r if isinstance(r, Rejected) else Rejected(**r) for r in self.rejected))
@@ -137,6 +140,7 @@ class Plan:
     def digest(self) -> str:
         """Hash of what determines the computation (not the provenance or predictions)."""
         key = {"net": self.network_digest, "device": self.device, "patch": self.patch_shape,
+               **({"overlap": self.overlap, "blend": self.blend} if self.kind == "padded" else {}),
                "steps": [(s.index, s.op, s.primitive, s.micro_batch, s.threads) for s in self.steps]}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
@@ -145,7 +149,9 @@ class Plan:
         gib = 2 ** 30
         lines = [
             f"plan for network {self.network_digest[:12]} on {self.device} ({self.threads} threads), effort {self.effort}",
-            f"input patch {self.patch_shape} -> dense output {self.output_shape} (field of view {self.field_of_view})",
+            f"input patch {self.patch_shape} -> dense output {self.output_shape} (field of view {self.field_of_view})"
+            + (f"; {self.kind} graph" if self.kind != "chain" else "")
+            + (f", {self.blend} blending over {self.overlap}" if self.kind == "padded" else ""),
             f"predicted {self.predicted_seconds:.3g} s/patch, {self.predicted_voxels_per_s:,.0f} output voxels/s, "
             f"peak {self.predicted_peak_bytes / gib:.3f} GiB of budget {self.memory_budget / gib:.3f} GiB",
             "",

@@ -18,6 +18,7 @@ import re
 import numpy as np
 
 from ..errors import MemoryBudgetError, PlanError
+from ..net.graph import Graph
 from ..net.spec import Activation, Conv, Network, Pool
 from . import memory as M
 from . import timing as T
@@ -299,8 +300,13 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
 
 def autotune(net: Network, *, memory_budget: int | None = None, device: str = "cpu", effort: str = "estimate",
              threads: int | None = None, patch_shape=None, primitives=None, pool_modes=None,
-             input_shape=None, use_cache: bool = True) -> Plan:
+             input_shape=None, use_cache: bool = True, overlap=None, blend: str = "bump") -> Plan:
     """Choose input patch, pool/MPF per pooling layer, primitive and micro-batch per conv layer.
+
+    A graph network (:class:`~znni_core.net.graph.Graph`) is planned by
+    :func:`.graph.autotune_graph`: a primitive per convolution and the patch; a padded
+    graph's plan also carries its blending (``overlap`` voxels per axis, default a quarter
+    of the patch output; ``blend``: bump, gaussian or linear).
 
     ``input_shape`` (z, y, x): the input the plan is for (a whole array, or a task's read
     shape); no patch larger than it is considered, and the whole input is a candidate.
@@ -326,16 +332,27 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
     if bad:
         raise PlanError(f"unknown primitives {bad}; choose from {CONV_PRIMITIVES}")
 
+    graph = isinstance(net, Graph)
     if input_shape is not None:
         input_shape = tuple(int(v) for v in input_shape)
-        input_patch(net, input_shape)  # validates
+        if not graph:
+            input_patch(net, input_shape)  # validates
     cache = T.JsonCache(T.cache_dir() / "plans.json", max_entries=PLAN_CACHE_ENTRIES) if use_cache else None
     ckey = (f"{net.digest()}|{budget}|{device}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|{input_shape}|"
-            f"{SEARCH_VERSION}|{T.machine_key(threads)}")
+            f"{SEARCH_VERSION}|{T.machine_key(threads)}" + (f"|{overlap}|{blend}" if graph else ""))
     if cache is not None and (hit := cache.get(ckey)):
         return Plan.from_dict(hit)
 
     timer = _Timer(effort, threads)
+    if graph:
+        from .graph import autotune_graph
+
+        plan = autotune_graph(net, budget=budget, device=device, effort=effort, threads=threads, timer=timer,
+                              prims=primitives, patch_shape=patch_shape, input_shape=input_shape, overlap=overlap,
+                              blend=blend)
+        if cache is not None:
+            cache.put(ckey, plan.to_dict())
+        return plan
     if patch_shape is not None:
         patch_shape = tuple(int(v) for v in patch_shape)
         fov, d = net.field_of_view, net.pooling_product

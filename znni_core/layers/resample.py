@@ -1,0 +1,155 @@
+"""Primitives graph networks add: resize, transposed and strided convolution, average
+pooling, padding.  Arrays are ``(N, C, Z, Y, X)`` float32, written once against ``xp``.
+
+Semantics are PyTorch's (and ONNX's, as exported by it):
+
+* :func:`upsample_nearest`: every voxel repeated ``f`` times per axis (``nn.Upsample``,
+  nearest, integer factors).
+* :func:`upsample_linear`: separable linear interpolation; ``half_pixel``
+  (``align_corners=False``: source ``max(0, (j + 0.5) / f - 0.5)``, clamped at the last
+  voxel) or ``align_corners`` (source ``j (n - 1) / (m - 1)``).
+* :func:`conv_transpose`: ``ConvTranspose3d`` with stride = kernel, no padding: one GEMM.
+* :func:`conv_strided`: ``Conv3d`` with any stride (valid; pad first): strided lowering.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import InputError
+from .xp import get_array_module
+
+__all__ = ["avg_pool", "conv_strided", "conv_strided_memory", "conv_transpose", "pad", "upsample_linear",
+           "upsample_nearest"]
+
+F32 = 4
+_BLOCK_BYTES = 16 * 2**20
+
+
+def upsample_nearest(x, scale):
+    """Repeat every voxel ``scale[a]`` times on spatial axis ``a``."""
+    xp = get_array_module(x)
+    n, c, z, y, w = x.shape
+    fz, fy, fx = (int(s) for s in scale)
+    if (fz, fy, fx) == (1, 1, 1):
+        return x.copy()
+    v = x.reshape(n, c, z, 1, y, 1, w, 1)
+    out = xp.empty((n, c, z, fz, y, fy, w, fx), dtype=x.dtype)
+    out[...] = v
+    return out.reshape(n, c, z * fz, y * fy, w * fx)
+
+
+def _linear_index(n: int, f: int, coord: str):
+    m = n * f
+    j = np.arange(m, dtype=np.float64)
+    if coord == "align_corners":
+        src = j * (n - 1) / (m - 1) if m > 1 else np.zeros(m)
+    else:
+        src = np.maximum((j + 0.5) / f - 0.5, 0.0)
+    i0 = np.minimum(np.floor(src).astype(np.int64), n - 1)
+    i1 = np.minimum(i0 + 1, n - 1)
+    return i0, i1, (src - i0).astype(np.float32)
+
+
+def upsample_linear(x, scale, coord: str = "half_pixel"):
+    """Separable (tri)linear upsampling by integer factors (see the module docstring)."""
+    if coord not in ("half_pixel", "align_corners"):
+        raise InputError(f"coordinate mode {coord!r} is not half_pixel or align_corners")
+    xp = get_array_module(x)
+    for axis, f in enumerate(int(s) for s in scale):
+        if f == 1:
+            continue
+        i0, i1, w = _linear_index(x.shape[2 + axis], f, coord)
+        shape = [1] * 5
+        shape[2 + axis] = -1
+        w = xp.asarray(w).reshape(shape)
+        a = xp.take(x, xp.asarray(i0), axis=2 + axis)
+        b = xp.take(x, xp.asarray(i1), axis=2 + axis)
+        b -= a
+        b *= w
+        a += b
+        x = a
+        del b
+    return x if any(int(s) > 1 for s in scale) else x.copy()
+
+
+def conv_transpose(x, w, b, stride):
+    """``ConvTranspose3d`` with stride equal to the kernel: ``w`` is (C_in, C_out, kz, ky, kx)."""
+    xp = get_array_module(x)
+    n, ci, z, y, xx = x.shape
+    co, k = w.shape[1], tuple(int(v) for v in w.shape[2:])
+    if tuple(int(s) for s in stride) != k:
+        raise InputError(f"conv_transpose needs stride {tuple(stride)} equal to the kernel {k}")
+    wm = xp.asarray(w).reshape(ci, -1).T  # (C_out * K, C_in)
+    y_ = xp.matmul(wm, x.reshape(n, ci, -1))  # (N, C_out * K, V)
+    y_ = y_.reshape((n, co) + k + (z, y, xx))
+    out = xp.empty((n, co, z, k[0], y, k[1], xx, k[2]), dtype=np.float32)
+    out[...] = y_.transpose(0, 1, 5, 2, 6, 3, 7, 4)
+    del y_
+    out = out.reshape(n, co, z * k[0], y * k[1], xx * k[2])
+    if b is not None:
+        out += xp.asarray(b).reshape(1, -1, 1, 1, 1)
+    return out
+
+
+def avg_pool(x, window):
+    """Average pooling, kernel = stride = ``window``, trailing remainder dropped (floor)."""
+    n, c = x.shape[:2]
+    p = tuple(int(v) for v in window)
+    m = tuple(s // q for s, q in zip(x.shape[2:], p))
+    if min(m) < 1:
+        raise InputError(f"input spatial shape {x.shape[2:]} is smaller than the pooling window {p}")
+    v = x[:, :, :m[0] * p[0], :m[1] * p[1], :m[2] * p[2]]
+    v = v.reshape(n, c, m[0], p[0], m[1], p[1], m[2], p[2])
+    return v.mean(axis=(3, 5, 7), dtype=np.float32)
+
+
+def pad(x, low, high, value: float = 0.0):
+    """Constant padding of the spatial axes."""
+    xp = get_array_module(x)
+    widths = [(0, 0), (0, 0)] + [(int(a), int(b)) for a, b in zip(low, high)]
+    return xp.pad(x, widths, mode="constant", constant_values=value)
+
+
+def conv_strided_out_shape(in_shape, kernel, stride):
+    return tuple((int(n) - int(k)) // int(s) + 1 for n, k, s in zip(in_shape, kernel, stride))
+
+
+def conv_strided(x, w, b, stride):
+    """Valid 3-D correlation with ``stride`` (floor, like PyTorch), lowered in output-z
+    blocks: each output voxel's window gathered through a strided view, then one GEMM."""
+    xp = get_array_module(x)
+    n, ci, Z, Y, X = x.shape
+    co, k = w.shape[0], tuple(int(v) for v in w.shape[2:])
+    s = tuple(int(v) for v in stride)
+    zo, yo, xo = conv_strided_out_shape((Z, Y, X), k, s)
+    if min(zo, yo, xo) < 1:
+        raise InputError(f"kernel {k} is larger than the input {(Z, Y, X)}")
+    x = xp.ascontiguousarray(x)
+    wm = xp.asarray(w).reshape(co, -1)
+    out = xp.empty((n, co, zo, yo, xo), dtype=np.float32)
+    e = x.itemsize
+    kk = ci * math.prod(k)
+    rows = max(1, min(zo, _BLOCK_BYTES // max(1, F32 * kk * yo * xo)))
+    for i in range(n):
+        for z0 in range(0, zo, rows):
+            z1 = min(zo, z0 + rows)
+            base = x[i, :, z0 * s[0]:]
+            view = xp.lib.stride_tricks.as_strided(
+                base, shape=(ci,) + k + (z1 - z0, yo, xo),
+                strides=(Z * Y * X * e, Y * X * e, X * e, e, s[0] * Y * X * e, s[1] * X * e, s[2] * e))
+            cols = view.reshape(kk, -1)  # a copy: the gathered windows
+            out[i, :, z0:z1] = (wm @ cols).reshape(co, z1 - z0, yo, xo)
+            del cols, view
+    if b is not None:
+        out += xp.asarray(b).reshape(1, -1, 1, 1, 1)
+    return out
+
+
+def conv_strided_memory(n, c_in, c_out, in_shape, kernel, stride) -> int:
+    """Peak bytes of :func:`conv_strided` (output + one lowered block and its product)."""
+    zo, yo, xo = conv_strided_out_shape(in_shape, kernel, stride)
+    kk = c_in * math.prod(kernel)
+    rows = max(1, min(zo, _BLOCK_BYTES // max(1, F32 * kk * yo * xo)))
+    return F32 * (n * c_out * zo * yo * xo + (kk + c_out) * rows * yo * xo)

@@ -1,0 +1,385 @@
+"""Graph networks: U-Nets and other fully convolutional DAGs (DESIGN contract 5).
+
+A :class:`Graph` is a list of :class:`Node` in topological order; each node reads named
+tensors and writes one.  Tensors are ``(C, z, y, x)``.  Operators (``Node.op``):
+
+==============  ============================================================================
+``conv``        a :class:`~.spec.Conv` with ``stride`` and zero ``pads`` (low, high) per axis
+``deconv``      transposed convolution, stride = kernel (``weight`` (C_in, C_out, k), ``bias``)
+``pool``        ``kind`` max or avg, window = stride, no padding
+``resize``      integer ``scale`` per axis, ``mode`` nearest or linear (``coord``: half_pixel,
+                align_corners, asymmetric)
+``crop``        removes ``low``/``high`` voxels per axis (a Slice, relative to its input)
+``pad``         adds ``low``/``high`` voxels of ``value`` per axis
+``add`` ``mul`` element-wise on two tensors, or on one tensor and per-channel constants
+``affine``      ``x * scale[c] + shift[c]`` (BatchNorm not foldable into a conv, Mul/Add by constants)
+``concat``      along channels
+``act``         an :class:`~.spec.Activation`
+==============  ============================================================================
+
+Geometry is propagated axis by axis (every operator is separable): the **context** ``c``
+(output = input - c), the **grid** ``g`` (product of the downsampling factors: patches
+that start on it see the same pooling phases as the whole volume) and the **kind**:
+
+* ``valid``: no padding anywhere, so an output voxel depends on its input window only;
+  tiles on the grid give exactly the whole-volume output.  ``field_of_view = c + 1``.
+* ``padded``: zero padding (or a border-clamped linear resize) makes voxels near a patch
+  border depend on where the patch is; overlapping patches are blended (``exec/blend``).
+
+An input length ``n`` is **admissible** when skip connections meet with equal shapes and,
+in a valid graph, every pooling and strided layer divides its input exactly (a padded
+graph floors like PyTorch): ``n = n_min + k g``.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+from ..errors import InputError, NetworkError
+from .spec import Activation, Conv
+
+Shape3 = tuple[int, int, int]
+OPS = ("conv", "deconv", "pool", "resize", "crop", "pad", "add", "mul", "affine", "concat", "act")
+#: operators whose output depends on the whole patch: no sliding-window meaning
+PATCH_DEPENDENT = {
+    "InstanceNormalization": "normalises each channel over the whole patch",
+    "GroupNormalization": "normalises groups of channels over the whole patch",
+    "LayerNormalization": "normalises over the whole patch",
+    "MeanVarianceNormalization": "normalises over the whole patch",
+    "GlobalAveragePool": "averages over the whole patch",
+    "GlobalMaxPool": "takes the maximum over the whole patch",
+    "ReduceMean": "reduces over the patch",
+}
+_MAX_SCAN = 4096  # longest admissible length searched for (per axis)
+
+
+class _Inadmissible(Exception):
+    def __init__(self, node, reason):
+        super().__init__(f"{node}: {reason}")
+        self.node, self.reason = node, reason
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    op: str
+    inputs: tuple
+    output: str
+    name: str
+    params: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.op not in OPS:
+            raise NetworkError(f"{self.name}: unknown graph operator {self.op!r}; one of {OPS}")
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+
+    def __getitem__(self, key):
+        return self.params[key]
+
+    def get(self, key, default=None):
+        return self.params.get(key, default)
+
+    @property
+    def conv(self) -> Conv:
+        return self.params["conv"]
+
+
+def _axis_len(node: Node, axis: int, sizes: list[int], exact: bool = True) -> int:
+    """Length of ``node``'s output on ``axis`` for input lengths ``sizes``; raises
+    :class:`_Inadmissible` where PyTorch would fail or mismatch, and (``exact``) where a
+    pooling or strided layer would drop trailing voxels (PyTorch floors them)."""
+    n = sizes[0]
+    op = node.op
+    if op == "conv":
+        k, s = node.conv.kernel[axis], node["stride"][axis]
+        span = n + node["pads"][0][axis] + node["pads"][1][axis] - k
+        if span < 0:
+            raise _Inadmissible(node.name, f"input length {n} on axis {'zyx'[axis]} is shorter than the kernel {k}")
+        if span % s and exact:
+            raise _Inadmissible(node.name, f"stride {s} does not divide {span} on axis {'zyx'[axis]}")
+        return span // s + 1
+    if op == "deconv":
+        return n * node["stride"][axis]
+    if op == "pool":
+        p = node["window"][axis]
+        if n < p or (n % p and exact):
+            raise _Inadmissible(node.name, f"pooling window {p} does not divide length {n} on axis {'zyx'[axis]}")
+        return n // p
+    if op == "resize":
+        return n * node["scale"][axis]
+    if op == "crop":
+        out = n - node["low"][axis] - node["high"][axis]
+        if out < 1:
+            raise _Inadmissible(node.name, f"crop of {node['low'][axis]}+{node['high'][axis]} leaves nothing of {n}")
+        return out
+    if op == "pad":
+        return n + node["low"][axis] + node["high"][axis]
+    if op in ("add", "mul", "concat") and len(set(sizes)) > 1:
+        raise _Inadmissible(node.name, f"inputs meet with lengths {sizes} on axis {'zyx'[axis]}")
+    return n
+
+
+def _step_origin(node: Node, axis: int, step: Fraction, origin: Fraction) -> tuple[Fraction, Fraction]:
+    """(step, origin) of the output: input voxels per tensor voxel, input position of voxel 0."""
+    op = node.op
+    if op == "conv":
+        k, s = node.conv.kernel[axis], node["stride"][axis]
+        return step * s, origin + step * (Fraction(k - 1, 2) - node["pads"][0][axis])
+    if op == "pool":
+        p = node["window"][axis]
+        return step * p, origin + step * Fraction(p - 1, 2)
+    if op in ("deconv", "resize"):
+        f = node["stride" if op == "deconv" else "scale"][axis]
+        return step / f, origin - step * Fraction(f - 1, 2 * f)
+    if op == "crop":
+        return step, origin + step * node["low"][axis]
+    if op == "pad":
+        return step, origin - step * node["low"][axis]
+    return step, origin
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """A validated DAG; see the module docstring."""
+
+    nodes: tuple
+    input: str
+    output: str
+    in_channels: int
+    name: str = "graph"
+    metadata: dict = field(default_factory=dict)
+    export_shape: tuple | None = None  # (z, y, x) the ONNX file was exported at, if static
+
+    def __post_init__(self):
+        nodes = tuple(self.nodes)
+        object.__setattr__(self, "nodes", nodes)
+        if not any(n.op == "conv" for n in nodes):
+            raise NetworkError(f"{self.name}: the network has no convolution")
+        channels = {self.input: int(self.in_channels)}
+        for node in nodes:
+            missing = [i for i in node.inputs if i not in channels]
+            if missing:
+                raise NetworkError(f"{node.name}: reads {missing}, which no earlier node writes")
+            cin = [channels[i] for i in node.inputs]
+            channels[node.output] = self._channels(node, cin)
+        if self.output not in channels:
+            raise NetworkError(f"{self.name}: the output {self.output!r} is not computed by any node")
+        object.__setattr__(self, "channels", channels)
+        _ = self.geometry  # validates admissibility and the output resolution now, at load
+
+    @staticmethod
+    def _channels(node: Node, cin: list[int]) -> int:
+        def need(c, what):
+            if cin[0] != c:
+                raise NetworkError(f"{node.name}: {what} expects {c} input channels but gets {cin[0]}")
+
+        if node.op == "conv":
+            need(node.conv.in_channels, "convolution")
+            return node.conv.out_channels
+        if node.op == "deconv":
+            need(node["weight"].shape[0], "transposed convolution")
+            return int(node["weight"].shape[1])
+        if node.op == "concat":
+            return sum(cin)
+        if node.op in ("add", "mul") and len(cin) == 2 and cin[0] != cin[1] and 1 not in cin:
+            raise NetworkError(f"{node.name}: {node.op} of tensors with {cin[0]} and {cin[1]} channels")
+        if node.op == "affine" and node["scale"].size not in (1, cin[0]):
+            raise NetworkError(f"{node.name}: {node['scale'].size} per-channel constants for {cin[0]} channels")
+        return max(cin)
+
+    # ---- geometry --------------------------------------------------------
+    def axis_lengths(self, axis: int, n: int) -> dict:
+        """Every tensor's length on ``axis`` for an input of length ``n``."""
+        lens = {self.input: int(n)}
+        for node in self.nodes:
+            lens[node.output] = _axis_len(node, axis, [lens[i] for i in node.inputs], self.kind == "valid")
+        return lens
+
+    def shapes(self, in_shape) -> dict:
+        """``{tensor: (C, z, y, x)}`` for an input patch ``in_shape`` (z, y, x).
+
+        Raises :class:`~znni_core.errors.InputError` naming the node and the nearest
+        admissible lengths when ``in_shape`` is not admissible."""
+        per_axis = []
+        for axis, n in enumerate(in_shape):
+            try:
+                per_axis.append(self.axis_lengths(axis, n))
+            except _Inadmissible as exc:
+                lo, hi = self.admissible_around(axis, n)
+                raise InputError(
+                    f"input length {n} on axis {'zyx'[axis]} is not admissible for {self.name}: node {exc}. "
+                    f"Admissible lengths are {self.geometry['n_min'][axis]} + k * {self.grid[axis]}"
+                    f"{f'; nearest {lo} or {hi}' if lo else f'; the smallest is {hi}'}") from None
+        return {t: (self.channels[t],) + tuple(a[t] for a in per_axis) for t in per_axis[0]}
+
+    def is_admissible(self, in_shape) -> bool:
+        return all(n >= m and (n - m) % g == 0 for n, m, g in zip(in_shape, self.geometry["n_min"], self.grid))
+
+    def admissible_around(self, axis: int, n: int) -> tuple[int, int]:
+        """(largest admissible <= n or 0, smallest admissible >= n) on ``axis``."""
+        m, g = self.geometry["n_min"][axis], self.grid[axis]
+        if n <= m:
+            return (m if n == m else 0), m
+        k = (n - m) // g
+        return m + k * g, m + k * g + (0 if (n - m) % g == 0 else g)
+
+    def floor_admissible(self, in_shape) -> Shape3:
+        return tuple(self.admissible_around(a, n)[0] for a, n in enumerate(in_shape))  # type: ignore[return-value]
+
+    def ceil_admissible(self, in_shape) -> Shape3:
+        return tuple(self.admissible_around(a, n)[1] for a, n in enumerate(in_shape))  # type: ignore[return-value]
+
+    @functools.cached_property
+    def geometry(self) -> dict:
+        n_min, context, grid, low = [], [], [], []
+        for axis in range(3):
+            step, origin = {self.input: Fraction(1)}, {self.input: Fraction(0)}
+            for node in self.nodes:
+                step[node.output], origin[node.output] = _step_origin(node, axis, step[node.inputs[0]],
+                                                                      origin[node.inputs[0]])
+            if step[self.output] != 1:
+                raise NetworkError(
+                    f"{self.name}: the output is at {step[self.output]} input voxels per voxel on axis {'zyx'[axis]}; "
+                    "znni runs networks whose output has the input's resolution")
+            g = math.lcm(*(s.numerator for s in step.values()))
+            first, reason = None, None
+            for n in range(1, _MAX_SCAN):
+                try:
+                    out = self.axis_lengths(axis, n)[self.output]
+                except _Inadmissible as exc:
+                    reason = str(exc)
+                    continue
+                first = (n, out)
+                break
+            if first is None:
+                raise NetworkError(f"{self.name}: no input length up to {_MAX_SCAN} is admissible on axis "
+                                   f"{'zyx'[axis]} ({reason})")
+            n0, out0 = first
+            try:
+                out1 = self.axis_lengths(axis, n0 + g)[self.output]
+            except _Inadmissible as exc:
+                raise NetworkError(f"{self.name}: input lengths {n0} and {n0 + g} are not both admissible on axis "
+                                   f"{'zyx'[axis]} ({exc}); the graph's downsampling is irregular") from None
+            if out1 - out0 != g:
+                raise NetworkError(f"{self.name}: the output grows by {out1 - out0} when the input grows by {g} on "
+                                   f"axis {'zyx'[axis]}; znni runs networks whose output has the input's resolution")
+            n_min.append(n0)
+            grid.append(g)
+            context.append(n0 - out0)
+            low.append(max(0, min(n0 - out0, math.floor(origin[self.output]))))
+        return {"n_min": tuple(n_min), "grid": tuple(grid), "context": tuple(context), "low": tuple(low)}
+
+    @property
+    def grid(self) -> Shape3:
+        """Translation grid: patches starting on multiples of it see the whole volume's pooling phases."""
+        return self.geometry["grid"]
+
+    @property
+    def context(self) -> Shape3:
+        return self.geometry["context"]
+
+    @property
+    def field_of_view(self) -> Shape3:
+        """``context + 1``: the output of an admissible input ``n`` has ``n - F + 1`` voxels."""
+        return tuple(c + 1 for c in self.context)  # type: ignore[return-value]
+
+    @property
+    def halo(self) -> tuple[Shape3, Shape3]:
+        low = self.geometry["low"]
+        return low, tuple(c - lo for c, lo in zip(self.context, low))
+
+    @property
+    def pooling_product(self) -> Shape3:
+        return self.grid
+
+    def output_shape(self, in_shape) -> Shape3:
+        return tuple(int(n) - c for n, c in zip(in_shape, self.context))  # type: ignore[return-value]
+
+    @property
+    def out_channels(self) -> int:
+        return self.channels[self.output]
+
+    @functools.cached_property
+    def padded_by(self) -> list[str]:
+        """Nodes that make the output depend on the patch position (empty for a valid graph)."""
+        why = []
+        for n in self.nodes:
+            if n.op == "conv" and any(n["pads"][0]) or n.op == "conv" and any(n["pads"][1]):
+                why.append(f"{n.name} (zero-padded convolution)")
+            elif n.op == "pad":
+                why.append(f"{n.name} (padding)")
+            elif n.op == "resize" and n["mode"] == "linear":
+                why.append(f"{n.name} (linear resize clamps at the border)")
+        return why
+
+    @property
+    def kind(self) -> str:
+        return "padded" if self.padded_by else "valid"
+
+    def describe_kind(self) -> str:
+        if self.kind == "valid":
+            return (f"valid graph: no padding, so tiles on the grid {self.grid} give exactly the whole-volume output "
+                    f"(context {self.context})")
+        shown = ", ".join(self.padded_by[:3]) + (f" and {len(self.padded_by) - 3} more" if len(self.padded_by) > 3 else "")
+        return (f"padded graph: {shown} make voxels near a patch border depend on the patch, so overlapping patches "
+                "are blended")
+
+    # ---- identity ---------------------------------------------------------
+    def digest(self) -> str:
+        return self._digest
+
+    @functools.cached_property
+    def _digest(self) -> str:
+        h = hashlib.sha256(f"graph|{self.input}|{self.output}|{self.in_channels}".encode())
+        for node in self.nodes:
+            h.update(f"|{node.op}|{node.inputs}|{node.output}|".encode())
+            for key in sorted(node.params):
+                v = node.params[key]
+                if isinstance(v, Conv):
+                    h.update(b"conv" + str(v.weight.shape).encode() + v.weight.tobytes())
+                    h.update(v.bias.tobytes() if v.bias is not None else b"none")
+                elif isinstance(v, Activation):
+                    h.update(f"act{v.kind}{v.alpha!r}".encode())
+                elif isinstance(v, np.ndarray):
+                    h.update(key.encode() + str(v.shape).encode() + np.ascontiguousarray(v).tobytes())
+                else:
+                    h.update(f"{key}={v!r}".encode())
+        return h.hexdigest()
+
+    def describe(self) -> str:
+        rows = []
+        for n in self.nodes:
+            if n.op == "conv":
+                c = n.conv
+                extra = "".join([f" stride {n['stride']}" if any(s > 1 for s in n["stride"]) else "",
+                                 f" pads {n['pads']}" if any(map(any, n["pads"])) else ""])
+                rows.append(f"{n.name}: conv {c.in_channels}->{c.out_channels} k={c.kernel}{extra}")
+            elif n.op == "act":
+                rows.append(f"{n.name}: {n['act'].kind}")
+            else:
+                shown = {k: v for k, v in n.params.items() if not isinstance(v, np.ndarray)}
+                rows.append(f"{n.name}: {n.op} {shown if shown else ''}".rstrip())
+        rows.append(f"{self.describe_kind()}; in {self.in_channels} ch, out {self.out_channels} ch; "
+                    f"admissible lengths n_min {self.geometry['n_min']} + k * grid {self.grid}")
+        return "\n".join(rows)
+
+    def consumers(self) -> dict:
+        """``{tensor: number of nodes reading it}`` (the output counts as read once)."""
+        count = {self.input: 0}
+        for node in self.nodes:
+            count[node.output] = 0
+            for i in node.inputs:
+                count[i] += 1
+        count[self.output] += 1
+        return count
+
+
+def as_shape3(value, what: str) -> Shape3:
+    t = tuple(int(v) for v in value)
+    if len(t) != 3:
+        raise NetworkError(f"{what} must have 3 values (z, y, x), got {value!r}")
+    return t  # type: ignore[return-value]

@@ -1,0 +1,217 @@
+"""Planning a graph network: a memory walk with liveness, a primitive per convolution,
+and the patch (DESIGN contract 5).
+
+The walk follows ``exec/graph.py`` node by node in topological order: a tensor is alive
+from the node that writes it to its last reader (skip tensors stay counted while the
+decoder runs), element-wise nodes write into an input that dies there
+(:func:`in_place_input`), and each node adds its own output and workspace.  The patch is
+the largest admissible one (at most the input) whose peak fits the budget; a valid
+graph takes the best predicted throughput among the largest few that fit.  A padded
+graph's patch also decides its blending, so it is fixed by ``patch_shape`` when given.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+
+from ..errors import MemoryBudgetError, PlanError
+from ..net.graph import Graph
+from . import memory as M
+from . import timing as T
+from .plan import CONV_PRIMITIVES, Plan, Rejected, Step
+
+ELEMENTWISE = ("add", "mul", "affine", "act")
+BLENDS = ("bump", "gaussian", "linear")
+DEFAULT_OVERLAP = 0.25  # of the patch, per axis, for padded graphs (MONAI's default)
+GRAPH_PRIMITIVES = ("direct-gemm", "fft-data")
+SHRINK = 0.88  # each step of the patch search shrinks the longest axis to about this
+
+
+def in_place_input(node, remaining: dict, shapes: dict, graph_input: str):
+    """The input an element-wise node overwrites: one it is the last reader of, not the
+    caller's array, of the output's shape (None: a new array)."""
+    if node.op not in ELEMENTWISE:
+        return None
+    for name in dict.fromkeys(node.inputs):
+        if name != graph_input and remaining[name] == node.inputs.count(name) and \
+                shapes[name] == shapes[node.output]:
+            return name
+    return None
+
+
+def _conv_options(node, spatial, prims, timer, threads):
+    """(seconds, primitive, step bytes, resident bytes) per option, fastest first."""
+    conv = node.conv
+    if any(s > 1 for s in node["stride"]):
+        from ..layers.resample import conv_strided_memory, conv_strided_out_shape
+
+        out = conv_strided_out_shape(spatial, conv.kernel, node["stride"])
+        eff = tuple(o + k - 1 for o, k in zip(out, conv.kernel))
+        t = timer.estimate("direct-gemm", 1, conv, eff) * 1.5  # gathered, not contiguous, lowering
+        return [(t, "strided", conv_strided_memory(1, conv.in_channels, conv.out_channels, spatial, conv.kernel,
+                                                   node["stride"]), 0)]
+    opts = []
+    for prim in prims:
+        if prim.startswith("fft-") and all(k == 1 for k in conv.kernel):
+            continue  # 1x1x1: FFT never pays
+        t = timer.layer(prim, 1, conv, spatial, 0, 1)
+        opts.append((t, prim, M.conv_step_bytes(prim, 1, 0, conv, spatial, (), threads),
+                     M.resident_bytes(prim, conv, spatial)))
+    return sorted(opts)
+
+
+def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False):
+    """(steps, predicted seconds, peak bytes) of running ``graph`` on one ``patch``."""
+    shapes = graph.shapes(patch)
+    cal = timer.cal
+    remaining = graph.consumers()
+    live = {graph.input: M.nbytes(shapes[graph.input])}
+    resident = 0
+    peak, total, steps = 0, 0.0, []
+    for i, node in enumerate(graph.nodes):
+        src = shapes[node.inputs[0]]
+        out = shapes[node.output]
+        out_b = M.nbytes(out)
+        prim, secs, extra = node.op, 0.0, out_b
+        if node.op == "conv":
+            pads = node["pads"]
+            spatial = tuple(n + a + b for n, a, b in zip(src[1:], *pads))
+            pad_b = M.nbytes((src[0],) + spatial) if any(map(any, pads)) else 0
+            opts = _conv_options(node, spatial, prims, timer, threads)
+            if frugal:
+                opts = sorted(opts, key=lambda o: o[2] + o[3])
+            secs, prim, step_b, res_b = opts[0]
+            resident += res_b
+            extra = pad_b + step_b
+            secs += T.estimate_elementwise(pad_b, cal, 2.0) if pad_b else 0.0
+        elif node.op == "deconv":
+            flops = 2.0 * math.prod(src) * out[0] * math.prod(node["stride"])
+            secs = flops / cal["gemm_flops"] + T.estimate_elementwise(out_b, cal, 3.0)
+            extra, prim = 2 * out_b, "gemm"
+        elif node.op == "resize":
+            prim = node["mode"]
+            extra = out_b * (3 if prim == "linear" else 1)
+            secs = T.estimate_elementwise(out_b, cal, 4.0 if prim == "linear" else 2.0)
+        else:
+            target = in_place_input(node, remaining, shapes, graph.input)
+            if node.op == "act":
+                prim = node["act"].kind
+                extra = M.act_extra_bytes(prim, (1,) + out) + (0 if target else out_b)
+            elif node.op == "pool":
+                prim = node["kind"]
+            elif target:
+                extra = 0
+            secs = T.estimate_elementwise(M.nbytes(src) + out_b, cal, 1.0)
+        here = sum(live.values()) + resident + extra
+        peak = max(peak, here)
+        total += secs
+        steps.append(Step(i, node.op, prim, (1,) + src, (1,) + out, 0, threads, secs, int(here)))
+        for name in node.inputs:
+            remaining[name] -= 1
+        live[node.output] = out_b
+        for name in set(node.inputs):
+            if remaining[name] == 0:
+                live.pop(name, None)
+    total += len(graph.nodes) * 2e-5  # Python and dispatch per node
+    return steps, total, peak
+
+
+def _fmt(b: float) -> str:
+    return f"{b / 2**30:.3f} GiB" if b >= 2**28 else f"{b / 2**20:.1f} MiB"
+
+
+def _shrink(graph: Graph, patch) -> tuple | None:
+    """The next smaller admissible patch: the longest axis (relative to its minimum) cut by ~12%."""
+    n_min = graph.geometry["n_min"]
+    order = sorted(range(3), key=lambda a: -(patch[a] - n_min[a]) / graph.grid[a])
+    for a in order:
+        if patch[a] <= n_min[a]:
+            continue
+        want = max(n_min[a], int(patch[a] * SHRINK))
+        lo, _ = graph.admissible_around(a, want)
+        lo = min(lo or n_min[a], patch[a] - graph.grid[a])
+        if lo >= n_min[a]:
+            return tuple(lo if i == a else p for i, p in enumerate(patch))
+    return None
+
+
+def default_overlap(graph: Graph, patch, input_shape, fraction: float = DEFAULT_OVERLAP) -> tuple:
+    """Blending overlap per axis: ``fraction`` of the patch output, 0 where one patch covers the input."""
+    out = graph.output_shape(patch)
+    full = graph.output_shape(graph.ceil_admissible(input_shape)) if input_shape else (None,) * 3
+    return tuple(0 if f is not None and o >= f else int(round(o * fraction)) for o, f in zip(out, full))
+
+
+def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threads: int, timer, prims=None,
+                   patch_shape=None, input_shape=None, overlap=None, blend: str = "bump") -> Plan:
+    from .search import MAX_PATCH_VOXELS
+
+    prims = tuple(p for p in (prims or GRAPH_PRIMITIVES) if p in CONV_PRIMITIVES and p != "fft-stream"
+                  and p != "direct-numba" and p != "fft-task") or ("direct-gemm",)
+    if blend not in BLENDS:
+        raise PlanError(f"blend {blend!r} is not one of {BLENDS}")
+    if patch_shape is not None:
+        patch_shape = tuple(int(v) for v in patch_shape)
+        graph.shapes(patch_shape)  # names the node and the admissible lengths when not admissible
+        if graph.kind == "valid" and any(o < g for o, g in zip(graph.output_shape(patch_shape), graph.grid)):
+            raise PlanError(f"patch {patch_shape} gives an output {graph.output_shape(patch_shape)} smaller than "
+                            f"the grid {graph.grid}; tiles could not move on the grid")
+        candidates = [patch_shape]
+    else:
+        if input_shape is not None:
+            top = graph.ceil_admissible(input_shape) if graph.kind == "padded" else graph.floor_admissible(input_shape)
+            if not all(top):
+                raise PlanError(f"input shape {tuple(input_shape)} is smaller than the smallest admissible "
+                                f"input {graph.geometry['n_min']} of this network")
+        else:
+            top = graph.export_shape if graph.kind == "padded" and graph.export_shape else None
+            if top is None or not graph.is_admissible(top):
+                edge = round(MAX_PATCH_VOXELS ** (1 / 3) / 2)
+                top = graph.floor_admissible(tuple(max(m, edge) for m in graph.geometry["n_min"]))
+        while math.prod(top) > MAX_PATCH_VOXELS and (nxt := _shrink(graph, top)):
+            top = nxt
+        candidates, p = [], top
+        while p is not None:
+            if graph.kind == "padded" or all(o >= g for o, g in zip(graph.output_shape(p), graph.grid)):
+                candidates.append(p)
+            p = _shrink(graph, p)
+    rejected, fits, need = [], [], None
+    for patch in candidates:
+        for frugal in (False, True):
+            steps, secs, peak = walk(graph, patch, prims, timer, threads, frugal)
+            vps = math.prod(graph.output_shape(patch)) / secs
+            if peak <= budget:
+                fits.append((vps, patch, steps, secs, peak))
+                break
+            need = peak if need is None else min(need, peak)
+            rejected.append(Rejected(f"patch {patch}{' frugal' if frugal else ''}",
+                                     f"needs {_fmt(peak)} > budget {_fmt(budget)}", vps))
+        # a padded graph's patch decides its blending: the largest that fits; a valid graph's
+        # throughput is compared over the largest few that fit
+        if fits and (graph.kind == "padded" or len(fits) >= 4):
+            break
+    if not fits:
+        raise MemoryBudgetError(
+            f"no patch of {graph.name} fits the memory budget of {_fmt(budget)}: the smallest tried, "
+            f"{candidates[-1]}, needs {_fmt(need or 0)}. Raise the budget (--memory / mem_mb) to at least "
+            f"{_fmt((need or 0) * 1.1)}" + (" or give a smaller patch_shape" if patch_shape else ""))
+    fits.sort(key=lambda r: -r[0])
+    vps, patch, steps, secs, peak = fits[0]
+    for r in fits[1:]:
+        rejected.append(Rejected(f"patch {r[1]}", f"slower: {r[0]:,.0f} < {vps:,.0f} voxels/s", r[0]))
+    if graph.kind == "padded":
+        ov = tuple(int(v) for v in overlap) if overlap is not None else default_overlap(graph, patch, input_shape)
+        out = graph.output_shape(patch)
+        if len(ov) != 3 or any(o < 0 or o >= t for o, t in zip(ov, out)):
+            raise PlanError(f"overlap {ov} must be 3 values in [0, patch output {out})")
+    else:
+        ov, blend = (0, 0, 0), ""
+    return Plan(
+        network_digest=graph.digest(), device=device, patch_shape=patch, output_shape=graph.output_shape(patch),
+        field_of_view=graph.field_of_view, memory_budget=budget, steps=tuple(steps), predicted_seconds=secs,
+        predicted_peak_bytes=int(peak), effort=effort, threads=threads, rejected=tuple(rejected[:50]),
+        kind=graph.kind, overlap=ov, blend=blend,
+        provenance={"versions": T.versions(), "cpu": T.cpu_model(), "threads": threads,
+                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "effort": effort, "candidates": len(fits) + len(rejected), "input_shape": input_shape,
+                    "grid": graph.grid})
