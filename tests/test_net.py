@@ -67,18 +67,26 @@ def test_yaml_round_trip_safetensors_and_npz(tmp_path):
 
 
 @pytest.mark.parametrize("module,match", [
-    (nn.Conv3d(1, 2, 3, padding=1), "pads"),
-    (nn.Conv3d(1, 2, 3, stride=2), "strides"),
     (nn.Conv3d(1, 2, 3, dilation=2), "dilations"),
     (nn.Sequential(nn.Conv3d(1, 2, 3), nn.MaxPool3d(2, stride=1)), "stride"),
     (nn.Sequential(nn.Conv3d(1, 4, 3), nn.Conv3d(4, 4, 3, groups=2)), "group"),
-    (nn.Sequential(nn.Conv3d(1, 2, 3), nn.AvgPool3d(2)), "AveragePool"),
     (nn.Sequential(nn.Conv3d(1, 2, 3), nn.Hardswish()), "HardSwish"),
 ])
 def test_unsupported_onnx_is_refused_naming_the_node(tmp_path, module, match):
     with pytest.raises(UnsupportedOperatorError, match=match) as err:
         load_network(export(module, tmp_path / "bad.onnx"))
     assert "node" in str(err.value)
+
+
+@pytest.mark.parametrize("module,kind", [
+    (nn.Conv3d(1, 2, 3, padding=1), "padded"),
+    (nn.Sequential(nn.Conv3d(1, 2, 3), nn.AvgPool3d(2), nn.Conv3d(2, 2, 1), nn.Upsample(scale_factor=2)), "valid"),
+])
+def test_what_a_chain_cannot_run_loads_as_a_graph(tmp_path, module, kind):
+    from znni_core.net.graph import Graph
+
+    net = load_network(export(module, tmp_path / "g.onnx"))
+    assert isinstance(net, Graph) and net.kind == kind
 
 
 def test_non_finite_weights_refused_at_load(tmp_path):

@@ -7,7 +7,8 @@ import numpy as np
 
 from .errors import InputError, PlanError
 from .exec.device import require_device
-from .exec.tiling import run_tiled
+from .exec.tiling import graph_extent, run_tiled
+from .net.graph import Graph
 from .net.spec import Network
 
 
@@ -79,6 +80,8 @@ def infer(net: Network, x, *, device: str = "cpu", memory_budget: int | None = N
 
     xp = require_device(device)
     x = as_input(net, x)
+    if isinstance(net, Graph):
+        graph_extent(net, x.shape[1:])  # names the smallest admissible input when x is below it
     if plan is None:
         # bounded by the work: no patch larger than this input (cached by shape, like FFTW wisdom)
         plan = autotune(net, memory_budget=memory_budget, device=device, effort="estimate",

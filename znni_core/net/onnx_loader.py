@@ -403,13 +403,14 @@ class _Reader:
                     "AveragePool": self.pool, "Resize": self.resize, "Upsample": self.resize,
                     "Slice": self.slice, "Pad": self.pad, "Concat": self.concat, "BatchNormalization": self.batchnorm,
                     **{k: self.arith for k in _ARITH}, **{k: self.act for k in _ACT}}
-        for node in self.graph.node:
-            if node.domain not in ("", "ai.onnx"):
-                _refuse(node, f"custom domain {node.domain!r} is not supported")
+        for node in self.graph.node:  # the most telling refusal first (GroupNorm exports Reshape first)
             if node.op_type in PATCH_DEPENDENT:
                 _refuse(node, f"operator {node.op_type} {PATCH_DEPENDENT[node.op_type]}, so the output depends on "
                               "the patch and has no exact sliding-window meaning; znni refuses it. Replace it by "
                               "BatchNorm (folded at load) or retrain without it")
+        for node in self.graph.node:
+            if node.domain not in ("", "ai.onnx"):
+                _refuse(node, f"custom domain {node.domain!r} is not supported")
             if self.fold(node):
                 continue
             if node.op_type not in handlers:

@@ -1,0 +1,258 @@
+"""Graph networks (U-Nets) against PyTorch: valid nets exact on the whole input whatever the
+tiling, padded nets exact on one patch and blended as documented on more."""
+from __future__ import annotations
+
+import math
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import znni_core
+from znni_core.errors import InputError, NetworkError, UnsupportedOperatorError
+from znni_core.exec.blend import axis_plan, lattice, weights
+from znni_core.exec.graph import run_graph_patch
+from znni_core.net.graph import Graph
+from znni_core.plan import autotune
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+from .unets import UNet, admissible, export, randomise_bn, run  # noqa: E402
+
+MODELS = Path(__file__).resolve().parents[2] / "shared" / "data" / "models"
+DETECTOR = MODELS / "modelzoo_iarpa1_synapse_detection.onnx"
+
+
+def _tiling_budget(net, shape) -> int:
+    """A budget under which the whole input does not fit in one patch but some patch does."""
+    whole = autotune(net, memory_budget=2**34, patch_shape=shape, use_cache=False).predicted_peak_bytes
+    small = tuple(n + g * (1 if n == m else 0) for n, m, g in zip(net.geometry["n_min"], net.geometry["n_min"],
+                                                                    net.grid))
+    least = autotune(net, memory_budget=2**34, patch_shape=small, use_cache=False).predicted_peak_bytes
+    return max(int(least * 1.05), whole // 2)
+
+
+def _shape(model, lows):
+    return tuple(admissible(model, a, lo) for a, lo in enumerate(lows))
+
+
+unet_args = st.fixed_dictionaries({
+    "depth": st.integers(1, 2),
+    "kernel": st.sampled_from([(3, 3, 3), (1, 3, 3)]),
+    "pool": st.sampled_from([(1, 2, 2), (2, 2, 2)]),
+    "width": st.sampled_from([2, 3]),
+    "up": st.sampled_from(["nearest", "transpose"]),
+    "bn": st.booleans(),
+    "merge": st.sampled_from(["concat", "add"]),
+    "down": st.sampled_from(["maxpool", "conv"]),
+})
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=unet_args, seed=st.integers(0, 2**16), grow=st.tuples(*[st.integers(0, 2)] * 3))
+def test_valid_unet_equals_torch_on_the_whole_input_under_any_budget(tmp_path, args, seed, grow):
+    torch.manual_seed(seed)
+    model = randomise_bn(UNet(valid=True, **args), seed)
+    exported = _shape(model, (1, 1, 1))
+    net = znni_core.load_network(export(model, tmp_path / "v.onnx", exported))
+    assert isinstance(net, Graph) and net.kind == "valid"
+    assert net.geometry["n_min"] == exported  # the graph's geometry agrees with the architecture
+    # a larger admissible input than the export shape: crops are read relative to the shape
+    g = net.grid
+    shape = tuple(n + k * gg * 3 for n, k, gg in zip(exported, grow, g))
+    shape = (shape[0] + 4 * g[0] if shape[0] < 4 else shape[0],) + shape[1:]
+    x = np.random.default_rng(seed).standard_normal((1,) + shape).astype(np.float32)
+    ref = run(model, x)
+    for budget in (None, _tiling_budget(net, shape)):
+        out = znni_core.infer(net, x, memory_budget=budget)
+        assert out.shape == ref.shape
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_valid_unet_tiles_at_grid_offsets_equal_whole(tmp_path):
+    torch.manual_seed(1)
+    model = UNet(valid=True, depth=2, kernel=(1, 3, 3), pool=(1, 2, 2), width=3)
+    shape = _shape(model, (5, 60, 60))
+    net = znni_core.load_network(export(model, tmp_path / "v.onnx", _shape(model, (1, 1, 1))))
+    x = np.random.default_rng(0).standard_normal((1,) + shape).astype(np.float32)
+    whole = run(model, x)
+    plan = autotune(net, memory_budget=64 * 2**20, patch_shape=_shape(model, (3, 40, 44)))
+    tiled = znni_core.infer(net, x, plan=plan)
+    assert math.prod(plan.patch_shape) < math.prod(shape)  # several tiles
+    np.testing.assert_allclose(tiled, whole, rtol=1e-4, atol=1e-5)
+
+
+def test_valid_graph_inadmissible_input_drops_trailing_voxels_with_a_warning(tmp_path):
+    model = UNet(valid=True, depth=1, kernel=(1, 3, 3), pool=(1, 2, 2), width=2)
+    net = znni_core.load_network(export(model, tmp_path / "v.onnx", _shape(model, (1, 1, 1))))
+    shape = _shape(model, (2, 30, 30))
+    x = np.random.default_rng(0).standard_normal((1, shape[0], shape[1] + 1, shape[2])).astype(np.float32)
+    with pytest.warns(UserWarning, match="not admissible"):
+        out = znni_core.infer(net, x)
+    np.testing.assert_allclose(out, run(model, x[:, :, :shape[1]]), rtol=1e-4, atol=1e-5)
+    with pytest.raises(InputError, match="smallest admissible"):
+        znni_core.infer(net, x[:, :, :net.field_of_view[1], :net.field_of_view[2]])
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=unet_args.map(lambda a: {**a, "up": "linear" if a["up"] == "nearest" and a["bn"] else a["up"]}),
+       seed=st.integers(0, 2**16))
+def test_padded_unet_one_patch_equals_torch(tmp_path, args, seed):
+    torch.manual_seed(seed)
+    model = randomise_bn(UNet(valid=False, **args), seed)
+    shape = _shape(model, (4, 20, 20))
+    net = znni_core.load_network(export(model, tmp_path / "p.onnx", shape))
+    assert isinstance(net, Graph) and net.kind == "padded" and net.field_of_view == (1, 1, 1)
+    x = np.random.default_rng(seed).standard_normal((1,) + shape).astype(np.float32)
+    out = znni_core.infer(net, x)
+    np.testing.assert_allclose(out, run(model, x), rtol=1e-4, atol=1e-5)
+
+
+def _blend_reference(model, x, patch, overlap, kind):
+    """Independent blending: PyTorch on every lattice patch, weights from the documented formula."""
+    n = x.shape[1:]
+    acc = np.zeros((2,) + n)
+    norm = np.zeros(n)
+    starts = [list(range(0, m - p, p - o)) + [m - p] if p < m else [0] for m, p, o in zip(n, patch, overlap)]
+    ws = []
+    for m, p, st_ in zip(n, patch, starts):
+        u = (np.arange(p) + 0.5) / p
+        w = np.exp(-1 / (u * (1 - u)))
+        w = np.maximum(w / w.max(), 1e-4) if len(st_) > 1 else np.ones(p)
+        ws.append(w)
+    w3 = ws[0][:, None, None] * ws[1][None, :, None] * ws[2][None, None, :]
+    for z in starts[0]:
+        for y in starts[1]:
+            for xx in starts[2]:
+                sl = (slice(z, z + patch[0]), slice(y, y + patch[1]), slice(xx, xx + patch[2]))
+                acc[(slice(None),) + sl] += run(model, x[(slice(None),) + sl]) * w3
+                norm[sl] += w3
+    return acc / norm
+
+
+def test_padded_unet_blends_overlapping_patches_as_documented(tmp_path):
+    torch.manual_seed(3)
+    model = UNet(valid=False, depth=2, kernel=(3, 3, 3), pool=(1, 2, 2), width=3, bn=True, up="transpose")
+    model = randomise_bn(model, 3)
+    net = znni_core.load_network(export(model, tmp_path / "p.onnx", (4, 16, 16)))
+    x = np.random.default_rng(2).standard_normal((1, 6, 40, 36)).astype(np.float32)
+    plan = autotune(net, memory_budget=2**30, patch_shape=(4, 16, 16), overlap=(2, 4, 4), input_shape=x.shape[1:])
+    assert plan.kind == "padded" and plan.overlap == (2, 4, 4) and plan.blend == "bump"
+    out = znni_core.infer(net, x, plan=plan)
+    ref = _blend_reference(model, x, (4, 16, 16), (2, 4, 4), "bump")
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+    # away from patch borders the blend is the network itself, and every voxel is finite
+    assert np.isfinite(out).all()
+
+
+def test_padded_input_not_admissible_is_zero_padded_and_cropped(tmp_path):
+    model = UNet(valid=False, depth=1, kernel=(1, 3, 3), pool=(1, 2, 2), width=2)
+    net = znni_core.load_network(export(model, tmp_path / "p.onnx", (2, 16, 16)))
+    x = np.random.default_rng(0).standard_normal((1, 3, 15, 17)).astype(np.float32)
+    out = znni_core.infer(net, x)
+    xp = np.pad(x, [(0, 0), (0, 0), (0, 1), (0, 1)])
+    np.testing.assert_allclose(out, run(model, xp)[:, :, :15, :17], rtol=1e-4, atol=1e-5)
+
+
+def test_blend_lattice_and_weights():
+    assert lattice(20, 8, 2) == [0, 6, 12]
+    assert lattice(8, 8, 2) == [0]
+    assert lattice(21, 8, 2, grid=4) == [0, 4, 8, 12, 13]
+    for kind in ("bump", "gaussian", "linear"):
+        w = weights(16, kind)
+        assert w.max() == pytest.approx(1) and w.min() >= 1e-4 and np.allclose(w, w[::-1])
+    starts, w, norm = axis_plan(20, 8, 2, "bump")
+    assert (norm > 0).all() and len(starts) == 3
+
+
+def test_graph_memory_walk_tracks_the_executor(tmp_path):
+    torch.manual_seed(0)
+    model = UNet(valid=True, depth=2, kernel=(3, 3, 3), pool=(1, 2, 2), width=6, bn=True)
+    shape = _shape(model, (12, 70, 70))
+    net = znni_core.load_network(export(model, tmp_path / "v.onnx", shape))
+    plan = autotune(net, memory_budget=2**30, patch_shape=shape, primitives=("direct-gemm",))
+    x = np.random.default_rng(0).standard_normal((1,) + shape).astype(np.float32)
+    run_graph_patch(plan, net, x)  # warm-up (lazy imports, BLAS buffers)
+    tracemalloc.start()
+    run_graph_patch(plan, net, x)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    peak += x.nbytes  # the walk counts the caller's patch
+    assert 0.75 <= plan.predicted_peak_bytes / peak <= 1.33, (plan.predicted_peak_bytes, peak)
+
+
+def test_budget_bounds_the_patch_and_too_small_a_budget_names_the_need(tmp_path):
+    model = UNet(valid=True, depth=1, kernel=(3, 3, 3), pool=(2, 2, 2), width=4)
+    net = znni_core.load_network(export(model, tmp_path / "v.onnx", _shape(model, (1, 1, 1))))
+    big = autotune(net, memory_budget=2**30, input_shape=(100, 100, 100))
+    small = autotune(net, memory_budget=8 * 2**20, input_shape=(100, 100, 100))
+    assert math.prod(small.patch_shape) < math.prod(big.patch_shape)
+    assert small.predicted_peak_bytes <= 8 * 2**20
+    assert all(net.is_admissible(p.patch_shape) for p in (big, small))
+    with pytest.raises(znni_core.errors.MemoryBudgetError, match="needs"):
+        autotune(net, memory_budget=2**14, input_shape=(100, 100, 100))
+
+
+def test_loader_reads_crops_relative_and_folds_batchnorm(tmp_path):
+    model = randomise_bn(UNet(valid=True, depth=1, kernel=(1, 3, 3), pool=(1, 2, 2), width=2, bn=True), 1)
+    net = znni_core.load_network(export(model, tmp_path / "v.onnx", _shape(model, (3, 40, 40))))
+    ops = [n.op for n in net.nodes]
+    assert "affine" not in ops  # BatchNorm after a conv folds into it
+    crops = [n for n in net.nodes if n.op == "crop"]
+    assert crops and all(n["low"] == n["high"] for n in crops)  # centre crops, relative to the shape
+
+
+def test_batchnorm_after_an_add_stays_an_affine_node(tmp_path):
+    class Res(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = nn.Conv3d(1, 3, 3, padding=1), nn.Conv3d(3, 3, 3, padding=1)
+            self.bn = nn.BatchNorm3d(3)
+
+        def forward(self, x):
+            a = self.c1(x)
+            return torch.sigmoid(self.bn(a + self.c2(a)) * 2.0 - 1.0)
+
+    model = randomise_bn(Res(), 4)
+    net = znni_core.load_network(export(model, tmp_path / "r.onnx", (6, 10, 10)))
+    assert [n.op for n in net.nodes].count("affine") >= 1
+    x = np.random.default_rng(0).standard_normal((1, 6, 10, 10)).astype(np.float32)
+    np.testing.assert_allclose(znni_core.infer(net, x), run(model, x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", [nn.InstanceNorm3d(3), nn.GroupNorm(1, 3)])
+def test_patch_dependent_normalisation_is_refused_naming_node_and_why(tmp_path, norm):
+    model = nn.Sequential(nn.Conv3d(1, 3, 3), norm, nn.ReLU())
+    with pytest.raises(UnsupportedOperatorError, match="whole patch") as err:
+        znni_core.load_network(export(model, tmp_path / "n.onnx", (8, 8, 8)))
+    assert "node" in str(err.value)
+
+
+@pytest.mark.parametrize("module,match", [
+    (nn.Conv3d(1, 2, 3, dilation=2), "dilations"),
+    (nn.ConvTranspose3d(1, 2, 3, stride=2), "stride equal to the kernel"),
+    (nn.Upsample(scale_factor=1.5, mode="nearest"), "integer"),
+])
+def test_unsupported_graph_operators_are_refused(tmp_path, module, match):
+    model = nn.Sequential(nn.Conv3d(1, 1, 1), module)
+    with pytest.raises(UnsupportedOperatorError, match=match):
+        znni_core.load_network(export(model, tmp_path / "u.onnx", (8, 8, 8)))
+
+
+def test_output_at_another_resolution_is_refused(tmp_path):
+    model = nn.Sequential(nn.Conv3d(1, 2, 3, padding=1), nn.MaxPool3d(2), nn.Conv3d(2, 2, 3, padding=1))
+    with pytest.raises(NetworkError, match="resolution"):
+        znni_core.load_network(export(model, tmp_path / "d.onnx", (8, 8, 8)))
+
+
+@pytest.mark.skipif(not DETECTOR.is_file(), reason="../shared/data/models absent")
+def test_real_synapse_detector_equals_its_reference_output():
+    net = znni_core.load_network(DETECTOR)
+    assert net.kind == "padded" and net.export_shape == (18, 160, 160)
+    ref = np.load(MODELS / "modelzoo_iarpa1_synapse_detection_sample1_reference.npz")
+    out = znni_core.infer(net, ref["input"])
+    assert out.shape == (1,) + ref["output"].shape
+    np.testing.assert_allclose(out[0], ref["output"], rtol=1e-4, atol=1e-4)

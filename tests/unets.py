@@ -1,0 +1,124 @@
+"""U-Nets of the kinds labs train, built in PyTorch for the graph-network tests.
+
+``UNet(valid=True)`` is a MALA-style valid U-Net (unpadded convolutions, encoder maps
+centre-cropped to the decoder's shape before concatenation); ``valid=False`` is a
+zero-padded U-Net (RSUNet / PyTorch Connectomics style).  Options: depth, kernel,
+anisotropic pooling, widths, nearest / transposed-convolution / trilinear upsampling,
+BatchNorm, concatenation or addition skips, strided-convolution downsampling.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def _crop(x, like):
+    o = [(a - b) // 2 for a, b in zip(x.shape[2:], like.shape[2:])]
+    return x[:, :, o[0]:o[0] + like.shape[2], o[1]:o[1] + like.shape[3], o[2]:o[2] + like.shape[4]]
+
+
+class UNet(nn.Module):
+    def __init__(self, *, valid=True, depth=2, kernel=(3, 3, 3), pool=(1, 2, 2), width=4, c_in=1, c_out=2,
+                 up="nearest", bn=False, merge="concat", down="maxpool", act="relu"):
+        super().__init__()
+        self.valid, self.merge, self.depth = valid, merge, depth
+        pad = tuple(0 if valid else k // 2 for k in kernel)
+        acts = {"relu": nn.ReLU, "elu": nn.ELU, "leaky": lambda: nn.LeakyReLU(0.1)}
+
+        def block(ci, co):
+            layers = [nn.Conv3d(ci, co, kernel, padding=pad)]
+            if bn:
+                layers.append(nn.BatchNorm3d(co))
+            return nn.Sequential(*layers, acts[act](), nn.Conv3d(co, co, kernel, padding=pad), acts[act]())
+
+        widths = [width * 2 ** i for i in range(depth + 1)]
+        self.enc = nn.ModuleList([block(c_in if i == 0 else widths[i - 1], widths[i]) for i in range(depth)])
+        if down == "maxpool":
+            self.down = nn.ModuleList([nn.MaxPool3d(pool) for _ in range(depth)])
+        else:  # strided convolution, kernel = stride
+            self.down = nn.ModuleList([nn.Conv3d(widths[i], widths[i], pool, stride=pool) for i in range(depth)])
+        self.mid = block(widths[depth - 1], widths[depth])
+        ups = []
+        for i in reversed(range(depth)):
+            if up == "transpose":
+                ups.append(nn.ConvTranspose3d(widths[i + 1], widths[i], pool, stride=pool))
+            else:
+                mode = {"nearest": "nearest", "linear": "trilinear"}[up]
+                kw = {} if mode == "nearest" else {"align_corners": False}
+                ups.append(nn.Sequential(nn.Upsample(scale_factor=pool, mode=mode, **kw),
+                                         nn.Conv3d(widths[i + 1], widths[i], 1)))
+        self.ups = nn.ModuleList(ups)
+        self.dec = nn.ModuleList([block(widths[i] * (2 if merge == "concat" else 1), widths[i])
+                                  for i in reversed(range(depth))])
+        self.head = nn.Sequential(nn.Conv3d(widths[0], c_out, 1), nn.Sigmoid())
+
+    def forward(self, x):
+        skips = []
+        for enc, down in zip(self.enc, self.down):
+            x = enc(x)
+            skips.append(x)
+            x = down(x)
+        x = self.mid(x)
+        for up, dec, skip in zip(self.ups, self.dec, reversed(skips)):
+            x = up(x)
+            skip = _crop(skip, x) if self.valid else skip
+            x = torch.cat([skip, x], 1) if self.merge == "concat" else skip + x
+            x = dec(x)
+        return self.head(x)
+
+
+def randomise_bn(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm3d):
+                m.running_mean.copy_(torch.rand(m.num_features, generator=g) - 0.5)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.bias.copy_(torch.rand(m.num_features, generator=g) - 0.5)
+    return model.eval()
+
+
+def export(model, path, shape, c_in=1):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model.eval(), torch.zeros((1, c_in) + tuple(shape)), str(path), dynamo=False)
+    return path
+
+
+def run(model, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.from_numpy(np.ascontiguousarray(x[None]))).numpy()[0]
+
+
+def admissible(model: UNet, axis: int, at_least: int) -> int:
+    """The smallest input length >= ``at_least`` on ``axis`` that ``model`` runs on without
+    flooring (an independent walk of the architecture, not znni's geometry)."""
+    k = model.enc[0][0].kernel_size[axis]
+    p = (model.down[0].kernel_size if isinstance(model.down[0], nn.MaxPool3d) else model.down[0].kernel_size)
+    p = p[axis] if isinstance(p, tuple) else p
+    shrink = 0 if not model.valid else 2 * (k - 1)
+    for n in range(at_least, at_least + 4096):
+        m, ok, sizes = n, True, []
+        for _ in range(model.depth):
+            m -= shrink
+            sizes.append(m)
+            if m < p or m % p:
+                ok = False
+                break
+            m //= p
+        m -= shrink
+        if not ok or m < 1:
+            continue
+        for s in reversed(sizes):
+            m = m * p
+            if m > s:
+                ok = False
+                break
+            m -= shrink
+        if ok and m >= 1:
+            return n
+    raise ValueError("no admissible length")
