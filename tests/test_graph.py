@@ -256,3 +256,67 @@ def test_real_synapse_detector_equals_its_reference_output():
     out = znni_core.infer(net, ref["input"])
     assert out.shape == (1,) + ref["output"].shape
     np.testing.assert_allclose(out[0], ref["output"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("valid", [True, False])
+def test_pipeline_tasks_equal_whole_volume_infer(tmp_path, valid):
+    """Every chunk written by one task, whole; together they equal ``infer`` on the region's input
+    (exact tiles for a valid U-Net, the same blended lattice for a padded one)."""
+    from .pipeline_helpers import em
+    from .test_pipeline import prepare, read_out, reference, run_all
+
+    torch.manual_seed(5)
+    model = randomise_bn(UNet(valid=valid, depth=1, kernel=(1, 3, 3), pool=(1, 2, 2), width=3, bn=True,
+                              c_out=1, up="nearest" if valid else "transpose"), 5)
+    shape = _shape(model, (2, 20, 20)) if valid else (4, 16, 16)
+    export(model, tmp_path / "net.onnx", shape)
+    from .pipeline_helpers import base_config
+
+    vol = em((8, 44, 44))
+    edge = "valid" if valid else "zero"
+    cfg = base_config(tmp_path, vol=vol, edge=edge, network={"path": str(tmp_path / "net.onnx")},
+                      output={"path": str(tmp_path / "out"), "chunk_size": [4, 8, 8]}, task_chunks=[1, 2, 2],
+                      blend={"patch_shape": None if valid else [4, 16, 16], "overlap": None if valid else [2, 4, 4]})
+    if valid:
+        net = znni_core.load_network(tmp_path / "net.onnx")
+        c = net.context
+        cfg["region"] = {"offset": list(net.halo[0]), "shape": [a - cc for a, cc in
+                                                                 zip(net.floor_admissible(vol.shape), c)]}
+    rf = prepare(cfg)
+    ids = run_all(rf)
+    assert len(ids) > 4
+    got, _ = read_out(rf)
+    if valid:
+        ref = reference(cfg, vol[tuple(slice(0, r + cc) for r, cc in zip(cfg["region"]["shape"], c))])
+    else:  # zero-padded U-Net: infer over the whole input with the run's plan (its patch and overlap)
+        from znni_core.pipeline.config import load_run
+        from znni_core.plan.plan import Plan
+
+        plan = Plan.load(load_run(rf)["plan"]["path"])
+        assert plan.overlap == (2, 4, 4) and plan.patch_shape == (4, 16, 16)
+        net = znni_core.load_network(tmp_path / "net.onnx")
+        ref = znni_core.infer(net, vol.astype(np.float32) * np.float32(cfg["normalize"]["scale"]), plan=plan)
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not DETECTOR.is_file(), reason="../shared/data/models absent")
+def test_real_synapse_detector_runs_through_the_pipeline(tmp_path):
+    from znni_core.pipeline.config import load_run
+    from znni_core.plan.plan import Plan
+
+    from .pipeline_helpers import base_config, write_volume
+    from .test_pipeline import prepare, read_out, run_all
+
+    sample = np.load(MODELS / "modelzoo_iarpa1_synapse_detection_sample1_reference.npz")["input"]
+    vol = np.rint(sample[:6, :48, :40] * 255).astype(np.uint8)  # the real EM, as the uint8 it was stored as
+    cfg = base_config(tmp_path, vol=vol, edge="zero", network={"path": str(DETECTOR)},
+                      output={"path": str(tmp_path / "out"), "chunk_size": [6, 24, 20]}, task_chunks=[1, 1, 1],
+                      blend={"patch_shape": [6, 24, 24], "overlap": [0, 8, 8]})
+    rf = prepare(cfg)
+    assert len(run_all(rf)) == 4
+    got, _ = read_out(rf)
+    plan = Plan.load(load_run(rf)["plan"]["path"])
+    net = znni_core.load_network(DETECTOR)
+    ref = znni_core.infer(net, vol.astype(np.float32) * np.float32(1 / 255), plan=plan)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)

@@ -15,13 +15,14 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import InputError
 from ..geometry.blocks import block_starts
 from ..net.graph import Graph
-from .blend import axis_plan
+from .blend import axis_plan, lattice
 from .engine import kernel_cache, run_patch
 from .graph import run_graph_patch
 
@@ -75,48 +76,98 @@ def graph_extent(net: Graph, shape) -> tuple:
     return net.ceil_admissible(shape)
 
 
-def run_tiled_graph(plan, net: Graph, x: np.ndarray, *, xp=np, progress=None, cache: dict | None = None) -> np.ndarray:
-    """A graph network's output on ``x`` (C, Z, Y, X): exact tiles on the grid (valid), or
-    overlapping patches blended on the lattice of ``exec/blend.py`` (padded)."""
-    n = tuple(x.shape[1:])
-    use = graph_extent(net, n)
-    if net.kind == "valid" and use != n:
-        warnings.warn(f"input shape {n} is not admissible for {net.name} (n_min {net.geometry['n_min']} + k * "
-                      f"grid {net.grid}): the last {tuple(a - b for a, b in zip(n, use))} voxels are not used; the "
-                      f"output covers {use}", stacklevel=3)
-        x = x[(slice(None),) + tuple(slice(0, u) for u in use)]
-    elif use != n:
-        x = np.pad(x, [(0, 0)] + [(0, u - m) for u, m in zip(use, n)])  # zeros: what the padded net assumes
+@dataclass(frozen=True)
+class GraphWindow:
+    """The patches a graph network runs to produce the output window ``[lo, hi)`` of a volume
+    (coordinates: output voxel ``i`` is computed from input voxels ``[i, i + F)`` of the
+    whole volume's input array)."""
+
+    lo: tuple
+    hi: tuple
+    patch: tuple  # input patch (z, y, x)
+    tile: tuple  # its output
+    starts: tuple  # per axis: output starts of the patches that touch the window
+    in_lo: tuple  # input range the patches read, [in_lo, in_hi)
+    in_hi: tuple
+    weights: tuple = ()  # padded: per axis, the blending weight over a tile
+    norms: tuple = ()  # padded: per axis, the normaliser over [lo, hi)
+
+
+def graph_window(net: Graph, plan, lo, hi, whole_out=None) -> GraphWindow:
+    """Valid graph: tiles on the grid from ``lo`` rounded down to it, reaching past ``hi`` by
+    less than the grid (any grid-aligned tiling gives the same voxels).  Padded graph: the
+    patches of the lattice over the whole output ``whole_out`` (the volume's, padded up to
+    admissible) that touch the window, with the lattice's normaliser."""
+    c, g = net.context, net.grid
+    if net.kind == "valid":
+        a0 = tuple(a - a % gg for a, gg in zip(lo, g))
+        extent = net.ceil_admissible(tuple(b - a + cc for a, b, cc in zip(a0, hi, c)))
+        patch = tuple(min(p, e) for p, e in zip(plan.patch_shape, extent))
+        tile = net.output_shape(patch)
+        starts = tuple(tuple(a + s for s in lattice(e - cc, t, 0, gg))
+                       for a, e, cc, t, gg in zip(a0, extent, c, tile, g))
+        return GraphWindow(tuple(lo), tuple(hi), patch, tile, starts, a0, tuple(a + e for a, e in zip(a0, extent)))
+    use = net.ceil_admissible(tuple(o + cc for o, cc in zip(whole_out, c)))
     patch = tuple(min(p, u) for p, u in zip(plan.patch_shape, use))
-    out_total, tile = net.output_shape(use), net.output_shape(patch)
-    padded = net.kind == "padded"
-    overlap = plan.overlap if padded and plan.overlap else (0, 0, 0)
-    axes = [axis_plan(o, t, v, plan.blend or "bump", g) for o, t, v, g in zip(out_total, tile, overlap, net.grid)]
-    single = all(len(a[0]) == 1 for a in axes)
-    make = np.zeros if padded and not single else np.empty
-    result = make((net.out_channels,) + tuple(out_total), dtype=np.float32)
-    w3 = None
-    if padded and not single:
-        w3 = np.einsum("i,j,k->ijk", *(a[1] for a in axes)).astype(np.float32)
+    tile = net.output_shape(patch)
+    overlap = plan.overlap or (0, 0, 0)
+    axes = [axis_plan(u - cc, t, v, plan.blend or "bump", gg) for u, cc, t, v, gg in zip(use, c, tile, overlap, g)]
+    starts = tuple(tuple(s for s in a[0] if s < b and s + t > l) for a, l, b, t in zip(axes, lo, hi, tile))
+    return GraphWindow(tuple(lo), tuple(hi), patch, tile, starts, tuple(st[0] for st in starts),
+                       tuple(st[-1] + p for st, p in zip(starts, patch)),
+                       tuple(a[1] for a in axes), tuple(a[2][l:b] for a, l, b in zip(axes, lo, hi)))
+
+
+def run_graph_window(plan, net: Graph, x: np.ndarray, win: GraphWindow, *, xp=np, progress=None,
+                     cache: dict | None = None) -> np.ndarray:
+    """The output over ``[win.lo, win.hi)`` from ``x``, the input over ``[win.in_lo, win.in_hi)``."""
+    want = tuple(b - a for a, b in zip(win.in_lo, win.in_hi))
+    if tuple(x.shape[1:]) != want:
+        raise InputError(f"window input has shape {tuple(x.shape[1:])}, the window's patches read {want}")
+    blended = bool(win.weights) and any(len(s) > 1 for s in win.starts)
+    shape = (net.out_channels,) + tuple(b - a for a, b in zip(win.lo, win.hi))
+    result = np.zeros(shape, np.float32) if blended else np.empty(shape, np.float32)
     convs = kernel_cache(cache, plan)
-    for start in itertools.product(*(a[0] for a in axes)):
-        src = (slice(None),) + tuple(slice(s, s + p) for s, p in zip(start, patch))
+    for start in itertools.product(*win.starts):
+        src = (slice(None),) + tuple(slice(s - a, s - a + p) for s, a, p in zip(start, win.in_lo, win.patch))
         part = np.ascontiguousarray(x[src]) if xp is np else xp.asarray(x[src])
         y = run_graph_patch(plan, net, part, xp=xp, convs=convs)
         del part
         if xp is not np:
             y = xp.asnumpy(y)
-        dst = (slice(None),) + tuple(slice(s, s + t) for s, t in zip(start, tile))
-        if w3 is None:
-            result[dst] = y
+        # the part of this tile inside the window
+        lo = [max(s, l) for s, l in zip(start, win.lo)]
+        hi = [min(s + t, h) for s, t, h in zip(start, win.tile, win.hi)]
+        src = (slice(None),) + tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))
+        dst = (slice(None),) + tuple(slice(a - l, b - l) for a, b, l in zip(lo, hi, win.lo))
+        if blended:
+            w = [ws[a - s:b - s] for ws, a, b, s in zip(win.weights, lo, hi, start)]
+            result[dst] += y[src] * np.einsum("i,j,k->ijk", *w).astype(np.float32)
         else:
-            y *= w3
-            result[dst] += y
+            result[dst] = y[src]
         del y
         if progress is not None:
             progress(1)
-    if w3 is not None:
-        result /= np.einsum("i,j,k->ijk", *(a[2] for a in axes)).astype(np.float32)
-    if padded and use != n:
-        result = np.ascontiguousarray(result[(slice(None),) + tuple(slice(0, o) for o in net.output_shape(n))])
+    if blended:
+        result /= np.einsum("i,j,k->ijk", *win.norms).astype(np.float32)
     return result
+
+
+def run_tiled_graph(plan, net: Graph, x: np.ndarray, *, xp=np, progress=None, cache: dict | None = None) -> np.ndarray:
+    """A graph network's output on ``x`` (C, Z, Y, X): exact tiles on the grid (valid), or
+    overlapping patches blended on the lattice of ``exec/blend.py`` (padded)."""
+    n = tuple(x.shape[1:])
+    use = graph_extent(net, n)
+    if net.kind == "valid":
+        if use != n:
+            warnings.warn(f"input shape {n} is not admissible for {net.name} (n_min {net.geometry['n_min']} + k * "
+                          f"grid {net.grid}): the last {tuple(a - b for a, b in zip(n, use))} voxels are not used; "
+                          f"the output covers {use}", stacklevel=3)
+            x = x[(slice(None),) + tuple(slice(0, u) for u in use)]
+        win = graph_window(net, plan, (0, 0, 0), net.output_shape(use))
+    else:
+        if use != n:
+            x = np.pad(x, [(0, 0)] + [(0, u - m) for u, m in zip(use, n)])  # zeros: what the padded net assumes
+        win = graph_window(net, plan, (0, 0, 0), net.output_shape(n), whole_out=net.output_shape(n))
+        x = x[(slice(None),) + tuple(slice(a, b) for a, b in zip(win.in_lo, win.in_hi))]
+    return run_graph_window(plan, net, x, win, xp=xp, progress=progress, cache=cache)

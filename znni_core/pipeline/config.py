@@ -19,6 +19,7 @@ from ..errors import ConfigError, DataError, InputError, PlanError
 from ..geometry import EDGE_POLICIES, ChunkGrid, Coordinate, Halo, Roi, create_blocks, output_bounds
 from ..io import ScaleSpec, compare_scale, open_input, parse_layer_url
 from ..io.precomputed import PrecomputedLayer
+from ..net.graph import Graph
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 RUN_FORMAT = "znni-run/1"
@@ -112,7 +113,8 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     net_path = Path(cfg["network"]["path"]).resolve()
     net = load_network(net_path)  # T19: NaN/Inf weights refused here
     fov = Coordinate(net.field_of_view)
-    halo = Halo.from_field_of_view(fov)
+    graph = isinstance(net, Graph)
+    halo = Halo(*net.halo) if graph else Halo.from_field_of_view(fov)
 
     iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
     inp = open_input(iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"])
@@ -199,6 +201,8 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
             raise PlanError(f"plan.file {cfg['plan']['file']} was made for another network; re-run `znni plan`")
         if plan.device != cfg["device"]:
             raise PlanError(f"plan.file is for device {plan.device!r}, the config asks {cfg['device']!r}")
+    elif graph:
+        plan = _graph_plan(net, cfg, budget, threads, task_shape, region)
     else:
         # A patch larger than a task is wasted work: first try one patch per task (output rounded up to the
         # pooling product D); if that does not fit the budget, let the autotuner search smaller patches.
@@ -212,6 +216,17 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         except MemoryBudgetError:
             plan = autotune(net, memory_budget=budget, device=cfg["device"], effort=cfg["plan"]["effort"],
                             threads=threads, input_shape=task_patch)
+    if graph and net.kind == "valid" and edge == "valid":
+        from ..exec.tiling import graph_window
+
+        win = graph_window(net, plan, (0, 0, 0), tuple(region.shape))
+        read = Roi(region.offset - halo.low + Coordinate(win.in_lo), Coordinate(win.in_hi) - Coordinate(win.in_lo))
+        if not inp.bounds.contains(read):
+            raise InputError(
+                f"region {_roi_doc(region)}: the valid graph network tiles on its grid {net.grid} and needs input "
+                f"{_roi_doc(read)}, which leaves the input bounds {_roi_doc(inp.bounds)} (edge=valid). Shrink the "
+                f"region so that its shape + {net.context} is admissible (n_min {net.geometry['n_min']} + k * "
+                f"{net.grid}), or use edge: mirror / zero")
     blocks = create_blocks(grid, tc, halo)
     if not blocks:
         raise ConfigError(f"the region {_roi_doc(region)} holds no output voxel")
@@ -221,6 +236,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         "config": cfg,
         "work_dir": str(work),
         "network": {"path": str(net_path), "digest": net.digest(), "field_of_view": list(fov),
+                    "kind": net.kind if graph else "chain",
                     "halo": {"low": list(halo.low), "high": list(halo.high)},
                     "in_channels": net.in_channels, "out_channels": net.out_channels},
         "input": {"url": str(iu), "mip": cfg["input"]["mip"], "bounds": inp.bounds.to_dict(),
@@ -243,6 +259,25 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     progress(f"output {ou}: {_roi_doc(region)}, chunks {tuple(out_spec.chunk_shape)}, {out_spec.dtype}; "
              f"{grid.num_chunks} chunks in {len(blocks)} tasks of up to {tuple(tc)} chunks")
     return run, plan
+
+
+def _graph_plan(net, cfg, budget, threads, task_shape, region):
+    """A graph network's plan: patches no larger than a task's read; a padded graph's default
+    overlap is a quarter of the patch wherever one patch does not cover the whole region."""
+    from ..plan import autotune
+    from ..plan.graph import default_overlap
+
+    b = cfg["blend"]
+    kw = dict(memory_budget=budget, device=cfg["device"], effort=cfg["plan"]["effort"], threads=threads,
+              blend=b["mode"])
+    read = tuple(int(t) + c for t, c in zip(task_shape, net.context))
+    plan = autotune(net, input_shape=read, patch_shape=b["patch_shape"], overlap=b["overlap"], **kw)
+    if net.kind == "padded" and b["overlap"] is None:
+        whole = tuple(int(r) + c for r, c in zip(region.shape, net.context))
+        overlap = default_overlap(net, plan.patch_shape, whole)
+        if overlap != plan.overlap:
+            plan = autotune(net, input_shape=read, patch_shape=plan.patch_shape, overlap=overlap, **kw)
+    return plan
 
 
 def save_run(run: dict, plan, work: Path) -> Path:

@@ -23,6 +23,10 @@ import numpy as np
 from ..errors import DataError, InputError, NonFiniteError
 from ..geometry import Block, Coordinate, Roi
 from ..io import open_input, open_output, parse_layer_url, read_manifest, write_manifest
+from ..exec.device import require_device
+from ..exec.tiling import graph_window, run_graph_window
+from ..inference import thread_limits
+from ..net.graph import Graph
 from .config import load_run, output_spec, run_geometry
 
 
@@ -111,6 +115,20 @@ def compute(net, plan, x: np.ndarray, out_shape, *, device: str = "cpu", progres
         return np.asarray(arr.compute())
 
 
+def graph_read(net, plan, region: Roi, write_roi: Roi, halo):
+    """(window, read ROI, extent) of a task of a graph network.  The window's patches are those
+    a run of ``infer`` over the whole region's input would use for these voxels; ``extent`` is
+    that whole input (the region grown by the halo): a padded network sees zeros beyond it,
+    exactly as ``infer`` pads a volume; a valid one reads through the edge policy."""
+    lo = tuple(write_roi.offset - region.offset)
+    hi = tuple(Coordinate(lo) + write_roi.shape)
+    window = graph_window(net, plan, lo, hi, whole_out=tuple(region.shape))
+    origin = region.offset - halo.low
+    read = Roi(origin + Coordinate(window.in_lo), Coordinate(window.in_hi) - Coordinate(window.in_lo))
+    extent = halo.read_roi(region) if net.kind == "padded" else read
+    return window, read, extent
+
+
 def quantise(y: np.ndarray, dtype: str, chunk_name: str) -> np.ndarray:
     if dtype == "float32":
         return np.ascontiguousarray(y, dtype=np.float32)
@@ -164,7 +182,13 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
                         "re-run validate")
     fill = cfg["input"]["missing"] == "zero"
     t_read = time.perf_counter()
-    raw, inner, missing = gather(inp, block.read_roi, cfg["edge"], fill)
+    window = None
+    if isinstance(net, Graph):  # the patches of the network's grid (valid) or blending lattice (padded)
+        window, read_roi, extent = graph_read(net, plan, region, block.write_roi, halo)
+        block = Block(block.id, block.write_roi, read_roi, block.chunks)
+        raw, inner, missing = gather(inp, read_roi.intersect(extent), cfg["edge"], fill)
+    else:
+        raw, inner, missing = gather(inp, block.read_roi, cfg["edge"], fill)
     t_read = time.perf_counter() - t_read
 
     # ---- empty chunks (T26): all-zero input context is skipped and recorded ------------------------
@@ -172,6 +196,9 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
     if cfg["input"]["empty"] == "skip":
         for idx in block.chunks:
             croi = halo.read_roi(grid.chunk_roi(idx))
+            if window is not None:  # every patch that touches the chunk
+                reach = Coordinate(window.patch) - 1
+                croi = grid.chunk_roi(idx).grow(reach, reach).intersect(extent).intersect(block.read_roi)
             if not raw[(slice(None),) + croi.to_slices(block.read_roi.offset)].any():
                 empty.add(idx)
     todo = [i for i in block.chunks if i not in empty and (chunk_index is None or i == chunk_index)]
@@ -179,7 +206,18 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
     # ---- compute ---------------------------------------------------------------------------
     t_comp = time.perf_counter()
     y = None
-    if todo:
+    if todo and window is not None:
+        x = normalise(raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], inner)
+        del raw
+        inside = block.read_roi.intersect(extent)
+        if inside != block.read_roi:  # beyond the region's input: zeros, as infer pads a whole volume
+            full = np.zeros((x.shape[0],) + tuple(block.read_roi.shape), np.float32)
+            full[(slice(None),) + inside.to_slices(block.read_roi.offset)] = x
+            x = full
+        with thread_limits(plan.threads):
+            y = run_graph_window(plan, net, x, window, xp=require_device(device))
+        del x
+    elif todo:
         x = normalise(raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], inner)
         del raw
         bar = None
