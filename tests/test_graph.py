@@ -320,3 +320,26 @@ def test_real_synapse_detector_runs_through_the_pipeline(tmp_path):
     net = znni_core.load_network(DETECTOR)
     ref = znni_core.infer(net, vol.astype(np.float32) * np.float32(1 / 255), plan=plan)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_cli_info_names_the_kind_and_plan_takes_patch_and_overlap(tmp_path):
+    from typer.testing import CliRunner
+
+    from znni_core.cli import app
+    from znni_core.plan.plan import Plan
+
+    runner = CliRunner()
+    valid = export(UNet(valid=True, depth=1, kernel=(1, 3, 3), width=2), tmp_path / "v.onnx", (2, 18, 18))
+    padded = export(UNet(valid=False, depth=1, kernel=(1, 3, 3), width=2), tmp_path / "p.onnx", (2, 16, 16))
+    chain = export(nn.Sequential(nn.Conv3d(1, 2, 3), nn.MaxPool3d(2), nn.Conv3d(2, 1, 3)), tmp_path / "c.onnx",
+                   (12, 12, 12))
+    for path, words in [(valid, "valid graph"), (padded, "padded graph"), (chain, "chain")]:
+        r = runner.invoke(app, ["info", str(path)])
+        assert r.exit_code == 0 and f"kind: {words}" in r.output, r.output
+    r = runner.invoke(app, ["plan", str(padded), "--input-shape", "4,64,64", "--patch", "4,32,32",
+                            "--overlap", "0,8,8", "--blend", "gaussian", "-o", str(tmp_path / "plan.json")])
+    assert r.exit_code == 0, r.output
+    plan = Plan.load(tmp_path / "plan.json")
+    assert (plan.kind, plan.patch_shape, plan.overlap, plan.blend) == ("padded", (4, 32, 32), (0, 8, 8), "gaussian")
+    r = runner.invoke(app, ["plan", str(padded), "--patch", "4,31,32"])
+    assert r.exit_code == 2 and "not admissible" in r.output

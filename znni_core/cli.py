@@ -38,8 +38,18 @@ def info(net: Path = typer.Argument(..., help="network (.onnx or .yaml)")):
         n = load_network(net)
     except ZnniError as exc:
         _fail(exc)
+    from .net.graph import Graph
+
     typer.echo(n.describe())
     low, high = n.halo
+    if isinstance(n, Graph):
+        g = n.geometry
+        typer.echo(f"kind: {n.describe_kind()} ({len(n.nodes)} nodes)")
+        typer.echo(f"context {n.context}, halo low {low} high {high} (z, y, x); admissible input lengths "
+                   f"{g['n_min']} + k * {n.grid}" + (f"; exported at {n.export_shape}" if n.export_shape else "")
+                   + f"; digest {n.digest()[:16]}")
+        return
+    typer.echo("kind: chain (max-pooling fragments): convolutions, max-pooling and activations in a line")
     typer.echo(f"halo low {low} high {high} (z, y, x); pooling product {n.pooling_product}; digest {n.digest()[:16]}")
 
 
@@ -54,6 +64,10 @@ def plan(
     rejected: int = typer.Option(5, help="how many rejected alternatives to print"),
     input_shape: Optional[str] = typer.Option(None, "--input-shape",
                                               help="Z,Y,X of the input the plan is for: no patch larger than it"),
+    patch: Optional[str] = typer.Option(None, "--patch", help="Z,Y,X input patch (graph networks; default: searched)"),
+    overlap: Optional[str] = typer.Option(None, "--overlap",
+                                          help="Z,Y,X voxels shared by neighbouring patches (padded graphs)"),
+    blend: str = typer.Option("bump", help="bump | gaussian | linear (padded graphs)"),
 ):
     """Autotune and print a plan (ZNNi Table IV style); write it with --output."""
     from . import load_network
@@ -61,22 +75,29 @@ def plan(
     from .plan import autotune
 
     try:
-        shape = None
-        if input_shape:
-            try:
-                shape = tuple(int(v) for v in input_shape.replace("x", ",").split(","))
-            except ValueError:
-                shape = ()
-            if len(shape) != 3:
-                raise ZnniError(f"--input-shape {input_shape!r}: give three integers Z,Y,X (e.g. 15,256,256)")
         p = autotune(load_network(net), memory_budget=parse_bytes(memory) if memory else None, device=device,
-                     effort=effort, threads=threads, input_shape=shape)
+                     effort=effort, threads=threads, input_shape=_shape3(input_shape, "--input-shape"),
+                     patch_shape=_shape3(patch, "--patch"), overlap=_shape3(overlap, "--overlap"), blend=blend)
     except ZnniError as exc:
         _fail(exc)
     typer.echo(p.describe(max_rejected=rejected))
     if output:
         p.save(output)
         typer.echo(f"\nplan written to {output}")
+
+
+def _shape3(text: Optional[str], option: str):
+    from .errors import ZnniError
+
+    if not text:
+        return None
+    try:
+        shape = tuple(int(v) for v in text.replace("x", ",").split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3:
+        raise ZnniError(f"{option} {text!r}: give three integers Z,Y,X (e.g. 15,256,256)")
+    return shape
 
 
 def _read_array(path: str):

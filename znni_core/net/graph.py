@@ -363,8 +363,7 @@ class Graph:
             else:
                 shown = {k: v for k, v in n.params.items() if not isinstance(v, np.ndarray)}
                 rows.append(f"{n.name}: {n.op} {shown if shown else ''}".rstrip())
-        rows.append(f"{self.describe_kind()}; in {self.in_channels} ch, out {self.out_channels} ch; "
-                    f"admissible lengths n_min {self.geometry['n_min']} + k * grid {self.grid}")
+        rows.append(f"in {self.in_channels} ch, out {self.out_channels} ch")
         return "\n".join(rows)
 
     def consumers(self) -> dict:
