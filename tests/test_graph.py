@@ -343,3 +343,15 @@ def test_cli_info_names_the_kind_and_plan_takes_patch_and_overlap(tmp_path):
     assert (plan.kind, plan.patch_shape, plan.overlap, plan.blend) == ("padded", (4, 32, 32), (0, 8, 8), "gaussian")
     r = runner.invoke(app, ["plan", str(padded), "--patch", "4,31,32"])
     assert r.exit_code == 2 and "not admissible" in r.output
+
+
+def test_yaml_spec_round_trips_a_graph(tmp_path):
+    from znni_core.net import save_network
+
+    model = randomise_bn(UNet(valid=False, depth=2, kernel=(1, 3, 3), width=2, bn=True, up="transpose",
+                              merge="add"), 2)
+    net = znni_core.load_network(export(model, tmp_path / "p.onnx", (2, 16, 16)))
+    again = znni_core.load_network(save_network(net, tmp_path / "p.yaml"))
+    assert isinstance(again, Graph) and again.digest() == net.digest() and again.kind == "padded"
+    x = np.random.default_rng(0).standard_normal((1, 2, 16, 16)).astype(np.float32)
+    np.testing.assert_array_equal(znni_core.infer(again, x), znni_core.infer(net, x))

@@ -15,6 +15,26 @@ Example ``net.yaml``::
 
 Layer types: ``conv``, ``maxpool`` (``window``: int or [z, y, x]), and the activations
 ``relu, leaky_relu, elu, sigmoid, tanh, softmax, identity`` (``alpha`` for leaky_relu/elu).
+
+A graph network (U-Net, :mod:`.graph`) lists ``nodes`` instead of ``layers``; each reads
+named tensors and writes one::
+
+    format: znni-network/1
+    weights: unet.safetensors
+    input: x
+    in_channels: 1
+    output: y
+    nodes:
+      - {op: conv, inputs: [x], output: a, weight: c1.w, bias: c1.b, stride: [1, 1, 1],
+         pads: [[0, 1, 1], [0, 1, 1]]}                         # [low, high], zero padding
+      - {op: act, inputs: [a], output: b, kind: relu}
+      - {op: pool, inputs: [b], output: c, kind: max, window: [1, 2, 2]}      # max | avg
+      - {op: resize, inputs: [c], output: d, scale: [1, 2, 2], mode: nearest}  # linear: coord
+      - {op: deconv, inputs: [c], output: e, weight: up.w, bias: up.b, stride: [1, 2, 2]}
+      - {op: crop, inputs: [b], output: f, low: [0, 2, 2], high: [0, 2, 2]}
+      - {op: concat, inputs: [f, e], output: g}                 # also add, mul (two tensors)
+      - {op: affine, inputs: [g], output: y, scale: bn.s, shift: bn.t}   # per channel
+
 YAML is read with ``safe_load`` (no object construction) and npz with ``allow_pickle=False``.
 """
 from __future__ import annotations
@@ -25,6 +45,7 @@ import numpy as np
 import yaml
 
 from ..errors import NetworkError
+from .graph import Graph, Node, as_shape3
 from .spec import ACTIVATIONS, Activation, Conv, Network, Pool
 
 FORMAT = "znni-network/1"
@@ -60,10 +81,12 @@ def load_native(path) -> Network:
     if not isinstance(spec, dict) or spec.get("format") != FORMAT:
         raise NetworkError(f"{path}: expected a mapping with 'format: {FORMAT}', got "
                            f"{spec.get('format') if isinstance(spec, dict) else type(spec).__name__!r}")
+    weights = _load_weights(path.parent / str(spec.get("weights", ""))) if spec.get("weights") else {}
+    if "nodes" in spec:
+        return _load_graph(path, spec, weights)
     layers_spec = spec.get("layers")
     if not isinstance(layers_spec, list) or not layers_spec:
-        raise NetworkError(f"{path}: 'layers' must be a non-empty list")
-    weights = _load_weights(path.parent / str(spec.get("weights", "")) ) if spec.get("weights") else {}
+        raise NetworkError(f"{path}: 'layers' (a chain) or 'nodes' (a graph) must be a non-empty list")
     layers = []
     for i, entry in enumerate(layers_spec):
         if not isinstance(entry, dict) or "type" not in entry:
@@ -91,11 +114,86 @@ def load_native(path) -> Network:
                    metadata={"source": str(path), "format": FORMAT})
 
 
-def save_network(net: Network, path) -> Path:
+_ARRAYS = {"conv": ("weight", "bias"), "deconv": ("weight", "bias"), "affine": ("scale", "shift")}
+_SHAPES = ("stride", "window", "scale", "low", "high")
+
+
+def _load_graph(path: Path, spec: dict, weights: dict) -> Graph:
+    nodes = []
+    for i, entry in enumerate(spec["nodes"] or []):
+        if not isinstance(entry, dict) or "op" not in entry:
+            raise NetworkError(f"{path}: node {i} must be a mapping with an 'op', got {entry!r}")
+        op, name = str(entry["op"]), str(entry.get("name", f"{entry['op']}{i}"))
+        params = {k: v for k, v in entry.items() if k not in ("op", "name", "inputs", "output")}
+        for key in _ARRAYS.get(op, ()):
+            ref = params.get(key)
+            if ref is None:
+                continue
+            if ref not in weights:
+                raise NetworkError(f"{path}: node {i} ({name}) {key} key {ref!r} is not in the weights file")
+            params[key] = np.asarray(weights[ref], np.float32)
+        for key in _SHAPES:
+            if key in params and not isinstance(params[key], np.ndarray):
+                params[key] = as_shape3(params[key], f"{path}: node {name} {key}")
+        if op == "conv":
+            if "weight" not in params:
+                raise NetworkError(f"{path}: node {i} ({name}) needs a weight")
+            params = {"conv": Conv(params.pop("weight"), params.pop("bias", None), name=name),
+                      "stride": params.get("stride", (1, 1, 1)),
+                      "pads": tuple(as_shape3(p, f"{path}: node {name} pads") for p in params.get("pads", [[0] * 3] * 2))}
+        elif op == "act":
+            kind = str(params.get("kind"))
+            params = {"act": Activation(kind, float(params.get("alpha", _DEFAULT_ALPHA.get(kind, 0.0))), name=name)}
+        elif op == "deconv" and params.get("bias") is None:
+            params["bias"] = np.zeros(params["weight"].shape[1], np.float32)
+        nodes.append(Node(op, tuple(entry.get("inputs", ())), str(entry.get("output", name)), name, params))
+    if not nodes:
+        raise NetworkError(f"{path}: 'nodes' must be a non-empty list")
+    return Graph(tuple(nodes), str(spec.get("input", "input")), str(spec.get("output", nodes[-1].output)),
+                 int(spec.get("in_channels", 1)), name=str(spec.get("name", path.stem)),
+                 metadata={"source": str(path), "format": FORMAT})
+
+
+def _save_graph(net: Graph, path: Path, wpath: Path) -> tuple[dict, dict]:
+    tensors, entries = {}, []
+    for i, node in enumerate(net.nodes):
+        entry = {"op": node.op, "name": node.name, "inputs": list(node.inputs), "output": node.output}
+        for key, v in node.params.items():
+            if isinstance(v, Conv):
+                tensors[f"n{i}.weight"] = v.weight
+                entry["weight"] = f"n{i}.weight"
+                if v.bias is not None:
+                    tensors[f"n{i}.bias"] = v.bias
+                    entry["bias"] = f"n{i}.bias"
+            elif isinstance(v, Activation):
+                entry["kind"], entry["alpha"] = v.kind, float(v.alpha)
+            elif isinstance(v, np.ndarray):
+                tensors[f"n{i}.{key}"] = np.ascontiguousarray(v, np.float32)
+                entry[key] = f"n{i}.{key}"
+            elif key == "pads":
+                entry[key] = [list(map(int, p)) for p in v]
+            elif isinstance(v, tuple):
+                entry[key] = [int(x) for x in v]
+            else:
+                entry[key] = float(v) if isinstance(v, float) else v
+        entries.append(entry)
+    spec = {"format": FORMAT, "name": net.name, "weights": wpath.name, "input": net.input,
+            "in_channels": int(net.in_channels), "output": net.output, "nodes": entries}
+    return spec, tensors
+
+
+def save_network(net: Network | Graph, path) -> Path:
     """Write ``net`` as ``path`` (YAML) plus ``<stem>.safetensors`` beside it; returns the YAML path."""
     from safetensors.numpy import save_file
 
     path = Path(path)
+    if isinstance(net, Graph):
+        wpath = path.with_suffix(".safetensors")
+        spec, tensors = _save_graph(net, path, wpath)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(wpath))
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        return path
     wpath = path.with_suffix(".safetensors")
     tensors: dict[str, np.ndarray] = {}
     entries = []
