@@ -14,7 +14,7 @@ rounds, medians; peak memory is the RSS rise during one call (``memwatch``).
   pooling, widths 16-64) on 16 x 256 x 256, patches of 16 x 128 x 128, overlap 32: znni vs
   PyTorch eager on the same lattice, and MONAI ``sliding_window_inference`` (Gaussian
   weights, overlap 0.25) if MONAI is installed.
-* ``valid-unet``: a MALA-style valid U-Net (3^3 kernels, 2 levels) on a 24 x 204 x 204
+* ``valid-unet``: a MALA-style valid U-Net (3^3 kernels, 2 levels) on a 32 x 204 x 204
   volume: znni (exact tiles) vs PyTorch on the whole volume in one pass.
 
 ``pip install -e '.[bench]' torch==2.13.0 monai``; results to ``benchmarks/UNETS.md`` and
@@ -144,14 +144,14 @@ def build(tmp: Path, threads: int, quick: bool):
         net = znni_core.load_network(DETECTOR)
         x = np.load(SAMPLE)["input"][None]
         runners, notes = onnx_runners(DETECTOR, threads)
-        fns = {"znni": lambda: znni_core.infer(net, x, memory_budget=budget)}
+        fns = {"znni": lambda n=net: znni_core.infer(n, x, memory_budget=budget)}
         fns.update({k: (lambda f=f: f(x)) for k, f in runners.items()})
         out.append(("detector", "real synapse detector, real EM 18x160x160, one patch", fns, notes))
         if not quick and ISBI.is_file():
             xb = isbi((18, 288, 288))
             plan = autotune(net, memory_budget=budget, patch_shape=(18, 160, 160), overlap=(0, 32, 32),
                             input_shape=xb.shape[1:])
-            fns = {"znni": lambda: znni_core.infer(net, xb, plan=plan)}
+            fns = {"znni": lambda n=net, p=plan: znni_core.infer(n, xb, plan=p)}
             fns.update({k: (lambda f=f: lattice_run(f, xb, (18, 160, 160), (0, 32, 32))) for k, f in runners.items()})
             out.append(("detector-blend", "synapse detector, ISBI EM 18x288x288, patches 18x160x160 overlap "
                         "(0,32,32), bump", fns, notes))
@@ -161,8 +161,8 @@ def build(tmp: Path, threads: int, quick: bool):
     net = znni_core.load_network(path)
     xp = isbi((16, 256, 256) if not quick else (16, 128, 192))
     plan = autotune(net, memory_budget=budget, patch_shape=patch, overlap=(0, 32, 32), input_shape=xp.shape[1:])
-    tf = torch_fn(model)
-    fns = {"znni": lambda: znni_core.infer(net, xp, plan=plan),
+    tf = torch_fn(model)  # every closure below binds its own net and plan (the names are reused)
+    fns = {"znni": lambda n=net, p=plan: znni_core.infer(n, xp, plan=p),
            "pytorch": lambda: lattice_run(tf, xp, patch, (0, 32, 32))}
     notes = {}
     try:
@@ -171,9 +171,9 @@ def build(tmp: Path, threads: int, quick: bool):
 
         t = torch.from_numpy(xp[None])
 
-        def monai():
+        def monai(m=model):
             with torch.no_grad():
-                return sliding_window_inference(t, patch, 1, model, overlap=0.25, mode="gaussian").numpy()[0]
+                return sliding_window_inference(t, patch, 1, m, overlap=0.25, mode="gaussian").numpy()[0]
         fns["monai-gaussian"] = monai
         notes["monai-gaussian"] = "MONAI sliding_window_inference, overlap 0.25, gaussian (its own lattice)"
     except ImportError:
@@ -183,10 +183,10 @@ def build(tmp: Path, threads: int, quick: bool):
     model = torch_valid_unet()
     exported = tuple(admissible(model, a, lo) for a, lo in enumerate((8, 64, 64)))
     net = znni_core.load_network(export(model, tmp / "valid.onnx", exported))
-    shape = tuple(admissible(model, a, lo) for a, lo in enumerate((24, 204, 204) if not quick else (12, 100, 100)))
+    shape = tuple(admissible(model, a, lo) for a, lo in enumerate((32, 204, 204) if not quick else (24, 100, 100)))
     xv = isbi(shape)
     tv = torch_fn(model)
-    fns = {"znni": lambda: znni_core.infer(net, xv, memory_budget=budget), "pytorch": lambda: tv(xv)}
+    fns = {"znni": lambda n=net: znni_core.infer(n, xv, memory_budget=budget), "pytorch": lambda: tv(xv)}
     out.append(("valid-unet", f"generated valid U-Net (2 levels, 3^3 kernels, widths 12-48), ISBI {shape}, exact",
                 fns, {}))
     return out

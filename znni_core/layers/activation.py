@@ -68,7 +68,10 @@ def apply_activation(x, kind, alpha=0.0, *, out=None):
         (xp.maximum if alpha <= 1.0 else xp.minimum)(x, tmp, out=out)
     elif kind == "elu":
         tmp = xp.minimum(x, 0)
-        xp.expm1(tmp, out=tmp)
+        # exp(t) - 1, not expm1: numpy's float32 exp is SIMD and expm1 is not (5x slower);
+        # the absolute error stays below 2e-7
+        xp.exp(tmp, out=tmp)
+        tmp -= 1
         tmp *= alpha
         xp.maximum(x, 0, out=out)
         out += tmp
