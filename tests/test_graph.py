@@ -300,28 +300,6 @@ def test_pipeline_tasks_equal_whole_volume_infer(tmp_path, valid):
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.skipif(not DETECTOR.is_file(), reason="../shared/data/models absent")
-def test_real_synapse_detector_runs_through_the_pipeline(tmp_path):
-    from znni_core.pipeline.config import load_run
-    from znni_core.plan.plan import Plan
-
-    from .pipeline_helpers import base_config, write_volume
-    from .test_pipeline import prepare, read_out, run_all
-
-    sample = np.load(MODELS / "modelzoo_iarpa1_synapse_detection_sample1_reference.npz")["input"]
-    vol = np.rint(sample[:6, :48, :40] * 255).astype(np.uint8)  # the real EM, as the uint8 it was stored as
-    cfg = base_config(tmp_path, vol=vol, edge="zero", network={"path": str(DETECTOR)},
-                      output={"path": str(tmp_path / "out"), "chunk_size": [6, 24, 20]}, task_chunks=[1, 1, 1],
-                      blend={"patch_shape": [6, 24, 24], "overlap": [0, 8, 8]})
-    rf = prepare(cfg)
-    assert len(run_all(rf)) == 4
-    got, _ = read_out(rf)
-    plan = Plan.load(load_run(rf)["plan"]["path"])
-    net = znni_core.load_network(DETECTOR)
-    ref = znni_core.infer(net, vol.astype(np.float32) * np.float32(1 / 255), plan=plan)
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
-
-
 def test_cli_info_names_the_kind_and_plan_takes_patch_and_overlap(tmp_path):
     from typer.testing import CliRunner
 
@@ -355,3 +333,18 @@ def test_yaml_spec_round_trips_a_graph(tmp_path):
     assert isinstance(again, Graph) and again.digest() == net.digest() and again.kind == "padded"
     x = np.random.default_rng(0).standard_normal((1, 2, 16, 16)).astype(np.float32)
     np.testing.assert_array_equal(znni_core.infer(again, x), znni_core.infer(net, x))
+
+
+def test_valid_graph_default_region_is_cut_to_an_admissible_input(tmp_path):
+    from znni_core.pipeline.config import resolve
+
+    from .pipeline_helpers import base_config, em
+
+    model = UNet(valid=True, depth=1, kernel=(1, 3, 3), pool=(1, 2, 2), width=2, c_out=1)
+    export(model, tmp_path / "net.onnx", _shape(model, (2, 20, 20)))
+    cfg = base_config(tmp_path, vol=em((8, 45, 43)), network={"path": str(tmp_path / "net.onnx")})
+    run, plan = resolve(cfg, mem_mb=2000, threads=1, progress=lambda *a: None)
+    net = znni_core.load_network(tmp_path / "net.onnx")
+    shape = tuple(run["region"]["shape"])
+    assert net.is_admissible(tuple(s + c for s, c in zip(shape, net.context)))
+    assert 45 - net.grid[1] < shape[1] + net.context[1] <= 45 and 43 - net.grid[2] < shape[2] + net.context[2] <= 43

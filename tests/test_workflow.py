@@ -141,3 +141,27 @@ def test_lint_and_dry_run(tmp_path):
     assert "good condition" in p.stdout + p.stderr
     p = snakemake(tmp_path, path, "-n")
     assert "validate" in p.stdout
+
+
+DETECTOR = REPO.parent / "shared" / "data" / "models" / "modelzoo_iarpa1_synapse_detection.onnx"
+
+
+@pytest.mark.skipif(not DETECTOR.is_file(), reason="../shared/data/models absent")
+def test_real_synapse_detector_runs_through_the_workflow(tmp_path):
+    """A padded U-Net (the real trained detector, real EM) through snakemake: every chunk equals
+    ``infer`` over the whole input with the run's plan (the same blending lattice)."""
+    from znni_core.plan.plan import Plan
+
+    sample = np.load(DETECTOR.parent / "modelzoo_iarpa1_synapse_detection_sample1_reference.npz")["input"]
+    vol = np.rint(sample[:6, :48, :40] * 255).astype(np.uint8)  # the real EM, as the uint8 it was stored as
+    cfg, path = write_config(tmp_path, "det", vol, edge="zero", network={"path": str(DETECTOR)},
+                             output={"chunk_size": [6, 24, 20]},
+                             blend={"patch_shape": [6, 24, 24], "overlap": [0, 8, 8]})
+    p = snakemake(tmp_path, path)
+    assert "0 not done" in p.stderr
+    layer = PrecomputedLayer(parse_layer_url(cfg["output"]["path"]), 0)
+    got, _ = layer.read(layer.bounds)
+    plan = Plan.load(Path(cfg["work_dir"]) / "plan.json")
+    assert plan.kind == "padded" and plan.overlap == (0, 8, 8)
+    ref = znni_core.infer(znni_core.load_network(DETECTOR), vol.astype(np.float32) * np.float32(1 / 255), plan=plan)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)

@@ -149,6 +149,14 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
             raise InputError(f"region {_roi_doc(region)} is not covered by {where}: {why} must lie inside the "
                              f"input bounds {_roi_doc(inp.bounds)}; the largest possible region under edge={edge} is "
                              f"{_roi_doc(producible)} (or use edge: mirror / zero)")
+    if graph and net.kind == "valid" and edge == "valid" and cfg["region"] is None:
+        # a valid graph network tiles on its grid: the default region is cut to an admissible input
+        # (its last few voxels per axis, fewer than the grid, would need input beyond the bounds)
+        use = net.floor_admissible(tuple(region.shape + Coordinate(net.context)))
+        if not all(use):
+            raise InputError(f"{where}: the input {_roi_doc(inp.bounds)} is smaller than the smallest admissible input "
+                             f"{net.geometry['n_min']} of the network (edge=valid); use edge: mirror / zero")
+        region = Roi(region.offset, Coordinate(use) - Coordinate(net.context))
     if edge == "mirror" and not inp.bounds.shape.all_ge(halo.high + 1):
         raise InputError(f"{where}: edge=mirror needs the input to be larger than the halo {tuple(halo.high)} on "
                          f"every axis; it is {tuple(inp.bounds.shape)}")
