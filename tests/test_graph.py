@@ -111,6 +111,26 @@ def test_padded_unet_one_patch_equals_torch(tmp_path, args, seed):
     np.testing.assert_allclose(out, run(model, x), rtol=1e-4, atol=1e-5)
 
 
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=unet_args.map(lambda a: {**a, "up": "linear" if a["merge"] == "add" and a["up"] == "nearest" else a["up"]}),
+       seed=st.integers(0, 2**16))
+def test_padded_unet_under_a_small_budget_still_equals_torch_on_the_whole_input(tmp_path, args, seed):
+    """The budget never changes a padded network's result: a patch that does not fit runs in
+    exact output tiles (halos recomputed, zero padding only at the patch border)."""
+    torch.manual_seed(seed)
+    model = randomise_bn(UNet(valid=False, **args), seed)
+    shape = _shape(model, (8, 96, 88))  # several receptive fields across: tiles save memory
+    net = znni_core.load_network(export(model, tmp_path / "p.onnx", _shape(model, (2, 8, 8))))
+    x = np.random.default_rng(seed).standard_normal((1,) + shape).astype(np.float32)
+    whole = autotune(net, memory_budget=2**34, input_shape=shape, use_cache=False)
+    assert not whole.tile
+    budget = int(whole.predicted_peak_bytes * 0.6)
+    small = autotune(net, memory_budget=budget, input_shape=shape, use_cache=False)
+    assert small.tile and small.patch_shape == whole.patch_shape == shape
+    assert small.predicted_peak_bytes <= budget
+    np.testing.assert_allclose(znni_core.infer(net, x, plan=small), run(model, x), rtol=1e-4, atol=1e-5)
+
+
 def _blend_reference(model, x, patch, overlap, kind):
     """Independent blending: PyTorch on every lattice patch, weights from the documented formula."""
     n = x.shape[1:]
@@ -182,6 +202,27 @@ def test_graph_memory_walk_tracks_the_executor(tmp_path):
     tracemalloc.stop()
     peak += x.nbytes  # the walk counts the caller's patch
     assert 0.75 <= plan.predicted_peak_bytes / peak <= 1.33, (plan.predicted_peak_bytes, peak)
+
+
+def test_exact_tiles_memory_walk_tracks_the_executor(tmp_path):
+    torch.manual_seed(0)
+    model = randomise_bn(UNet(valid=False, depth=2, kernel=(1, 3, 3), pool=(1, 2, 2), width=6, bn=True,
+                              up="linear"), 0)
+    shape = (4, 160, 160)
+    net = znni_core.load_network(export(model, tmp_path / "p.onnx", (4, 32, 32)))
+    whole = autotune(net, memory_budget=2**34, input_shape=shape, primitives=("direct-gemm",), use_cache=False)
+    plan = autotune(net, memory_budget=whole.predicted_peak_bytes // 2, input_shape=shape,
+                    primitives=("direct-gemm",), use_cache=False)
+    assert plan.tile
+    x = np.random.default_rng(0).standard_normal((1,) + shape).astype(np.float32)
+    run_graph_patch(plan, net, x)
+    tracemalloc.start()
+    y = run_graph_patch(plan, net, x)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    peak += x.nbytes - y.nbytes  # the walk counts the caller's patch, not the assembled output
+    assert 0.75 <= plan.predicted_peak_bytes / peak <= 1.33, (plan.predicted_peak_bytes, peak)
+    np.testing.assert_allclose(y, run(model, x), rtol=1e-4, atol=1e-5)
 
 
 def test_budget_bounds_the_patch_and_too_small_a_budget_names_the_need(tmp_path):

@@ -4,6 +4,11 @@ Nodes run in topological order; a tensor is dropped after its last reader and an
 element-wise node writes into an input that dies there, exactly as the planner's walk
 (``plan/graph.py``) counts them.  Convolutions reuse the chain engine's primitives
 (direct GEMM, FFT with resident kernel spectra) on the zero-padded input.
+
+A patch too large for the budget runs in output **tiles** (``plan.tile``), each computing
+every tensor only over the range its voxels depend on (``needed_ranges``): zero padding
+is applied where a range meets the patch's border and real neighbouring values
+elsewhere, so the tiles together equal the whole patch exactly (halos are recomputed).
 """
 from __future__ import annotations
 
@@ -11,9 +16,10 @@ import numpy as np
 
 from ..errors import PlanError
 from ..layers import apply_activation, max_pool
-from ..layers.resample import avg_pool, conv_strided, conv_transpose, pad, upsample_linear, upsample_nearest
+from ..layers.resample import (avg_pool, conv_strided, conv_transpose, interpolate, linear_index, pad,
+                               upsample_nearest)
 from ..net.graph import Graph
-from ..plan.graph import in_place_input
+from ..plan.graph import _in_range, conv_window, in_place_input, needed_ranges, tile_starts
 from .engine import _run_conv
 
 
@@ -21,39 +27,70 @@ def _const(xp, v):
     return v if xp is np else xp.asarray(v)
 
 
-def _node(step, node, ins, out, xp, convs):
-    """Output of ``node`` on input arrays ``ins``; ``out`` is an input to overwrite (or None)."""
-    x = ins[0]
+def _take(value, lo, hi):
+    """The part ``[lo, hi)`` (tensor coordinates) of a computed range ``(array, its lo)``."""
+    arr, base = value
+    sl = tuple(slice(a - b0, h - b0) for a, h, b0 in zip(lo, hi, base))
+    if all(s.start == 0 and s.stop == n for s, n in zip(sl, arr.shape[2:])):
+        return arr
+    return arr[(slice(None), slice(None)) + sl]
+
+
+def _node(step, node, env, a, b, shapes, out, xp, convs):
+    """``node``'s output over ``[a, b)``; ``out`` is an input array to overwrite (or None)."""
     op = node.op
+    name = node.inputs[0]
+    n_in = shapes[name][1:]
     if op == "conv":
-        lo, hi = node["pads"]
-        if any(lo) or any(hi):
-            x = pad(x, lo, hi)
+        raw_lo, raw_hi = conv_window(node, a, b)
+        clip_lo = tuple(max(0, v) for v in raw_lo)
+        clip_hi = tuple(min(n, v) for n, v in zip(n_in, raw_hi))
+        x = _take(env[name], clip_lo, clip_hi)
+        low = tuple(c - r for c, r in zip(clip_lo, raw_lo))
+        high = tuple(r - c for c, r in zip(clip_hi, raw_hi))
+        x = pad(x, low, high) if any(low) or any(high) else xp.ascontiguousarray(x)
         if step.primitive == "strided":
             return conv_strided(x, _const(xp, node.conv.weight), None if node.conv.bias is None else
                                 _const(xp, node.conv.bias), node["stride"])
         return _run_conv(step, node.conv, x, xp, convs)
-    if op == "deconv":
-        return conv_transpose(x, _const(xp, node["weight"]), _const(xp, node["bias"]), node["stride"])
+    r = [_in_range(node, ax, a[ax], b[ax], n_in[ax]) for ax in range(3)]
+    lo, hi = tuple(v[0] for v in r), tuple(v[1] for v in r)
+    if op in ("deconv", "resize"):
+        x = _take(env[name], lo, hi)
+        if op == "resize" and node["mode"] == "linear":
+            tables = []
+            for ax, f in enumerate(node["scale"]):
+                if f == 1:
+                    tables.append(None)
+                    continue
+                i0, i1, w = linear_index(n_in[ax], f, node["coord"])
+                tables.append((i0[a[ax]:b[ax]] - lo[ax], i1[a[ax]:b[ax]] - lo[ax], w[a[ax]:b[ax]]))
+            return interpolate(xp.ascontiguousarray(x), tables)
+        f = node["stride" if op == "deconv" else "scale"]
+        y = conv_transpose(xp.ascontiguousarray(x), _const(xp, node["weight"]), _const(xp, node["bias"]), f) \
+            if op == "deconv" else upsample_nearest(x, f)
+        sl = tuple(slice(s - l * ff, s - l * ff + (e - s)) for s, e, l, ff in zip(a, b, lo, f))
+        return y if all(s.start == 0 and s.stop == n for s, n in zip(sl, y.shape[2:])) else \
+            xp.ascontiguousarray(y[(slice(None), slice(None)) + sl])
     if op == "pool":
+        x = _take(env[name], lo, hi)
         return max_pool(x, node["window"]) if node["kind"] == "max" else avg_pool(x, node["window"])
-    if op == "resize":
-        if node["mode"] == "nearest":
-            return upsample_nearest(x, node["scale"])
-        return upsample_linear(x, node["scale"], node["coord"])
     if op == "crop":
-        lo, hi = node["low"], node["high"]
-        sl = tuple(slice(a, n - b) for a, b, n in zip(lo, hi, x.shape[2:]))
-        return xp.ascontiguousarray(x[(slice(None), slice(None)) + sl])
+        return xp.ascontiguousarray(_take(env[name], lo, hi))
     if op == "pad":
-        return pad(x, node["low"], node["high"], node["value"])
+        raw_lo = tuple(v - p for v, p in zip(a, node["low"]))
+        raw_hi = tuple(v - p for v, p in zip(b, node["low"]))
+        return pad(_take(env[name], lo, hi), tuple(c - r for c, r in zip(lo, raw_lo)),
+                   tuple(r - c for c, r in zip(hi, raw_hi)), node["value"])
+    ins = [_take(env[i], a, b) for i in node.inputs]
     if op == "concat":
         return xp.concatenate(ins, axis=1)
+    x = ins[0]
     if op == "act":
-        a = node["act"]
-        if a.kind == "identity":
+        act = node["act"]
+        if act.kind == "identity":
             return x if out is not None else x.copy()
-        return apply_activation(x, a.kind, a.alpha, out=x if out is not None else None)
+        return apply_activation(x, act.kind, act.alpha, out=x if out is not None else None)
     if op == "affine":
         s = _const(xp, node["scale"]).reshape(1, -1, 1, 1, 1)
         t = _const(xp, node["shift"]).reshape(1, -1, 1, 1, 1)
@@ -66,35 +103,50 @@ def _node(step, node, ins, out, xp, convs):
         ufunc = xp.add if op == "add" else xp.multiply
         if out is None:
             return ufunc(ins[0], ins[1])
-        other = ins[1] if out is ins[0] else ins[0]
-        return ufunc(out, other, out=out)
+        target = env[out][0]
+        other = ins[1] if target is ins[0] else ins[0]
+        return ufunc(target, other, out=target)
     raise PlanError(f"{node.name}: no executor for operator {op!r}")
 
 
+def _run_range(plan, graph: Graph, x, shapes, lo, hi, xp, convs):
+    """Output voxels ``[lo, hi)`` of the patch ``x`` (1, C, n): every tensor over its range."""
+    need = needed_ranges(graph, shapes, lo, hi)
+    remaining = graph.consumers()
+    rlo, rhi = need[graph.input]
+    env = {graph.input: (x[(slice(None), slice(None)) + tuple(slice(a, b) for a, b in zip(rlo, rhi))], rlo)}
+    for step, node in zip(plan.steps, graph.nodes):
+        if node.output in need:
+            target = in_place_input(node, remaining, need, graph.input)
+            a, b = need[node.output]
+            y = _node(step, node, env, a, b, shapes, target, xp, convs)
+            env[node.output] = (y, a)
+            del y
+        for name in node.inputs:
+            remaining[name] -= 1
+        for name in set(node.inputs):
+            if remaining[name] == 0:
+                env.pop(name, None)
+    return env.pop(graph.output)[0]
+
+
 def run_graph_patch(plan, graph: Graph, x, *, xp=np, convs=None):
-    """The network's output ``(C_out, n - context)`` on one admissible patch ``(C, n)``."""
+    """The network's output ``(C_out, n - context)`` on one admissible patch ``(C, n)``,
+    whole or in the plan's exact output tiles."""
     if plan.network_digest != graph.digest():
         raise PlanError("the plan was made for another network (digest mismatch); re-run `znni plan`")
     if len(plan.steps) != len(graph.nodes):
         raise PlanError(f"the plan has {len(plan.steps)} steps for {len(graph.nodes)} nodes; re-run `znni plan`")
     convs = {} if convs is None else convs
     shapes = graph.shapes(tuple(x.shape[1:]))  # names the node when the patch is not admissible
-    remaining = graph.consumers()
-    env = {graph.input: x[None]}
-    for step, node in zip(plan.steps, graph.nodes):
-        target = in_place_input(node, remaining, shapes, graph.input)
-        ins = [env[i] for i in node.inputs]
-        y = _node(step, node, ins, env[target] if target else None, xp, convs)
-        del ins
-        for name in node.inputs:
-            remaining[name] -= 1
-        for name in set(node.inputs):
-            if remaining[name] == 0:
-                del env[name]
-        env[node.output] = y
+    out_n = shapes[graph.output][1:]
+    tile = tuple(min(t, o) for t, o in zip(plan.tile or out_n, out_n))
+    if tile == out_n:
+        return _run_range(plan, graph, x[None], shapes, (0, 0, 0), out_n, xp, convs)[0]
+    result = xp.empty((graph.out_channels,) + tuple(out_n), dtype=np.float32)
+    for lo in tile_starts(out_n, tile):
+        hi = tuple(min(a + t, o) for a, t, o in zip(lo, tile, out_n))
+        y = _run_range(plan, graph, x[None], shapes, lo, hi, xp, convs)
+        result[(slice(None),) + tuple(slice(a, b) for a, b in zip(lo, hi))] = y[0]
         del y
-    y = env.pop(graph.output)
-    want = (graph.out_channels,) + graph.output_shape(x.shape[1:])
-    if tuple(y.shape[1:]) != want:
-        raise PlanError(f"graph output has shape {tuple(y.shape[1:])}, expected {want}")
-    return y[0]
+    return result

@@ -20,8 +20,8 @@ import numpy as np
 from ..errors import InputError
 from .xp import get_array_module
 
-__all__ = ["avg_pool", "conv_strided", "conv_strided_memory", "conv_transpose", "pad", "upsample_linear",
-           "upsample_nearest"]
+__all__ = ["avg_pool", "conv_strided", "conv_strided_memory", "conv_transpose", "interpolate", "linear_index", "pad",
+           "upsample_linear", "upsample_nearest"]
 
 F32 = 4
 _BLOCK_BYTES = 16 * 2**20
@@ -40,7 +40,9 @@ def upsample_nearest(x, scale):
     return out.reshape(n, c, z * fz, y * fy, w * fx)
 
 
-def _linear_index(n: int, f: int, coord: str):
+def linear_index(n: int, f: int, coord: str):
+    """(i0, i1, w): output voxel ``j`` of an axis of ``n`` voxels upsampled ``f`` times is
+    ``(1 - w[j]) x[i0[j]] + w[j] x[i1[j]]``."""
     m = n * f
     j = np.arange(m, dtype=np.float64)
     if coord == "align_corners":
@@ -56,11 +58,18 @@ def upsample_linear(x, scale, coord: str = "half_pixel"):
     """Separable (tri)linear upsampling by integer factors (see the module docstring)."""
     if coord not in ("half_pixel", "align_corners"):
         raise InputError(f"coordinate mode {coord!r} is not half_pixel or align_corners")
+    tables = [None if int(f) == 1 else linear_index(n, int(f), coord) for n, f in zip(x.shape[2:], scale)]
+    return interpolate(x, tables)
+
+
+def interpolate(x, tables):
+    """Separable linear interpolation by per-axis ``(i0, i1, w)`` tables (None: axis kept);
+    indices are into ``x`` (a slice of a larger tensor takes the slice of its tables)."""
     xp = get_array_module(x)
-    for axis, f in enumerate(int(s) for s in scale):
-        if f == 1:
+    for axis, table in enumerate(tables):
+        if table is None:
             continue
-        i0, i1, w = _linear_index(x.shape[2 + axis], f, coord)
+        i0, i1, w = table
         shape = [1] * 5
         shape[2 + axis] = -1
         w = xp.asarray(w).reshape(shape)
@@ -71,7 +80,7 @@ def upsample_linear(x, scale, coord: str = "half_pixel"):
         a += b
         x = a
         del b
-    return x if any(int(s) > 1 for s in scale) else x.copy()
+    return x if any(t is not None for t in tables) else x.copy()
 
 
 def conv_transpose(x, w, b, stride):

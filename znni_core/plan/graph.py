@@ -12,9 +12,11 @@ graph's patch also decides its blending, so it is fixed by ``patch_shape`` when 
 from __future__ import annotations
 
 import datetime
+import itertools
 import math
 
 from ..errors import MemoryBudgetError, PlanError
+from ..layers.resample import linear_index
 from ..net.graph import Graph
 from . import memory as M
 from . import timing as T
@@ -27,16 +29,69 @@ GRAPH_PRIMITIVES = ("direct-gemm", "fft-data")
 SHRINK = 0.88  # each step of the patch search shrinks the longest axis to about this
 
 
-def in_place_input(node, remaining: dict, shapes: dict, graph_input: str):
+def in_place_input(node, remaining: dict, need: dict, graph_input: str):
     """The input an element-wise node overwrites: one it is the last reader of, not the
-    caller's array, of the output's shape (None: a new array)."""
+    caller's array, computed over exactly the output's range (None: a new array)."""
     if node.op not in ELEMENTWISE:
         return None
     for name in dict.fromkeys(node.inputs):
-        if name != graph_input and remaining[name] == node.inputs.count(name) and \
-                shapes[name] == shapes[node.output]:
+        if name != graph_input and remaining[name] == node.inputs.count(name) and need[name] == need[node.output]:
             return name
     return None
+
+
+def _in_range(node, axis: int, a: int, b: int, n_in: int) -> tuple[int, int]:
+    """Input voxels ``[lo, hi)`` on ``axis`` that ``node``'s output voxels ``[a, b)`` read
+    (zero padding and clamping supply the rest)."""
+    op = node.op
+    if op == "conv":
+        k, s, pl = node.conv.kernel[axis], node["stride"][axis], node["pads"][0][axis]
+        return max(0, a * s - pl), min(n_in, (b - 1) * s - pl + k)
+    if op == "pool":
+        p = node["window"][axis]
+        return a * p, b * p
+    if op == "resize" and node["mode"] == "linear" and node["scale"][axis] > 1:
+        i0, i1, _ = linear_index(n_in, node["scale"][axis], node["coord"])
+        return int(i0[a]), int(i1[b - 1]) + 1
+    if op in ("deconv", "resize"):
+        f = node["stride" if op == "deconv" else "scale"][axis]
+        return a // f, -(-b // f)
+    if op == "crop":
+        return a + node["low"][axis], b + node["low"][axis]
+    if op == "pad":
+        return max(0, a - node["low"][axis]), min(n_in, b - node["low"][axis])
+    return a, b
+
+
+def needed_ranges(graph: Graph, shapes: dict, lo, hi) -> dict:
+    """``{tensor: (lo, hi)}``: the part of every tensor that the output voxels ``[lo, hi)``
+    depend on (the union over its readers), for a patch whose tensors have ``shapes``.
+    Computing each tensor over its range gives exactly the whole patch's values there."""
+    need = {graph.output: (tuple(lo), tuple(hi))}
+    for node in reversed(graph.nodes):
+        if node.output not in need:
+            continue
+        a, b = need[node.output]
+        for name in node.inputs:
+            n_in = shapes[name][1:]
+            r = [_in_range(node, ax, a[ax], b[ax], n_in[ax]) for ax in range(3)]
+            rlo, rhi = tuple(v[0] for v in r), tuple(v[1] for v in r)
+            if name in need:
+                rlo = tuple(map(min, rlo, need[name][0]))
+                rhi = tuple(map(max, rhi, need[name][1]))
+            need[name] = (rlo, rhi)
+    return need
+
+
+def conv_window(node, a, b):
+    """Per axis (raw lo, raw hi): the zero-padded input a conv's output ``[a, b)`` reads."""
+    k, s, pl = node.conv.kernel, node["stride"], node["pads"][0]
+    return (tuple(x * st - p for x, st, p in zip(a, s, pl)),
+            tuple((y - 1) * st - p + kk for y, st, p, kk in zip(b, s, pl, k)))
+
+
+def tile_starts(out, tile) -> list[tuple]:
+    return list(itertools.product(*(range(0, o, t) for o, t in zip(out, tile))))
 
 
 def _conv_options(node, spatial, prims, timer, threads):
@@ -60,23 +115,36 @@ def _conv_options(node, spatial, prims, timer, threads):
     return sorted(opts)
 
 
-def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False):
-    """(steps, predicted seconds, peak bytes) of running ``graph`` on one ``patch``."""
+def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, tile=None):
+    """(steps, predicted seconds, peak bytes) of running ``graph`` on one ``patch``, in
+    output tiles of ``tile`` (exact: each tile computes every tensor over the range it
+    needs; the walk follows an interior tile, the largest) or whole (``None``)."""
     shapes = graph.shapes(patch)
+    out_n = shapes[graph.output][1:]
+    tile = tuple(min(t, o) for t, o in zip(tile or out_n, out_n))
+    lo = tuple((o - t) // 2 for o, t in zip(out_n, tile))
+    need = needed_ranges(graph, shapes, lo, tuple(a + t for a, t in zip(lo, tile)))
+    size = {k: (shapes[k][0],) + tuple(b - a for a, b in zip(*r)) for k, r in need.items()}
+    tiles = math.prod(-(-o // t) for o, t in zip(out_n, tile))
     cal = timer.cal
     remaining = graph.consumers()
-    live = {graph.input: M.nbytes(shapes[graph.input])}
+    live = {graph.input: M.nbytes(shapes[graph.input])}  # the caller's whole patch
     resident = 0
     peak, total, steps = 0, 0.0, []
     for i, node in enumerate(graph.nodes):
-        src = shapes[node.inputs[0]]
-        out = shapes[node.output]
+        if node.output not in need:  # does not reach the output
+            for name in node.inputs:
+                remaining[name] -= 1
+            continue
+        src = size[node.inputs[0]]
+        out = size[node.output]
         out_b = M.nbytes(out)
         prim, secs, extra = node.op, 0.0, out_b
         if node.op == "conv":
-            pads = node["pads"]
-            spatial = tuple(n + a + b for n, a, b in zip(src[1:], *pads))
-            pad_b = M.nbytes((src[0],) + spatial) if any(map(any, pads)) else 0
+            raw_lo, raw_hi = conv_window(node, *need[node.output])
+            spatial = tuple(b - a for a, b in zip(raw_lo, raw_hi))
+            copy = spatial != src[1:] or need[node.inputs[0]][0] != raw_lo
+            pad_b = M.nbytes((src[0],) + spatial) if copy else 0
             opts = _conv_options(node, spatial, prims, timer, threads)
             if frugal:
                 opts = sorted(opts, key=lambda o: o[2] + o[3])
@@ -93,7 +161,7 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False):
             extra = out_b * (3 if prim == "linear" else 1)
             secs = T.estimate_elementwise(out_b, cal, 4.0 if prim == "linear" else 2.0)
         else:
-            target = in_place_input(node, remaining, shapes, graph.input)
+            target = in_place_input(node, remaining, need, graph.input)
             if node.op == "act":
                 prim = node["act"].kind
                 extra = M.act_extra_bytes(prim, (1,) + out) + (0 if target else out_b)
@@ -113,7 +181,7 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False):
             if remaining[name] == 0:
                 live.pop(name, None)
     total += len(graph.nodes) * 2e-5  # Python and dispatch per node
-    return steps, total, peak
+    return steps, total * tiles, peak
 
 
 def _fmt(b: float) -> str:
@@ -142,14 +210,36 @@ def default_overlap(graph: Graph, patch, input_shape, fraction: float = DEFAULT_
     return tuple(0 if f is not None and o >= f else int(round(o * fraction)) for o, f in zip(out, full))
 
 
+def _tile_search(graph: Graph, patch, prims, timer, threads, budget, rejected):
+    """Exact output tiles for a patch whose whole walk does not fit: the longest tile axis cut
+    by about 12% at a time until an interior tile fits.  (steps, seconds, peak, tile) or None."""
+    out = graph.output_shape(patch)
+    tile = tuple(out)
+    while True:
+        steps, secs, peak = walk(graph, patch, ("direct-gemm",), timer, threads, True, tile)
+        if peak <= budget:
+            return steps, secs, peak, tile
+        rejected.append(Rejected(f"patch {patch} in tiles {tile}", f"needs {_fmt(peak)} > budget {_fmt(budget)}"))
+        a = max(range(3), key=lambda i: tile[i])
+        if tile[a] <= 2:
+            return None
+        tile = tuple(max(1, int(t * SHRINK)) if i == a else t for i, t in enumerate(tile))
+
+
 def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threads: int, timer, prims=None,
                    patch_shape=None, input_shape=None, overlap=None, blend: str = "bump") -> Plan:
+    """The plan of a graph network.  A valid graph: the admissible patch (at most the input)
+    with the best predicted throughput among the largest that fit.  A padded graph: the patch
+    decides the blending, so it is ``patch_shape``, else the whole input (one patch: exactly the
+    network on it), else the shape the file was exported at; the budget never changes it: a
+    patch that does not fit whole runs in exact output tiles."""
     from .search import MAX_PATCH_VOXELS
 
     prims = tuple(p for p in (prims or GRAPH_PRIMITIVES) if p in CONV_PRIMITIVES and p != "fft-stream"
                   and p != "direct-numba" and p != "fft-task") or ("direct-gemm",)
     if blend not in BLENDS:
         raise PlanError(f"blend {blend!r} is not one of {BLENDS}")
+    tile = ()
     if patch_shape is not None:
         patch_shape = tuple(int(v) for v in patch_shape)
         graph.shapes(patch_shape)  # names the node and the admissible lengths when not admissible
@@ -157,22 +247,28 @@ def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threa
             raise PlanError(f"patch {patch_shape} gives an output {graph.output_shape(patch_shape)} smaller than "
                             f"the grid {graph.grid}; tiles could not move on the grid")
         candidates = [patch_shape]
+    elif graph.kind == "padded":
+        if input_shape is not None:
+            top = graph.ceil_admissible(input_shape)
+        elif graph.export_shape and graph.is_admissible(graph.export_shape):
+            top = tuple(graph.export_shape)
+        else:
+            top = graph.ceil_admissible(tuple(max(m, 64) for m in graph.geometry["n_min"]))
+        candidates = [top]
     else:
         if input_shape is not None:
-            top = graph.ceil_admissible(input_shape) if graph.kind == "padded" else graph.floor_admissible(input_shape)
+            top = graph.floor_admissible(input_shape)
             if not all(top):
                 raise PlanError(f"input shape {tuple(input_shape)} is smaller than the smallest admissible "
                                 f"input {graph.geometry['n_min']} of this network")
         else:
-            top = graph.export_shape if graph.kind == "padded" and graph.export_shape else None
-            if top is None or not graph.is_admissible(top):
-                edge = round(MAX_PATCH_VOXELS ** (1 / 3) / 2)
-                top = graph.floor_admissible(tuple(max(m, edge) for m in graph.geometry["n_min"]))
+            edge = round(MAX_PATCH_VOXELS ** (1 / 3) / 2)
+            top = graph.floor_admissible(tuple(max(m, edge) for m in graph.geometry["n_min"]))
         while math.prod(top) > MAX_PATCH_VOXELS and (nxt := _shrink(graph, top)):
             top = nxt
         candidates, p = [], top
         while p is not None:
-            if graph.kind == "padded" or all(o >= g for o, g in zip(graph.output_shape(p), graph.grid)):
+            if all(o >= g for o, g in zip(graph.output_shape(p), graph.grid)):
                 candidates.append(p)
             p = _shrink(graph, p)
     rejected, fits, need = [], [], None
@@ -186,15 +282,18 @@ def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threa
             need = peak if need is None else min(need, peak)
             rejected.append(Rejected(f"patch {patch}{' frugal' if frugal else ''}",
                                      f"needs {_fmt(peak)} > budget {_fmt(budget)}", vps))
-        # a padded graph's patch decides its blending: the largest that fits; a valid graph's
-        # throughput is compared over the largest few that fit
-        if fits and (graph.kind == "padded" or len(fits) >= 4):
+        if fits and len(fits) >= 4:  # a valid graph's throughput is compared over the largest few that fit
             break
+    if not fits and graph.kind == "padded" or (patch_shape is not None and not fits):
+        found = _tile_search(graph, candidates[0], prims, timer, threads, budget, rejected)
+        if found is not None:
+            steps, secs, peak, tile = found
+            fits.append((math.prod(graph.output_shape(candidates[0])) / secs, candidates[0], steps, secs, peak))
     if not fits:
         raise MemoryBudgetError(
             f"no patch of {graph.name} fits the memory budget of {_fmt(budget)}: the smallest tried, "
-            f"{candidates[-1]}, needs {_fmt(need or 0)}. Raise the budget (--memory / mem_mb) to at least "
-            f"{_fmt((need or 0) * 1.1)}" + (" or give a smaller patch_shape" if patch_shape else ""))
+            f"{candidates[-1]}, needs {_fmt(need or 0)} whole and more than the budget in the smallest exact tiles. "
+            f"Raise the budget (--memory / mem_mb) to at least {_fmt((need or 0) * 1.1)}")
     fits.sort(key=lambda r: -r[0])
     vps, patch, steps, secs, peak = fits[0]
     for r in fits[1:]:
@@ -210,7 +309,7 @@ def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threa
         network_digest=graph.digest(), device=device, patch_shape=patch, output_shape=graph.output_shape(patch),
         field_of_view=graph.field_of_view, memory_budget=budget, steps=tuple(steps), predicted_seconds=secs,
         predicted_peak_bytes=int(peak), effort=effort, threads=threads, rejected=tuple(rejected[:50]),
-        kind=graph.kind, overlap=ov, blend=blend,
+        kind=graph.kind, overlap=ov, blend=blend, tile=tile,
         provenance={"versions": T.versions(), "cpu": T.cpu_model(), "threads": threads,
                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "effort": effort, "candidates": len(fits) + len(rejected), "input_shape": input_shape,

@@ -73,9 +73,10 @@ class Plan:
     kind: str = "chain"  # chain (MPF) | valid (graph, exact tiles) | padded (graph, blended patches)
     overlap: tuple = ()  # padded: blending overlap of neighbouring patch outputs (z, y, x)
     blend: str = ""  # padded: bump | gaussian | linear (exec/blend.py)
+    tile: tuple = ()  # graph: exact output tiles within a patch (halos recomputed); () = the patch whole
 
     def __post_init__(self):
-        for name in ("patch_shape", "output_shape", "field_of_view", "overlap"):
+        for name in ("patch_shape", "output_shape", "field_of_view", "overlap", "tile"):
             object.__setattr__(self, name, _tuple(getattr(self, name)))
         object.__setattr__(self, "steps", tuple(s if isinstance(s, Step) else Step(**s) for s in self.steps))
         object.__setattr__(self, "rejected", tuple(r if isinstance(r, Rejected) else Rejected(**r) for r in self.rejected))
@@ -151,7 +152,8 @@ class Plan:
             f"plan for network {self.network_digest[:12]} on {self.device} ({self.threads} threads), effort {self.effort}",
             f"input patch {self.patch_shape} -> dense output {self.output_shape} (field of view {self.field_of_view})"
             + (f"; {self.kind} graph" if self.kind != "chain" else "")
-            + (f", {self.blend} blending over {self.overlap}" if self.kind == "padded" else ""),
+            + (f", {self.blend} blending over {self.overlap}" if self.kind == "padded" else "")
+            + (f"; computed in exact output tiles of {self.tile}" if self.tile else ""),
             f"predicted {self.predicted_seconds:.3g} s/patch, {self.predicted_voxels_per_s:,.0f} output voxels/s, "
             f"peak {self.predicted_peak_bytes / gib:.3f} GiB of budget {self.memory_budget / gib:.3f} GiB",
             "",
