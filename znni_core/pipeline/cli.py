@@ -169,21 +169,48 @@ def register(app: typer.Typer) -> None:
         _log(f"demo input {r['input']} {r['volume'].shape} uint8; network {r['network']}; config {cfg}")
 
     @app.command("serve")
-    def serve_cmd(root: Path = typer.Argument(Path("/"), help="directory to serve (layer URLs are paths under it)"),
-                  port: int = typer.Option(1337, help="port on 127.0.0.1")):
-        """Serve local layers over HTTP with CORS so Neuroglancer can open file:// outputs."""
-        import functools
-        import http.server
+    def serve_cmd(run_file: Optional[Path] = typer.Argument(None, help="the run: config.yaml, run.json or its work dir "
+                                                                         "(serves its file:// input and output)"),
+                  layer: list[str] = typer.Option([], help="serve a layer directory: NAME=PATH or PATH (name: its "
+                                                           "basename); repeatable"),
+                  port: int = typer.Option(1337, help="port (0: any free one)"),
+                  host: str = typer.Option("127.0.0.1", help="address to bind; other than loopback exposes the "
+                                                             "layers to the network"),
+                  allow_origin: list[str] = typer.Option([], help="also grant CORS to this origin (a remote "
+                                                                  "Neuroglancer, e.g. https://neuroglancer-demo.appspot.com)")):
+        """Serve a run's layers and the bundled Neuroglancer client over HTTP (nothing else)."""
+        from ..errors import ConfigError, ZnniError
+        from .config import load_run
+        from .serve import LayerServer, run_layers
 
-        class CORS(http.server.SimpleHTTPRequestHandler):
-            def end_headers(self):
-                self.send_header("Access-Control-Allow-Origin", "*")
-                super().end_headers()
-
-        handler = functools.partial(CORS, directory=str(root))
-        with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as srv:
-            _log(f"serving {root} on http://127.0.0.1:{port} (Ctrl-C to stop)")
+        try:
+            layers = {}
+            if run_file is not None:
+                if run_file.is_dir():
+                    run_file = run_file / "run.json"
+                    if not run_file.is_file():
+                        raise ConfigError(f"{run_file} does not exist: znni serve takes a run (config.yaml, run.json "
+                                          "or its work dir) or --layer PATH, never a whole directory tree")
+                layers.update(run_layers(load_run(run_file)))
+            for spec in layer:
+                name, _, path = spec.partition("=") if "=" in spec else (Path(spec).name, "", spec)
+                layers[name] = Path(path)
+            if not layers:
+                raise ConfigError("nothing to serve: give a run (config.yaml, run.json or its work dir) with file:// "
+                                  "layers, or --layer PATH")
+            srv = LayerServer(layers, host=host, port=port, allow_origins=allow_origin, log=_log)
+        except (ZnniError, OSError) as exc:
+            _fail(exc)
+        for name, d in srv.layers.items():
+            _log(f"layer {name}: {d} -> {srv.url}/layers/{name}")
+        _log(f"viewer: {srv.url}/" if srv.viewer else "viewer: not installed (pip install neuroglancer); layers only")
+        _log(f"serving on {srv.url} (Ctrl-C to stop)")
+        try:
             srv.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            srv.close()
 
 
 def _check_mem(run, mem_mb, run_geometry, task_bytes):

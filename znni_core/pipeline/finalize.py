@@ -57,18 +57,25 @@ def check_manifests(run: dict, out, verify: str, log=print):
 
 
 def neuroglancer_link(run: dict, base: str, port: int) -> tuple[str, list[str]]:
-    """A link showing input and output; file:// layers are served by ``znni serve`` (notes say how)."""
-    notes = []
+    """A link showing input and output.  ``base`` ``local``: the Neuroglancer client that
+    ``znni serve`` bundles (works offline); else a viewer's URL.  file:// layers are read
+    through ``znni serve`` (notes say how)."""
+    from .serve import VIEWER_TOKEN
 
-    def source(url: str) -> str:
-        if url.startswith("file://"):
-            path = url[len("file://"):]
-            notes.append(f"file:// layers: run `znni serve / --port {port}` (serves with CORS) while viewing")
-            return f"precomputed://http://127.0.0.1:{port}{path}"
-        if url.startswith("zarr://"):
-            notes.append("zarr input: serve it the same way")
-            return "zarr://http://127.0.0.1:%d%s" % (port, url.split("file://", 1)[-1])
-        return "precomputed://" + url
+    notes = []
+    local = base == "local"
+    server = f"http://127.0.0.1:{port}"
+    work = run.get("work_dir", "<work_dir>")
+
+    def source(name: str, url: str) -> str:
+        zarr = url.startswith("zarr://")
+        if url.startswith("file://") or (zarr and "file://" in url):
+            origin = "" if local else f" --allow-origin {_origin(base)}"
+            notes.append(f"file:// layers: run `znni serve {work} --port {port}{origin}` while viewing")
+            return f"{'zarr' if zarr else 'precomputed'}://{server}/layers/{name}"
+        if local:
+            notes.append(f"the viewer: run `znni serve {work} --port {port}` while viewing")
+        return url if zarr else "precomputed://" + url
 
     region = run["region"]
     center = [o + s / 2 for o, s in zip(region["offset"], region["shape"])][::-1]  # x, y, z
@@ -77,14 +84,19 @@ def neuroglancer_link(run: dict, base: str, port: int) -> tuple[str, list[str]]:
         "dimensions": {"x": [res[0] * 1e-9, "m"], "y": [res[1] * 1e-9, "m"], "z": [res[2] * 1e-9, "m"]},
         "position": center,
         "layers": [
-            {"type": "image", "source": source(run["input"]["url"]), "name": "input"},
-            {"type": "image", "source": source(run["output"]["url"]), "name": "znni output", "opacity": 0.6,
+            {"type": "image", "source": source("input", run["input"]["url"]), "name": "input"},
+            {"type": "image", "source": source("output", run["output"]["url"]), "name": "znni output", "opacity": 0.6,
              "shader": "#uicontrol invlerp normalized\nvoid main() { emitRGB(vec3(normalized(), 0.0, 0.0)); }"},
         ],
         "layout": "4panel",
     }
-    link = base.rstrip("/") + "/#!" + urllib.parse.quote(json.dumps(state, separators=(",", ":")), safe="")
+    link = (f"{server}/v/{VIEWER_TOKEN}" if local else base.rstrip("/")) + "/#!" + urllib.parse.quote(json.dumps(state, separators=(",", ":")), safe="")
     return link, sorted(set(notes))
+
+
+def _origin(url: str) -> str:
+    u = urllib.parse.urlsplit(url)
+    return f"{u.scheme}://{u.netloc}"
 
 
 def preview(run: dict, out, path: Path) -> Path:
