@@ -14,6 +14,7 @@ import pytest
 
 import znni_core
 from znni_core.errors import ConfigError, DataError, InputError, NonFiniteError, PlanError, ZnniError
+from znni_core.geometry import Roi
 from znni_core.io import PrecomputedLayer, parse_layer_url
 from znni_core.pipeline.config import load_run, resolve, save_run, validate_config
 from znni_core.pipeline.finalize import finalize
@@ -58,9 +59,15 @@ def reference(cfg, vol, pad=None):
 
 
 def read_out(run_file):
+    """The output over the run's region; the rest of an aligned layer must be 0 (never computed)."""
     run = load_run(run_file)
     layer = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 0)
-    return layer.read(layer.bounds)[0], layer
+    region = Roi.from_dict(run["region"])
+    whole = layer.read(layer.bounds, fill_missing=True)[0]
+    got = whole[(slice(None),) + region.to_slices(layer.bounds.offset)].copy()
+    whole[(slice(None),) + region.to_slices(layer.bounds.offset)] = 0
+    assert not whole.any(), "voxels outside the region were written non-zero"
+    return got, layer
 
 
 def test_tasks_equal_whole_volume_inference(tmp_path):
@@ -98,11 +105,30 @@ def test_uint8_output_and_region(tmp_path):
     rf = prepare(cfg)
     run_all(rf)
     got, layer = read_out(rf)
-    assert layer.bounds.offset == (3, 10, 7) and got.dtype == np.uint8
+    # output.align: the layer starts on the chunk grid of absolute coordinates (pyramids)
+    chunk = layer.spec.chunk_shape
+    assert all(o % c == 0 and o <= r < o + c for o, c, r in zip(layer.bounds.offset, chunk, (3, 10, 7)))
+    assert layer.bounds.end == (8, 27, 27) and layer.bounds.offset != (3, 10, 7) and got.dtype == np.uint8
     ref = reference(cfg, vol)
     low = znni_core.load_network(cfg["network"]["path"]).halo[0]
     sl = tuple(slice(o - lo, o - lo + s) for o, lo, s in zip((3, 10, 7), low, (5, 17, 20)))
     assert np.abs(got.astype(int) - np.rint(ref[(slice(None),) + sl] * 255).astype(int)).max() <= 1
+
+
+def test_unaligned_output_starts_at_the_region(tmp_path):
+    vol = em()
+    cfg = base_config(tmp_path, vol=vol, output={"align": False}, region={"offset": [3, 10, 7], "shape": [5, 17, 20]})
+    rf = prepare(cfg)
+    run_all(rf)
+    got, layer = read_out(rf)
+    assert layer.bounds == Roi((3, 10, 7), (5, 17, 20))
+    aligned = tmp_path / "aligned"
+    aligned.mkdir()
+    cfg_a = base_config(aligned, vol=vol, region={"offset": [3, 10, 7], "shape": [5, 17, 20]})
+    rf_a = prepare(cfg_a)
+    run_all(rf_a)
+    # alignment moves the layer and the task boxes (other patches: float rounding), never a value
+    np.testing.assert_allclose(read_out(rf_a)[0], got, rtol=1e-5, atol=1e-6)
 
 
 # ---- clear errors before scheduling ----------------------------------------------------------
@@ -228,7 +254,7 @@ def test_T18_worker_refuses_mismatched_layer(tmp_path):
     run = load_run(rf)
     info_path = Path(run["output"]["url"].replace("file://", "")) / "info"
     info = json.loads(info_path.read_text())
-    info["scales"][0]["voxel_offset"] = [0, 0, 0]
+    info["scales"][0]["voxel_offset"] = [v + 1 for v in info["scales"][0]["voxel_offset"]]
     info_path.write_text(json.dumps(info))
     with pytest.raises(DataError, match="does not match"):
         run_task(rf, 0, **QUIET)

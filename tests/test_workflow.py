@@ -17,7 +17,9 @@ import pytest
 import yaml
 
 import znni_core
+from znni_core.geometry import Roi
 from znni_core.io import PrecomputedLayer, parse_layer_url
+from znni_core.pipeline.config import load_run
 
 from .pipeline_helpers import base_config, em, layer_files, subprocess_env
 
@@ -58,7 +60,7 @@ def test_workflow_equals_infer_and_is_byte_identical(two_runs):
     tmp, vol, [(cfg_a, _, pa), (cfg_b, _, _)] = two_runs
     assert "znni summary" in pa.stderr and "0 not done" in pa.stderr
     layer = PrecomputedLayer(parse_layer_url(cfg_a["output"]["path"]), 0)
-    got, _ = layer.read(layer.bounds)
+    got, _ = layer.read(Roi.from_dict(load_run(Path(cfg_a["work_dir"]) / "run.json")["region"]))
     net = znni_core.load_network(cfg_a["network"]["path"])
     ref = znni_core.infer(net, vol.astype(np.float32) * np.float32(1 / 255))
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)

@@ -173,7 +173,8 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         raise ConfigError(f"output.path {ou} is the input layer; choose another directory")
     res = inp.resolution
     key = cfg["output"]["scale_key"] or "_".join(f"{v:g}" for v in res[::-1])
-    out_spec = ScaleSpec(key=key, bounds=region, chunk_shape=Coordinate(cfg["output"]["chunk_size"]),
+    layer_bounds = aligned_bounds(region, cfg["output"]["chunk_size"]) if cfg["output"]["align"] else region
+    out_spec = ScaleSpec(key=key, bounds=layer_bounds, chunk_shape=Coordinate(cfg["output"]["chunk_size"]),
                          resolution=tuple(res), dtype=cfg["output"]["dtype"], channels=net.out_channels,
                          encoding=cfg["output"]["encoding"])
     try:
@@ -189,7 +190,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
                             + "\nChoose a new output.path, or delete the layer if it is yours to replace.")
 
     # T24: task size vs memory, and the grid
-    grid = ChunkGrid(region, out_spec.chunk_shape)
+    grid = ChunkGrid(layer_bounds, out_spec.chunk_shape)
     tc = Coordinate(cfg["task_chunks"])
     task_shape = (tc * out_spec.chunk_shape).min(region.shape)
     extra = task_bytes(task_shape, halo, net.in_channels, net.out_channels, np.dtype(inp.dtype).itemsize,
@@ -235,7 +236,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
                 f"{_roi_doc(read)}, which leaves the input bounds {_roi_doc(inp.bounds)} (edge=valid). Shrink the "
                 f"region so that its shape + {net.context} is admissible (n_min {net.geometry['n_min']} + k * "
                 f"{net.grid}), or use edge: mirror / zero")
-    blocks = create_blocks(grid, tc, halo)
+    blocks = create_blocks(grid, tc, halo, region)
     if not blocks:
         raise ConfigError(f"the region {_roi_doc(region)} holds no output voxel")
     plan_path = Path(plan_out) if plan_out else work / "plan.json"
@@ -315,13 +316,27 @@ def load_run(path) -> dict:
     return run
 
 
+def aligned_bounds(region: Roi, chunk) -> Roi:
+    """The output layer's bounds: ``region`` with its start moved down to the chunk grid of
+    absolute coordinates (``output.align``), so chunks, shards and every mip of a pyramid
+    start where downsampling expects them; the end stays (the last chunk may be partial).
+
+    >>> aligned_bounds(Roi((2, 5, 5), (12, 90, 90)), (8, 32, 32))
+    Roi(offset=(0, 0, 0), shape=(14, 95, 95))
+    """
+    snapped = region.snap_to_grid(Coordinate(chunk), 0, "grow")
+    return Roi.from_bounds(snapped.begin, region.end)
+
+
 def run_geometry(run: dict):
-    """(region, grid, halo, blocks) of a run, recomputed deterministically."""
+    """(region, grid, halo, blocks) of a run, recomputed deterministically.  The grid spans the
+    output layer (``region``, or aligned below it); tasks cover the chunks the region touches."""
     region = Roi.from_dict(run["region"])
     scale = run["output"]["scale"]
-    grid = ChunkGrid(region, Coordinate.from_xyz(scale["chunk_sizes"][0]))
+    bounds = Roi(Coordinate.from_xyz(scale["voxel_offset"]), Coordinate.from_xyz(scale["size"]))
+    grid = ChunkGrid(bounds, Coordinate.from_xyz(scale["chunk_sizes"][0]))
     halo = Halo(run["network"]["halo"]["low"], run["network"]["halo"]["high"])
-    blocks = create_blocks(grid, run["task_chunks"], halo)
+    blocks = create_blocks(grid, run["task_chunks"], halo, region)
     return region, grid, halo, blocks
 
 

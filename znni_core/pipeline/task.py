@@ -181,13 +181,16 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
         raise DataError(f"input {in_url} changed since `znni validate` (dtype {inp.dtype}, bounds {inp.bounds}); "
                         "re-run validate")
     fill = cfg["input"]["missing"] == "zero"
+    # the voxels computed: an aligned layer's first chunks start below the region (0 there)
+    comp = block.write_roi.intersect(region)
     t_read = time.perf_counter()
     window = None
     if isinstance(net, Graph):  # the patches of the network's grid (valid) or blending lattice (padded)
-        window, read_roi, extent = graph_read(net, plan, region, block.write_roi, halo)
+        window, read_roi, extent = graph_read(net, plan, region, comp, halo)
         block = Block(block.id, block.write_roi, read_roi, block.chunks)
         raw, inner, missing = gather(inp, read_roi.intersect(extent), cfg["edge"], fill)
     else:
+        block = Block(block.id, block.write_roi, halo.read_roi(comp), block.chunks)
         raw, inner, missing = gather(inp, block.read_roi, cfg["edge"], fill)
     t_read = time.perf_counter() - t_read
 
@@ -195,10 +198,11 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
     empty = set()
     if cfg["input"]["empty"] == "skip":
         for idx in block.chunks:
-            croi = halo.read_roi(grid.chunk_roi(idx))
+            cin = grid.chunk_roi(idx).intersect(region)
+            croi = halo.read_roi(cin)
             if window is not None:  # every patch that touches the chunk
                 reach = Coordinate(window.patch) - 1
-                croi = grid.chunk_roi(idx).grow(reach, reach).intersect(extent).intersect(block.read_roi)
+                croi = cin.grow(reach, reach).intersect(extent).intersect(block.read_roi)
             if not raw[(slice(None),) + croi.to_slices(block.read_roi.offset)].any():
                 empty.add(idx)
     todo = [i for i in block.chunks if i not in empty and (chunk_index is None or i == chunk_index)]
@@ -221,17 +225,21 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
         x = normalise(raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], inner)
         del raw
         bar = None
-        ntiles = int(np.prod([-(-s // t) for s, t in zip(block.write_roi.shape,
-                                                         [min(a, b) for a, b in zip(plan.output_shape, block.write_roi.shape)])]))
+        ntiles = int(np.prod([-(-s // t) for s, t in zip(comp.shape,
+                                                         [min(a, b) for a, b in zip(plan.output_shape, comp.shape)])]))
         if show_progress:
             from tqdm import tqdm
 
             bar = tqdm(total=ntiles, desc=f"task {task_id} patches", unit="patch", leave=False)
-        y = compute(net, plan, x, tuple(block.write_roi.shape), device=device,
+        y = compute(net, plan, x, tuple(comp.shape), device=device,
                     progress=bar.update if bar is not None else None)
         if bar is not None:
             bar.close()
         del x
+    if y is not None and comp != block.write_roi:
+        full = np.zeros((y.shape[0],) + tuple(block.write_roi.shape), y.dtype)
+        full[(slice(None),) + comp.to_slices(block.write_roi.offset)] = y
+        y = full
     t_comp = time.perf_counter() - t_comp
 
     # ---- check everything before writing anything (T20) ------------------------------------------
@@ -271,7 +279,7 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
     total = time.perf_counter() - t0
 
     mpath = manifest_path(run, task_id)
-    voxels = int(np.prod(tuple(block.write_roi.shape)))
+    voxels = int(np.prod(tuple(comp.shape)))
     if chunk_index is not None:
         log(f"chunk {out.chunk_name(chunk_index)} (task {task_id}) rewritten and verified")
         if mpath.is_file():
