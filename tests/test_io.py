@@ -2,6 +2,7 @@
 (T17), unsafe info keys (T28c), zarr input, manifests, s3:// against a loopback moto server."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -291,3 +292,31 @@ def test_s3_output_against_loopback_server(moto_s3):
 
     keys = [o["Key"] for o in boto3.client("s3", endpoint_url=moto_s3).list_objects_v2(Bucket="znni")["Contents"]]
     assert "layers/out/info" in keys and "layers/out/8_8_40/0-16_0-16_0-4" in keys
+
+
+def test_s3_sharded_output_one_put_per_shard(moto_s3):
+    from znni_core.io.sharding import shard_chunks
+
+    url = parse_layer_url("s3://znni/layers/sharded", endpoint=moto_s3)
+    sharding = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 2, "hash": "identity",
+                "minishard_bits": 0, "shard_bits": 3, "minishard_index_encoding": "gzip", "data_encoding": "gzip"}
+    spec = ScaleSpec("8_8_40", Roi((0, 0, 0), (6, 20, 20)), Coordinate(4, 8, 8), (40.0, 8.0, 8.0), "float32", 1,
+                     sharding=sharding)
+    create_layer(url, spec, PROV)
+    layer = open_output(url, spec)
+    arr = np.random.default_rng(0).random((1, 6, 20, 20)).astype(np.float32)
+    grid = layer.grid
+    box = shard_chunks(sharding, grid.grid_shape)
+    names = []
+    for s in itertools.product(*(range(0, n, b) for n, b in zip(grid.grid_shape, box))):
+        idxs = [Coordinate(i) for i in itertools.product(*(range(a, min(a + b, n)) for a, b, n in
+                                                            zip(s, box, grid.grid_shape)))]
+        chunks = {i: np.ascontiguousarray(arr[(slice(None),) + grid.chunk_roi(i).to_slices()]) for i in idxs}
+        names.append(layer.write_shard(chunks)["name"])
+    got, _ = layer.read(layer.bounds)  # cloud-volume through the endpoint alias
+    assert np.array_equal(got, arr)
+    import boto3
+
+    keys = [o["Key"] for o in boto3.client("s3", endpoint_url=moto_s3).list_objects_v2(Bucket="znni")["Contents"]]
+    assert sorted(k for k in keys if k.endswith(".shard")) == sorted("layers/sharded/" + n for n in names)
+    assert len(set(names)) == len(names) > 1 and not any(k.endswith("-4") for k in keys)

@@ -27,15 +27,19 @@ class ScaleSpec:
     dtype: str
     channels: int
     encoding: str = "raw"
+    sharding: dict | None = None  # neuroglancer_uint64_sharded_v1 spec (io/sharding.py), None: a file per chunk
 
     @property
     def grid(self) -> ChunkGrid:
         return ChunkGrid(self.bounds, self.chunk_shape)
 
     def to_scale(self) -> dict:
-        return {"key": self.key, "size": list(self.bounds.shape.xyz()),
-                "voxel_offset": list(self.bounds.offset.xyz()), "chunk_sizes": [list(self.chunk_shape.xyz())],
-                "resolution": [float(v) for v in self.resolution[::-1]], "encoding": self.encoding}
+        scale = {"key": self.key, "size": list(self.bounds.shape.xyz()),
+                 "voxel_offset": list(self.bounds.offset.xyz()), "chunk_sizes": [list(self.chunk_shape.xyz())],
+                 "resolution": [float(v) for v in self.resolution[::-1]], "encoding": self.encoding}
+        if self.sharding:
+            scale["sharding"] = dict(self.sharding)
+        return scale
 
     def to_info(self) -> dict:
         return {"type": "image", "data_type": self.dtype, "num_channels": int(self.channels),
@@ -100,7 +104,8 @@ def scale_spec(info: dict, mip: int, where: str) -> ScaleSpec:
     off = Coordinate.from_xyz(s.get("voxel_offset", [0, 0, 0]))
     return ScaleSpec(key=s["key"], bounds=Roi(off, size), chunk_shape=Coordinate.from_xyz(s["chunk_sizes"][0]),
                      resolution=tuple(float(r) for r in s["resolution"][::-1]), dtype=info["data_type"],
-                     channels=int(info["num_channels"]), encoding=s.get("encoding", "raw"))
+                     channels=int(info["num_channels"]), encoding=s.get("encoding", "raw"),
+                     sharding=s.get("sharding") or None)
 
 
 def compare_scale(existing: ScaleSpec, wanted: ScaleSpec) -> list[str]:
@@ -114,6 +119,8 @@ def compare_scale(existing: ScaleSpec, wanted: ScaleSpec) -> list[str]:
         diffs.append(f"bounds (voxel_offset/size, z,y,x): layer has {existing.bounds!r}, config needs {wanted.bounds!r}")
     if existing.chunk_shape != wanted.chunk_shape:
         diffs.append(f"chunk size (z,y,x): layer has {tuple(existing.chunk_shape)}, config needs {tuple(wanted.chunk_shape)}")
+    if (existing.sharding or None) != (wanted.sharding or None):
+        diffs.append(f"sharding: layer has {existing.sharding!r}, config needs {wanted.sharding!r}")
     if not np.allclose(existing.resolution, wanted.resolution, rtol=1e-6):
         diffs.append(f"resolution (z,y,x nm): layer has {existing.resolution}, config needs {wanted.resolution}")
     return diffs

@@ -304,6 +304,79 @@ class PrecomputedLayer:
         roi = self.grid.chunk_roi(index)
         return decode_raw(data, self.dtype, (self.channels,) + tuple(roi.shape))
 
+    # ---- sharded layers: one object per shard, written whole ------------------------------------
+    def shard_name(self, index) -> str:
+        """``<key>/<hex>.shard``: the object holding chunk ``index`` of a sharded layer."""
+        from .sharding import chunk_key, shard_name
+
+        return f"{self.key}/{shard_name(self.spec.sharding, chunk_key(index, self.grid.grid_shape))}"
+
+    def write_shard(self, chunks: dict) -> dict:
+        """Build one shard from ``{chunk index: (C, z, y, x) array}`` (chunks of one shard; the
+        absent ones read as 0), write it whole and atomically, read it back and compare.
+        Returns ``{"name", "sha256", "nbytes", "chunks": {index: sha256 of the raw chunk}}``."""
+        from .sharding import build_shard, chunk_key
+
+        raw, digests = {}, {}
+        for idx, arr in chunks.items():
+            self._check_chunk(idx, arr)
+            data = encode_raw(arr, self.dtype)
+            raw[chunk_key(idx, self.grid.grid_shape)] = data
+            digests[tuple(idx)] = sha256(data)
+        names = {self.shard_name(i) for i in chunks}
+        if len(names) != 1:
+            raise DataError(f"{self.url}: chunks of {len(names)} shards given as one shard ({sorted(names)[:3]})")
+        name = names.pop()
+        blob = build_shard(self.spec.sharding, raw)
+        self.write_object(name, blob)
+        self.verify_object(name, sha256(blob))
+        return {"name": name, "sha256": sha256(blob), "nbytes": len(blob), "chunks": digests}
+
+    def write_object(self, name: str, data: bytes) -> None:
+        """Store ``name`` whole: temporary file + rename on ``file://``, one PUT on ``s3://``/``gs://``."""
+        if self.url.is_local:
+            path = self.url.local_path / name
+            try:
+                atomic_write(path, data)
+            except OSError as exc:  # RELIABILITY T6: the previous version stays intact
+                raise DataError(f"{name} of {self.url}: write failed ({exc.strerror or exc}); the previous version, "
+                                "if any, is intact; free space or fix the storage and re-run its task") from exc
+            clean_stale_temporaries(path.parent, os.path.basename(name))
+        elif self.url.protocol == "s3":
+            self._s3.put(name, data, content_type="application/octet-stream", content_encoding=None,
+                         cache_control="no-cache")
+        else:
+            _cloudfiles(self.url).put(name, data, content_type="application/octet-stream", compress=None,
+                                      cache_control="no-cache")
+
+    def read_object(self, name: str) -> bytes | None:
+        if self.url.is_local:
+            path = self.url.local_path / name
+            return path.read_bytes() if path.is_file() else None
+        if self.url.protocol == "s3":
+            return _s3_bytes(self._s3, name)
+        try:
+            return _cloudfiles(self.url).get(name)
+        except Exception as exc:
+            raise DataError(f"{name} of {self.url}: read failed: {type(exc).__name__}: {exc}") from exc
+
+    def verify_object(self, name: str, digest: str) -> None:
+        data = self.read_object(name)
+        if data is None:
+            raise DataError(f"{name} of {self.url} is missing after its write (expected sha256 {digest[:12]}); "
+                            "re-run its task")
+        if sha256(data) != digest:
+            raise DataError(f"{name} of {self.url}: read-back sha256 {sha256(data)[:12]} != written {digest[:12]} "
+                            "(torn or corrupted write); re-run its task")
+
+    def delete_object(self, name: str) -> None:
+        if self.url.is_local:
+            (self.url.local_path / name).unlink(missing_ok=True)
+        elif self.url.protocol == "s3":
+            self._s3.delete(name)
+        else:
+            _cloudfiles(self.url).delete(name)
+
     def delete_chunk(self, index) -> None:
         name = self.chunk_name(index)
         if self.url.is_local:

@@ -18,6 +18,7 @@ import yaml
 from ..errors import ConfigError, DataError, InputError, PlanError
 from ..geometry import EDGE_POLICIES, ChunkGrid, Coordinate, Halo, Roi, create_blocks, output_bounds
 from ..io import ScaleSpec, compare_scale, open_input, parse_layer_url
+from ..io.sharding import shard_chunks
 from ..io.precomputed import PrecomputedLayer
 from ..net.graph import Graph
 
@@ -166,17 +167,18 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     if ou.format != "precomputed":
         raise ConfigError(f"output.path {ou}: znni writes Neuroglancer precomputed layers; give a directory or "
                           "bucket path without .zarr")
-    if cfg["output"]["compression"] == "gzip" and ou.is_local:
+    layer_bounds = aligned_bounds(region, cfg["output"]["chunk_size"]) if cfg["output"]["align"] else region
+    sharding = output_sharding(cfg["output"], layer_bounds, net.out_channels)
+    if cfg["output"]["compression"] == "gzip" and ou.is_local and not sharding:
         raise ConfigError("output.compression: gzip on a file:// layer names chunks *.gz; tensorstore and other "
                           "readers then see zeros without an error (PITFALLS). Use compression: none locally.")
     if ou.is_local and iu.is_local and ou.local_path == iu.local_path:
         raise ConfigError(f"output.path {ou} is the input layer; choose another directory")
     res = inp.resolution
     key = cfg["output"]["scale_key"] or "_".join(f"{v:g}" for v in res[::-1])
-    layer_bounds = aligned_bounds(region, cfg["output"]["chunk_size"]) if cfg["output"]["align"] else region
     out_spec = ScaleSpec(key=key, bounds=layer_bounds, chunk_shape=Coordinate(cfg["output"]["chunk_size"]),
                          resolution=tuple(res), dtype=cfg["output"]["dtype"], channels=net.out_channels,
-                         encoding=cfg["output"]["encoding"])
+                         encoding=cfg["output"]["encoding"], sharding=sharding)
     try:
         existing = PrecomputedLayer(ou, 0)
     except DataError as exc:
@@ -191,7 +193,8 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
 
     # T24: task size vs memory, and the grid
     grid = ChunkGrid(layer_bounds, out_spec.chunk_shape)
-    tc = Coordinate(cfg["task_chunks"])
+    # a task writes whole shards: with sharding, a task is one shard's box of chunks
+    tc = shard_chunks(sharding, grid.grid_shape) if sharding else Coordinate(cfg["task_chunks"])
     task_shape = (tc * out_spec.chunk_shape).min(region.shape)
     extra = task_bytes(task_shape, halo, net.in_channels, net.out_channels, np.dtype(inp.dtype).itemsize,
                        np.dtype(out_spec.dtype).itemsize)
@@ -201,7 +204,8 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         if extra + budget > mem_mb * 2 ** 20:
             raise PlanError(f"a task of {tuple(tc)} chunks of {tuple(out_spec.chunk_shape)} needs {extra / 2**20:.0f} MiB "
                             f"for its input and output plus the engine's {budget / 2**20:.0f} MiB, more than the infer "
-                            f"job's mem_mb={mem_mb}; lower task_chunks or output.chunk_size, or raise mem_mb")
+                            f"job's mem_mb={mem_mb}; lower " + ("output.shard_bytes (a task is one shard)" if sharding
+                                                                else "task_chunks") + " or output.chunk_size, or raise mem_mb")
 
     # the plan (once; every task reuses it)
     if cfg["plan"]["file"]:
@@ -314,6 +318,25 @@ def load_run(path) -> dict:
     if run.get("format") != RUN_FORMAT:
         raise ConfigError(f"{path} is not a znni run file ({RUN_FORMAT}); re-run `znni validate`")
     return run
+
+
+AUTO_SHARD_CHUNKS = 10_000  # output.sharding: auto shards a layer of more chunks than this
+
+
+def output_sharding(out: dict, bounds: Roi, channels: int) -> dict | None:
+    """The output's sharding spec (None: a file per chunk) from ``output.sharding``."""
+    from ..io.sharding import auto_sharding, check_sharding
+
+    mode = out["sharding"]
+    grid = bounds.shape.ceil_div(Coordinate(out["chunk_size"]))
+    if isinstance(mode, dict):
+        return check_sharding(mode, "output.sharding", grid)
+    chunks = grid.prod()
+    if mode == "none" or (mode == "auto" and chunks <= AUTO_SHARD_CHUNKS):
+        return None
+    spec = auto_sharding(bounds.shape, out["chunk_size"], out["dtype"], channels, out["shard_bytes"],
+                         "gzip" if out["compression"] == "gzip" else "raw")
+    return check_sharding(spec, "output.sharding: auto", grid)
 
 
 def aligned_bounds(region: Roi, chunk) -> Roi:

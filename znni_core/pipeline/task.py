@@ -166,6 +166,10 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
         raise InputError(f"task {task_id} does not exist; this run has task ids {sorted(by_id)[:5]}... "
                          f"({len(by_id)} tasks; see {Path(run['work_dir']) / 'tasks.json'})")
     block: Block = by_id[task_id]
+    if chunk_index is not None and out.sharded:
+        log(f"chunk {out.chunk_name(chunk_index)} lies in shard {out.shard_name(chunk_index)}: a shard is written "
+            f"whole, so task {task_id} runs whole")
+        chunk_index = None
     net = load_network(run["network"]["path"])
     if net.digest() != run["network"]["digest"]:
         raise DataError(f"network {run['network']['path']} changed since `znni validate` (digest mismatch); "
@@ -262,7 +266,22 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
     t_write = time.perf_counter()
     compress = cfg["output"]["compression"]
     entries = {}
-    for idx in block.chunks:
+    shard = None
+    if out.sharded:  # the task's chunks are one shard: built whole, written once, read back
+        name = out.shard_name(block.chunks[0])
+        digests = {}
+        if encoded:
+            shard = out.write_shard(encoded)
+            digests = shard.pop("chunks")
+            shard["status"] = "written"
+        else:
+            out.delete_object(name)  # every chunk empty: no shard (readers see 0), no stale one
+            shard = {"name": name, "status": "empty"}
+        for idx in block.chunks:
+            e = {"name": out.chunk_name(idx), "index": list(idx), "roi": grid.chunk_roi(idx).to_dict(), "shard": name}
+            entries[idx] = e | ({"status": "empty"} if idx in empty else
+                                {"status": "written", "sha256": digests[tuple(idx)], "nbytes": int(encoded[idx].nbytes)})
+    for idx in ([] if out.sharded else block.chunks):
         if chunk_index is not None and idx != chunk_index:
             continue
         name = out.chunk_name(idx)
@@ -296,6 +315,7 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
         "write_roi": block.write_roi.to_dict(),
         "read_roi": block.read_roi.to_dict(),
         "chunks": [entries[i] for i in block.chunks],
+        **({"shard": shard} if shard is not None else {}),
         "plan_digest": plan.digest(),
         "network_digest": net.digest(),
         "missing_input_filled": missing,

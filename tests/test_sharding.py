@@ -1,0 +1,147 @@
+"""Sharded precomputed output: keys and shard boxes against cloud-volume's own code, tasks that
+write whole shards, read back by cloud-volume and tensorstore equal to the unsharded layer,
+verification, a task re-run rewriting only its shard, and a petavoxel layer's file count."""
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from znni_core.errors import ConfigError
+from znni_core.geometry import Coordinate, Roi
+from znni_core.io import PrecomputedLayer, parse_layer_url
+from znni_core.io.sharding import _bits, auto_sharding, check_sharding, chunk_key, shard_chunks, shard_name
+from znni_core.pipeline.config import load_run, output_sharding, run_geometry
+from znni_core.pipeline.finalize import check_manifests
+from znni_core.pipeline.task import manifest_path, run_task
+
+from .pipeline_helpers import base_config, em
+from .test_pipeline import QUIET, prepare, read_out, run_all
+
+
+def test_chunk_keys_are_cloudvolumes_compressed_morton_codes():
+    from cloudvolume.datasource.precomputed.common import compressed_morton_code
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        grid = tuple(int(v) for v in rng.integers(1, 70, 3))  # z, y, x
+        idx = tuple(int(rng.integers(0, n)) for n in grid)
+        assert chunk_key(idx, grid) == int(compressed_morton_code([idx[::-1]], grid[::-1])[0])
+
+
+def test_shard_boxes_hold_exactly_one_shard_each():
+    from cloudvolume.datasource.precomputed.sharding import image_shard_shape_from_spec
+
+    rng = np.random.default_rng(1)
+    for _ in range(150):
+        grid = tuple(int(v) for v in rng.integers(1, 17, 3))
+        pre, mini = int(rng.integers(0, 6)), int(rng.integers(0, 3))
+        spec = {"preshift_bits": pre, "minishard_bits": mini, "hash": "identity",
+                "shard_bits": max(0, sum(_bits(n) for n in grid) - pre - mini)}
+        box = shard_chunks(spec, grid)
+        ref = image_shard_shape_from_spec(spec, grid[::-1], (1, 1, 1))[::-1]
+        assert tuple(box) == tuple(min(int(r), n) for r, n in zip(ref, grid))
+        names = {}
+        for i in itertools.product(*map(range, grid)):
+            names.setdefault(tuple(a // b for a, b in zip(i, box)), set()).add(shard_name(spec, chunk_key(i, grid)))
+        assert all(len(v) == 1 for v in names.values())
+        assert len({min(v) for v in names.values()}) == len(names)
+
+
+def test_bad_sharding_specs_are_refused():
+    good = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 3, "hash": "identity", "minishard_bits": 1,
+            "shard_bits": 4, "minishard_index_encoding": "gzip", "data_encoding": "raw"}
+    assert check_sharding(good, "x") == good
+    with pytest.raises(ConfigError, match="hash: identity"):
+        check_sharding({**good, "hash": "murmurhash3_x86_128"}, "output.sharding")
+    with pytest.raises(ConfigError, match="preshift_bits"):
+        check_sharding({**good, "preshift_bits": -1}, "output.sharding")
+    # too few bits: two boxes of chunks would share one shard file (two writers)
+    with pytest.raises(ConfigError, match="raise shard_bits to 14"):
+        check_sharding(good, "output.sharding", (40, 40, 40))  # 18 key bits, 3 + 1 + 4 given
+
+
+def sharded_config(tmp_path, vol, **out):
+    return base_config(tmp_path, vol=vol, output={"sharding": "sharded", "shard_bytes": 4 * 8 * 8 * 4 * 8, **out})
+
+
+def test_sharded_output_equals_unsharded_and_is_read_by_cloudvolume_and_tensorstore(tmp_path):
+    import tensorstore as ts
+
+    vol = em((12, 40, 40))
+    vol[:, :, 24:] = 0  # empty chunks: absent from their shards, read as 0
+    (tmp_path / "s").mkdir()
+    rf = prepare(sharded_config(tmp_path / "s", vol))
+    run = load_run(rf)
+    spec = run["output"]["info"]["scales"][0]["sharding"]
+    _, grid, _, blocks = run_geometry(run)
+    assert len(blocks) > 2 and Coordinate(run["task_chunks"]) == shard_chunks(spec, grid.grid_shape)
+    run_all(rf)
+    layer = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 0)
+    shards = sorted(p.name for p in (Path(layer.url.local_path) / layer.key).iterdir())
+    manifests = [json.loads(manifest_path(run, b.id).read_text()) for b in blocks]
+    written = [m["shard"]["name"].split("/")[-1] for m in manifests if m["shard"]["status"] == "written"]
+    assert shards == sorted(written) and len(shards) == len(set(shards)) >= 2  # one file per shard, no chunk files
+    assert any(c["status"] == "empty" for m in manifests for c in m["chunks"])
+    assert all(c["sha256"] for m in manifests for c in m["chunks"] if c["status"] == "written")
+
+    # the same tasks unsharded: the same patches, so the same bytes
+    (tmp_path / "u").mkdir()
+    cfg_u = base_config(tmp_path / "u", vol=vol, output={"sharding": "none"}, task_chunks=run["task_chunks"])
+    rf_u = prepare(cfg_u)
+    run_all(rf_u)
+    want, _ = read_out(rf_u)
+    got, _ = read_out(rf)  # cloud-volume reading the shards
+    assert np.array_equal(got, want)
+    kv = "file://" + str(layer.url.local_path)
+    t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": kv}).result()
+    b, e = layer.bounds.begin.xyz(), layer.bounds.end.xyz()
+    arr = np.asarray(t[b[0]:e[0], b[1]:e[1], b[2]:e[2], :].read().result()).transpose(3, 2, 1, 0)
+    region = Roi.from_dict(run["region"])
+    assert np.array_equal(arr[(slice(None),) + region.to_slices(layer.bounds.offset)], want)
+
+
+def test_sharded_tasks_verify_and_rerun_rewrites_only_their_shard(tmp_path):
+    rf = prepare(sharded_config(tmp_path, em((12, 40, 40))))
+    run = load_run(rf)
+    ids = run_all(rf)
+    layer = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 0)
+    results, _ = check_manifests(run, layer, "checksum", log=lambda *a: None)
+    assert set(results.values()) == {"done"}
+    _, _, _, blocks = run_geometry(run)
+    root = Path(layer.url.local_path)
+    mtimes = {p: p.stat().st_mtime_ns for p in (root / layer.key).iterdir()}
+    victim = blocks[1]
+    name = layer.shard_name(victim.chunks[0])
+    data = bytearray((root / name).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a corrupted shard is found by finalize, naming the task
+    (root / name).write_bytes(bytes(data))
+    results, _ = check_manifests(run, layer, "checksum", log=lambda *a: None)
+    assert "read-back sha256" in results[victim.id] and sum(r == "done" for r in results.values()) == len(ids) - 1
+    run_task(rf, victim.id, **QUIET)  # re-run: rewrites its shard whole, no other
+    changed = [p for p in (root / layer.key).iterdir() if p.stat().st_mtime_ns != mtimes.get(p)]
+    assert [p.name for p in changed] == [name.split("/")[-1]]
+    assert set(check_manifests(run, layer, "checksum", log=lambda *a: None)[0].values()) == {"done"}
+    # a re-run of one chunk of a sharded layer runs its whole shard
+    chunk = layer.chunk_name(victim.chunks[-1]).split("/")[-1]
+    m = run_task(rf, chunk=chunk, **QUIET)
+    assert m["shard"]["name"] == name and len(m["chunks"]) == len(victim.chunks)
+
+
+def test_petavoxel_layer_has_a_bounded_number_of_shards():
+    shape = Coordinate((25_000, 200_000, 200_000))
+    out = {"sharding": "auto", "chunk_size": [64, 128, 128], "dtype": "float32", "compression": "none",
+           "shard_bytes": 2 ** 30}
+    spec = output_sharding(out, Roi((0, 0, 0), shape), 1)
+    grid = shape.ceil_div(Coordinate(out["chunk_size"]))
+    box = shard_chunks(spec, grid)
+    shards = grid.ceil_div(box).prod()
+    print(f"petavoxel layer (z, y, x) {tuple(shape)}: {grid.prod():,} chunks -> {shards:,} shard files "
+          f"of {tuple(box)} chunks ({box.prod() * 64 * 128 * 128 * 4 / 2**30:.2f} GiB each)")
+    assert grid.prod() > 9 * 10 ** 8 and shards < 10 ** 7
+    assert box.prod() * 64 * 128 * 128 * 4 <= 2 ** 30
+    assert output_sharding({**out, "sharding": "auto"}, Roi((0, 0, 0), (64, 512, 512)), 1) is None  # few chunks
+    assert auto_sharding(shape, out["chunk_size"], "float32", 1, 2 ** 30, "raw")["hash"] == "identity"
