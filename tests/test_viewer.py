@@ -23,25 +23,44 @@ playwright = pytest.importorskip("playwright.sync_api", reason="pip install play
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: apt-get install chromium-headless-shell")
 
 
-def write_layers(d):
-    """An EM-like input (uint8, smooth) and an output of diagonal stripes (float32 0/1)."""
+def write_layers(d, sharded: bool):
+    """An EM-like input (uint8, smooth) and an output of diagonal stripes (float32 0/1), the
+    output written by znni's shard writer when ``sharded`` (Neuroglancer then reads byte ranges)."""
     from cloudvolume import CloudVolume
 
+    from znni_core.geometry import Coordinate, Roi
+    from znni_core.io import ScaleSpec, create_layer, open_output, parse_layer_url
+
     x, y, z = np.meshgrid(np.arange(64), np.arange(64), np.arange(8), indexing="ij")
-    data = {"em": ((np.sin(x / 5) + np.cos(y / 7) + 2) * 60).astype(np.uint8),
-            "out": ((x + y) % 32 < 16).astype(np.float32)}
-    for name, v in data.items():
-        info = CloudVolume.create_new_info(1, "image", str(v.dtype), "raw", [4, 4, 40], [0, 0, 0], v.shape,
-                                           chunk_size=[32, 32, 8])
-        cv = CloudVolume(f"file://{d}/{name}", info=info, progress=False)
-        cv.commit_info()
-        cv[:, :, :] = v
+    em = ((np.sin(x / 5) + np.cos(y / 7) + 2) * 60).astype(np.uint8)
+    info = CloudVolume.create_new_info(1, "image", "uint8", "raw", [4, 4, 40], [0, 0, 0], em.shape,
+                                       chunk_size=[32, 32, 8])
+    cv = CloudVolume(f"file://{d}/em", info=info, progress=False)
+    cv.commit_info()
+    cv[:, :, :] = em
+    out = ((x + y) % 32 < 16).astype(np.float32).T[None]  # (c, z, y, x)
+    sharding = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 1, "hash": "identity",
+                "minishard_bits": 1, "shard_bits": 0, "minishard_index_encoding": "gzip", "data_encoding": "gzip"}
+    url = parse_layer_url(f"file://{d}/out")
+    spec = ScaleSpec("4_4_40", Roi((0, 0, 0), (8, 64, 64)), Coordinate(8, 32, 32), (40.0, 4.0, 4.0), "float32", 1,
+                     sharding=sharding if sharded else None)
+    create_layer(url, spec, {"processing": []})
+    layer = open_output(url, spec)
+    chunks = {i: np.ascontiguousarray(out[(slice(None),) + layer.grid.chunk_roi(i).to_slices()])
+              for i in layer.grid.chunks_in(layer.bounds)}
+    if sharded:
+        layer.write_shard(chunks)
+    else:
+        for i, a in chunks.items():
+            layer.write_chunk(i, a)
     return {"input": d / "em", "output": d / "out"}
 
 
-def test_report_link_renders_the_output_in_a_headless_browser(tmp_path):
-    layers = write_layers(tmp_path)
+@pytest.mark.parametrize("sharded", [False, True], ids=["chunks", "sharded"])
+def test_report_link_renders_the_output_in_a_headless_browser(tmp_path, sharded):
+    layers = write_layers(tmp_path, sharded)
     logs = []
+    need = 2 if sharded else 4  # the shard's index, then byte ranges of it; or 4 chunk files
     with LayerServer(layers, port=0, log=logs.append) as srv:
         run = {"work_dir": str(tmp_path), "region": {"offset": [0, 0, 0], "shape": [8, 64, 64]},
                "input": {"url": f"file://{layers['input']}", "resolution": [40, 4, 4]},
@@ -53,7 +72,7 @@ def test_report_link_renders_the_output_in_a_headless_browser(tmp_path):
             page = browser.new_page(viewport={"width": 800, "height": 600})
             page.goto(link)
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and sum("/layers/output/4_4_40/" in line for line in logs) < 4:
+            while time.monotonic() < deadline and sum("/layers/output/4_4_40/" in line for line in logs) < need:
                 time.sleep(0.2)
             time.sleep(2)  # let it draw what it fetched
             png = tmp_path / "shot.png"
@@ -61,7 +80,8 @@ def test_report_link_renders_the_output_in_a_headless_browser(tmp_path):
             browser.close()
     fetched = [line for line in logs if "/layers/" in line]
     assert sum("/layers/input/4_4_40/" in line for line in fetched) >= 4, "\n".join(logs)
-    assert sum("/layers/output/4_4_40/" in line for line in fetched) >= 4, "\n".join(logs)
+    assert sum("/layers/output/4_4_40/" in line for line in fetched) >= need, "\n".join(logs)
+    assert not sharded or any('.shard HTTP/1.1" 206' in line for line in fetched), "\n".join(logs)
     errors = [line for line in logs if re.search(r'" [45]\d\d ', line)]
     assert not errors, errors
     from PIL import Image
