@@ -21,6 +21,17 @@ from .config import load_run, output_spec, run_geometry
 from .task import manifest_path
 
 
+def _check_stored(what: str, entry: dict, read, check, verify: str, task: int) -> None:
+    """One stored object (chunk or shard) against its manifest entry."""
+    if entry["status"] == "empty":
+        if read() is not None:
+            raise DataError(f"{what} is recorded empty but exists; re-run task {task}")
+    elif verify == "checksum":
+        check(entry["sha256"])
+    elif read() is None:
+        raise DataError(f"{what} of task {task} is missing; re-run task {task}")
+
+
 def check_manifests(run: dict, out, verify: str, log=print):
     """Per task: 'done', or an error string.  Never counts a task without a verified manifest as done."""
     _, grid, _, blocks = run_geometry(run)
@@ -45,22 +56,12 @@ def check_manifests(run: dict, out, verify: str, log=print):
                 name = out.shard_name(b.chunks[0])
                 if sh.get("name") != name:
                     raise DataError(f"manifest {mp} names shard {sh.get('name')!r}, task {b.id} owns {name}; re-run it")
-                if sh["status"] == "empty":
-                    if out.read_object(name) is not None:
-                        raise DataError(f"shard {name} is recorded empty but exists; re-run task {b.id}")
-                elif verify == "checksum":
-                    out.verify_object(name, sh["sha256"])
-                elif out.read_object(name) is None:
-                    raise DataError(f"shard {name} of task {b.id} is missing; re-run task {b.id}")
+                _check_stored(f"shard {name}", sh, lambda: out.read_object(name),
+                              lambda d: out.verify_object(name, d), verify, b.id)
             for c in ([] if out.sharded else m["chunks"]):
                 idx = tuple(c["index"])
-                if c["status"] == "empty":
-                    if out.read_chunk_bytes(idx) is not None:
-                        raise DataError(f"chunk {c['name']} is recorded empty but exists; re-run task {b.id}")
-                elif verify == "checksum":
-                    out.verify_chunk(idx, c["sha256"])
-                elif out.read_chunk_bytes(idx) is None:
-                    raise DataError(f"chunk {c['name']} of task {b.id} is missing; re-run task {b.id}")
+                _check_stored(f"chunk {c['name']}", c, lambda: out.read_chunk_bytes(idx),
+                              lambda d: out.verify_chunk(idx, d), verify, b.id)
             results[b.id] = "done"
             manifests[b.id] = m
         except DataError as exc:
