@@ -37,8 +37,9 @@ def snakemake(cwd, configfile, *args, check=True):
 
 
 def write_config(tmp_path, name, vol, **over):
-    over.setdefault("output", {"chunk_size": [6, 17, 17]})  # valid output (10, 33, 33): 2x2x2 chunks
-    cfg = base_config(tmp_path / name, vol=vol, task_chunks=[1, 1, 2], **over)  # 4 tasks
+    # valid output (10, 33, 33), its layer aligned down to the chunk grid (output.align): 2x3x3 chunks, 12 tasks
+    over.setdefault("output", {"chunk_size": [6, 17, 17]})
+    cfg = base_config(tmp_path / name, vol=vol, task_chunks=[1, 1, 2], **over)
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return cfg, path
@@ -96,7 +97,8 @@ def test_T13_T14_rerun_only_unfinished_or_forced_tasks(two_runs):
     tmp, _, [_, (cfg, path, _)] = two_runs
     work = Path(cfg["work_dir"])
     manifests = sorted((work / "manifests").iterdir())
-    assert len(manifests) == 4
+    n = json.loads((work / "run.json").read_text())["num_tasks"]
+    assert len(manifests) == n >= 4
     before = layer_files(cfg["output"]["path"])
     root = Path(cfg["output"]["path"])
     mt = {k: (root / k).stat().st_mtime_ns for k in before}
@@ -106,8 +108,9 @@ def test_T13_T14_rerun_only_unfinished_or_forced_tasks(two_runs):
     for f in (work / "report").iterdir():  # the crash came before finalize
         f.unlink()
     p = snakemake(tmp, path)
-    assert _jobs_run(p, "infer_task") == 2, p.stdout[-2000:]
-    assert "2 done now, 2 skipped" in p.stderr
+    lost = len(manifests[::2])
+    assert _jobs_run(p, "infer_task") == lost, p.stdout[-2000:]
+    assert f"{lost} done now, {n - lost} skipped" in p.stderr
     assert layer_files(cfg["output"]["path"]) == before
     # T14: force one task: only its chunks are rewritten
     target = manifests[1]
