@@ -5,6 +5,7 @@ rule finalize:
     input:
         run=f"{WORK}/run.json",
         manifests=get_manifests,
+        pyramid=[f"{WORK}/pyramid.json"] if config.get("downsample", {}).get("mips", 0) else [],
     output:
         summary=f"{WORK}/report/summary.json",
         report=f"{WORK}/report/report.html",

@@ -170,3 +170,15 @@ def test_real_synapse_detector_runs_through_the_workflow(tmp_path):
     assert plan.kind == "padded" and plan.overlap == (0, 8, 8)
     ref = znni_core.infer(znni_core.load_network(DETECTOR), vol.astype(np.float32) * np.float32(1 / 255), plan=plan)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow  # ~40 s: the optional pyramid rule between the tasks and finalize
+def test_pyramid_rule_builds_checked_mips_before_the_report(tmp_path):
+    pytest.importorskip("igneous", reason="pip install 'znni[pyramid]'")
+    cfg, path = write_config(tmp_path, "p", em((12, 40, 40)), downsample={"mips": 1})
+    p = snakemake(tmp_path, path)
+    assert "(Rule: pyramid)" in p.stdout + p.stderr
+    s = json.loads((Path(cfg["work_dir"]) / "report" / "summary.json").read_text())
+    assert len(s["pyramid"]) == 1 and s["pyramid"][0].startswith("mip 1 ")
+    info = json.loads((Path(cfg["output"]["path"]) / "info").read_text())
+    assert len(info["scales"]) == 2

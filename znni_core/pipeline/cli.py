@@ -140,6 +140,18 @@ def register(app: typer.Typer) -> None:
         for n in s["viewer_notes"]:
             typer.echo(f"  note: {n}")
 
+    @app.command("pyramid")
+    def pyramid_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP)):
+        """Build mips 1..downsample.mips of the output with igneous, check each against the mip below."""
+        from ..errors import ZnniError
+        from .config import load_run
+        from .pyramid import build_pyramid
+
+        try:
+            build_pyramid(load_run(run_file), log=_log)
+        except ZnniError as exc:
+            _fail(exc)
+
     @app.command("status")
     def status_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP)):
         """How many tasks have a manifest (done), and which do not."""

@@ -192,6 +192,10 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
         "missing_input_filled": filled, "verify": verify, "stale_temporaries_removed": len(removed),
         "output": str(out_url), "input": run["input"]["url"], "run_digest": run["digest"],
     }
+    pyramid = Path(run["work_dir"]) / "pyramid.json"
+    if cfg["downsample"]["mips"] and pyramid.is_file():  # written by `znni pyramid` after its checks
+        summary["pyramid"] = [f"mip {m['mip']} {m['key']} {tuple(m['size_zyx'])} (max error {m['max_abs_error']:.1e})"
+                              for m in json.loads(pyramid.read_text())["mips"]]
     if summary["wall_seconds"] > 0:
         summary["voxels_per_s_wall"] = round(voxels / summary["wall_seconds"], 1)
     if failed:
