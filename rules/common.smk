@@ -1,66 +1,68 @@
-# Shared definitions: work directory, the config as JSON for the CLI, input functions (get_*),
-# and the end-of-run summary.
+# Shared definitions: work directory, the config for the CLI, the job schedule (computed when the
+# workflow is parsed: no checkpoint), input functions (get_*) and the end-of-run summary.
+#
+# Nothing here changes the parent workflow when znni is imported as a module: no shell.prefix
+# (rules call `{params.env} znni ...`), no exported environment, no default target.
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
+try:
+    from znni_core.pipeline.jobs import job_marker_path, summary, workflow_schedule
+except ImportError as exc:
+    raise WorkflowError(f"znni is not installed in the environment that runs snakemake ({exc}); "
+                        "`make setup` (or `pip install -e .`) in this environment") from None
+
+# work_dir as Snakemake sees it (a module's `prefix:` is added to it by Snakemake) and where the
+# CLI writes it: the same directory
 WORK = str(Path(config["work_dir"]))
-CONFIG_JSON = json.dumps(config, sort_keys=True)
+_PREFIX = getattr(getattr(workflow.modifier, "path_modifier", None), "prefix", None) or ""
+WORK_DIR = WORK if os.path.isabs(WORK) else os.path.abspath(os.path.join(_PREFIX, WORK))
+ZNNI_CONFIG = {**config, "work_dir": WORK_DIR}
+CONFIG_JSON = json.dumps(ZNNI_CONFIG, sort_keys=True)
 STARTED = time.time()
 
 # numba's default threading layer kills the process when called from threads (PITFALLS);
 # compiled kernels are cached in the work directory so every job after the first starts warm.
-shell.prefix(
-    "set -euo pipefail; "
-    "export NUMBA_THREADING_LAYER=${{NUMBA_THREADING_LAYER:-threadsafe}}; "
-    f"export NUMBA_CACHE_DIR=${{{{NUMBA_CACHE_DIR:-{os.path.abspath(WORK)}/.cache/numba}}}}; "
+# Passed to each command as params.env (never shell.prefix, which would reach a parent's rules).
+ZNNI_ENV = (
+    "NUMBA_THREADING_LAYER=${NUMBA_THREADING_LAYER:-threadsafe} "
+    f"NUMBA_CACHE_DIR=${{NUMBA_CACHE_DIR:-{WORK_DIR}/.cache/numba}}"
 )
 
+# tasks and jobs: from the config, the network's halo and the input's bounds (schedule.json caches
+# them); a run that cannot be scheduled gets no job, and `validate` reports why
+SCHEDULE = workflow_schedule(ZNNI_CONFIG)
+if "error" in SCHEDULE:
+    print(f"znni: the run cannot be scheduled: {SCHEDULE['error']}", file=sys.stderr)
+    SCHEDULE = {"num_tasks": 0, "tasks_per_job": 1, "num_jobs": 0}
+
 wildcard_constraints:
-    task=r"\d{6}",
+    job=r"\d{6}",
 
 
-def get_manifests(wildcards):
-    """Every task's manifest, once the task list (checkpoint) exists."""
-    tasks_file = checkpoints.tasks.get().output[0]
-    with open(tasks_file) as f:
-        ids = [t["id"] for t in json.load(f)["tasks"]]
-    return [f"{WORK}/manifests/{i:06d}.json" for i in ids]
+def get_job_markers(wildcards):
+    """Every job's marker (written after all its tasks' manifests)."""
+    return [f"{WORK}/jobs/{j:06d}.json" for j in range(SCHEDULE["num_jobs"])]
 
 
 def print_summary(ok):
-    """End-of-run summary: tasks done now / already done (skipped) / failed, voxels per second."""
-    tasks_file = Path(WORK) / "tasks.json"
-    if not tasks_file.is_file():
+    """End-of-run summary from the job markers: tasks done now / already done (skipped) / not done."""
+    if not SCHEDULE["num_jobs"]:
         return
-    ids = [t["id"] for t in json.loads(tasks_file.read_text())["tasks"]]
-    done_now, skipped, failed, voxels, seconds = 0, 0, [], 0, 0.0
-    for i in ids:
-        p = Path(WORK) / "manifests" / f"{i:06d}.json"
-        if not p.is_file():
-            failed.append(i)
-            continue
-        try:
-            m = json.loads(p.read_text())
-        except (OSError, ValueError):
-            failed.append(i)
-            continue
-        if p.stat().st_mtime >= STARTED:
-            done_now += 1
-            voxels += m.get("voxels", 0)
-            seconds += m.get("timings", {}).get("total_s", 0.0)
-        else:
-            skipped += 1
+    s = summary(WORK_DIR, SCHEDULE["num_tasks"], SCHEDULE["tasks_per_job"], STARTED)
+    print(f"\nznni summary: {s['tasks']} tasks in {s['jobs']} jobs: {s['done_now']} done now, {s['skipped']} skipped "
+          f"(already done), {s['not_done']} not done"
+          + (f" (jobs {s['jobs_not_done'][:20]})" if s["not_done"] else ""), file=sys.stderr)
     wall = time.time() - STARTED
-    print(f"\nznni summary: {len(ids)} tasks: {done_now} done now, {skipped} skipped (already done), "
-          f"{len(failed)} not done" + (f" {failed[:20]}" if failed else ""), file=sys.stderr)
-    if done_now:
-        print(f"  {voxels:,} voxels in {wall:.1f} s wall ({voxels / wall:,.0f} voxels/s), "
-              f"{voxels / max(seconds, 1e-9):,.0f} voxels/s per job", file=sys.stderr)
-    report_html = Path(WORK) / "report" / "report.html"
+    if s["done_now"]:
+        print(f"  {s['voxels']:,} voxels in {wall:.1f} s wall ({s['voxels'] / wall:,.0f} voxels/s), "
+              f"{s['voxels'] / max(s['seconds'], 1e-9):,.0f} voxels/s per task", file=sys.stderr)
+    report_html = Path(WORK_DIR) / "report" / "report.html"
     if ok and report_html.is_file():
         print(f"  report: {report_html}\n  preview: {report_html.with_name('preview.png')}", file=sys.stderr)
     if not ok:
-        print(f"  re-run the same command to retry only the unfinished tasks; logs: {WORK}/logs/tasks/", file=sys.stderr)
+        print(f"  re-run the same command to retry only the unfinished tasks; logs: {WORK_DIR}/logs/jobs/",
+              file=sys.stderr)

@@ -1,25 +1,31 @@
-# One job per task (many whole output chunks). Its only output is the task manifest, written after
-# every chunk was written atomically and verified. To redo one task:
-#   snakemake --profile profiles/local --force <work_dir>/manifests/000012.json
-# (only that task's chunks are rewritten), then `snakemake --profile profiles/local` refreshes the report.
+# One job per range of tasks (jobs.tasks_per_job, from the schedule). A task writes and verifies its
+# chunks (or its shard), then its manifest; the job's marker comes last. A killed or retried job
+# skips the tasks whose manifest and stored objects check out, so only unfinished tasks run again.
+# To redo one task or one chunk (its chunks only are rewritten), then refresh the report:
+#   znni run-task <work_dir>/run.json --task 12        (or --chunk x0-x1_y0-y1_z0-z1)
+#   snakemake --profile profiles/local --forcerun finalize
 
 
-rule infer_task:
+rule infer_job:
     input:
         run=f"{WORK}/run.json",
         plan=f"{WORK}/plan.json",
         layer=f"{WORK}/layer.json",
-        tasks=f"{WORK}/tasks.json",
     output:
-        f"{WORK}/manifests/{{task}}.json",
+        f"{WORK}/jobs/{{job}}.json",
+    params:
+        env=ZNNI_ENV,
+        per_job=SCHEDULE["tasks_per_job"],
+        num_tasks=SCHEDULE["num_tasks"],
     conda:
         "../workflow/envs/znni.yaml"
     log:
-        f"{WORK}/logs/tasks/{{task}}.log",
+        f"{WORK}/logs/jobs/{{job}}.log",
     benchmark:
-        f"{WORK}/benchmarks/tasks/{{task}}.tsv"
+        f"{WORK}/benchmarks/jobs/{{job}}.tsv"
     threads: 1
     resources:
         mem_mb=2000,
     shell:
-        "znni run-task {input.run} --task {wildcards.task} --mem-mb {resources.mem_mb} --no-progress > {log} 2>&1"
+        "{params.env} znni run-job {input.run} --job {wildcards.job} --tasks-per-job {params.per_job} "
+        "--num-tasks {params.num_tasks} --mem-mb {resources.mem_mb} --marker {output} > {log} 2>&1"

@@ -1,6 +1,6 @@
 # Validate the configuration against the network and the layers, and autotune the plan: once.
 # Everything that can be known to fail fails here, before any task is scheduled.
-# Give this rule the same mem_mb and threads as infer_task (the plan is made for that job size).
+# Give this rule the same mem_mb and threads as infer_job (the plan is made for that job size).
 
 
 rule validate:
@@ -8,6 +8,7 @@ rule validate:
         run=f"{WORK}/run.json",
         plan=f"{WORK}/plan.json",
     params:
+        env=ZNNI_ENV,
         config=CONFIG_JSON,
     conda:
         "../workflow/envs/znni.yaml"
@@ -17,4 +18,4 @@ rule validate:
     resources:
         mem_mb=2000,
     shell:
-        "znni validate --config-json {params.config:q} --mem-mb {resources.mem_mb} --threads {threads} > {log} 2>&1"
+        "{params.env} znni validate --config-json {params.config:q} --mem-mb {resources.mem_mb} --threads {threads} > {log} 2>&1"

@@ -5,12 +5,14 @@
 rule pyramid:
     input:
         run=f"{WORK}/run.json",
-        manifests=get_manifests,
+        jobs=get_job_markers,
     output:
         f"{WORK}/pyramid.json",
+    params:
+        env=ZNNI_ENV,
     conda:
         "../workflow/envs/znni.yaml"
     log:
         f"{WORK}/logs/pyramid.log",
     shell:
-        "znni pyramid {input.run} > {log} 2>&1; rc=$?; cat {log} >&2; exit $rc"
+        "{params.env} znni pyramid {input.run} > {log} 2>&1; rc=$?; cat {log} >&2; exit $rc"

@@ -63,15 +63,18 @@ class Case:
     def run_file(self) -> Path: return self.work / "run.json"
 
     def manifest(self, task: int) -> Path:
-        return self.work / "manifests" / f"{task:06d}.json"
+        return self.work / "manifests" / f"{task // 10_000:04d}" / f"{task:06d}.json"
 
     def tasks(self) -> list[dict]:
-        return json.loads((self.work / "tasks.json").read_text())["tasks"]
+        from znni_core.pipeline.config import load_run
+        from znni_core.pipeline.task import task_list
+
+        return task_list(load_run(self.run_file))
 
     def copy(self, dest: Path) -> "Case":
         """A copy with every path rewritten (config, run.json, layer info); mtimes kept."""
         shutil.copytree(self.root, dest, symlinks=True, ignore=shutil.ignore_patterns("*.lock", "locks"))
-        for f in [dest / "config.yaml", *dest.glob("work/*.json"), *dest.glob("work/manifests/*.json"),
+        for f in [dest / "config.yaml", *dest.glob("work/*.json"), *dest.glob("work/manifests/*/*.json"),
                   *dest.glob(".snakemake/metadata/*")]:
             if f.is_file():
                 st = f.stat()
@@ -262,6 +265,29 @@ def manifest_ok(case: Case, task: int) -> bool | None:
         if len(f) != 1 or digest(f[0].read_bytes()) != c["sha256"]:
             return False
     return True
+
+
+def job_of(case: Case, task: int) -> int:
+    """The workflow job that runs ``task`` (from the schedule the workflow cached)."""
+    from znni_core.pipeline.config import load_run, run_geometry
+
+    per = json.loads((case.work / "schedule.json").read_text())["tasks_per_job"]
+    return run_geometry(load_run(case.run_file))[3].index(task) // per
+
+
+def forget_task(case: Case, task: int) -> None:
+    """Lose a task's manifest and its job's marker (as a crash before both would)."""
+    case.manifest(task).unlink(missing_ok=True)
+    (case.work / "jobs" / f"{job_of(case, task):06d}.json").unlink(missing_ok=True)
+
+
+def ran_tasks(case: Case, since: float) -> set[int]:
+    """Tasks computed (not skipped) by the jobs whose marker was written after ``since``."""
+    ran = set()
+    for p in (case.work / "jobs").glob("*.json") if (case.work / "jobs").is_dir() else []:
+        if p.stat().st_mtime >= since:
+            ran |= {r["task"] for r in json.loads(p.read_text())["ran"]}
+    return ran
 
 
 def kill_tree(pid: int, sig=signal.SIGKILL) -> None:

@@ -43,16 +43,12 @@ def _wait_jobs_gone(case, timeout=120):
 
 def _done_tasks(case) -> set[int]:
     done = set()
-    for t in case.tasks() if (case.work / "tasks.json").exists() else []:
+    for t in case.tasks() if case.run_file.exists() else []:
         ok = H.manifest_ok(case, t["id"])
         assert ok is not False, f"task {t['id']}: manifest lists a chunk that does not verify"
         if ok:
             done.add(t["id"])
     return done
-
-
-def _ran_tasks(log: str) -> set[int]:
-    return {int(m) for m in re.findall(r"rule infer_task:.*?wildcards: task=(\d+)", log, flags=re.S)}
 
 
 def chained_kills(case, golden_files, *, kills, profile, seed0, delay=(1.0, 8.0), reset=3, timeout=400):
@@ -82,11 +78,12 @@ def chained_kills(case, golden_files, *, kills, profile, seed0, delay=(1.0, 8.0)
         u = H.snakemake(case, "--unlock", profile=profile, timeout=120)
         assert u.returncode == 0, u.stderr[-2000:]
         log.write_text("")
+        since = time.time() - 1e-3
         q = H.start_snakemake(case, profile=profile, log=log)
         q.wait(timeout)
         text = log.read_text()
         assert q.returncode == 0, text[-3000:]
-        rerun = _ran_tasks(text)
+        rerun = H.ran_tasks(case, since)
         stats["rerun"] += len(rerun)
         assert not (rerun & done), f"kill {k}: tasks {sorted(rerun & done)} were done but ran again"
         assert rerun | done == {t["id"] for t in case.tasks()}, (
@@ -96,7 +93,7 @@ def chained_kills(case, golden_files, *, kills, profile, seed0, delay=(1.0, 8.0)
         # give the next kill work to interrupt: forget a seeded few tasks and the report (as
         # `--forcerun` would; with the report present Snakemake ignores missing intermediates)
         for t in rng.sample([t["id"] for t in case.tasks()], k=min(reset, len(case.tasks()))):
-            case.manifest(t).unlink()
+            H.forget_task(case, t)
         (case.work / "report" / "summary.json").unlink(missing_ok=True)
     return stats
 
@@ -117,7 +114,13 @@ def golden_files(fresh, tmp_path_factory):
 
 @pytest.mark.slow
 def test_t4_kill_snakemake_main_local_and_resume(fresh, golden_files, tmp_path):
+    """Batched: a job runs 3 tasks, so kills land between and inside a job's tasks."""
+    import yaml
+
     case = fresh.copy(tmp_path / "case")
+    cfg = yaml.safe_load(case.config.read_text())
+    cfg["jobs"] = {"tasks_per_job": 3}
+    case.config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     stats = chained_kills(case, golden_files, kills=KILLS, profile="profiles/local", seed0=4000)
     assert stats["kills"] >= KILLS // 2, stats
 
@@ -128,7 +131,7 @@ def test_t15_one_task_always_fails_keep_going(fresh, golden_files, tmp_path):
     p = H.snakemake(case, "--retries", 2, profile="profiles/local", env=H.fault_env("fail:5"))
     assert p.returncode != 0
     err = p.stdout + p.stderr
-    assert re.search(r"not done \[5\]", err), err[-3000:]
+    assert re.search(r"1 not done \(jobs \[5\]\)", err), err[-3000:]
     assert err.count("injected failure of task 5") >= 1 or "000005" in err
     assert _done_tasks(case) == {t["id"] for t in case.tasks()} - {5}
     files = H.layer_files(case.out)

@@ -203,7 +203,7 @@ def test_T26_missing_input_fails_unless_filling_is_chosen(tmp_path):
     (in2.url.local_path / name).unlink()
     rf2 = prepare(cfg2)
     run_all(rf2)
-    filled = [json.loads(p.read_text())["missing_input_filled"] for p in (tmp_path / "fill/work/manifests").iterdir()]
+    filled = [json.loads(p.read_text())["missing_input_filled"] for p in (tmp_path / "fill/work/manifests").rglob("*.json")]
     assert any(name in f for f in filled)
     assert name in finalize(rf2, log=lambda *a: None)["missing_input_filled"]
 
@@ -216,7 +216,7 @@ def test_T26_black_region_recorded_empty(tmp_path):
     run_all(rf)
     s = finalize(rf, log=lambda *a: None)
     assert s["chunks_empty"] > 0 and s["chunks_written"] > 0
-    ms = [json.loads(p.read_text()) for p in sorted((tmp_path / "work/manifests").iterdir())]
+    ms = [json.loads(p.read_text()) for p in sorted((tmp_path / "work/manifests").rglob("*.json"))]
     empties = [c for m in ms for c in m["chunks"] if c["status"] == "empty"]
     layer = PrecomputedLayer(parse_layer_url(load_run(rf)["output"]["url"]), 0)
     for c in empties:  # recorded, and not written: distinguishable from "never ran" (no manifest)
@@ -224,7 +224,7 @@ def test_T26_black_region_recorded_empty(tmp_path):
     # deterministic: a second run records the same chunks
     for m in ms:
         run_task(rf, m["task"], **QUIET)
-    ms2 = [json.loads(p.read_text()) for p in sorted((tmp_path / "work/manifests").iterdir())]
+    ms2 = [json.loads(p.read_text()) for p in sorted((tmp_path / "work/manifests").rglob("*.json"))]
     assert [c["status"] for m in ms for c in m["chunks"]] == [c["status"] for m in ms2 for c in m["chunks"]]
 
 

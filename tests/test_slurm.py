@@ -42,14 +42,14 @@ def test_t5_oom_timeout_cancel_retried_with_more(fresh, golden_files, tmp_path):
     attempt 2's 2000 MB. Task 5 sleeps 80 s on its first attempt only, over its 1-minute limit."""
     case = fresh.copy(tmp_path / "case")
     env = H.fault_env("sleep-once:5:80,hog:2:1200", {"ZNNI_FAULT_DIR": str(tmp_path)})
-    mem = "infer_task:mem_mb=1000 * attempt"
-    rt = "infer_task:runtime=(1 if wildcards.task == '000005' else 30) * attempt"
+    mem = "infer_job:mem_mb=1000 * attempt"
+    rt = "infer_job:runtime=(1 if wildcards.job == '000005' else 30) * attempt"  # one task per job here
     stop = threading.Event()
 
     def cancel_task6():  # scancel the first running attempt of task 6
         while not stop.is_set():
             for jid, st, _ in _squeue():
-                log = case.root / ".snakemake" / "slurm_logs" / "rule_infer_task" / "000006" / f"{jid}.log"
+                log = case.root / ".snakemake" / "slurm_logs" / "rule_infer_job" / "000006" / f"{jid}.log"
                 if st == "RUNNING" and log.exists():
                     subprocess.run(["scancel", jid])
                     return
@@ -88,7 +88,7 @@ def test_t5_unknown_state_counts_only_if_chunk_verifies(fresh, golden_files, tmp
     # UNKNOWN arrived while jobs still ran: their manifests were missing -> errors, retried
     assert p.returncode == 0 or "MissingOutputException" in out or "Missing files after" in out, out[-4000:]
     if p.returncode != 0:  # retries exhausted: a rerun finishes; nothing unverified was marked done
-        for m in sorted((case.work / "manifests").glob("*.json")) if (case.work / "manifests").is_dir() else []:
+        for m in sorted((case.work / "manifests").rglob("*.json")) if (case.work / "manifests").is_dir() else []:
             assert H.manifest_ok(case, int(m.stem)) is True, f"{m} does not verify"
         p = H.snakemake(case, profile=SLURM, timeout=500)
         assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]

@@ -1,8 +1,9 @@
 """The real workflow: snakemake with the local profile on a tiny volume.
 
 Output == `infer` on the whole volume (float32 tolerance); two runs byte-identical; a rerun after
-losing half the manifests runs exactly those tasks (T13); `--force` of one manifest rewrites only
-that task's chunks (T14); tensorstore reads what cloud-volume reads; lint and dry run pass.
+losing half the manifests runs exactly those tasks (T13); `znni run-task` of one task rewrites only
+that task's chunks (T14); a batched job killed inside its tasks resumes task by task (T1);
+tensorstore reads what cloud-volume reads; lint and dry run pass.
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def test_workflow_equals_infer_and_is_byte_identical(two_runs):
     s = json.loads((report / "summary.json").read_text())
     assert s["failed"] == [] and s["done"] == s["tasks"] and (report / "preview.png").stat().st_size > 0
     assert "neuroglancer" in s and (report / "report.html").is_file()
-    for log in ("validate.log", "create_layer.log", "tasks.log", "finalize.log"):
+    for log in ("validate.log", "create_layer.log", "jobs/000000.log", "finalize.log"):
         assert (Path(cfg_a["work_dir"]) / "logs" / log).is_file()
 
 
@@ -92,35 +93,84 @@ def _jobs_run(p, rule):
     return len(re.findall(rf"\(Rule: {rule}\)", p.stdout + p.stderr))  # "Finished jobid: N (Rule: x)"
 
 
+def _ran(work, since):
+    """Tasks computed (not skipped) by jobs whose marker was written after ``since``."""
+    ran = []
+    for p in sorted((Path(work) / "jobs").glob("*.json")):
+        if p.stat().st_mtime >= since:
+            ran += [r["task"] for r in json.loads(p.read_text())["ran"]]
+    return sorted(ran)
+
+
 @pytest.mark.slow  # ~30 s; the same cases run in-process in tests/test_pipeline.py
 def test_T13_T14_rerun_only_unfinished_or_forced_tasks(two_runs):
+    import time
+
     tmp, _, [_, (cfg, path, _)] = two_runs
     work = Path(cfg["work_dir"])
-    manifests = sorted((work / "manifests").iterdir())
+    manifests = sorted((work / "manifests").rglob("*.json"))
     n = json.loads((work / "run.json").read_text())["num_tasks"]
     assert len(manifests) == n >= 4
+    assert json.loads((work / "schedule.json").read_text())["num_jobs"] == n  # one task per job here
     before = layer_files(cfg["output"]["path"])
     root = Path(cfg["output"]["path"])
-    mt = {k: (root / k).stat().st_mtime_ns for k in before}
-    # T13: lose two manifests (a crash after their chunks, before their markers): exactly those rerun
-    for m in manifests[::2]:
-        m.unlink()
+    # T13: lose two manifests and their jobs' markers (a crash after their chunks): exactly those rerun
+    lost = [int(m.stem) for m in manifests[::2]]
+    for t in lost:
+        (work / "manifests" / "0000" / f"{t:06d}.json").unlink()
+        (work / "jobs" / f"{t:06d}.json").unlink()  # job k runs task k (12 tasks, 1 per job)
     for f in (work / "report").iterdir():  # the crash came before finalize
         f.unlink()
+    t0 = time.time()
     p = snakemake(tmp, path)
-    lost = len(manifests[::2])
-    assert _jobs_run(p, "infer_task") == lost, p.stdout[-2000:]
-    assert f"{lost} done now, {n - lost} skipped" in p.stderr
+    assert _jobs_run(p, "infer_job") == len(lost), p.stdout[-2000:]
+    assert _ran(work, t0) == lost
+    assert f"{len(lost)} done now, {n - len(lost)} skipped" in p.stderr
     assert layer_files(cfg["output"]["path"]) == before
-    # T14: force one task: only its chunks are rewritten
+    # --force of a job re-verifies its task: nothing rewritten
+    mt = {k: (root / k).stat().st_mtime_ns for k in before}
+    t0 = time.time()
+    p = snakemake(tmp, path, "--force", str(work / "jobs" / "000001.json"))
+    assert _jobs_run(p, "infer_job") == 1 and _ran(work, t0) == []
+    assert {k for k in before if (root / k).stat().st_mtime_ns != mt[k]} == set()
+    # T14: redo one task as documented: only its chunks are rewritten, the report is refreshed
     target = manifests[1]
     own = {c["name"] for c in json.loads(target.read_text())["chunks"]}
-    mt = {k: (root / k).stat().st_mtime_ns for k in before}
-    p = snakemake(tmp, path, "--force", str(target))
-    assert _jobs_run(p, "infer_task") == 1
+    r = subprocess.run([str(Path(sys.executable).with_name("znni")), "run-task", str(work / "run.json"), "--task",
+                        str(int(target.stem)), "--no-progress"], env=subprocess_env(tmp), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
     changed = {k for k in before if (root / k).stat().st_mtime_ns != mt[k]}
     assert changed == own
     assert layer_files(cfg["output"]["path"]) == before
+    p = snakemake(tmp, path, "--forcerun", "finalize")
+    assert _jobs_run(p, "finalize") == 1 and _jobs_run(p, "infer_job") == 0
+
+
+@pytest.mark.slow  # ~40 s
+def test_T1_batched_job_killed_inside_resumes_task_by_task(two_runs, tmp_path):
+    """Jobs of 5 tasks; the job of tasks 5-9 is SIGKILLed after task 7 wrote one chunk. The rerun
+    runs only that job, skips its verified tasks 5 and 6 and computes 7, 8, 9; bytes as unbatched."""
+    import time
+
+    from .faults_helpers import INJECT_DIR
+
+    _, vol, [(cfg_a, _, _), _] = two_runs
+    cfg, path = write_config(tmp_path, "batched", vol, jobs={"tasks_per_job": 5})
+    env = subprocess_env(tmp_path) | {"ZNNI_FAULT": "after-chunk:7:1", "PYTHONPATH": str(INJECT_DIR)}
+    p = subprocess.run(SNAKEMAKE + ["--configfile", str(path), "--retries", "0"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode != 0
+    work = Path(cfg["work_dir"])
+    assert json.loads((work / "schedule.json").read_text())["num_jobs"] == 3
+    assert sorted(int(m.stem) for m in (work / "manifests").rglob("*.json")) == [0, 1, 2, 3, 4, 5, 6, 10, 11]
+    assert not (work / "jobs" / "000001.json").exists()
+    t0 = time.time()
+    p = snakemake(tmp_path, path)
+    assert _jobs_run(p, "infer_job") == 1
+    assert _ran(work, t0) == [7, 8, 9]
+    assert json.loads((work / "jobs" / "000001.json").read_text())["skipped"] == [5, 6]
+    assert "3 done now, 9 skipped" in p.stderr
+    assert layer_files(cfg["output"]["path"]) == layer_files(cfg_a["output"]["path"])
 
 
 def test_clear_error_before_scheduling(tmp_path):
@@ -132,6 +182,7 @@ def test_clear_error_before_scheduling(tmp_path):
     assert "holds uint8 but input.dtype says uint16" in log
     assert not Path(cfg["output"]["path"]).exists()
     assert not (Path(cfg["work_dir"]) / "manifests").exists()
+    assert "cannot be scheduled" in p.stderr or "holds uint8" in p.stderr
 
 
 def test_schema_error_at_workflow_load(tmp_path):

@@ -29,6 +29,7 @@ def patch_task_module(T, spec):
 
     def run_task(run_file, task_id=None, **kw):
         state["on"] = task is None or (task_id is not None and int(task) == int(task_id))
+        state["chunks"] = 0
         if state["on"] and point == "fail":
             from znni_core.errors import DataError
             raise DataError(f"injected failure of task {task_id} (ZNNI_FAULT={spec})")
@@ -56,15 +57,16 @@ def patch_task_module(T, spec):
         return y
 
     def open_output(*a, **k):
-        out = orig_open(*a, **k)
-        if state["on"] and point == "after-chunk":
+        out = orig_open(*a, **k)  # opened once per job (open_run), before its tasks run
+        if point == "after-chunk":
             write = out.write_chunk
 
             def write_chunk(*wa, **wk):
                 r = write(*wa, **wk)
-                state["chunks"] += 1
-                if state["chunks"] >= arg:
-                    _die()
+                if state["on"]:
+                    state["chunks"] += 1
+                    if state["chunks"] >= arg:
+                        _die()
                 return r
             out.write_chunk = write_chunk
         return out

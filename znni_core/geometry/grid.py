@@ -155,39 +155,102 @@ class Block:
                    tuple(Coordinate(c) for c in d["chunks"]))
 
 
-def create_blocks(grid: ChunkGrid, task_chunks, halo: Halo, region: Roi | None = None) -> list[Block]:
-    """Tasks of ``task_chunks`` chunks (z, y, x) covering ``region`` (default: the whole grid).
+class TaskGrid:
+    """The tasks of a run: boxes of ``task_chunks`` chunks (z, y, x) covering ``region`` (default:
+    the whole grid), made on demand so that a run of 10^7 tasks is never listed.
 
     ``region`` is grown outwards to whole chunks (and clipped to the grid bounds): every output chunk
-    touched by the region is written by exactly one task. Ids are C-order indices in the
-    global task grid, so they do not depend on the region.
+    touched by the region is written by exactly one task. Task ids are C-order indices in the
+    global task grid, so they do not depend on the region; ``self[k]`` is the k-th task of the
+    region in id order (a job of a workflow runs a contiguous range of k).
+
+    >>> g = ChunkGrid(Roi((0, 0, 0), (8, 10, 10)), (4, 4, 4))
+    >>> t = TaskGrid(g, (2, 2, 2), Halo((1, 1, 1), (1, 1, 1)))
+    >>> len(t), [b.write_roi.shape for b in t]
+    (4, [Coordinate(8, 8, 8), Coordinate(8, 8, 2), Coordinate(8, 2, 8), Coordinate(8, 2, 2)])
+    >>> t.owner(Coordinate(1, 2, 1)).id, t.by_id(3).id, t.index(3)
+    (2, 3, 3)
+    """
+
+    def __init__(self, grid: ChunkGrid, task_chunks, halo: Halo, region: Roi | None = None):
+        tc = as_coordinate(task_chunks, grid.bounds.dims, "task size in chunks")
+        if any(v < 1 for v in tc):
+            raise ValueError(f"task size must be >= 1 chunk on every axis, got {tuple(tc)}")
+        region = grid.bounds if region is None else region
+        if not grid.bounds.contains(region):
+            raise ValueError(f"region {region} is not inside the output bounds {grid.bounds}")
+        self.grid, self.task_chunks, self.halo, self.region = grid, tc, halo, region
+        if region.empty:
+            self.lo = self.hi = self.tlo = self.thi = Coordinate((0,) * grid.bounds.dims)
+        else:
+            self.lo = (region.begin - grid.bounds.offset) // grid.chunk_shape
+            self.hi = (region.end - grid.bounds.offset).ceil_div(grid.chunk_shape)
+            # tasks are laid on the global chunk grid (multiples of task_chunks), so a sub-region run
+            # and a whole-volume run give the same task for a chunk
+            self.tlo, self.thi = self.lo // tc, self.hi.ceil_div(tc)
+        self.shape = self.thi - self.tlo  # tasks per axis in the region
+        self.global_shape = grid.grid_shape.ceil_div(tc)
+
+    def __len__(self) -> int:
+        return int(self.shape.prod()) if not self.region.empty else 0
+
+    def __iter__(self):
+        return (self[k] for k in range(len(self)))
+
+    def __getitem__(self, k: int) -> Block:
+        n = len(self)
+        if not -n <= k < n:
+            raise IndexError(f"task index {k} out of range ({n} tasks)")
+        k %= n
+        t = []
+        for s in reversed(tuple(self.shape)):
+            t.append(k % s)
+            k //= s
+        return self._block(Coordinate(reversed(t)) + self.tlo)
+
+    def _block(self, t: Coordinate) -> Block:
+        tc, g = self.task_chunks, self.grid
+        c0 = (t * tc).max(self.lo)
+        c1 = ((t + 1) * tc).min(self.hi)
+        chunks = tuple(Coordinate(i) for i in itertools.product(*(range(a, b) for a, b in zip(c0, c1))))
+        begin = g.bounds.offset + c0 * g.chunk_shape
+        end = (g.bounds.offset + c1 * g.chunk_shape).min(g.bounds.end)
+        write = Roi.from_bounds(begin, end)
+        gs = self.global_shape
+        tid = (t[0] * gs[1] + t[1]) * gs[2] + t[2]  # stable: the same chunk, the same task id
+        return Block(tid, write, self.halo.read_roi(write), chunks)
+
+    def _task_of_id(self, task_id: int) -> Coordinate | None:
+        gs = self.global_shape
+        if not 0 <= task_id < gs.prod():
+            return None
+        t = Coordinate(task_id // (gs[1] * gs[2]), task_id // gs[2] % gs[1], task_id % gs[2])
+        return t if t.all_ge(self.tlo) and (self.thi - 1).all_ge(t) and len(self) else None
+
+    def index(self, task_id: int) -> int:
+        """Position k of a task id in this region (ValueError if the region has no such task)."""
+        t = self._task_of_id(task_id)
+        if t is None:
+            raise ValueError(f"task {task_id} is not a task of this run ({len(self)} tasks)")
+        r = t - self.tlo
+        return int((r[0] * self.shape[1] + r[1]) * self.shape[2] + r[2])
+
+    def by_id(self, task_id: int) -> Block:
+        return self[self.index(task_id)]
+
+    def owner(self, chunk_index) -> Block:
+        """The task that writes output chunk ``chunk_index`` (z, y, x)."""
+        c = Coordinate(chunk_index)
+        if not (c.all_ge(self.lo) and (self.hi - 1).all_ge(c)):
+            raise ValueError(f"chunk {tuple(c)} is not written by this run")
+        return self._block(c // self.task_chunks)
+
+
+def create_blocks(grid: ChunkGrid, task_chunks, halo: Halo, region: Roi | None = None) -> list[Block]:
+    """Every task of :class:`TaskGrid` as a list.
 
     >>> g = ChunkGrid(Roi((0, 0, 0), (8, 10, 10)), (4, 4, 4))
     >>> [b.write_roi.shape for b in create_blocks(g, (2, 2, 2), Halo((1, 1, 1), (1, 1, 1)))]
     [Coordinate(8, 8, 8), Coordinate(8, 8, 2), Coordinate(8, 2, 8), Coordinate(8, 2, 2)]
     """
-    tc = as_coordinate(task_chunks, grid.bounds.dims, "task size in chunks")
-    if any(v < 1 for v in tc):
-        raise ValueError(f"task size must be >= 1 chunk on every axis, got {tuple(tc)}")
-    region = grid.bounds if region is None else region
-    if not grid.bounds.contains(region):
-        raise ValueError(f"region {region} is not inside the output bounds {grid.bounds}")
-    if region.empty:
-        return []
-    lo = (region.begin - grid.bounds.offset) // grid.chunk_shape
-    hi = (region.end - grid.bounds.offset).ceil_div(grid.chunk_shape)
-    # tasks are laid on the global chunk grid (multiples of task_chunks), so a sub-region run and a
-    # whole-volume run give the same task for a chunk
-    tlo, thi = lo // tc, hi.ceil_div(tc)
-    tgrid = grid.grid_shape.ceil_div(tc)
-    blocks = []
-    for t in itertools.product(*(range(a, b) for a, b in zip(tlo, thi))):
-        c0 = (Coordinate(t) * tc).max(lo)
-        c1 = ((Coordinate(t) + 1) * tc).min(hi)
-        chunks = tuple(Coordinate(i) for i in itertools.product(*(range(a, b) for a, b in zip(c0, c1))))
-        begin = grid.bounds.offset + c0 * grid.chunk_shape
-        end = (grid.bounds.offset + c1 * grid.chunk_shape).min(grid.bounds.end)
-        write = Roi.from_bounds(begin, end)
-        tid = (t[0] * tgrid[1] + t[1]) * tgrid[2] + t[2]  # stable: the same chunk, the same task id
-        blocks.append(Block(tid, write, halo.read_roi(write), chunks))
-    return blocks
+    return list(TaskGrid(grid, task_chunks, halo, region))

@@ -1,4 +1,4 @@
-"""Workflow commands of the ``znni`` CLI (validate, create-layer, tasks, run-task, finalize, status,
+"""Workflow commands of the ``znni`` CLI (validate, create-layer, tasks, run-job, run-task, finalize, status,
 demo-data, serve).  Each Snakemake rule calls exactly one of them."""
 from __future__ import annotations
 
@@ -121,6 +121,29 @@ def register(app: typer.Typer) -> None:
             run_task(run_file, task, chunk=chunk, show_progress=progress, log=_log)
         except ZnniError as exc:
             _fail(exc)
+        _log("in a workflow: `snakemake ... --forcerun finalize` re-checks every task and refreshes the report")
+
+    @app.command("run-job")
+    def run_job_cmd(
+        run_file: Path = typer.Argument(..., help=RUN_HELP),
+        job: int = typer.Option(..., "--job", "-j", help="job number (0, 1, ...)"),
+        tasks_per_job: int = typer.Option(..., "--tasks-per-job", min=1, help="tasks per job (the workflow's schedule)"),
+        num_tasks: Optional[int] = typer.Option(None, "--num-tasks", help="tasks the workflow was scheduled for "
+                                                "(checked against the run)"),
+        marker: Optional[Path] = typer.Option(None, help="the job's marker (default <work_dir>/jobs/NNNNNN.json)"),
+        mem_mb: Optional[int] = typer.Option(None, "--mem-mb", help="memory of this job (MiB); checked against the plan"),
+    ):
+        """Run a job: its range of tasks, skipping those already done and verified; marker last."""
+        from ..errors import ZnniError
+        from .config import load_run, run_geometry, task_bytes
+        from .jobs import run_job
+
+        try:
+            if mem_mb is not None:
+                _check_mem(load_run(run_file), mem_mb, run_geometry, task_bytes)
+            run_job(run_file, job, tasks_per_job, num_tasks, marker=marker, log=_log)
+        except ZnniError as exc:
+            _fail(exc)
 
     @app.command("finalize")
     def finalize_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP),
@@ -230,9 +253,9 @@ def _check_mem(run, mem_mb, run_geometry, task_bytes):
 
     from ..errors import PlanError
 
-    _, grid, halo, blocks = run_geometry(run)
-    biggest = max(blocks, key=lambda b: b.write_roi.size)
-    need = task_bytes(biggest.write_roi.shape, halo, run["network"]["in_channels"], run["network"]["out_channels"],
+    _, grid, halo, tasks = run_geometry(run)
+    biggest = (tasks.task_chunks * grid.chunk_shape).min(grid.bounds.shape)  # a whole task
+    need = task_bytes(biggest, halo, run["network"]["in_channels"], run["network"]["out_channels"],
                       np.dtype(run["input"]["dtype"]).itemsize, np.dtype(run["output"]["info"]["data_type"]).itemsize)
     need += run["plan"]["memory_budget"]
     if need > mem_mb * 2 ** 20:

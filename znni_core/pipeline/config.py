@@ -11,12 +11,13 @@ import datetime
 import hashlib
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import yaml
 
 from ..errors import ConfigError, DataError, InputError, PlanError
-from ..geometry import EDGE_POLICIES, ChunkGrid, Coordinate, Halo, Roi, create_blocks, output_bounds
+from ..geometry import EDGE_POLICIES, ChunkGrid, Coordinate, Halo, Roi, TaskGrid, output_bounds
 from ..io import ScaleSpec, compare_scale, open_input, parse_layer_url
 from ..io.sharding import shard_chunks
 from ..io.precomputed import PrecomputedLayer
@@ -99,41 +100,26 @@ def task_bytes(write_shape, halo: Halo, c_in: int, c_out: int, in_itemsize: int,
     return read * c_in * (in_itemsize + 4) + write * c_out * (4 + out_itemsize) * 2
 
 
-def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None, plan_out=None, progress=print):
-    """All checks that need the network and the layers; autotune or load the plan; return the run.
+def net_halo(net) -> Halo:
+    """The context a network needs around its output (a graph's own, or derived from the FoV)."""
+    return Halo(*net.halo) if isinstance(net, Graph) else Halo.from_field_of_view(Coordinate(net.field_of_view))
 
-    Nothing is written to the output layer here.  ``mem_mb`` is the memory of one infer job (the
-    plan's budget is ``plan.memory_fraction`` of it).
-    """
-    from .. import load_network
-    from ..plan import autotune
-    from ..plan.plan import Plan
 
-    cfg = validate_config(cfg)
-    work = Path(cfg["work_dir"]).resolve()
-    net_path = Path(cfg["network"]["path"]).resolve()
-    net = load_network(net_path)  # T19: NaN/Inf weights refused here
-    fov = Coordinate(net.field_of_view)
-    graph = isinstance(net, Graph)
-    halo = Halo(*net.halo) if graph else Halo.from_field_of_view(fov)
+class Layout(NamedTuple):
+    """Where a run writes: the region, the output layer's bounds, its sharding, the task size
+    and the chunk grid (from the config, the network and the input's bounds alone)."""
 
-    iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
-    inp = open_input(iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"])
-    where = f"input {iu} mip {cfg['input']['mip']}"
-    # T21: dtype declared in the config must be what the layer holds
-    if inp.dtype != cfg["input"]["dtype"]:
-        raise InputError(f"{where} holds {inp.dtype} but input.dtype says {cfg['input']['dtype']}: znni never "
-                         "rescales silently; fix input.dtype and normalize.scale/shift together")
-    # T27: channels
-    if inp.channels != net.in_channels:
-        raise InputError(f"{where} has {inp.channels} channel(s) but the network {net_path.name} expects "
-                         f"{net.in_channels}; pick the matching layer or network")
-    # T23: resolution
-    net_res = cfg["network"]["resolution"] or net.metadata.get("resolution")
-    if net_res is not None and not np.allclose(tuple(net_res), inp.resolution, rtol=1e-3):
-        raise InputError(f"{where} has resolution {inp.resolution} nm (z, y, x) but the network was trained at "
-                         f"{tuple(float(v) for v in net_res)} nm; choose the input mip with that resolution")
+    region: Roi
+    bounds: Roi
+    sharding: dict | None
+    task_chunks: Coordinate
+    grid: ChunkGrid
+
+
+def layout(cfg: dict, net, inp, halo: Halo, where: str) -> Layout:
+    """The run's geometry, with the region checks (T22); cheap: no plan, no data read."""
     # T22: region vs what the input can produce
+    graph = isinstance(net, Graph)
     edge = cfg["edge"]
     assert edge in EDGE_POLICIES
     try:
@@ -162,13 +148,57 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         raise InputError(f"{where}: edge=mirror needs the input to be larger than the halo {tuple(halo.high)} on "
                          f"every axis; it is {tuple(inp.bounds.shape)}")
 
+    layer_bounds = aligned_bounds(region, cfg["output"]["chunk_size"]) if cfg["output"]["align"] else region
+    sharding = output_sharding(cfg["output"], layer_bounds, net.out_channels)
+    grid = ChunkGrid(layer_bounds, Coordinate(cfg["output"]["chunk_size"]))
+    # a task writes whole shards: with sharding, a task is one shard's box of chunks
+    tc = shard_chunks(sharding, grid.grid_shape) if sharding else Coordinate(cfg["task_chunks"])
+    return Layout(region, layer_bounds, sharding, tc, grid)
+
+
+def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None, plan_out=None, progress=print):
+    """All checks that need the network and the layers; autotune or load the plan; return the run.
+
+    Nothing is written to the output layer here.  ``mem_mb`` is the memory of one infer job (the
+    plan's budget is ``plan.memory_fraction`` of it).
+    """
+    from .. import load_network
+    from ..plan import autotune
+    from ..plan.plan import Plan
+
+    cfg = validate_config(cfg)
+    work = Path(cfg["work_dir"]).resolve()
+    net_path = Path(cfg["network"]["path"]).resolve()
+    net = load_network(net_path)  # T19: NaN/Inf weights refused here
+    fov = Coordinate(net.field_of_view)
+    graph = isinstance(net, Graph)
+    halo = net_halo(net)
+
+    iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
+    inp = open_input(iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"])
+    where = f"input {iu} mip {cfg['input']['mip']}"
+    # T21: dtype declared in the config must be what the layer holds
+    if inp.dtype != cfg["input"]["dtype"]:
+        raise InputError(f"{where} holds {inp.dtype} but input.dtype says {cfg['input']['dtype']}: znni never "
+                         "rescales silently; fix input.dtype and normalize.scale/shift together")
+    # T27: channels
+    if inp.channels != net.in_channels:
+        raise InputError(f"{where} has {inp.channels} channel(s) but the network {net_path.name} expects "
+                         f"{net.in_channels}; pick the matching layer or network")
+    # T23: resolution
+    net_res = cfg["network"]["resolution"] or net.metadata.get("resolution")
+    if net_res is not None and not np.allclose(tuple(net_res), inp.resolution, rtol=1e-3):
+        raise InputError(f"{where} has resolution {inp.resolution} nm (z, y, x) but the network was trained at "
+                         f"{tuple(float(v) for v in net_res)} nm; choose the input mip with that resolution")
+    lay = layout(cfg, net, inp, halo, where)
+    region, layer_bounds, sharding, tc, grid = lay.region, lay.bounds, lay.sharding, lay.task_chunks, lay.grid
+    edge = cfg["edge"]
+
     # output layer: bounds = region, resolution = input's
     ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
     if ou.format != "precomputed":
         raise ConfigError(f"output.path {ou}: znni writes Neuroglancer precomputed layers; give a directory or "
                           "bucket path without .zarr")
-    layer_bounds = aligned_bounds(region, cfg["output"]["chunk_size"]) if cfg["output"]["align"] else region
-    sharding = output_sharding(cfg["output"], layer_bounds, net.out_channels)
     if cfg["output"]["compression"] == "gzip" and ou.is_local and not sharding:
         raise ConfigError("output.compression: gzip on a file:// layer names chunks *.gz; tensorstore and other "
                           "readers then see zeros without an error (PITFALLS). Use compression: none locally.")
@@ -191,10 +221,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
             raise DataError(f"output layer {ou} exists and does not match this config:\n  - " + "\n  - ".join(diffs)
                             + "\nChoose a new output.path, or delete the layer if it is yours to replace.")
 
-    # T24: task size vs memory, and the grid
-    grid = ChunkGrid(layer_bounds, out_spec.chunk_shape)
-    # a task writes whole shards: with sharding, a task is one shard's box of chunks
-    tc = shard_chunks(sharding, grid.grid_shape) if sharding else Coordinate(cfg["task_chunks"])
+    # T24: task size vs memory
     task_shape = (tc * out_spec.chunk_shape).min(region.shape)
     extra = task_bytes(task_shape, halo, net.in_channels, net.out_channels, np.dtype(inp.dtype).itemsize,
                        np.dtype(out_spec.dtype).itemsize)
@@ -240,8 +267,8 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
                 f"{_roi_doc(read)}, which leaves the input bounds {_roi_doc(inp.bounds)} (edge=valid). Shrink the "
                 f"region so that its shape + {net.context} is admissible (n_min {net.geometry['n_min']} + k * "
                 f"{net.grid}), or use edge: mirror / zero")
-    blocks = create_blocks(grid, tc, halo, region)
-    if not blocks:
+    tasks = TaskGrid(grid, tc, halo, region)
+    if not len(tasks):
         raise ConfigError(f"the region {_roi_doc(region)} holds no output voxel")
     plan_path = Path(plan_out) if plan_out else work / "plan.json"
     run = {
@@ -257,7 +284,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         "output": {"url": str(ou), "scale": out_spec.to_scale(), "info": out_spec.to_info()},
         "region": region.to_dict(),
         "task_chunks": list(tc),
-        "num_tasks": len(blocks),
+        "num_tasks": len(tasks),
         "num_chunks": grid.num_chunks,
         "plan": {"path": str(plan_path), "digest": plan.digest(), "patch_shape": list(plan.patch_shape),
                  "memory_budget": plan.memory_budget},
@@ -270,7 +297,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     progress(f"network {net_path.name}: field of view {tuple(fov)}, halo low {tuple(halo.low)} high {tuple(halo.high)}")
     progress(f"input {iu}: {_roi_doc(inp.bounds)}, {inp.dtype}, {inp.channels} ch, {inp.resolution} nm")
     progress(f"output {ou}: {_roi_doc(region)}, chunks {tuple(out_spec.chunk_shape)}, {out_spec.dtype}; "
-             f"{grid.num_chunks} chunks in {len(blocks)} tasks of up to {tuple(tc)} chunks")
+             f"{grid.num_chunks} chunks in {len(tasks)} tasks of up to {tuple(tc)} chunks")
     return run, plan
 
 
@@ -352,15 +379,15 @@ def aligned_bounds(region: Roi, chunk) -> Roi:
 
 
 def run_geometry(run: dict):
-    """(region, grid, halo, blocks) of a run, recomputed deterministically.  The grid spans the
-    output layer (``region``, or aligned below it); tasks cover the chunks the region touches."""
+    """(region, grid, halo, tasks) of a run, recomputed deterministically.  The grid spans the
+    output layer (``region``, or aligned below it); the tasks (a :class:`TaskGrid`, made on
+    demand) cover the chunks the region touches."""
     region = Roi.from_dict(run["region"])
     scale = run["output"]["scale"]
     bounds = Roi(Coordinate.from_xyz(scale["voxel_offset"]), Coordinate.from_xyz(scale["size"]))
     grid = ChunkGrid(bounds, Coordinate.from_xyz(scale["chunk_sizes"][0]))
     halo = Halo(run["network"]["halo"]["low"], run["network"]["halo"]["high"])
-    blocks = create_blocks(grid, run["task_chunks"], halo, region)
-    return region, grid, halo, blocks
+    return region, grid, halo, TaskGrid(grid, run["task_chunks"], halo, region)
 
 
 def output_spec(run: dict) -> ScaleSpec:

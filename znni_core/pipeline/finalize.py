@@ -32,38 +32,44 @@ def _check_stored(what: str, entry: dict, read, check, verify: str, task: int) -
         raise DataError(f"{what} of task {task} is missing; re-run task {task}")
 
 
+def check_task(run: dict, out, block, verify: str) -> dict:
+    """A task's manifest, once it and every object it records check out against the store
+    (``verify``: checksum | exists); DataError naming what is wrong otherwise."""
+    mp = manifest_path(run, block.id)
+    m = read_manifest(mp)
+    if m["plan_digest"] != run["plan"]["digest"] or m["network_digest"] != run["network"]["digest"]:
+        raise DataError(f"manifest {mp} was written with another plan or network; re-run task {block.id}")
+    if [c["index"] for c in m["chunks"]] != [list(i) for i in block.chunks]:
+        raise DataError(f"manifest {mp} lists other chunks than task {block.id} owns; re-run it")
+    if out.sharded:  # the shard object is what was written: its checksum covers every chunk
+        sh = m.get("shard") or {}
+        name = out.shard_name(block.chunks[0])
+        if sh.get("name") != name:
+            raise DataError(f"manifest {mp} names shard {sh.get('name')!r}, task {block.id} owns {name}; re-run it")
+        _check_stored(f"shard {name}", sh, lambda: out.read_object(name),
+                      lambda d: out.verify_object(name, d), verify, block.id)
+    for c in ([] if out.sharded else m["chunks"]):
+        idx = tuple(c["index"])
+        _check_stored(f"chunk {c['name']}", c, lambda: out.read_chunk_bytes(idx),
+                      lambda d: out.verify_chunk(idx, d), verify, block.id)
+    return m
+
+
 def check_manifests(run: dict, out, verify: str, log=print):
     """Per task: 'done', or an error string.  Never counts a task without a verified manifest as done."""
-    _, grid, _, blocks = run_geometry(run)
+    _, _, _, tasks = run_geometry(run)
     results, manifests = {}, {}
-    it = blocks
+    it = tasks
     try:
         from tqdm import tqdm
 
-        it = tqdm(blocks, desc="finalize: checking tasks", unit="task", leave=False)
+        it = tqdm(tasks, desc="finalize: checking tasks", unit="task", leave=False, total=len(tasks))
     except ImportError:
         pass
     for b in it:
-        mp = manifest_path(run, b.id)
         try:
-            m = read_manifest(mp)
-            if m["plan_digest"] != run["plan"]["digest"] or m["network_digest"] != run["network"]["digest"]:
-                raise DataError(f"manifest {mp} was written with another plan or network; re-run task {b.id}")
-            if [c["index"] for c in m["chunks"]] != [list(i) for i in b.chunks]:
-                raise DataError(f"manifest {mp} lists other chunks than task {b.id} owns; re-run it")
-            if out.sharded:  # the shard object is what was written: its checksum covers every chunk
-                sh = m.get("shard") or {}
-                name = out.shard_name(b.chunks[0])
-                if sh.get("name") != name:
-                    raise DataError(f"manifest {mp} names shard {sh.get('name')!r}, task {b.id} owns {name}; re-run it")
-                _check_stored(f"shard {name}", sh, lambda: out.read_object(name),
-                              lambda d: out.verify_object(name, d), verify, b.id)
-            for c in ([] if out.sharded else m["chunks"]):
-                idx = tuple(c["index"])
-                _check_stored(f"chunk {c['name']}", c, lambda: out.read_chunk_bytes(idx),
-                              lambda d: out.verify_chunk(idx, d), verify, b.id)
+            manifests[b.id] = check_task(run, out, b, verify)
             results[b.id] = "done"
-            manifests[b.id] = m
         except DataError as exc:
             results[b.id] = str(exc)
     return results, manifests

@@ -16,6 +16,7 @@ import os
 import platform
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +31,11 @@ from ..net.graph import Graph
 from .config import load_run, output_spec, run_geometry
 
 
+MANIFESTS_PER_DIR = 10_000  # manifests/<id // 10^4>/<id>.json: no directory of 10^5+ files at petascale
+
+
 def manifest_path(run: dict, task_id: int) -> Path:
-    return Path(run["work_dir"]) / "manifests" / f"{task_id:06d}.json"
+    return Path(run["work_dir"]) / "manifests" / f"{task_id // MANIFESTS_PER_DIR:04d}" / f"{task_id:06d}.json"
 
 
 def _reflect(coords: np.ndarray, begin: int, end: int) -> np.ndarray:
@@ -139,37 +143,32 @@ def quantise(y: np.ndarray, dtype: str, chunk_name: str) -> np.ndarray:
     return np.rint(np.clip(y, 0.0, 1.0) * 255.0).astype(np.uint8)
 
 
-def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, device: str | None = None,
-             show_progress: bool = True, log=print) -> dict:
-    """Run one task (or one chunk of it, computed with its whole task so the bytes equal a task run).
+@dataclass
+class RunContext:
+    """What every task of a run shares, opened and checked once per process (a job runs many tasks)."""
 
-    Returns the manifest dict.  Writes the manifest only for a whole-task run; a ``chunk`` run updates the
-    chunk's entry of an existing manifest.
-    """
+    run: dict
+    region: Roi
+    grid: object
+    halo: object
+    tasks: object  # TaskGrid
+    out_url: object
+    out: object
+    net: object
+    plan: object
+    inp: object
+
+
+def open_run(run_file) -> RunContext:
+    """Open a run's output layer, network, plan and input; DataError if any changed since validate."""
     from .. import load_network
     from ..plan.plan import Plan
 
-    t0 = time.perf_counter()
     run = load_run(run_file)
     cfg = run["config"]
-    device = device or cfg["device"]
-    region, grid, halo, blocks = run_geometry(run)
-    by_id = {b.id: b for b in blocks}
+    region, grid, halo, tasks = run_geometry(run)
     out_url = parse_layer_url(run["output"]["url"], endpoint=cfg["output"]["endpoint_url"])
     out = open_output(out_url, output_spec(run))  # T18: the layer must exist and match
-    chunk_index = None
-    if chunk is not None:
-        chunk_index = _find_chunk(out, grid, chunk)
-        owners = [b for b in blocks if chunk_index in b.chunks]
-        task_id = owners[0].id
-    if task_id not in by_id:
-        raise InputError(f"task {task_id} does not exist; this run has task ids {sorted(by_id)[:5]}... "
-                         f"({len(by_id)} tasks; see {Path(run['work_dir']) / 'tasks.json'})")
-    block: Block = by_id[task_id]
-    if chunk_index is not None and out.sharded:
-        log(f"chunk {out.chunk_name(chunk_index)} lies in shard {out.shard_name(chunk_index)}: a shard is written "
-            f"whole, so task {task_id} runs whole")
-        chunk_index = None
     net = load_network(run["network"]["path"])
     if net.digest() != run["network"]["digest"]:
         raise DataError(f"network {run['network']['path']} changed since `znni validate` (digest mismatch); "
@@ -177,13 +176,42 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
     plan = Plan.load(run["plan"]["path"])
     if plan.digest() != run["plan"]["digest"]:
         raise DataError(f"plan {run['plan']['path']} changed since `znni validate`; re-run validate")
-
-    # ---- read -------------------------------------------------------------------------
     in_url = parse_layer_url(run["input"]["url"], endpoint=cfg["input"]["endpoint_url"])
     inp = open_input(in_url, run["input"]["mip"], resolution=cfg["input"]["resolution"])
     if inp.dtype != run["input"]["dtype"] or inp.bounds != Roi.from_dict(run["input"]["bounds"]):
         raise DataError(f"input {in_url} changed since `znni validate` (dtype {inp.dtype}, bounds {inp.bounds}); "
                         "re-run validate")
+    return RunContext(run, region, grid, halo, tasks, out_url, out, net, plan, inp)
+
+
+def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, device: str | None = None,
+             show_progress: bool = True, log=print, ctx: RunContext | None = None) -> dict:
+    """Run one task (or one chunk of it, computed with its whole task so the bytes equal a task run).
+
+    Returns the manifest dict.  Writes the manifest only for a whole-task run; a ``chunk`` run updates the
+    chunk's entry of an existing manifest.  ``ctx``: the run already opened (:func:`open_run`).
+    """
+    t0 = time.perf_counter()
+    ctx = ctx or open_run(run_file)
+    run, region, grid, halo, tasks = ctx.run, ctx.region, ctx.grid, ctx.halo, ctx.tasks
+    out_url, out, net, plan, inp = ctx.out_url, ctx.out, ctx.net, ctx.plan, ctx.inp
+    cfg = run["config"]
+    device = device or cfg["device"]
+    chunk_index = None
+    if chunk is not None:
+        chunk_index = _find_chunk(out, grid, chunk)
+        task_id = tasks.owner(chunk_index).id
+    try:
+        block: Block = tasks.by_id(task_id)
+    except ValueError:
+        raise InputError(f"task {task_id} does not exist; this run has {len(tasks)} tasks, ids {tasks[0].id} to "
+                         f"{tasks[-1].id} (`znni tasks {run_file}` lists them)") from None
+    if chunk_index is not None and out.sharded:
+        log(f"chunk {out.chunk_name(chunk_index)} lies in shard {out.shard_name(chunk_index)}: a shard is written "
+            f"whole, so task {task_id} runs whole")
+        chunk_index = None
+
+    # ---- read -------------------------------------------------------------------------
     fill = cfg["input"]["missing"] == "zero"
     # the voxels computed: an aligned layer's first chunks start below the region (0 there)
     comp = block.write_roi.intersect(region)
@@ -354,8 +382,8 @@ def _find_chunk(out, grid, chunk: str):
 
 
 def task_list(run: dict) -> list[dict]:
-    _, grid, _, blocks = run_geometry(run)
-    return [b.to_dict() for b in blocks]
+    _, _, _, tasks = run_geometry(run)
+    return [b.to_dict() for b in tasks]
 
 
 

@@ -1,0 +1,212 @@
+"""Jobs: the second level of work.  A Snakemake job runs a contiguous range of tasks.
+
+::
+
+    tasks (TaskGrid, C order)   0 1 2 3 | 4 5 6 7 | 8 9 10 11 | 12 13
+    jobs  (tasks_per_job = 4)      0    |    1    |     2     |   3
+
+The schedule (how many tasks, how many per job) depends only on the config, the network's halo
+and the input's bounds, so the workflow computes it when it is parsed (no checkpoint) and caches
+it in ``<work_dir>/schedule.json``: a resume, or a SLURM job parsing the workflow, reads the file
+instead of opening the network, and the job ranges never move under a run.
+
+Jobs are sized by ``jobs.tasks_per_job`` (an integer), or, with ``auto``, so that a job computes
+for about ``jobs.minutes`` at the measured rate (``jobs.voxels_per_second``, else the rate that
+``znni estimate`` measured and stored in the work directory), and never more than
+``jobs.max_jobs`` jobs: the DAG Snakemake builds stays small (about 1.3 ms and 18 KB per job).
+
+A job writes each task's chunks and manifest as a task always did; its own marker
+``<work_dir>/jobs/NNNNNN.json`` comes last.  A task whose manifest and stored objects check out
+(``finalize.verify``) is skipped, so a killed or retried job redoes only its unfinished tasks.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+from ..errors import ConfigError, DataError, ZnniError
+from ..io import atomic_write
+
+SCHEDULE_FORMAT = "znni-schedule/1"
+JOB_FORMAT = "znni-job/1"
+ESTIMATE_FILE = "estimate.json"
+
+
+def tasks_per_job(num_tasks: int, task_voxels: int, jobs: dict, rate: float | None) -> tuple[int, str]:
+    """(tasks per job, why) for ``num_tasks`` tasks of up to ``task_voxels`` output voxels.
+
+    >>> tasks_per_job(1000, 10**6, {"tasks_per_job": "auto", "minutes": 30, "max_jobs": 100}, None)
+    (10, 'at most jobs.max_jobs=100 jobs')
+    >>> tasks_per_job(1000, 10**6, {"tasks_per_job": "auto", "minutes": 30, "max_jobs": 100}, 10**5)
+    (180, '~30 min per job at 100,000 voxels/s')
+    >>> tasks_per_job(10, 10**6, {"tasks_per_job": 4, "minutes": 30, "max_jobs": 100}, None)
+    (4, 'jobs.tasks_per_job')
+    """
+    n = max(num_tasks, 1)
+    if jobs["tasks_per_job"] != "auto":
+        return min(int(jobs["tasks_per_job"]), n), "jobs.tasks_per_job"
+    floor = math.ceil(n / jobs["max_jobs"])
+    if rate:
+        by_time = max(1, round(jobs["minutes"] * 60 * rate / max(task_voxels, 1)))
+        if by_time >= floor:
+            return min(by_time, n), f"~{jobs['minutes']:g} min per job at {rate:,.0f} voxels/s"
+    return min(floor, n), f"at most jobs.max_jobs={jobs['max_jobs']} jobs"
+
+
+def measured_rate(cfg: dict) -> float | None:
+    """Output voxels per second of one job: ``jobs.voxels_per_second``, else ``znni estimate``'s."""
+    if cfg["jobs"]["voxels_per_second"]:
+        return float(cfg["jobs"]["voxels_per_second"])
+    try:
+        return float(json.loads((Path(cfg["work_dir"]) / ESTIMATE_FILE).read_text())["voxels_per_second"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def compute_schedule(cfg: dict) -> dict:
+    """The run's tasks and jobs from the config, the network's halo and the input's bounds."""
+    from .. import load_network
+    from ..geometry import TaskGrid
+    from ..io import open_input, parse_layer_url
+    from .config import layout, net_halo, validate_config
+
+    cfg = validate_config(cfg)
+    net = load_network(Path(cfg["network"]["path"]))
+    iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
+    inp = open_input(iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"])
+    halo = net_halo(net)
+    lay = layout(cfg, net, inp, halo, f"input {iu} mip {cfg['input']['mip']}")
+    tasks = TaskGrid(lay.grid, lay.task_chunks, halo, lay.region)
+    task_voxels = (lay.task_chunks * lay.grid.chunk_shape).min(lay.bounds.shape).prod()
+    rate = measured_rate(cfg)
+    per, why = tasks_per_job(len(tasks), task_voxels, cfg["jobs"], rate)
+    return {"format": SCHEDULE_FORMAT, "num_tasks": len(tasks), "tasks_per_job": per,
+            "num_jobs": math.ceil(len(tasks) / per), "why": why, "task_voxels": int(task_voxels),
+            "task_chunks": list(lay.task_chunks), "num_chunks": lay.grid.num_chunks,
+            "sharded": lay.sharding is not None, "region_voxels": int(lay.region.shape.prod())}
+
+
+def schedule_key(cfg: dict) -> str:
+    """What the schedule depends on: the config and the network file (size, mtime)."""
+    try:
+        st = os.stat(cfg["network"]["path"])
+        net = [st.st_size, st.st_mtime_ns]
+    except OSError:
+        net = None
+    doc = json.dumps({"config": cfg, "network": net}, sort_keys=True, default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def workflow_schedule(cfg: dict) -> dict:
+    """The schedule, cached in ``<work_dir>/schedule.json`` (computed again when the config or the
+    network changes).  Never raises for a bad run: ``{"error": message}`` instead, so that the
+    workflow's ``validate`` job reports it with its log."""
+    from .config import validate_config
+
+    try:
+        cfg = validate_config(cfg)
+        key = schedule_key(cfg)
+        path = Path(cfg["work_dir"]) / "schedule.json"
+        try:
+            s = json.loads(path.read_text())
+            if s.get("format") == SCHEDULE_FORMAT and s.get("key") == key:
+                return s
+        except (OSError, ValueError):
+            pass
+        s = compute_schedule(cfg) | {"key": key}
+        atomic_write(path, (json.dumps(s, indent=1) + "\n").encode())
+        return s
+    except (ZnniError, OSError, ValueError) as exc:
+        return {"error": str(exc)}
+
+
+def job_range(job: int, per_job: int, num_tasks: int) -> range:
+    """Positions (in the TaskGrid) of the tasks of ``job``."""
+    return range(job * per_job, min((job + 1) * per_job, num_tasks))
+
+
+def job_marker_path(work, job: int) -> Path:
+    return Path(work) / "jobs" / f"{job:06d}.json"
+
+
+def run_job(run_file, job: int, per_job: int, num_tasks: int | None = None, *, marker=None, device=None,
+            log=print) -> dict:
+    """Run the tasks of ``job``; skip those already done and verified; write the job's marker last.
+
+    A task that fails is logged and the others still run; the job then fails naming them (no
+    marker), so a retry runs only what is left.
+    """
+    from .finalize import check_task
+    from .task import manifest_path, open_run, run_task
+
+    t0 = time.perf_counter()
+    ctx = open_run(run_file)
+    run = ctx.run
+    n = len(ctx.tasks)
+    if num_tasks is not None and n != num_tasks:
+        raise ConfigError(f"the workflow was scheduled for {num_tasks} tasks but {run_file} has {n}: the schedule is "
+                          f"stale; delete {Path(run['work_dir']) / 'schedule.json'} and run the workflow again")
+    ks = job_range(job, per_job, n)
+    if job < 0 or not ks:
+        raise ConfigError(f"job {job} has no task: {n} tasks at {per_job} per job make "
+                          f"{math.ceil(n / per_job)} jobs (0 to {math.ceil(n / per_job) - 1})")
+    verify = run["config"]["finalize"]["verify"]
+    ran, skipped, failed = [], [], {}
+    for k in ks:
+        block = ctx.tasks[k]
+        if manifest_path(run, block.id).is_file():
+            try:
+                check_task(run, ctx.out, block, verify)
+                skipped.append(block.id)
+                log(f"task {block.id}: done and verified ({verify}), skipped")
+                continue
+            except DataError as exc:
+                log(f"task {block.id}: {exc}; running it again")
+        try:
+            m = run_task(run_file, block.id, ctx=ctx, device=device, show_progress=False, log=log)
+        except ZnniError as exc:
+            failed[block.id] = str(exc)
+            log(f"task {block.id} FAILED: {exc}")
+            continue
+        ran.append({"task": block.id, "voxels": m["voxels"], "seconds": m["timings"]["total_s"]})
+    if failed:
+        raise DataError(f"job {job}: {len(failed)} of {len(ks)} task(s) failed ("
+                        + "; ".join(f"task {t}: {e}" for t, e in list(failed.items())[:3])
+                        + "); the others are done. Re-running the job runs only the failed ones.")
+    doc = {"format": JOB_FORMAT, "job": job, "run_digest": run["digest"], "tasks": [ctx.tasks[k].id for k in ks],
+           "ran": ran, "skipped": skipped, "seconds": round(time.perf_counter() - t0, 3), "finished": time.time()}
+    path = Path(marker) if marker else job_marker_path(run["work_dir"], job)
+    atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
+    vox = sum(r["voxels"] for r in ran)
+    log(f"job {job}: {len(ran)} task(s) run, {len(skipped)} skipped (already done), {vox:,} voxels in "
+        f"{doc['seconds']:.1f} s -> {path}")
+    return doc
+
+
+def summary(work, num_tasks: int, per_job: int, started: float) -> dict:
+    """Tasks run now, skipped (already done) and not done, from the job markers (never from the
+    10^6 task manifests); ``started``: the time this Snakemake run began."""
+    jobs = math.ceil(num_tasks / per_job) if num_tasks else 0
+    now, skipped, missing, voxels, seconds = 0, 0, [], 0, 0.0
+    for j in range(jobs):
+        p = job_marker_path(work, j)
+        try:
+            m = json.loads(p.read_text())
+            fresh = p.stat().st_mtime >= started
+        except (OSError, ValueError):
+            missing.append(j)
+            continue
+        if fresh:
+            now += len(m["ran"])
+            skipped += len(m["skipped"])
+            voxels += sum(r["voxels"] for r in m["ran"])
+            seconds += sum(r["seconds"] for r in m["ran"])
+        else:
+            skipped += len(m["tasks"])
+    not_done = sum(len(job_range(j, per_job, num_tasks)) for j in missing)
+    return {"tasks": num_tasks, "jobs": jobs, "done_now": now, "skipped": skipped, "not_done": not_done,
+            "jobs_not_done": missing, "voxels": voxels, "seconds": seconds}
