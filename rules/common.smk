@@ -35,6 +35,9 @@ ZNNI_ENV = (
 # tasks and jobs: from the config, the network's halo and the input's bounds (schedule.json caches
 # them); a run that cannot be scheduled gets no job, and `validate` reports why
 SCHEDULE = workflow_schedule(ZNNI_CONFIG)
+# schedule.json is rewritten when the config or the network changes: as validate's input it makes a
+# config change rerun validate under `rerun-triggers: mtime` too
+SCHEDULE_FILE = [] if "error" in SCHEDULE else [f"{WORK}/schedule.json"]
 if "error" in SCHEDULE:
     print(f"znni: the run cannot be scheduled: {SCHEDULE['error']}", file=sys.stderr)
     SCHEDULE = {"num_tasks": 0, "tasks_per_job": 1, "num_jobs": 0}

@@ -4,6 +4,8 @@
 
 
 rule validate:
+    input:
+        SCHEDULE_FILE,
     output:
         run=f"{WORK}/run.json",
         plan=f"{WORK}/plan.json",

@@ -169,16 +169,25 @@ def fault_env(fault: str | None, extra: dict | None = None) -> dict:
     return job_env(fault, extra)
 
 
+# the CI cluster (scripts/slurm/up.sh) has no slurmdbd and seconds-long jobs: the profile's status
+# checks (sacct, first after 60 s) are for real clusters
+CI_SLURM = ["--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "2"]
+
+
+def _profile_args(profile: str) -> list[str]:
+    return ["--profile", str(REPO / profile), *(CI_SLURM if "slurm" in profile else [])]
+
+
 def snakemake(case: Case, *args, profile="profiles/local", env=None, timeout=300) -> subprocess.CompletedProcess:
     cmd = ["timeout", "-k", "10", str(timeout), SNAKEMAKE, "-s", str(REPO / "workflow" / "Snakefile"),
            "--directory", str(case.root), "--configfile", str(case.config),
-           "--profile", str(REPO / profile), *map(str, args)]
+           *_profile_args(profile), *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, env=env or job_env(), cwd=case.root)
 
 
 def start_snakemake(case: Case, *args, profile="profiles/local", env=None, log: Path | None = None):
     cmd = [SNAKEMAKE, "-s", str(REPO / "workflow" / "Snakefile"), "--directory", str(case.root),
-           "--configfile", str(case.config), "--profile", str(REPO / profile), *map(str, args)]
+           "--configfile", str(case.config), *_profile_args(profile), *map(str, args)]
     f = open(log or case.root / "snakemake.out", "ab")
     return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env or job_env(), cwd=case.root,
                             start_new_session=True)

@@ -50,6 +50,30 @@ def register(app: typer.Typer) -> None:
             return
         path = save_run(run, plan, Path(run["work_dir"]))
         _log(f"run file {path}; plan {run['plan']['path']}; {run['num_tasks']} tasks")
+        _log_estimate(cfg, run, plan)
+
+    @app.command("estimate")
+    def estimate_cmd(
+        config: Path = typer.Argument(..., help="config.yaml"),
+        mem_mb: int = typer.Option(2000, "--mem-mb", help="memory of one infer job in MiB (as the profile gives it)"),
+        threads: int = typer.Option(1, "--threads", help="threads of one infer job"),
+        rate: Optional[float] = typer.Option(None, "--rate", help="output voxels/s of one job on the target "
+                                             "machines (default: measured here)"),
+        cores_per_node: Optional[int] = typer.Option(None, "--cores-per-node", help="for node-hours (default: this "
+                                                     "machine's)"),
+        as_json: bool = typer.Option(False, "--json", help="print the numbers as JSON"),
+    ):
+        """Tasks, jobs, chunks, shards, files, output bytes and node/GPU-hours of a run, before it runs."""
+        from ..errors import ZnniError
+        from .config import load_config
+        from .estimate import describe, run_estimate
+
+        try:
+            e = run_estimate(load_config(config), mem_mb=mem_mb, threads=threads, rate=rate,
+                             cores_per_node=cores_per_node, log=_log)
+        except ZnniError as exc:
+            _fail(exc)
+        typer.echo(json.dumps(e, indent=1) if as_json else describe(e))
 
     @app.command("create-layer")
     def create_layer_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP),
@@ -246,6 +270,22 @@ def register(app: typer.Typer) -> None:
             pass
         finally:
             srv.close()
+
+
+def _log_estimate(cfg, run, plan) -> None:
+    """validate's estimate, at the plan's predicted rate (`znni estimate` measures)."""
+    from ..errors import ZnniError
+    from .estimate import describe, estimate
+    from .jobs import compute_schedule
+
+    try:
+        e = estimate(run["config"], compute_schedule(cfg), rate=plan.predicted_voxels_per_s,
+                     rate_source="the plan's prediction; `znni estimate` measures", threads=plan.threads,
+                     device=plan.device, out_channels=run["network"]["out_channels"])
+    except ZnniError as exc:
+        _log(f"no estimate: {exc}")
+        return
+    _log("estimate:\n  " + describe(e).replace("\n", "\n  "))
 
 
 def _check_mem(run, mem_mb, run_geometry, task_bytes):

@@ -21,7 +21,6 @@ A job writes each task's chunks and manifest as a task always did; its own marke
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -90,15 +89,15 @@ def compute_schedule(cfg: dict) -> dict:
             "sharded": lay.sharding is not None, "region_voxels": int(lay.region.shape.prod())}
 
 
-def schedule_key(cfg: dict) -> str:
-    """What the schedule depends on: the config and the network file (size, mtime)."""
+def schedule_key(cfg: dict) -> dict:
+    """What the schedule depends on: the config and the network file (size, mtime).  Kept in
+    clear (not hashed), so a moved work directory whose paths were rewritten still matches."""
     try:
         st = os.stat(cfg["network"]["path"])
         net = [st.st_size, st.st_mtime_ns]
     except OSError:
         net = None
-    doc = json.dumps({"config": cfg, "network": net}, sort_keys=True, default=str)
-    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+    return json.loads(json.dumps({"config": cfg, "network_file": net}, sort_keys=True, default=str))
 
 
 def workflow_schedule(cfg: dict) -> dict:
@@ -118,7 +117,7 @@ def workflow_schedule(cfg: dict) -> dict:
         except (OSError, ValueError):
             pass
         s = compute_schedule(cfg) | {"key": key}
-        atomic_write(path, (json.dumps(s, indent=1) + "\n").encode())
+        atomic_write(path, (json.dumps(s, indent=1, sort_keys=True) + "\n").encode())
         return s
     except (ZnniError, OSError, ValueError) as exc:
         return {"error": str(exc)}

@@ -1,0 +1,90 @@
+"""znni imported as a Snakemake module by a parent workflow (issue 11, item 6).
+
+The parent defines its own `rule all` (no `default_target`), its own `shell.prefix`, imports znni
+with `prefix:` and a relative `work_dir`, and consumes znni's report. Checked: the parent's target
+ran (znni took no default target), the parent's rules kept their prefix and received none of znni's
+environment, znni's files are where Snakemake expects them (under the prefix), and the output
+equals a plain znni run of the same config.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .pipeline_helpers import base_config, em, layer_files, subprocess_env
+
+REPO = Path(__file__).resolve().parents[1]
+
+PARENT = """\
+shell.prefix("echo parent-prefix >> prefix.log; ")
+
+rule all:
+    input:
+        "consumed.json",
+
+module znni:
+    snakefile:
+        {snakefile!r}
+    config:
+        config["znni"]
+{prefix}
+use rule * from znni as znni_*
+
+rule consume:
+    input:
+        rules.znni_finalize.output.summary,
+    output:
+        "consumed.json",
+    shell:
+        "env | grep ^NUMBA_ > numba_env.txt || true; cp {{input}} {{output}}"
+"""
+
+
+def _parent(tmp_path: Path, work_dir: str, prefix: str | None):
+    cfg = base_config(tmp_path / "data", vol=em((10, 34, 34)))
+    cfg["work_dir"] = work_dir
+    (tmp_path / "parent.yaml").write_text(yaml.safe_dump({"znni": cfg}))
+    (tmp_path / "Snakefile").write_text(PARENT.format(
+        snakefile=str(REPO / "workflow" / "Snakefile"),
+        prefix=f"    prefix:\n        {prefix!r}\n" if prefix else ""))
+    env = subprocess_env(tmp_path)
+    env = {k: v for k, v in env.items() if not k.startswith("NUMBA_")}  # what leaks must come from znni
+    p = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "parent.yaml"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
+    return cfg, p
+
+
+def _check(tmp_path: Path, cfg: dict, work: Path, p):
+    summary = json.loads((tmp_path / "consumed.json").read_text())
+    assert summary == json.loads((work / "report" / "summary.json").read_text())
+    assert summary["failed"] == [] and summary["done"] == summary["tasks"] > 1
+    assert (tmp_path / "numba_env.txt").read_text() == ""  # znni's NUMBA_ settings stay in znni's rules
+    assert "parent-prefix" in (tmp_path / "prefix.log").read_text()  # the parent's prefix still applies
+    assert (work / "run.json").is_file() and (work / "schedule.json").is_file()
+    assert "(Rule: consume)" in p.stdout + p.stderr
+    # the same bytes as a plain znni run of this config
+    plain = dict(cfg, work_dir=str(tmp_path / "plain_work"), output=dict(cfg["output"], path=str(tmp_path / "plain")))
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(plain))
+    q = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--profile",
+                        str(REPO / "profiles" / "local"), "--configfile", "plain.yaml"], cwd=tmp_path,
+                       env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert q.returncode == 0, q.stderr[-3000:]
+    assert layer_files(plain["output"]["path"]) == layer_files(cfg["output"]["path"])
+
+
+def test_parent_imports_znni_with_prefix_and_relative_work_dir(tmp_path):
+    cfg, p = _parent(tmp_path, "work", prefix="znni_run")
+    assert not (tmp_path / "work").exists()  # the prefix holds znni's work directory
+    _check(tmp_path, cfg, tmp_path / "znni_run" / "work", p)
+
+
+@pytest.mark.slow  # ~60 s
+def test_parent_imports_znni_without_prefix_absolute_work_dir(tmp_path):
+    cfg, p = _parent(tmp_path, str(tmp_path / "abs_work"), prefix=None)
+    _check(tmp_path, cfg, tmp_path / "abs_work", p)

@@ -1,0 +1,158 @@
+"""What a run will cost before it starts: tasks, jobs, chunks, shards, files, bytes and hours.
+
+The rate (output voxels per second of one job) comes from, in order: ``--rate``; the tasks this
+run already finished (their manifests' timings, reads and writes included); the plan timed on
+one patch of random input on this machine (engine only: reads and writes are extra); or the
+plan's prediction (``validate`` prints that one, to stay quick).  ``znni estimate`` stores a
+measured rate in ``<work_dir>/estimate.json``, which sizes the workflow's jobs (``jobs.minutes``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..io import atomic_write
+from .jobs import ESTIMATE_FILE
+
+DIR_FILES_WARN = 10 ** 5
+DAG_JOBS_WARN = 5 * 10 ** 4
+
+
+def rate_from_manifests(work, limit: int = 200) -> tuple[float, int] | None:
+    """(voxels/s per task, tasks seen) from up to ``limit`` finished manifests of a run."""
+    vox, secs, n = 0, 0.0, 0
+    for p in sorted((Path(work) / "manifests").rglob("*.json"))[:limit] if (Path(work) / "manifests").is_dir() else []:
+        try:
+            m = json.loads(p.read_text())
+            vox += int(m["voxels"])
+            secs += float(m["timings"]["total_s"])
+            n += 1
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return (vox / secs, n) if n and secs > 0 else None
+
+
+def time_plan(net, plan, repeats: int = 2) -> float:
+    """Output voxels per second of ``plan`` on one patch of random input (after a warm-up call)."""
+    from ..inference import infer, thread_limits
+
+    shape = tuple(plan.patch_shape)
+    x = np.random.default_rng(0).random((net.in_channels,) + shape, dtype=np.float32)
+    best = math.inf
+    with thread_limits(plan.threads):
+        cache: dict = {}
+        y = infer(net, x, plan=plan, cache=cache)  # warm-up: compilation, FFT wisdom, resident spectra
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            y = infer(net, x, plan=plan, cache=cache)
+            best = min(best, time.perf_counter() - t0)
+    return float(np.prod(y.shape[1:])) / best
+
+
+def estimate(cfg: dict, schedule: dict, *, rate: float, rate_source: str, threads: int, device: str,
+             out_channels: int, cores_per_node: int | None = None) -> dict:
+    """The numbers of a run (see module doc); ``warnings`` lists what would hurt at this scale."""
+    out = cfg["output"]
+    itemsize = np.dtype(out["dtype"]).itemsize
+    voxels = schedule["region_voxels"]
+    tasks, jobs = schedule["num_tasks"], schedule["num_jobs"]
+    objects = tasks if schedule["sharded"] else schedule["num_chunks"]
+    dirs = math.ceil(tasks / 10_000)
+    job_hours = voxels / rate / 3600 if rate else math.nan
+    cores = cores_per_node or os.cpu_count() or 1
+    e = {
+        "tasks": tasks, "jobs": jobs, "tasks_per_job": schedule["tasks_per_job"], "jobs_why": schedule["why"],
+        "chunks": schedule["num_chunks"], "shards": tasks if schedule["sharded"] else 0,
+        "output_objects": objects, "manifests": tasks, "manifest_dirs": dirs, "job_logs": 2 * jobs,
+        "output_bytes": voxels * out_channels * itemsize, "voxels": voxels,
+        "voxels_per_second": rate, "rate_source": rate_source, "threads": threads, "device": device,
+        "job_hours": job_hours, "hours_per_job": job_hours / max(jobs, 1),
+    }
+    if device == "gpu":
+        e["gpu_hours"] = job_hours
+    else:
+        e["cores_per_node"] = cores
+        e["node_hours"] = job_hours * threads / cores
+    w = []
+    if objects > DIR_FILES_WARN:
+        what = "shards" if schedule["sharded"] else "chunks"
+        w.append(f"the output scale directory would hold {objects:,} {what} (> {DIR_FILES_WARN:,} files): fine on "
+                 "gs:// or s3://, slow on a file system" + ("" if schedule["sharded"] else
+                                                            "; use output.sharding: sharded"))
+    if jobs > DAG_JOBS_WARN:
+        w.append(f"the DAG would have {jobs:,} jobs (> {DAG_JOBS_WARN:,}): Snakemake needs ~1.3 ms and 18 KB per job "
+                 "at every start; lower jobs.max_jobs or raise jobs.tasks_per_job")
+    if 2 * jobs > DIR_FILES_WARN:
+        w.append(f"{2 * jobs:,} job logs and benchmarks in two directories (> {DIR_FILES_WARN:,} files)")
+    if rate and e["hours_per_job"] > 24:
+        w.append(f"a job would compute for {e['hours_per_job']:.0f} h: raise jobs.max_jobs, give a job more threads "
+                 "or GPUs, or split the run by region")
+    e["warnings"] = w
+    return e
+
+
+def describe(e: dict) -> str:
+    def b(n):
+        for unit in ("B", "KB", "MB", "GB", "TB", "PB", "EB"):
+            if n < 1000 or unit == "EB":
+                return f"{n:.3g} {unit}"
+            n /= 1000
+
+    lines = [
+        f"tasks          {e['tasks']:,}" + (" (one shard each)" if e["shards"] else ""),
+        f"jobs           {e['jobs']:,} of {e['tasks_per_job']} task(s) ({e['jobs_why']})",
+        f"chunks         {e['chunks']:,}" + (f" in {e['shards']:,} shards" if e["shards"] else ""),
+        f"files/objects  {e['output_objects']:,} output + {e['manifests']:,} manifests in {e['manifest_dirs']:,} "
+        f"dir(s) + {e['job_logs']:,} job logs/benchmarks",
+        f"output         {b(e['output_bytes'])} uncompressed ({e['voxels']:,} voxels)",
+        f"rate           {e['voxels_per_second']:,.0f} output voxels/s per job, {e['threads']} thread(s), "
+        f"{e['device']} ({e['rate_source']})",
+    ]
+    if "gpu_hours" in e:
+        lines.append(f"compute        {e['gpu_hours']:,.1f} GPU-hours (one GPU per job); {e['hours_per_job']:,.2f} h per job")
+    else:
+        lines.append(f"compute        {e['job_hours']:,.1f} job-hours = {e['node_hours']:,.1f} node-hours at "
+                     f"{e['cores_per_node']} cores per node; {e['hours_per_job']:,.2f} h per job")
+    lines += [f"WARNING        {w}" for w in e["warnings"]]
+    return "\n".join(lines)
+
+
+def save_rate(work, e: dict) -> Path:
+    path = Path(work) / ESTIMATE_FILE
+    atomic_write(path, (json.dumps({k: e[k] for k in ("voxels_per_second", "rate_source", "threads", "device")}
+                                   | {"time": time.time()}, indent=1) + "\n").encode())
+    return path
+
+
+def run_estimate(cfg: dict, *, mem_mb: int | None, threads: int | None, rate: float | None,
+                 cores_per_node: int | None, log=print) -> dict:
+    """``znni estimate``: the schedule, a rate (see module doc), the numbers; a measured rate is saved."""
+    from .. import load_network
+    from .config import resolve
+    from .jobs import compute_schedule
+
+    schedule = compute_schedule(cfg)
+    work = Path(cfg["work_dir"])
+    net = load_network(Path(cfg["network"]["path"]))
+    threads = threads or 1
+    if rate:
+        source = "--rate"
+    elif (found := rate_from_manifests(work)) is not None:
+        rate, n = found
+        source = f"{n} finished task(s) of this run, reads and writes included"
+    else:
+        _, plan = resolve(cfg, mem_mb=mem_mb, threads=threads, progress=lambda *a: None)
+        log(f"timing the plan (patch {tuple(plan.patch_shape)}, {plan.threads} thread(s)) on this machine ...")
+        rate = time_plan(net, plan)
+        source = (f"the plan timed on one patch here, engine only (predicted {plan.predicted_voxels_per_s:,.0f}); "
+                  "reads and writes add to it")
+    e = estimate(cfg, schedule, rate=rate, rate_source=source, threads=threads, device=cfg["device"],
+                 out_channels=net.out_channels, cores_per_node=cores_per_node)
+    if source != "--rate":
+        save_rate(work, e)
+    return e
