@@ -23,11 +23,26 @@ from tests import faults_helpers as H
 KILLS = int(os.environ.get("ZNNI_FAULT_KILLS", "20"))
 
 
+def _queued_jobs(case) -> list[str]:
+    """SLURM jobs submitted from this case (pending ones have no process yet); [] without SLURM."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-o", "%i|%Z"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []
+    root = str(case.root)
+    return [line.split("|", 1)[0] for line in out.stdout.splitlines()
+            if line.partition("|")[2].rstrip("/") == root]
+
+
 def _wait_jobs_gone(case, timeout=120):
-    """Wait until no job process of this case is left (orphans of a killed main finish or die)."""
+    """Wait until no job of this case is left: neither a process (orphans of a killed main finish
+    or die) nor a SLURM job still queued by the killed main (it would start later and finish a task
+    behind the restart's back)."""
     t0 = time.time()
     while time.time() - t0 < timeout:
-        left = []
+        left = _queued_jobs(case)
         for p in psutil.process_iter(["cmdline"]):
             try:
                 cmd = " ".join(p.info["cmdline"] or [])
