@@ -42,23 +42,54 @@ if "error" in SCHEDULE:
     print(f"znni: the run cannot be scheduled: {SCHEDULE['error']}", file=sys.stderr)
     SCHEDULE = {"num_tasks": 0, "tasks_per_job": 1, "num_jobs": 0}
 
+# a mask makes the task list data-dependent: the checkpoint mask_tasks (rules/mask.smk) lists the
+# live tasks and the jobs batch only those
+MASKED = bool(config.get("mask"))
+MASK_TASKS = [f"{WORK}/mask_tasks.json"] if MASKED else []
+
 wildcard_constraints:
     job=r"\d{6}",
 
 
+def live_tasks():
+    """The number of tasks the jobs run: all, or after the mask checkpoint the live ones."""
+    if not MASKED:
+        return SCHEDULE["num_tasks"]
+    with open(checkpoints.mask_tasks.get().output[0]) as f:
+        return json.load(f)["num_live"]
+
+
 def get_job_markers(wildcards):
     """Every job's marker (written after all its tasks' manifests)."""
-    return [f"{WORK}/jobs/{j:06d}.json" for j in range(SCHEDULE["num_jobs"])]
+    n = live_tasks() if SCHEDULE["num_jobs"] else 0
+    per = SCHEDULE["tasks_per_job"]
+    return [f"{WORK}/jobs/{j:06d}.json" for j in range(-(-n // per))]
+
+
+def get_job_tasks(wildcards):
+    """run-job's task arguments: the scheduled count, or the mask checkpoint's list."""
+    if MASKED:
+        return f"--tasks-file {WORK_DIR}/mask_tasks.json"
+    return f"--num-tasks {SCHEDULE['num_tasks']}"
 
 
 def print_summary(ok):
     """End-of-run summary from the job markers: tasks done now / already done (skipped) / not done."""
     if not SCHEDULE["num_jobs"]:
         return
-    s = summary(WORK_DIR, SCHEDULE["num_tasks"], SCHEDULE["tasks_per_job"], STARTED)
+    n, masked = SCHEDULE["num_tasks"], None
+    if MASKED:
+        try:
+            doc = json.loads((Path(WORK_DIR) / "mask_tasks.json").read_text())
+            n, masked = doc["num_live"], doc["num_masked"]
+        except (OSError, ValueError, KeyError):
+            return
+    s = summary(WORK_DIR, n, SCHEDULE["tasks_per_job"], STARTED)
     print(f"\nznni summary: {s['tasks']} tasks in {s['jobs']} jobs: {s['done_now']} done now, {s['skipped']} skipped "
           f"(already done), {s['not_done']} not done"
-          + (f" (jobs {s['jobs_not_done'][:20]})" if s["not_done"] else ""), file=sys.stderr)
+          + (f" (jobs {s['jobs_not_done'][:20]})" if s["not_done"] else "")
+          + (f"; {masked} masked (the mask is 0 over them, never run)" if masked is not None else ""),
+          file=sys.stderr)
     wall = time.time() - STARTED
     if s["done_now"]:
         print(f"  {s['voxels']:,} voxels in {wall:.1f} s wall ({s['voxels'] / wall:,.0f} voxels/s), "

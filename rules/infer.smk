@@ -11,12 +11,13 @@ rule infer_job:
         run=f"{WORK}/run.json",
         plan=f"{WORK}/plan.json",
         layer=f"{WORK}/layer.json",
+        mask_tasks=MASK_TASKS,
     output:
         f"{WORK}/jobs/{{job}}.json",
     params:
         env=ZNNI_ENV,
         per_job=SCHEDULE["tasks_per_job"],
-        num_tasks=SCHEDULE["num_tasks"],
+        tasks=get_job_tasks,
     conda:
         "../workflow/envs/znni.yaml"
     log:
@@ -28,4 +29,4 @@ rule infer_job:
         mem_mb=2000,
     shell:
         "{params.env} znni run-job {input.run} --job {wildcards.job} --tasks-per-job {params.per_job} "
-        "--num-tasks {params.num_tasks} --mem-mb {resources.mem_mb} --marker {output} > {log} 2>&1"
+        "{params.tasks} --mem-mb {resources.mem_mb} --marker {output} > {log} 2>&1"

@@ -11,6 +11,13 @@ _CACHE = tempfile.mkdtemp(prefix="znni-test-cache-")
 os.environ.setdefault("ZNNI_CACHE_DIR", _CACHE)
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# property tests draw the same examples on every run (CI never fails on a fresh draw, and a failure
+# reproduces); HYPOTHESIS_PROFILE=explore draws new ones
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _has_gpu() -> bool:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import znni_core
-from znni_core.errors import InputError, NetworkError, UnsupportedOperatorError
+from znni_core.errors import InputError, MemoryBudgetError, NetworkError, UnsupportedOperatorError
 from znni_core.exec.blend import axis_plan, lattice, weights
 from znni_core.exec.graph import run_graph_patch
 from znni_core.net.graph import Graph
@@ -114,6 +114,8 @@ def test_padded_unet_one_patch_equals_torch(tmp_path, args, seed):
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(args=unet_args.map(lambda a: {**a, "up": "linear" if a["merge"] == "add" and a["up"] == "nearest" else a["up"]}),
        seed=st.integers(0, 2**16))
+@example(args={"depth": 2, "kernel": (3, 3, 3), "pool": (1, 2, 2), "width": 3, "up": "linear", "bn": False,
+               "merge": "add", "down": "maxpool"}, seed=0)  # tiles save < 40% here (found in CI)
 def test_padded_unet_under_a_small_budget_still_equals_torch_on_the_whole_input(tmp_path, args, seed):
     """The budget never changes a padded network's result: a patch that does not fit runs in
     exact output tiles (halos recomputed, zero padding only at the patch border)."""
@@ -124,8 +126,17 @@ def test_padded_unet_under_a_small_budget_still_equals_torch_on_the_whole_input(
     x = np.random.default_rng(seed).standard_normal((1,) + shape).astype(np.float32)
     whole = autotune(net, memory_budget=2**34, input_shape=shape, use_cache=False)
     assert not whole.tile
-    budget = int(whole.predicted_peak_bytes * 0.6)
-    small = autotune(net, memory_budget=budget, input_shape=shape, use_cache=False)
+    # how much tiles save depends on the receptive field: the tightest of these budgets that fits
+    # (a net whose tiles save nothing under 90% of the whole patch fails)
+    small = None
+    for frac in (0.6, 0.75, 0.9):
+        budget = int(whole.predicted_peak_bytes * frac)
+        try:
+            small = autotune(net, memory_budget=budget, input_shape=shape, use_cache=False)
+            break
+        except MemoryBudgetError:
+            continue
+    assert small is not None, "no tiling fits 90% of the whole patch's memory"
     assert small.tile and small.patch_shape == whole.patch_shape == shape
     assert small.predicted_peak_bytes <= budget
     np.testing.assert_allclose(znni_core.infer(net, x, plan=small), run(model, x), rtol=1e-4, atol=1e-5)

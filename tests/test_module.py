@@ -13,10 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
-from .pipeline_helpers import base_config, em, layer_files, subprocess_env
+from .pipeline_helpers import base_config, em, layer_files, subprocess_env, write_volume
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,9 +46,13 @@ rule consume:
 """
 
 
-def _parent(tmp_path: Path, work_dir: str, prefix: str | None):
+def _parent(tmp_path: Path, work_dir: str, prefix: str | None, mask: bool = False):
     cfg = base_config(tmp_path / "data", vol=em((10, 34, 34)))
     cfg["work_dir"] = work_dir
+    if mask:  # the mask's checkpoint inside a module (its rule renamed znni_mask_tasks)
+        m = np.zeros((10, 34, 34), np.uint8)
+        m[:, :12, :12] = 1
+        cfg["mask"] = {"path": write_volume(tmp_path / "mask", m)}
     (tmp_path / "parent.yaml").write_text(yaml.safe_dump({"znni": cfg}))
     (tmp_path / "Snakefile").write_text(PARENT.format(
         snakefile=str(REPO / "workflow" / "Snakefile"),
@@ -63,7 +68,9 @@ def _parent(tmp_path: Path, work_dir: str, prefix: str | None):
 def _check(tmp_path: Path, cfg: dict, work: Path, p):
     summary = json.loads((tmp_path / "consumed.json").read_text())
     assert summary == json.loads((work / "report" / "summary.json").read_text())
-    assert summary["failed"] == [] and summary["done"] == summary["tasks"] > 1
+    assert summary["failed"] == [] and summary["done"] + summary.get("tasks_masked", 0) == summary["tasks"] > 1
+    if "mask" in cfg:
+        assert 0 < summary["tasks_masked"] < summary["tasks"]
     assert (tmp_path / "numba_env.txt").read_text() == ""  # znni's NUMBA_ settings stay in znni's rules
     assert "parent-prefix" in (tmp_path / "prefix.log").read_text()  # the parent's prefix still applies
     assert (work / "run.json").is_file() and (work / "schedule.json").is_file()
@@ -85,6 +92,6 @@ def test_parent_imports_znni_with_prefix_and_relative_work_dir(tmp_path):
 
 
 @pytest.mark.slow  # ~60 s
-def test_parent_imports_znni_without_prefix_absolute_work_dir(tmp_path):
-    cfg, p = _parent(tmp_path, str(tmp_path / "abs_work"), prefix=None)
+def test_parent_imports_znni_without_prefix_absolute_work_dir_with_a_mask(tmp_path):
+    cfg, p = _parent(tmp_path, str(tmp_path / "abs_work"), prefix=None, mask=True)
     _check(tmp_path, cfg, tmp_path / "abs_work", p)

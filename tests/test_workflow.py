@@ -199,6 +199,40 @@ def test_lint_and_dry_run(tmp_path):
     assert "validate" in p.stdout
 
 
+def test_mask_checkpoint_runs_only_live_tasks_and_reports_masked_ones(tmp_path):
+    """With a mask (coarser than the input), one checkpoint lists the live tasks; the jobs batch only
+    those; masked tasks never run and are reported apart from tasks not done; a rerun is a no-op."""
+    from .pipeline_helpers import RES, write_volume
+
+    vol = em((12, 40, 40))
+    m = np.zeros((3, 10, 10), np.uint8)  # (160, 32, 32) nm voxels: 4x the input's on every axis but z
+    m[:, :4, :3] = 1
+    mask = write_volume(tmp_path / "mask", m, chunk=(3, 5, 5), resolution=(RES[0] * 4, RES[1] * 4, RES[2] * 4))
+    cfg, path = write_config(tmp_path, "masked", vol, mask={"path": mask},
+                             jobs={"tasks_per_job": 2})
+    p = snakemake(tmp_path, path)
+    work = Path(cfg["work_dir"])
+    doc = json.loads((work / "mask_tasks.json").read_text())
+    assert 0 < doc["num_live"] < doc["num_tasks"]
+    markers = sorted((work / "jobs").glob("*.json"))
+    assert len(markers) == -(-doc["num_live"] // 2)
+    ran = {r["task"] for mk in markers for r in json.loads(mk.read_text())["ran"]}
+    assert len(ran) == doc["num_live"]
+    s = json.loads((work / "report" / "summary.json").read_text())
+    assert s["tasks_masked"] == doc["num_masked"] and s["done"] == doc["num_live"] and s["failed"] == []
+    assert f"{doc['num_masked']} masked" in p.stderr and "0 not done" in p.stderr
+    layer = PrecomputedLayer(parse_layer_url(cfg["output"]["path"]), 0)
+    run = load_run(work / "run.json")
+    got, _ = layer.read(Roi.from_dict(run["region"]), fill_missing=True)
+    net = znni_core.load_network(cfg["network"]["path"])
+    ref = znni_core.infer(net, vol.astype(np.float32) * np.float32(1 / 255))
+    written = got.any(axis=0)
+    assert written.any() and not written.all()
+    np.testing.assert_allclose(got[:, written], ref[:, written], rtol=1e-5, atol=1e-6)
+    p = snakemake(tmp_path, path)  # everything done: nothing runs again
+    assert "Nothing to be done" in p.stdout + p.stderr
+
+
 DETECTOR = REPO.parent / "shared" / "data" / "models" / "modelzoo_iarpa1_synapse_detection.onnx"
 
 

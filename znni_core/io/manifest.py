@@ -1,7 +1,8 @@
 """Per-task manifests: the done-marker Snakemake sees, written only after every chunk verified.
 
 A manifest is JSON: task id and ROIs, one entry per chunk (name, status ``written`` with sha256,
-or ``empty`` for chunks skipped because their input was all zero), plan and network digests,
+``empty`` for chunks skipped because their input was all zero, or ``masked`` for chunks the run's
+mask is 0 over), plan and network digests,
 versions, device, timings, and any input chunks filled with zeros.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from ..errors import DataError
 from .atomic import atomic_write
 
 MANIFEST_FORMAT = "znni-manifest/1"
-CHUNK_STATUSES = ("written", "empty")
+CHUNK_STATUSES = ("written", "empty", "masked")
 
 
 def write_manifest(path, manifest: dict) -> Path:

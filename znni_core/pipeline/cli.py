@@ -122,6 +122,28 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"{t['id']:6d}  write offset {t['write_roi']['offset']} shape {t['write_roi']['shape']}  "
                            f"{len(t['chunks'])} chunks")
 
+    @app.command("mask-tasks")
+    def mask_tasks_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP),
+                       output: Optional[Path] = typer.Option(None, "--output", "-o", help="default "
+                                                             "<work_dir>/mask_tasks.json")):
+        """With a mask: list the tasks a non-zero mask voxel overlaps (the others are masked, never run)."""
+        from ..errors import ConfigError, ZnniError
+        from ..io import atomic_write
+        from .mask import mask_tasks_path, scan
+        from .task import open_run
+
+        try:
+            ctx = open_run(run_file)
+            if ctx.mask is None:
+                raise ConfigError(f"{run_file}: the run has no mask (config key `mask`)")
+            doc = scan(ctx.tasks, ctx.mask, log=_log) | {"run_digest": ctx.run["digest"]}
+        except ZnniError as exc:
+            _fail(exc)
+        path = output or mask_tasks_path(ctx.run)
+        atomic_write(path, (json.dumps(doc, separators=(",", ":")) + "\n").encode())
+        _log(f"mask: {doc['num_live']:,} of {doc['num_tasks']:,} tasks live ({doc['num_masked']:,} masked), "
+             f"{doc['chunks_live']:,} live chunks, {doc['voxels_live']:,} voxels -> {path}")
+
     @app.command("run-task")
     def run_task_cmd(
         run_file: Path = typer.Argument(..., help=RUN_HELP),
@@ -156,6 +178,8 @@ def register(app: typer.Typer) -> None:
                                                 "(checked against the run)"),
         marker: Optional[Path] = typer.Option(None, help="the job's marker (default <work_dir>/jobs/NNNNNN.json)"),
         mem_mb: Optional[int] = typer.Option(None, "--mem-mb", help="memory of this job (MiB); checked against the plan"),
+        tasks_file: Optional[Path] = typer.Option(None, "--tasks-file", help="with a mask: the live tasks "
+                                                  "(`znni mask-tasks`; default <work_dir>/mask_tasks.json)"),
     ):
         """Run a job: its range of tasks, skipping those already done and verified; marker last."""
         from ..errors import ZnniError
@@ -165,7 +189,7 @@ def register(app: typer.Typer) -> None:
         try:
             if mem_mb is not None:
                 _check_mem(load_run(run_file), mem_mb, run_geometry, task_bytes)
-            run_job(run_file, job, tasks_per_job, num_tasks, marker=marker, log=_log)
+            run_job(run_file, job, tasks_per_job, num_tasks, marker=marker, tasks_file=tasks_file, log=_log)
         except ZnniError as exc:
             _fail(exc)
 
@@ -285,7 +309,9 @@ def _log_estimate(cfg, run, plan) -> None:
     except ZnniError as exc:
         _log(f"no estimate: {exc}")
         return
-    _log("estimate:\n  " + describe(e).replace("\n", "\n  "))
+    _log("estimate:\n  " + describe(e).replace("\n", "\n  ")
+         + ("\n  (all tasks: the mask is read by the mask_tasks step; `znni estimate` counts only live work)"
+            if run.get("mask") else ""))
 
 
 def _check_mem(run, mem_mb, run_geometry, task_bytes):

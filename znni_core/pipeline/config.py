@@ -165,6 +165,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     from .. import load_network
     from ..plan import autotune
     from ..plan.plan import Plan
+    from .mask import check_mask, open_mask
 
     cfg = validate_config(cfg)
     work = Path(cfg["work_dir"]).resolve()
@@ -193,6 +194,9 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     lay = layout(cfg, net, inp, halo, where)
     region, layer_bounds, sharding, tc, grid = lay.region, lay.bounds, lay.sharding, lay.task_chunks, lay.grid
     edge = cfg["edge"]
+    mask = open_mask(cfg, inp.resolution)
+    if mask is not None:
+        check_mask(mask, region)
 
     # output layer: bounds = region, resolution = input's
     ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
@@ -283,6 +287,8 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
                   "resolution": list(inp.resolution), "dtype": inp.dtype, "channels": inp.channels},
         "output": {"url": str(ou), "scale": out_spec.to_scale(), "info": out_spec.to_info()},
         "region": region.to_dict(),
+        "mask": None if mask is None else {"url": str(mask.url), "mip": mask.mip, "bounds": mask.layer.bounds.to_dict(),
+                                           "resolution": list(mask.layer.resolution)},
         "task_chunks": list(tc),
         "num_tasks": len(tasks),
         "num_chunks": grid.num_chunks,
@@ -298,6 +304,9 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     progress(f"input {iu}: {_roi_doc(inp.bounds)}, {inp.dtype}, {inp.channels} ch, {inp.resolution} nm")
     progress(f"output {ou}: {_roi_doc(region)}, chunks {tuple(out_spec.chunk_shape)}, {out_spec.dtype}; "
              f"{grid.num_chunks} chunks in {len(tasks)} tasks of up to {tuple(tc)} chunks")
+    if mask is not None:
+        progress(f"mask {mask.url} mip {mask.mip}: {_roi_doc(mask.layer.bounds)} at {tuple(mask.layer.resolution)} nm; "
+                 "only chunks it overlaps with non-zero voxels are computed (`znni mask-tasks` lists the tasks)")
     return run, plan
 
 

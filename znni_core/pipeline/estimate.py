@@ -72,6 +72,7 @@ def estimate(cfg: dict, schedule: dict, *, rate: float, rate_source: str, thread
         "output_bytes": voxels * out_channels * itemsize, "voxels": voxels,
         "voxels_per_second": rate, "rate_source": rate_source, "threads": threads, "device": device,
         "job_hours": job_hours, "hours_per_job": job_hours / max(jobs, 1),
+        "masked_tasks": schedule.get("masked_tasks"),
     }
     if device == "gpu":
         e["gpu_hours"] = job_hours
@@ -104,7 +105,8 @@ def describe(e: dict) -> str:
             n /= 1000
 
     lines = [
-        f"tasks          {e['tasks']:,}" + (" (one shard each)" if e["shards"] else ""),
+        f"tasks          {e['tasks']:,}" + (" (one shard each)" if e["shards"] else "")
+        + (f"; {e['masked_tasks']:,} more masked (not counted below)" if e.get("masked_tasks") else ""),
         f"jobs           {e['jobs']:,} of {e['tasks_per_job']} task(s) ({e['jobs_why']})",
         f"chunks         {e['chunks']:,}" + (f" in {e['shards']:,} shards" if e["shards"] else ""),
         f"files/objects  {e['output_objects']:,} output + {e['manifests']:,} manifests in {e['manifest_dirs']:,} "
@@ -122,6 +124,23 @@ def describe(e: dict) -> str:
     return "\n".join(lines)
 
 
+def masked_schedule(cfg: dict, schedule: dict, log=print) -> dict:
+    """The schedule counting only the work a mask leaves: live tasks, their jobs, live chunks and
+    voxels (the mask is read over the whole region, as the workflow's checkpoint will)."""
+    from .jobs import task_geometry
+    from .mask import check_mask, open_mask, scan
+
+    inp, lay, tasks = task_geometry(cfg)
+    mask = open_mask(cfg, inp.resolution)
+    check_mask(mask, lay.region)
+    log(f"reading the mask {mask.url} over the region ...")
+    doc = scan(tasks, mask, log=log)
+    per = schedule["tasks_per_job"]
+    return schedule | {"num_tasks": doc["num_live"], "num_jobs": math.ceil(doc["num_live"] / per),
+                       "num_chunks": doc["chunks_live"], "region_voxels": doc["voxels_live"],
+                       "masked_tasks": doc["num_masked"]}
+
+
 def save_rate(work, e: dict) -> Path:
     path = Path(work) / ESTIMATE_FILE
     atomic_write(path, (json.dumps({k: e[k] for k in ("voxels_per_second", "rate_source", "threads", "device")}
@@ -133,10 +152,13 @@ def run_estimate(cfg: dict, *, mem_mb: int | None, threads: int | None, rate: fl
                  cores_per_node: int | None, log=print) -> dict:
     """``znni estimate``: the schedule, a rate (see module doc), the numbers; a measured rate is saved."""
     from .. import load_network
-    from .config import resolve
+    from .config import resolve, validate_config
     from .jobs import compute_schedule
 
+    cfg = validate_config(cfg)
     schedule = compute_schedule(cfg)
+    if cfg.get("mask"):
+        schedule = masked_schedule(cfg, schedule, log)
     work = Path(cfg["work_dir"])
     net = load_network(Path(cfg["network"]["path"]))
     threads = threads or 1

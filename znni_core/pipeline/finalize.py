@@ -18,14 +18,15 @@ from ..errors import DataError
 from ..io import atomic_write, clean_stale_temporaries, open_input, open_output, parse_layer_url, read_json, write_json
 from ..io import read_manifest
 from .config import load_run, output_spec, run_geometry
+from .mask import load_mask_tasks, positions
 from .task import manifest_path
 
 
 def _check_stored(what: str, entry: dict, read, check, verify: str, task: int) -> None:
     """One stored object (chunk or shard) against its manifest entry."""
-    if entry["status"] == "empty":
+    if entry["status"] in ("empty", "masked"):
         if read() is not None:
-            raise DataError(f"{what} is recorded empty but exists; re-run task {task}")
+            raise DataError(f"{what} is recorded {entry['status']} but exists; re-run task {task}")
     elif verify == "checksum":
         check(entry["sha256"])
     elif read() is None:
@@ -56,17 +57,25 @@ def check_task(run: dict, out, block, verify: str) -> dict:
 
 
 def check_manifests(run: dict, out, verify: str, log=print):
-    """Per task: 'done', or an error string.  Never counts a task without a verified manifest as done."""
+    """Per task: 'done', 'masked' (the mask is 0 over all of it: never run, by design), or an error
+    string.  Never counts a task without a verified manifest as done."""
     _, _, _, tasks = run_geometry(run)
     results, manifests = {}, {}
-    it = tasks
+    live = None
+    if run.get("mask"):
+        doc = load_mask_tasks(run)
+        live = set(positions(doc))
+    it = enumerate(tasks)
     try:
         from tqdm import tqdm
 
-        it = tqdm(tasks, desc="finalize: checking tasks", unit="task", leave=False, total=len(tasks))
+        it = tqdm(it, desc="finalize: checking tasks", unit="task", leave=False, total=len(tasks))
     except ImportError:
         pass
-    for b in it:
+    for k, b in it:
+        if live is not None and k not in live:
+            results[b.id] = "masked"
+            continue
         try:
             manifests[b.id] = check_task(run, out, b, verify)
             results[b.id] = "done"
@@ -180,16 +189,18 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     out_url = parse_layer_url(run["output"]["url"], endpoint=cfg["output"]["endpoint_url"])
     out = open_output(out_url, output_spec(run))
     results, manifests = check_manifests(run, out, verify, log)
-    failed = {t: r for t, r in results.items() if r != "done"}
+    failed = {t: r for t, r in results.items() if r not in ("done", "masked")}
+    n_masked_tasks = sum(1 for r in results.values() if r == "masked")
     n_written = sum(1 for m in manifests.values() for c in m["chunks"] if c["status"] == "written")
     n_empty = sum(1 for m in manifests.values() for c in m["chunks"] if c["status"] == "empty")
+    n_masked = sum(1 for m in manifests.values() for c in m["chunks"] if c["status"] == "masked")
     compute_s = sum(m["timings"]["total_s"] for m in manifests.values())
     voxels = sum(m["voxels"] for m in manifests.values())
     filled = sorted({k for m in manifests.values() for k in m.get("missing_input_filled", [])})
     removed = clean_stale_temporaries_in_layer(out_url) if not failed else []
     report_dir = Path(run["work_dir"]) / "report"
     summary = {
-        "tasks": len(results), "done": len(results) - len(failed), "failed": sorted(failed),
+        "tasks": len(results), "done": len(results) - len(failed) - n_masked_tasks, "failed": sorted(failed),
         "failures": {str(k): v for k, v in sorted(failed.items())},
         "chunks_written": n_written, "chunks_empty": n_empty, "voxels": voxels,
         "task_seconds": round(compute_s, 3), "voxels_per_s_per_job": round(voxels / compute_s, 1) if compute_s else 0,
@@ -202,6 +213,8 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     if cfg["downsample"]["mips"] and pyramid.is_file():  # written by `znni pyramid` after its checks
         summary["pyramid"] = [f"mip {m['mip']} {m['key']} {tuple(m['size_zyx'])} (max error {m['max_abs_error']:.1e})"
                               for m in json.loads(pyramid.read_text())["mips"]]
+    if run.get("mask"):
+        summary.update({"mask": run["mask"]["url"], "tasks_masked": n_masked_tasks, "chunks_masked": n_masked})
     if summary["wall_seconds"] > 0:
         summary["voxels_per_s_wall"] = round(voxels / summary["wall_seconds"], 1)
     if failed:
@@ -217,7 +230,9 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
         "method": {"task": "znni inference", "network": run["network"]["path"],
                    "network_digest": run["network"]["digest"], "plan_digest": run["plan"]["digest"],
                    "region": run["region"], "edge": cfg["edge"], "normalize": cfg["normalize"],
-                   "missing_input_filled": filled, "chunks_empty": n_empty},
+                   "missing_input_filled": filled, "chunks_empty": n_empty,
+                   **({"mask": run["mask"], "tasks_masked": n_masked_tasks, "chunks_masked": n_masked}
+                      if run.get("mask") else {})},
         "by": "znni", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": run["versions"], "run_digest": run["digest"],
     })
@@ -230,8 +245,11 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
                     "finalize_seconds": round(time.perf_counter() - t0, 3)})
     atomic_write(report_dir / "summary.json", (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
     write_html(report_dir / "report.html", run, summary)
-    log(f"finalize: {summary['done']}/{summary['tasks']} tasks done, 0 failed; {n_written} chunks written, "
-        f"{n_empty} empty (skipped, all-zero input); {voxels:,} voxels, {summary['voxels_per_s_per_job']:,.0f} voxels/s "
+    log(f"finalize: {summary['done']}/{summary['tasks']} tasks done, 0 failed"
+        + (f", {n_masked_tasks} masked (the mask is 0 over them)" if run.get("mask") else "")
+        + f"; {n_written} chunks written, {n_empty} empty (skipped, all-zero input)"
+        + (f", {n_masked} masked" if run.get("mask") else "") + "; "
+        f"{voxels:,} voxels, {summary['voxels_per_s_per_job']:,.0f} voxels/s "
         f"per job" + (f", {summary['voxels_per_s_wall']:,.0f} voxels/s wall" if "voxels_per_s_wall" in summary else ""))
     return summary
 

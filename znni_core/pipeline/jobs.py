@@ -66,8 +66,8 @@ def measured_rate(cfg: dict) -> float | None:
         return None
 
 
-def compute_schedule(cfg: dict) -> dict:
-    """The run's tasks and jobs from the config, the network's halo and the input's bounds."""
+def task_geometry(cfg: dict):
+    """``(input layer, Layout, TaskGrid)`` of a config, without a plan."""
     from .. import load_network
     from ..geometry import TaskGrid
     from ..io import open_input, parse_layer_url
@@ -79,7 +79,15 @@ def compute_schedule(cfg: dict) -> dict:
     inp = open_input(iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"])
     halo = net_halo(net)
     lay = layout(cfg, net, inp, halo, f"input {iu} mip {cfg['input']['mip']}")
-    tasks = TaskGrid(lay.grid, lay.task_chunks, halo, lay.region)
+    return inp, lay, TaskGrid(lay.grid, lay.task_chunks, halo, lay.region)
+
+
+def compute_schedule(cfg: dict) -> dict:
+    """The run's tasks and jobs from the config, the network's halo and the input's bounds."""
+    from .config import validate_config
+
+    cfg = validate_config(cfg)
+    _, lay, tasks = task_geometry(cfg)
     task_voxels = (lay.task_chunks * lay.grid.chunk_shape).min(lay.bounds.shape).prod()
     rate = measured_rate(cfg)
     per, why = tasks_per_job(len(tasks), task_voxels, cfg["jobs"], rate)
@@ -133,23 +141,29 @@ def job_marker_path(work, job: int) -> Path:
 
 
 def run_job(run_file, job: int, per_job: int, num_tasks: int | None = None, *, marker=None, device=None,
-            log=print) -> dict:
+            tasks_file=None, log=print) -> dict:
     """Run the tasks of ``job``; skip those already done and verified; write the job's marker last.
 
-    A task that fails is logged and the others still run; the job then fails naming them (no
-    marker), so a retry runs only what is left.
+    ``tasks_file``: a run with a mask batches only its live tasks (``mask_tasks.json``).  A task
+    that fails is logged and the others still run; the job then fails naming them (no marker), so
+    a retry runs only what is left.
     """
     from .finalize import check_task
+    from .mask import load_mask_tasks, positions
     from .task import manifest_path, open_run, run_task
 
     t0 = time.perf_counter()
     ctx = open_run(run_file)
     run = ctx.run
-    n = len(ctx.tasks)
+    if tasks_file is not None or run.get("mask"):
+        order = positions(load_mask_tasks(run, tasks_file))
+    else:
+        order = range(len(ctx.tasks))
+    n = len(order)
     if num_tasks is not None and n != num_tasks:
         raise ConfigError(f"the workflow was scheduled for {num_tasks} tasks but {run_file} has {n}: the schedule is "
                           f"stale; delete {Path(run['work_dir']) / 'schedule.json'} and run the workflow again")
-    ks = job_range(job, per_job, n)
+    ks = [order[i] for i in job_range(job, per_job, n)]
     if job < 0 or not ks:
         raise ConfigError(f"job {job} has no task: {n} tasks at {per_job} per job make "
                           f"{math.ceil(n / per_job)} jobs (0 to {math.ceil(n / per_job) - 1})")

@@ -17,6 +17,7 @@ import platform
 import socket
 import time
 from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from ..exec.tiling import graph_window, run_graph_window
 from ..inference import thread_limits
 from ..net.graph import Graph
 from .config import load_run, output_spec, run_geometry
+from .mask import live_chunks
 
 
 MANIFESTS_PER_DIR = 10_000  # manifests/<id // 10^4>/<id>.json: no directory of 10^5+ files at petascale
@@ -157,12 +159,14 @@ class RunContext:
     net: object
     plan: object
     inp: object
+    mask: object = None  # pipeline.mask.Mask, when the run has one
 
 
 def open_run(run_file) -> RunContext:
     """Open a run's output layer, network, plan and input; DataError if any changed since validate."""
     from .. import load_network
     from ..plan.plan import Plan
+    from .mask import open_mask
 
     run = load_run(run_file)
     cfg = run["config"]
@@ -181,7 +185,8 @@ def open_run(run_file) -> RunContext:
     if inp.dtype != run["input"]["dtype"] or inp.bounds != Roi.from_dict(run["input"]["bounds"]):
         raise DataError(f"input {in_url} changed since `znni validate` (dtype {inp.dtype}, bounds {inp.bounds}); "
                         "re-run validate")
-    return RunContext(run, region, grid, halo, tasks, out_url, out, net, plan, inp)
+    mask = open_mask(cfg, inp.resolution) if run.get("mask") else None
+    return RunContext(run, region, grid, halo, tasks, out_url, out, net, plan, inp, mask)
 
 
 def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, device: str | None = None,
@@ -211,13 +216,24 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
             f"whole, so task {task_id} runs whole")
         chunk_index = None
 
+    # ---- mask: chunks no non-zero mask voxel overlaps are recorded, not computed ---------------
+    t_read = time.perf_counter()
+    masked = set()
+    if ctx.mask is not None:
+        masked = set(block.chunks) - live_chunks(ctx.mask, grid, region, block.chunks)
+    live = [i for i in block.chunks if i not in masked]
+
     # ---- read -------------------------------------------------------------------------
     fill = cfg["input"]["missing"] == "zero"
-    # the voxels computed: an aligned layer's first chunks start below the region (0 there)
+    # the voxels computed: an aligned layer's first chunks start below the region (0 there); with a
+    # mask, only the box of the live chunks
     comp = block.write_roi.intersect(region)
-    t_read = time.perf_counter()
-    window = None
-    if isinstance(net, Graph):  # the patches of the network's grid (valid) or blending lattice (padded)
+    if masked and live:
+        comp = reduce(Roi.union, (grid.chunk_roi(i) for i in live)).intersect(region)
+    window, raw, missing = None, None, []
+    if not live:
+        pass
+    elif isinstance(net, Graph):  # the patches of the network's grid (valid) or blending lattice (padded)
         window, read_roi, extent = graph_read(net, plan, region, comp, halo)
         block = Block(block.id, block.write_roi, read_roi, block.chunks)
         raw, inner, missing = gather(inp, read_roi.intersect(extent), cfg["edge"], fill)
@@ -229,7 +245,7 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
     # ---- empty chunks (T26): all-zero input context is skipped and recorded ------------------------
     empty = set()
     if cfg["input"]["empty"] == "skip":
-        for idx in block.chunks:
+        for idx in live:
             cin = grid.chunk_roi(idx).intersect(region)
             croi = halo.read_roi(cin)
             if window is not None:  # every patch that touches the chunk
@@ -237,7 +253,7 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
                 croi = cin.grow(reach, reach).intersect(extent).intersect(block.read_roi)
             if not raw[(slice(None),) + croi.to_slices(block.read_roi.offset)].any():
                 empty.add(idx)
-    todo = [i for i in block.chunks if i not in empty and (chunk_index is None or i == chunk_index)]
+    todo = [i for i in live if i not in empty and (chunk_index is None or i == chunk_index)]
 
     # ---- compute ---------------------------------------------------------------------------
     t_comp = time.perf_counter()
@@ -303,20 +319,21 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
             digests = shard.pop("chunks")
             shard["status"] = "written"
         else:
-            out.delete_object(name)  # every chunk empty: no shard (readers see 0), no stale one
+            out.delete_object(name)  # every chunk empty or masked: no shard (readers see 0), no stale one
             shard = {"name": name, "status": "empty"}
         for idx in block.chunks:
             e = {"name": out.chunk_name(idx), "index": list(idx), "roi": grid.chunk_roi(idx).to_dict(), "shard": name}
-            entries[idx] = e | ({"status": "empty"} if idx in empty else
+            entries[idx] = e | ({"status": "masked"} if idx in masked else {"status": "empty"} if idx in empty else
                                 {"status": "written", "sha256": digests[tuple(idx)], "nbytes": int(encoded[idx].nbytes)})
     for idx in ([] if out.sharded else block.chunks):
         if chunk_index is not None and idx != chunk_index:
             continue
         name = out.chunk_name(idx)
         roi = grid.chunk_roi(idx)
-        if idx in empty:
+        if idx in empty or idx in masked:
             out.delete_chunk(idx)  # a stale chunk from an earlier run must not survive as 'valid'
-            entries[idx] = {"name": name, "index": list(idx), "roi": roi.to_dict(), "status": "empty"}
+            entries[idx] = {"name": name, "index": list(idx), "roi": roi.to_dict(),
+                            "status": "masked" if idx in masked else "empty"}
             continue
         digest = out.write_chunk(idx, encoded[idx], compress=compress)
         out.verify_chunk(idx, digest)
@@ -326,7 +343,7 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
     total = time.perf_counter() - t0
 
     mpath = manifest_path(run, task_id)
-    voxels = int(np.prod(tuple(comp.shape)))
+    voxels = int(np.prod(tuple(comp.shape))) if live else 0
     if chunk_index is not None:
         log(f"chunk {out.chunk_name(chunk_index)} (task {task_id}) rewritten and verified")
         if mpath.is_file():
@@ -358,8 +375,9 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
     }
     write_manifest(mpath, manifest)
     n_empty = sum(1 for e in entries.values() if e["status"] == "empty")
-    log(f"task {task_id}: {len(entries) - n_empty} chunk(s) written and verified, {n_empty} empty, "
-        f"{voxels:,} voxels in {total:.2f} s ({voxels / max(total, 1e-9):,.0f} voxels/s) -> {mpath}")
+    log(f"task {task_id}: {len(entries) - n_empty - len(masked)} chunk(s) written and verified, {n_empty} empty, "
+        + (f"{len(masked)} masked, " if masked else "")
+        + f"{voxels:,} voxels in {total:.2f} s ({voxels / max(total, 1e-9):,.0f} voxels/s) -> {mpath}")
     return manifest
 
 

@@ -1,0 +1,18 @@
+# With a mask (config key `mask`): which tasks a non-zero mask voxel overlaps depends on the data,
+# so one checkpoint lists them; jobs batch only those tasks, the others are recorded masked.
+
+
+checkpoint mask_tasks:
+    input:
+        run=f"{WORK}/run.json",
+        layer=f"{WORK}/layer.json",
+    output:
+        f"{WORK}/mask_tasks.json",
+    params:
+        env=ZNNI_ENV,
+    conda:
+        "../workflow/envs/znni.yaml"
+    log:
+        f"{WORK}/logs/mask_tasks.log",
+    shell:
+        "{params.env} znni mask-tasks {input.run} --output {output} > {log} 2>&1"
