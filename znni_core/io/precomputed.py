@@ -397,6 +397,10 @@ def create_layer(url: LayerURL, spec: ScaleSpec, provenance: dict) -> str:
     """
     from .info import compare_scale
 
+    if url.format == "zarr":
+        from .zarr_output import create_zarr_output
+
+        return create_zarr_output(url, spec, provenance)
     check_key(spec.key, "output scale key")
     created = write_json(url, "info", spec.to_info(), exclusive=True)
     if not created:
@@ -410,9 +414,15 @@ def create_layer(url: LayerURL, spec: ScaleSpec, provenance: dict) -> str:
     return "created" if created else "exists"
 
 
-def open_output(url: LayerURL, spec: ScaleSpec) -> PrecomputedLayer:
-    """Open an output layer that must already exist and match ``spec`` (a worker's check, T18)."""
+def open_output(url: LayerURL, spec: ScaleSpec):
+    """Open an output layer that must already exist and match ``spec`` (a worker's check, T18);
+    a zarr output is a :class:`~znni_core.io.zarr_output.ZarrOutput`."""
     from .info import compare_scale
+
+    if url.format == "zarr":
+        from .zarr_output import ZarrOutput
+
+        return ZarrOutput(url, spec)
 
     try:
         layer = PrecomputedLayer(url, 0)

@@ -21,6 +21,7 @@ from ..geometry import EDGE_POLICIES, ChunkGrid, Coordinate, Halo, Roi, TaskGrid
 from ..io import ScaleSpec, compare_scale, open_input, parse_layer_url
 from ..io.sharding import shard_chunks
 from ..io.precomputed import PrecomputedLayer
+from ..io.zarr_output import ZarrOutput, zarr_sharding
 from ..net.graph import Graph
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
@@ -149,8 +150,15 @@ def layout(cfg: dict, net, inp, halo: Halo, where: str) -> Layout:
                          f"every axis; it is {tuple(inp.bounds.shape)}")
 
     layer_bounds = aligned_bounds(region, cfg["output"]["chunk_size"]) if cfg["output"]["align"] else region
-    sharding = output_sharding(cfg["output"], layer_bounds, net.out_channels)
     grid = ChunkGrid(layer_bounds, Coordinate(cfg["output"]["chunk_size"]))
+    ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
+    if ou.format == "zarr":  # a zarr output is always sharded: a shard is a task's box of chunks
+        if cfg["output"]["sharding"] not in ("auto", "sharded"):
+            raise ConfigError(f"output.sharding {cfg['output']['sharding']!r}: a zarr output ({ou}) is always "
+                              "sharded, one shard per task (task_chunks); use auto, or a precomputed output")
+        tc = Coordinate(cfg["task_chunks"])
+        return Layout(region, layer_bounds, zarr_sharding(tc, cfg["output"]["compression"]), tc, grid)
+    sharding = output_sharding(cfg["output"], layer_bounds, net.out_channels)
     # a task writes whole shards: with sharding, a task is one shard's box of chunks
     tc = shard_chunks(sharding, grid.grid_shape) if sharding else Coordinate(cfg["task_chunks"])
     return Layout(region, layer_bounds, sharding, tc, grid)
@@ -200,23 +208,24 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
 
     # output layer: bounds = region, resolution = input's
     ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
-    if ou.format != "precomputed":
-        raise ConfigError(f"output.path {ou}: znni writes Neuroglancer precomputed layers; give a directory or "
-                          "bucket path without .zarr")
+    zarr = ou.format == "zarr"
+    if zarr and cfg["downsample"]["mips"]:
+        raise ConfigError(f"downsample.mips: {cfg['downsample']['mips']} with a zarr output ({ou}): the pyramid "
+                          "step builds precomputed mips (igneous) only; set downsample.mips: 0 or write precomputed")
     if cfg["output"]["compression"] == "gzip" and ou.is_local and not sharding:
         raise ConfigError("output.compression: gzip on a file:// layer names chunks *.gz; tensorstore and other "
                           "readers then see zeros without an error (PITFALLS). Use compression: none locally.")
     if ou.is_local and iu.is_local and ou.local_path == iu.local_path:
         raise ConfigError(f"output.path {ou} is the input layer; choose another directory")
     res = inp.resolution
-    key = cfg["output"]["scale_key"] or "_".join(f"{v:g}" for v in res[::-1])
+    key = "0" if zarr else cfg["output"]["scale_key"] or "_".join(f"{v:g}" for v in res[::-1])
     out_spec = ScaleSpec(key=key, bounds=layer_bounds, chunk_shape=Coordinate(cfg["output"]["chunk_size"]),
                          resolution=tuple(res), dtype=cfg["output"]["dtype"], channels=net.out_channels,
                          encoding=cfg["output"]["encoding"], sharding=sharding)
     try:
-        existing = PrecomputedLayer(ou, 0)
+        existing = ZarrOutput(ou) if zarr else PrecomputedLayer(ou, 0)
     except DataError as exc:
-        if "has no info file" not in str(exc):
+        if "has no info file" not in str(exc) and "has no array" not in str(exc):
             raise
         existing = None
     if existing is not None:  # T21 (dtype), T22 (offset), T24 (grid) against an existing layer

@@ -1,0 +1,136 @@
+"""zarr v3 output (io/zarr_output.py): one shard per task, the same voxels as a precomputed run,
+read by zarr-python, tensorstore and znni's own zarr input; OME-Zarr metadata; finalize verifies
+shards; a task re-run rewrites only its shard; a mismatched existing array is refused (T18, T17)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from znni_core.errors import ConfigError, DataError
+from znni_core.geometry import Roi
+from znni_core.io import PrecomputedLayer, open_input, parse_layer_url
+from znni_core.pipeline.config import load_run
+from znni_core.pipeline.finalize import finalize
+from znni_core.pipeline.task import run_task
+
+from .pipeline_helpers import RES, base_config, em
+from .test_pipeline import QUIET, prepare, run_all
+
+
+def _files(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same volume (a black slab: empty chunks) to precomputed and to zarr v3."""
+    tmp = tmp_path_factory.mktemp("zarr_out")
+    vol = em((12, 40, 40))
+    vol[:, 18:, :] = 0
+    out = {}
+    for name, path in (("pre", "out_pre"), ("zarr", "out.zarr")):
+        cfg = base_config(tmp / name, vol=vol, output={"path": str(tmp / name / path), "chunk_size": [4, 8, 8]},
+                          task_chunks=[1, 2, 2])
+        rf = prepare(cfg)
+        run_all(rf)
+        out[name] = (cfg, rf, finalize(rf, log=lambda *a: None))
+    return tmp, vol, out
+
+
+def test_zarr_output_equals_precomputed_read_by_three_readers(runs):
+    import tensorstore as ts
+    import zarr
+
+    tmp, vol, out = runs
+    (_, rf_p, s_p), (cfg_z, rf_z, s_z) = out["pre"], out["zarr"]
+    run = load_run(rf_z)
+    pre = PrecomputedLayer(parse_layer_url(load_run(rf_p)["output"]["url"]), 0)
+    want, _ = pre.read(pre.bounds, fill_missing=True)
+    root = Path(cfg_z["output"]["path"])
+    got = np.asarray(zarr.open_array(str(root / "0"), mode="r")[...])
+    assert got.shape == want.shape and np.array_equal(got, want)  # same tasks, same plan: same bits
+    t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(root / "0")}}, open=True).result()
+    assert np.array_equal(t.read().result(), want)
+    back = open_input(parse_layer_url(f"zarr://file://{root}/0"))  # znni reads its own output as an input
+    assert back.bounds == pre.bounds and tuple(back.resolution) == RES
+    assert np.array_equal(back.read(back.bounds)[0], want)
+    # one shard per task with a written chunk; empty chunks are absent from the shards
+    ms = [json.loads(p.read_text()) for p in sorted((Path(cfg_z["work_dir"]) / "manifests").rglob("*.json"))]
+    written = [m for m in ms if m["shard"]["status"] == "written"]
+    shards = sorted(p.relative_to(root).as_posix() for p in (root / "0" / "c").rglob("*") if p.is_file())
+    assert shards == sorted(m["shard"]["name"] for m in written) and 0 < len(written) < len(ms)
+    assert s_z["chunks_empty"] == s_p["chunks_empty"] > 0 and s_z["chunks_written"] == s_p["chunks_written"]
+    # OME-Zarr 0.5 metadata: scale = resolution, translation = offset * resolution
+    ome = json.loads((root / "zarr.json").read_text())["attributes"]["ome"]
+    ct = ome["multiscales"][0]["datasets"][0]["coordinateTransformations"]
+    assert ct[0]["scale"] == [1.0, *RES]
+    off = Roi.from_dict(run["region"]).offset  # aligned output: the layer starts on the chunk grid
+    assert ct[1]["translation"][1:] == [float(o * r) for o, r in zip(pre.bounds.offset, RES)]
+    assert all(o % c == 0 for o, c in zip(pre.bounds.offset, (4, 8, 8))) and off is not None
+
+
+def test_corrupt_shard_is_named_and_a_rerun_rewrites_only_its_shard(runs):
+    tmp, vol, out = runs
+    cfg, rf, _ = out["zarr"]
+    root = Path(cfg["output"]["path"])
+    ms = [json.loads(p.read_text()) for p in sorted((Path(cfg["work_dir"]) / "manifests").rglob("*.json"))]
+    m = next(m for m in ms if m["shard"]["status"] == "written")
+    shard = root / m["shard"]["name"]
+    before = _files(root)
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=f"{m['task']}"):
+        finalize(rf, log=lambda *a: None)
+    run_task(rf, m["task"], **QUIET)
+    after = _files(root)
+    assert after[m["shard"]["name"]] == before[m["shard"]["name"]]
+    changed = {k for k in before if before[k] != after.get(k)} - {"provenance"}
+    assert not changed
+    finalize(rf, log=lambda *a: None)
+
+
+def test_mismatched_zarr_output_and_unsupported_options_are_refused(runs, tmp_path):
+    tmp, vol, out = runs
+    cfg, rf, _ = out["zarr"]
+    gz = json.loads(json.dumps(cfg))
+    gz["output"]["compression"] = "gzip"
+    gz["work_dir"] = str(tmp_path / "w2")
+    with pytest.raises(DataError, match="sharding"):  # T17: another codec is another array
+        prepare(gz)
+    other = json.loads(json.dumps(cfg))
+    other["task_chunks"] = [1, 1, 2]
+    other["work_dir"] = str(tmp_path / "w3")
+    with pytest.raises(DataError, match="sharding"):  # T18: another shard shape
+        prepare(other)
+    pyr = json.loads(json.dumps(cfg))
+    pyr["downsample"] = {"mips": 1}
+    with pytest.raises(ConfigError, match="zarr"):
+        prepare(pyr)
+    none = json.loads(json.dumps(cfg))
+    none["output"]["sharding"] = "none"
+    with pytest.raises(ConfigError, match="always"):
+        prepare(none)
+
+
+def test_workflow_writes_zarr_output(tmp_path):
+    """The Snakemake workflow with a zarr output: validate, create_layer, jobs, finalize."""
+    import yaml
+    import zarr
+
+    from .test_workflow import snakemake
+
+    cfg = base_config(tmp_path / "wf", vol=em((10, 34, 34)),
+                      output={"path": str(tmp_path / "wf" / "out.zarr"), "chunk_size": [4, 8, 8]})
+    path = tmp_path / "wf.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    p = snakemake(tmp_path, path)
+    assert "0 not done" in p.stderr
+    s = json.loads((Path(cfg["work_dir"]) / "report" / "summary.json").read_text())
+    assert s["failed"] == [] and s["done"] == s["tasks"] and s["output"].startswith("zarr://")
+    a = zarr.open_array(str(tmp_path / "wf" / "out.zarr" / "0"), mode="r")
+    assert a.shards is not None and np.asarray(a[...]).any()
+    assert "zarr://" in s["neuroglancer"] or "zarr%3A%2F%2F" in s["neuroglancer"]

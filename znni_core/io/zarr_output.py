@@ -1,0 +1,206 @@
+"""zarr v3 output: one ``(c, z, y, x)`` array with the sharding codec in an OME-Zarr (NGFF 0.5) group.
+
+``out.zarr/`` (``file://`` only, as for zarr input)::
+
+    zarr.json      the group; attributes ``ome.multiscales``: axes c, z, y, x (nanometre), dataset
+                   ``0`` with scale = resolution and translation = voxel_offset * resolution
+    0/zarr.json    the array: shape ``(C,) + bounds.shape``, inner chunks ``(C,) + chunk_size``,
+                   shards ``(C,) + task box`` (a task is one shard), fill value 0; attributes
+                   ``resolution`` and ``voxel_offset`` (z, y, x), which znni's zarr input reads
+    0/c/0/i/j/k    one shard per task: written whole (temporary name + rename), read back, compared
+    provenance     znni's processing log, as beside a precomputed layer
+
+A shard's bytes are made by zarr-python itself against the array's own metadata in memory (so any
+zarr v3 reader, tensorstore included, decodes them), then stored in one atomic write.  Chunks a
+task does not give (empty or masked) are absent from the shard and read as 0.  The geometry is a
+:class:`ScaleSpec` whose ``sharding`` is ``{"@type": "zarr_sharding_indexed", ...}``, so an
+existing array is compared with the run's exactly as a precomputed layer is (T18, T17).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from ..errors import DataError
+from ..geometry import Coordinate, Roi
+from .atomic import atomic_write, clean_stale_temporaries
+from .info import ScaleSpec, compare_scale
+from .precomputed import sha256
+from .paths import LayerURL
+
+ZARR_SHARDING = "zarr_sharding_indexed"
+ARRAY = "0"
+
+
+def zarr_sharding(task_chunks, compression: str) -> dict:
+    """The spec's ``sharding`` entry of a zarr output: a shard is ``task_chunks`` chunks."""
+    return {"@type": ZARR_SHARDING, "chunks_per_shard": [int(v) for v in task_chunks], "compression": compression}
+
+
+def _template(spec: ScaleSpec):
+    """The array in a fresh in-memory store, with exactly the metadata of the stored one."""
+    import zarr
+    from zarr.codecs import GzipCodec
+    from zarr.storage import MemoryStore
+
+    sh = spec.sharding
+    c = int(spec.channels)
+    store = MemoryStore()
+    arr = zarr.create_array(
+        store, name=ARRAY, shape=(c,) + tuple(spec.bounds.shape), dtype=spec.dtype, fill_value=0,
+        chunks=(c,) + tuple(spec.chunk_shape),
+        shards=(c,) + tuple(Coordinate(sh["chunks_per_shard"]) * spec.chunk_shape),
+        compressors=[GzipCodec(level=6)] if sh["compression"] == "gzip" else None,
+        dimension_names=["c", "z", "y", "x"], zarr_format=3, config={"write_empty_chunks": True},
+        attributes={"resolution": [float(v) for v in spec.resolution], "voxel_offset": list(spec.bounds.offset)})
+    return store, arr
+
+
+def _group_attributes(spec: ScaleSpec, name: str) -> dict:
+    res = [float(v) for v in spec.resolution]
+    axes = [{"name": "c", "type": "channel"}] + [{"name": a, "type": "space", "unit": "nanometer"} for a in "zyx"]
+    return {"ome": {"version": "0.5", "multiscales": [{
+        "name": name, "axes": axes,
+        "datasets": [{"path": ARRAY, "coordinateTransformations": [
+            {"type": "scale", "scale": [1.0] + res},
+            {"type": "translation", "translation": [0.0] + [o * r for o, r in zip(spec.bounds.offset, res)]}]}]}]}}
+
+
+def _spec_of(meta: dict, where: str) -> ScaleSpec:
+    """The ScaleSpec of a stored zarr output array from its ``zarr.json``."""
+    try:
+        attrs = meta.get("attributes", {})
+        shard = meta["chunk_grid"]["configuration"]["chunk_shape"]
+        (codec,) = [c for c in meta["codecs"] if c["name"] == "sharding_indexed"]
+        inner = codec["configuration"]["chunk_shape"]
+        gz = any(c["name"] == "gzip" for c in codec["configuration"]["codecs"])
+        shape = meta["shape"]
+        per = [s // i for s, i in zip(shard[1:], inner[1:])]
+        return ScaleSpec(ARRAY, Roi(attrs["voxel_offset"], shape[1:]), Coordinate(inner[1:]),
+                         tuple(float(v) for v in attrs["resolution"]), meta["data_type"], int(shape[0]), "raw",
+                         zarr_sharding(per, "gzip" if gz else "none"))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise DataError(f"{where}: not a znni zarr output array (sharded, with resolution and voxel_offset "
+                        f"attributes): {type(exc).__name__}: {exc}") from None
+
+
+def create_zarr_output(url: LayerURL, spec: ScaleSpec, provenance: dict) -> str:
+    """Write the group's and the array's metadata once (exclusively); ``created`` or ``exists``.
+    An existing array must match ``spec``."""
+    store, _ = _template(spec)
+    root = url.local_path
+    meta = store._store_dict[f"{ARRAY}/zarr.json"].to_bytes()
+    created = atomic_write(root / ARRAY / "zarr.json", meta, exclusive=True)
+    if not created:
+        ZarrOutput(url, spec)  # raises naming each difference
+    group = {"zarr_format": 3, "node_type": "group", "attributes": _group_attributes(spec, root.name)}
+    atomic_write(root / "zarr.json", json.dumps(group, indent=2).encode(), exclusive=True)
+    atomic_write(root / "provenance", json.dumps(provenance, indent=2, sort_keys=True).encode(), exclusive=True)
+    return "created" if created else "exists"
+
+
+class ZarrOutput:
+    """An existing zarr output, checked against ``spec``; the writer's and finalize's interface of
+    a sharded :class:`~znni_core.io.precomputed.PrecomputedLayer`."""
+
+    sharded = True
+
+    def __init__(self, url: LayerURL, spec: ScaleSpec | None = None):
+        self.url = url
+        path = url.local_path / ARRAY / "zarr.json"
+        try:
+            meta = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise DataError(f"output {url} has no array {ARRAY}/zarr.json. The output layer is created by "
+                            "`znni create-layer` (rule create_layer) before any task runs.") from None
+        except (OSError, ValueError) as exc:
+            raise DataError(f"output {url}: {path} cannot be read ({exc})") from exc
+        self.spec = _spec_of(meta, f"output {url}")
+        if spec is not None:
+            diffs = compare_scale(self.spec, spec)
+            if diffs:
+                raise DataError(f"output layer {url} does not match this run's config:\n  - " + "\n  - ".join(diffs)
+                                + "\nChoose a new output path, or delete the layer if it is yours to replace.")
+        self.key = ARRAY
+        self._mem = None
+
+    bounds = property(lambda self: self.spec.bounds)
+    grid = property(lambda self: self.spec.grid)
+    dtype = property(lambda self: self.spec.dtype)
+    channels = property(lambda self: self.spec.channels)
+    resolution = property(lambda self: self.spec.resolution)
+
+    def chunk_name(self, index) -> str:
+        """``x0-x1_y0-y1_z0-z1`` in absolute voxels (as a precomputed chunk is named)."""
+        roi = self.grid.chunk_roi(index)
+        b, e = roi.begin.xyz(), roi.end.xyz()
+        return f"{b[0]}-{e[0]}_{b[1]}-{e[1]}_{b[2]}-{e[2]}"
+
+    def shard_name(self, index) -> str:
+        """The key of the shard holding chunk ``index``: ``0/c/0/i/j/k``."""
+        s = Coordinate(index) // Coordinate(self.spec.sharding["chunks_per_shard"])
+        return f"{ARRAY}/c/0/" + "/".join(str(v) for v in s)
+
+    def write_shard(self, chunks: dict) -> dict:
+        """Encode ``{chunk index: (C, z, y, x) array}`` (chunks of one shard) as zarr-python does,
+        store the shard whole, read it back and compare.  Returns ``{"name", "sha256", "nbytes",
+        "chunks": {index: sha256 of the raw chunk}}``."""
+        names = {self.shard_name(i) for i in chunks}
+        if len(names) != 1:
+            raise DataError(f"{self.url}: chunks of {len(names)} shards given as one shard ({sorted(names)[:3]})")
+        name = names.pop()
+        if self._mem is None:
+            self._mem = _template(self.spec)
+        store, arr = self._mem
+        digests = {}
+        for idx, a in chunks.items():
+            roi = self.grid.chunk_roi(idx)
+            want = (self.channels,) + tuple(roi.shape)
+            if a.shape != want or a.dtype != np.dtype(self.dtype):
+                raise DataError(f"chunk {self.chunk_name(idx)}: array {a.shape} {a.dtype}, the layer holds "
+                                f"{want} {self.dtype}")
+            arr[(slice(None),) + roi.to_slices(self.bounds.offset)] = a
+            digests[tuple(idx)] = sha256(np.ascontiguousarray(a).tobytes())
+        try:
+            blob = store._store_dict.pop(name).to_bytes()
+        finally:
+            for k in [k for k in store._store_dict if k.startswith(f"{ARRAY}/c/")]:
+                del store._store_dict[k]
+        self.write_object(name, blob)
+        self.verify_object(name, sha256(blob))
+        return {"name": name, "sha256": sha256(blob), "nbytes": len(blob), "chunks": digests}
+
+    def write_object(self, name: str, data: bytes) -> None:
+        path = self.url.local_path / name
+        try:
+            atomic_write(path, data)
+        except OSError as exc:  # RELIABILITY T6: the previous version stays intact
+            raise DataError(f"{name} of {self.url}: write failed ({exc.strerror or exc}); the previous version, "
+                            "if any, is intact; free space or fix the storage and re-run its task") from exc
+        clean_stale_temporaries(path.parent, os.path.basename(name))
+
+    def read_object(self, name: str) -> bytes | None:
+        path = self.url.local_path / name
+        return path.read_bytes() if path.is_file() else None
+
+    def verify_object(self, name: str, digest: str) -> None:
+        data = self.read_object(name)
+        if data is None or sha256(data) != digest:
+            raise DataError(f"{name} of {self.url}: " + ("missing after its write" if data is None else
+                                                        f"read-back sha256 {sha256(data)[:12]} != written {digest[:12]}")
+                            + "; re-run its task")
+
+    def delete_object(self, name: str) -> None:
+        (self.url.local_path / name).unlink(missing_ok=True)
+
+    def read(self, roi: Roi, *, fill_missing: bool = True) -> tuple[np.ndarray, list]:
+        """``(C, z, y, x)`` of ``roi`` as zarr-python reads it (absent chunks: 0)."""
+        import zarr
+
+        a = zarr.open_array(str(self.url.local_path / ARRAY), mode="r")
+        return np.asarray(a[(slice(None),) + roi.to_slices(self.bounds.offset)]), []
+
+    def read_chunk(self, index) -> np.ndarray:
+        return self.read(self.grid.chunk_roi(index))[0]
