@@ -108,7 +108,61 @@ def write_json(url: LayerURL, name: str, obj, *, exclusive: bool = False) -> boo
     return True
 
 
-class PrecomputedLayer:
+class StoredObjects:
+    """Whole objects (shards) of a layer at ``self.url``: written in one piece (temporary file +
+    rename on ``file://``, one PUT on ``s3://``/``gs://``), read, verified, deleted."""
+
+    @cached_property
+    def _s3(self) -> S3Objects:
+        return S3Objects(self.url)
+
+    def write_object(self, name: str, data: bytes) -> None:
+        """Store ``name`` whole: temporary file + rename on ``file://``, one PUT on ``s3://``/``gs://``."""
+        if self.url.is_local:
+            path = self.url.local_path / name
+            try:
+                atomic_write(path, data)
+            except OSError as exc:  # RELIABILITY T6: the previous version stays intact
+                raise DataError(f"{name} of {self.url}: write failed ({exc.strerror or exc}); the previous version, "
+                                "if any, is intact; free space or fix the storage and re-run its task") from exc
+            clean_stale_temporaries(path.parent, os.path.basename(name))
+        elif self.url.protocol == "s3":
+            self._s3.put(name, data, content_type="application/octet-stream", content_encoding=None,
+                         cache_control="no-cache")
+        else:
+            _cloudfiles(self.url).put(name, data, content_type="application/octet-stream", compress=None,
+                                      cache_control="no-cache")
+
+    def read_object(self, name: str) -> bytes | None:
+        if self.url.is_local:
+            path = self.url.local_path / name
+            return path.read_bytes() if path.is_file() else None
+        if self.url.protocol == "s3":
+            return _s3_bytes(self._s3, name)
+        try:
+            return _cloudfiles(self.url).get(name)
+        except Exception as exc:
+            raise DataError(f"{name} of {self.url}: read failed: {type(exc).__name__}: {exc}") from exc
+
+    def verify_object(self, name: str, digest: str) -> None:
+        data = self.read_object(name)
+        if data is None:
+            raise DataError(f"{name} of {self.url} is missing after its write (expected sha256 {digest[:12]}); "
+                            "re-run its task")
+        if sha256(data) != digest:
+            raise DataError(f"{name} of {self.url}: read-back sha256 {sha256(data)[:12]} != written {digest[:12]} "
+                            "(torn or corrupted write); re-run its task")
+
+    def delete_object(self, name: str) -> None:
+        if self.url.is_local:
+            (self.url.local_path / name).unlink(missing_ok=True)
+        elif self.url.protocol == "s3":
+            self._s3.delete(name)
+        else:
+            _cloudfiles(self.url).delete(name)
+
+
+class PrecomputedLayer(StoredObjects):
     """One scale of a precomputed image layer, geometry in (z, y, x) voxels.
 
     Parameters
@@ -171,10 +225,6 @@ class PrecomputedLayer:
         return CloudVolume(self.url.cloudpath(), mip=self.mip, parallel=1, fill_missing=fill_missing,
                            bounded=True, progress=False, cache=False, info=self.info, green_threads=False,
                            lru_bytes=0)
-
-    @cached_property
-    def _s3(self) -> S3Objects:
-        return S3Objects(self.url)
 
     def missing_chunks(self, roi: Roi) -> list[str]:
         """Names of the stored chunks under ``roi`` that are absent or 0 bytes."""
@@ -331,51 +381,6 @@ class PrecomputedLayer:
         self.write_object(name, blob)
         self.verify_object(name, sha256(blob))
         return {"name": name, "sha256": sha256(blob), "nbytes": len(blob), "chunks": digests}
-
-    def write_object(self, name: str, data: bytes) -> None:
-        """Store ``name`` whole: temporary file + rename on ``file://``, one PUT on ``s3://``/``gs://``."""
-        if self.url.is_local:
-            path = self.url.local_path / name
-            try:
-                atomic_write(path, data)
-            except OSError as exc:  # RELIABILITY T6: the previous version stays intact
-                raise DataError(f"{name} of {self.url}: write failed ({exc.strerror or exc}); the previous version, "
-                                "if any, is intact; free space or fix the storage and re-run its task") from exc
-            clean_stale_temporaries(path.parent, os.path.basename(name))
-        elif self.url.protocol == "s3":
-            self._s3.put(name, data, content_type="application/octet-stream", content_encoding=None,
-                         cache_control="no-cache")
-        else:
-            _cloudfiles(self.url).put(name, data, content_type="application/octet-stream", compress=None,
-                                      cache_control="no-cache")
-
-    def read_object(self, name: str) -> bytes | None:
-        if self.url.is_local:
-            path = self.url.local_path / name
-            return path.read_bytes() if path.is_file() else None
-        if self.url.protocol == "s3":
-            return _s3_bytes(self._s3, name)
-        try:
-            return _cloudfiles(self.url).get(name)
-        except Exception as exc:
-            raise DataError(f"{name} of {self.url}: read failed: {type(exc).__name__}: {exc}") from exc
-
-    def verify_object(self, name: str, digest: str) -> None:
-        data = self.read_object(name)
-        if data is None:
-            raise DataError(f"{name} of {self.url} is missing after its write (expected sha256 {digest[:12]}); "
-                            "re-run its task")
-        if sha256(data) != digest:
-            raise DataError(f"{name} of {self.url}: read-back sha256 {sha256(data)[:12]} != written {digest[:12]} "
-                            "(torn or corrupted write); re-run its task")
-
-    def delete_object(self, name: str) -> None:
-        if self.url.is_local:
-            (self.url.local_path / name).unlink(missing_ok=True)
-        elif self.url.protocol == "s3":
-            self._s3.delete(name)
-        else:
-            _cloudfiles(self.url).delete(name)
 
     def delete_chunk(self, index) -> None:
         name = self.chunk_name(index)

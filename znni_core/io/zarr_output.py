@@ -19,15 +19,14 @@ existing array is compared with the run's exactly as a precomputed layer is (T18
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 
 from ..errors import DataError
 from ..geometry import Coordinate, Roi
-from .atomic import atomic_write, clean_stale_temporaries
+from .atomic import atomic_write
 from .info import ScaleSpec, compare_scale
-from .precomputed import sha256
+from .precomputed import StoredObjects, sha256
 from .paths import LayerURL
 
 ZARR_SHARDING = "zarr_sharding_indexed"
@@ -101,7 +100,7 @@ def create_zarr_output(url: LayerURL, spec: ScaleSpec, provenance: dict) -> str:
     return "created" if created else "exists"
 
 
-class ZarrOutput:
+class ZarrOutput(StoredObjects):
     """An existing zarr output, checked against ``spec``; the writer's and finalize's interface of
     a sharded :class:`~znni_core.io.precomputed.PrecomputedLayer`."""
 
@@ -171,29 +170,6 @@ class ZarrOutput:
         self.write_object(name, blob)
         self.verify_object(name, sha256(blob))
         return {"name": name, "sha256": sha256(blob), "nbytes": len(blob), "chunks": digests}
-
-    def write_object(self, name: str, data: bytes) -> None:
-        path = self.url.local_path / name
-        try:
-            atomic_write(path, data)
-        except OSError as exc:  # RELIABILITY T6: the previous version stays intact
-            raise DataError(f"{name} of {self.url}: write failed ({exc.strerror or exc}); the previous version, "
-                            "if any, is intact; free space or fix the storage and re-run its task") from exc
-        clean_stale_temporaries(path.parent, os.path.basename(name))
-
-    def read_object(self, name: str) -> bytes | None:
-        path = self.url.local_path / name
-        return path.read_bytes() if path.is_file() else None
-
-    def verify_object(self, name: str, digest: str) -> None:
-        data = self.read_object(name)
-        if data is None or sha256(data) != digest:
-            raise DataError(f"{name} of {self.url}: " + ("missing after its write" if data is None else
-                                                        f"read-back sha256 {sha256(data)[:12]} != written {digest[:12]}")
-                            + "; re-run its task")
-
-    def delete_object(self, name: str) -> None:
-        (self.url.local_path / name).unlink(missing_ok=True)
 
     def read(self, roi: Roi, *, fill_missing: bool = True) -> tuple[np.ndarray, list]:
         """``(C, z, y, x)`` of ``roi`` as zarr-python reads it (absent chunks: 0)."""
