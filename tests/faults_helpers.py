@@ -250,7 +250,10 @@ def run_task_proc(case: Case, task: int, *, fault: str | None = None, kill_after
     if kill_after is not None:
         p.join(kill_after)
         if p.is_alive():
-            os.kill(p.pid, signal.SIGKILL)
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:  # it ended (and the forkserver reaped it) after the check
+                pass
     p.join(timeout)
     if p.is_alive():
         p.kill()
