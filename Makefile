@@ -23,7 +23,7 @@ demo: setup
 # Subprocess-heavy tests (Snakemake jobs) need bytecode caching; some machines disable it.
 test: setup
 	env -u PYTHONDONTWRITEBYTECODE PATH="$(abspath $(VENV))/bin:$$PATH" NUMBA_THREADING_LAYER=threadsafe \
-		$(PY) -m pytest -q -m "not slow and not gpu" -p no:cacheprovider
+		$(PY) -m pytest -q -m "not slow and not gpu" -p no:cacheprovider -n 2 --dist loadfile
 
 bench: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m benchmarks

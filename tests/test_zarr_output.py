@@ -1,6 +1,7 @@
 """zarr v3 output (io/zarr_output.py): one shard per task, the same voxels as a precomputed run,
 read by zarr-python, tensorstore and znni's own zarr input; OME-Zarr metadata; finalize verifies
-shards; a task re-run rewrites only its shard; a mismatched existing array is refused (T18, T17)."""
+shards; a task re-run rewrites only its shard; a mismatched existing array is refused (T18, T17).
+Through Snakemake: tests/test_workflow.py (the masked run writes zarr)."""
 from __future__ import annotations
 
 import json
@@ -115,22 +116,3 @@ def test_mismatched_zarr_output_and_unsupported_options_are_refused(runs, tmp_pa
     with pytest.raises(ConfigError, match="always"):
         prepare(none)
 
-
-def test_workflow_writes_zarr_output(tmp_path):
-    """The Snakemake workflow with a zarr output: validate, create_layer, jobs, finalize."""
-    import yaml
-    import zarr
-
-    from .test_workflow import snakemake
-
-    cfg = base_config(tmp_path / "wf", vol=em((10, 34, 34)),
-                      output={"path": str(tmp_path / "wf" / "out.zarr"), "chunk_size": [4, 8, 8]})
-    path = tmp_path / "wf.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    p = snakemake(tmp_path, path)
-    assert "0 not done" in p.stderr
-    s = json.loads((Path(cfg["work_dir"]) / "report" / "summary.json").read_text())
-    assert s["failed"] == [] and s["done"] == s["tasks"] and s["output"].startswith("zarr://")
-    a = zarr.open_array(str(tmp_path / "wf" / "out.zarr" / "0"), mode="r")
-    assert a.shards is not None and np.asarray(a[...]).any()
-    assert "zarr://" in s["neuroglancer"] or "zarr%3A%2F%2F" in s["neuroglancer"]
