@@ -67,13 +67,12 @@ def measured_rate(cfg: dict) -> float | None:
 
 
 def task_geometry(cfg: dict):
-    """``(input layer, Layout, TaskGrid)`` of a config, without a plan."""
+    """``(input layer, Layout, TaskGrid)`` of a validated config, without a plan."""
     from .. import load_network
     from ..geometry import TaskGrid
     from ..io import open_input, parse_layer_url
-    from .config import layout, net_halo, validate_config
+    from .config import layout, net_halo
 
-    cfg = validate_config(cfg)
     net = load_network(Path(cfg["network"]["path"]))
     iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
     inp = open_input(iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"])

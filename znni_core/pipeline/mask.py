@@ -104,11 +104,8 @@ def scan(tasks, mask: Mask, *, log=None) -> dict:
     grid, region = tasks.grid, tasks.region
     n = len(tasks)
     live, chunks_live, voxels_live = [], 0, 0
-    per_read = tasks.shape[-1] if n else 1
-    if n:
-        one = mask.box(tasks[0].write_roi.intersect(region)).size
-        per_read = max(1, min(per_read, READ_VOXELS // max(one, 1)))
-    row = tasks.shape[-1] if n else 1
+    row = tasks.shape[-1] if n else 1  # tasks along x: consecutive positions
+    per_read = max(1, min(row, READ_VOXELS // max(mask.box(tasks[0].write_roi.intersect(region)).size, 1))) if n else 1
     for k0 in range(0, n, row):
         for a in range(k0, min(k0 + row, n), per_read):
             ks = range(a, min(a + per_read, k0 + row, n))

@@ -30,7 +30,7 @@ from ..exec.tiling import graph_window, run_graph_window
 from ..inference import thread_limits
 from ..net.graph import Graph
 from .config import load_run, output_spec, run_geometry
-from .mask import live_chunks
+from .mask import live_chunks, open_mask
 
 
 MANIFESTS_PER_DIR = 10_000  # manifests/<id // 10^4>/<id>.json: no directory of 10^5+ files at petascale
@@ -166,7 +166,6 @@ def open_run(run_file) -> RunContext:
     """Open a run's output layer, network, plan and input; DataError if any changed since validate."""
     from .. import load_network
     from ..plan.plan import Plan
-    from .mask import open_mask
 
     run = load_run(run_file)
     cfg = run["config"]
