@@ -37,3 +37,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="no CUDA device"))
         if "slurm" in item.keywords and not sbatch:
             item.add_marker(pytest.mark.skip(reason="no SLURM (sbatch not on PATH)"))
+
+
+@pytest.fixture(autouse=True)
+def _cold_kernel_spectra():
+    """Every test starts without the kernel spectra ``infer`` keeps between calls (and frees
+    them after), so counts of spectra built mean the same in any test order."""
+    import znni_core
+
+    znni_core.release_cache()
+    yield
+    znni_core.release_cache()

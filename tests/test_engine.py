@@ -41,7 +41,7 @@ def test_default_infer_matches_torch_and_naive(name):
         assert max_rel_err(out[(slice(None),) + p], v) <= TOL, p
 
 
-@pytest.mark.parametrize("prim", ["direct-gemm", "direct-numba", "fft-data", "fft-task", "fft-stream"])
+@pytest.mark.parametrize("prim", ["direct-gemm", "direct-numba", "fft-data", "fft-task", "fft-stream", "fft-gemm"])
 @pytest.mark.parametrize("name", ["iso2pool", "aniso"])
 def test_every_primitive_and_pool_mode(name, prim):
     net = make_net(NETS[name], c_in=2 if name == "aniso" else 1, seed=5)
@@ -162,7 +162,7 @@ def test_fft_kernel_spectra_built_once_per_run(monkeypatch):
     assert len(built) > n_conv and set(built) == {"stream"}
 
 
-@pytest.mark.parametrize("prim", ["fft-task", "fft-stream", "direct-gemm"])
+@pytest.mark.parametrize("prim", ["fft-task", "fft-stream", "fft-gemm", "direct-gemm"])
 def test_conv_in_blocks_is_exact(prim):
     """Overlap-save blocks (``Step.tile``): each conv run on input blocks whose outputs tile
     its output, the last block shifted back; any block shape gives the same result."""
@@ -194,7 +194,8 @@ def test_blocked_conv_memory_matches_model():
     rng = np.random.default_rng(0)
     layer = Conv(rng.standard_normal((8, 6, 5, 5, 5), dtype=np.float32), np.zeros(8, np.float32))
     x = rng.standard_normal((3, 6, 70, 66, 61), dtype=np.float32)
-    for prim, tile, mb in (("fft-task", (32, 32, 32), 0), ("fft-stream", (48, 32, 61), 2), ("fft-data", (), 1)):
+    for prim, tile, mb in (("fft-task", (32, 32, 32), 0), ("fft-stream", (48, 32, 61), 2), ("fft-data", (), 1),
+                           ("fft-gemm", (48, 48, 48), 0), ("fft-gemm", (), 2)):
         step = Step(0, "conv", prim, x.shape, (), mb, 2, tile=tile)
         engine._run_conv(step, layer, x, np, {})  # warm-up: numba compilation, FFTW plans
         tracemalloc.start()

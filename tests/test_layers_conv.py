@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from znni_core.errors import InputError
 from znni_core.layers import (
     FFTConv,
+    FFTGemmConv,
     conv_direct_gemm,
     conv_direct_gemm_memory,
     conv_direct_numba,
@@ -51,6 +52,9 @@ def all_paths(x, w, b, threads=2):
     for mode in ("data", "task", "stream"):
         yield f"fft-{mode}", FFTConv(w, b, x.shape[2:], mode=mode, threads=threads, effort="estimate")(x)
     khat = np.conj(np.fft.rfftn(w, s=fft_shape(x.shape[2:]), axes=(2, 3, 4))).reshape(w.shape[0], w.shape[1], -1)
+    gemm = FFTGemmConv(w, b, x.shape[2:], threads=threads)
+    yield "fft-gemm", gemm(x)
+    yield "fft-gemm-xp", gemm._call_xp(x)  # the GPU's code path, on numpy
     yield "fft-xp", _fft_conv_xp(x, khat, b, fft_shape(x.shape[2:]), tuple(
         n - q + 1 for n, q in zip(x.shape[2:], w.shape[2:])))
 

@@ -93,3 +93,20 @@ def test_activation_memory(kind):
           measured_peak(lambda: L.apply_activation(x, kind, 0.5)))
     if kind in ("elu",):
         check(L.activation_memory(kind, shape), measured_peak(lambda: L.apply_activation(x, kind, 0.5, out=x)))
+
+
+@pytest.mark.parametrize("n,ci,co,shape,kernel", [
+    (4, 8, 8, (12, 96, 96), (1, 5, 5)),  # 2D transforms per z slice
+    (64, 8, 16, (6, 30, 30), (1, 3, 3)),  # many small planes: several blocks of items
+    (2, 6, 6, (40, 44, 41), (3, 3, 2)),  # 3D transforms
+])
+def test_fft_gemm_memory_including_kernel_spectra(n, ci, co, shape, kernel):
+    x, w = data(n, ci, shape), data(co, ci, kernel, 1)
+    L.FFTGemmConv(w, None, shape, threads=2)(x)  # numba kernels loaded, FFTW wisdom
+
+    def run():
+        conv = L.FFTGemmConv(w, np.ones(co, np.float32), shape, threads=2)
+        return conv, conv(x)
+
+    spectra = L.fft_gemm_kernel_bytes(ci, co, shape, kernel)
+    check(L.fft_gemm_memory(n, ci, co, shape, kernel, threads=2) + spectra, measured_peak(run))

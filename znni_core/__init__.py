@@ -17,4 +17,12 @@ def infer(net, x, *, device="cpu", memory_budget=None, plan=None, progress=None,
     return _infer(net, x, device=device, memory_budget=memory_budget, plan=plan, progress=progress, cache=cache)
 
 
-__all__ = ["Network", "ZnniError", "infer", "load_network", "save_network", "__version__"]
+def release_cache():
+    """Free the FFT kernel spectra ``infer`` keeps for its next call; see
+    :func:`znni_core.inference.release_cache`."""
+    from .inference import release_cache as _release
+
+    _release()
+
+
+__all__ = ["Network", "ZnniError", "infer", "load_network", "release_cache", "save_network", "__version__"]

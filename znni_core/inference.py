@@ -66,7 +66,9 @@ def infer(net: Network, x, *, device: str = "cpu", memory_budget: int | None = N
     of available RAM) for this input's shape (no patch larger than ``x``; an input smaller
     than one good patch runs as one patch) and cached on disk for the next call.  The
     budget bounds the engine's working memory per patch; the whole input and the
-    returned array are extra.  ``cache``: pass the same dict to
+    returned array are extra.  Resident FFT kernel spectra (counted in the plan's budget) are
+    kept after the call for the next call with the same plan (at most one plan's: a call
+    with another plan replaces them; :func:`release_cache` drops them); ``cache``: pass the same dict to
     several calls with one plan (e.g. the blocks of a task) to build the plan's resident
     FFT kernel spectra once for all of them; it holds at most one plan's spectra.
 
@@ -91,4 +93,13 @@ def infer(net: Network, x, *, device: str = "cpu", memory_budget: int | None = N
     elif plan.device != device:
         raise PlanError(f"the plan is for device {plan.device!r} but device={device!r} was requested")
     with thread_limits(plan.threads):
-        return run_tiled(plan, net, x, xp=xp, progress=progress, cache=cache)
+        return run_tiled(plan, net, x, xp=xp, progress=progress, cache=_WARM if cache is None else cache)
+
+
+#: the resident kernel spectra of the last plan ``infer`` ran without a ``cache`` of its caller's
+_WARM: dict = {}
+
+
+def release_cache() -> None:
+    """Drop the kernel spectra ``infer`` keeps between calls (frees their memory)."""
+    _WARM.clear()

@@ -18,7 +18,7 @@ from ..errors import PlanError
 from ..geometry.blocks import conv_blocks
 from ..plan.memory import slab_geometry
 from ..layers.activation import commutes_with_max
-from ..layers import (FFTConv, apply_activation, conv_direct_gemm, conv_direct_numba, fragment_of_filtered,
+from ..layers import (FFTConv, FFTGemmConv, apply_activation, conv_direct_gemm, conv_direct_numba, fragment_of_filtered,
                       max_filter_inplace, max_pool, mpf, recombine)
 from ..net.spec import Activation, Conv, Network, Pool
 
@@ -37,7 +37,9 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
         if hit is None or hit.in_spatial != shape:
             convs.pop(step.index, None)
             del hit
-            convs[step.index] = FFTConv(layer.weight, layer.bias, shape, threads=step.threads, mode=prim[4:], xp=xp)
+            convs[step.index] = (FFTGemmConv(layer.weight, layer.bias, shape, threads=step.threads, xp=xp)
+                                 if prim == "fft-gemm" else
+                                 FFTConv(layer.weight, layer.bias, shape, threads=step.threads, mode=prim[4:], xp=xp))
         return convs[step.index]
     w = layer.weight if xp is np else xp.asarray(layer.weight)
     b = None if layer.bias is None else (layer.bias if xp is np else xp.asarray(layer.bias))
@@ -59,19 +61,20 @@ def _run_conv(step, layer: Conv, x, xp, convs):
         return fn(x)
     out = xp.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), dtype=np.float32)
     ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
-    if isinstance(fn, FFTConv):  # one set of call buffers for all blocks of this step
+    fft = isinstance(fn, (FFTConv, FFTGemmConv))
+    if fft:  # one set of call buffers for all blocks of this step
         fn.keep_buffers = True
     try:
         for i in range(0, n, mb):
             for o in origins:
                 src = (slice(i, i + mb), slice(None)) + tuple(slice(a, a + t) for a, t in zip(o, tile))
                 dst = (slice(i, i + mb), slice(None)) + tuple(slice(a, a + b) for a, b in zip(o, ob))
-                if isinstance(fn, FFTConv):
+                if fft:
                     fn(x[src], out=out[dst])  # straight into the output block
                 else:
                     out[dst] = fn(x[src])
     finally:
-        if isinstance(fn, FFTConv):
+        if fft:
             fn.keep_buffers = False
             fn.release()
     return out

@@ -6,7 +6,7 @@ only: no network, plan or IO imports.
 
 Convolutions (PyTorch ``Conv3d`` semantics: correlation, valid, stride 1):
 :func:`conv_direct_gemm`, :func:`conv_direct_numba`, :class:`FFTConv` /
-:func:`fft_conv`.  Pooling: :func:`max_pool`, :func:`mpf`, :func:`recombine`,
+:func:`fft_conv`, :class:`FFTGemmConv` (channel sums as per-frequency GEMMs).  Pooling: :func:`max_pool`, :func:`mpf`, :func:`recombine`,
 :func:`max_filter_dense`.  Activations: :func:`apply_activation`.
 
 Every primitive has a ``*_memory`` function predicting the peak bytes a call
@@ -32,6 +32,7 @@ from .fft import (
     pruned_rfftn,
     save_wisdom,
 )
+from .fft_gemm import FFTGemmConv, fft_gemm_kernel_bytes, fft_gemm_memory, fft_gemm_transform_shape
 from .pool import (
     fragment_of_filtered,
     max_filter_dense,
@@ -49,6 +50,7 @@ from .xp import cupy_or_none, get_array_module
 __all__ = [
     "ACTIVATIONS",
     "FFTConv",
+    "FFTGemmConv",
     "activation_memory",
     "apply_activation",
     "conv_direct_gemm",
@@ -60,6 +62,9 @@ __all__ = [
     "default_wisdom_path",
     "fft_conv",
     "fft_conv_memory",
+    "fft_gemm_kernel_bytes",
+    "fft_gemm_memory",
+    "fft_gemm_transform_shape",
     "fft_kernel_cache_bytes",
     "fft_shape",
     "fft_size",

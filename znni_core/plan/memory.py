@@ -29,6 +29,8 @@ def conv_primitive_bytes(primitive: str, n: int, layer: Conv, in_spatial, thread
         return int(L.conv_direct_gemm_memory(*args))
     if primitive == "direct-numba":
         return int(L.conv_direct_numba_memory(*args))
+    if primitive == "fft-gemm":
+        return int(L.fft_gemm_memory(*args, threads=threads))
     if primitive.startswith("fft-"):
         # resident kernel spectra are counted once for the whole run: resident_bytes
         return int(L.fft_conv_memory(*args, mode=primitive[4:], threads=threads, cache=False))
@@ -71,6 +73,8 @@ def resident_bytes(primitive: str, layer: Conv, in_spatial) -> int:
     """Bytes a conv step keeps for the whole run: the kernel spectra of ``fft-data`` /
     ``fft-task`` (the executor builds them on first use and reuses them for every pooling
     offset, slab, micro-batch and patch)."""
+    if primitive == "fft-gemm":
+        return int(L.fft_gemm_kernel_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel))
     if primitive in ("fft-data", "fft-task"):
         return int(L.fft_kernel_cache_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial)))
     return 0

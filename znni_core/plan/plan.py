@@ -13,9 +13,9 @@ from pathlib import Path
 from ..errors import PlanError
 
 PLAN_FORMAT = "znni-plan/1"
-CONV_PRIMITIVES = ("direct-gemm", "direct-numba", "fft-data", "fft-task", "fft-stream")
+CONV_PRIMITIVES = ("direct-gemm", "direct-numba", "fft-data", "fft-task", "fft-stream", "fft-gemm")
 #: FFT primitives whose kernel spectra stay resident for the whole run (built once)
-RESIDENT_PRIMITIVES = ("fft-data", "fft-task")
+RESIDENT_PRIMITIVES = ("fft-data", "fft-task", "fft-gemm")
 POOL_MODES = ("mpf", "pool", "slab")  # mpf: fragments batched; pool: one offset at a time through the rest;
 # slab (first pooling layer only): also the layers before it recomputed per offset in z-slabs (micro_batch = rows)
 

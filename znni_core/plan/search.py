@@ -30,7 +30,7 @@ MAX_PATCH_VOXELS = 512 ** 3
 GIB = 2 ** 30
 GPU_PRIMITIVES = ("direct-gemm", "fft-data")
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
-SEARCH_VERSION = 2  # in the plan cache key: bump when the search or time model changes (stale plans)
+SEARCH_VERSION = 3  # in the plan cache key: bump when the search or time model changes (stale plans)
 PLAN_CACHE_ENTRIES = 256  # newest plans kept on disk (one per network x shape x budget x ...)
 PATIENCE = 2  # coarse patches in a row without a gain before a series of growing patches stops
 COARSE = 3  # a series is first sampled at every COARSE-th patch, then refined around the best
@@ -184,6 +184,18 @@ def _micro_batches(n: int) -> list[int]:
     return out
 
 
+def _rate(net: Network, patch, secs: float, input_shape=None) -> float:
+    """Output voxels per second of a patch plan.  With ``input_shape``: of that input, covered
+    by ``ceil(output / patch output)`` patches per axis (the last one shifted back), so a patch
+    just short of the input is charged for the second patch it needs."""
+    out = net.output_shape(patch)
+    if input_shape is None:
+        return math.prod(out) / secs
+    need = net.output_shape(input_shape)
+    patches = math.prod(-(-n // o) for n, o in zip(need, out))
+    return math.prod(need) / (patches * secs)
+
+
 def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
     """Best choices for one (patch, pool modes) candidate; returns (steps, seconds, peak, notes)."""
     layers = net.layers
@@ -220,8 +232,9 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
             if _flat_axis(layer.kernel, spatial):
                 # FFTConv transforms every axis: a kernel 1 deep on an axis of extent > 1 (2D
                 # kernels in 3D) pays transforms along it for nothing, and the rate model does not
-                # see it (boundary net (1,5,5) layer: fft-task 2.0 s where direct-gemm took 1.0 s)
-                allowed = tuple(p for p in allowed if not p.startswith("fft-")) or allowed
+                # see it (boundary net (1,5,5) layer: fft-task 2.0 s where direct-gemm took 1.0 s);
+                # fft-gemm folds such axes into its batch (2D transforms per z slice)
+                allowed = tuple(p for p in allowed if not p.startswith("fft-") or p == "fft-gemm") or allowed
             key = ("ranked", i, n, tuple(spatial), reps[i], allowed)
             ranked = timer._memo.get(key)  # every option of this layer by estimated time (shared by candidates)
             if ranked is None:
@@ -396,7 +409,7 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
                 steps, secs, peak, notes = _evaluate(net, patch, modes, budget, timer, prims)
                 evaluated += 1
                 desc = f"patch {patch} pools {'/'.join(modes) or '-'}"
-                vps = math.prod(net.output_shape(patch)) / secs
+                vps = _rate(net, patch, secs, input_shape)
                 if peak > budget:
                     rejected.append(Rejected(desc, f"needs {_fmt(peak)} > budget {_fmt(budget)}", vps))
                     smallest_need = peak if smallest_need is None else min(smallest_need, peak)
@@ -439,7 +452,7 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
         remeasured = []
         for vps, patch, modes, *_ in top:
             steps, secs, peak, notes = _evaluate(net, patch, modes, budget, timer, prims, measure=True)
-            remeasured.append((math.prod(net.output_shape(patch)) / secs, patch, modes, steps, secs, peak, notes))
+            remeasured.append((_rate(net, patch, secs, input_shape), patch, modes, steps, secs, peak, notes))
         remeasured.sort(key=lambda r: -r[0])
         results = remeasured + results[len(top):]
 

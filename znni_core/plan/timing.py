@@ -20,7 +20,7 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 6  # bump when the models or the calibration change (6: call/patch overheads, bounded search)
+CALIBRATION_VERSION = 7  # bump when the models or the calibration change (7: fft-gemm)
 
 
 def cache_dir() -> Path:
@@ -116,6 +116,7 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
     direct_points = {"gemm": [[27, flops1 / _best_of(lambda: L.conv_direct_gemm(x1, w1))], [24 * 27, gemm]],
                      "numba": [[27, flops1 / _best_of(lambda: L.conv_direct_numba(x1, w1))], [24 * 27, numba_rate]]}
     rates = _fft_rates(threads)
+    rates["gemm"] = _fft_gemm_rates(threads)
     big = np.empty(2 ** 24, dtype=np.float32)
     bw = big.nbytes * 2 / _best_of(lambda: np.maximum(big, 0, out=big))
     cal = {"gemm_flops": gemm, "numba_flops": numba_rate, "direct_points": direct_points, "fft": rates, "mem_bw": bw,
@@ -205,6 +206,46 @@ def _fft_rates(threads: int) -> dict:
     return rates
 
 
+#: fft-gemm calibration: 2D transforms of 64^2 planes (16 slices), few and many maps, kernel (1,5,5)
+_FFT_GEMM_CAL = {"shape": (16, 64, 64), "kernel": (1, 5, 5), "mixes": ((2, 4), (1, 48))}  # (N, C)
+_FFT_GEMM_COPY = 6.0  # transposes, padding and cropping, in units of log2(V) per transformed value
+
+
+def _fft_gemm_terms(n, layer_or_cio, in_spatial, kernel):
+    """(transform work, complex multiply-adds) of one fft-gemm call: ``items (C_in + C_out)
+    V (log2 V + copy)`` and ``items C_in C_out F``."""
+    cin, cout = layer_or_cio
+    ts = L.fft_gemm_transform_shape(in_spatial, kernel)
+    v = float(math.prod(ts))
+    f = ts[0] * ts[1] * (ts[2] // 2 + 1)
+    items = n * (int(in_spatial[0]) if int(kernel[0]) == 1 else 1)
+    return items * (cin + cout) * v * (math.log2(max(v, 2)) + _FFT_GEMM_COPY), float(items) * cin * cout * f
+
+
+def _fft_gemm_rates(threads: int) -> dict:
+    """Seconds per unit of :func:`_fft_gemm_terms`, from one call at few maps (transforms
+    dominate) and one at many (the products dominate), and per kernel spectrum value built."""
+    rng = np.random.default_rng(0)
+    sp, k = _FFT_GEMM_CAL["shape"], _FFT_GEMM_CAL["kernel"]
+    rows, times = [], []
+    for n, c in _FFT_GEMM_CAL["mixes"]:
+        x = rng.standard_normal((n, c) + sp, dtype=np.float32)
+        w = rng.standard_normal((c, c) + k, dtype=np.float32)
+        t0 = time.perf_counter()
+        conv = L.FFTGemmConv(w, None, sp, threads=threads)
+        build = (time.perf_counter() - t0) / (c * c * _fft_gemm_terms(1, (1, 1), sp, k)[1])
+        conv.keep_buffers = True
+        times.append(_best_of(lambda: conv(x), repeats=2))
+        rows.append(_fft_gemm_terms(n, (c, c), sp, k))
+    (a11, a12), (a21, a22) = rows
+    b1, b2 = times
+    det = a11 * a22 - a12 * a21
+    per_t, per_mac = (b1 * a22 - a12 * b2) / det, (a11 * b2 - a21 * b1) / det
+    if per_t <= 0 or per_mac <= 0:  # noisy timings: split each run's time evenly instead
+        per_t, per_mac = 0.5 * b1 / a11, 0.5 * b2 / a22
+    return {"s_per_transform": per_t, "s_per_mac": per_mac, "build_s_per_value": build}
+
+
 def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, micro_batch: int | None = None) -> float:
     """Seconds for a conv layer over ``n`` fragments, called in micro-batches of ``micro_batch``.
 
@@ -216,10 +257,14 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     flops = 2.0 * n * cin * cout * math.prod(layer.kernel) * math.prod(out)
     if primitive in ("direct-gemm", "direct-numba"):
         return flops / _direct_rate(primitive[7:], cin * math.prod(layer.kernel), cal)
+    calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
+    if primitive == "fft-gemm":
+        r = cal["fft"]["gemm"]
+        tr, macs = _fft_gemm_terms(n, (cin, cout), in_spatial, layer.kernel)
+        return tr * r["s_per_transform"] + macs * r["s_per_mac"] + (calls - 1) * 1e-4
     r = cal["fft"][primitive[4:]]
     v = math.prod(L.fft_shape(in_spatial))
     vlog = v * math.log2(max(v, 2))
-    calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
     mode, rates = primitive[4:], cal["fft"]
     t = n * (cin + cout) * vlog * r["s_per_vlogv"] + n * cin * cout * (v / 2) * r["s_per_mac"]
     t *= _size_factor(v, rates, "call", mode)
@@ -238,7 +283,11 @@ def _direct_rate(kind: str, k: int, cal: dict) -> float:
 
 
 def estimate_setup(primitive: str, layer: Conv, in_spatial, cal: dict) -> float:
-    """Seconds to build the resident kernel spectra of ``fft-data`` / ``fft-task`` (once per run)."""
+    """Seconds to build the resident kernel spectra of ``fft-data`` / ``fft-task`` /
+    ``fft-gemm`` (once per run)."""
+    if primitive == "fft-gemm":
+        values = L.fft_gemm_kernel_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel) / 8
+        return values * cal["fft"]["gemm"]["build_s_per_value"]
     if primitive not in ("fft-data", "fft-task"):
         return 0.0
     v = math.prod(L.fft_shape(in_spatial))
@@ -269,6 +318,9 @@ class Measurements:
             fn = lambda: L.conv_direct_gemm(x, w, layer.bias)  # noqa: E731
         elif primitive == "direct-numba":
             fn = lambda: L.conv_direct_numba(x, w, layer.bias)  # noqa: E731
+        elif primitive == "fft-gemm":
+            conv = L.FFTGemmConv(w, layer.bias, tuple(in_spatial), threads=self.threads)
+            fn = lambda: conv(x)  # noqa: E731
         else:  # the call only: resident kernel spectra are built once per run (estimate_setup)
             conv = L.FFTConv(w, layer.bias, tuple(in_spatial), threads=self.threads, mode=primitive[4:])
             fn = lambda: conv(x)  # noqa: E731
