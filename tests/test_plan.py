@@ -146,6 +146,48 @@ def test_patch_never_exceeds_the_input_and_small_input_is_one_patch():
         autotune(net, memory_budget=2 ** 31, input_shape=(1, 1, 1))
 
 
+def test_a_patch_short_of_the_input_is_charged_for_the_patches_it_needs():
+    """The search ranks patches by the input's output voxels over the time of every patch
+    that covers it: a patch one pooling product short of the input needs two per axis."""
+    from znni_core.plan.search import _rate, input_patch
+
+    net = make_net(WIDE, seed=9)
+    d = net.pooling_product
+    x_shape = tuple(f + 4 * dd + 1 for f, dd in zip(net.field_of_view, d))
+    whole = input_patch(net, x_shape)
+    short = tuple(w - dd for w, dd in zip(whole, d))
+    need = np.prod(net.output_shape(x_shape))
+    assert _rate(net, whole, 1.0, x_shape) == need  # one patch in a second
+    assert _rate(net, short, 1.0, x_shape) == need / 8  # 2 x 2 x 2 patches
+    assert _rate(net, short, 1.0) == np.prod(net.output_shape(short))  # no input: the patch's own rate
+
+
+def test_infer_keeps_the_kernel_spectra_for_the_next_call(monkeypatch):
+    """A second ``infer`` with the same plan builds no kernel spectra; another plan replaces
+    them; ``release_cache`` drops them (counts, not seconds)."""
+    from znni_core.exec import engine
+
+    built = []
+    real = engine.FFTGemmConv
+
+    def counting(*a, **kw):
+        built.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(engine, "FFTGemmConv", counting)
+    net = make_net(WIDE, seed=4)
+    x = np.random.default_rng(1).standard_normal((1,) + tuple(f + 3 for f in net.field_of_view)).astype(np.float32)
+    plan = autotune(net, memory_budget=2 ** 31, primitives=("fft-gemm",), input_shape=x.shape[1:], use_cache=False)
+    n_conv = sum(1 for s in plan.steps if s.op == "conv")
+    first = znni_core.infer(net, x, plan=plan)
+    assert len(built) == n_conv
+    np.testing.assert_array_equal(znni_core.infer(net, x, plan=plan), first)
+    assert len(built) == n_conv  # warm: nothing rebuilt
+    znni_core.release_cache()
+    znni_core.infer(net, x, plan=plan)
+    assert len(built) == 2 * n_conv
+
+
 def test_plan_cache_keeps_the_newest_entries(tmp_path):
     c = T.JsonCache(tmp_path / "plans.json", max_entries=2)
     for k in ("a", "b", "a", "c"):  # re-putting "a" makes it the newest
