@@ -48,7 +48,7 @@ F32 = 4
 #: items per transform block: about this many bytes of spectra (cache-friendly transposes,
 #: enough work per FFTW call for its threads)
 BLOCK_BYTES = 4 * 2**20
-FFTW_EFFORT = "FFTW_MEASURE"
+FFTW_EFFORT = "FFTW_ESTIMATE"  # MEASURE planned for up to 1 s per new shape and ran no faster on 2D batches
 
 
 def fft_gemm_transform_shape(in_spatial, kernel) -> tuple:
@@ -170,12 +170,16 @@ def _kernel_spectra(w, tshape, threads, xp):
     step = max(1, 2**20 // (C64 * C * F))  # chunks of about 1 MiB: the build's transient
     for o0 in range(0, O, step):
         wo = w[o0:o0 + step]
-        if xp is np:  # pocketfft with threads: 5x numpy.fft on 48 x 48 kernels
-            import scipy.fft
+        # pruned: x on the kernel's rows only, then y, then z (each stage zero-pads its axis)
+        if xp is np:  # pocketfft with threads
+            import scipy.fft as fft
 
-            k = scipy.fft.rfftn(wo, s=tshape, axes=(2, 3, 4), workers=threads)
+            kw = {"workers": threads}
         else:
-            k = xp.fft.rfftn(wo, s=tshape, axes=(2, 3, 4))
+            fft, kw = xp.fft, {}
+        k = fft.rfft(wo, n=tshape[2], axis=4, **kw)
+        k = fft.fft(k, n=tshape[1], axis=3, **kw)
+        k = fft.fft(k, n=tshape[0], axis=2, **kw) if tshape[0] > 1 else k
         xp.conjugate(k, out=k)
         k *= 1.0 / math.prod(tshape)
         khat[:, :, o0:o0 + wo.shape[0]] = k.reshape(wo.shape[0], C, F).transpose(2, 1, 0)

@@ -20,7 +20,7 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 7  # bump when the models or the calibration change (7: fft-gemm)
+CALIBRATION_VERSION = 8  # bump when the models or the calibration change (7-8: fft-gemm)
 
 
 def cache_dir() -> Path:
@@ -206,44 +206,47 @@ def _fft_rates(threads: int) -> dict:
     return rates
 
 
-#: fft-gemm calibration: 2D transforms of 64^2 planes (16 slices), few and many maps, kernel (1,5,5)
-_FFT_GEMM_CAL = {"shape": (16, 64, 64), "kernel": (1, 5, 5), "mixes": ((2, 4), (1, 48))}  # (N, C)
+#: fft-gemm calibration: 2D transforms of 64^2 planes (16 slices), few maps (transforms) and many (products)
+_FFT_GEMM_CAL = {"shape": (16, 64, 64), "kernel": (1, 5, 5), "mixes": ((2, 4), (2, 48))}  # (N, C)
+FFT_GEMM_ROWS = 16  # items per product at and above which the calibrated GEMM rate holds
 _FFT_GEMM_COPY = 6.0  # transposes, padding and cropping, in units of log2(V) per transformed value
 
 
 def _fft_gemm_terms(n, layer_or_cio, in_spatial, kernel):
-    """(transform work, complex multiply-adds) of one fft-gemm call: ``items (C_in + C_out)
-    V (log2 V + copy)`` and ``items C_in C_out F``."""
+    """(transform work, complex multiply-adds, items) of one fft-gemm call: ``items (C_in +
+    C_out) V (log2 V + copy)``, ``items C_in C_out F`` and the transform items (rows of
+    each frequency's product)."""
     cin, cout = layer_or_cio
     ts = L.fft_gemm_transform_shape(in_spatial, kernel)
     v = float(math.prod(ts))
     f = ts[0] * ts[1] * (ts[2] // 2 + 1)
     items = n * (int(in_spatial[0]) if int(kernel[0]) == 1 else 1)
-    return items * (cin + cout) * v * (math.log2(max(v, 2)) + _FFT_GEMM_COPY), float(items) * cin * cout * f
+    return items * (cin + cout) * v * (math.log2(max(v, 2)) + _FFT_GEMM_COPY), float(items) * cin * cout * f, items
 
 
 def _fft_gemm_rates(threads: int) -> dict:
-    """Seconds per unit of :func:`_fft_gemm_terms`, from one call at few maps (transforms
-    dominate) and one at many (the products dominate), and per kernel spectrum value built."""
+    """Seconds per unit of :func:`_fft_gemm_terms`: the products timed on their own (a batched
+    ``cgemm`` of the calibration's shape: a clean rate), the rest of a whole call at few maps
+    (transforms, transposes, padding) as the transform rate; and per kernel spectrum value built."""
     rng = np.random.default_rng(0)
     sp, k = _FFT_GEMM_CAL["shape"], _FFT_GEMM_CAL["kernel"]
-    rows, times = [], []
-    for n, c in _FFT_GEMM_CAL["mixes"]:
-        x = rng.standard_normal((n, c) + sp, dtype=np.float32)
-        w = rng.standard_normal((c, c) + k, dtype=np.float32)
-        t0 = time.perf_counter()
-        conv = L.FFTGemmConv(w, None, sp, threads=threads)
-        build = (time.perf_counter() - t0) / (c * c * _fft_gemm_terms(1, (1, 1), sp, k)[1])
-        conv.keep_buffers = True
-        times.append(_best_of(lambda: conv(x), repeats=2))
-        rows.append(_fft_gemm_terms(n, (c, c), sp, k))
-    (a11, a12), (a21, a22) = rows
-    b1, b2 = times
-    det = a11 * a22 - a12 * a21
-    per_t, per_mac = (b1 * a22 - a12 * b2) / det, (a11 * b2 - a21 * b1) / det
-    if per_t <= 0 or per_mac <= 0:  # noisy timings: split each run's time evenly instead
-        per_t, per_mac = 0.5 * b1 / a11, 0.5 * b2 / a22
-    return {"s_per_transform": per_t, "s_per_mac": per_mac, "build_s_per_value": build}
+    (n1, c1), (n2, c2) = _FFT_GEMM_CAL["mixes"]
+    _, macs2, items2 = _fft_gemm_terms(n2, (c2, c2), sp, k)
+    f = int(macs2 // (items2 * c2 * c2))
+    a = (rng.standard_normal((f, int(items2), c2)) + 0j).astype(np.complex64)
+    b = (rng.standard_normal((f, c2, c2)) + 0j).astype(np.complex64)
+    out = np.empty((f, int(items2), c2), np.complex64)
+    per_mac = _best_of(lambda: np.matmul(a, b, out=out)) / macs2
+    x = rng.standard_normal((n1, c1) + sp, dtype=np.float32)
+    w = rng.standard_normal((c1, c1) + k, dtype=np.float32)
+    conv = L.FFTGemmConv(w, None, sp, threads=threads)
+    conv.keep_buffers = True
+    tr1, macs1, _ = _fft_gemm_terms(n1, (c1, c1), sp, k)
+    per_t = max(_best_of(lambda: conv(x)) - macs1 * per_mac, 0.0) / tr1
+    w2 = rng.standard_normal((c2, c2) + k, dtype=np.float32)
+    build = _best_of(lambda: L.FFTGemmConv(w2, None, sp, threads=threads), repeats=2)
+    return {"s_per_transform": per_t, "s_per_mac": per_mac,
+            "build_s_per_value": build / (L.fft_gemm_kernel_bytes(c2, c2, sp, k) / 8)}
 
 
 def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, micro_batch: int | None = None) -> float:
@@ -260,8 +263,13 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
     if primitive == "fft-gemm":
         r = cal["fft"]["gemm"]
-        tr, macs = _fft_gemm_terms(n, (cin, cout), in_spatial, layer.kernel)
-        return tr * r["s_per_transform"] + macs * r["s_per_mac"] + (calls - 1) * 1e-4
+        tr, macs, items = _fft_gemm_terms(n, (cin, cout), in_spatial, layer.kernel)
+        # each frequency's product has `items` rows: below FFT_GEMM_ROWS it runs as a matrix-vector
+        # product, memory-bound on the kernel spectra (one item of a 40 x 96^2 3^3 layer: 3x slower
+        # than at the calibrated 16-32 rows), and every call streams all the spectra once
+        short = max(1.0, FFT_GEMM_ROWS / items)
+        stream = calls * L.fft_gemm_kernel_bytes(cin, cout, in_spatial, layer.kernel) / cal["mem_bw"]
+        return tr * r["s_per_transform"] + macs * r["s_per_mac"] * short + stream + (calls - 1) * 1e-4
     r = cal["fft"][primitive[4:]]
     v = math.prod(L.fft_shape(in_spatial))
     vlog = v * math.log2(max(v, 2))
