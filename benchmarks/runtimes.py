@@ -213,9 +213,10 @@ def bench_case(name, net, x, budget, threads, rounds, tmp):
     outs = {"znni": y_znni}
     for k, f in fns.items():  # warm-up round (ORT/OpenVINO first-inference costs)
         outs.setdefault(k, f())
-    for _ in range(rounds):
-        for k, f in fns.items():
-            t, _ = timed(f)
+    names = list(fns)
+    for r in range(rounds):  # the order rotates: no tool always runs right after the same other
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            t, _ = timed(fns[k])
             times[k].append(t)
     ref = outs["pytorch"] if "pytorch" in outs else y_znni
     out_vox = math.prod(y_znni.shape[1:])

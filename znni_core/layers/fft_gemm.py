@@ -196,7 +196,8 @@ class FFTGemmConv:
     in_spatial : 3-tuple
         Input spatial shape the spectra are built for.
     threads : int
-        FFTW threads (the GEMM and the numba kernels use their own pools).
+        Workers for the blocks of items (each with single-threaded FFTW plans and its own
+        buffers); the batched GEMM uses BLAS's threads.
     xp : module
         ``numpy`` (pyfftw + numba + BLAS) or ``cupy`` (``cupy.fft`` + cuBLAS).
 
