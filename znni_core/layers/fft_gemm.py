@@ -334,7 +334,7 @@ class FFTGemmConv:
         self._each(pool, forward, len(sets))
         Y = np.empty((F, B, O), np.complex64)
         np.matmul(X, self.khat, out=Y)  # one batched cgemm over all frequencies
-        del X
+        X = None  # frees the input spectra before the output exists (the memory model assumes it)
         if out is None:
             out = np.empty((n, O) + self.out_spatial, np.float32)
         has_bias = self.bias is not None
