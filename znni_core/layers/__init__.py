@@ -32,7 +32,7 @@ from .fft import (
     pruned_rfftn,
     save_wisdom,
 )
-from .fft_gemm import FFTGemmConv, fft_gemm_kernel_bytes, fft_gemm_memory, fft_gemm_transform_shape
+from .fft_gemm import FFTGemmConv, fft_gemm_kernel_bytes, fft_gemm_memory, fft_gemm_sizes, fft_gemm_transform_shape
 from .pool import (
     fragment_of_filtered,
     max_filter_dense,
@@ -64,6 +64,7 @@ __all__ = [
     "fft_conv_memory",
     "fft_gemm_kernel_bytes",
     "fft_gemm_memory",
+    "fft_gemm_sizes",
     "fft_gemm_transform_shape",
     "fft_kernel_cache_bytes",
     "fft_shape",

@@ -41,7 +41,7 @@ from ._numba import njit
 from .fft import fft_size
 from .xp import get_array_module
 
-__all__ = ["FFTGemmConv", "fft_gemm_kernel_bytes", "fft_gemm_memory", "fft_gemm_transform_shape"]
+__all__ = ["FFTGemmConv", "fft_gemm_kernel_bytes", "fft_gemm_memory", "fft_gemm_sizes", "fft_gemm_transform_shape"]
 
 C64 = 8
 F32 = 4
@@ -63,9 +63,12 @@ def _freqs(tshape) -> int:
     return mz * my * (mx // 2 + 1)
 
 
-def _items(n, in_spatial, kernel) -> int:
-    """Transform items of a call: every (fragment, z slice) for 2D transforms, else fragments."""
-    return int(n) * (int(in_spatial[0]) if int(kernel[0]) == 1 else 1)
+def fft_gemm_sizes(n, in_spatial, kernel) -> tuple:
+    """``(items, V, F)`` of a call on ``n`` fragments: transform items (every (fragment, z
+    slice) for 2D transforms, else fragments: the rows of each frequency's product), the
+    transform size and the number of frequencies."""
+    ts = fft_gemm_transform_shape(in_spatial, kernel)
+    return int(n) * (int(in_spatial[0]) if ts[0] == 1 else 1), math.prod(ts), _freqs(ts)
 
 
 def fft_gemm_kernel_bytes(c_in, c_out, in_spatial, kernel) -> int:
@@ -77,7 +80,7 @@ def _block_items(items, channels, F) -> int:
     return max(1, min(items, BLOCK_BYTES // max(1, C64 * channels * F)))
 
 
-def fft_gemm_memory(n, c_in, c_out, in_spatial, kernel, threads=1, out=True) -> int:
+def fft_gemm_memory(n, c_in, c_out, in_spatial, kernel, threads=1) -> int:
     """Predicted peak bytes of one :class:`FFTGemmConv` call, input and kernel spectra excluded.
 
     The frequency-major spectra ``X`` (items x C_in) and ``Y`` (items x C_out) are alive
@@ -85,10 +88,9 @@ def fft_gemm_memory(n, c_in, c_out, in_spatial, kernel, threads=1, out=True) -> 
     block buffers of the transforms (in-place: one complex buffer per side and worker) are
     alive throughout.
     """
-    ts = fft_gemm_transform_shape(in_spatial, kernel)
-    F, B = _freqs(ts), _items(n, in_spatial, kernel)
+    B, _, F = fft_gemm_sizes(n, in_spatial, kernel)
     xs, ys = C64 * F * B * c_in, C64 * F * B * c_out
-    o = F32 * n * c_out * math.prod(int(s) - int(k) + 1 for s, k in zip(in_spatial, kernel)) if out else 0
+    o = F32 * n * c_out * math.prod(int(s) - int(k) + 1 for s, k in zip(in_spatial, kernel))
     nb = _block_items(B, max(c_in, c_out), F)
     workers = min(max(1, int(threads)), -(-B // nb))
     return max(xs + ys, ys + o) + workers * nb * (c_in + c_out) * C64 * F
@@ -167,16 +169,16 @@ def _kernel_spectra(w, tshape, threads, xp):
     O, C = w.shape[:2]
     F = _freqs(tshape)
     khat = xp.empty((F, C, O), dtype=xp.complex64)
+    if xp is np:  # pocketfft with threads
+        import scipy.fft as fft
+
+        kw = {"workers": threads}
+    else:
+        fft, kw = xp.fft, {}
     step = max(1, 2**20 // (C64 * C * F))  # chunks of about 1 MiB: the build's transient
     for o0 in range(0, O, step):
         wo = w[o0:o0 + step]
         # pruned: x on the kernel's rows only, then y, then z (each stage zero-pads its axis)
-        if xp is np:  # pocketfft with threads
-            import scipy.fft as fft
-
-            kw = {"workers": threads}
-        else:
-            fft, kw = xp.fft, {}
         k = fft.rfft(wo, n=tshape[2], axis=4, **kw)
         k = fft.fft(k, n=tshape[1], axis=3, **kw)
         k = fft.fft(k, n=tshape[0], axis=2, **kw) if tshape[0] > 1 else k
@@ -278,7 +280,7 @@ class FFTGemmConv:
         sp = Y_.transpose(1, 2, 0).reshape((B, O) + ts[:2] + (ts[2] // 2 + 1,))
         y = xp.fft.irfftn(sp, s=ts, axes=(2, 3, 4)) * math.prod(ts)  # khat is pre-scaled
         zo, yo, xo = self.out_spatial
-        ez = zo // zb if zb > 1 else zo
+        ez = zo // zb  # per item: one slice (2D transforms) or all of them
         y = y[:, :, :ez, :yo, :xo].reshape(n, zb, O, ez, yo, xo).transpose(0, 2, 1, 3, 4, 5)
         y = xp.ascontiguousarray(y.reshape((n, O) + self.out_spatial), dtype=xp.float32)
         if self.bias is not None:

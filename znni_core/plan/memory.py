@@ -71,7 +71,7 @@ def _conv_step_bytes(primitive, n, mb, layer, spatial, tile, threads) -> int:
 
 def resident_bytes(primitive: str, layer: Conv, in_spatial) -> int:
     """Bytes a conv step keeps for the whole run: the kernel spectra of ``fft-data`` /
-    ``fft-task`` (the executor builds them on first use and reuses them for every pooling
+    ``fft-task`` / ``fft-gemm`` (the executor builds them on first use and reuses them for every pooling
     offset, slab, micro-batch and patch)."""
     if primitive == "fft-gemm":
         return int(L.fft_gemm_kernel_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel))

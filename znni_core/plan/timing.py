@@ -212,15 +212,11 @@ FFT_GEMM_ROWS = 16  # items per product at and above which the calibrated GEMM r
 _FFT_GEMM_COPY = 6.0  # transposes, padding and cropping, in units of log2(V) per transformed value
 
 
-def _fft_gemm_terms(n, layer_or_cio, in_spatial, kernel):
+def _fft_gemm_terms(n, cin, cout, in_spatial, kernel):
     """(transform work, complex multiply-adds, items) of one fft-gemm call: ``items (C_in +
     C_out) V (log2 V + copy)``, ``items C_in C_out F`` and the transform items (rows of
     each frequency's product)."""
-    cin, cout = layer_or_cio
-    ts = L.fft_gemm_transform_shape(in_spatial, kernel)
-    v = float(math.prod(ts))
-    f = ts[0] * ts[1] * (ts[2] // 2 + 1)
-    items = n * (int(in_spatial[0]) if int(kernel[0]) == 1 else 1)
+    items, v, f = L.fft_gemm_sizes(n, in_spatial, kernel)
     return items * (cin + cout) * v * (math.log2(max(v, 2)) + _FFT_GEMM_COPY), float(items) * cin * cout * f, items
 
 
@@ -231,17 +227,16 @@ def _fft_gemm_rates(threads: int) -> dict:
     rng = np.random.default_rng(0)
     sp, k = _FFT_GEMM_CAL["shape"], _FFT_GEMM_CAL["kernel"]
     (n1, c1), (n2, c2) = _FFT_GEMM_CAL["mixes"]
-    _, macs2, items2 = _fft_gemm_terms(n2, (c2, c2), sp, k)
-    f = int(macs2 // (items2 * c2 * c2))
-    a = (rng.standard_normal((f, int(items2), c2)) + 0j).astype(np.complex64)
+    items2, _, f = L.fft_gemm_sizes(n2, sp, k)
+    a = (rng.standard_normal((f, items2, c2)) + 0j).astype(np.complex64)
     b = (rng.standard_normal((f, c2, c2)) + 0j).astype(np.complex64)
-    out = np.empty((f, int(items2), c2), np.complex64)
-    per_mac = _best_of(lambda: np.matmul(a, b, out=out)) / macs2
+    out = np.empty((f, items2, c2), np.complex64)
+    per_mac = _best_of(lambda: np.matmul(a, b, out=out)) / (f * items2 * c2 * c2)
     x = rng.standard_normal((n1, c1) + sp, dtype=np.float32)
     w = rng.standard_normal((c1, c1) + k, dtype=np.float32)
     conv = L.FFTGemmConv(w, None, sp, threads=threads)
     conv.keep_buffers = True
-    tr1, macs1, _ = _fft_gemm_terms(n1, (c1, c1), sp, k)
+    tr1, macs1, _ = _fft_gemm_terms(n1, c1, c1, sp, k)
     per_t = max(_best_of(lambda: conv(x)) - macs1 * per_mac, 0.0) / tr1
     w2 = rng.standard_normal((c2, c2) + k, dtype=np.float32)
     build = _best_of(lambda: L.FFTGemmConv(w2, None, sp, threads=threads), repeats=2)
@@ -263,7 +258,7 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
     if primitive == "fft-gemm":
         r = cal["fft"]["gemm"]
-        tr, macs, items = _fft_gemm_terms(n, (cin, cout), in_spatial, layer.kernel)
+        tr, macs, items = _fft_gemm_terms(n, cin, cout, in_spatial, layer.kernel)
         # each frequency's product has `items` rows: below FFT_GEMM_ROWS it runs as a matrix-vector
         # product, memory-bound on the kernel spectra (one item of a 40 x 96^2 3^3 layer: 3x slower
         # than at the calibrated 16-32 rows), and every call streams all the spectra once
