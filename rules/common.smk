@@ -40,7 +40,7 @@ SCHEDULE = workflow_schedule(ZNNI_CONFIG)
 SCHEDULE_FILE = [] if "error" in SCHEDULE else [f"{WORK}/schedule.json"]
 if "error" in SCHEDULE:
     print(f"znni: the run cannot be scheduled: {SCHEDULE['error']}", file=sys.stderr)
-    SCHEDULE = {"num_tasks": 0, "tasks_per_job": 1, "num_jobs": 0}
+    SCHEDULE = {"num_tasks": 0, "tasks_per_job": 1, "num_jobs": 0, "pyramid": []}
 
 # a mask makes the task list data-dependent: the checkpoint mask_tasks (rules/mask.smk) lists the
 # live tasks and the jobs batch only those
@@ -49,6 +49,7 @@ MASK_TASKS = [f"{WORK}/mask_tasks.json"] if MASKED else []
 
 wildcard_constraints:
     job=r"\d{6}",
+    mip=r"[1-9]\d*",
 
 
 def live_tasks():

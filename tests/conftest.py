@@ -48,3 +48,28 @@ def _cold_kernel_spectra():
     znni_core.release_cache()
     yield
     znni_core.release_cache()
+
+
+@pytest.fixture
+def moto_s3(monkeypatch):
+    """A loopback S3 server (moto) with a bucket ``znni``; yields its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    # moto's store is process-global (shared with every other moto server in this pytest run): reset it.
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).read()
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    import boto3
+
+    boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1").create_bucket(Bucket="znni")
+    from cloudfiles import secrets
+
+    secrets.AWS_CREDENTIALS_CACHE.clear()
+    yield f"http://{host}:{port}"
+    server.stop()

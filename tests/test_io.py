@@ -254,30 +254,6 @@ def test_urls():
             parse_layer_url(bad)
 
 
-@pytest.fixture
-def moto_s3(monkeypatch):
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    # moto's store is process-global (shared with every other moto server in this pytest run): reset it.
-    import urllib.request
-
-    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).read()
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
-    import boto3
-
-    boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1").create_bucket(Bucket="znni")
-    from cloudfiles import secrets
-
-    secrets.AWS_CREDENTIALS_CACHE.clear()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 def test_s3_output_against_loopback_server(moto_s3):
     url = parse_layer_url("s3://znni/layers/out", endpoint=moto_s3)
     spec = ScaleSpec("8_8_40", Roi((0, 0, 0), (6, 20, 20)), Coordinate(4, 16, 16), (40.0, 8.0, 8.0), "float32", 1)

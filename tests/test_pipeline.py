@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 import znni_core
-from znni_core.errors import ConfigError, DataError, InputError, NonFiniteError, PlanError, ZnniError
+from znni_core.errors import ConfigError, DataError, InputError, NonFiniteError, PlanError
 from znni_core.geometry import Roi
 from znni_core.io import PrecomputedLayer, parse_layer_url
 from znni_core.pipeline.config import load_run, resolve, save_run, validate_config
 from znni_core.pipeline.finalize import finalize
 from znni_core.pipeline.task import manifest_path, run_task
 
-from .pipeline_helpers import base_config, em, layer_files, write_volume
+from .pipeline_helpers import base_config, em, layer_files
 
 QUIET = dict(show_progress=False, log=lambda *a: None)
 
@@ -28,11 +28,12 @@ QUIET = dict(show_progress=False, log=lambda *a: None)
 def prepare(cfg, mem_mb=2000):
     """validate + plan + create layer, as the first rules do; returns the run file."""
     from znni_core.io import create_layer
-    from znni_core.pipeline.config import output_spec
+    from znni_core.pipeline.config import output_specs
 
     run, plan = resolve(cfg, mem_mb=mem_mb, threads=1, progress=lambda *a: None)
     path = save_run(run, plan, Path(run["work_dir"]))
-    create_layer(parse_layer_url(run["output"]["url"]), output_spec(run), {"processing": []})
+    create_layer(parse_layer_url(run["output"]["url"], endpoint=run["config"]["output"]["endpoint_url"]), output_specs(run),
+                 {"processing": []})
     return path
 
 

@@ -1,77 +1,177 @@
-"""`znni pyramid`: igneous builds mips of znni's output; on the aligned layer every mip equals the
-mean of the blocks below it (checked here independently, and by tensorstore as a second reader);
-on an unaligned layer the same check catches igneous averaging the wrong voxels."""
+"""The pyramid (``downsample.mips``): mips built by znni's tasks of whole shards/chunks equal
+igneous' pyramid of the same mip 0 (igneous as the independent reference), are read alike by
+cloud-volume and tensorstore, come out identical sharded, unsharded and in zarr, re-run only what
+does not verify, and are refused at plan time when they could not be exact."""
 from __future__ import annotations
 
+import itertools
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-pytest.importorskip("igneous", reason="pip install 'znni[pyramid]'")
+from znni_core.errors import ConfigError
+from znni_core.io import PrecomputedLayer, parse_layer_url
+from znni_core.io.zarr_output import ZarrOutput
+from znni_core.pipeline.config import load_run, output_spec
+from znni_core.pipeline.pyramid import build_pyramid, downsample, mip_tasks, run_pyramid_job
 
-from znni_core.errors import DataError  # noqa: E402
-from znni_core.io import PrecomputedLayer, parse_layer_url  # noqa: E402
-from znni_core.pipeline.config import load_run  # noqa: E402
-from znni_core.pipeline.pyramid import block_mean, build_pyramid  # noqa: E402
+from .pipeline_helpers import base_config, em
+from .test_pipeline import prepare, run_all
 
-from .pipeline_helpers import base_config, em  # noqa: E402
-from .test_pipeline import prepare, run_all  # noqa: E402
+QUIET = {"log": lambda *a: None}
+OUT = {"chunk_size": [4, 16, 16]}
 
 
-def run_pyramid(tmp_path, **out):
-    cfg = base_config(tmp_path, vol=em((12, 70, 70)), output={"chunk_size": [4, 16, 16], **out},
-                      downsample={"mips": 2})
+def naive_downsample(a, f, integer):
+    """Block means by loops over every output voxel (partial last blocks: the voxels they have)."""
+    n = [-(-s // k) for s, k in zip(a.shape[1:], f)]
+    y = np.zeros((a.shape[0],) + tuple(n))
+    for c, i, j, k in itertools.product(range(a.shape[0]), *(range(m) for m in n)):
+        blk = a[c, i * f[0]:(i + 1) * f[0], j * f[1]:(j + 1) * f[1], k * f[2]:(k + 1) * f[2]].astype(np.float64)
+        y[c, i, j, k] = np.floor(blk.mean()) if integer else blk.mean()
+    return y
+
+
+@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+@pytest.mark.parametrize("shape,f", [((5, 9, 7), (1, 2, 2)), ((6, 8, 8), (2, 2, 2)), ((3, 5, 6), (1, 3, 4))])
+def test_downsample_equals_the_naive_block_mean(shape, f, dtype):
+    rng = np.random.default_rng(0)
+    a = (rng.random((2,) + shape) * 255).astype(dtype)
+    got = downsample(a, f, dtype)
+    want = naive_downsample(a, f, dtype == "uint8")
+    assert got.dtype == np.dtype(dtype) and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def run_pyramid(tmp_path, name="p", mips=2, output=None, **over):
+    cfg = base_config(tmp_path / name, vol=em((12, 70, 70)), output={**OUT, **(output or {})},
+                      downsample={"mips": mips}, **over)
     rf = prepare(cfg)
     run_all(rf)
     return load_run(rf)
 
 
-def test_block_mean():
-    a = np.arange(2 * 4 * 6, dtype=np.float32).reshape(1, 2, 4, 6)
-    assert block_mean(a, (1, 2, 2))[0, 0, 0, 0] == np.mean([0, 1, 6, 7])
-    assert block_mean(a, (1, 3, 4)).shape == (1, 2, 1, 1)
+def read_mip(run, k):
+    url = parse_layer_url(run["output"]["url"])
+    layer = ZarrOutput(url, output_spec(run, k)) if url.format == "zarr" else PrecomputedLayer(url, k)
+    return layer.read(layer.bounds, fill_missing=True)[0], layer
 
 
-def test_pyramid_of_the_aligned_output_is_exact(tmp_path):
+def igneous_pyramid(run, tmp_path, mips):
+    """igneous' own mips 1..N of a copy of the run's (unsharded) mip 0."""
+    from igneous import task_creation
+    from taskqueue import LocalTaskQueue
+
+    src = parse_layer_url(run["output"]["url"]).local_path
+    dst = tmp_path / "igneous"
+    info = json.loads((src / "info").read_text())
+    key = info["scales"][0]["key"]
+    info["scales"] = info["scales"][:1]
+    shutil.copytree(src / key, dst / key)
+    (dst / "info").write_text(json.dumps(info))
+    tq = LocalTaskQueue(parallel=1, progress=False)
+    tq.insert(task_creation.create_downsampling_tasks(
+        "file://" + str(dst), mip=0, num_mips=mips, factor=tuple(run["config"]["downsample"]["factor"])[::-1],
+        fill_missing=True, compress=False, delete_black_uploads=False))
+    tq.execute(progress=False)
+    return parse_layer_url(str(dst))
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """An unsharded run with two mips, built by `znni pyramid`'s code path."""
+    tmp = tmp_path_factory.mktemp("pyr")
+    run = run_pyramid(tmp)
+    rec = build_pyramid(run, **QUIET)
+    return tmp, run, rec
+
+
+def test_pyramid_equals_igneous_of_the_same_mip0(plain):
+    pytest.importorskip("igneous", reason="pip install 'znni[pyramid]'")
     import tensorstore as ts
 
-    run = run_pyramid(tmp_path)
-    rec = build_pyramid(run, log=lambda *a: None)
+    tmp, run, rec = plain
     assert [m["mip"] for m in rec["mips"]] == [1, 2] and (Path(run["work_dir"]) / "pyramid.json").is_file()
-    url = parse_layer_url(run["output"]["url"])
-    mip0 = PrecomputedLayer(url, 0)
-    full = mip0.read(mip0.bounds, fill_missing=True)[0]
-    assert tuple(mip0.bounds.offset) == (0, 0, 0)
-    mip2 = PrecomputedLayer(url, 2)
-    got = mip2.read(mip2.bounds, fill_missing=True)[0]
-    want = block_mean(full, (1, 4, 4))  # two mips of 2 x 2 = one of 4 x 4, from mip 0 directly
-    np.testing.assert_allclose(got[:, :, :want.shape[2], :want.shape[3]], want, rtol=1e-5, atol=1e-6)
-    # raw chunks (no *.gz that tensorstore reads as zeros on file://), read by tensorstore alike
-    assert not list((url.local_path / mip2.key).glob("*.gz"))
-    t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": "file://" + str(url.local_path),
-                 "scale_index": 2}).result()
+    ref = igneous_pyramid(run, tmp, 2)
+    full, mip0 = read_mip(run, 0)
+    assert tuple(mip0.bounds.offset) == (0, 0, 0) and full.any()
+    for k in (1, 2):
+        got, layer = read_mip(run, k)
+        want_layer = PrecomputedLayer(ref, k)
+        assert want_layer.bounds == layer.bounds
+        want = want_layer.read(want_layer.bounds, fill_missing=True)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+        # and from mip 0 directly: k mips of 2 x 2 are one mean of 2^k x 2^k
+        np.testing.assert_allclose(got, naive_downsample(full, (1, 2 ** k, 2 ** k), False), rtol=1e-5, atol=1e-6)
+    # tensorstore reads the same mip 2 from the raw chunks
+    mip2 = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 2)
+    t = ts.open({"driver": "neuroglancer_precomputed", "scale_index": 2,
+                 "kvstore": "file://" + str(parse_layer_url(run["output"]["url"]).local_path)}).result()
     b, e = mip2.bounds.begin.xyz(), mip2.bounds.end.xyz()
     arr = np.asarray(t[b[0]:e[0], b[1]:e[1], b[2]:e[2], :].read().result()).transpose(3, 2, 1, 0)
-    assert np.array_equal(arr, got)
+    np.testing.assert_array_equal(arr, read_mip(run, 2)[0])
 
 
-def test_pyramid_check_catches_an_unaligned_layer(tmp_path):
-    run = run_pyramid(tmp_path, align=False)
-    assert run["output"]["scale"]["voxel_offset"][0] % 2  # the network's halo: an odd x offset
-    with pytest.raises(DataError, match="differs from the mean of mip 0"):
-        build_pyramid(run, log=lambda *a: None)
-    assert not (Path(run["work_dir"]) / "pyramid.json").exists()
-
-
-def test_pyramid_of_a_sharded_output(tmp_path):
-    cfg = base_config(tmp_path, vol=em((12, 70, 70)), downsample={"mips": 1},
-                      output={"chunk_size": [4, 16, 16], "sharding": "sharded", "shard_bytes": 4 * 16 * 16 * 4 * 4})
-    rf = prepare(cfg)
-    run_all(rf)
-    run = load_run(rf)
-    rec = build_pyramid(run, log=lambda *a: None)
+def test_pyramid_reruns_only_what_does_not_verify(plain):
+    tmp, run, _ = plain
+    logs = []
+    rec = build_pyramid(run, log=logs.append)
+    assert [m["run_now"] for m in rec["mips"]] == [0, 0]
     url = parse_layer_url(run["output"]["url"])
     mip1 = PrecomputedLayer(url, 1)
-    assert mip1.sharded and rec["mips"][0]["max_abs_error"] < 1e-6
-    assert sorted(p.suffix for p in (url.local_path / mip1.key).iterdir()) == [".shard"] * 2
+    chunk = next(p for p in (url.local_path / mip1.key).iterdir())
+    before = {p.name: p.read_bytes() for p in (url.local_path / mip1.key).iterdir()}
+    chunk.write_bytes(b"\0" * len(before[chunk.name]))  # a torn chunk of mip 1
+    rec = build_pyramid(run, **QUIET)
+    assert rec["mips"][0]["run_now"] == 1 and rec["mips"][1]["run_now"] == 0
+    assert {p.name: p.read_bytes() for p in (url.local_path / mip1.key).iterdir()} == before
+
+
+def test_pyramid_jobs_split_a_mip_and_write_markers(plain, tmp_path):
+    _, ref_run, _ = plain
+    run = run_pyramid(tmp_path, mips=1)
+    rf = Path(run["work_dir"]) / "run.json"
+    n = len(mip_tasks(output_spec(run, 1), run["config"]["task_chunks"]))
+    assert n > 5
+    docs = [run_pyramid_job(rf, 1, j, 5, **QUIET) for j in range(-(-n // 5))]
+    assert [len(d["ran"]) for d in docs] == [5] * (n // 5) + ([n % 5] if n % 5 else [])
+    assert (Path(run["work_dir"]) / "pyramid/mip1/000001.json").is_file()
+    np.testing.assert_array_equal(read_mip(run, 1)[0], read_mip(ref_run, 1)[0])
+
+
+def test_sharded_and_zarr_pyramids_equal_the_unsharded_one(plain, tmp_path):
+    import tensorstore as ts
+
+    _, ref_run, _ = plain
+    sharded = run_pyramid(tmp_path, "s", output={"sharding": "sharded", "shard_bytes": 4 * 16 * 16 * 4 * 4})
+    zarr = run_pyramid(tmp_path, "z", output={"path": str(tmp_path / "z" / "out.zarr")}, task_chunks=[1, 2, 2])
+    for run in (sharded, zarr):
+        build_pyramid(run, **QUIET)
+        for k in (1, 2):
+            got, layer = read_mip(run, k)
+            assert layer.sharded
+            np.testing.assert_array_equal(got, read_mip(ref_run, k)[0])
+    url = parse_layer_url(sharded["output"]["url"])
+    mip2 = PrecomputedLayer(url, 2)
+    assert mip2.sharded and {p.suffix for p in (url.local_path / mip2.key).iterdir()} == {".shard"}
+    # tensorstore reads the zarr mips through the OME group's arrays; the group lists every mip
+    root = parse_layer_url(zarr["output"]["url"]).local_path
+    ome = json.loads((root / "zarr.json").read_text())["attributes"]["ome"]["multiscales"][0]
+    assert [d["path"] for d in ome["datasets"]] == ["0", "1", "2"]
+    scale1 = ome["datasets"][1]["coordinateTransformations"]
+    assert scale1[0]["scale"][1:] == [res * f for res, f in zip(zarr["input"]["resolution"], (1, 2, 2))]
+    t = ts.open({"driver": "zarr3", "kvstore": "file://" + str(root / "2")}).result()
+    np.testing.assert_array_equal(np.asarray(t.read().result()), read_mip(ref_run, 2)[0])
+
+
+def test_a_pyramid_that_could_not_be_exact_is_refused_when_planned(tmp_path):
+    cfg = base_config(tmp_path, vol=em((12, 70, 70)), output={**OUT, "align": False}, downsample={"mips": 1})
+    with pytest.raises(ConfigError, match="not a multiple of the factor"):
+        prepare(cfg)
+    cfg = base_config(tmp_path, vol=em((12, 70, 70)), output={"chunk_size": [4, 4, 4]}, downsample={"mips": 3},
+                      region={"offset": [4, 12, 12], "shape": [4, 40, 40]})
+    with pytest.raises(ConfigError, match=r"mip 2 starts at \(4, 3, 3\)"):  # mip 1 at (4, 6, 6)
+        prepare(cfg)

@@ -23,13 +23,15 @@ playwright = pytest.importorskip("playwright.sync_api", reason="pip install play
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: apt-get install chromium-headless-shell")
 
 
-def write_layers(d, sharded: bool):
-    """An EM-like input (uint8, smooth) and an output of diagonal stripes (float32 0/1), the
-    output written by znni's shard writer when ``sharded`` (Neuroglancer then reads byte ranges)."""
+def write_layers(d, kind: str):
+    """An EM-like input (uint8, smooth) and an output of diagonal stripes (float32 0/1): a file
+    per chunk (``chunks``), or written by znni's shard writer, as sharded precomputed
+    (``sharded``) or as an OME-Zarr v3 group (``zarr``): Neuroglancer then reads byte ranges."""
     from cloudvolume import CloudVolume
 
     from znni_core.geometry import Coordinate, Roi
     from znni_core.io import ScaleSpec, create_layer, open_output, parse_layer_url
+    from znni_core.io.zarr_output import zarr_sharding
 
     x, y, z = np.meshgrid(np.arange(64), np.arange(64), np.arange(8), indexing="ij")
     em = ((np.sin(x / 5) + np.cos(y / 7) + 2) * 60).astype(np.uint8)
@@ -41,30 +43,36 @@ def write_layers(d, sharded: bool):
     out = ((x + y) % 32 < 16).astype(np.float32).T[None]  # (c, z, y, x)
     sharding = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 1, "hash": "identity",
                 "minishard_bits": 1, "shard_bits": 0, "minishard_index_encoding": "gzip", "data_encoding": "gzip"}
-    url = parse_layer_url(f"file://{d}/out")
-    spec = ScaleSpec("4_4_40", Roi((0, 0, 0), (8, 64, 64)), Coordinate(8, 32, 32), (40.0, 4.0, 4.0), "float32", 1,
-                     sharding=sharding if sharded else None)
+    name = "out.zarr" if kind == "zarr" else "out"
+    url = parse_layer_url(f"file://{d}/{name}")
+    key = "0" if kind == "zarr" else "4_4_40"
+    sh = {"chunks": None, "sharded": sharding, "zarr": zarr_sharding((1, 2, 2), "none")}[kind]
+    spec = ScaleSpec(key, Roi((0, 0, 0), (8, 64, 64)), Coordinate(8, 32, 32), (40.0, 4.0, 4.0), "float32", 1,
+                     sharding=sh)
     create_layer(url, spec, {"processing": []})
     layer = open_output(url, spec)
     chunks = {i: np.ascontiguousarray(out[(slice(None),) + layer.grid.chunk_roi(i).to_slices()])
               for i in layer.grid.chunks_in(layer.bounds)}
-    if sharded:
+    if sh:
         layer.write_shard(chunks)
     else:
         for i, a in chunks.items():
             layer.write_chunk(i, a)
-    return {"input": d / "em", "output": d / "out"}
+    return {"input": d / "em", "output": d / name}
 
 
-@pytest.mark.parametrize("sharded", [False, True], ids=["chunks", "sharded"])
-def test_report_link_renders_the_output_in_a_headless_browser(tmp_path, sharded):
-    layers = write_layers(tmp_path, sharded)
+@pytest.mark.parametrize("kind", ["chunks", "sharded", "zarr"])
+def test_report_link_renders_the_output_in_a_headless_browser(tmp_path, kind):
+    layers = write_layers(tmp_path, kind)
+    sharded = kind != "chunks"
     logs = []
     need = 2 if sharded else 4  # the shard's index, then byte ranges of it; or 4 chunk files
+    data = "/layers/output/0/c/" if kind == "zarr" else "/layers/output/4_4_40/"
+    out_url = f"zarr://file://{layers['output']}" if kind == "zarr" else f"file://{layers['output']}"
     with LayerServer(layers, port=0, log=logs.append) as srv:
         run = {"work_dir": str(tmp_path), "region": {"offset": [0, 0, 0], "shape": [8, 64, 64]},
                "input": {"url": f"file://{layers['input']}", "resolution": [40, 4, 4]},
-               "output": {"url": f"file://{layers['output']}"}}
+               "output": {"url": out_url}}
         link, _ = neuroglancer_link(run, "local", srv.port)
         with playwright.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM,
@@ -72,7 +80,7 @@ def test_report_link_renders_the_output_in_a_headless_browser(tmp_path, sharded)
             page = browser.new_page(viewport={"width": 800, "height": 600})
             page.goto(link)
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and sum("/layers/output/4_4_40/" in line for line in logs) < need:
+            while time.monotonic() < deadline and sum(data in line for line in logs) < need:
                 time.sleep(0.2)
             time.sleep(2)  # let it draw what it fetched
             png = tmp_path / "shot.png"
@@ -80,8 +88,8 @@ def test_report_link_renders_the_output_in_a_headless_browser(tmp_path, sharded)
             browser.close()
     fetched = [line for line in logs if "/layers/" in line]
     assert sum("/layers/input/4_4_40/" in line for line in fetched) >= 4, "\n".join(logs)
-    assert sum("/layers/output/4_4_40/" in line for line in fetched) >= need, "\n".join(logs)
-    assert not sharded or any('.shard HTTP/1.1" 206' in line for line in fetched), "\n".join(logs)
+    assert sum(data in line for line in fetched) >= need, "\n".join(logs)
+    assert not sharded or any(data in line and '" 206' in line for line in fetched), "\n".join(logs)
     errors = [line for line in logs if re.search(r'" [45]\d\d ', line)]
     assert not errors, errors
     from PIL import Image

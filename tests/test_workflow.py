@@ -265,13 +265,22 @@ def test_real_synapse_detector_runs_through_the_workflow(tmp_path):
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.slow  # ~40 s: the optional pyramid rule between the tasks and finalize
-def test_pyramid_rule_builds_checked_mips_before_the_report(tmp_path):
-    pytest.importorskip("igneous", reason="pip install 'znni[pyramid]'")
-    cfg, path = write_config(tmp_path, "p", em((12, 40, 40)), downsample={"mips": 1})
+@pytest.mark.slow  # ~40 s: the optional pyramid, mip by mip in jobs, between the tasks and finalize
+def test_pyramid_jobs_build_checked_mips_before_the_report(tmp_path):
+    from znni_core.pipeline.pyramid import downsample
+
+    cfg, path = write_config(tmp_path, "p", em((12, 40, 40)), downsample={"mips": 2},
+                             output={"chunk_size": [6, 8, 8]}, jobs={"tasks_per_job": 3})
     p = snakemake(tmp_path, path)
-    assert "(Rule: pyramid)" in p.stdout + p.stderr
+    log = p.stdout + p.stderr
+    assert "pyramid_job" in log and "(Rule: pyramid)" in log
     s = json.loads((Path(cfg["work_dir"]) / "report" / "summary.json").read_text())
-    assert len(s["pyramid"]) == 1 and s["pyramid"][0].startswith("mip 1 ")
-    info = json.loads((Path(cfg["output"]["path"]) / "info").read_text())
-    assert len(info["scales"]) == 2
+    assert [m[:6] for m in s["pyramid"]] == ["mip 1 ", "mip 2 "]
+    assert len(list((Path(cfg["work_dir"]) / "pyramid" / "mip2").glob("*.json"))) > 1  # mip 2 ran in jobs
+    url = parse_layer_url(cfg["output"]["path"])
+    assert len(json.loads((url.local_path / "info").read_text())["scales"]) == 3
+    mip1, mip2 = PrecomputedLayer(url, 1), PrecomputedLayer(url, 2)
+    want = downsample(mip1.read(mip1.bounds, fill_missing=True)[0], (1, 2, 2), "float32")
+    got = mip2.read(mip2.bounds, fill_missing=True)[0]
+    assert got.any()
+    np.testing.assert_allclose(got, want, rtol=1e-6)

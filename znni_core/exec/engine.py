@@ -20,7 +20,7 @@ from ..plan.memory import slab_geometry
 from ..layers.activation import commutes_with_max
 from ..layers import (FFTConv, FFTGemmConv, apply_activation, conv_direct_gemm, conv_direct_numba, fragment_of_filtered,
                       max_filter_inplace, max_pool, mpf, recombine)
-from ..net.spec import Activation, Conv, Network, Pool
+from ..net.spec import Conv, Network, Pool
 
 
 def _conv_fn(step, layer: Conv, in_spatial, xp, convs):

@@ -14,10 +14,13 @@ from .zarr_layer import ZarrLayer
 def open_input(url: LayerURL, mip: int = 0, *, resolution=None, voxel_offset=None):
     """An input layer (precomputed or zarr) with ``bounds``, ``resolution``, ``dtype``, ``channels``, ``read``."""
     if url.format == "zarr":
-        if mip:
-            from ..errors import ConfigError
+        from ..errors import ConfigError
 
+        if mip:
             raise ConfigError(f"input {url}: zarr inputs have no mips; set input.mip: 0")
+        if not url.is_local:
+            raise ConfigError(f"input {url}: zarr inputs (and masks) are read from file:// only (zarr outputs may "
+                              "be on s3:// or gs://); copy the array locally or convert it to precomputed")
         return ZarrLayer(url, resolution=resolution, voxel_offset=voxel_offset)
     return PrecomputedLayer(url, mip)
 

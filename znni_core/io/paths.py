@@ -1,7 +1,7 @@
 """Layer URLs: parsing, endpoint aliases for S3-compatible servers, key validation.
 
 Accepted: ``file:///abs/path``, ``gs://bucket/path``, ``s3://bucket/path`` (precomputed),
-``zarr://file:///abs/path.zarr`` or any local path / ``file://`` URL ending in ``.zarr``.
+``zarr://`` + any of those, or any path or URL ending in ``.zarr`` (zarr; inputs on ``file://`` only).
 """
 from __future__ import annotations
 
@@ -88,9 +88,6 @@ def parse_layer_url(url: str, *, endpoint: str | None = None, what: str = "layer
             raise ConfigError(f"{what} {url!r}: needs a bucket and a path without '..'")
     if rest.rstrip("/").endswith(".zarr"):
         fmt = "zarr"
-    if fmt == "zarr" and proto != "file":
-        raise ConfigError(f"{what} {url!r}: zarr layers are supported on file:// only; "
-                          "convert to precomputed for gs:// or s3://")
     if endpoint and proto != "s3":
         raise ConfigError(f"{what} {url!r}: endpoint_url only applies to s3:// layers")
     return LayerURL(fmt, proto, rest, endpoint or None)

@@ -22,7 +22,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import DataError, InputError
-from ..geometry import ChunkGrid, Coordinate, Roi
+from ..geometry import ChunkGrid, Roi
 from .atomic import atomic_write, clean_stale_temporaries
 from .info import ScaleSpec, scale_spec, validate_info
 from .paths import LayerURL, check_key
@@ -393,35 +393,63 @@ class PrecomputedLayer(StoredObjects):
             _cloudfiles(self.url).delete(name)
 
 
-def create_layer(url: LayerURL, spec: ScaleSpec, provenance: dict) -> str:
-    """Write ``info`` and ``provenance`` once; return ``created`` or ``exists``.
+def layer_differences(url: LayerURL, specs: list[ScaleSpec]) -> list[str] | None:
+    """What keeps the layer at ``url`` from holding the scales ``specs`` (mip by mip; ``[]``:
+    compatible, and a layer of fewer mips may gain the others); None: there is no layer."""
+    from .info import compare_scale, scale_spec
 
-    An existing layer must match ``spec`` (RELIABILITY T18, T22): otherwise :class:`DataError`
-    listing each difference.  On ``file://`` the info is created with an exclusive link, so of many
-    simultaneous creators exactly one writes it.
+    if url.format == "zarr":
+        from .zarr_output import stored_spec
+
+        have = [stored_spec(url, s.key) for s in specs]
+        if all(h is None for h in have):
+            return None
+        return [f"mip {k}: {d}" for k, (h, s) in enumerate(zip(have, specs)) if h is not None
+                for d in compare_scale(h, s)]
+    info = read_json(url, "info")
+    if info is None:
+        return None
+    info = validate_info(info, f"layer {url}")
+    return [f"mip {k}: {d}" for k in range(min(len(info["scales"]), len(specs)))
+            for d in compare_scale(scale_spec(info, k, f"layer {url}"), specs[k])]
+
+
+def create_layer(url: LayerURL, specs, provenance: dict) -> str:
+    """Write ``info`` (every scale of ``specs``: mip 0, then a pyramid's mips) and ``provenance``
+    once; return ``created`` or ``exists``.
+
+    An existing layer must match each spec it has (RELIABILITY T18, T22): otherwise
+    :class:`DataError` listing each difference; a layer of fewer scales gains the others.  On
+    ``file://`` the info is created with an exclusive link, so of many simultaneous creators
+    exactly one writes it.
     """
-    from .info import compare_scale
+    from .mips import layer_info
 
+    specs = [specs] if isinstance(specs, ScaleSpec) else list(specs)
+    diffs = layer_differences(url, specs)
+    if diffs:
+        raise DataError(f"output layer {url} exists and does not match the config:\n  - " + "\n  - ".join(diffs)
+                        + "\nChoose a new output path, or delete the layer if it is yours to replace.")
     if url.format == "zarr":
         from .zarr_output import create_zarr_output
 
-        return create_zarr_output(url, spec, provenance)
-    check_key(spec.key, "output scale key")
-    created = write_json(url, "info", spec.to_info(), exclusive=True)
+        return create_zarr_output(url, specs, provenance)
+    for spec in specs:
+        check_key(spec.key, "output scale key")
+    info = layer_info(specs)
+    created = write_json(url, "info", info, exclusive=True)
     if not created:
-        existing = PrecomputedLayer(url, 0)
-        diffs = compare_scale(existing.spec, spec)
-        if diffs:
-            raise DataError(f"output layer {url} exists and does not match the config:\n  - " + "\n  - ".join(diffs)
-                            + "\nChoose a new output path, or delete the layer if it is yours to replace.")
+        have = read_json(url, "info")["scales"]
+        if len(have) < len(specs):  # a pyramid added to an earlier run's layer: one writer (create-layer)
+            write_json(url, "info", {**read_json(url, "info"), "scales": have + info["scales"][len(have):]})
     if read_json(url, "provenance") is None:
         write_json(url, "provenance", provenance, exclusive=True)
     return "created" if created else "exists"
 
 
-def open_output(url: LayerURL, spec: ScaleSpec):
-    """Open an output layer that must already exist and match ``spec`` (a worker's check, T18);
-    a zarr output is a :class:`~znni_core.io.zarr_output.ZarrOutput`."""
+def open_output(url: LayerURL, spec: ScaleSpec, mip: int = 0):
+    """Open mip ``mip`` of an output layer that must already exist and match ``spec`` (a worker's
+    check, T18); a zarr output's array is a :class:`~znni_core.io.zarr_output.ZarrOutput`."""
     from .info import compare_scale
 
     if url.format == "zarr":
@@ -430,11 +458,11 @@ def open_output(url: LayerURL, spec: ScaleSpec):
         return ZarrOutput(url, spec)
 
     try:
-        layer = PrecomputedLayer(url, 0)
+        layer = PrecomputedLayer(url, mip)
     except DataError as exc:
         raise DataError(f"{exc}. The output layer is created by `znni create-layer` (rule create_layer) "
                         "before any task runs.") from None
     diffs = compare_scale(layer.spec, spec)
     if diffs:
-        raise DataError(f"output layer {url} does not match this run's config:\n  - " + "\n  - ".join(diffs))
+        raise DataError(f"output layer {url} mip {mip} does not match this run's config:\n  - " + "\n  - ".join(diffs))
     return layer

@@ -1,13 +1,17 @@
-"""zarr v3 output: one ``(c, z, y, x)`` array with the sharding codec in an OME-Zarr (NGFF 0.5) group.
+"""zarr v3 output: one ``(c, z, y, x)`` array per mip, with the sharding codec, in an OME-Zarr
+(NGFF 0.5) group.
 
-``out.zarr/`` (``file://`` only, as for zarr input)::
+``out.zarr/`` (``file://``, ``s3://``, ``gs://``)::
 
-    zarr.json      the group; attributes ``ome.multiscales``: axes c, z, y, x (nanometre), dataset
-                   ``0`` with scale = resolution and translation = voxel_offset * resolution
+    zarr.json      the group; attributes ``ome.multiscales``: axes c, z, y, x (nanometre), one
+                   dataset per mip: scale = resolution, translation = voxel_offset * resolution
+                   (mip 0; a coarser mip's voxel centre is its block's centre, OME's convention)
     0/zarr.json    the array: shape ``(C,) + bounds.shape``, inner chunks ``(C,) + chunk_size``,
                    shards ``(C,) + task box`` (a task is one shard), fill value 0; attributes
                    ``resolution`` and ``voxel_offset`` (z, y, x), which znni's zarr input reads
-    0/c/0/i/j/k    one shard per task: written whole (temporary name + rename), read back, compared
+    0/c/0/i/j/k    one shard per task: written whole (temporary name + rename on ``file://``, one
+                   PUT on ``s3://``/``gs://``), read back, compared
+    1/, 2/ ...     the pyramid's mips (``downsample.mips``, :mod:`znni_core.io.mips`), alike
     provenance     znni's processing log, as beside a precomputed layer
 
 A shard's bytes are made by zarr-python itself against the array's own metadata in memory (so any
@@ -24,9 +28,8 @@ import numpy as np
 
 from ..errors import DataError
 from ..geometry import Coordinate, Roi
-from .atomic import atomic_write
 from .info import ScaleSpec, compare_scale
-from .precomputed import StoredObjects, sha256
+from .precomputed import StoredObjects, read_json, sha256, write_json
 from .paths import LayerURL
 
 ZARR_SHARDING = "zarr_sharding_indexed"
@@ -48,7 +51,7 @@ def _template(spec: ScaleSpec):
     c = int(spec.channels)
     store = MemoryStore()
     arr = zarr.create_array(
-        store, name=ARRAY, shape=(c,) + tuple(spec.bounds.shape), dtype=spec.dtype, fill_value=0,
+        store, name=spec.key, shape=(c,) + tuple(spec.bounds.shape), dtype=spec.dtype, fill_value=0,
         chunks=(c,) + tuple(spec.chunk_shape),
         shards=(c,) + tuple(Coordinate(sh["chunks_per_shard"]) * spec.chunk_shape),
         compressors=[GzipCodec(level=6)] if sh["compression"] == "gzip" else None,
@@ -57,17 +60,20 @@ def _template(spec: ScaleSpec):
     return store, arr
 
 
-def _group_attributes(spec: ScaleSpec, name: str) -> dict:
-    res = [float(v) for v in spec.resolution]
+def _group_attributes(specs: list[ScaleSpec], name: str) -> dict:
     axes = [{"name": "c", "type": "channel"}] + [{"name": a, "type": "space", "unit": "nanometer"} for a in "zyx"]
-    return {"ome": {"version": "0.5", "multiscales": [{
-        "name": name, "axes": axes,
-        "datasets": [{"path": ARRAY, "coordinateTransformations": [
-            {"type": "scale", "scale": [1.0] + res},
-            {"type": "translation", "translation": [0.0] + [o * r for o, r in zip(spec.bounds.offset, res)]}]}]}]}}
+    r0 = specs[0].resolution
+    datasets = []
+    for spec in specs:
+        res = [float(v) for v in spec.resolution]
+        # voxel a of a mip covers mip-0 voxels [a f, (a + 1) f): its centre, in mip 0's convention
+        shift = [o * r + (r - q) / 2 for o, r, q in zip(spec.bounds.offset, res, r0)]
+        datasets.append({"path": spec.key, "coordinateTransformations": [
+            {"type": "scale", "scale": [1.0] + res}, {"type": "translation", "translation": [0.0] + shift}]})
+    return {"ome": {"version": "0.5", "multiscales": [{"name": name, "axes": axes, "datasets": datasets}]}}
 
 
-def _spec_of(meta: dict, where: str) -> ScaleSpec:
+def _spec_of(meta: dict, where: str, key: str = ARRAY) -> ScaleSpec:
     """The ScaleSpec of a stored zarr output array from its ``zarr.json``."""
     try:
         attrs = meta.get("attributes", {})
@@ -77,7 +83,7 @@ def _spec_of(meta: dict, where: str) -> ScaleSpec:
         gz = any(c["name"] == "gzip" for c in codec["configuration"]["codecs"])
         shape = meta["shape"]
         per = [s // i for s, i in zip(shard[1:], inner[1:])]
-        return ScaleSpec(ARRAY, Roi(attrs["voxel_offset"], shape[1:]), Coordinate(inner[1:]),
+        return ScaleSpec(key, Roi(attrs["voxel_offset"], shape[1:]), Coordinate(inner[1:]),
                          tuple(float(v) for v in attrs["resolution"]), meta["data_type"], int(shape[0]), "raw",
                          zarr_sharding(per, "gzip" if gz else "none"))
     except (KeyError, ValueError, TypeError) as exc:
@@ -85,18 +91,28 @@ def _spec_of(meta: dict, where: str) -> ScaleSpec:
                         f"attributes): {type(exc).__name__}: {exc}") from None
 
 
-def create_zarr_output(url: LayerURL, spec: ScaleSpec, provenance: dict) -> str:
-    """Write the group's and the array's metadata once (exclusively); ``created`` or ``exists``.
-    An existing array must match ``spec``."""
-    store, _ = _template(spec)
-    root = url.local_path
-    meta = store._store_dict[f"{ARRAY}/zarr.json"].to_bytes()
-    created = atomic_write(root / ARRAY / "zarr.json", meta, exclusive=True)
-    if not created:
-        ZarrOutput(url, spec)  # raises naming each difference
-    group = {"zarr_format": 3, "node_type": "group", "attributes": _group_attributes(spec, root.name)}
-    atomic_write(root / "zarr.json", json.dumps(group, indent=2).encode(), exclusive=True)
-    atomic_write(root / "provenance", json.dumps(provenance, indent=2, sort_keys=True).encode(), exclusive=True)
+def stored_spec(url: LayerURL, key: str = ARRAY) -> ScaleSpec | None:
+    """The spec of the stored array ``key`` of a zarr output, or None if it has none."""
+    meta = read_json(url, f"{key}/zarr.json")
+    return None if meta is None else _spec_of(meta, f"output {url} array {key}", key)
+
+
+def create_zarr_output(url: LayerURL, specs: list[ScaleSpec], provenance: dict) -> str:
+    """Write the arrays' metadata (one array per mip; checked against ``specs`` by the caller,
+    :func:`~znni_core.io.precomputed.layer_differences`) and the group's; ``created`` or
+    ``exists``.  A group of fewer mips gains the others."""
+    created = False
+    for spec in specs:
+        store, _ = _template(spec)
+        meta = json.loads(store._store_dict[f"{spec.key}/zarr.json"].to_bytes())
+        created = write_json(url, f"{spec.key}/zarr.json", meta, exclusive=True) or created
+    name = url.path.rstrip("/").split("/")[-1]
+    group = {"zarr_format": 3, "node_type": "group", "attributes": _group_attributes(specs, name)}
+    old = read_json(url, "zarr.json")
+    listed = len(((old or {}).get("attributes", {}).get("ome", {}).get("multiscales") or [{}])[0].get("datasets", []))
+    if old is None or listed < len(specs):
+        write_json(url, "zarr.json", group)
+    write_json(url, "provenance", provenance, exclusive=True)
     return "created" if created else "exists"
 
 
@@ -108,21 +124,21 @@ class ZarrOutput(StoredObjects):
 
     def __init__(self, url: LayerURL, spec: ScaleSpec | None = None):
         self.url = url
-        path = url.local_path / ARRAY / "zarr.json"
+        key = spec.key if spec is not None else ARRAY
         try:
-            meta = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise DataError(f"output {url} has no array {ARRAY}/zarr.json. The output layer is created by "
-                            "`znni create-layer` (rule create_layer) before any task runs.") from None
-        except (OSError, ValueError) as exc:
-            raise DataError(f"output {url}: {path} cannot be read ({exc})") from exc
-        self.spec = _spec_of(meta, f"output {url}")
+            stored = stored_spec(url, key)
+        except OSError as exc:
+            raise DataError(f"output {url}: {key}/zarr.json cannot be read ({exc})") from exc
+        if stored is None:
+            raise DataError(f"output {url} has no array {key}/zarr.json. The output layer is created by "
+                            "`znni create-layer` (rule create_layer) before any task runs.")
+        self.spec = stored
         if spec is not None:
             diffs = compare_scale(self.spec, spec)
             if diffs:
                 raise DataError(f"output layer {url} does not match this run's config:\n  - " + "\n  - ".join(diffs)
                                 + "\nChoose a new output path, or delete the layer if it is yours to replace.")
-        self.key = ARRAY
+        self.key = key
         self._mem = None
 
     bounds = property(lambda self: self.spec.bounds)
@@ -140,7 +156,7 @@ class ZarrOutput(StoredObjects):
     def shard_name(self, index) -> str:
         """The key of the shard holding chunk ``index``: ``0/c/0/i/j/k``."""
         s = Coordinate(index) // Coordinate(self.spec.sharding["chunks_per_shard"])
-        return f"{ARRAY}/c/0/" + "/".join(str(v) for v in s)
+        return f"{self.key}/c/0/" + "/".join(str(v) for v in s)
 
     def write_shard(self, chunks: dict) -> dict:
         """Encode ``{chunk index: (C, z, y, x) array}`` (chunks of one shard) as zarr-python does,
@@ -165,18 +181,32 @@ class ZarrOutput(StoredObjects):
         try:
             blob = store._store_dict.pop(name).to_bytes()
         finally:
-            for k in [k for k in store._store_dict if k.startswith(f"{ARRAY}/c/")]:
+            for k in [k for k in store._store_dict if k.startswith(f"{self.key}/c/")]:
                 del store._store_dict[k]
         self.write_object(name, blob)
         self.verify_object(name, sha256(blob))
         return {"name": name, "sha256": sha256(blob), "nbytes": len(blob), "chunks": digests}
 
     def read(self, roi: Roi, *, fill_missing: bool = True) -> tuple[np.ndarray, list]:
-        """``(C, z, y, x)`` of ``roi`` as zarr-python reads it (absent chunks: 0)."""
-        import zarr
+        """``(C, z, y, x)`` of ``roi`` (absent chunks: 0), decoded by zarr-python from the shards
+        under ``roi``, fetched whole through the layer's storage (any protocol)."""
+        from zarr.core.buffer import default_buffer_prototype
 
-        a = zarr.open_array(str(self.url.local_path / ARRAY), mode="r")
-        return np.asarray(a[(slice(None),) + roi.to_slices(self.bounds.offset)]), []
+        if not self.bounds.contains(roi):
+            raise DataError(f"read {roi} is outside the bounds {self.bounds} of {self.url} array {self.key}")
+        if self._mem is None:
+            self._mem = _template(self.spec)
+        store, arr = self._mem
+        names = {self.shard_name(i) for i in self.grid.chunks_in(roi)}
+        try:
+            for name in names:
+                blob = self.read_object(name)
+                if blob is not None:
+                    store._store_dict[name] = default_buffer_prototype().buffer.from_bytes(blob)
+            return np.asarray(arr[(slice(None),) + roi.to_slices(self.bounds.offset)]), []
+        finally:
+            for name in names:
+                store._store_dict.pop(name, None)
 
     def read_chunk(self, index) -> np.ndarray:
         return self.read(self.grid.chunk_roi(index))[0]

@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
         """Create the output layer's info and provenance once (or check an existing layer matches)."""
         from ..errors import ZnniError
         from ..io import atomic_write, create_layer, parse_layer_url
-        from .config import load_run, output_spec
+        from .config import load_run, output_specs
 
         try:
             run = load_run(run_file)
@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
                     "owners": [], "sources": [run["input"]["url"]],
                     "processing": [{"method": {"task": "znni create-layer", "run_digest": run["digest"]},
                                     "by": "znni", "date": run["created"]}]}
-            state = create_layer(url, output_spec(run), prov)
+            state = create_layer(url, output_specs(run), prov)
         except ZnniError as exc:
             _fail(exc)
         _log(f"output layer {url}: {state}")
@@ -212,14 +212,24 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"  note: {n}")
 
     @app.command("pyramid")
-    def pyramid_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP)):
-        """Build mips 1..downsample.mips of the output with igneous, check each against the mip below."""
-        from ..errors import ZnniError
+    def pyramid_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP),
+                    mip: Optional[int] = typer.Option(None, help="run one job of this mip (with --job)"),
+                    job: Optional[int] = typer.Option(None, help="the job of --mip to run"),
+                    tasks_per_job: int = typer.Option(1, help="tasks per job of --mip (the schedule's)"),
+                    marker: Optional[Path] = typer.Option(None, help="the job's marker (default <work_dir>/pyramid/)")):
+        """Mips 1..downsample.mips of the output: with --mip/--job one job of one mip; without, build
+        what is not done, check every mip's manifests and objects, and write pyramid.json."""
+        from ..errors import ConfigError, ZnniError
         from .config import load_run
-        from .pyramid import build_pyramid
+        from .pyramid import build_pyramid, run_pyramid_job
 
         try:
-            build_pyramid(load_run(run_file), log=_log)
+            if (mip is None) != (job is None):
+                raise ConfigError("give --mip and --job together (one job of one mip), or neither (the whole pyramid)")
+            if mip is not None:
+                run_pyramid_job(run_file, mip, job, tasks_per_job, marker=marker, log=_log)
+            else:
+                build_pyramid(load_run(run_file), log=_log)
         except ZnniError as exc:
             _fail(exc)
 

@@ -18,10 +18,11 @@ import yaml
 
 from ..errors import ConfigError, DataError, InputError, PlanError
 from ..geometry import EDGE_POLICIES, ChunkGrid, Coordinate, Halo, Roi, TaskGrid, output_bounds
-from ..io import ScaleSpec, compare_scale, open_input, parse_layer_url
+from ..io import ScaleSpec, open_input, parse_layer_url
+from ..io.mips import layer_info, mip_specs
+from ..io.precomputed import layer_differences
 from ..io.sharding import shard_chunks
-from ..io.precomputed import PrecomputedLayer
-from ..io.zarr_output import ZarrOutput, zarr_sharding
+from ..io.zarr_output import zarr_sharding
 from ..net.graph import Graph
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
@@ -200,7 +201,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         raise InputError(f"{where} has resolution {inp.resolution} nm (z, y, x) but the network was trained at "
                          f"{tuple(float(v) for v in net_res)} nm; choose the input mip with that resolution")
     lay = layout(cfg, net, inp, halo, where)
-    region, layer_bounds, sharding, tc, grid = lay.region, lay.bounds, lay.sharding, lay.task_chunks, lay.grid
+    region, sharding, tc, grid = lay.region, lay.sharding, lay.task_chunks, lay.grid
     edge = cfg["edge"]
     mask = open_mask(cfg, inp.resolution)
     if mask is not None:
@@ -208,31 +209,17 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
 
     # output layer: bounds = region, resolution = input's
     ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
-    zarr = ou.format == "zarr"
-    if zarr and cfg["downsample"]["mips"]:
-        raise ConfigError(f"downsample.mips: {cfg['downsample']['mips']} with a zarr output ({ou}): the pyramid "
-                          "step builds precomputed mips (igneous) only; set downsample.mips: 0 or write precomputed")
     if cfg["output"]["compression"] == "gzip" and ou.is_local and not sharding:
         raise ConfigError("output.compression: gzip on a file:// layer names chunks *.gz; tensorstore and other "
                           "readers then see zeros without an error (PITFALLS). Use compression: none locally.")
     if ou.is_local and iu.is_local and ou.local_path == iu.local_path:
         raise ConfigError(f"output.path {ou} is the input layer; choose another directory")
-    res = inp.resolution
-    key = "0" if zarr else cfg["output"]["scale_key"] or "_".join(f"{v:g}" for v in res[::-1])
-    out_spec = ScaleSpec(key=key, bounds=layer_bounds, chunk_shape=Coordinate(cfg["output"]["chunk_size"]),
-                         resolution=tuple(res), dtype=cfg["output"]["dtype"], channels=net.out_channels,
-                         encoding=cfg["output"]["encoding"], sharding=sharding)
-    try:
-        existing = ZarrOutput(ou) if zarr else PrecomputedLayer(ou, 0)
-    except DataError as exc:
-        if "has no info file" not in str(exc) and "has no array" not in str(exc):
-            raise
-        existing = None
-    if existing is not None:  # T21 (dtype), T22 (offset), T24 (grid) against an existing layer
-        diffs = compare_scale(existing.spec, out_spec)
-        if diffs:
-            raise DataError(f"output layer {ou} exists and does not match this config:\n  - " + "\n  - ".join(diffs)
-                            + "\nChoose a new output.path, or delete the layer if it is yours to replace.")
+    specs = output_scales(cfg, lay, inp.resolution, net.out_channels)
+    out_spec = specs[0]
+    diffs = layer_differences(ou, specs)  # T21 (dtype), T22 (offset), T24 (grid) against an existing layer
+    if diffs:
+        raise DataError(f"output layer {ou} exists and does not match this config:\n  - " + "\n  - ".join(diffs)
+                        + "\nChoose a new output.path, or delete the layer if it is yours to replace.")
 
     # T24: task size vs memory
     task_shape = (tc * out_spec.chunk_shape).min(region.shape)
@@ -294,7 +281,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
                     "in_channels": net.in_channels, "out_channels": net.out_channels},
         "input": {"url": str(iu), "mip": cfg["input"]["mip"], "bounds": inp.bounds.to_dict(),
                   "resolution": list(inp.resolution), "dtype": inp.dtype, "channels": inp.channels},
-        "output": {"url": str(ou), "scale": out_spec.to_scale(), "info": out_spec.to_info()},
+        "output": {"url": str(ou), "scale": out_spec.to_scale(), "info": layer_info(specs)},
         "region": region.to_dict(),
         "mask": None if mask is None else {"url": str(mask.url), "mip": mask.mip, "bounds": mask.layer.bounds.to_dict(),
                                            "resolution": list(mask.layer.resolution)},
@@ -408,8 +395,25 @@ def run_geometry(run: dict):
     return region, grid, halo, TaskGrid(grid, run["task_chunks"], halo, region)
 
 
-def output_spec(run: dict) -> ScaleSpec:
+def output_scales(cfg: dict, lay: Layout, resolution, channels: int) -> list[ScaleSpec]:
+    """The output layer's scales: mip 0 (the run's) and the pyramid's mips 1..downsample.mips."""
+    ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
+    zarr = ou.format == "zarr"
+    key = "0" if zarr else cfg["output"]["scale_key"] or "_".join(f"{v:g}" for v in tuple(resolution)[::-1])
+    spec0 = ScaleSpec(key=key, bounds=lay.bounds, chunk_shape=Coordinate(cfg["output"]["chunk_size"]),
+                      resolution=tuple(resolution), dtype=cfg["output"]["dtype"], channels=channels,
+                      encoding=cfg["output"]["encoding"], sharding=lay.sharding)
+    return mip_specs(spec0, cfg["downsample"]["mips"], cfg["downsample"]["factor"],
+                     shard_bytes=cfg["output"]["shard_bytes"])
+
+
+def output_spec(run: dict, mip: int = 0) -> ScaleSpec:
+    """Mip ``mip`` of the run's output layer."""
     from ..io.info import scale_spec
 
-    return scale_spec(run["output"]["info"], 0, "run output")
+    return scale_spec(run["output"]["info"], mip, "run output")
 
+
+def output_specs(run: dict) -> list[ScaleSpec]:
+    """Every scale of the run's output layer (mip 0, then the pyramid's)."""
+    return [output_spec(run, k) for k in range(len(run["output"]["info"]["scales"]))]

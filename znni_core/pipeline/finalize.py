@@ -33,10 +33,10 @@ def _check_stored(what: str, entry: dict, read, check, verify: str, task: int) -
         raise DataError(f"{what} of task {task} is missing; re-run task {task}")
 
 
-def check_task(run: dict, out, block, verify: str) -> dict:
-    """A task's manifest, once it and every object it records check out against the store
-    (``verify``: checksum | exists); DataError naming what is wrong otherwise."""
-    mp = manifest_path(run, block.id)
+def check_task(run: dict, out, block, verify: str, mip: int = 0) -> dict:
+    """A task's manifest (of mip ``mip``: a pyramid's), once it and every object it records check
+    out against the store (``verify``: checksum | exists); DataError naming what is wrong otherwise."""
+    mp = manifest_path(run, block.id, mip)
     m = read_manifest(mp)
     if m["plan_digest"] != run["plan"]["digest"] or m["network_digest"] != run["network"]["digest"]:
         raise DataError(f"manifest {mp} was written with another plan or network; re-run task {block.id}")
@@ -95,15 +95,16 @@ def neuroglancer_link(run: dict, base: str, port: int) -> tuple[str, list[str]]:
     server = f"http://127.0.0.1:{port}"
     work = run.get("work_dir", "<work_dir>")
 
-    def source(name: str, url: str) -> str:
+    def source(name: str, url: str, zarr_scheme: str = "zarr") -> str:
+        # zarr3:// for znni's own (v3) output: plain zarr:// makes Neuroglancer probe v2 files first (404s)
         zarr = url.startswith("zarr://")
         if url.startswith("file://") or (zarr and "file://" in url):
             origin = "" if local else f" --allow-origin {_origin(base)}"
             notes.append(f"file:// layers: run `znni serve {work} --port {port}{origin}` while viewing")
-            return f"{'zarr' if zarr else 'precomputed'}://{server}/layers/{name}"
+            return f"{zarr_scheme if zarr else 'precomputed'}://{server}/layers/{name}"
         if local:
             notes.append(f"the viewer: run `znni serve {work} --port {port}` while viewing")
-        return url if zarr else "precomputed://" + url
+        return f"{zarr_scheme}://{url[len('zarr://'):]}" if zarr else "precomputed://" + url
 
     region = run["region"]
     center = [o + s / 2 for o, s in zip(region["offset"], region["shape"])][::-1]  # x, y, z
@@ -113,7 +114,7 @@ def neuroglancer_link(run: dict, base: str, port: int) -> tuple[str, list[str]]:
         "position": center,
         "layers": [
             {"type": "image", "source": source("input", run["input"]["url"]), "name": "input"},
-            {"type": "image", "source": source("output", run["output"]["url"]), "name": "znni output", "opacity": 0.6,
+            {"type": "image", "source": source("output", run["output"]["url"], "zarr3"), "name": "znni output", "opacity": 0.6,
              "shader": "#uicontrol invlerp normalized\nvoid main() { emitRGB(vec3(normalized(), 0.0, 0.0)); }"},
         ],
         "layout": "4panel",
@@ -211,7 +212,7 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     }
     pyramid = Path(run["work_dir"]) / "pyramid.json"
     if cfg["downsample"]["mips"] and pyramid.is_file():  # written by `znni pyramid` after its checks
-        summary["pyramid"] = [f"mip {m['mip']} {m['key']} {tuple(m['size_zyx'])} (max error {m['max_abs_error']:.1e})"
+        summary["pyramid"] = [f"mip {m['mip']} {m['key']} {tuple(m['size_zyx'])} (z, y, x): {m['tasks']} task(s) verified"
                               for m in json.loads(pyramid.read_text())["mips"]]
     if run.get("mask"):
         summary.update({"mask": run["mask"]["url"], "tasks_masked": n_masked_tasks, "chunks_masked": n_masked})

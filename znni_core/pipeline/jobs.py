@@ -30,7 +30,7 @@ from pathlib import Path
 from ..errors import ConfigError, DataError, ZnniError
 from ..io import atomic_write
 
-SCHEDULE_FORMAT = "znni-schedule/1"
+SCHEDULE_FORMAT = "znni-schedule/2"
 JOB_FORMAT = "znni-job/1"
 ESTIMATE_FILE = "estimate.json"
 
@@ -67,18 +67,19 @@ def measured_rate(cfg: dict) -> float | None:
 
 
 def task_geometry(cfg: dict):
-    """``(input layer, Layout, TaskGrid)`` of a validated config, without a plan."""
+    """``(input layer, Layout, TaskGrid, output scales)`` of a validated config, without a plan."""
     from .. import load_network
     from ..geometry import TaskGrid
     from ..io import open_input, parse_layer_url
-    from .config import layout, net_halo
+    from .config import layout, net_halo, output_scales
 
     net = load_network(Path(cfg["network"]["path"]))
     iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
     inp = open_input(iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"])
     halo = net_halo(net)
     lay = layout(cfg, net, inp, halo, f"input {iu} mip {cfg['input']['mip']}")
-    return inp, lay, TaskGrid(lay.grid, lay.task_chunks, halo, lay.region)
+    specs = output_scales(cfg, lay, inp.resolution, net.out_channels)
+    return inp, lay, TaskGrid(lay.grid, lay.task_chunks, halo, lay.region), specs
 
 
 def compute_schedule(cfg: dict) -> dict:
@@ -86,14 +87,17 @@ def compute_schedule(cfg: dict) -> dict:
     from .config import validate_config
 
     cfg = validate_config(cfg)
-    _, lay, tasks = task_geometry(cfg)
+    from .pyramid import pyramid_schedule
+
+    _, lay, tasks, specs = task_geometry(cfg)
     task_voxels = (lay.task_chunks * lay.grid.chunk_shape).min(lay.bounds.shape).prod()
     rate = measured_rate(cfg)
     per, why = tasks_per_job(len(tasks), task_voxels, cfg["jobs"], rate)
     return {"format": SCHEDULE_FORMAT, "num_tasks": len(tasks), "tasks_per_job": per,
             "num_jobs": math.ceil(len(tasks) / per), "why": why, "task_voxels": int(task_voxels),
             "task_chunks": list(lay.task_chunks), "num_chunks": lay.grid.num_chunks,
-            "sharded": lay.sharding is not None, "region_voxels": int(lay.region.shape.prod())}
+            "sharded": lay.sharding is not None, "region_voxels": int(lay.region.shape.prod()),
+            "pyramid": pyramid_schedule(cfg, specs)}
 
 
 def schedule_key(cfg: dict) -> dict:
@@ -167,28 +171,15 @@ def run_job(run_file, job: int, per_job: int, num_tasks: int | None = None, *, m
         raise ConfigError(f"job {job} has no task: {n} tasks at {per_job} per job make "
                           f"{math.ceil(n / per_job)} jobs (0 to {math.ceil(n / per_job) - 1})")
     verify = run["config"]["finalize"]["verify"]
-    ran, skipped, failed = [], [], {}
-    for k in ks:
-        block = ctx.tasks[k]
-        if manifest_path(run, block.id).is_file():
-            try:
-                check_task(run, ctx.out, block, verify)
-                skipped.append(block.id)
-                log(f"task {block.id}: done and verified ({verify}), skipped")
-                continue
-            except DataError as exc:
-                log(f"task {block.id}: {exc}; running it again")
-        try:
-            m = run_task(run_file, block.id, ctx=ctx, device=device, show_progress=False, log=log)
-        except ZnniError as exc:
-            failed[block.id] = str(exc)
-            log(f"task {block.id} FAILED: {exc}")
-            continue
-        ran.append({"task": block.id, "voxels": m["voxels"], "seconds": m["timings"]["total_s"]})
-    if failed:
-        raise DataError(f"job {job}: {len(failed)} of {len(ks)} task(s) failed ("
-                        + "; ".join(f"task {t}: {e}" for t, e in list(failed.items())[:3])
-                        + "); the others are done. Re-running the job runs only the failed ones.")
+
+    def run_one(block):
+        m = run_task(run_file, block.id, ctx=ctx, device=device, show_progress=False, log=log)
+        return {"task": block.id, "voxels": m["voxels"], "seconds": m["timings"]["total_s"]}
+
+    def done(block):
+        return manifest_path(run, block.id).is_file() and bool(check_task(run, ctx.out, block, verify))
+
+    ran, skipped = run_blocks([ctx.tasks[k] for k in ks], done, run_one, f"job {job}", log)
     doc = {"format": JOB_FORMAT, "job": job, "run_digest": run["digest"], "tasks": [ctx.tasks[k].id for k in ks],
            "ran": ran, "skipped": skipped, "seconds": round(time.perf_counter() - t0, 3), "finished": time.time()}
     path = Path(marker) if marker else job_marker_path(run["work_dir"], job)
@@ -197,6 +188,33 @@ def run_job(run_file, job: int, per_job: int, num_tasks: int | None = None, *, m
     log(f"job {job}: {len(ran)} task(s) run, {len(skipped)} skipped (already done), {vox:,} voxels in "
         f"{doc['seconds']:.1f} s -> {path}")
     return doc
+
+
+def run_blocks(blocks, check, run_one, what: str, log=print) -> tuple[list, list]:
+    """Run each task of ``blocks`` (``run_one(block)`` -> its record) unless ``check(block)`` is
+    true (its manifest and stored objects verify: done, skipped; false: no manifest; DataError:
+    a manifest that does not check out).  A task that fails is logged
+    and the others still run; then DataError naming the failed ones, so a retry runs only them.
+    Returns ``(records of the tasks run, ids of those skipped)``."""
+    ran, skipped, failed = [], [], {}
+    for block in blocks:
+        try:
+            if check(block):
+                skipped.append(block.id)
+                log(f"task {block.id}: done and verified, skipped")
+                continue
+        except DataError as exc:
+            log(f"task {block.id}: {exc}; running it again")
+        try:
+            ran.append(run_one(block))
+        except ZnniError as exc:
+            failed[block.id] = str(exc)
+            log(f"task {block.id} FAILED: {exc}")
+    if failed:
+        raise DataError(f"{what}: {len(failed)} of {len(blocks)} task(s) failed ("
+                        + "; ".join(f"task {t}: {e}" for t, e in list(failed.items())[:3])
+                        + "); the others are done. Re-running it runs only the failed ones.")
+    return ran, skipped
 
 
 def summary(work, num_tasks: int, per_job: int, started: float) -> dict:

@@ -1,94 +1,194 @@
-"""``znni pyramid``: mips 1..N of the output layer with igneous, then checked against mip 0.
+"""The pyramid (``downsample.mips``): mips 1..N of the output, in tasks of whole shards or chunks.
 
-igneous (the tool labs use for precomputed pyramids) downsamples by ``downsample.factor``
-(z, y, x; default 1 x 2 x 2) per mip, in tasks of whole chunks (sharded layers: whole
-shards, one mip at a time), run here in one process.  znni's output starts on the chunk grid
-(``output.align``), so a mip-k voxel averages exactly the mip-(k-1) voxels under it.  Each
-new mip is then read back through cloud-volume and compared, in absolute coordinates, with
-the mean of the blocks of the mip below it (whole blocks; float: relative 1e-5, uint8: 1):
-a layer starting off the grid is caught there (igneous averages blocks from the layer's
-start, and writes them half a voxel off); ``<work_dir>/pyramid.json``
-is written only after every mip passed, and lists them for the report.
+Mip k's scales come from :mod:`znni_core.io.mips` (planned with the run: the output layer is
+created with every mip in its ``info`` or OME-Zarr group).  A task of mip k is one shard of
+mip k (or ``task_chunks`` chunks of an unsharded layer); it reads the ``factor`` box under it
+from mip k-1 (whole blocks: the layer starts on the factor's grid), averages each block as
+igneous does (floats: the mean; integers: the mean rounded down), and writes its chunks or its
+shard exactly as an inference task does (:func:`~znni_core.pipeline.task.store_chunks`: whole,
+atomic, read back, one writer per object), then its manifest ``manifests/mipK/...``.  All-zero
+chunks are not written (they read as 0).
 
-igneous is optional: ``pip install 'znni[pyramid]'``.
+The workflow runs mip k's tasks in jobs (rule ``pyramid_job``) once every job of mip k-1 is done,
+then ``znni pyramid`` (rule ``pyramid``) checks every manifest and stored object of every mip
+and writes ``<work_dir>/pyramid.json`` for the report.  Outside the workflow, ``znni pyramid``
+builds whatever is not done yet, then checks.  Re-runs skip the tasks that verify.
 """
 from __future__ import annotations
 
 import json
+import math
+import os
+import socket
 import time
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, DataError
+from ..errors import DataError
+from ..geometry import Coordinate, Halo, Roi, TaskGrid
+from ..io import atomic_write, open_output, parse_layer_url, write_manifest
+from ..io.mips import task_chunks_of
 
-__all__ = ["build_pyramid", "block_mean"]
+__all__ = ["downsample", "mip_tasks", "pyramid_schedule", "run_pyramid_job", "build_pyramid"]
+
+# source voxels a pyramid job reads, averages, writes and reads back per second and thread
+# (about 2-4 x 10^7 on this project's 2-core test machine, raw file:// layers): sizes its jobs
+PYRAMID_VOXELS_PER_S = 2e7
+PYRAMID_JOB_FORMAT = "znni-pyramid-job/1"
+RECORD = "pyramid.json"
 
 
-def block_mean(a: np.ndarray, factor) -> np.ndarray:
-    """Mean over whole ``factor`` blocks of ``a`` (..., z, y, x); partial blocks at the end dropped."""
+def downsample(a: np.ndarray, factor, dtype: str) -> np.ndarray:
+    """``(C, z, y, x)`` averaged over ``factor`` blocks; a partial last block averages the voxels it
+    has.  Integers: the mean rounded down (igneous' averaging); floats: the float64 mean.
+
+    >>> downsample(np.arange(6, dtype=np.float32).reshape(1, 1, 1, 6), (1, 1, 4), "float32")
+    array([[[[1.5, 4.5]]]], dtype=float32)
+    >>> downsample(np.array([1, 2, 2, 2], np.uint8).reshape(1, 1, 2, 2), (1, 2, 2), "uint8")
+    array([[[[1]]]], dtype=uint8)
+    """
     f = tuple(int(v) for v in factor)
-    n = tuple(s // k for s, k in zip(a.shape[-3:], f))
-    a = a[(...,) + tuple(slice(0, m * k) for m, k in zip(n, f))].astype(np.float64)
-    lead = a.shape[:-3]
-    a = a.reshape(lead + (n[0], f[0], n[1], f[1], n[2], f[2]))
-    return a.mean(axis=tuple(len(lead) + i for i in (1, 3, 5)))
+    shape = a.shape[1:]
+    n = tuple(-(-s // k) for s, k in zip(shape, f))
+    integer = np.dtype(dtype).kind in "ui"
+    acc = np.zeros((a.shape[0],) + tuple(m * k for m, k in zip(n, f)), np.int64 if integer else np.float64)
+    acc[(slice(None),) + tuple(slice(0, s) for s in shape)] = a
+    total = acc.reshape((a.shape[0], n[0], f[0], n[1], f[1], n[2], f[2])).sum(axis=(2, 4, 6))
+    # voxels per block: f, or fewer in the last block of an axis
+    counts = [np.minimum(k, s - k * np.arange(m)) for s, k, m in zip(shape, f, n)]
+    count = counts[0][:, None, None] * counts[1][None, :, None] * counts[2][None, None, :]
+    if integer:
+        return (total // count).astype(dtype)
+    return (total / count).astype(dtype)
 
 
-def _igneous():
-    try:
-        from igneous import task_creation
-        from taskqueue import LocalTaskQueue
-    except ImportError as exc:
-        raise ConfigError(f"downsample.mips > 0 needs igneous: pip install 'znni[pyramid]' ({exc})") from None
-    return task_creation, LocalTaskQueue
+def mip_tasks(spec, task_chunks) -> TaskGrid:
+    """The tasks of one mip: its shards (or boxes of ``task_chunks`` chunks), covering its bounds."""
+    zero = Halo((0, 0, 0), (0, 0, 0))
+    return TaskGrid(spec.grid, task_chunks_of(spec, task_chunks), zero, spec.bounds)
+
+
+def pyramid_schedule(cfg: dict, specs) -> list[dict]:
+    """Per mip 1..N: its tasks and how many a job runs (``jobs.tasks_per_job``, or ``auto`` at
+    :data:`PYRAMID_VOXELS_PER_S`)."""
+    from .jobs import tasks_per_job
+
+    out = []
+    for k, spec in enumerate(specs[1:], start=1):
+        tasks = mip_tasks(spec, cfg["task_chunks"])
+        box = (tasks.task_chunks * spec.chunk_shape).min(spec.bounds.shape)
+        source = int(box.prod()) * int(np.prod(cfg["downsample"]["factor"]))
+        per, why = tasks_per_job(len(tasks), source, cfg["jobs"], PYRAMID_VOXELS_PER_S)
+        out.append({"mip": k, "num_tasks": len(tasks), "tasks_per_job": per, "num_jobs": math.ceil(len(tasks) / per),
+                    "why": why})
+    return out
+
+
+class _Pyramid:
+    """A run's output, mip by mip, opened once per process."""
+
+    def __init__(self, run: dict):
+        from .config import output_specs
+
+        cfg = run["config"]
+        self.run, self.factor = run, Coordinate(cfg["downsample"]["factor"])
+        self.specs = output_specs(run)
+        if len(self.specs) < 2:
+            raise DataError(f"downsample.mips is 0 in {run['work_dir']}/run.json: the run has no pyramid to build")
+        self.url = parse_layer_url(run["output"]["url"], endpoint=cfg["output"]["endpoint_url"])
+        self._layers = {}
+
+    def layer(self, k: int):
+        if k not in self._layers:
+            self._layers[k] = open_output(self.url, self.specs[k], k)
+        return self._layers[k]
+
+    def tasks(self, k: int) -> TaskGrid:
+        if not 1 <= k < len(self.specs):
+            raise DataError(f"mip {k} is not a mip of this run's pyramid (1 to {len(self.specs) - 1})")
+        return mip_tasks(self.specs[k], self.run["config"]["task_chunks"])
+
+    def done(self, k: int, block) -> bool:
+        from .finalize import check_task
+        from .task import manifest_path
+
+        verify = self.run["config"]["finalize"]["verify"]
+        return manifest_path(self.run, block.id, k).is_file() and bool(
+            check_task(self.run, self.layer(k), block, verify, mip=k))
+
+    def run_task(self, k: int, block) -> dict:
+        """Average the box of mip k-1 under ``block``, write its chunks (or shard), then its manifest."""
+        from .task import manifest_path, store_chunks
+
+        t0 = time.perf_counter()
+        below, out = self.layer(k - 1), self.layer(k)
+        w = block.write_roi
+        src = Roi.from_bounds(w.begin * self.factor, (w.end * self.factor).min(below.bounds.end))
+        a, _ = below.read(src, fill_missing=True)
+        y = downsample(a, self.factor, out.dtype)
+        encoded, skipped = {}, {}
+        for idx in block.chunks:
+            c = y[(slice(None),) + out.grid.chunk_roi(idx).to_slices(w.offset)]
+            if c.any():
+                encoded[idx] = np.ascontiguousarray(c)
+            else:
+                skipped[idx] = "empty"
+        entries, shard = store_chunks(out, block.chunks, encoded, skipped, self.run["config"]["output"]["compression"])
+        total = time.perf_counter() - t0
+        manifest = {
+            "task": block.id, "mip": k, "run_digest": self.run["digest"], "layer": f"{self.url} mip {k}",
+            "write_roi": w.to_dict(), "read_roi": src.to_dict(), "chunks": [entries[i] for i in block.chunks],
+            **({"shard": shard} if shard is not None else {}),
+            "plan_digest": self.run["plan"]["digest"], "network_digest": self.run["network"]["digest"],
+            "host": socket.gethostname(), "pid": os.getpid(), "voxels": int(w.shape.prod()),
+            "timings": {"total_s": round(total, 4)}, "finished": time.time(),
+        }
+        write_manifest(manifest_path(self.run, block.id, k), manifest)
+        return {"task": block.id, "voxels": manifest["voxels"], "seconds": manifest["timings"]["total_s"],
+                "written": len(encoded)}
+
+
+def run_pyramid_job(run_file, mip: int, job: int, per_job: int, *, marker=None, log=print) -> dict:
+    """Run the tasks of ``job`` of mip ``mip`` (skipping those done and verified); marker last."""
+    from .config import load_run
+    from .jobs import job_range, run_blocks
+
+    t0 = time.perf_counter()
+    run = load_run(run_file)
+    p = _Pyramid(run)
+    tasks = p.tasks(mip)
+    ks = list(job_range(job, per_job, len(tasks)))
+    if job < 0 or not ks:
+        raise DataError(f"mip {mip} job {job} has no task: {len(tasks)} tasks at {per_job} per job")
+    ran, skipped = run_blocks([tasks[k] for k in ks], lambda b: p.done(mip, b), lambda b: p.run_task(mip, b),
+                              f"mip {mip} job {job}", log)
+    doc = {"format": PYRAMID_JOB_FORMAT, "mip": mip, "job": job, "run_digest": run["digest"],
+           "tasks": [tasks[k].id for k in ks], "ran": ran, "skipped": skipped,
+           "seconds": round(time.perf_counter() - t0, 3), "finished": time.time()}
+    path = Path(marker) if marker else Path(run["work_dir"]) / "pyramid" / f"mip{mip}" / f"{job:06d}.json"
+    atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
+    log(f"mip {mip} job {job}: {len(ran)} task(s) run, {len(skipped)} skipped (already done) in {doc['seconds']:.1f} s")
+    return doc
 
 
 def build_pyramid(run: dict, log=print) -> dict:
-    """Build, check and record the pyramid of a run's output; returns the record."""
-    from ..io import PrecomputedLayer, atomic_write, parse_layer_url
+    """Build what is not done yet of every mip (in order), check every mip's manifests and stored
+    objects, then write ``pyramid.json`` (what the report shows) and return it."""
+    from .jobs import run_blocks
 
-    cfg = run["config"]
-    mips, factor = int(cfg["downsample"]["mips"]), tuple(cfg["downsample"]["factor"])
-    if mips < 1:
-        raise ConfigError("downsample.mips is 0: there is no pyramid to build")
-    task_creation, LocalTaskQueue = _igneous()
-    url = parse_layer_url(run["output"]["url"], endpoint=cfg["output"]["endpoint_url"])
-    base = PrecomputedLayer(url, 0)
     t0 = time.perf_counter()
-    xyz = factor[::-1]
-    tq = LocalTaskQueue(parallel=1, progress=False)
-    if base.sharded:  # igneous' shard downsampling makes one mip per pass
-        for k in range(mips):
-            tq.insert(task_creation.create_image_shard_downsample_tasks(
-                url.cloudpath(), mip=k, factor=xyz, fill_missing=True, num_mips=1))
-            tq.execute(progress=False)
-    else:
-        tq.insert(task_creation.create_downsampling_tasks(
-            url.cloudpath(), mip=0, num_mips=mips, factor=xyz, fill_missing=True, compress=False,
-            delete_black_uploads=False))
-        tq.execute(progress=False)
-    seconds = time.perf_counter() - t0
-    record = {"factor": list(factor), "seconds": round(seconds, 3), "mips": []}
-    below, off_below = base.read(base.bounds, fill_missing=True)[0], tuple(base.bounds.offset)
-    for k in range(1, mips + 1):
-        layer = PrecomputedLayer(url, k)
-        got = layer.read(layer.bounds, fill_missing=True)[0]
-        # absolute coordinates: mip-k voxel a is the mean of mip-(k-1) voxels [f a, f a + f); the
-        # mip-k voxels whose block starts before the layer below are skipped
-        skip = [max(0, -(-(ob - f * o) // f)) for o, ob, f in zip(layer.bounds.offset, off_below, factor)]
-        start = [f * (o + s) - ob for o, s, ob, f in zip(layer.bounds.offset, skip, off_below, factor)]
-        want = block_mean(below[(slice(None),) + tuple(slice(a, None) for a in start)], factor)
-        have = got[(slice(None),) + tuple(slice(s, s + n) for s, n in zip(skip, want.shape[1:]))].astype(np.float64)
-        want = want[(slice(None),) + tuple(slice(0, n) for n in have.shape[1:])]
-        err = float(np.abs(have - want).max()) if want.size else 0.0
-        tol = 1.0 if np.dtype(layer.dtype).kind in "ui" else 1e-5 * max(1.0, float(np.abs(want).max(initial=0)))
-        if err > tol:
-            raise DataError(f"mip {k} ({layer.key}) of {url} differs from the mean of mip {k - 1} by {err:.3g} "
-                            f"> {tol:.3g}: the pyramid is wrong; delete its scales from the info and re-run")
-        record["mips"].append({"mip": k, "key": layer.key, "size_zyx": list(layer.bounds.shape),
-                               "offset_zyx": list(layer.bounds.offset), "max_abs_error": err})
-        log(f"pyramid: mip {k} {layer.key} {tuple(layer.bounds.shape)} (z, y, x), max error vs mip {k - 1}: {err:.2e}")
-        below, off_below = got, tuple(layer.bounds.offset)
-    atomic_write(Path(run["work_dir"]) / "pyramid.json", (json.dumps(record, indent=1) + "\n").encode())
+    p = _Pyramid(run)
+    record = {"factor": list(p.factor), "mips": []}
+    for k in range(1, len(p.specs)):
+        tasks = p.tasks(k)
+        ran, skipped = run_blocks(list(tasks), lambda b: p.done(k, b), lambda b: p.run_task(k, b), f"mip {k}", log)
+        spec = p.specs[k]
+        record["mips"].append({"mip": k, "key": spec.key, "size_zyx": list(spec.bounds.shape),
+                               "offset_zyx": list(spec.bounds.offset), "resolution_zyx": list(spec.resolution),
+                               "tasks": len(tasks), "run_now": len(ran), "verified": len(skipped) + len(ran)})
+        log(f"pyramid: mip {k} {spec.key} {tuple(spec.bounds.shape)} (z, y, x): {len(tasks)} task(s), {len(ran)} run "
+            f"now, all verified")
+    record["seconds"] = round(time.perf_counter() - t0, 3)
+    atomic_write(Path(run["work_dir"]) / RECORD, (json.dumps(record, indent=1) + "\n").encode())
     return record

@@ -36,8 +36,10 @@ from .mask import live_chunks, open_mask
 MANIFESTS_PER_DIR = 10_000  # manifests/<id // 10^4>/<id>.json: no directory of 10^5+ files at petascale
 
 
-def manifest_path(run: dict, task_id: int) -> Path:
-    return Path(run["work_dir"]) / "manifests" / f"{task_id // MANIFESTS_PER_DIR:04d}" / f"{task_id:06d}.json"
+def manifest_path(run: dict, task_id: int, mip: int = 0) -> Path:
+    """``manifests/NNNN/ID.json`` of an inference task; ``manifests/mipK/NNNN/ID.json`` of a pyramid's."""
+    base = Path(run["work_dir"]) / "manifests" / (f"mip{mip}" if mip else "")
+    return base / f"{task_id // MANIFESTS_PER_DIR:04d}" / f"{task_id:06d}.json"
 
 
 def _reflect(coords: np.ndarray, begin: int, end: int) -> np.ndarray:
@@ -307,37 +309,8 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
 
     # ---- write, verify -------------------------------------------------------------------------------
     t_write = time.perf_counter()
-    compress = cfg["output"]["compression"]
-    entries = {}
-    shard = None
-    if out.sharded:  # the task's chunks are one shard: built whole, written once, read back
-        name = out.shard_name(block.chunks[0])
-        digests = {}
-        if encoded:
-            shard = out.write_shard(encoded)
-            digests = shard.pop("chunks")
-            shard["status"] = "written"
-        else:
-            out.delete_object(name)  # every chunk empty or masked: no shard (readers see 0), no stale one
-            shard = {"name": name, "status": "empty"}
-        for idx in block.chunks:
-            e = {"name": out.chunk_name(idx), "index": list(idx), "roi": grid.chunk_roi(idx).to_dict(), "shard": name}
-            entries[idx] = e | ({"status": "masked"} if idx in masked else {"status": "empty"} if idx in empty else
-                                {"status": "written", "sha256": digests[tuple(idx)], "nbytes": int(encoded[idx].nbytes)})
-    for idx in ([] if out.sharded else block.chunks):
-        if chunk_index is not None and idx != chunk_index:
-            continue
-        name = out.chunk_name(idx)
-        roi = grid.chunk_roi(idx)
-        if idx in empty or idx in masked:
-            out.delete_chunk(idx)  # a stale chunk from an earlier run must not survive as 'valid'
-            entries[idx] = {"name": name, "index": list(idx), "roi": roi.to_dict(),
-                            "status": "masked" if idx in masked else "empty"}
-            continue
-        digest = out.write_chunk(idx, encoded[idx], compress=compress)
-        out.verify_chunk(idx, digest)
-        entries[idx] = {"name": name, "index": list(idx), "roi": roi.to_dict(), "status": "written",
-                        "sha256": digest, "nbytes": int(encoded[idx].nbytes)}
+    skipped = {i: "masked" for i in masked} | {i: "empty" for i in empty}
+    entries, shard = store_chunks(out, block.chunks, encoded, skipped, cfg["output"]["compression"], only=chunk_index)
     t_write = time.perf_counter() - t_write
     total = time.perf_counter() - t0
 
@@ -378,6 +351,45 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
         + (f"{len(masked)} masked, " if masked else "")
         + f"{voxels:,} voxels in {total:.2f} s ({voxels / max(total, 1e-9):,.0f} voxels/s) -> {mpath}")
     return manifest
+
+
+def store_chunks(out, chunks, encoded: dict, skipped: dict, compress: str, only=None) -> tuple[dict, dict | None]:
+    """Write a task's ``chunks`` to ``out`` and read them back: ``encoded`` ``{index: (C, z, y, x)}``
+    are written, ``skipped`` ``{index: "empty" | "masked"}`` are deleted (a stale chunk of an
+    earlier run must not survive as valid).  A sharded layer gets the task's one shard, built
+    whole (no shard at all when nothing is written).  ``only``: rewrite just this chunk (unsharded).
+    Returns ``(manifest entries by index, the shard's record or None)``."""
+    grid = out.grid
+    entries, shard = {}, None
+
+    def entry(idx, **more):
+        return {"name": out.chunk_name(idx), "index": list(idx), "roi": grid.chunk_roi(idx).to_dict(), **more}
+
+    if out.sharded:  # the task's chunks are one shard: built whole, written once, read back
+        name = out.shard_name(chunks[0])
+        digests = {}
+        if encoded:
+            shard = out.write_shard(encoded)
+            digests = shard.pop("chunks")
+            shard["status"] = "written"
+        else:
+            out.delete_object(name)  # every chunk empty or masked: no shard (readers see 0), no stale one
+            shard = {"name": name, "status": "empty"}
+        for idx in chunks:
+            entries[idx] = entry(idx, shard=name, **({"status": skipped[idx]} if idx in skipped else {
+                "status": "written", "sha256": digests[tuple(idx)], "nbytes": int(encoded[idx].nbytes)}))
+        return entries, shard
+    for idx in chunks:
+        if only is not None and idx != only:
+            continue
+        if idx in skipped:
+            out.delete_chunk(idx)
+            entries[idx] = entry(idx, status=skipped[idx])
+            continue
+        digest = out.write_chunk(idx, encoded[idx], compress=compress)
+        out.verify_chunk(idx, digest)
+        entries[idx] = entry(idx, status="written", sha256=digest, nbytes=int(encoded[idx].nbytes))
+    return entries, shard
 
 
 def _find_chunk(out, grid, chunk: str):
