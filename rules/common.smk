@@ -74,6 +74,23 @@ def get_job_tasks(wildcards):
     return f"--num-tasks {SCHEDULE['num_tasks']}"
 
 
+def pyramid_markers(mip):
+    """Every job marker of mip ``mip`` (the schedule: computed when the workflow is parsed)."""
+    s = SCHEDULE["pyramid"][mip - 1]
+    return [f"{WORK}/pyramid/mip{mip}/{j:06d}.json" for j in range(s["num_jobs"])]
+
+
+def get_pyramid_below(wildcards):
+    """What a job of a mip reads: all of the mip below."""
+    mip = int(wildcards.mip)
+    return get_job_markers(wildcards) if mip == 1 else pyramid_markers(mip - 1)
+
+
+def get_pyramid_markers(wildcards):
+    """Every job marker of every mip."""
+    return [m for s in SCHEDULE["pyramid"] for m in pyramid_markers(s["mip"])]
+
+
 def print_summary(ok):
     """End-of-run summary from the job markers: tasks done now / already done (skipped) / not done."""
     if not SCHEDULE["num_jobs"]:

@@ -3,18 +3,6 @@
 # `znni pyramid` then checks every mip's manifests and stored objects and writes pyramid.json.
 
 
-def pyramid_markers(mip):
-    """Every job marker of mip ``mip`` (the schedule: computed when the workflow is parsed)."""
-    s = SCHEDULE["pyramid"][mip - 1]
-    return [f"{WORK}/pyramid/mip{mip}/{j:06d}.json" for j in range(s["num_jobs"])]
-
-
-def get_pyramid_below(wildcards):
-    """What a job of a mip reads: all of the mip below."""
-    mip = int(wildcards.mip)
-    return get_job_markers(wildcards) if mip == 1 else pyramid_markers(mip - 1)
-
-
 rule pyramid_job:
     input:
         run=f"{WORK}/run.json",
@@ -39,7 +27,7 @@ rule pyramid_job:
 rule pyramid:
     input:
         run=f"{WORK}/run.json",
-        jobs=lambda w: [m for s in SCHEDULE["pyramid"] for m in pyramid_markers(s["mip"])],
+        jobs=get_pyramid_markers,
     output:
         f"{WORK}/pyramid.json",
     params:

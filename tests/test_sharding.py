@@ -145,6 +145,18 @@ def test_petavoxel_layer_has_a_bounded_number_of_shards():
     assert box.prod() * 64 * 128 * 128 * 4 <= 2 ** 30
     assert output_sharding({**out, "sharding": "auto"}, Roi((0, 0, 0), (64, 512, 512)), 1) is None  # few chunks
     assert auto_sharding(shape, out["chunk_size"], "float32", 1, 2 ** 30, "raw")["hash"] == "identity"
+    # its pyramid (5 mips of 1 x 2 x 2): every mip sharded, all of them fewer files than mip 0 again
+    from znni_core.io import ScaleSpec
+    from znni_core.io.mips import mip_specs, task_chunks_of
+
+    s0 = ScaleSpec("8_8_40", Roi((0, 0, 0), shape), Coordinate(out["chunk_size"]), (40.0, 8.0, 8.0), "float32", 1,
+                   sharding=spec)
+    counts = []
+    for k, s in enumerate(mip_specs(s0, 5, (1, 2, 2), shard_bytes=2 ** 30)):
+        assert s.sharding and (k == 0 or s.bounds.shape[1] == -(-shape[1] // 2 ** k))
+        counts.append(int(s.grid.grid_shape.ceil_div(task_chunks_of(s, (1, 1, 1))).prod()))
+    print(f"pyramid mips 0-5: {counts} shard files")
+    assert counts[0] == shards and sum(counts[1:]) < shards
 
 
 # ---- RELIABILITY cases redone for shards -------------------------------------------------------------
@@ -241,3 +253,29 @@ def test_T17_other_compression_is_another_spec_refused_on_an_existing_layer(tmp_
     cfg = sharded_config(tmp_path, vol, compression="gzip")
     with pytest.raises(DataError, match="sharding"):
         prepare(cfg)  # a shard is never half raw, half gzip: the existing layer is refused, not mixed
+
+
+def test_T3_sigkill_after_the_shard_write_before_the_manifest_then_rerun(tmp_path):
+    """A task killed between its verified shard write and its manifest: not done (no manifest);
+    its re-run writes the same shard bytes, then the manifest, and verifies; no temporaries."""
+    from tests import faults_helpers as H
+    from znni_core.io import open_output
+    from znni_core.pipeline.config import load_run, output_spec, run_geometry
+    from znni_core.pipeline.finalize import check_task
+
+    chunk_bytes = 8 * 32 * 32 * 4
+    case = H.prepare(H.make_case(tmp_path / "c", output__sharding="sharded", output__shard_bytes=2 * chunk_bytes))
+    run = load_run(case.run_file)
+    tasks = run_geometry(run)[3]
+    assert len(tasks) > 1 and len(tasks[0].chunks) > 1  # several shards of several chunks
+    block = tasks[1]
+    r = H.run_task_proc(case, block.id, fault="before-manifest")
+    assert r.killed and not case.manifest(block.id).exists()
+    shards = [p for p in case.out.rglob("*.shard")]
+    assert len(shards) == 1 and not H.temporaries(case.out)
+    first = shards[0].read_bytes()
+    r2 = H.run_task_proc(case, block.id)
+    assert r2.exitcode == 0 and case.manifest(block.id).exists()
+    assert shards[0].read_bytes() == first and [p for p in case.out.rglob("*.shard")] == shards
+    out = open_output(parse_layer_url(run["output"]["url"]), output_spec(run))
+    assert check_task(run, out, block, "checksum")["shard"]["name"].endswith(shards[0].name)

@@ -65,7 +65,10 @@ def estimate(cfg: dict, schedule: dict, *, rate: float, rate_source: str, thread
     dirs = math.ceil(tasks / 10_000)
     job_hours = voxels / rate / 3600 if rate else math.nan
     cores = cores_per_node or os.cpu_count() or 1
+    pyr = schedule.get("pyramid", [])
     e = {
+        "pyramid": {"mips": len(pyr), "tasks": sum(m["num_tasks"] for m in pyr),
+                    "jobs": sum(m["num_jobs"] for m in pyr), "objects": sum(m["objects"] for m in pyr)},
         "tasks": tasks, "jobs": jobs, "tasks_per_job": schedule["tasks_per_job"], "jobs_why": schedule["why"],
         "chunks": schedule["num_chunks"], "shards": tasks if schedule["sharded"] else 0,
         "output_objects": objects, "manifests": tasks, "manifest_dirs": dirs, "job_logs": 2 * jobs,
@@ -85,8 +88,8 @@ def estimate(cfg: dict, schedule: dict, *, rate: float, rate_source: str, thread
         w.append(f"the output scale directory would hold {objects:,} {what} (> {DIR_FILES_WARN:,} files): fine on "
                  "gs:// or s3://, slow on a file system" + ("" if schedule["sharded"] else
                                                             "; use output.sharding: sharded"))
-    if jobs > DAG_JOBS_WARN:
-        w.append(f"the DAG would have {jobs:,} jobs (> {DAG_JOBS_WARN:,}): Snakemake needs ~1.3 ms and 18 KB per job "
+    if jobs + e["pyramid"]["jobs"] > DAG_JOBS_WARN:
+        w.append(f"the DAG would have {jobs + e['pyramid']['jobs']:,} jobs (> {DAG_JOBS_WARN:,}): Snakemake needs ~1.3 ms and 18 KB per job "
                  "at every start; lower jobs.max_jobs or raise jobs.tasks_per_job")
     if 2 * jobs > DIR_FILES_WARN:
         w.append(f"{2 * jobs:,} job logs and benchmarks in two directories (> {DIR_FILES_WARN:,} files)")
@@ -112,6 +115,12 @@ def describe(e: dict) -> str:
         f"files/objects  {e['output_objects']:,} output + {e['manifests']:,} manifests in {e['manifest_dirs']:,} "
         f"dir(s) + {e['job_logs']:,} job logs/benchmarks",
         f"output         {b(e['output_bytes'])} uncompressed ({e['voxels']:,} voxels)",
+    ]
+    if e["pyramid"]["mips"]:
+        p = e["pyramid"]
+        lines.append(f"pyramid        mips 1-{p['mips']}: {p['tasks']:,} tasks in {p['jobs']:,} jobs, {p['objects']:,} "
+                     f"output files/objects + {p['tasks']:,} manifests")
+    lines += [
         f"rate           {e['voxels_per_second']:,.0f} output voxels/s per job, {e['threads']} thread(s), "
         f"{e['device']} ({e['rate_source']})",
     ]

@@ -2,8 +2,8 @@
 
 Mip k's scales come from :mod:`znni_core.io.mips` (planned with the run: the output layer is
 created with every mip in its ``info`` or OME-Zarr group).  A task of mip k is one shard of
-mip k (or ``task_chunks`` chunks of an unsharded layer); it reads the ``factor`` box under it
-from mip k-1 (whole blocks: the layer starts on the factor's grid), averages each block as
+mip k (or ``task_chunks`` chunks of an unsharded layer); chunk by chunk, it reads the ``factor``
+box under the chunk from mip k-1 (whole blocks: the layer starts on the factor's grid), averages each block as
 igneous does (floats: the mean; integers: the mean rounded down), and writes its chunks or its
 shard exactly as an inference task does (:func:`~znni_core.pipeline.task.store_chunks`: whole,
 atomic, read back, one writer per object), then its manifest ``manifests/mipK/...``.  All-zero
@@ -81,7 +81,7 @@ def pyramid_schedule(cfg: dict, specs) -> list[dict]:
         source = int(box.prod()) * int(np.prod(cfg["downsample"]["factor"]))
         per, why = tasks_per_job(len(tasks), source, cfg["jobs"], PYRAMID_VOXELS_PER_S)
         out.append({"mip": k, "num_tasks": len(tasks), "tasks_per_job": per, "num_jobs": math.ceil(len(tasks) / per),
-                    "why": why})
+                    "why": why, "objects": len(tasks) if spec.sharding else spec.grid.num_chunks})
     return out
 
 
@@ -124,12 +124,11 @@ class _Pyramid:
         t0 = time.perf_counter()
         below, out = self.layer(k - 1), self.layer(k)
         w = block.write_roi
-        src = Roi.from_bounds(w.begin * self.factor, (w.end * self.factor).min(below.bounds.end))
-        a, _ = below.read(src, fill_missing=True)
-        y = downsample(a, self.factor, out.dtype)
         encoded, skipped = {}, {}
-        for idx in block.chunks:
-            c = y[(slice(None),) + out.grid.chunk_roi(idx).to_slices(w.offset)]
+        for idx in block.chunks:  # chunk by chunk: memory is the task's output plus one source box
+            roi = out.grid.chunk_roi(idx)
+            src = Roi.from_bounds(roi.begin * self.factor, (roi.end * self.factor).min(below.bounds.end))
+            c = downsample(below.read(src, fill_missing=True)[0], self.factor, out.dtype)
             if c.any():
                 encoded[idx] = np.ascontiguousarray(c)
             else:
@@ -138,7 +137,8 @@ class _Pyramid:
         total = time.perf_counter() - t0
         manifest = {
             "task": block.id, "mip": k, "run_digest": self.run["digest"], "layer": f"{self.url} mip {k}",
-            "write_roi": w.to_dict(), "read_roi": src.to_dict(), "chunks": [entries[i] for i in block.chunks],
+            "write_roi": w.to_dict(), "chunks": [entries[i] for i in block.chunks],
+            "read_roi": Roi.from_bounds(w.begin * self.factor, (w.end * self.factor).min(below.bounds.end)).to_dict(),
             **({"shard": shard} if shard is not None else {}),
             "plan_digest": self.run["plan"]["digest"], "network_digest": self.run["network"]["digest"],
             "host": socket.gethostname(), "pid": os.getpid(), "voxels": int(w.shape.prod()),
