@@ -48,3 +48,39 @@ def test_cli_errors_are_clear(tmp_path):
     assert r.exit_code == 2 and "dtype" in r.output
     r = runner.invoke(app, ["plan", str(path), "--memory", "1kB"])
     assert r.exit_code == 2 and "budget" in r.output
+
+
+def test_infer_reads_a_layer_region_and_writes_layers_over_it(tmp_path):
+    """`znni infer` on a region of a precomputed layer, out to a precomputed and a zarr layer placed
+    at the region's offset plus the halo (so it overlays the input), equal to PyTorch on the crop."""
+    import zarr
+
+    from znni_core.io import PrecomputedLayer, parse_layer_url
+    from znni_core.pipeline.config import net_halo
+
+    from .pipeline_helpers import RES, em, write_volume
+
+    net = make_net(NETS["iso2pool"], seed=3)
+    path = save_network(net, tmp_path / "net.yaml")
+    vol = em((30, 44, 40))
+    layer = write_volume(tmp_path / "em", vol)
+    off = (2, 5, 3)  # and shape (26, 33, 31)
+    crop = vol[2:28, 5:38, 3:34].astype(np.float32) * np.float32(1 / 255) - np.float32(0.5)
+    ref = torch_dense(net, crop)
+    at = tuple(int(o + h) for o, h in zip(off, net_halo(net).low))
+    for out in (tmp_path / "out", tmp_path / "out.zarr"):
+        r = runner.invoke(app, ["infer", str(path), layer, str(out), "--offset", "2,5,3", "--shape", "26,33,31",
+                                "--scale", str(1 / 255), "--shift", "-0.5", "--chunk", "8,16,16"])
+        assert r.exit_code == 0, r.output
+        if out.suffix == ".zarr":
+            a = zarr.open_array(str(out / "0"), mode="r")
+            got, got_at = np.asarray(a[...]), tuple(a.attrs["voxel_offset"])
+            assert tuple(a.attrs["resolution"]) == tuple(RES)
+        else:
+            lay = PrecomputedLayer(parse_layer_url(str(out)), 0)
+            got, got_at = lay.read(lay.bounds)[0], tuple(lay.bounds.offset)
+            assert tuple(lay.resolution) == tuple(RES)
+        assert got_at == at and max_rel_err(got, ref) <= 1e-4
+    r = runner.invoke(app, ["infer", str(path), layer, str(tmp_path / "o.npy"), "--offset", "2,5,3",
+                            "--shape", "40,33,31", "--scale", "1"])
+    assert r.exit_code == 2 and "not inside" in r.output and "(30, 44, 40)" in r.output

@@ -100,23 +100,18 @@ def _shape3(text: Optional[str], option: str):
     return shape
 
 
-def _read_array(path: str):
-    import numpy as np
-
-    if path.endswith(".npy"):
-        return np.load(path, allow_pickle=False)
-    if path.endswith((".tif", ".tiff")):
-        import tifffile
-
-        return tifffile.imread(path)
-    raise typer.BadParameter(f"{path}: input must be .npy or .tif (use the workflow for layers)")
-
-
 @app.command("infer")
 def infer_cmd(
     net: Path = typer.Argument(..., help="network (.onnx or .yaml)"),
-    input: str = typer.Argument(..., help="input volume .npy / .tif, (z, y, x) or (c, z, y, x)"),
-    output: str = typer.Argument(..., help="output .npy / .tif (float32, (c, z, y, x))"),
+    input: str = typer.Argument(..., help="input: .npy / .tif, (z, y, x) or (c, z, y, x); or a layer: precomputed "
+                                "(file://, gs://, s3://, a local directory) or zarr (*.zarr, zarr://...)"),
+    output: str = typer.Argument(..., help="output: .npy / .tif (float32, (c, z, y, x)); or a new layer "
+                                 "(precomputed or zarr), placed over the input's coordinates"),
+    offset: Optional[str] = typer.Option(None, help="region to read: its start Z,Y,X (a layer's absolute voxels)"),
+    shape: Optional[str] = typer.Option(None, help="region to read: its size Z,Y,X (default: to the end)"),
+    mip: int = typer.Option(0, help="the input layer's mip"),
+    endpoint_url: Optional[str] = typer.Option(None, help="S3-compatible endpoint of s3:// layers"),
+    chunk: str = typer.Option("64,64,64", help="an output layer's chunk size Z,Y,X"),
     memory: str = typer.Option(None, "--memory", "-m", help="memory budget (bytes or 2GiB)"),
     plan_path: Optional[Path] = typer.Option(None, "--plan", help="run exactly this plan (from `znni plan`)"),
     scale: Optional[float] = typer.Option(None, help="multiply the input by this after converting to float32 "
@@ -124,33 +119,35 @@ def infer_cmd(
     shift: Optional[float] = typer.Option(None, help="add this after --scale (x * scale + shift), e.g. -0.5 to centre"),
     device: str = typer.Option("cpu", help="cpu | gpu"),
 ):
-    """Dense sliding-window output of NET on an array file."""
+    """Dense sliding-window output of NET on an array file or a region of a layer."""
     import numpy as np
 
     from . import infer, load_network
     from .errors import ZnniError
+    from .geometry import Coordinate
+    from .io.volumes import read_volume, write_volume
     from .plan import Plan
 
     try:
         n = load_network(net)
-        x = _read_array(input)
+        x, roi, res = read_volume(input, offset=_shape3(offset, "--offset"), shape=_shape3(shape, "--shape"),
+                                  mip=mip, endpoint=endpoint_url)
         if scale is not None:
             x = x.astype(np.float32) * np.float32(scale)
         if shift is not None:
             x = x.astype(np.float32) + np.float32(shift)
         p = Plan.load(plan_path) if plan_path else None
         y = infer(n, x, device=device, memory_budget=parse_bytes(memory) if memory else None, plan=p)
-    except ZnniError as exc:
-        _fail(exc)
-    if output.endswith(".npy"):
-        np.save(output, y)
-    elif output.endswith((".tif", ".tiff")):
-        import tifffile
+        at = Coordinate(0, 0, 0) if roi is None else roi.offset
+        if y.shape[-3:] != x.shape[-3:]:  # a valid network: output voxel 0 lies at the halo's low end
+            from .pipeline.config import net_halo
 
-        tifffile.imwrite(output, y)
-    else:
-        _fail(ValueError(f"{output}: output must be .npy or .tif"))
-    typer.echo(f"wrote {output}: {y.shape} float32", err=True)
+            at = at + net_halo(n).low
+        wrote = write_volume(output, y, offset=tuple(at), resolution=res or (1.0, 1.0, 1.0),
+                             chunk=_shape3(chunk, "--chunk"), endpoint=endpoint_url)
+    except (ZnniError, OSError, ValueError) as exc:
+        _fail(exc)
+    typer.echo(f"wrote {wrote}", err=True)
 
 
 def _register_pipeline() -> None:
