@@ -270,13 +270,14 @@ def test_pyramid_jobs_build_checked_mips_before_the_report(tmp_path):
     from znni_core.pipeline.pyramid import downsample
 
     cfg, path = write_config(tmp_path, "p", em((12, 40, 40)), downsample={"mips": 2},
-                             output={"chunk_size": [6, 8, 8]}, jobs={"tasks_per_job": 3})
+                             output={"chunk_size": [6, 8, 8]}, jobs={"tasks_per_job": 6})
     p = snakemake(tmp_path, path)
     log = p.stdout + p.stderr
     assert "pyramid_job" in log and "(Rule: pyramid)" in log
     s = json.loads((Path(cfg["work_dir"]) / "report" / "summary.json").read_text())
     assert [m[:6] for m in s["pyramid"]] == ["mip 1 ", "mip 2 "]
-    assert len(list((Path(cfg["work_dir"]) / "pyramid" / "mip2").glob("*.json"))) > 1  # mip 2 ran in jobs
+    assert len(list((Path(cfg["work_dir"]) / "pyramid" / "mip1").glob("*.json"))) == 2  # 12 tasks, 6 per job
+    assert len(list((Path(cfg["work_dir"]) / "pyramid" / "mip2").glob("*.json"))) == 1
     url = parse_layer_url(cfg["output"]["path"])
     assert len(json.loads((url.local_path / "info").read_text())["scales"]) == 3
     mip1, mip2 = PrecomputedLayer(url, 1), PrecomputedLayer(url, 2)
