@@ -5,7 +5,7 @@ The only place where cloud-volume's (x, y, z) order appears; imports :mod:`znni_
 """
 from .atomic import atomic_write, clean_stale_temporaries
 from .info import ScaleSpec, compare_scale, validate_info
-from .manifest import read_manifest, write_manifest
+from .manifest import read_manifest, store_chunks, write_manifest
 from .paths import LayerURL, check_key, parse_layer_url
 from .precomputed import COMPRESSIONS, PrecomputedLayer, create_layer, open_output, read_json, write_json
 from .zarr_layer import ZarrLayer
@@ -27,4 +27,5 @@ def open_input(url: LayerURL, mip: int = 0, *, resolution=None, voxel_offset=Non
 
 __all__ = ["COMPRESSIONS", "LayerURL", "PrecomputedLayer", "ScaleSpec", "ZarrLayer", "atomic_write", "check_key",
            "clean_stale_temporaries", "compare_scale", "create_layer", "open_input", "open_output",
-           "parse_layer_url", "read_json", "read_manifest", "validate_info", "write_json", "write_manifest"]
+           "parse_layer_url", "read_json", "read_manifest", "store_chunks", "validate_info", "write_json",
+           "write_manifest"]

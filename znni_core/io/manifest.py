@@ -1,4 +1,5 @@
-"""Per-task manifests: the done-marker Snakemake sees, written only after every chunk verified.
+"""Per-task manifests: the done-marker Snakemake sees, written only after every chunk verified,
+and :func:`store_chunks`, which writes a task's chunks (or its shard) and makes their entries.
 
 A manifest is JSON: task id and ROIs, one entry per chunk (name, status ``written`` with sha256,
 ``empty`` for chunks skipped because their input was all zero, or ``masked`` for chunks the run's
@@ -50,3 +51,42 @@ def read_manifest(path) -> dict:
         if c.get("status") not in CHUNK_STATUSES or (c["status"] == "written" and not c.get("sha256")):
             raise DataError(f"manifest {path}: chunk entry {c!r} is incomplete; re-run its task")
     return m
+
+
+def store_chunks(out, chunks, encoded: dict, skipped: dict, compress: str, only=None) -> tuple[dict, dict | None]:
+    """Write a task's ``chunks`` to ``out`` and read them back: ``encoded`` ``{index: (C, z, y, x)}``
+    are written, ``skipped`` ``{index: "empty" | "masked"}`` are deleted (a stale chunk of an
+    earlier run must not survive as valid).  A sharded layer gets the task's one shard, built
+    whole (no shard at all when nothing is written).  ``only``: rewrite just this chunk (unsharded).
+    Returns ``(manifest entries by index, the shard's record or None)``."""
+    grid = out.grid
+    entries, shard = {}, None
+
+    def entry(idx, **more):
+        return {"name": out.chunk_name(idx), "index": list(idx), "roi": grid.chunk_roi(idx).to_dict(), **more}
+
+    if out.sharded:  # the task's chunks are one shard: built whole, written once, read back
+        name = out.shard_name(chunks[0])
+        digests = {}
+        if encoded:
+            shard = out.write_shard(encoded)
+            digests = shard.pop("chunks")
+            shard["status"] = "written"
+        else:
+            out.delete_object(name)  # every chunk empty or masked: no shard (readers see 0), no stale one
+            shard = {"name": name, "status": "empty"}
+        for idx in chunks:
+            entries[idx] = entry(idx, shard=name, **({"status": skipped[idx]} if idx in skipped else {
+                "status": "written", "sha256": digests[tuple(idx)], "nbytes": int(encoded[idx].nbytes)}))
+        return entries, shard
+    for idx in chunks:
+        if only is not None and idx != only:
+            continue
+        if idx in skipped:
+            out.delete_chunk(idx)
+            entries[idx] = entry(idx, status=skipped[idx])
+            continue
+        digest = out.write_chunk(idx, encoded[idx], compress=compress)
+        out.verify_chunk(idx, digest)
+        entries[idx] = entry(idx, status="written", sha256=digest, nbytes=int(encoded[idx].nbytes))
+    return entries, shard

@@ -439,9 +439,10 @@ def create_layer(url: LayerURL, specs, provenance: dict) -> str:
     info = layer_info(specs)
     created = write_json(url, "info", info, exclusive=True)
     if not created:
-        have = read_json(url, "info")["scales"]
+        existing = read_json(url, "info")
+        have = existing["scales"]
         if len(have) < len(specs):  # a pyramid added to an earlier run's layer: one writer (create-layer)
-            write_json(url, "info", {**read_json(url, "info"), "scales": have + info["scales"][len(have):]})
+            write_json(url, "info", {**existing, "scales": have + info["scales"][len(have):]})
     if read_json(url, "provenance") is None:
         write_json(url, "provenance", provenance, exclusive=True)
     return "created" if created else "exists"

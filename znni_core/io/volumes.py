@@ -8,12 +8,10 @@ atomically, and read back as every znni write is.
 """
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 from ..errors import InputError
-from ..geometry import Coordinate, Roi
+from ..geometry import Coordinate, Halo, Roi, TaskGrid
 
 ARRAY_SUFFIXES = (".npy", ".tif", ".tiff")
 
@@ -68,6 +66,8 @@ def write_volume(path: str, y: np.ndarray, *, offset=(0, 0, 0), resolution=(1.0,
             tifffile.imwrite(path, y)
         return f"{path}: {y.shape} float32"
     from .info import ScaleSpec
+    from .manifest import store_chunks
+    from .mips import task_chunks_of
     from .paths import parse_layer_url
     from .precomputed import create_layer, open_output
     from .zarr_output import zarr_sharding
@@ -75,24 +75,16 @@ def write_volume(path: str, y: np.ndarray, *, offset=(0, 0, 0), resolution=(1.0,
     url = parse_layer_url(path, endpoint=endpoint, what="output")
     bounds = Roi(Coordinate(offset), y.shape[1:])
     chunk = Coordinate(chunk).min(bounds.shape)
-    grid_shape = bounds.shape.ceil_div(chunk)
     zarr = url.format == "zarr"
-    per_shard = grid_shape.min(Coordinate(8, 8, 8)) if zarr else None  # zarr: shards of up to 8^3 chunks
+    per_shard = bounds.shape.ceil_div(chunk).min(Coordinate(8, 8, 8))  # zarr: shards of up to 8^3 chunks
     spec = ScaleSpec("0" if zarr else "_".join(f"{v:g}" for v in tuple(resolution)[::-1]), bounds, chunk,
                      tuple(float(v) for v in resolution), "float32", int(y.shape[0]),
                      sharding=zarr_sharding(per_shard, "none") if zarr else None)
     create_layer(url, spec, {"description": "znni infer", "owners": [], "processing": [], "sources": []})
     out = open_output(url, spec)
-    grid = out.grid
-
-    def chunk_of(i):
-        return np.ascontiguousarray(y[(slice(None),) + grid.chunk_roi(i).to_slices(bounds.offset)])
-
-    if zarr:
-        for s in itertools.product(*(range(0, n, k) for n, k in zip(grid_shape, per_shard))):
-            idx = itertools.product(*(range(a, min(a + k, n)) for a, k, n in zip(s, per_shard, grid_shape)))
-            out.write_shard({Coordinate(i): chunk_of(Coordinate(i)) for i in idx})
-    else:
-        for i in grid.chunks_in(bounds):
-            out.verify_chunk(i, out.write_chunk(i, chunk_of(i)))
-    return f"{url}: {y.shape} float32 at offset {tuple(bounds.offset)} (z, y, x), {grid.num_chunks} chunk(s)"
+    zero = Halo((0, 0, 0), (0, 0, 0))
+    for block in TaskGrid(out.grid, task_chunks_of(spec, per_shard), zero):  # whole shards, or boxes of chunks
+        chunks = {i: np.ascontiguousarray(y[(slice(None),) + out.grid.chunk_roi(i).to_slices(bounds.offset)])
+                  for i in block.chunks}
+        store_chunks(out, block.chunks, chunks, {}, "none")
+    return f"{url}: {y.shape} float32 at offset {tuple(bounds.offset)} (z, y, x), {out.grid.num_chunks} chunk(s)"

@@ -139,7 +139,7 @@ class ZarrOutput(StoredObjects):
                 raise DataError(f"output layer {url} does not match this run's config:\n  - " + "\n  - ".join(diffs)
                                 + "\nChoose a new output path, or delete the layer if it is yours to replace.")
         self.key = key
-        self._mem = None
+        self._mem = self._local = None
 
     bounds = property(lambda self: self.spec.bounds)
     grid = property(lambda self: self.spec.grid)
@@ -200,7 +200,9 @@ class ZarrOutput(StoredObjects):
             raise DataError(f"read {roi} is outside the bounds {self.bounds} of {self.url} array {self.key}")
         sl = (slice(None),) + roi.to_slices(self.bounds.offset)
         if self.url.is_local:
-            return np.asarray(zarr.open_array(str(self.url.local_path / self.key), mode="r")[sl]), []
+            if self._local is None:  # opened once: a pyramid task reads chunk by chunk
+                self._local = zarr.open_array(str(self.url.local_path / self.key), mode="r")
+            return np.asarray(self._local[sl]), []
         if self._mem is None:
             self._mem = _template(self.spec)
         store, arr = self._mem

@@ -85,10 +85,9 @@ def task_geometry(cfg: dict):
 def compute_schedule(cfg: dict) -> dict:
     """The run's tasks and jobs from the config, the network's halo and the input's bounds."""
     from .config import validate_config
-
-    cfg = validate_config(cfg)
     from .pyramid import pyramid_schedule
 
+    cfg = validate_config(cfg)
     _, lay, tasks, specs = task_geometry(cfg)
     task_voxels = (lay.task_chunks * lay.grid.chunk_shape).min(lay.bounds.shape).prod()
     rate = measured_rate(cfg)

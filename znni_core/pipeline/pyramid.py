@@ -5,7 +5,7 @@ created with every mip in its ``info`` or OME-Zarr group).  A task of mip k is o
 mip k (or ``task_chunks`` chunks of an unsharded layer); chunk by chunk, it reads the ``factor``
 box under the chunk from mip k-1 (whole blocks: the layer starts on the factor's grid), averages each block as
 igneous does (floats: the mean; integers: the mean rounded down), and writes its chunks or its
-shard exactly as an inference task does (:func:`~znni_core.pipeline.task.store_chunks`: whole,
+shard exactly as an inference task does (:func:`~znni_core.io.store_chunks`: whole,
 atomic, read back, one writer per object), then its manifest ``manifests/mipK/...``.  All-zero
 chunks are not written (they read as 0).
 
@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..geometry import Coordinate, Halo, Roi, TaskGrid
-from ..io import atomic_write, open_output, parse_layer_url, write_manifest
+from ..io import atomic_write, open_output, parse_layer_url, store_chunks, write_manifest
 from ..io.mips import task_chunks_of
 
 __all__ = ["downsample", "mip_tasks", "pyramid_schedule", "run_pyramid_job", "build_pyramid"]
@@ -119,7 +119,7 @@ class _Pyramid:
 
     def run_task(self, k: int, block) -> dict:
         """Average the box of mip k-1 under ``block``, write its chunks (or shard), then its manifest."""
-        from .task import manifest_path, store_chunks
+        from .task import manifest_path
 
         t0 = time.perf_counter()
         below, out = self.layer(k - 1), self.layer(k)

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import DataError, InputError, NonFiniteError
 from ..geometry import Block, Coordinate, Roi
-from ..io import open_input, open_output, parse_layer_url, read_manifest, write_manifest
+from ..io import open_input, open_output, parse_layer_url, read_manifest, store_chunks, write_manifest
 from ..exec.device import require_device
 from ..exec.tiling import graph_window, run_graph_window
 from ..inference import thread_limits
@@ -351,45 +351,6 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
         + (f"{len(masked)} masked, " if masked else "")
         + f"{voxels:,} voxels in {total:.2f} s ({voxels / max(total, 1e-9):,.0f} voxels/s) -> {mpath}")
     return manifest
-
-
-def store_chunks(out, chunks, encoded: dict, skipped: dict, compress: str, only=None) -> tuple[dict, dict | None]:
-    """Write a task's ``chunks`` to ``out`` and read them back: ``encoded`` ``{index: (C, z, y, x)}``
-    are written, ``skipped`` ``{index: "empty" | "masked"}`` are deleted (a stale chunk of an
-    earlier run must not survive as valid).  A sharded layer gets the task's one shard, built
-    whole (no shard at all when nothing is written).  ``only``: rewrite just this chunk (unsharded).
-    Returns ``(manifest entries by index, the shard's record or None)``."""
-    grid = out.grid
-    entries, shard = {}, None
-
-    def entry(idx, **more):
-        return {"name": out.chunk_name(idx), "index": list(idx), "roi": grid.chunk_roi(idx).to_dict(), **more}
-
-    if out.sharded:  # the task's chunks are one shard: built whole, written once, read back
-        name = out.shard_name(chunks[0])
-        digests = {}
-        if encoded:
-            shard = out.write_shard(encoded)
-            digests = shard.pop("chunks")
-            shard["status"] = "written"
-        else:
-            out.delete_object(name)  # every chunk empty or masked: no shard (readers see 0), no stale one
-            shard = {"name": name, "status": "empty"}
-        for idx in chunks:
-            entries[idx] = entry(idx, shard=name, **({"status": skipped[idx]} if idx in skipped else {
-                "status": "written", "sha256": digests[tuple(idx)], "nbytes": int(encoded[idx].nbytes)}))
-        return entries, shard
-    for idx in chunks:
-        if only is not None and idx != only:
-            continue
-        if idx in skipped:
-            out.delete_chunk(idx)
-            entries[idx] = entry(idx, status=skipped[idx])
-            continue
-        digest = out.write_chunk(idx, encoded[idx], compress=compress)
-        out.verify_chunk(idx, digest)
-        entries[idx] = entry(idx, status="written", sha256=digest, nbytes=int(encoded[idx].nbytes))
-    return entries, shard
 
 
 def _find_chunk(out, grid, chunk: str):
