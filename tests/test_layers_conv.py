@@ -10,6 +10,7 @@ from znni_core.errors import InputError
 from znni_core.layers import (
     FFTConv,
     FFTGemmConv,
+    WinogradConv,
     conv_direct_gemm,
     conv_direct_gemm_memory,
     conv_direct_numba,
@@ -17,6 +18,7 @@ from znni_core.layers import (
     fft_shape,
     fft_size,
     pruned_rfftn,
+    winograd_supports,
 )
 from znni_core.layers.direct import _gemm_blocks
 from znni_core.layers.fft import _fft_conv_xp
@@ -55,6 +57,8 @@ def all_paths(x, w, b, threads=2):
     gemm = FFTGemmConv(w, b, x.shape[2:], threads=threads)
     yield "fft-gemm", gemm(x)
     yield "fft-gemm-xp", gemm._call_xp(x)  # the GPU's code path, on numpy
+    if winograd_supports(w.shape[2:]):
+        yield "winograd", WinogradConv(w, b, x.shape[2:], threads=threads)(x)
     yield "fft-xp", _fft_conv_xp(x, khat, b, fft_shape(x.shape[2:]), tuple(
         n - q + 1 for n, q in zip(x.shape[2:], w.shape[2:])))
 

@@ -36,7 +36,7 @@ WIDE = [("conv", 8, 3), ("act", "relu"), ("pool", 2), ("conv", 12, 3), ("act", "
         ("conv", 12, 3), ("act", "relu"), ("conv", 3, 3), ("act", "sigmoid")]
 
 
-@pytest.mark.parametrize("prim", ["direct-gemm", "fft-data", "fft-task", "fft-stream", "fft-gemm"])
+@pytest.mark.parametrize("prim", ["direct-gemm", "fft-data", "fft-task", "fft-stream", "fft-gemm", "winograd"])
 @pytest.mark.parametrize("modes", [("mpf", "mpf"), ("pool", "mpf"), ("pool", "pool"), ("slab:4", "mpf"), ("slab:2", "pool")])
 def test_predicted_peak_matches_measured(prim, modes):
     net = make_net(WIDE, seed=1)

@@ -18,7 +18,7 @@ from ..errors import PlanError
 from ..geometry.blocks import conv_blocks
 from ..plan.memory import slab_geometry
 from ..layers.activation import commutes_with_max
-from ..layers import (FFTConv, FFTGemmConv, apply_activation, conv_direct_gemm, conv_direct_numba, fragment_of_filtered,
+from ..layers import (FFTConv, FFTGemmConv, WinogradConv, apply_activation, conv_direct_gemm, conv_direct_numba, fragment_of_filtered,
                       max_filter_inplace, max_pool, mpf, recombine)
 from ..net.spec import Conv, Network, Pool
 
@@ -27,7 +27,7 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
     prim = step.primitive
     if prim == "fft-stream":  # no kernel cache: cheap to build
         return FFTConv(layer.weight, layer.bias, in_spatial, threads=step.threads, mode="stream", xp=xp)
-    if prim.startswith("fft-"):
+    if prim.startswith("fft-") or prim == "winograd":
         # kernel spectra resident for the whole run: built on the first call, reused by every
         # pooling offset, slab, micro-batch and patch of the same shape (the plan counts them)
         # one entry per step: a tile of another shape (a small input) replaces it, so at most
@@ -39,6 +39,8 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
             del hit
             convs[step.index] = (FFTGemmConv(layer.weight, layer.bias, shape, threads=step.threads, xp=xp)
                                  if prim == "fft-gemm" else
+                                 WinogradConv(layer.weight, layer.bias, shape, threads=step.threads, xp=xp)
+                                 if prim == "winograd" else
                                  FFTConv(layer.weight, layer.bias, shape, threads=step.threads, mode=prim[4:], xp=xp))
         return convs[step.index]
     w = layer.weight if xp is np else xp.asarray(layer.weight)
@@ -61,7 +63,7 @@ def _run_conv(step, layer: Conv, x, xp, convs):
         return fn(x)
     out = xp.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), dtype=np.float32)
     ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
-    fft = isinstance(fn, (FFTConv, FFTGemmConv))
+    fft = isinstance(fn, (FFTConv, FFTGemmConv, WinogradConv))
     if fft:  # one set of call buffers for all blocks of this step
         fn.keep_buffers = True
     try:

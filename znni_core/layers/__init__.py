@@ -6,7 +6,8 @@ only: no network, plan or IO imports.
 
 Convolutions (PyTorch ``Conv3d`` semantics: correlation, valid, stride 1):
 :func:`conv_direct_gemm`, :func:`conv_direct_numba`, :class:`FFTConv` /
-:func:`fft_conv`, :class:`FFTGemmConv` (channel sums as per-frequency GEMMs).  Pooling: :func:`max_pool`, :func:`mpf`, :func:`recombine`,
+:func:`fft_conv`, :class:`FFTGemmConv` (channel sums as per-frequency GEMMs),
+:class:`WinogradConv` (kernels of 1 or 3 per axis: channel sums as per-position GEMMs).  Pooling: :func:`max_pool`, :func:`mpf`, :func:`recombine`,
 :func:`max_filter_dense`.  Activations: :func:`apply_activation`.
 
 Every primitive has a ``*_memory`` function predicting the peak bytes a call
@@ -45,12 +46,21 @@ from .pool import (
     recombine,
     recombine_memory,
 )
+from .winograd import (
+    WinogradConv,
+    winograd_kernel_bytes,
+    winograd_memory,
+    winograd_sizes,
+    winograd_supports,
+    winograd_tiles,
+)
 from .xp import cupy_or_none, get_array_module
 
 __all__ = [
     "ACTIVATIONS",
     "FFTConv",
     "FFTGemmConv",
+    "WinogradConv",
     "activation_memory",
     "apply_activation",
     "conv_direct_gemm",
@@ -83,4 +93,9 @@ __all__ = [
     "recombine_memory",
     "pruned_rfftn",
     "save_wisdom",
+    "winograd_kernel_bytes",
+    "winograd_memory",
+    "winograd_sizes",
+    "winograd_supports",
+    "winograd_tiles",
 ]

@@ -20,12 +20,12 @@ from ..layers.resample import linear_index
 from ..net.graph import Graph
 from . import memory as M
 from . import timing as T
-from .plan import CONV_PRIMITIVES, Plan, Rejected, Step
+from .plan import CONV_PRIMITIVES, Plan, Rejected, Step, primitive_supports
 
 ELEMENTWISE = ("add", "mul", "affine", "act")
 BLENDS = ("bump", "gaussian", "linear")
 DEFAULT_OVERLAP = 0.25  # of the patch, per axis, for padded graphs (MONAI's default)
-GRAPH_PRIMITIVES = ("direct-gemm", "fft-data")
+GRAPH_PRIMITIVES = ("direct-gemm", "fft-data", "winograd")
 SHRINK = 0.88  # each step of the patch search shrinks the longest axis to about this
 
 
@@ -107,7 +107,7 @@ def _conv_options(node, spatial, prims, timer, threads):
                                                    node["stride"]), 0)]
     opts = []
     for prim in prims:
-        if prim.startswith("fft-") and all(k == 1 for k in conv.kernel):
+        if (prim.startswith("fft-") and all(k == 1 for k in conv.kernel)) or not primitive_supports(prim, conv.kernel):
             continue  # 1x1x1: FFT never pays
         t = timer.layer(prim, 1, conv, spatial, 0, 1)
         opts.append((t, prim, M.conv_step_bytes(prim, 1, 0, conv, spatial, (), threads),

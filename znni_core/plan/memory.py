@@ -31,6 +31,8 @@ def conv_primitive_bytes(primitive: str, n: int, layer: Conv, in_spatial, thread
         return int(L.conv_direct_numba_memory(*args))
     if primitive == "fft-gemm":
         return int(L.fft_gemm_memory(*args, threads=threads))
+    if primitive == "winograd":
+        return int(L.winograd_memory(*args, threads=threads))
     if primitive.startswith("fft-"):
         # resident kernel spectra are counted once for the whole run: resident_bytes
         return int(L.fft_conv_memory(*args, mode=primitive[4:], threads=threads, cache=False))
@@ -71,8 +73,10 @@ def _conv_step_bytes(primitive, n, mb, layer, spatial, tile, threads) -> int:
 
 def resident_bytes(primitive: str, layer: Conv, in_spatial) -> int:
     """Bytes a conv step keeps for the whole run: the kernel spectra of ``fft-data`` /
-    ``fft-task`` / ``fft-gemm`` (the executor builds them on first use and reuses them for every pooling
-    offset, slab, micro-batch and patch)."""
+    ``fft-task`` / ``fft-gemm`` and Winograd's kernel transform (the executor builds them on
+    first use and reuses them for every pooling offset, slab, micro-batch and patch)."""
+    if primitive == "winograd":
+        return int(L.winograd_kernel_bytes(layer.in_channels, layer.out_channels, layer.kernel))
     if primitive == "fft-gemm":
         return int(L.fft_gemm_kernel_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel))
     if primitive in ("fft-data", "fft-task"):

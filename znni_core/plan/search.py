@@ -22,7 +22,7 @@ from ..net.graph import Graph
 from ..net.spec import Activation, Conv, Network, Pool
 from . import memory as M
 from . import timing as T
-from .plan import CONV_PRIMITIVES, RESIDENT_PRIMITIVES, Plan, Rejected, Step
+from .plan import CONV_PRIMITIVES, RESIDENT_PRIMITIVES, Plan, Rejected, Step, primitive_supports
 
 EFFORTS = ("estimate", "measure", "exhaustive")
 DEFAULT_BUDGET_FRACTION = 0.5  # of the RAM available when planning
@@ -30,7 +30,7 @@ MAX_PATCH_VOXELS = 512 ** 3
 GIB = 2 ** 30
 GPU_PRIMITIVES = ("direct-gemm", "fft-data")
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
-SEARCH_VERSION = 4  # in the plan cache key: bump when the search or time model changes (stale plans)
+SEARCH_VERSION = 5  # in the plan cache key: bump when the search or time model changes (stale plans)
 PLAN_CACHE_ENTRIES = 256  # newest plans kept on disk (one per network x shape x budget x ...)
 PATIENCE = 2  # coarse patches in a row without a gain before a series of growing patches stops
 COARSE = 3  # a series is first sampled at every COARSE-th patch, then refined around the best
@@ -228,7 +228,8 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
                 return decisions[i]
             layer = layers[i]
             room = budget - live_max[i] - sum(resident.values())
-            allowed = tuple(p for p in primitives if not (i in no_cache and p in RESIDENT_PRIMITIVES)) or primitives
+            usable = tuple(p for p in primitives if primitive_supports(p, layer.kernel)) or ("direct-gemm",)
+            allowed = tuple(p for p in usable if not (i in no_cache and p in RESIDENT_PRIMITIVES)) or usable
             if _flat_axis(layer.kernel, spatial):
                 # FFTConv transforms every axis: a kernel 1 deep on an axis of extent > 1 (2D
                 # kernels in 3D) pays transforms along it for nothing, and the rate model does not
@@ -263,7 +264,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
             decisions[i] = (prim, mb, tile)
             resident[i] = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
             best_t = timed[0][0]
-            for p in primitives:  # faster whole-batch alternatives refused for memory
+            for p in usable:  # faster whole-batch alternatives refused for memory
                 e = M.conv_primitive_bytes(p, n, layer, spatial, threads) + M.resident_bytes(p, layer, spatial)
                 if e > room:
                     t = timer.layer(p, n, layer, spatial, n, reps[i])

@@ -20,7 +20,7 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 8  # bump when the models or the calibration change (7-8: fft-gemm)
+CALIBRATION_VERSION = 9  # bump when the models or the calibration change (7-8: fft-gemm, 9: winograd)
 
 
 def cache_dir() -> Path:
@@ -117,6 +117,7 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
                      "numba": [[27, flops1 / _best_of(lambda: L.conv_direct_numba(x1, w1))], [24 * 27, numba_rate]]}
     rates = _fft_rates(threads)
     rates["gemm"] = _fft_gemm_rates(threads)
+    rates["winograd"] = _winograd_rates(threads)
     big = np.empty(2 ** 24, dtype=np.float32)
     bw = big.nbytes * 2 / _best_of(lambda: np.maximum(big, 0, out=big))
     cal = {"gemm_flops": gemm, "numba_flops": numba_rate, "direct_points": direct_points, "fft": rates, "mem_bw": bw,
@@ -244,6 +245,67 @@ def _fft_gemm_rates(threads: int) -> dict:
             "build_s_per_value": build / (L.fft_gemm_kernel_bytes(c2, c2, sp, k) / 8)}
 
 
+#: Winograd calibration: (1,3,3) kernels on 16 x 64^2 (36 transform positions); the GEMM rate
+#: at two reduction lengths (C_in); the transforms from whole calls at few maps on wide planes
+#: (per value) and on many narrow ones (per tile row: the transforms run row by row)
+_WINOGRAD_CAL = {"shape": (16, 64, 64), "narrow": (32, 16, 11, 11), "kernel": (1, 3, 3), "channels": (16, 64),
+                 "few": 4}
+
+
+def _winograd_terms(n, cin, cout, in_spatial, kernel):
+    """(transformed values, multiply-adds, channel rows) of one winograd call: ``tiles T
+    (C_in + C_out)``, ``tiles T C_in C_out`` and ``tile rows (C_in + C_out)``."""
+    T, tiles, nt = L.winograd_sizes(n, in_spatial, kernel)
+    rows = tiles // nt[2]
+    return float(tiles) * T * (cin + cout), float(tiles) * T * cin * cout, float(rows) * (cin + cout)
+
+
+def _winograd_rates(threads: int) -> dict:
+    """Seconds per multiply-add of the per-position GEMMs (timed alone, on one block of tiles,
+    at two reduction lengths), per transformed value (the rest of a call at few maps), and
+    per kernel-transform value built."""
+    rng = np.random.default_rng(0)
+    sp, k, few = _WINOGRAD_CAL["shape"], _WINOGRAD_CAL["kernel"], _WINOGRAD_CAL["few"]
+    points = []
+    for c in _WINOGRAD_CAL["channels"]:
+        conv = L.WinogradConv(rng.standard_normal((c, c) + k, dtype=np.float32), None, sp, threads=threads)
+        br, (V, M), _, _ = conv._buffers(1)
+        n_t = V.shape[2]
+        Vt = V.transpose(1, 0, 2)
+        V[...] = 1.0
+        points.append([c, _best_of(lambda: np.matmul(conv.U, Vt, out=M)) / (conv.T * c * c * n_t)])
+        conv.release()
+    w = rng.standard_normal((few, few) + k, dtype=np.float32)
+    terms, times = [], []
+    for n, shape in ((1, sp), (_WINOGRAD_CAL["narrow"][0], _WINOGRAD_CAL["narrow"][1:])):
+        x = rng.standard_normal((n, few) + shape, dtype=np.float32)
+        conv = L.WinogradConv(w, None, shape, threads=threads)
+        conv.keep_buffers = True
+        values, macs, rows = _winograd_terms(n, few, few, shape, k)
+        terms.append((values, rows))
+        times.append(max(_best_of(lambda: conv(x)) - macs * points[0][1], 0.0))
+        conv.release()
+    (v1, r1), (v2, r2) = terms
+    det = v1 * r2 - v2 * r1
+    per_value, per_row = (times[0] * r2 - times[1] * r1) / det, (v1 * times[1] - v2 * times[0]) / det
+    if per_value <= 0 or per_row <= 0:  # noisy timings: the wide call's time per value, the rest per row
+        per_value = times[0] / v1
+        per_row = max(times[1] - v2 * per_value, 0.0) / r2
+    c = _WINOGRAD_CAL["channels"][1]
+    w2 = rng.standard_normal((c, c) + k, dtype=np.float32)
+    build = _best_of(lambda: L.WinogradConv(w2, None, sp, threads=threads), repeats=2)
+    return {"mac_points": points, "s_per_value": per_value, "s_per_row": per_row,
+            "build_s_per_value": build / (L.winograd_kernel_bytes(c, c, k) / F32)}
+
+
+def _winograd_mac_rate(cin: int, r: dict) -> float:
+    """Seconds per multiply-add at reduction length ``cin``: log-log between the calibrated
+    points, clamped outside them."""
+    (c0, s0), (c1, s1) = r["mac_points"]
+    e = min(max(math.log(max(cin, 1) / c0) / math.log(c1 / c0), 0.0), 1.0)
+    return float(s0 * (s1 / s0) ** e)
+
+
 def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, micro_batch: int | None = None) -> float:
     """Seconds for a conv layer over ``n`` fragments, called in micro-batches of ``micro_batch``.
 
@@ -256,6 +318,10 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     if primitive in ("direct-gemm", "direct-numba"):
         return flops / _direct_rate(primitive[7:], cin * math.prod(layer.kernel), cal)
     calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
+    if primitive == "winograd":
+        r = cal["fft"]["winograd"]
+        values, macs, rows = _winograd_terms(n, cin, cout, in_spatial, layer.kernel)
+        return values * r["s_per_value"] + rows * r["s_per_row"] + macs * _winograd_mac_rate(cin, r) + calls * 1e-4
     if primitive == "fft-gemm":
         r = cal["fft"]["gemm"]
         tr, macs, items = _fft_gemm_terms(n, cin, cout, in_spatial, layer.kernel)
@@ -288,6 +354,9 @@ def _direct_rate(kind: str, k: int, cal: dict) -> float:
 def estimate_setup(primitive: str, layer: Conv, in_spatial, cal: dict) -> float:
     """Seconds to build the resident kernel spectra of ``fft-data`` / ``fft-task`` /
     ``fft-gemm`` (once per run)."""
+    if primitive == "winograd":
+        values = L.winograd_kernel_bytes(layer.in_channels, layer.out_channels, layer.kernel) / F32
+        return values * cal["fft"]["winograd"]["build_s_per_value"]
     if primitive == "fft-gemm":
         values = L.fft_gemm_kernel_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel) / 8
         return values * cal["fft"]["gemm"]["build_s_per_value"]
@@ -321,8 +390,9 @@ class Measurements:
             fn = lambda: L.conv_direct_gemm(x, w, layer.bias)  # noqa: E731
         elif primitive == "direct-numba":
             fn = lambda: L.conv_direct_numba(x, w, layer.bias)  # noqa: E731
-        elif primitive == "fft-gemm":
-            conv = L.FFTGemmConv(w, layer.bias, tuple(in_spatial), threads=self.threads)
+        elif primitive in ("fft-gemm", "winograd"):
+            cls = L.FFTGemmConv if primitive == "fft-gemm" else L.WinogradConv
+            conv = cls(w, layer.bias, tuple(in_spatial), threads=self.threads)
             fn = lambda: conv(x)  # noqa: E731
         else:  # the call only: resident kernel spectra are built once per run (estimate_setup)
             conv = L.FFTConv(w, layer.bias, tuple(in_spatial), threads=self.threads, mode=primitive[4:])

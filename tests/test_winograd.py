@@ -1,0 +1,156 @@
+"""Winograd convolution (kernels of 1 or 3 per axis): exact against independent references,
+in the planner and the engine, with a true memory model.
+
+References: float64 scipy correlate (``test_layers_conv.reference``), PyTorch conv3d, and the
+engine's window-by-window definition.  Tolerance: max relative error <= 1e-4 (float32).
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import znni_core
+from znni_core import layers as L
+from znni_core.errors import InputError
+from znni_core.layers.winograd import _F23, _F43, WinogradConv, winograd_supports
+from znni_core.plan import autotune
+from znni_core.plan.plan import primitive_supports
+
+from .nets import make_net
+from .reference import max_rel_err, torch_dense
+from .test_layers_conv import TOL, reference, rel_err
+from .test_layers_memory import check, data, measured_peak
+
+
+@pytest.mark.parametrize("f", [_F23, _F43], ids=["F(2,3)", "F(4,3)"])
+def test_transform_matrices_compute_the_1d_correlation(f):
+    """AT[(G g) * (BT d)] == the valid correlation of d with g, for random d and g (float64)."""
+    BT, G, AT = f
+    m, a = AT.shape
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        d, g = rng.standard_normal(a), rng.standard_normal(3)
+        y = AT @ ((G @ g) * (BT @ d))
+        assert np.allclose(y, [d[i:i + 3] @ g for i in range(m)], rtol=0, atol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 3), ci=st.integers(1, 5), co=st.integers(1, 5),
+    kernel=st.tuples(*[st.sampled_from([1, 3])] * 3).filter(lambda k: 3 in k),
+    extra=st.tuples(*[st.sampled_from([0, 1, 2, 3, 5, 8, 13])] * 3),
+    bias=st.booleans(), threads=st.integers(1, 3), seed=st.integers(0, 2**16),
+)
+def test_winograd_equals_scipy_correlate(n, ci, co, kernel, extra, bias, threads, seed):
+    """Every tiling edge case: outputs of 1..14 per axis (partial last tiles), single channels,
+    more workers than channels; the CPU path and the xp (GPU) path."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(k + e for k, e in zip(kernel, extra))
+    x = rng.standard_normal((n, ci) + shape).astype(np.float32)
+    w = rng.standard_normal((co, ci) + kernel).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32) if bias else None
+    ref = reference(x, w, b)
+    conv = WinogradConv(w, b, shape, threads=threads)
+    assert rel_err(conv(x), ref) <= TOL
+    assert rel_err(conv._call_xp(x), ref) <= TOL
+
+
+@pytest.mark.parametrize("shape,kernel,c", [((9, 70, 69), (1, 3, 3), (24, 40)), ((11, 21, 18), (3, 3, 3), (16, 8)),
+                                            ((6, 9, 30), (3, 1, 3), (5, 7))])
+def test_winograd_equals_torch_conv3d_on_wide_layers(monkeypatch, shape, kernel, c):
+    """Many channels, several blocks of tile rows (a small block size), trained-like weights."""
+    import znni_core.layers.winograd as W
+
+    monkeypatch.setattr(W, "BLOCK_BYTES", 64 * 2**10)
+    ci, co = c
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, ci) + shape).astype(np.float32)
+    w = (rng.standard_normal((co, ci) + kernel) * np.sqrt(2 / (ci * np.prod(kernel)))).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
+    ref = torch.nn.functional.conv3d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                     torch.from_numpy(b).double()).numpy()
+    conv = WinogradConv(w, b, shape, threads=2)
+    assert len(range(0, 2 * conv.nt[0] * conv.nt[1], W._block_rows(2 * conv.nt[0] * conv.nt[1], conv.nt[2], conv.T,
+                                                                      ci, co))) > 2
+    assert rel_err(conv(x), ref) <= TOL
+
+
+def test_winograd_writes_into_a_strided_destination_and_reuses_buffers():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 5, 12, 10)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 1, 3, 3)).astype(np.float32)
+    ref = reference(x, w, None)
+    big = np.full((2, 4, 7, 14, 12), 7.0, np.float32)
+    dst = big[:, :, 1:6, 2:12, 3:11]
+    conv = WinogradConv(w, None, x.shape[2:], threads=2)
+    conv.keep_buffers = True
+    for _ in range(2):  # the kept block buffers serve the second call
+        assert conv(x, out=dst) is dst
+        assert rel_err(np.ascontiguousarray(dst), ref) <= TOL
+    conv.release()
+    mask = np.ones(big.shape, bool)
+    mask[:, :, 1:6, 2:12, 3:11] = False
+    assert (big[mask] == 7.0).all()  # nothing written outside the destination
+
+
+def test_winograd_refuses_what_it_cannot_run():
+    w = np.ones((2, 2, 3, 5, 3), np.float32)
+    with pytest.raises(InputError, match="size 1 or 3"):
+        WinogradConv(w, None, (8, 8, 8))
+    assert not winograd_supports((1, 1, 1)) and not winograd_supports((2, 3, 3)) and winograd_supports((3, 1, 1))
+    conv = WinogradConv(np.ones((2, 2, 1, 3, 3), np.float32), None, (4, 8, 8))
+    with pytest.raises(InputError, match="expected"):
+        conv(np.ones((1, 2, 4, 8, 9), np.float32))
+    with pytest.raises(InputError, match="bias"):
+        WinogradConv(np.ones((2, 2, 1, 3, 3), np.float32), np.ones(3, np.float32), (4, 8, 8))
+    with pytest.raises(InputError, match="does not fit"):
+        WinogradConv(np.ones((2, 2, 3, 3, 3), np.float32), None, (2, 8, 8))
+
+
+@pytest.mark.parametrize("n,ci,co,shape,kernel", [
+    (1, 16, 16, (8, 96, 96), (1, 3, 3)),  # wide planes: several blocks of tile rows
+    (64, 12, 40, (6, 13, 13), (1, 3, 3)),  # many small planes, more outputs than inputs
+    (1, 8, 8, (40, 64, 64), (3, 3, 3)),  # 3D tiles
+])
+def test_winograd_memory_including_the_kernel_transform(n, ci, co, shape, kernel):
+    x, w = data(n, ci, shape), data(co, ci, kernel, 1)
+    WinogradConv(w, None, shape, threads=2)(x)  # numba kernels loaded
+
+    def run():
+        conv = WinogradConv(w, np.ones(co, np.float32), shape, threads=2)
+        return conv, conv(x)
+
+    check(L.winograd_memory(n, ci, co, shape, kernel, threads=2) + L.winograd_kernel_bytes(ci, co, kernel),
+          measured_peak(run))
+
+
+NET_3 = [("conv", 6, (1, 3, 3)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 8, 3), ("act", "elu", 0.5),
+         ("pool", 2), ("conv", 5, (3, 1, 3)), ("act", "relu"), ("conv", 2, 1), ("act", "sigmoid")]
+
+
+def test_winograd_in_plans_every_pool_mode_equals_torch():
+    """Forced on every layer it can run (the 1x1x1 layer falls back to direct-gemm), through
+    MPF, depth-first pooling and slabs."""
+    net = make_net(NET_3, seed=3)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1,) + tuple(f + e for f, e in zip(net.field_of_view, (4, 10, 6)))).astype(np.float32)
+    ref = torch_dense(net, x)
+    for modes in itertools.product(("mpf", "pool"), repeat=2):
+        plan = autotune(net, memory_budget=2**30, primitives=("winograd",), pool_modes=modes, use_cache=False)
+        prims = [s.primitive for s in plan.steps if s.op == "conv"]
+        assert prims == ["winograd", "winograd", "winograd", "direct-gemm"], prims
+        assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL, modes
+
+
+def test_planner_offers_winograd_only_where_it_runs():
+    assert primitive_supports("winograd", (1, 3, 3)) and not primitive_supports("winograd", (1, 4, 4))
+    assert primitive_supports("fft-gemm", (1, 4, 4))
+    net = make_net([("conv", 4, (1, 4, 4)), ("act", "relu"), ("conv", 4, (1, 3, 3))], seed=1)
+    plan = autotune(net, memory_budget=2**30, input_shape=(3, 30, 30), use_cache=False)
+    k4 = next(s for s in plan.steps if s.op == "conv" and s.index == 0)
+    assert k4.primitive != "winograd"

@@ -1,0 +1,486 @@
+"""Winograd minimal-filtering convolution for kernels of size 3 (and 1) per axis.
+
+``F(m, 3)`` computes ``m`` outputs of a 3-tap correlation from an input tile of
+``a = m + 2`` values with ``a`` multiplications instead of ``3 m``: with the transforms
+``BT`` (``a x a``), ``G`` (``a x 3``) and ``AT`` (``m x a``)::
+
+    y = AT [ (G g) * (BT d) ]
+
+Axes nest: a ``(1, 3, 3)`` kernel (the 2D boundary detectors) uses ``F(4, 3)`` in y and
+x (36 products per 16 outputs, 4x fewer than the 144 of direct convolution); a ``3^3``
+kernel adds ``F(2, 3)`` in z (144 per 32, 6x fewer); an axis of size 1 is the identity
+(``a = m = 1``).  For ``C_in -> C_out`` maps the products of each of the ``T = prod(a)``
+transform positions are one GEMM over the channels::
+
+    M[t] (C_out x tiles) = U[t] (C_out x C_in) @ V[t] (C_in x tiles)
+
+so the work runs as ``T`` BLAS ``sgemm`` calls per block of tiles, and the transforms
+(numba, vectorised over a row of tiles) are a small part of it.  ``U`` (the kernel's
+transform, ``T x C_out x C_in`` float32) is built once per layer and stays resident
+(:func:`winograd_kernel_bytes`).  One call, tiles in blocks of a few MiB::
+
+    x -> input transform (numba) -> V (T, C_in, tiles)
+    M = U @ V                                       (T sgemm calls)
+    M -> output transform (numba) + bias -> out
+
+Precision: the transform points (0, +-1, +-2) keep float32 errors near 1e-6 relative to
+the output's magnitude (``tests/test_winograd.py`` checks 1e-4 against the reference).
+Written against ``xp`` for the GPU (:meth:`WinogradConv._call_xp`: strided tile views,
+``tensordot`` and ``matmul``).
+"""
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..errors import InputError
+from ._numba import njit
+from .xp import get_array_module
+
+__all__ = ["WinogradConv", "winograd_kernel_bytes", "winograd_memory", "winograd_sizes", "winograd_supports",
+           "winograd_tiles"]
+
+F32 = 4
+#: V and M of one block of tiles together take about this many bytes (they stay in cache)
+BLOCK_BYTES = 6 * 2**20
+
+# F(m, 3) transforms (Lavin & Gray 2016): points 0, 1, -1 (F(2,3)) and 0, 1, -1, 2, -2 (F(4,3))
+_F23 = (np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64),
+        np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]], np.float64),
+        np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64))
+_F43 = (np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                  [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64),
+        np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                  [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64),
+        np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]], np.float64))
+_ID = (np.ones((1, 1)), np.ones((1, 1)), np.ones((1, 1)))
+
+
+def winograd_supports(kernel) -> bool:
+    """True when every kernel axis is 1 or 3 and at least one is 3."""
+    k = tuple(int(v) for v in kernel)
+    return len(k) == 3 and all(v in (1, 3) for v in k) and 3 in k
+
+
+def _axis_transforms(kernel):
+    """Per axis ``(BT, G, AT)``: identity for size 1, ``F(2, 3)`` in z, ``F(4, 3)`` in y and x
+    (z tiles stay short: a 3^3 kernel's transform positions grow with every axis)."""
+    if not winograd_supports(kernel):
+        raise InputError(f"Winograd convolution takes kernels of size 1 or 3 per axis; got {tuple(kernel)}")
+    return tuple(_ID if k == 1 else (_F23 if axis == 0 else _F43) for axis, k in enumerate(kernel))
+
+
+def winograd_tiles(out_spatial, kernel) -> tuple:
+    """``(m, a, tiles)`` per axis: outputs per tile, input extent per tile, tiles per axis."""
+    ms = tuple(t[2].shape[0] for t in _axis_transforms(kernel))
+    al = tuple(t[0].shape[0] for t in _axis_transforms(kernel))
+    return ms, al, tuple(-(-int(o) // m) for o, m in zip(out_spatial, ms))
+
+
+def winograd_sizes(n, in_spatial, kernel) -> tuple:
+    """``(T, tiles, block_rows)`` of a call on ``n`` items: transform positions, all tiles,
+    and the tile rows (each ``tiles_x`` tiles) per block for ``C_in + C_out = 1``
+    (divide by the channels; see :func:`_block_rows`)."""
+    out = tuple(int(s) - int(k) + 1 for s, k in zip(in_spatial, kernel))
+    _, al, nt = winograd_tiles(out, kernel)
+    return math.prod(al), int(n) * math.prod(nt), nt
+
+
+def winograd_kernel_bytes(c_in, c_out, kernel) -> int:
+    """Bytes of a layer's resident kernel transform ``U`` ``(T, C_out, C_in)`` float32."""
+    _, al, _ = winograd_tiles((8, 8, 8), kernel)
+    return F32 * math.prod(al) * int(c_in) * int(c_out)
+
+
+def _block_rows(rows, tiles_x, T, c_in, c_out) -> int:
+    return max(1, min(rows, BLOCK_BYTES // max(1, F32 * T * (c_in + c_out) * tiles_x)))
+
+
+def winograd_memory(n, c_in, c_out, in_spatial, kernel, threads=1) -> int:
+    """Predicted peak bytes of one :class:`WinogradConv` call, input and ``U`` excluded:
+    the output, one block's ``V`` and ``M``, and each worker's scratch rows."""
+    out = tuple(int(s) - int(k) + 1 for s, k in zip(in_spatial, kernel))
+    ms, al, nt = winograd_tiles(out, kernel)
+    T = math.prod(al)
+    rows = int(n) * nt[0] * nt[1]
+    br = _block_rows(rows, nt[2], T, c_in, c_out)
+    block = F32 * T * (c_in + c_out) * br * nt[2]
+    width = nt[2] * ms[2] + al[2]
+    scratch = max(1, int(threads)) * F32 * al[0] * al[1] * (2 * width + ms[2] * (nt[2] + 1)) * 2
+    return F32 * int(n) * int(c_out) * math.prod(out) + block + scratch
+
+
+# ----------------------------------------------------------------------------- numba kernels
+# The 1D transforms written out, on flat arrays: value k of position i of d sits at
+# d[d0 + k * ds + i].  Fused (one load and one store per value), float32 constants
+# (a float64 literal would widen every operation) and flat C arrays keep the loops over i
+# vectorised.  ``a`` names the transform: 1 identity, 4 F(2, 3), 6 F(4, 3).
+@njit(nogil=True, cache=True, inline="always")
+def _bt(a, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
+    """v[:, i] = BT d[:, i] for i < L."""
+    c2, c4, c5 = np.float32(2.0), np.float32(4.0), np.float32(5.0)
+    if a == 6:
+        for i in range(L):
+            j = d0 + i
+            x0, x1, x2, x3, x4, x5 = d[j], d[j + ds], d[j + 2 * ds], d[j + 3 * ds], d[j + 4 * ds], d[j + 5 * ds]
+            k = v0 + i
+            v[k] = c4 * x0 - c5 * x2 + x4
+            v[k + vs] = (x3 + x4) - c4 * (x1 + x2)
+            v[k + 2 * vs] = (x4 - x3) + c4 * (x1 - x2)
+            v[k + 3 * vs] = (x4 - x2) + c2 * (x3 - x1)
+            v[k + 4 * vs] = (x4 - x2) - c2 * (x3 - x1)
+            v[k + 5 * vs] = c4 * x1 - c5 * x3 + x5
+    elif a == 4:
+        for i in range(L):
+            j = d0 + i
+            x0, x1, x2, x3 = d[j], d[j + ds], d[j + 2 * ds], d[j + 3 * ds]
+            k = v0 + i
+            v[k] = x0 - x2
+            v[k + vs] = x1 + x2
+            v[k + 2 * vs] = x2 - x1
+            v[k + 3 * vs] = x1 - x3
+    else:
+        for i in range(L):
+            v[v0 + i] = d[d0 + i]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _at(a, m, m0, ms, y, y0, ys, L):  # pragma: no cover - compiled
+    """y[:, i] = AT m[:, i] for i < L (a outputs in, a - 2 out; 1 for the identity)."""
+    c2, c4, c8 = np.float32(2.0), np.float32(4.0), np.float32(8.0)
+    if a == 6:
+        for i in range(L):
+            j = m0 + i
+            x0, x1, x2, x3, x4, x5 = m[j], m[j + ms], m[j + 2 * ms], m[j + 3 * ms], m[j + 4 * ms], m[j + 5 * ms]
+            p12, d12, p34, d34 = x1 + x2, x1 - x2, x3 + x4, x3 - x4
+            k = y0 + i
+            y[k] = x0 + p12 + p34
+            y[k + ys] = d12 + c2 * d34
+            y[k + 2 * ys] = p12 + c4 * p34
+            y[k + 3 * ys] = d12 + c8 * d34 + x5
+    elif a == 4:
+        for i in range(L):
+            j = m0 + i
+            x0, x1, x2, x3 = m[j], m[j + ms], m[j + 2 * ms], m[j + 3 * ms]
+            k = y0 + i
+            y[k] = x0 + x1 + x2
+            y[k + ys] = x1 - x2 - x3
+    else:
+        for i in range(L):
+            y[y0 + i] = m[m0 + i]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _bt_x4(d, v, v0, vs, L):  # pragma: no cover - compiled
+    """The F(4, 3) x transform straight from an input row: v[:, i] = BT d[4 i:4 i + 6]
+    (a constant stride, which the compiler turns into shuffles)."""
+    c2, c4, c5 = np.float32(2.0), np.float32(4.0), np.float32(5.0)
+    for i in range(L):
+        j = 4 * i
+        x0, x1, x2, x3, x4, x5 = d[j], d[j + 1], d[j + 2], d[j + 3], d[j + 4], d[j + 5]
+        k = v0 + i
+        v[k] = c4 * x0 - c5 * x2 + x4
+        v[k + vs] = (x3 + x4) - c4 * (x1 + x2)
+        v[k + 2 * vs] = (x4 - x3) + c4 * (x1 - x2)
+        v[k + 3 * vs] = (x4 - x2) + c2 * (x3 - x1)
+        v[k + 4 * vs] = (x4 - x2) - c2 * (x3 - x1)
+        v[k + 5 * vs] = c4 * x1 - c5 * x3 + x5
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _at_x4(m, m0, ms, row, b, L):  # pragma: no cover - compiled
+    """The F(4, 3) x transform into an output row, bias added: row[4 i:4 i + 4] = AT m[:, i]
+    + b for i < L whole tiles; then the last tile's outputs that fit in the row."""
+    c2, c4, c8 = np.float32(2.0), np.float32(4.0), np.float32(8.0)
+    full = min(L, row.shape[0] // 4)
+    for i in range(full):
+        j = m0 + i
+        x0, x1, x2, x3, x4, x5 = m[j], m[j + ms], m[j + 2 * ms], m[j + 3 * ms], m[j + 4 * ms], m[j + 5 * ms]
+        p12, d12, p34, d34 = x1 + x2, x1 - x2, x3 + x4, x3 - x4
+        k = 4 * i
+        row[k] = x0 + p12 + p34 + b
+        row[k + 1] = d12 + c2 * d34 + b
+        row[k + 2] = p12 + c4 * p34 + b
+        row[k + 3] = d12 + c8 * d34 + x5 + b
+    if full < L:
+        j = m0 + full
+        x0, x1, x2, x3, x4, x5 = m[j], m[j + ms], m[j + 2 * ms], m[j + 3 * ms], m[j + 4 * ms], m[j + 5 * ms]
+        p12, d12, p34, d34 = x1 + x2, x1 - x2, x3 + x4, x3 - x4
+        ys = (x0 + p12 + p34, d12 + c2 * d34, p12 + c4 * p34, d12 + c8 * d34 + x5)
+        for s in range(row.shape[0] - 4 * full):
+            row[4 * full + s] = ys[s] + b
+
+
+@njit(nogil=True, cache=True)
+def _input_transform(x, V, r0, r1, c0, c1, nty, ntz, ntx, ms, al, row, xt, yt):  # pragma: no cover
+    """V[c, t, (r - r0) * ntx + i] (V flat, C order) = the transform of tile (row r, column
+    i) of channel c, for tile rows r in [r0, r1) and channels in [c0, c1); input past the
+    edge reads as 0.  Order: x (from each input row), then y, then z (into V).
+
+    Flat scratch: row (the input row zero-padded to whole tiles), xt (az, ay, ax, ntx)
+    after the x transform, yt (az, ay, ax, ntx) after y."""
+    _, C, Z, Y, X = x.shape
+    mz, my, mx = ms
+    az, ay, ax = al
+    T = az * ay * ax
+    NT = V.shape[0] // (C * T)
+    L = ntx
+    for c in range(c0, c1):
+        for r in range(r0, r1):
+            n = r // (ntz * nty)
+            tz = (r // nty) % ntz
+            ty = r % nty
+            z0, y0 = tz * mz, ty * my
+            base = (r - r0) * L
+            for i in range(az):
+                for j in range(ay):
+                    q = (i * ay + j) * ax * L
+                    if z0 + i < Z and y0 + j < Y:
+                        src = x[n, c, z0 + i, y0 + j]
+                        for k in range(X):
+                            row[k] = src[k]
+                        if ax == 6:
+                            _bt_x4(row, xt, q, L, L)
+                        else:
+                            _bt(1, row, 0, 0, xt, q, 0, L)
+                    else:
+                        xt[q:q + ax * L] = 0.0
+            cv = c * T * NT + base
+            if az == 1:
+                for bx in range(ax):
+                    _bt(ay, xt, bx * L, ax * L, V, cv + bx * NT, ax * NT, L)
+            else:
+                src2 = xt
+                if ay > 1:
+                    for i in range(az):
+                        for bx in range(ax):
+                            _bt(ay, xt, (i * ay * ax + bx) * L, ax * L, yt, (i * ay * ax + bx) * L, ax * L, L)
+                    src2 = yt
+                for j in range(ay):
+                    for bx in range(ax):
+                        _bt(az, src2, (j * ax + bx) * L, ay * ax * L, V, cv + (j * ax + bx) * NT, ay * ax * NT, L)
+
+
+@njit(nogil=True, cache=True)
+def _output_transform(M, out, r0, r1, o0, o1, nty, ntz, ntx, ms, al, bias, zt, yt):  # pragma: no cover
+    """out[n, o, tile (r, i)] = AT M[:, o, tile] (+ bias) (M flat: (T, C_out, tiles) in C
+    order) for tile rows [r0, r1) and output channels [o0, o1); outputs past the edge are
+    dropped.  Order: z, then y, then x (straight into the output row).  Flat scratch:
+    zt (mz, ay, ax, ntx) after the z transform, yt (mz, my, ax, ntx) after y."""
+    _, O, Zo, Yo, Xo = out.shape
+    mz, my, mx = ms
+    az, ay, ax = al
+    T = az * ay * ax
+    NT = M.shape[0] // (T * O)
+    L = ntx
+    for o in range(o0, o1):
+        b = bias[o]
+        for r in range(r0, r1):
+            n = r // (ntz * nty)
+            tz = (r // nty) % ntz
+            ty = r % nty
+            base = (r - r0) * L
+            # where position (rz, by, bx) of the current stage sits: s0 + rz*s_z + by*s_y + bx*s_x
+            src, s0, s_z, s_y, s_x = M, o * NT + base, 0, ax * O * NT, O * NT
+            if az > 1:
+                for j in range(ay):
+                    for bx in range(ax):
+                        _at(az, M, s0 + j * s_y + bx * s_x, ay * ax * O * NT, zt, (j * ax + bx) * L, ay * ax * L, L)
+                src, s0, s_z, s_y, s_x = zt, 0, ay * ax * L, ax * L, L
+            if ay > 1:
+                for rz in range(mz):
+                    for bx in range(ax):
+                        _at(ay, src, s0 + rz * s_z + bx * s_x, s_y, yt, (rz * my * ax + bx) * L, ax * L, L)
+                src, s0, s_z, s_y, s_x = yt, 0, my * ax * L, ax * L, L
+            for rz in range(mz):
+                z = tz * mz + rz
+                if z >= Zo:
+                    break
+                for ry in range(my):
+                    y = ty * my + ry
+                    if y >= Yo:
+                        break
+                    orow = out[n, o, z, y]
+                    p = s0 + rz * s_z + ry * s_y
+                    if ax == 6:
+                        _at_x4(src, p, s_x, orow, b, L)
+                    else:
+                        for i in range(Xo):
+                            orow[i] = src[p + i] + b
+
+
+# ----------------------------------------------------------------------------- the layer
+class WinogradConv:
+    """A valid 3-D convolution by Winograd minimal filtering (kernels of 1 or 3 per axis).
+
+    Parameters
+    ----------
+    w : array, shape (C_out, C_in, kz, ky, kx), every k in (1, 3)
+    b : array, shape (C_out,), or None
+    in_spatial : 3-tuple
+        Input spatial shape of the calls.
+    threads : int
+        Workers for the transforms (channels split between them); the GEMMs use BLAS's threads.
+    xp : module
+        ``numpy`` (numba transforms + BLAS) or ``cupy`` (array operations + cuBLAS).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> conv = WinogradConv(np.ones((2, 3, 1, 3, 3), np.float32), None, (4, 6, 6))
+    >>> y = conv(np.ones((1, 3, 4, 6, 6), np.float32))
+    >>> y.shape, round(float(y[0, 1, 2, 0, 0]), 3)
+    ((1, 2, 4, 4, 4), 27.0)
+    """
+
+    def __init__(self, w, b, in_spatial, *, threads=1, xp=np):
+        w = xp.asarray(w, dtype=xp.float32)
+        if w.ndim != 5:
+            raise InputError(f"w must be 5-D (C_out, C_in, kz, ky, kx); got shape {w.shape}")
+        self.in_spatial = tuple(int(v) for v in in_spatial)
+        self.kernel = tuple(int(k) for k in w.shape[2:])
+        self.out_spatial = tuple(n - k + 1 for n, k in zip(self.in_spatial, self.kernel))
+        if len(self.in_spatial) != 3 or min(self.out_spatial) < 1:
+            raise InputError(f"kernel {self.kernel} does not fit the input {self.in_spatial}")
+        self.c_out, self.c_in = int(w.shape[0]), int(w.shape[1])
+        self.threads, self.xp = max(1, int(threads)), xp
+        tr = _axis_transforms(self.kernel)
+        self.ms, self.al, self.nt = winograd_tiles(self.out_spatial, self.kernel)
+        self.T = math.prod(self.al)
+        self.BT = tuple(np.ascontiguousarray(t[0], np.float32) for t in tr)
+        self.AT = tuple(np.ascontiguousarray(t[2], np.float32) for t in tr)
+        # U[t] = (Gz x Gy x Gx) w[o, c], computed in float64
+        wh = w.get() if hasattr(w, "get") else np.asarray(w)
+        u = np.einsum("ai,bj,ek,ocijk->abeoc", tr[0][1], tr[1][1], tr[2][1], wh.astype(np.float64), optimize=True)
+        self.U = xp.asarray(np.ascontiguousarray(u.reshape(self.T, self.c_out, self.c_in), np.float32))
+        self.bias = None
+        if b is not None:
+            self.bias = xp.ascontiguousarray(xp.asarray(b), dtype=xp.float32)
+            if self.bias.shape != (self.c_out,):
+                raise InputError(f"bias must have shape ({self.c_out},); got {self.bias.shape}")
+        self.keep_buffers = False
+        self._work = None
+
+    @property
+    def kernel_cache_bytes(self) -> int:
+        return int(self.U.nbytes)
+
+    def release(self):
+        """Drop the per-call block buffers and workers (``U`` stays)."""
+        if self._work is not None and self._work[1][3] is not None:
+            self._work[1][3].shutdown(wait=True)
+        self._work = None
+
+    def __call__(self, x, out=None):
+        """Convolve ``x`` ``(N, C_in, *in_spatial)`` -> ``(N, C_out, *out_spatial)``;
+        ``out``: a destination of any strides (a block of a larger array)."""
+        xp = get_array_module(x)
+        if xp is not self.xp:
+            raise InputError(f"WinogradConv was built for {self.xp.__name__} arrays, got a {xp.__name__} array")
+        if x.ndim != 5 or x.shape[1] != self.c_in or tuple(x.shape[2:]) != self.in_spatial:
+            raise InputError(f"x has shape {x.shape}; expected (N, {self.c_in}) + {self.in_spatial}")
+        shape = (x.shape[0], self.c_out) + self.out_spatial
+        if out is not None and tuple(out.shape) != shape:
+            raise InputError(f"out has shape {out.shape}; expected {shape}")
+        if xp is not np:
+            y = self._call_xp(x)
+            if out is None:
+                return y
+            out[...] = y
+            return out
+        return self._call_cpu(x, out)
+
+    # -- any xp (the GPU): tiles as a strided view, transforms as tensordots
+    def _call_xp(self, x):
+        xp = get_array_module(x)
+        n, C, O = x.shape[0], self.c_in, self.c_out
+        ms, al, nt = self.ms, self.al, self.nt
+        padded = tuple(t * m + a - m for t, m, a in zip(nt, ms, al))
+        xpad = xp.zeros((n, C) + padded, xp.float32)
+        Z, Y, X = self.in_spatial
+        xpad[:, :, :min(Z, padded[0]), :min(Y, padded[1]), :min(X, padded[2])] = \
+            x[:, :, :padded[0], :padded[1], :padded[2]]
+        s = xpad.strides
+        tiles = xp.lib.stride_tricks.as_strided(
+            xpad, (n, C) + nt + al, s[:2] + tuple(st * m for st, m in zip(s[2:], ms)) + s[2:])
+        v = tiles
+        for axis in range(3):  # contract each tile axis with its BT: the new axis goes last
+            v = xp.tensordot(v, xp.asarray(self.BT[axis]), axes=([5], [1]))
+        # v: (n, C, tz, ty, tx, az, ay, ax) -> V (T, C, tiles)
+        V = xp.ascontiguousarray(v.transpose(5, 6, 7, 1, 0, 2, 3, 4).reshape(self.T, C, -1))
+        del v, tiles, xpad
+        M = xp.matmul(self.U, V).reshape(al + (O, n) + nt)  # (az, ay, ax, O, n, tz, ty, tx)
+        del V
+        for axis in range(3):  # contract az, ay, ax in turn with AT: the new (m) axis goes last
+            M = xp.tensordot(M, xp.asarray(self.AT[axis]), axes=([0], [1]))
+        # M: (O, n, tz, ty, tx, mz, my, mx) -> (n, O, tz, mz, ty, my, tx, mx)
+        y = M.transpose(1, 0, 2, 5, 3, 6, 4, 7).reshape((n, O) + tuple(t * m for t, m in zip(nt, ms)))
+        zo, yo, xo = self.out_spatial
+        y = xp.ascontiguousarray(y[:, :, :zo, :yo, :xo], dtype=xp.float32)
+        if self.bias is not None:
+            y += self.bias.reshape(1, -1, 1, 1, 1)
+        return y
+
+    # -- CPU: numba transforms over blocks of tile rows, T sgemm calls per block
+    def _buffers(self, n):
+        hit = self._work
+        if hit is not None and hit[0] == n:
+            return hit[1]
+        self._work = None
+        (mz, my, mx), (az, ay, ax), (ntz, nty, ntx) = self.ms, self.al, self.nt
+        rows = n * ntz * nty
+        br = _block_rows(rows, ntx, self.T, self.c_in, self.c_out)
+        V = np.empty((self.c_in, self.T, br * ntx), np.float32)  # per channel: T rows of tiles
+        M = np.empty((self.T, self.c_out, br * ntx), np.float32)
+        workers = max(1, min(self.threads, self.c_in, self.c_out))
+        width = (ntx + 1) * mx + ax
+        # per worker: a zero-padded input row, then the stage buffers of each side
+        scratch = [(np.zeros(width, np.float32), np.empty(az * ay * ax * ntx, np.float32),
+                    np.empty(az * ay * ax * ntx, np.float32),
+                    np.empty(mz * ay * ax * ntx, np.float32), np.empty(mz * my * ax * ntx, np.float32))
+                   for _ in range(workers)]
+        pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
+        bufs = (br, (V, M), scratch, pool)
+        self._work = (n, bufs)
+        return bufs
+
+    def _call_cpu(self, x, out):
+        n, C, O = x.shape[0], self.c_in, self.c_out
+        ntz, nty, ntx = self.nt
+        br, (V, M), scratch, pool = self._buffers(n)
+        xs = np.ascontiguousarray(x, dtype=np.float32)
+        if out is None:
+            out = np.empty((n, O) + self.out_spatial, np.float32)
+        bias = self.bias if self.bias is not None else np.zeros(O, np.float32)
+        rows, workers = n * ntz * nty, len(scratch)
+        cs = np.linspace(0, C, workers + 1).astype(int)
+        os_ = np.linspace(0, O, workers + 1).astype(int)
+        Vt = V.transpose(1, 0, 2)  # (T, C_in, tiles): each GEMM's right operand, rows strided
+        Vf, Mf = V.reshape(-1), M.reshape(-1)
+        for r0 in range(0, rows, br):
+            r1 = min(rows, r0 + br)
+            k = (r1 - r0) * ntx
+
+            def forward(w, r0=r0, r1=r1):
+                _input_transform(xs, Vf, r0, r1, cs[w], cs[w + 1], nty, ntz, ntx, self.ms, self.al, *scratch[w][:3])
+
+            self._each(pool, forward, workers)
+            np.matmul(self.U, Vt[:, :, :k], out=M[:, :, :k])  # T sgemm calls
+
+            def inverse(w, r0=r0, r1=r1):
+                _output_transform(Mf, out, r0, r1, os_[w], os_[w + 1], nty, ntz, ntx, self.ms, self.al, bias,
+                                  *scratch[w][3:])
+
+            self._each(pool, inverse, workers)
+        if not self.keep_buffers:
+            self.release()
+        return out
+
+    @staticmethod
+    def _each(pool, fn, workers):
+        if pool is None:
+            fn(0)
+        else:
+            list(pool.map(fn, range(workers)))
