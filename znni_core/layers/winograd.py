@@ -100,16 +100,16 @@ def _block_rows(rows, tiles_x, T, c_in, c_out) -> int:
 
 def winograd_memory(n, c_in, c_out, in_spatial, kernel, threads=1) -> int:
     """Predicted peak bytes of one :class:`WinogradConv` call, input and ``U`` excluded:
-    the output, one block's ``V`` and ``M``, and each worker's scratch rows."""
+    the output, and per worker one block's ``V`` and ``M`` and its scratch rows."""
     out = tuple(int(s) - int(k) + 1 for s, k in zip(in_spatial, kernel))
     ms, al, nt = winograd_tiles(out, kernel)
     T = math.prod(al)
     rows = int(n) * nt[0] * nt[1]
     br = _block_rows(rows, nt[2], T, c_in, c_out)
+    workers = max(1, min(int(threads), -(-rows // br)))
     block = F32 * T * (c_in + c_out) * br * nt[2]
-    width = nt[2] * ms[2] + al[2]
-    scratch = max(1, int(threads)) * F32 * al[0] * al[1] * (2 * width + ms[2] * (nt[2] + 1)) * 2
-    return F32 * int(n) * int(c_out) * math.prod(out) + block + scratch
+    scratch = F32 * ((nt[2] + 1) * ms[2] + al[2] + 4 * T * nt[2])
+    return F32 * int(n) * int(c_out) * math.prod(out) + workers * (block + scratch)
 
 
 # ----------------------------------------------------------------------------- numba kernels
@@ -312,6 +312,19 @@ def _output_transform(M, out, r0, r1, o0, o1, nty, ntz, ntx, ms, al, bias, zt, y
 
 
 # ----------------------------------------------------------------------------- the layer
+_CONTROLLER = None
+
+
+def _blas_limit(threads):
+    """A context giving BLAS ``threads`` threads (threadpoolctl; its library scan done once)."""
+    global _CONTROLLER
+    if _CONTROLLER is None:
+        from threadpoolctl import ThreadpoolController
+
+        _CONTROLLER = ThreadpoolController()
+    return _CONTROLLER.limit(limits=threads, user_api="blas")
+
+
 class WinogradConv:
     """A valid 3-D convolution by Winograd minimal filtering (kernels of 1 or 3 per axis).
 
@@ -369,8 +382,8 @@ class WinogradConv:
 
     def release(self):
         """Drop the per-call block buffers and workers (``U`` stays)."""
-        if self._work is not None and self._work[1][3] is not None:
-            self._work[1][3].shutdown(wait=True)
+        if self._work is not None and self._work[1][2] is not None:
+            self._work[1][2].shutdown(wait=True)
         self._work = None
 
     def __call__(self, x, out=None):
@@ -425,6 +438,8 @@ class WinogradConv:
 
     # -- CPU: numba transforms over blocks of tile rows, T sgemm calls per block
     def _buffers(self, n):
+        """Per worker: its own block of ``V`` and ``M`` and transform scratch (a worker runs
+        whole blocks: transforms and GEMMs stay on one core's cache)."""
         hit = self._work
         if hit is not None and hit[0] == n:
             return hit[1]
@@ -432,55 +447,47 @@ class WinogradConv:
         (mz, my, mx), (az, ay, ax), (ntz, nty, ntx) = self.ms, self.al, self.nt
         rows = n * ntz * nty
         br = _block_rows(rows, ntx, self.T, self.c_in, self.c_out)
-        V = np.empty((self.c_in, self.T, br * ntx), np.float32)  # per channel: T rows of tiles
-        M = np.empty((self.T, self.c_out, br * ntx), np.float32)
-        workers = max(1, min(self.threads, self.c_in, self.c_out))
+        workers = max(1, min(self.threads, -(-rows // br)))
         width = (ntx + 1) * mx + ax
-        # per worker: a zero-padded input row, then the stage buffers of each side
-        scratch = [(np.zeros(width, np.float32), np.empty(az * ay * ax * ntx, np.float32),
-                    np.empty(az * ay * ax * ntx, np.float32),
-                    np.empty(mz * ay * ax * ntx, np.float32), np.empty(mz * my * ax * ntx, np.float32))
-                   for _ in range(workers)]
+        sets = []
+        for _ in range(workers):
+            V = np.empty((self.c_in, self.T, br * ntx), np.float32)  # per channel: T rows of tiles
+            M = np.empty((self.T, self.c_out, br * ntx), np.float32)
+            # a zero-padded input row, then the stage buffers of each side
+            scratch = (np.zeros(width, np.float32), np.empty(az * ay * ax * ntx, np.float32),
+                       np.empty(az * ay * ax * ntx, np.float32),
+                       np.empty(mz * ay * ax * ntx, np.float32), np.empty(mz * my * ax * ntx, np.float32))
+            sets.append((V, M, scratch))
         pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
-        bufs = (br, (V, M), scratch, pool)
+        bufs = (br, sets, pool)
         self._work = (n, bufs)
         return bufs
 
     def _call_cpu(self, x, out):
         n, C, O = x.shape[0], self.c_in, self.c_out
         ntz, nty, ntx = self.nt
-        br, (V, M), scratch, pool = self._buffers(n)
+        br, sets, pool = self._buffers(n)
         xs = np.ascontiguousarray(x, dtype=np.float32)
         if out is None:
             out = np.empty((n, O) + self.out_spatial, np.float32)
         bias = self.bias if self.bias is not None else np.zeros(O, np.float32)
-        rows, workers = n * ntz * nty, len(scratch)
-        cs = np.linspace(0, C, workers + 1).astype(int)
-        os_ = np.linspace(0, O, workers + 1).astype(int)
-        Vt = V.transpose(1, 0, 2)  # (T, C_in, tiles): each GEMM's right operand, rows strided
-        Vf, Mf = V.reshape(-1), M.reshape(-1)
-        for r0 in range(0, rows, br):
-            r1 = min(rows, r0 + br)
-            k = (r1 - r0) * ntx
+        rows = n * ntz * nty
+        blocks = [(r0, min(rows, r0 + br)) for r0 in range(0, rows, br)]
 
-            def forward(w, r0=r0, r1=r1):
-                _input_transform(xs, Vf, r0, r1, cs[w], cs[w + 1], nty, ntz, ntx, self.ms, self.al, *scratch[w][:3])
+        def work(w):
+            V, M, scratch = sets[w]
+            Vt, Vf, Mf = V.transpose(1, 0, 2), V.reshape(-1), M.reshape(-1)  # Vt: each GEMM's right operand
+            for r0, r1 in blocks[w::len(sets)]:
+                k = (r1 - r0) * ntx
+                _input_transform(xs, Vf, r0, r1, 0, C, nty, ntz, ntx, self.ms, self.al, *scratch[:3])
+                np.matmul(self.U, Vt[:, :, :k], out=M[:, :, :k])  # T sgemm calls
+                _output_transform(Mf, out, r0, r1, 0, O, nty, ntz, ntx, self.ms, self.al, bias, *scratch[3:])
 
-            self._each(pool, forward, workers)
-            np.matmul(self.U, Vt[:, :, :k], out=M[:, :, :k])  # T sgemm calls
-
-            def inverse(w, r0=r0, r1=r1):
-                _output_transform(Mf, out, r0, r1, os_[w], os_[w + 1], nty, ntz, ntx, self.ms, self.al, bias,
-                                  *scratch[w][3:])
-
-            self._each(pool, inverse, workers)
+        if pool is None:
+            work(0)
+        else:  # each worker's GEMMs on one BLAS thread: no BLAS pool spinning against the workers
+            with _blas_limit(1):
+                list(pool.map(work, range(len(sets))))
         if not self.keep_buffers:
             self.release()
         return out
-
-    @staticmethod
-    def _each(pool, fn, workers):
-        if pool is None:
-            fn(0)
-        else:
-            list(pool.map(fn, range(workers)))

@@ -269,7 +269,7 @@ def _winograd_rates(threads: int) -> dict:
     points = []
     for c in _WINOGRAD_CAL["channels"]:
         conv = L.WinogradConv(rng.standard_normal((c, c) + k, dtype=np.float32), None, sp, threads=threads)
-        br, (V, M), _, _ = conv._buffers(1)
+        V, M, _ = conv._buffers(1)[1][0]
         n_t = V.shape[2]
         Vt = V.transpose(1, 0, 2)
         V[...] = 1.0
