@@ -154,3 +154,22 @@ def test_planner_offers_winograd_only_where_it_runs():
     plan = autotune(net, memory_budget=2**30, input_shape=(3, 30, 30), use_cache=False)
     k4 = next(s for s in plan.steps if s.op == "conv" and s.index == 0)
     assert k4.primitive != "winograd"
+
+
+@pytest.mark.parametrize("valid", [True, False])
+def test_winograd_in_unet_graph_plans_equals_torch(tmp_path, valid):
+    """The graph planner runs U-Nets' 3^3 and (1,3,3) convolutions with winograd (the
+    executor's output blocks and padded convolutions included)."""
+    pytest.importorskip("onnx")
+    from .unets import UNet, admissible, export, run
+
+    torch.manual_seed(3)
+    for kernel in ((3, 3, 3), (1, 3, 3)):
+        model = UNet(valid=valid, depth=2, kernel=kernel, pool=(1, 2, 2), width=6, bn=False)
+        shape = tuple(admissible(model, a, lo) for a, lo in enumerate((10, 40, 40)))
+        net = znni_core.load_network(export(model, tmp_path / f"u{valid}{kernel[0]}.onnx", shape))
+        plan = autotune(net, memory_budget=2**30, patch_shape=shape, primitives=("winograd",), use_cache=False)
+        assert "winograd" in {s.primitive for s in plan.steps}
+        x = np.random.default_rng(5).standard_normal((1,) + shape).astype(np.float32)
+        out = znni_core.infer(net, x, plan=plan)
+        np.testing.assert_allclose(out, run(model, x), rtol=1e-4, atol=1e-5)

@@ -106,9 +106,9 @@ def _conv_options(node, spatial, prims, timer, threads):
         return [(t, "strided", conv_strided_memory(1, conv.in_channels, conv.out_channels, spatial, conv.kernel,
                                                    node["stride"]), 0)]
     opts = []
-    for prim in prims:
-        if (prim.startswith("fft-") and all(k == 1 for k in conv.kernel)) or not primitive_supports(prim, conv.kernel):
-            continue  # 1x1x1: FFT never pays
+    flat = all(k == 1 for k in conv.kernel)  # 1x1x1: FFT never pays
+    usable = [p for p in prims if primitive_supports(p, conv.kernel) and not (flat and p.startswith("fft-"))]
+    for prim in usable or ["direct-gemm"]:
         t = timer.layer(prim, 1, conv, spatial, 0, 1)
         opts.append((t, prim, M.conv_step_bytes(prim, 1, 0, conv, spatial, (), threads),
                      M.resident_bytes(prim, conv, spatial)))
