@@ -36,9 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import InputError
 from ._numba import njit
 from .fft import fft_size
+from .resident import ResidentConv
 from .xp import get_array_module
 
 __all__ = ["FFTGemmConv", "fft_gemm_kernel_bytes", "fft_gemm_memory", "fft_gemm_sizes", "fft_gemm_transform_shape"]
@@ -188,7 +188,7 @@ def _kernel_spectra(w, tshape, threads, xp):
     return khat
 
 
-class FFTGemmConv:
+class FFTGemmConv(ResidentConv):
     """A valid 3-D convolution by FFT with per-frequency channel GEMMs (resident kernel spectra).
 
     Parameters
@@ -213,57 +213,14 @@ class FFTGemmConv:
     """
 
     def __init__(self, w, b, in_spatial, *, threads=1, xp=np):
-        w = xp.ascontiguousarray(xp.asarray(w), dtype=xp.float32)
-        if w.ndim != 5:
-            raise InputError(f"w must be 5-D (C_out, C_in, kz, ky, kx); got shape {w.shape}")
-        self.in_spatial = tuple(int(v) for v in in_spatial)
-        self.kernel = tuple(int(k) for k in w.shape[2:])
-        self.out_spatial = tuple(n - k + 1 for n, k in zip(self.in_spatial, self.kernel))
-        if len(self.in_spatial) != 3 or min(self.out_spatial) < 1:
-            raise InputError(f"kernel {self.kernel} does not fit the input {self.in_spatial}")
-        self.c_out, self.c_in = int(w.shape[0]), int(w.shape[1])
-        self.threads, self.xp = max(1, int(threads)), xp
+        w = xp.ascontiguousarray(self._setup(w, b, in_spatial, threads, xp))
         self.tshape = fft_gemm_transform_shape(self.in_spatial, self.kernel)
         self.zb = self.in_spatial[0] if self.tshape[0] == 1 else 1  # z slices per item
-        self.bias = None
-        if b is not None:
-            self.bias = xp.ascontiguousarray(xp.asarray(b), dtype=xp.float32)
-            if self.bias.shape != (self.c_out,):
-                raise InputError(f"bias must have shape ({self.c_out},); got {self.bias.shape}")
-        #: keep the call buffers and FFTW plans for the next call of the same size (the
-        #: executor's blocks and micro-batches); it then calls :meth:`release`
-        self.keep_buffers = False
-        self._work = None
         self.khat = _kernel_spectra(w, self.tshape, self.threads, xp)
 
     @property
     def kernel_cache_bytes(self) -> int:
         return int(self.khat.nbytes)
-
-    def release(self):
-        """Drop the per-call block buffers, FFTW plans and workers (the kernel spectra stay)."""
-        if self._work is not None and self._work[1][2] is not None:
-            self._work[1][2].shutdown(wait=True)
-        self._work = None
-
-    def __call__(self, x, out=None):
-        """Convolve ``x`` ``(N, C_in, *in_spatial)`` -> ``(N, C_out, *out_spatial)``;
-        ``out``: a destination of any strides (a block of a larger array)."""
-        xp = get_array_module(x)
-        if xp is not self.xp:
-            raise InputError(f"FFTGemmConv was built for {self.xp.__name__} arrays, got a {xp.__name__} array")
-        if x.ndim != 5 or x.shape[1] != self.c_in or tuple(x.shape[2:]) != self.in_spatial:
-            raise InputError(f"x has shape {x.shape}; expected (N, {self.c_in}) + {self.in_spatial}")
-        shape = (x.shape[0], self.c_out) + self.out_spatial
-        if out is not None and tuple(out.shape) != shape:
-            raise InputError(f"out has shape {out.shape}; expected {shape}")
-        if xp is not np:
-            y = self._call_xp(x)
-            if out is None:
-                return y
-            out[...] = y
-            return out
-        return self._call_cpu(x, out)
 
     # -- any xp (the GPU): whole-batch transforms, transposes by copy
     def _call_xp(self, x):

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import InputError
 from ._numba import njit
+from .resident import ResidentConv
 from .xp import get_array_module
 
 __all__ = ["WinogradConv", "winograd_kernel_bytes", "winograd_memory", "winograd_sizes", "winograd_supports",
@@ -325,7 +326,7 @@ def _blas_limit(threads):
     return _CONTROLLER.limit(limits=threads, user_api="blas")
 
 
-class WinogradConv:
+class WinogradConv(ResidentConv):
     """A valid 3-D convolution by Winograd minimal filtering (kernels of 1 or 3 per axis).
 
     Parameters
@@ -349,16 +350,7 @@ class WinogradConv:
     """
 
     def __init__(self, w, b, in_spatial, *, threads=1, xp=np):
-        w = xp.asarray(w, dtype=xp.float32)
-        if w.ndim != 5:
-            raise InputError(f"w must be 5-D (C_out, C_in, kz, ky, kx); got shape {w.shape}")
-        self.in_spatial = tuple(int(v) for v in in_spatial)
-        self.kernel = tuple(int(k) for k in w.shape[2:])
-        self.out_spatial = tuple(n - k + 1 for n, k in zip(self.in_spatial, self.kernel))
-        if len(self.in_spatial) != 3 or min(self.out_spatial) < 1:
-            raise InputError(f"kernel {self.kernel} does not fit the input {self.in_spatial}")
-        self.c_out, self.c_in = int(w.shape[0]), int(w.shape[1])
-        self.threads, self.xp = max(1, int(threads)), xp
+        w = self._setup(w, b, in_spatial, threads, xp)
         tr = _axis_transforms(self.kernel)
         self.ms, self.al, self.nt = winograd_tiles(self.out_spatial, self.kernel)
         self.T = math.prod(self.al)
@@ -368,42 +360,10 @@ class WinogradConv:
         wh = w.get() if hasattr(w, "get") else np.asarray(w)
         u = np.einsum("ai,bj,ek,ocijk->abeoc", tr[0][1], tr[1][1], tr[2][1], wh.astype(np.float64), optimize=True)
         self.U = xp.asarray(np.ascontiguousarray(u.reshape(self.T, self.c_out, self.c_in), np.float32))
-        self.bias = None
-        if b is not None:
-            self.bias = xp.ascontiguousarray(xp.asarray(b), dtype=xp.float32)
-            if self.bias.shape != (self.c_out,):
-                raise InputError(f"bias must have shape ({self.c_out},); got {self.bias.shape}")
-        self.keep_buffers = False
-        self._work = None
 
     @property
     def kernel_cache_bytes(self) -> int:
         return int(self.U.nbytes)
-
-    def release(self):
-        """Drop the per-call block buffers and workers (``U`` stays)."""
-        if self._work is not None and self._work[1][2] is not None:
-            self._work[1][2].shutdown(wait=True)
-        self._work = None
-
-    def __call__(self, x, out=None):
-        """Convolve ``x`` ``(N, C_in, *in_spatial)`` -> ``(N, C_out, *out_spatial)``;
-        ``out``: a destination of any strides (a block of a larger array)."""
-        xp = get_array_module(x)
-        if xp is not self.xp:
-            raise InputError(f"WinogradConv was built for {self.xp.__name__} arrays, got a {xp.__name__} array")
-        if x.ndim != 5 or x.shape[1] != self.c_in or tuple(x.shape[2:]) != self.in_spatial:
-            raise InputError(f"x has shape {x.shape}; expected (N, {self.c_in}) + {self.in_spatial}")
-        shape = (x.shape[0], self.c_out) + self.out_spatial
-        if out is not None and tuple(out.shape) != shape:
-            raise InputError(f"out has shape {out.shape}; expected {shape}")
-        if xp is not np:
-            y = self._call_xp(x)
-            if out is None:
-                return y
-            out[...] = y
-            return out
-        return self._call_cpu(x, out)
 
     # -- any xp (the GPU): tiles as a strided view, transforms as tensordots
     def _call_xp(self, x):

@@ -1,0 +1,72 @@
+"""What the convolutions with a resident kernel transform share (:class:`FFTGemmConv`,
+:class:`WinogradConv`): argument checks, the call contract (``out=`` of any strides, numpy
+to the CPU path, CuPy to the ``xp`` path) and the per-call buffers kept between calls."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InputError
+from .xp import get_array_module
+
+
+class ResidentConv:
+    """Base of a valid 3-D convolution built once per layer and input shape.
+
+    A subclass builds its kernel transform in ``__init__`` after :meth:`_setup`, and
+    implements ``_call_cpu(x, out)`` (numpy; ``out`` may be None) and ``_call_xp(x)``.
+    Per-call buffers live in ``self._work = (n, (..., ..., pool))``: kept for the next
+    call of the same size while ``keep_buffers`` is set (the executor's blocks and
+    micro-batches; it then calls :meth:`release`).
+    """
+
+    def _setup(self, w, b, in_spatial, threads, xp):
+        """Checks and the shapes every subclass needs; returns ``w`` as float32."""
+        w = xp.asarray(w, dtype=xp.float32)
+        if w.ndim != 5:
+            raise InputError(f"w must be 5-D (C_out, C_in, kz, ky, kx); got shape {w.shape}")
+        self.in_spatial = tuple(int(v) for v in in_spatial)
+        self.kernel = tuple(int(k) for k in w.shape[2:])
+        self.out_spatial = tuple(n - k + 1 for n, k in zip(self.in_spatial, self.kernel))
+        if len(self.in_spatial) != 3 or min(self.out_spatial) < 1:
+            raise InputError(f"kernel {self.kernel} does not fit the input {self.in_spatial}")
+        self.c_out, self.c_in = int(w.shape[0]), int(w.shape[1])
+        self.threads, self.xp = max(1, int(threads)), xp
+        self.bias = None
+        if b is not None:
+            self.bias = xp.ascontiguousarray(xp.asarray(b), dtype=xp.float32)
+            if self.bias.shape != (self.c_out,):
+                raise InputError(f"bias must have shape ({self.c_out},); got {self.bias.shape}")
+        self.keep_buffers = False
+        self._work = None
+        return w
+
+    def release(self):
+        """Drop the per-call buffers and worker threads (the kernel transform stays)."""
+        if self._work is not None and self._work[1][2] is not None:
+            self._work[1][2].shutdown(wait=True)
+        self._work = None
+
+    def __call__(self, x, out=None):
+        """Convolve ``x`` ``(N, C_in, *in_spatial)`` -> ``(N, C_out, *out_spatial)``;
+        ``out``: a destination of any strides (a block of a larger array)."""
+        xp = get_array_module(x)
+        if xp is not self.xp:
+            raise InputError(f"{type(self).__name__} was built for {self.xp.__name__} arrays, got a {xp.__name__} array")
+        if x.ndim != 5 or x.shape[1] != self.c_in or tuple(x.shape[2:]) != self.in_spatial:
+            raise InputError(f"x has shape {x.shape}; expected (N, {self.c_in}) + {self.in_spatial}")
+        shape = (x.shape[0], self.c_out) + self.out_spatial
+        if out is not None and tuple(out.shape) != shape:
+            raise InputError(f"out has shape {out.shape}; expected {shape}")
+        if xp is not np:
+            y = self._call_xp(x)
+            if out is None:
+                return y
+            out[...] = y
+            return out
+        return self._call_cpu(x, out)
+
+    def _call_cpu(self, x, out):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _call_xp(self, x):  # pragma: no cover - abstract
+        raise NotImplementedError
