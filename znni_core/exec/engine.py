@@ -18,6 +18,7 @@ from ..errors import PlanError
 from ..geometry.blocks import conv_blocks
 from ..plan.memory import slab_geometry
 from ..layers.activation import commutes_with_max
+from ..layers.resident import ResidentConv
 from ..layers import (FFTConv, FFTGemmConv, WinogradConv, apply_activation, conv_direct_gemm, conv_direct_numba, fragment_of_filtered,
                       max_filter_inplace, max_pool, mpf, recombine)
 from ..net.spec import Conv, Network, Pool
@@ -63,20 +64,20 @@ def _run_conv(step, layer: Conv, x, xp, convs):
         return fn(x)
     out = xp.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), dtype=np.float32)
     ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
-    fft = isinstance(fn, (FFTConv, FFTGemmConv, WinogradConv))
-    if fft:  # one set of call buffers for all blocks of this step
+    kept = isinstance(fn, (FFTConv, ResidentConv))
+    if kept:  # one set of call buffers for all blocks of this step
         fn.keep_buffers = True
     try:
         for i in range(0, n, mb):
             for o in origins:
                 src = (slice(i, i + mb), slice(None)) + tuple(slice(a, a + t) for a, t in zip(o, tile))
                 dst = (slice(i, i + mb), slice(None)) + tuple(slice(a, a + b) for a, b in zip(o, ob))
-                if fft:
+                if kept:
                     fn(x[src], out=out[dst])  # straight into the output block
                 else:
                     out[dst] = fn(x[src])
     finally:
-        if fft:
+        if kept:
             fn.keep_buffers = False
             fn.release()
     return out

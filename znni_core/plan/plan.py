@@ -11,23 +11,21 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..errors import PlanError
+from ..layers.winograd import winograd_supports
 
 PLAN_FORMAT = "znni-plan/1"
 CONV_PRIMITIVES = ("direct-gemm", "direct-numba", "fft-data", "fft-task", "fft-stream", "fft-gemm", "winograd")
 #: primitives whose kernel transforms (FFT spectra, Winograd's U) stay resident for the whole run (built once)
 RESIDENT_PRIMITIVES = ("fft-data", "fft-task", "fft-gemm", "winograd")
 
+POOL_MODES = ("mpf", "pool", "slab")  # mpf: fragments batched; pool: one offset at a time through the rest;
+# slab (first pooling layer only): also the layers before it recomputed per offset in z-slabs (micro_batch = rows)
+
 
 def primitive_supports(primitive: str, kernel) -> bool:
     """Whether ``primitive`` can run a convolution with this kernel (``winograd``: sizes 1
     or 3 per axis, one of them 3; the others: any)."""
-    if primitive == "winograd":
-        from ..layers.winograd import winograd_supports
-
-        return winograd_supports(kernel)
-    return True
-POOL_MODES = ("mpf", "pool", "slab")  # mpf: fragments batched; pool: one offset at a time through the rest;
-# slab (first pooling layer only): also the layers before it recomputed per offset in z-slabs (micro_batch = rows)
+    return winograd_supports(kernel) if primitive == "winograd" else True
 
 
 def _tuple(v):

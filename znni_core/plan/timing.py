@@ -298,14 +298,6 @@ def _winograd_rates(threads: int) -> dict:
             "build_s_per_value": build / (L.winograd_kernel_bytes(c, c, k) / F32)}
 
 
-def _winograd_mac_rate(cin: int, r: dict) -> float:
-    """Seconds per multiply-add at reduction length ``cin``: log-log between the calibrated
-    points, clamped outside them."""
-    (c0, s0), (c1, s1) = r["mac_points"]
-    e = min(max(math.log(max(cin, 1) / c0) / math.log(c1 / c0), 0.0), 1.0)
-    return float(s0 * (s1 / s0) ** e)
-
-
 def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, micro_batch: int | None = None) -> float:
     """Seconds for a conv layer over ``n`` fragments, called in micro-batches of ``micro_batch``.
 
@@ -321,7 +313,7 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     if primitive == "winograd":
         r = cal["fft"]["winograd"]
         values, macs, rows = _winograd_terms(n, cin, cout, in_spatial, layer.kernel)
-        return values * r["s_per_value"] + rows * r["s_per_row"] + macs * _winograd_mac_rate(cin, r) + calls * 1e-4
+        return values * r["s_per_value"] + rows * r["s_per_row"] + macs * _loglog(r["mac_points"], cin) + calls * 1e-4
     if primitive == "fft-gemm":
         r = cal["fft"]["gemm"]
         tr, macs, items = _fft_gemm_terms(n, cin, cout, in_spatial, layer.kernel)
@@ -344,10 +336,15 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
 
 
 def _direct_rate(kind: str, k: int, cal: dict) -> float:
-    """FLOP/s of a direct conv with reduction length ``k = C_in * prod(kernel)``: log-log
-    interpolation between the calibrated points (clamped outside them)."""
-    (k0, r0), (k1, r1) = cal["direct_points"][kind]
-    e = min(max(math.log(k / k0) / math.log(k1 / k0), 0.0), 1.0)
+    """FLOP/s of a direct conv with reduction length ``k = C_in * prod(kernel)``."""
+    return _loglog(cal["direct_points"][kind], k)
+
+
+def _loglog(points, k) -> float:
+    """The value at ``k`` between two calibrated points ``[[k0, v0], [k1, v1]]``: log-log
+    interpolation, clamped outside them."""
+    (k0, r0), (k1, r1) = points
+    e = min(max(math.log(max(k, 1) / k0) / math.log(k1 / k0), 0.0), 1.0)
     return float(r0 * (r1 / r0) ** e)
 
 
