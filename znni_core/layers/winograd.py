@@ -12,16 +12,18 @@ kernel adds ``F(2, 3)`` in z (144 per 32, 6x fewer); an axis of size 1 is the id
 (``a = m = 1``).  For ``C_in -> C_out`` maps the products of each of the ``T = prod(a)``
 transform positions are one GEMM over the channels::
 
-    M[t] (C_out x tiles) = U[t] (C_out x C_in) @ V[t] (C_in x tiles)
+    M[t] (tiles x C_out) = V[t] (tiles x C_in) @ U[t] (C_in x C_out)
 
-so the work runs as ``T`` BLAS ``sgemm`` calls per block of tiles, and the transforms
-(numba, vectorised over a row of tiles) are a small part of it.  ``U`` (the kernel's
-transform, ``T x C_out x C_in`` float32) is built once per layer and stays resident
-(:func:`winograd_kernel_bytes`).  One call, tiles in blocks of a few MiB::
+so the work runs as ``T`` BLAS ``sgemm`` calls per block of tiles.  The transforms run
+channels last: each 1D transform is a numba loop over a vector of channels (16 per AVX-512
+instruction), whatever the width of the plane, so the few-tile-wide planes of MPF fragments
+transform as fast as wide ones.  ``U`` (the kernel's transform, ``T x C_in x C_out``
+float32) is built once per layer and stays resident (:func:`winograd_kernel_bytes`).  One
+call, tiles in blocks of a few MiB::
 
-    x -> input transform (numba) -> V (T, C_in, tiles)
-    M = U @ V                                       (T sgemm calls)
-    M -> output transform (numba) + bias -> out
+    x -> rows channels last -> input transform (numba) -> V (T, tiles, C_in)
+    M = V @ U                                       (T sgemm calls)
+    M -> output transform (numba) -> rows channels first + bias -> out
 
 Precision: the transform points (0, +-1, +-2) keep float32 errors near 1e-6 relative to
 the output's magnitude (``tests/test_winograd.py`` checks 1e-4 against the reference).
@@ -90,7 +92,7 @@ def winograd_sizes(n, in_spatial, kernel) -> tuple:
 
 
 def winograd_kernel_bytes(c_in, c_out, kernel) -> int:
-    """Bytes of a layer's resident kernel transform ``U`` ``(T, C_out, C_in)`` float32."""
+    """Bytes of a layer's resident kernel transform ``U`` ``(T, C_in, C_out)`` float32."""
     _, al, _ = winograd_tiles((8, 8, 8), kernel)
     return F32 * math.prod(al) * int(c_in) * int(c_out)
 
@@ -101,7 +103,8 @@ def _block_rows(rows, tiles_x, T, c_in, c_out) -> int:
 
 def winograd_memory(n, c_in, c_out, in_spatial, kernel, threads=1) -> int:
     """Predicted peak bytes of one :class:`WinogradConv` call, input and ``U`` excluded:
-    the output, and per worker one block's ``V`` and ``M`` and its scratch rows."""
+    the output, and per worker one block's ``V`` and ``M`` and its scratch (a tile row's
+    input rows channels last, two per-tile stage buffers, the staged output rows)."""
     out = tuple(int(s) - int(k) + 1 for s, k in zip(in_spatial, kernel))
     ms, al, nt = winograd_tiles(out, kernel)
     T = math.prod(al)
@@ -109,41 +112,52 @@ def winograd_memory(n, c_in, c_out, in_spatial, kernel, threads=1) -> int:
     br = _block_rows(rows, nt[2], T, c_in, c_out)
     workers = max(1, min(int(threads), -(-rows // br)))
     block = F32 * T * (c_in + c_out) * br * nt[2]
-    scratch = F32 * ((nt[2] + 1) * ms[2] + al[2] + 4 * T * nt[2])
+    width = nt[2] * ms[2]
+    scratch = F32 * (al[0] * al[1] * (width + al[2] - ms[2]) * c_in + 2 * T * max(c_in, c_out)
+                     + ms[0] * ms[1] * width * c_out)
     return F32 * int(n) * int(c_out) * math.prod(out) + workers * (block + scratch)
 
 
 # ----------------------------------------------------------------------------- numba kernels
 # The 1D transforms written out, on flat arrays: value k of position i of d sits at
-# d[d0 + k * ds + i].  Fused (one load and one store per value), float32 constants
-# (a float64 literal would widen every operation) and flat C arrays keep the loops over i
-# vectorised.  ``a`` names the transform: 1 identity, 4 F(2, 3), 6 F(4, 3).
+# d[d0 + k * ds + i].  Fused (one load and one store per value), float32 constants (a
+# float64 literal would widen every operation), and unsigned offsets: numba wraps negative
+# indices, and that check alone kept these loops scalar (18x slower).  The loops over i
+# (the channels) then compile to 16-wide vectors.  ``a`` names the transform: 1 identity,
+# 4 F(2, 3), 6 F(4, 3).
+@njit(nogil=True, cache=True, inline="always")
+def _strides(d0, ds, v0, vs):  # pragma: no cover - compiled
+    u = np.uint64
+    return u(d0), u(ds), u(2) * u(ds), u(3) * u(ds), u(v0), u(vs), u(2) * u(vs), u(3) * u(vs)
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _bt(a, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
     """v[:, i] = BT d[:, i] for i < L."""
     c2, c4, c5 = np.float32(2.0), np.float32(4.0), np.float32(5.0)
+    d0, s1, s2, s3, v0, t1, t2, t3 = _strides(d0, ds, v0, vs)
     if a == 6:
-        for i in range(L):
+        for i in range(np.uint64(L)):
             j = d0 + i
-            x0, x1, x2, x3, x4, x5 = d[j], d[j + ds], d[j + 2 * ds], d[j + 3 * ds], d[j + 4 * ds], d[j + 5 * ds]
+            x0, x1, x2, x3, x4, x5 = d[j], d[j + s1], d[j + s2], d[j + s3], d[j + s2 + s2], d[j + s2 + s3]
             k = v0 + i
             v[k] = c4 * x0 - c5 * x2 + x4
-            v[k + vs] = (x3 + x4) - c4 * (x1 + x2)
-            v[k + 2 * vs] = (x4 - x3) + c4 * (x1 - x2)
-            v[k + 3 * vs] = (x4 - x2) + c2 * (x3 - x1)
-            v[k + 4 * vs] = (x4 - x2) - c2 * (x3 - x1)
-            v[k + 5 * vs] = c4 * x1 - c5 * x3 + x5
+            v[k + t1] = (x3 + x4) - c4 * (x1 + x2)
+            v[k + t2] = (x4 - x3) + c4 * (x1 - x2)
+            v[k + t3] = (x4 - x2) + c2 * (x3 - x1)
+            v[k + t2 + t2] = (x4 - x2) - c2 * (x3 - x1)
+            v[k + t2 + t3] = c4 * x1 - c5 * x3 + x5
     elif a == 4:
-        for i in range(L):
+        for i in range(np.uint64(L)):
             j = d0 + i
-            x0, x1, x2, x3 = d[j], d[j + ds], d[j + 2 * ds], d[j + 3 * ds]
+            x0, x1, x2, x3 = d[j], d[j + s1], d[j + s2], d[j + s3]
             k = v0 + i
             v[k] = x0 - x2
-            v[k + vs] = x1 + x2
-            v[k + 2 * vs] = x2 - x1
-            v[k + 3 * vs] = x1 - x3
+            v[k + t1] = x1 + x2
+            v[k + t2] = x2 - x1
+            v[k + t3] = x1 - x3
     else:
-        for i in range(L):
+        for i in range(np.uint64(L)):
             v[v0 + i] = d[d0 + i]
 
 
@@ -151,165 +165,149 @@ def _bt(a, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
 def _at(a, m, m0, ms, y, y0, ys, L):  # pragma: no cover - compiled
     """y[:, i] = AT m[:, i] for i < L (a outputs in, a - 2 out; 1 for the identity)."""
     c2, c4, c8 = np.float32(2.0), np.float32(4.0), np.float32(8.0)
+    m0, s1, s2, s3, y0, t1, t2, t3 = _strides(m0, ms, y0, ys)
     if a == 6:
-        for i in range(L):
+        for i in range(np.uint64(L)):
             j = m0 + i
-            x0, x1, x2, x3, x4, x5 = m[j], m[j + ms], m[j + 2 * ms], m[j + 3 * ms], m[j + 4 * ms], m[j + 5 * ms]
+            x0, x1, x2, x3, x4, x5 = m[j], m[j + s1], m[j + s2], m[j + s3], m[j + s2 + s2], m[j + s2 + s3]
             p12, d12, p34, d34 = x1 + x2, x1 - x2, x3 + x4, x3 - x4
             k = y0 + i
             y[k] = x0 + p12 + p34
-            y[k + ys] = d12 + c2 * d34
-            y[k + 2 * ys] = p12 + c4 * p34
-            y[k + 3 * ys] = d12 + c8 * d34 + x5
+            y[k + t1] = d12 + c2 * d34
+            y[k + t2] = p12 + c4 * p34
+            y[k + t3] = d12 + c8 * d34 + x5
     elif a == 4:
-        for i in range(L):
+        for i in range(np.uint64(L)):
             j = m0 + i
-            x0, x1, x2, x3 = m[j], m[j + ms], m[j + 2 * ms], m[j + 3 * ms]
+            x0, x1, x2, x3 = m[j], m[j + s1], m[j + s2], m[j + s3]
             k = y0 + i
             y[k] = x0 + x1 + x2
-            y[k + ys] = x1 - x2 - x3
+            y[k + t1] = x1 - x2 - x3
     else:
-        for i in range(L):
+        for i in range(np.uint64(L)):
             y[y0 + i] = m[m0 + i]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _bt_x4(d, v, v0, vs, L):  # pragma: no cover - compiled
-    """The F(4, 3) x transform straight from an input row: v[:, i] = BT d[4 i:4 i + 6]
-    (a constant stride, which the compiler turns into shuffles)."""
-    c2, c4, c5 = np.float32(2.0), np.float32(4.0), np.float32(5.0)
-    for i in range(L):
-        j = 4 * i
-        x0, x1, x2, x3, x4, x5 = d[j], d[j + 1], d[j + 2], d[j + 3], d[j + 4], d[j + 5]
-        k = v0 + i
-        v[k] = c4 * x0 - c5 * x2 + x4
-        v[k + vs] = (x3 + x4) - c4 * (x1 + x2)
-        v[k + 2 * vs] = (x4 - x3) + c4 * (x1 - x2)
-        v[k + 3 * vs] = (x4 - x2) + c2 * (x3 - x1)
-        v[k + 4 * vs] = (x4 - x2) - c2 * (x3 - x1)
-        v[k + 5 * vs] = c4 * x1 - c5 * x3 + x5
+def _to_channels_last(x, n, z, y, R, rb):  # pragma: no cover - compiled
+    """R[rb + k * C + c] = x[n, c, z, y, k]: one input row, channels last (short rows
+    (MPF fragments) gathered along the channels, long ones scattered: 3x faster each)."""
+    _, C, Z, Y, X = x.shape
+    u = np.uint64
+    xf = x.reshape(-1)
+    plane, C_, X_ = u(Z * Y * X), u(C), u(X)
+    base = u(((n * C * Z + z) * Y + y) * X)
+    if X <= 32:
+        for k in range(X_):
+            dst = u(rb) + k * C_
+            for c in range(C_):
+                R[dst + c] = xf[base + c * plane + k]
+    else:
+        for c in range(C_):
+            src, dst = base + c * plane, u(rb) + c
+            for k in range(X_):
+                R[dst + k * C_] = xf[src + k]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _at_x4(m, m0, ms, row, b, L):  # pragma: no cover - compiled
-    """The F(4, 3) x transform into an output row, bias added: row[4 i:4 i + 4] = AT m[:, i]
-    + b for i < L whole tiles; then the last tile's outputs that fit in the row."""
-    c2, c4, c8 = np.float32(2.0), np.float32(4.0), np.float32(8.0)
-    full = min(L, row.shape[0] // 4)
-    for i in range(full):
-        j = m0 + i
-        x0, x1, x2, x3, x4, x5 = m[j], m[j + ms], m[j + 2 * ms], m[j + 3 * ms], m[j + 4 * ms], m[j + 5 * ms]
-        p12, d12, p34, d34 = x1 + x2, x1 - x2, x3 + x4, x3 - x4
-        k = 4 * i
-        row[k] = x0 + p12 + p34 + b
-        row[k + 1] = d12 + c2 * d34 + b
-        row[k + 2] = p12 + c4 * p34 + b
-        row[k + 3] = d12 + c8 * d34 + x5 + b
-    if full < L:
-        j = m0 + full
-        x0, x1, x2, x3, x4, x5 = m[j], m[j + ms], m[j + 2 * ms], m[j + 3 * ms], m[j + 4 * ms], m[j + 5 * ms]
-        p12, d12, p34, d34 = x1 + x2, x1 - x2, x3 + x4, x3 - x4
-        ys = (x0 + p12 + p34, d12 + c2 * d34, p12 + c4 * p34, d12 + c8 * d34 + x5)
-        for s in range(row.shape[0] - 4 * full):
-            row[4 * full + s] = ys[s] + b
+def _to_channels_first(S, sb, bias, out, n, z, y):  # pragma: no cover - compiled
+    """out[n, o, z, y, i] = S[sb + i * O + o] + bias[o]: one staged output row back to
+    channels first (``out`` may be a strided view)."""
+    _, O, _, _, Xo = out.shape
+    u = np.uint64
+    O_, X_, sb = u(O), u(Xo), u(sb)
+    for o in range(O):
+        b = bias[o]
+        orow = out[n, o, z, y]
+        for i in range(X_):
+            orow[i] = S[sb + i * O_ + u(o)] + b
 
 
 @njit(nogil=True, cache=True)
-def _input_transform(x, V, r0, r1, c0, c1, nty, ntz, ntx, ms, al, row, xt, yt):  # pragma: no cover
-    """V[c, t, (r - r0) * ntx + i] (V flat, C order) = the transform of tile (row r, column
-    i) of channel c, for tile rows r in [r0, r1) and channels in [c0, c1); input past the
-    edge reads as 0.  Order: x (from each input row), then y, then z (into V).
+def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q):  # pragma: no cover - compiled
+    """V[t, (r - r0) * ntx + i, c] (V flat, C order, ``NT`` tiles per position) = position
+    t of the transform of tile i of tile row r, channel c, for tile rows r in [r0, r1);
+    input past the edge reads as 0.
 
-    Flat scratch: row (the input row zero-padded to whole tiles), xt (az, ay, ax, ntx)
-    after the x transform, yt (az, ay, ax, ntx) after y."""
+    Channels last, so every 1D transform runs on vectors of C channels whatever the width
+    of the plane (MPF fragments are a few tiles wide): the tile row's input rows are first
+    transposed into ``R`` (az, ay, W, C), then per tile x (into ``P``), y (into ``V`` for
+    one-deep kernels, else ``Q``) and z (into ``V``)."""
     _, C, Z, Y, X = x.shape
     mz, my, mx = ms
     az, ay, ax = al
     T = az * ay * ax
-    NT = V.shape[0] // (C * T)
-    L = ntx
-    for c in range(c0, c1):
-        for r in range(r0, r1):
-            n = r // (ntz * nty)
-            tz = (r // nty) % ntz
-            ty = r % nty
-            z0, y0 = tz * mz, ty * my
-            base = (r - r0) * L
+    NT = V.shape[0] // (T * C)
+    W = R.shape[0] // (az * ay * C)
+    for r in range(r0, r1):
+        n = r // (ntz * nty)
+        z0, y0 = ((r // nty) % ntz) * mz, (r % nty) * my
+        for i in range(az):
+            for j in range(ay):
+                rb = (i * ay + j) * W * C
+                if z0 + i < Z and y0 + j < Y:
+                    _to_channels_last(x, n, z0 + i, y0 + j, R, rb)
+                    R[rb + X * C:rb + W * C] = 0.0
+                else:
+                    R[rb:rb + W * C] = 0.0
+        for it in range(ntx):
+            tile = (r - r0) * ntx + it
             for i in range(az):
                 for j in range(ay):
-                    q = (i * ay + j) * ax * L
-                    if z0 + i < Z and y0 + j < Y:
-                        src = x[n, c, z0 + i, y0 + j]
-                        for k in range(X):
-                            row[k] = src[k]
-                        if ax == 6:
-                            _bt_x4(row, xt, q, L, L)
-                        else:
-                            _bt(1, row, 0, 0, xt, q, 0, L)
-                    else:
-                        xt[q:q + ax * L] = 0.0
-            cv = c * T * NT + base
+                    _bt(ax, R, (i * ay + j) * W * C + it * mx * C, C, P, (i * ay + j) * ax * C, C, C)
             if az == 1:
                 for bx in range(ax):
-                    _bt(ay, xt, bx * L, ax * L, V, cv + bx * NT, ax * NT, L)
+                    _bt(ay, P, bx * C, ax * C, V, (bx * NT + tile) * C, ax * NT * C, C)
             else:
-                src2 = xt
-                if ay > 1:
-                    for i in range(az):
-                        for bx in range(ax):
-                            _bt(ay, xt, (i * ay * ax + bx) * L, ax * L, yt, (i * ay * ax + bx) * L, ax * L, L)
-                    src2 = yt
+                for i in range(az):
+                    for bx in range(ax):
+                        _bt(ay, P, (i * ay * ax + bx) * C, ax * C, Q, (i * ay * ax + bx) * C, ax * C, C)
                 for j in range(ay):
                     for bx in range(ax):
-                        _bt(az, src2, (j * ax + bx) * L, ay * ax * L, V, cv + (j * ax + bx) * NT, ay * ax * NT, L)
+                        _bt(az, Q, (j * ax + bx) * C, ay * ax * C, V, ((j * ax + bx) * NT + tile) * C,
+                            ay * ax * NT * C, C)
 
 
 @njit(nogil=True, cache=True)
-def _output_transform(M, out, r0, r1, o0, o1, nty, ntz, ntx, ms, al, bias, zt, yt):  # pragma: no cover
-    """out[n, o, tile (r, i)] = AT M[:, o, tile] (+ bias) (M flat: (T, C_out, tiles) in C
-    order) for tile rows [r0, r1) and output channels [o0, o1); outputs past the edge are
-    dropped.  Order: z, then y, then x (straight into the output row).  Flat scratch:
-    zt (mz, ay, ax, ntx) after the z transform, yt (mz, my, ax, ntx) after y."""
+def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, P, Q, S):  # pragma: no cover - compiled
+    """out[n, o, tile (r, i)] = AT M[:, tile, o] + bias[o] (M flat: (T, NT, C_out) in C
+    order) for tile rows [r0, r1); outputs past the edge are dropped.  Channels last as in
+    :func:`_input_transform`: per tile z (into ``P``), y (into ``Q``), x (into the staged
+    output rows ``S`` (mz, my, W, C_out)); then ``S`` is transposed into ``out``."""
     _, O, Zo, Yo, Xo = out.shape
     mz, my, mx = ms
     az, ay, ax = al
     T = az * ay * ax
     NT = M.shape[0] // (T * O)
-    L = ntx
-    for o in range(o0, o1):
-        b = bias[o]
-        for r in range(r0, r1):
-            n = r // (ntz * nty)
-            tz = (r // nty) % ntz
-            ty = r % nty
-            base = (r - r0) * L
+    W = S.shape[0] // (mz * my * O)
+    for r in range(r0, r1):
+        n = r // (ntz * nty)
+        tz, ty = (r // nty) % ntz, r % nty
+        for it in range(ntx):
+            tile = (r - r0) * ntx + it
             # where position (rz, by, bx) of the current stage sits: s0 + rz*s_z + by*s_y + bx*s_x
-            src, s0, s_z, s_y, s_x = M, o * NT + base, 0, ax * O * NT, O * NT
+            src, s0, s_z, s_y, s_x = M, tile * O, 0, ax * NT * O, NT * O
             if az > 1:
                 for j in range(ay):
                     for bx in range(ax):
-                        _at(az, M, s0 + j * s_y + bx * s_x, ay * ax * O * NT, zt, (j * ax + bx) * L, ay * ax * L, L)
-                src, s0, s_z, s_y, s_x = zt, 0, ay * ax * L, ax * L, L
-            if ay > 1:
-                for rz in range(mz):
-                    for bx in range(ax):
-                        _at(ay, src, s0 + rz * s_z + bx * s_x, s_y, yt, (rz * my * ax + bx) * L, ax * L, L)
-                src, s0, s_z, s_y, s_x = yt, 0, my * ax * L, ax * L, L
+                        _at(az, M, ((j * ax + bx) * NT + tile) * O, ay * ax * NT * O, P, (j * ax + bx) * O,
+                            ay * ax * O, O)
+                src, s0, s_z, s_y, s_x = P, 0, ay * ax * O, ax * O, O
             for rz in range(mz):
-                z = tz * mz + rz
-                if z >= Zo:
-                    break
+                for bx in range(ax):
+                    _at(ay, src, s0 + rz * s_z + bx * s_x, s_y, Q, (rz * my * ax + bx) * O, ax * O, O)
+            for rz in range(mz):
                 for ry in range(my):
-                    y = ty * my + ry
-                    if y >= Yo:
-                        break
-                    orow = out[n, o, z, y]
-                    p = s0 + rz * s_z + ry * s_y
-                    if ax == 6:
-                        _at_x4(src, p, s_x, orow, b, L)
-                    else:
-                        for i in range(Xo):
-                            orow[i] = src[p + i] + b
+                    _at(ax, Q, (rz * my + ry) * ax * O, O, S, ((rz * my + ry) * W + it * mx) * O, O, O)
+        for rz in range(mz):
+            z = tz * mz + rz
+            if z >= Zo:
+                break
+            for ry in range(my):
+                y = ty * my + ry
+                if y >= Yo:
+                    break
+                _to_channels_first(S, (rz * my + ry) * W * O, bias, out, n, z, y)
 
 
 # ----------------------------------------------------------------------------- the layer
@@ -356,10 +354,10 @@ class WinogradConv(ResidentConv):
         self.T = math.prod(self.al)
         self.BT = tuple(np.ascontiguousarray(t[0], np.float32) for t in tr)
         self.AT = tuple(np.ascontiguousarray(t[2], np.float32) for t in tr)
-        # U[t] = (Gz x Gy x Gx) w[o, c], computed in float64
+        # U[t] = (Gz x Gy x Gx) w[o, c] as (C_in, C_out), computed in float64
         wh = w.get() if hasattr(w, "get") else np.asarray(w)
-        u = np.einsum("ai,bj,ek,ocijk->abeoc", tr[0][1], tr[1][1], tr[2][1], wh.astype(np.float64), optimize=True)
-        self.U = xp.asarray(np.ascontiguousarray(u.reshape(self.T, self.c_out, self.c_in), np.float32))
+        u = np.einsum("ai,bj,ek,ocijk->abeco", tr[0][1], tr[1][1], tr[2][1], wh.astype(np.float64), optimize=True)
+        self.U = xp.asarray(np.ascontiguousarray(u.reshape(self.T, self.c_in, self.c_out), np.float32))
 
     @property
     def kernel_cache_bytes(self) -> int:
@@ -384,7 +382,7 @@ class WinogradConv(ResidentConv):
         # v: (n, C, tz, ty, tx, az, ay, ax) -> V (T, C, tiles)
         V = xp.ascontiguousarray(v.transpose(5, 6, 7, 1, 0, 2, 3, 4).reshape(self.T, C, -1))
         del v, tiles, xpad
-        M = xp.matmul(self.U, V).reshape(al + (O, n) + nt)  # (az, ay, ax, O, n, tz, ty, tx)
+        M = xp.matmul(self.U.transpose(0, 2, 1), V).reshape(al + (O, n) + nt)  # (az, ay, ax, O, n, tz, ty, tx)
         del V
         for axis in range(3):  # contract az, ay, ax in turn with AT: the new (m) axis goes last
             M = xp.tensordot(M, xp.asarray(self.AT[axis]), axes=([0], [1]))
@@ -408,15 +406,15 @@ class WinogradConv(ResidentConv):
         rows = n * ntz * nty
         br = _block_rows(rows, ntx, self.T, self.c_in, self.c_out)
         workers = max(1, min(self.threads, -(-rows // br)))
-        width = (ntx + 1) * mx + ax
+        c = max(self.c_in, self.c_out)
         sets = []
         for _ in range(workers):
-            V = np.empty((self.c_in, self.T, br * ntx), np.float32)  # per channel: T rows of tiles
-            M = np.empty((self.T, self.c_out, br * ntx), np.float32)
-            # a zero-padded input row, then the stage buffers of each side
-            scratch = (np.zeros(width, np.float32), np.empty(az * ay * ax * ntx, np.float32),
-                       np.empty(az * ay * ax * ntx, np.float32),
-                       np.empty(mz * ay * ax * ntx, np.float32), np.empty(mz * my * ax * ntx, np.float32))
+            V = np.empty((self.T, br * ntx, self.c_in), np.float32)  # per position: tiles x channels
+            M = np.empty((self.T, br * ntx, self.c_out), np.float32)
+            # a tile row's input rows channels last, per-tile stage buffers, staged output rows
+            scratch = (np.empty(az * ay * (ntx * mx + ax - mx) * self.c_in, np.float32),
+                       np.empty(self.T * c, np.float32), np.empty(self.T * c, np.float32),
+                       np.empty(mz * my * ntx * mx * self.c_out, np.float32))
             sets.append((V, M, scratch))
         pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
         bufs = (br, sets, pool)
@@ -424,7 +422,7 @@ class WinogradConv(ResidentConv):
         return bufs
 
     def _call_cpu(self, x, out):
-        n, C, O = x.shape[0], self.c_in, self.c_out
+        n, O = x.shape[0], self.c_out
         ntz, nty, ntx = self.nt
         br, sets, pool = self._buffers(n)
         xs = np.ascontiguousarray(x, dtype=np.float32)
@@ -435,13 +433,13 @@ class WinogradConv(ResidentConv):
         blocks = [(r0, min(rows, r0 + br)) for r0 in range(0, rows, br)]
 
         def work(w):
-            V, M, scratch = sets[w]
-            Vt, Vf, Mf = V.transpose(1, 0, 2), V.reshape(-1), M.reshape(-1)  # Vt: each GEMM's right operand
+            V, M, (R, P, Q, S) = sets[w]
+            Vf, Mf = V.reshape(-1), M.reshape(-1)
             for r0, r1 in blocks[w::len(sets)]:
                 k = (r1 - r0) * ntx
-                _input_transform(xs, Vf, r0, r1, 0, C, nty, ntz, ntx, self.ms, self.al, *scratch[:3])
-                np.matmul(self.U, Vt[:, :, :k], out=M[:, :, :k])  # T sgemm calls
-                _output_transform(Mf, out, r0, r1, 0, O, nty, ntz, ntx, self.ms, self.al, bias, *scratch[3:])
+                _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, R, P, Q)
+                np.matmul(V[:, :k], self.U, out=M[:, :k])  # T sgemm calls
+                _output_transform(Mf, out, r0, r1, nty, ntz, ntx, self.ms, self.al, bias, P, Q, S)
 
         if pool is None:
             work(0)

@@ -20,7 +20,7 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 9  # bump when the models or the calibration change (7-8: fft-gemm, 9: winograd)
+CALIBRATION_VERSION = 10  # bump when the models or the calibration change (7-8: fft-gemm, 9-10: winograd)
 
 
 def cache_dir() -> Path:
@@ -246,55 +246,50 @@ def _fft_gemm_rates(threads: int) -> dict:
 
 
 #: Winograd calibration: (1,3,3) kernels on 16 x 64^2 (36 transform positions); the GEMM rate
-#: at two reduction lengths (C_in); the transforms from whole calls at few maps on wide planes
-#: (per value) and on many narrow ones (per tile row: the transforms run row by row)
-_WINOGRAD_CAL = {"shape": (16, 64, 64), "narrow": (32, 16, 11, 11), "kernel": (1, 3, 3), "channels": (16, 64),
-                 "few": 4}
+#: at two reduction lengths (C_in); the transforms from whole calls at two channel counts
+#: (the transforms run per tile on vectors of channels: a cost per value and one per tile)
+_WINOGRAD_CAL = {"shape": (16, 64, 64), "kernel": (1, 3, 3), "channels": (16, 64), "transform_channels": (4, 32)}
 
 
 def _winograd_terms(n, cin, cout, in_spatial, kernel):
-    """(transformed values, multiply-adds, channel rows) of one winograd call: ``tiles T
-    (C_in + C_out)``, ``tiles T C_in C_out`` and ``tile rows (C_in + C_out)``."""
-    T, tiles, nt = L.winograd_sizes(n, in_spatial, kernel)
-    rows = tiles // nt[2]
-    return float(tiles) * T * (cin + cout), float(tiles) * T * cin * cout, float(rows) * (cin + cout)
+    """(transformed values, multiply-adds, tiles) of one winograd call: ``tiles T
+    (C_in + C_out)``, ``tiles T C_in C_out`` and ``tiles``."""
+    T, tiles, _ = L.winograd_sizes(n, in_spatial, kernel)
+    return float(tiles) * T * (cin + cout), float(tiles) * T * cin * cout, float(tiles)
 
 
 def _winograd_rates(threads: int) -> dict:
     """Seconds per multiply-add of the per-position GEMMs (timed alone, on one block of tiles,
-    at two reduction lengths), per transformed value (the rest of a call at few maps), and
-    per kernel-transform value built."""
+    at two reduction lengths), per transformed value and per tile (the rest of a call, at
+    two channel counts), and per kernel-transform value built."""
     rng = np.random.default_rng(0)
-    sp, k, few = _WINOGRAD_CAL["shape"], _WINOGRAD_CAL["kernel"], _WINOGRAD_CAL["few"]
+    sp, k = _WINOGRAD_CAL["shape"], _WINOGRAD_CAL["kernel"]
     points = []
     for c in _WINOGRAD_CAL["channels"]:
         conv = L.WinogradConv(rng.standard_normal((c, c) + k, dtype=np.float32), None, sp, threads=threads)
         V, M, _ = conv._buffers(1)[1][0]
-        n_t = V.shape[2]
-        Vt = V.transpose(1, 0, 2)
         V[...] = 1.0
-        points.append([c, _best_of(lambda: np.matmul(conv.U, Vt, out=M)) / (conv.T * c * c * n_t)])
+        points.append([c, _best_of(lambda: np.matmul(V, conv.U, out=M)) / (conv.T * c * c * V.shape[1])])
         conv.release()
-    w = rng.standard_normal((few, few) + k, dtype=np.float32)
     terms, times = [], []
-    for n, shape in ((1, sp), (_WINOGRAD_CAL["narrow"][0], _WINOGRAD_CAL["narrow"][1:])):
-        x = rng.standard_normal((n, few) + shape, dtype=np.float32)
-        conv = L.WinogradConv(w, None, shape, threads=threads)
+    for c in _WINOGRAD_CAL["transform_channels"]:
+        x = rng.standard_normal((1, c) + sp, dtype=np.float32)
+        conv = L.WinogradConv(rng.standard_normal((c, c) + k, dtype=np.float32), None, sp, threads=threads)
         conv.keep_buffers = True
-        values, macs, rows = _winograd_terms(n, few, few, shape, k)
-        terms.append((values, rows))
-        times.append(max(_best_of(lambda: conv(x)) - macs * points[0][1], 0.0))
+        values, macs, tiles = _winograd_terms(1, c, c, sp, k)
+        terms.append((values, tiles))
+        times.append(max(_best_of(lambda: conv(x)) - macs * _loglog(points, c), 0.0))
         conv.release()
-    (v1, r1), (v2, r2) = terms
-    det = v1 * r2 - v2 * r1
-    per_value, per_row = (times[0] * r2 - times[1] * r1) / det, (v1 * times[1] - v2 * times[0]) / det
-    if per_value <= 0 or per_row <= 0:  # noisy timings: the wide call's time per value, the rest per row
-        per_value = times[0] / v1
-        per_row = max(times[1] - v2 * per_value, 0.0) / r2
+    (v1, t1), (v2, t2) = terms
+    det = v1 * t2 - v2 * t1
+    per_value, per_tile = (times[0] * t2 - times[1] * t1) / det, (v1 * times[1] - v2 * times[0]) / det
+    if per_value <= 0 or per_tile <= 0:  # noisy timings: the wide call's time per value, the rest per tile
+        per_value = times[1] / v2
+        per_tile = max(times[0] - v1 * per_value, 0.0) / t1
     c = _WINOGRAD_CAL["channels"][1]
     w2 = rng.standard_normal((c, c) + k, dtype=np.float32)
     build = _best_of(lambda: L.WinogradConv(w2, None, sp, threads=threads), repeats=2)
-    return {"mac_points": points, "s_per_value": per_value, "s_per_row": per_row,
+    return {"mac_points": points, "s_per_value": per_value, "s_per_tile": per_tile,
             "build_s_per_value": build / (L.winograd_kernel_bytes(c, c, k) / F32)}
 
 
@@ -312,8 +307,8 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
     if primitive == "winograd":
         r = cal["fft"]["winograd"]
-        values, macs, rows = _winograd_terms(n, cin, cout, in_spatial, layer.kernel)
-        return values * r["s_per_value"] + rows * r["s_per_row"] + macs * _loglog(r["mac_points"], cin) + calls * 1e-4
+        values, macs, tiles = _winograd_terms(n, cin, cout, in_spatial, layer.kernel)
+        return values * r["s_per_value"] + tiles * r["s_per_tile"] + macs * _loglog(r["mac_points"], cin) + calls * 1e-4
     if primitive == "fft-gemm":
         r = cal["fft"]["gemm"]
         tr, macs, items = _fft_gemm_terms(n, cin, cout, in_spatial, layer.kernel)
