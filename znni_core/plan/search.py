@@ -30,7 +30,7 @@ MAX_PATCH_VOXELS = 512 ** 3
 GIB = 2 ** 30
 GPU_PRIMITIVES = ("direct-gemm", "fft-data")
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
-SEARCH_VERSION = 6  # in the plan cache key: bump when the search or time model changes (stale plans)
+SEARCH_VERSION = 7  # in the plan cache key: bump when the search or time model changes (stale plans)
 PLAN_CACHE_ENTRIES = 256  # newest plans kept on disk (one per network x shape x budget x ...)
 PATIENCE = 2  # coarse patches in a row without a gain before a series of growing patches stops
 COARSE = 3  # a series is first sampled at every COARSE-th patch, then refined around the best
@@ -38,10 +38,12 @@ SHORTLIST = 3  # per layer, options measured (the best by estimate, within 3x of
 #: fixed costs the rates do not see (Python, dispatch): per primitive call and per patch
 #: (tiny patches of a 1x1x1 stack: 0.08 ms per conv call, 2.8 ms per 8-step patch)
 CALL_OVERHEAD_S = 1e-4
-#: an FFT conv on overlap-save blocks ran this much slower per block than its calibrated
+#: fft-gemm on overlap-save blocks ran this much slower per block than its calibrated
 #: estimate (strided pads and crops, short transforms: boundary net (1,5,5) 48 maps on
 #: 4 x 15 x 133^2, 48^2 blocks 0.075-0.10 s each against 0.054 predicted, 0.9 s in all
-#: against 0.53 s for whole planes, which the model predicts within 15%)
+#: against 0.53 s for whole planes, which the model predicts within 15%).  Not applied to
+#: the other FFT primitives: n726's first layer ran faster on 48^3 fft-task blocks
+#: (4.2 s for the net against 4.7-4.9 s with direct-gemm there)
 BLOCK_SLOWDOWN = 1.6
 PATCH_OVERHEAD_S = 1e-3
 
@@ -148,8 +150,8 @@ class _Timer:
                 T.estimate_setup(prim, layer, spatial, self.cal) + calls * CALL_OVERHEAD_S
         mb = micro_batch or n
         copy = T.estimate_elementwise(M.nbytes((mb, layer.in_channels) + shape), self.cal, 2.0)
-        per_call = self.conv(prim, mb, layer, shape, mb, measure) * (1.0 if measure else BLOCK_SLOWDOWN) + copy + \
-            CALL_OVERHEAD_S
+        slow = BLOCK_SLOWDOWN if prim == "fft-gemm" and not measure else 1.0
+        per_call = self.conv(prim, mb, layer, shape, mb, measure) * slow + copy + CALL_OVERHEAD_S
         return reps * math.ceil(n / mb) * len(origins) * per_call + T.estimate_setup(prim, layer, shape, self.cal)
 
     def conv(self, prim, n, layer, spatial, micro_batch, measure=False) -> float:
