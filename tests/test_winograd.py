@@ -1,4 +1,4 @@
-"""Winograd convolution (kernels of 1 or 3 per axis): exact against independent references,
+"""Winograd convolution (kernels of 1-3 in z, 1-5 in y and x): exact against independent references,
 in the planner and the engine, with a true memory model.
 
 References: float64 scipy correlate (``test_layers_conv.reference``), PyTorch conv3d, and the
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import znni_core
 from znni_core import layers as L
 from znni_core.errors import InputError
-from znni_core.layers.winograd import _F23, _F43, WinogradConv, winograd_supports
+from znni_core.layers.winograd import KERNEL_SIZES, WinogradConv, toom_cook, winograd_supports
 from znni_core.plan import autotune
 from znni_core.plan.plan import primitive_supports
 
@@ -27,22 +27,24 @@ from .test_layers_conv import TOL, reference, rel_err
 from .test_layers_memory import check, data, measured_peak
 
 
-@pytest.mark.parametrize("f", [_F23, _F43], ids=["F(2,3)", "F(4,3)"])
-def test_transform_matrices_compute_the_1d_correlation(f):
+@pytest.mark.parametrize("a,r", [(a, r) for a, sizes in ((4, KERNEL_SIZES[0]), (6, KERNEL_SIZES[1])) for r in sizes
+                                 if r > 1])
+def test_transform_matrices_compute_the_1d_correlation(a, r):
     """AT[(G g) * (BT d)] == the valid correlation of d with g, for random d and g (float64)."""
-    BT, G, AT = f
-    m, a = AT.shape
+    BT, G, AT = toom_cook(a, r)
+    m = AT.shape[0]
+    assert BT.shape == (a, a) and G.shape == (a, r) and m == a + 1 - r
     rng = np.random.default_rng(0)
     for _ in range(20):
-        d, g = rng.standard_normal(a), rng.standard_normal(3)
+        d, g = rng.standard_normal(a), rng.standard_normal(r)
         y = AT @ ((G @ g) * (BT @ d))
-        assert np.allclose(y, [d[i:i + 3] @ g for i in range(m)], rtol=0, atol=1e-12)
+        assert np.allclose(y, [d[i:i + r] @ g for i in range(m)], rtol=0, atol=1e-12)
 
 
 @settings(max_examples=30, deadline=None)
 @given(
     n=st.integers(1, 3), ci=st.integers(1, 5), co=st.integers(1, 5),
-    kernel=st.tuples(*[st.sampled_from([1, 3])] * 3).filter(lambda k: 3 in k),
+    kernel=st.tuples(*[st.sampled_from(sizes) for sizes in KERNEL_SIZES]).filter(lambda k: max(k) > 1),
     extra=st.tuples(*[st.sampled_from([0, 1, 2, 3, 5, 8, 13])] * 3),
     bias=st.booleans(), threads=st.integers(1, 3), seed=st.integers(0, 2**16),
 )
@@ -61,7 +63,8 @@ def test_winograd_equals_scipy_correlate(n, ci, co, kernel, extra, bias, threads
 
 
 @pytest.mark.parametrize("shape,kernel,c", [((9, 70, 69), (1, 3, 3), (24, 40)), ((11, 21, 18), (3, 3, 3), (16, 8)),
-                                            ((6, 9, 30), (3, 1, 3), (5, 7))])
+                                            ((6, 9, 30), (3, 1, 3), (5, 7)), ((5, 61, 47), (1, 5, 5), (24, 24)),
+                                            ((7, 40, 33), (1, 4, 4), (32, 20)), ((9, 26, 30), (2, 5, 4), (12, 10))])
 def test_winograd_equals_torch_conv3d_on_wide_layers(monkeypatch, shape, kernel, c):
     """Many channels, several blocks of tile rows (a small block size), trained-like weights."""
     import znni_core.layers.winograd as W
@@ -99,10 +102,11 @@ def test_winograd_writes_into_a_strided_destination_and_reuses_buffers():
 
 
 def test_winograd_refuses_what_it_cannot_run():
-    w = np.ones((2, 2, 3, 5, 3), np.float32)
-    with pytest.raises(InputError, match="size 1 or 3"):
+    w = np.ones((2, 2, 4, 5, 3), np.float32)
+    with pytest.raises(InputError, match="1-3 in z and 1-5 in y and x"):
         WinogradConv(w, None, (8, 8, 8))
-    assert not winograd_supports((1, 1, 1)) and not winograd_supports((2, 3, 3)) and winograd_supports((3, 1, 1))
+    assert not winograd_supports((1, 1, 1)) and not winograd_supports((1, 6, 6)) and not winograd_supports((4, 3, 3))
+    assert winograd_supports((3, 1, 1)) and winograd_supports((2, 3, 3)) and winograd_supports((1, 5, 4))
     conv = WinogradConv(np.ones((2, 2, 1, 3, 3), np.float32), None, (4, 8, 8))
     with pytest.raises(InputError, match="expected"):
         conv(np.ones((1, 2, 4, 8, 9), np.float32))
@@ -116,6 +120,8 @@ def test_winograd_refuses_what_it_cannot_run():
     (1, 16, 16, (8, 96, 96), (1, 3, 3)),  # wide planes: several blocks of tile rows
     (64, 12, 40, (6, 13, 13), (1, 3, 3)),  # many small planes, more outputs than inputs
     (1, 8, 8, (40, 64, 64), (3, 3, 3)),  # 3D tiles
+    (16, 24, 24, (6, 30, 30), (1, 4, 4)),  # F(3,4) on MPF-like planes
+    (2, 16, 16, (6, 80, 80), (1, 5, 5)),  # F(2,5)
 ])
 def test_winograd_memory_including_the_kernel_transform(n, ci, co, shape, kernel):
     x, w = data(n, ci, shape), data(co, ci, kernel, 1)
@@ -148,12 +154,11 @@ def test_winograd_in_plans_every_pool_mode_equals_torch():
 
 
 def test_planner_offers_winograd_only_where_it_runs():
-    assert primitive_supports("winograd", (1, 3, 3)) and not primitive_supports("winograd", (1, 4, 4))
-    assert primitive_supports("fft-gemm", (1, 4, 4))
-    net = make_net([("conv", 4, (1, 4, 4)), ("act", "relu"), ("conv", 4, (1, 3, 3))], seed=1)
-    plan = autotune(net, memory_budget=2**30, input_shape=(3, 30, 30), use_cache=False)
-    k4 = next(s for s in plan.steps if s.op == "conv" and s.index == 0)
-    assert k4.primitive != "winograd"
+    assert primitive_supports("winograd", (1, 3, 3)) and primitive_supports("winograd", (1, 4, 4))
+    assert not primitive_supports("winograd", (1, 7, 7)) and primitive_supports("fft-gemm", (1, 7, 7))
+    net = make_net([("conv", 4, (1, 7, 7)), ("act", "relu"), ("conv", 4, (1, 3, 3))], seed=1)
+    plan = autotune(net, memory_budget=2**30, input_shape=(3, 30, 30), primitives=("winograd",), use_cache=False)
+    assert [s.primitive for s in plan.steps if s.op == "conv"] == ["direct-gemm", "winograd"]
 
 
 @pytest.mark.parametrize("valid", [True, False])

@@ -1,14 +1,17 @@
-"""Winograd minimal-filtering convolution for kernels of size 3 (and 1) per axis.
+"""Winograd minimal-filtering convolution for kernels of 1-3 in z and 1-5 in y and x.
 
-``F(m, 3)`` computes ``m`` outputs of a 3-tap correlation from an input tile of
-``a = m + 2`` values with ``a`` multiplications instead of ``3 m``: with the transforms
-``BT`` (``a x a``), ``G`` (``a x 3``) and ``AT`` (``m x a``)::
+``F(m, r)`` computes ``m`` outputs of an ``r``-tap correlation from an input tile of
+``a = m + r - 1`` values with ``a`` multiplications instead of ``r m``: with the transforms
+``BT`` (``a x a``), ``G`` (``a x r``) and ``AT`` (``m x a``)::
 
     y = AT [ (G g) * (BT d) ]
 
-Axes nest: a ``(1, 3, 3)`` kernel (the 2D boundary detectors) uses ``F(4, 3)`` in y and
-x (36 products per 16 outputs, 4x fewer than the 144 of direct convolution); a ``3^3``
-kernel adds ``F(2, 3)`` in z (144 per 32, 6x fewer); an axis of size 1 is the identity
+Every axis uses one set of points, so one ``BT`` per axis whatever the kernel: ``a = 6``
+in y and x (``F(4,3)``, ``F(3,4)``, ``F(2,5)``, ``F(5,2)``), ``a = 4`` in z (``F(2,3)``,
+``F(3,2)``) (:func:`toom_cook`).  Axes nest: a ``(1, 3, 3)`` kernel uses 36 products per
+16 outputs (4x fewer than direct convolution's 144), ``(1, 4, 4)`` 36 per 9 (4x fewer),
+``(1, 5, 5)`` 36 per 4 (2.8x fewer); a ``3^3`` kernel 144 per 32 (6x fewer); an axis of
+size 1 is the identity
 (``a = m = 1``).  For ``C_in -> C_out`` maps the products of each of the ``T = prod(a)``
 transform positions are one GEMM over the channels::
 
@@ -25,7 +28,7 @@ call, tiles in blocks of a few MiB::
     M = V @ U                                       (T sgemm calls)
     M -> output transform (numba) -> rows channels first + bias -> out
 
-Precision: the transform points (0, +-1, +-2) keep float32 errors near 1e-6 relative to
+Precision: the transform points (0, +-1, +-2, infinity) keep float32 errors near 1e-6 relative to
 the output's magnitude (``tests/test_winograd.py`` checks 1e-4 against the reference).
 Written against ``xp`` for the GPU (:meth:`WinogradConv._call_xp`: strided tile views,
 ``tensordot`` and ``matmul``).
@@ -49,30 +52,52 @@ F32 = 4
 #: V and M of one block of tiles together take about this many bytes (they stay in cache)
 BLOCK_BYTES = 6 * 2**20
 
-# F(m, 3) transforms (Lavin & Gray 2016): points 0, 1, -1 (F(2,3)) and 0, 1, -1, 2, -2 (F(4,3))
-_F23 = (np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64),
-        np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]], np.float64),
-        np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64))
-_F43 = (np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
-                  [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64),
-        np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
-                  [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64),
-        np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]], np.float64))
+# Toom-Cook points: 0, 1, -1, 2, -2 and infinity (a = 6, y and x) or 0, 1, -1 and infinity
+# (a = 4, z).  BT depends on the points only (Lavin & Gray 2016's F(4,3) and F(2,3) matrices);
+# AT evaluates at the points (row i: powers i, infinity on the last row); G then follows
+# from the identity AT[(G g) * (BT d)] == correlation (solved exactly in float64).  Every
+# kernel size r of an axis uses the same a: F(7 - r, r) in y and x, F(5 - r, r) in z.
+_POINTS = {6: (0.0, 1.0, -1.0, 2.0, -2.0), 4: (0.0, 1.0, -1.0)}
+_BT = {6: np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                    [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64),
+       4: np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)}
+#: kernel sizes per axis (z, y, x) Winograd runs; size 1 is the identity
+KERNEL_SIZES = ((1, 2, 3), (1, 2, 3, 4, 5), (1, 2, 3, 4, 5))
 _ID = (np.ones((1, 1)), np.ones((1, 1)), np.ones((1, 1)))
 
 
+def toom_cook(a: int, r: int) -> tuple:
+    """``(BT, G, AT)`` of ``F(a + 1 - r, r)`` on the points of ``a`` (float64)."""
+    BT, pts = _BT[a], _POINTS[a]
+    m = a + 1 - r
+    AT = np.zeros((m, a))
+    for i in range(m):
+        AT[i, :-1] = [p ** i for p in pts]
+    AT[m - 1, -1] = 1.0
+    G = np.zeros((a, r))
+    for k in range(r):  # sum_t AT[i, t] G[t, k] BT[t, :] = e_(i + k) for every output i
+        A = np.concatenate([(AT[i][:, None] * BT).T for i in range(m)])
+        e = np.zeros(m * a)
+        e[[i * a + i + k for i in range(m)]] = 1.0
+        G[:, k] = np.linalg.lstsq(A, e, rcond=None)[0]
+        if not np.allclose(A @ G[:, k], e, rtol=0, atol=1e-9):
+            raise AssertionError(f"no Winograd F({m}, {r}) on {a} points")
+    return BT, G, AT
+
+
 def winograd_supports(kernel) -> bool:
-    """True when every kernel axis is 1 or 3 and at least one is 3."""
+    """True for kernels of 1-3 in z and 1-5 in y and x, not all 1."""
     k = tuple(int(v) for v in kernel)
-    return len(k) == 3 and all(v in (1, 3) for v in k) and 3 in k
+    return len(k) == 3 and all(v in s for v, s in zip(k, KERNEL_SIZES)) and max(k) > 1
 
 
 def _axis_transforms(kernel):
-    """Per axis ``(BT, G, AT)``: identity for size 1, ``F(2, 3)`` in z, ``F(4, 3)`` in y and x
-    (z tiles stay short: a 3^3 kernel's transform positions grow with every axis)."""
+    """Per axis ``(BT, G, AT)``: identity for size 1, else ``F(7 - r, r)`` in y and x and
+    ``F(5 - r, r)`` in z (z tiles stay short: a 3D kernel's transform positions grow with
+    every axis)."""
     if not winograd_supports(kernel):
-        raise InputError(f"Winograd convolution takes kernels of size 1 or 3 per axis; got {tuple(kernel)}")
-    return tuple(_ID if k == 1 else (_F23 if axis == 0 else _F43) for axis, k in enumerate(kernel))
+        raise InputError(f"Winograd convolution takes kernels of 1-3 in z and 1-5 in y and x; got {tuple(kernel)}")
+    return tuple(_ID if k == 1 else toom_cook(4 if axis == 0 else 6, int(k)) for axis, k in enumerate(kernel))
 
 
 def winograd_tiles(out_spatial, kernel) -> tuple:
@@ -123,8 +148,8 @@ def winograd_memory(n, c_in, c_out, in_spatial, kernel, threads=1) -> int:
 # d[d0 + k * ds + i].  Fused (one load and one store per value), float32 constants (a
 # float64 literal would widen every operation), and unsigned offsets: numba wraps negative
 # indices, and that check alone kept these loops scalar (18x slower).  The loops over i
-# (the channels) then compile to 16-wide vectors.  ``a`` names the transform: 1 identity,
-# 4 F(2, 3), 6 F(4, 3).
+# (the channels) then compile to 16-wide vectors.  ``a`` names the points: 1 identity, 4
+# (z), 6 (y and x).
 @njit(nogil=True, cache=True, inline="always")
 def _strides(d0, ds, v0, vs):  # pragma: no cover - compiled
     u = np.uint64
@@ -162,30 +187,50 @@ def _bt(a, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _at(a, m, m0, ms, y, y0, ys, L):  # pragma: no cover - compiled
-    """y[:, i] = AT m[:, i] for i < L (a outputs in, a - 2 out; 1 for the identity)."""
-    c2, c4, c8 = np.float32(2.0), np.float32(4.0), np.float32(8.0)
-    m0, s1, s2, s3, y0, t1, t2, t3 = _strides(m0, ms, y0, ys)
+def _at(a, m, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
+    """y[:, i] = AT x[:, i] for i < L: ``a`` values in, ``m`` out (1 and 1: the identity).
+    Row k evaluates at the points (powers k); the infinity value joins row m - 1."""
+    c2, c4, c8, c16 = np.float32(2.0), np.float32(4.0), np.float32(8.0), np.float32(16.0)
+    x0, s1, s2, s3, y0, t1, t2, t3 = _strides(x0, xs, y0, ys)
     if a == 6:
         for i in range(np.uint64(L)):
-            j = m0 + i
-            x0, x1, x2, x3, x4, x5 = m[j], m[j + s1], m[j + s2], m[j + s3], m[j + s2 + s2], m[j + s2 + s3]
-            p12, d12, p34, d34 = x1 + x2, x1 - x2, x3 + x4, x3 - x4
+            j = x0 + i
+            v0, v1, v2, v3, v4, v5 = x[j], x[j + s1], x[j + s2], x[j + s3], x[j + s2 + s2], x[j + s2 + s3]
+            p12, d12, p34, d34 = v1 + v2, v1 - v2, v3 + v4, v3 - v4
             k = y0 + i
-            y[k] = x0 + p12 + p34
-            y[k + t1] = d12 + c2 * d34
-            y[k + t2] = p12 + c4 * p34
-            y[k + t3] = d12 + c8 * d34 + x5
+            if m == 2:
+                y[k] = v0 + p12 + p34
+                y[k + t1] = d12 + c2 * d34 + v5
+            elif m == 3:
+                y[k] = v0 + p12 + p34
+                y[k + t1] = d12 + c2 * d34
+                y[k + t2] = p12 + c4 * p34 + v5
+            elif m == 4:
+                y[k] = v0 + p12 + p34
+                y[k + t1] = d12 + c2 * d34
+                y[k + t2] = p12 + c4 * p34
+                y[k + t3] = d12 + c8 * d34 + v5
+            else:
+                y[k] = v0 + p12 + p34
+                y[k + t1] = d12 + c2 * d34
+                y[k + t2] = p12 + c4 * p34
+                y[k + t3] = d12 + c8 * d34
+                y[k + t2 + t2] = p12 + c16 * p34 + v5
     elif a == 4:
         for i in range(np.uint64(L)):
-            j = m0 + i
-            x0, x1, x2, x3 = m[j], m[j + s1], m[j + s2], m[j + s3]
+            j = x0 + i
+            v0, v1, v2, v3 = x[j], x[j + s1], x[j + s2], x[j + s3]
             k = y0 + i
-            y[k] = x0 + x1 + x2
-            y[k + t1] = x1 - x2 - x3
+            if m == 2:
+                y[k] = v0 + v1 + v2
+                y[k + t1] = v1 - v2 + v3
+            else:
+                y[k] = v0 + v1 + v2
+                y[k + t1] = v1 - v2
+                y[k + t2] = v1 + v2 + v3
     else:
         for i in range(np.uint64(L)):
-            y[y0 + i] = m[m0 + i]
+            y[y0 + i] = x[x0 + i]
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -290,15 +335,15 @@ def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, P, Q, S):  # 
             if az > 1:
                 for j in range(ay):
                     for bx in range(ax):
-                        _at(az, M, ((j * ax + bx) * NT + tile) * O, ay * ax * NT * O, P, (j * ax + bx) * O,
+                        _at(az, mz, M, ((j * ax + bx) * NT + tile) * O, ay * ax * NT * O, P, (j * ax + bx) * O,
                             ay * ax * O, O)
                 src, s0, s_z, s_y, s_x = P, 0, ay * ax * O, ax * O, O
             for rz in range(mz):
                 for bx in range(ax):
-                    _at(ay, src, s0 + rz * s_z + bx * s_x, s_y, Q, (rz * my * ax + bx) * O, ax * O, O)
+                    _at(ay, my, src, s0 + rz * s_z + bx * s_x, s_y, Q, (rz * my * ax + bx) * O, ax * O, O)
             for rz in range(mz):
                 for ry in range(my):
-                    _at(ax, Q, (rz * my + ry) * ax * O, O, S, ((rz * my + ry) * W + it * mx) * O, O, O)
+                    _at(ax, mx, Q, (rz * my + ry) * ax * O, O, S, ((rz * my + ry) * W + it * mx) * O, O, O)
         for rz in range(mz):
             z = tz * mz + rz
             if z >= Zo:

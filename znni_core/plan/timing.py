@@ -20,7 +20,7 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 10  # bump when the models or the calibration change (7-8: fft-gemm, 9-10: winograd)
+CALIBRATION_VERSION = 11  # bump when the models or the calibration change (7-8: fft-gemm, 9-10: winograd)
 
 
 def cache_dir() -> Path:
@@ -248,7 +248,8 @@ def _fft_gemm_rates(threads: int) -> dict:
 #: Winograd calibration: (1,3,3) kernels on 16 x 64^2 (36 transform positions); the GEMM rate
 #: at two reduction lengths (C_in); the transforms from whole calls at two channel counts
 #: (the transforms run per tile on vectors of channels: a cost per value and one per tile)
-_WINOGRAD_CAL = {"shape": (16, 64, 64), "kernel": (1, 3, 3), "channels": (16, 64), "transform_channels": (4, 32)}
+_WINOGRAD_CAL = {"shape": (16, 64, 64), "kernel": (1, 3, 3), "channels": (16, 64), "transform_channels": (8, 48),
+                 "transform_shape": (8, 128, 128)}
 
 
 def _winograd_terms(n, cin, cout, in_spatial, kernel):
@@ -272,11 +273,12 @@ def _winograd_rates(threads: int) -> dict:
         points.append([c, _best_of(lambda: np.matmul(V, conv.U, out=M)) / (conv.T * c * c * V.shape[1])])
         conv.release()
     terms, times = [], []
+    ts = _WINOGRAD_CAL["transform_shape"]
     for c in _WINOGRAD_CAL["transform_channels"]:
-        x = rng.standard_normal((1, c) + sp, dtype=np.float32)
-        conv = L.WinogradConv(rng.standard_normal((c, c) + k, dtype=np.float32), None, sp, threads=threads)
+        x = rng.standard_normal((1, c) + ts, dtype=np.float32)
+        conv = L.WinogradConv(rng.standard_normal((c, c) + k, dtype=np.float32), None, ts, threads=threads)
         conv.keep_buffers = True
-        values, macs, tiles = _winograd_terms(1, c, c, sp, k)
+        values, macs, tiles = _winograd_terms(1, c, c, ts, k)
         terms.append((values, tiles))
         times.append(max(_best_of(lambda: conv(x)) - macs * _loglog(points, c), 0.0))
         conv.release()
