@@ -228,3 +228,63 @@ def test_monotone_activations_move_after_pooling():
         a = max_pool(apply_activation(x.copy(), kind, alpha), (2, 2, 2))
         b = apply_activation(max_pool(x, (2, 2, 2)), kind, alpha)
         assert np.array_equal(a, b), kind
+
+
+def test_relu_after_a_conv_runs_in_the_conv_output_pass():
+    """direct-gemm, fft-gemm and winograd clamp their own output (no separate activation pass);
+    other primitives and other activations keep their step; the result is unchanged."""
+    from znni_core.exec.engine import fuse_activations
+    from znni_core.net.spec import Activation
+    from znni_core.plan.plan import Step
+
+    w = np.ones((1, 1, 1, 3, 3), np.float32)
+    for prim, act, fused in (("winograd", "relu", True), ("fft-gemm", "relu", True), ("direct-gemm", "relu", True),
+                             ("fft-data", "relu", False), ("winograd", "elu", False)):
+        layers = (Conv(w), Activation(act), Conv(w))
+        steps = (Step(0, "conv", prim, (), ()), Step(1, "act", act, (), ()), Step(2, "conv", prim, (), ()))
+        got = fuse_activations(steps, layers)
+        assert [s.op for s in got] == (["conv", "conv"] if fused else ["conv", "act", "conv"]), (prim, act)
+        assert getattr(got[0], "fused", "") == ("relu" if fused else "") and getattr(got[-1], "fused", "") == ""
+    net = make_net([("conv", 5, (1, 3, 3)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 4, (1, 4, 4)),
+                    ("act", "relu"), ("conv", 3, 1), ("act", "relu"), ("conv", 2, 3), ("act", "sigmoid")], seed=5)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1,) + tuple(f + e for f, e in zip(net.field_of_view, (4, 8, 6)))).astype(np.float32)
+    ref = torch_dense(net, x)
+    import znni_core.exec.engine as E
+
+    calls = []
+    real = E.apply_activation
+    try:
+        E.apply_activation = lambda x, kind, *a, **k: calls.append(kind) or real(x, kind, *a, **k)
+        for prims in (("winograd",), ("fft-gemm",), ("direct-gemm",)):
+            calls.clear()
+            plan = autotune(net, memory_budget=2**30, primitives=prims, use_cache=False)
+            assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= 1e-4, prims
+            assert calls == ["sigmoid"], (prims, calls)  # every ReLU ran inside a conv
+    finally:
+        E.apply_activation = real
+
+
+@pytest.mark.parametrize("kernel", [(1, 1, 1), (1, 3, 3), (3, 3, 3), (1, 5, 5)])
+def test_fused_relu_in_each_primitive_equals_relu_of_the_reference(kernel):
+    from znni_core.layers import FFTGemmConv, WinogradConv, conv_direct_gemm, winograd_supports
+
+    from .test_layers_conv import reference, rel_err
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 6, 7, 20, 19)).astype(np.float32)
+    w = rng.standard_normal((5, 6) + kernel).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    ref = np.maximum(reference(x, w, b), 0)
+    assert (ref == 0).mean() > 0.2  # the clamp matters
+    big = np.full((2, 5, 9, 30, 30), 7.0, np.float32)
+    dst = big[:, :, 1:1 + 8 - kernel[0], 2:2 + 21 - kernel[1], 3:3 + 20 - kernel[2]]
+    assert rel_err(conv_direct_gemm(x, w, b, relu=True), ref) <= 1e-4
+    assert rel_err(np.ascontiguousarray(conv_direct_gemm(x, w, b, relu=True, out=dst)), ref) <= 1e-4
+    classes = [FFTGemmConv] + ([WinogradConv] if winograd_supports(kernel) else [])
+    for cls in classes:
+        conv = cls(w, b, x.shape[2:], threads=2)
+        conv.relu = True
+        assert rel_err(conv(x), ref) <= 1e-4, cls.__name__
+        assert conv(x, out=dst) is dst and rel_err(np.ascontiguousarray(dst), ref) <= 1e-4, cls.__name__
+        conv.relu = False
+        assert (conv(x) < 0).any(), cls.__name__  # the flag, not the layer, clamps

@@ -10,6 +10,7 @@ exactly this code, so references to dead arrays are dropped as soon as possible.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -22,6 +23,7 @@ from ..layers.resident import ResidentConv
 from ..layers import (FFTConv, FFTGemmConv, WinogradConv, apply_activation, conv_direct_gemm, conv_direct_numba, fragment_of_filtered,
                       max_filter_inplace, max_pool, mpf, recombine)
 from ..net.spec import Conv, Network, Pool
+from ..plan.plan import Step
 
 
 def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
@@ -47,7 +49,8 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
     w = layer.weight if xp is np else xp.asarray(layer.weight)
     b = None if layer.bias is None else (layer.bias if xp is np else xp.asarray(layer.bias))
     if prim == "direct-gemm":
-        return lambda x: conv_direct_gemm(x, w, b)
+        relu = getattr(step, "fused", "") == "relu"
+        return lambda x: conv_direct_gemm(x, w, b, relu=relu)
     if prim == "direct-numba":
         if xp is not np:
             raise PlanError("direct-numba is a CPU primitive; re-plan for the GPU")
@@ -60,6 +63,8 @@ def _run_conv(step, layer: Conv, x, xp, convs):
     mb = step.micro_batch or n
     tile, origins = conv_blocks(spatial, layer.kernel, step.tile)
     fn = _conv_fn(step, layer, tile, xp, convs)
+    if isinstance(fn, ResidentConv):  # set per call: the layer object is shared by every step of a run
+        fn.relu = getattr(step, "fused", "") == "relu"
     if mb >= n and tile == spatial:
         return fn(x)
     out = xp.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), dtype=np.float32)
@@ -158,6 +163,31 @@ def kernel_cache(cache: dict | None, plan) -> dict:
     return cache.setdefault(key, {})
 
 
+@dataclasses.dataclass(frozen=True)
+class FusedStep(Step):
+    """A conv step that applies the activation after it in its own output pass."""
+
+    fused: str = ""
+
+
+#: primitives whose output pass applies a ReLU (bias and clamp on data still in cache)
+FUSES_RELU = ("direct-gemm", "fft-gemm", "winograd")
+
+
+def fuse_activations(steps, layers) -> tuple:
+    """The plan's steps with every ReLU that directly follows a conv of :data:`FUSES_RELU`
+    folded into that conv (a :class:`FusedStep`): one pass over the layer's output less."""
+    out = []
+    for s in steps:
+        prev = out[-1] if out else None
+        if (s.op == "act" and layers[s.index].kind == "relu" and prev is not None and prev.op == "conv"
+                and prev.primitive in FUSES_RELU and not getattr(prev, "fused", "")):
+            out[-1] = FusedStep(**{f.name: getattr(prev, f.name) for f in dataclasses.fields(Step)}, fused="relu")
+            continue
+        out.append(s)
+    return tuple(out)
+
+
 def pool_before_activation(steps, layers) -> tuple:
     """The plan's steps with every (monotone activation, pooling) pair swapped.
 
@@ -192,7 +222,7 @@ def run_patch(plan, net: Network, x, *, xp=np, convs=None):
     layers = net.layers
     if plan.steps and plan.steps[0].op == "act":
         x = x.copy()  # activations run in place; never modify the caller's input
-    steps = pool_before_activation(plan.steps, layers)
+    steps = pool_before_activation(fuse_activations(plan.steps, layers), layers)
     k = next((j for j, s in enumerate(steps) if s.op == "pool"), None)
     if k is not None and steps[k].primitive == "slab":
         # first pooling layer in slab mode: the layers before it are recomputed per offset,

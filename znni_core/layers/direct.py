@@ -97,7 +97,7 @@ def _gemm_blocks(in_shape, kernel, c_in, c_out, max_bytes):
     return 1, 1, min(Xo, max_bytes // per_pos)
 
 
-def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None):
+def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, relu=False):
     """Valid 3-D convolution (cross-correlation) lowered to BLAS products.
 
     Parameters
@@ -110,6 +110,8 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None):
         are a few MiB anyway (cache), so this only binds when one row is larger.
     out : array, shape (N, C_out, Zo, Yo, Xo), optional
         Destination.
+    relu : bool
+        Clamp the output at 0 (a fused ReLU), on each block while it is in cache.
 
     Returns
     -------
@@ -131,13 +133,18 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None):
         out = xp.empty((N, O, Zo, Yo, Xo), dtype=xp.float32)
     elif out.shape != (N, O, Zo, Yo, Xo):
         raise InputError(f"out has shape {out.shape}; expected {(N, O, Zo, Yo, Xo)}")
-    if kz == ky == kx == 1:  # 1x1x1: one GEMM per item straight on the input, no lowering
-        w2 = w.reshape(O, C)
+    if kz == ky == kx == 1:  # 1x1x1: GEMMs straight on the input, no lowering
+        w2, P = w.reshape(O, C), Z * Y * X
         for n in range(N):
             direct = out[n].flags.c_contiguous  # else a strided block of a larger output: via a temporary
-            o2 = xp.matmul(w2, x[n].reshape(C, Z * Y * X), out=out[n].reshape(O, Z * Y * X) if direct else None)
-            if b is not None:
-                o2 += b.reshape(O, 1)
+            o2 = xp.matmul(w2, x[n].reshape(C, P), out=out[n].reshape(O, P) if direct else None)
+            if xp is np and (b is not None or relu):
+                _bias_relu(o2, np.zeros(O, np.float32) if b is None else b, relu)  # one pass, not two
+            else:
+                if b is not None:
+                    o2 += b.reshape(O, 1)
+                if relu:
+                    xp.maximum(o2, 0, out=o2)
             if not direct:
                 out[n] = o2.reshape(O, Z, Y, X)
         return out
@@ -173,6 +180,8 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None):
             xp.matmul(w2, cols2, out=res)
             if bias is not None:
                 res += bias
+            if relu:
+                xp.maximum(res, 0, out=res)
             # a short last block of planes: only its first nz * ty * tw columns matter
             done = res[:, : nz * ty * tw].reshape(O, nz, ty, tw)
             out[n, :, z0 : z0 + nz, y0 : y0 + vy, x0 : x0 + vx] = done[:, :, :vy, :vx]
@@ -194,6 +203,24 @@ def conv_direct_gemm_memory(n, c_in, c_out, in_shape, kernel, max_bytes=None) ->
 
 
 # ----------------------------------------------------------------------------- numba
+@njit(parallel=True, cache=True)
+def _bias_relu(y, b, relu):  # pragma: no cover - compiled
+    """y[o] = y[o] + b[o], clamped at 0 if ``relu``, in place (y: (O, P) contiguous)."""
+    O, P = y.shape
+    chunk = 1 << 14
+    nc = (P + chunk - 1) // chunk
+    zero = np.float32(0.0)
+    for t in prange(O * nc):
+        o, j0 = t // nc, (t % nc) * chunk
+        row, add = y[o], b[o]
+        if relu:
+            for j in range(j0, min(P, j0 + chunk)):
+                row[j] = max(row[j] + add, zero)
+        else:
+            for j in range(j0, min(P, j0 + chunk)):
+                row[j] = row[j] + add
+
+
 _OB = 4  # output channels per task: each loaded input value feeds 4 accumulators
 
 

@@ -120,8 +120,9 @@ def _pad_items(x, buf, b0, zb):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True)
-def _crop_items(buf, out, b0, zb, bias, has_bias):  # pragma: no cover - compiled
-    """out[item b0 + j] = the valid part of buf[j] (+ bias): the inverse of _pad_items."""
+def _crop_items(buf, out, b0, zb, bias, has_bias, relu):  # pragma: no cover - compiled
+    """out[item b0 + j] = the valid part of buf[j] (+ bias, clamped at 0 if ``relu``): the
+    inverse of _pad_items."""
     nb, O = buf.shape[0], buf.shape[1]
     _, _, Zo, Yo, Xo = out.shape
     ez = Zo if zb == 1 else 1
@@ -131,8 +132,12 @@ def _crop_items(buf, out, b0, zb, bias, has_bias):  # pragma: no cover - compile
         add = bias[o] if has_bias else np.float32(0.0)
         for z in range(ez):
             for y in range(Yo):
-                for i in range(Xo):
-                    out[n, o, z0 + z, y, i] = buf[j, o, z, y, i] + add
+                if relu:
+                    for i in range(Xo):
+                        out[n, o, z0 + z, y, i] = max(buf[j, o, z, y, i] + add, np.float32(0.0))
+                else:
+                    for i in range(Xo):
+                        out[n, o, z0 + z, y, i] = buf[j, o, z, y, i] + add
 
 
 _T = 16  # frequencies per transpose tile (128 bytes of complex64)
@@ -305,7 +310,7 @@ class FFTGemmConv(ResidentConv):
                 k = min(nb, B - b0)
                 _from_freq_major(Y, cout[:k].reshape(k, O, F), b0)
                 inv(normalise_idft=False)
-                _crop_items(rout[:k], out, b0, zb, bias, has_bias)
+                _crop_items(rout[:k], out, b0, zb, bias, has_bias, self.relu)
 
         self._each(pool, inverse, len(sets))
         if not self.keep_buffers:

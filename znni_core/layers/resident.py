@@ -37,6 +37,7 @@ class ResidentConv:
             if self.bias.shape != (self.c_out,):
                 raise InputError(f"bias must have shape ({self.c_out},); got {self.bias.shape}")
         self.keep_buffers = False
+        self.relu = False  # while set, the output is clamped at 0 in the output pass (a fused ReLU)
         self._work = None
         return w
 
@@ -59,6 +60,8 @@ class ResidentConv:
             raise InputError(f"out has shape {out.shape}; expected {shape}")
         if xp is not np:
             y = self._call_xp(x)
+            if self.relu:
+                xp.maximum(y, 0, out=y)
             if out is None:
                 return y
             out[...] = y

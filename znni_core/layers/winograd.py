@@ -255,17 +255,22 @@ def _to_channels_last(x, n, z, y, R, rb):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _to_channels_first(S, sb, bias, out, n, z, y):  # pragma: no cover - compiled
-    """out[n, o, z, y, i] = S[sb + i * O + o] + bias[o]: one staged output row back to
-    channels first (``out`` may be a strided view)."""
+def _to_channels_first(S, sb, bias, relu, out, n, z, y):  # pragma: no cover - compiled
+    """out[n, o, z, y, i] = S[sb + i * O + o] + bias[o] (clamped at 0 if ``relu``): one
+    staged output row back to channels first (``out`` may be a strided view)."""
     _, O, _, _, Xo = out.shape
     u = np.uint64
     O_, X_, sb = u(O), u(Xo), u(sb)
+    zero = np.float32(0.0)
     for o in range(O):
         b = bias[o]
         orow = out[n, o, z, y]
-        for i in range(X_):
-            orow[i] = S[sb + i * O_ + u(o)] + b
+        if relu:
+            for i in range(X_):
+                orow[i] = max(S[sb + i * O_ + u(o)] + b, zero)
+        else:
+            for i in range(X_):
+                orow[i] = S[sb + i * O_ + u(o)] + b
 
 
 @njit(nogil=True, cache=True)
@@ -314,9 +319,9 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q):  # pragma: n
 
 
 @njit(nogil=True, cache=True)
-def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, P, Q, S):  # pragma: no cover - compiled
-    """out[n, o, tile (r, i)] = AT M[:, tile, o] + bias[o] (M flat: (T, NT, C_out) in C
-    order) for tile rows [r0, r1); outputs past the edge are dropped.  Channels last as in
+def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, relu, P, Q, S):  # pragma: no cover - compiled
+    """out[n, o, tile (r, i)] = AT M[:, tile, o] + bias[o], clamped at 0 if ``relu`` (M flat:
+    (T, NT, C_out) in C order) for tile rows [r0, r1); outputs past the edge are dropped.  Channels last as in
     :func:`_input_transform`: per tile z (into ``P``), y (into ``Q``), x (into the staged
     output rows ``S`` (mz, my, W, C_out)); then ``S`` is transposed into ``out``."""
     _, O, Zo, Yo, Xo = out.shape
@@ -352,7 +357,7 @@ def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, P, Q, S):  # 
                 y = ty * my + ry
                 if y >= Yo:
                     break
-                _to_channels_first(S, (rz * my + ry) * W * O, bias, out, n, z, y)
+                _to_channels_first(S, (rz * my + ry) * W * O, bias, relu, out, n, z, y)
 
 
 # ----------------------------------------------------------------------------- the layer
@@ -484,7 +489,7 @@ class WinogradConv(ResidentConv):
                 k = (r1 - r0) * ntx
                 _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, R, P, Q)
                 np.matmul(V[:, :k], self.U, out=M[:, :k])  # T sgemm calls
-                _output_transform(Mf, out, r0, r1, nty, ntz, ntx, self.ms, self.al, bias, P, Q, S)
+                _output_transform(Mf, out, r0, r1, nty, ntz, ntx, self.ms, self.al, bias, self.relu, P, Q, S)
 
         if pool is None:
             work(0)
