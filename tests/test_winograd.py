@@ -131,7 +131,7 @@ def test_winograd_memory_including_the_kernel_transform(n, ci, co, shape, kernel
         conv = WinogradConv(w, np.ones(co, np.float32), shape, threads=2)
         return conv, conv(x)
 
-    check(L.winograd_memory(n, ci, co, shape, kernel, threads=2) + L.winograd_kernel_bytes(ci, co, kernel),
+    check(L.winograd_memory(n, ci, co, shape, kernel, threads=2) + L.winograd_kernel_bytes(ci, co, kernel, shape),
           measured_peak(run))
 
 

@@ -7,8 +7,10 @@
     y = AT [ (G g) * (BT d) ]
 
 Every axis uses one set of points, so one ``BT`` per axis whatever the kernel: ``a = 6``
-in y and x (``F(4,3)``, ``F(3,4)``, ``F(2,5)``, ``F(5,2)``), ``a = 4`` in z (``F(2,3)``,
-``F(3,2)``) (:func:`toom_cook`).  Axes nest: a ``(1, 3, 3)`` kernel uses 36 products per
+in y and x (``F(4,3)``, ``F(3,4)``, ``F(2,5)``, ``F(5,2)``), or ``a = 8`` on wide planes
+where it saves transform positions (``F(6,3)``, ``F(5,4)``, ``F(4,5)``: points +-1/2 added,
+``BT`` applied as a general product), ``a = 4`` in z (``F(2,3)``, ``F(3,2)``)
+(:func:`toom_cook`, :func:`_axis_points`).  Axes nest: a ``(1, 3, 3)`` kernel uses 36 products per
 16 outputs (4x fewer than direct convolution's 144), ``(1, 4, 4)`` 36 per 9 (4x fewer),
 ``(1, 5, 5)`` 36 per 4 (2.8x fewer); a ``3^3`` kernel 144 per 32 (6x fewer); an axis of
 size 1 is the identity
@@ -57,10 +59,27 @@ BLOCK_BYTES = 6 * 2**20
 # AT evaluates at the points (row i: powers i, infinity on the last row); G then follows
 # from the identity AT[(G g) * (BT d)] == correlation (solved exactly in float64).  Every
 # kernel size r of an axis uses the same a: F(7 - r, r) in y and x, F(5 - r, r) in z.
-_POINTS = {6: (0.0, 1.0, -1.0, 2.0, -2.0), 4: (0.0, 1.0, -1.0)}
+_POINTS = {8: (0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5), 6: (0.0, 1.0, -1.0, 2.0, -2.0), 4: (0.0, 1.0, -1.0)}
 _BT = {6: np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
                     [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64),
        4: np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)}
+
+
+
+def _vandermonde_bt(points) -> np.ndarray:
+    """BT = inverse(W)^T for the Vandermonde matrix W of ``points`` and infinity."""
+    a = len(points) + 1
+    W = np.zeros((a, a))
+    for i, p in enumerate(points):
+        W[i] = [p ** j for j in range(a)]
+    W[-1, -1] = 1.0
+    return np.linalg.inv(W).T
+
+
+_BT[8] = _vandermonde_bt(_POINTS[8])  # no integer form; applied as a general 8 x 8 product
+#: a larger tile in y and x (a = 8: F(8 - r + 1, r)) where it needs this fraction of a = 6's
+#: transform positions or fewer (it costs more per transformed value: a general product)
+LARGE_TILE_GAIN = 0.85
 #: kernel sizes per axis (z, y, x) Winograd runs; size 1 is the identity
 KERNEL_SIZES = ((1, 2, 3), (1, 2, 3, 4, 5), (1, 2, 3, 4, 5))
 _ID = (np.ones((1, 1)), np.ones((1, 1)), np.ones((1, 1)))
@@ -91,19 +110,32 @@ def winograd_supports(kernel) -> bool:
     return len(k) == 3 and all(v in s for v, s in zip(k, KERNEL_SIZES)) and max(k) > 1
 
 
-def _axis_transforms(kernel):
-    """Per axis ``(BT, G, AT)``: identity for size 1, else ``F(7 - r, r)`` in y and x and
-    ``F(5 - r, r)`` in z (z tiles stay short: a 3D kernel's transform positions grow with
+def _axis_points(axis: int, r: int, out: int) -> int:
+    """The tile's input extent ``a`` on an axis: 1 for a kernel of 1, 4 in z; in y and x 8
+    where it needs at most :data:`LARGE_TILE_GAIN` of the transform positions of 6 for ``out``
+    outputs (wide planes, 5-tap kernels), else 6."""
+    if r == 1:
+        return 1
+    if axis == 0:
+        return 4
+    pos = {a: -(-int(out) // (a + 1 - r)) * a for a in (6, 8)}
+    return 8 if pos[8] <= LARGE_TILE_GAIN * pos[6] else 6
+
+
+def _axis_transforms(kernel, out_spatial):
+    """Per axis ``(BT, G, AT)``: identity for size 1, else ``F(a + 1 - r, r)`` on the points
+    of :func:`_axis_points` (z tiles stay short: a 3D kernel's transform positions grow with
     every axis)."""
     if not winograd_supports(kernel):
         raise InputError(f"Winograd convolution takes kernels of 1-3 in z and 1-5 in y and x; got {tuple(kernel)}")
-    return tuple(_ID if k == 1 else toom_cook(4 if axis == 0 else 6, int(k)) for axis, k in enumerate(kernel))
+    return tuple(_ID if int(k) == 1 else toom_cook(_axis_points(axis, int(k), o), int(k))
+                 for axis, (k, o) in enumerate(zip(kernel, out_spatial)))
 
 
 def winograd_tiles(out_spatial, kernel) -> tuple:
     """``(m, a, tiles)`` per axis: outputs per tile, input extent per tile, tiles per axis."""
-    ms = tuple(t[2].shape[0] for t in _axis_transforms(kernel))
-    al = tuple(t[0].shape[0] for t in _axis_transforms(kernel))
+    al = tuple(_axis_points(axis, int(k), o) for axis, (k, o) in enumerate(zip(kernel, out_spatial)))
+    ms = tuple(a + 1 - int(k) for a, k in zip(al, kernel))
     return ms, al, tuple(-(-int(o) // m) for o, m in zip(out_spatial, ms))
 
 
@@ -116,10 +148,11 @@ def winograd_sizes(n, in_spatial, kernel) -> tuple:
     return math.prod(al), int(n) * math.prod(nt), nt
 
 
-def winograd_kernel_bytes(c_in, c_out, kernel) -> int:
-    """Bytes of a layer's resident kernel transform ``U`` ``(T, C_in, C_out)`` float32."""
-    _, al, _ = winograd_tiles((8, 8, 8), kernel)
-    return F32 * math.prod(al) * int(c_in) * int(c_out)
+def winograd_kernel_bytes(c_in, c_out, kernel, in_spatial) -> int:
+    """Bytes of a layer's resident kernel transform ``U`` ``(T, C_in, C_out)`` float32 for
+    inputs of ``in_spatial`` (the tile size follows the output's)."""
+    T = winograd_sizes(1, in_spatial, kernel)[0]
+    return F32 * T * int(c_in) * int(c_out)
 
 
 def _block_rows(rows, tiles_x, T, c_in, c_out) -> int:
@@ -157,11 +190,28 @@ def _strides(d0, ds, v0, vs):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _bt(a, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
-    """v[:, i] = BT d[:, i] for i < L."""
+def _general(B, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
+    """v[:, i] = B d[:, i] for i < L, B (rows x 8) float32: one output row at a time."""
+    u = np.uint64
+    d0, ds, v0, vs = u(d0), u(ds), u(v0), u(vs)
+    for q in range(B.shape[0]):
+        b0, b1, b2, b3, b4, b5, b6, b7 = B[q, 0], B[q, 1], B[q, 2], B[q, 3], B[q, 4], B[q, 5], B[q, 6], B[q, 7]
+        k0 = v0 + u(q) * vs
+        for i in range(u(L)):
+            j = d0 + i
+            v[k0 + i] = (b0 * d[j] + b1 * d[j + ds] + b2 * d[j + u(2) * ds] + b3 * d[j + u(3) * ds]
+                         + b4 * d[j + u(4) * ds] + b5 * d[j + u(5) * ds] + b6 * d[j + u(6) * ds]
+                         + b7 * d[j + u(7) * ds])
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _bt(a, B, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
+    """v[:, i] = BT d[:, i] for i < L (``B``: BT as float32, read for a = 8 only)."""
     c2, c4, c5 = np.float32(2.0), np.float32(4.0), np.float32(5.0)
     d0, s1, s2, s3, v0, t1, t2, t3 = _strides(d0, ds, v0, vs)
-    if a == 6:
+    if a == 8:
+        _general(B, d, d0, ds, v, v0, vs, L)
+    elif a == 6:
         for i in range(np.uint64(L)):
             j = d0 + i
             x0, x1, x2, x3, x4, x5 = d[j], d[j + s1], d[j + s2], d[j + s3], d[j + s2 + s2], d[j + s2 + s3]
@@ -187,12 +237,15 @@ def _bt(a, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _at(a, m, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
+def _at(a, m, A, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
     """y[:, i] = AT x[:, i] for i < L: ``a`` values in, ``m`` out (1 and 1: the identity).
-    Row k evaluates at the points (powers k); the infinity value joins row m - 1."""
+    Row k evaluates at the points (powers k); the infinity value joins row m - 1.  ``A``:
+    AT as float32, read for a = 8 only."""
     c2, c4, c8, c16 = np.float32(2.0), np.float32(4.0), np.float32(8.0), np.float32(16.0)
     x0, s1, s2, s3, y0, t1, t2, t3 = _strides(x0, xs, y0, ys)
-    if a == 6:
+    if a == 8:
+        _general(A, x, x0, xs, y, y0, ys, L)
+    elif a == 6:
         for i in range(np.uint64(L)):
             j = x0 + i
             v0, v1, v2, v3, v4, v5 = x[j], x[j + s1], x[j + s2], x[j + s3], x[j + s2 + s2], x[j + s2 + s3]
@@ -274,7 +327,7 @@ def _to_channels_first(S, sb, bias, relu, out, n, z, y):  # pragma: no cover - c
 
 
 @njit(nogil=True, cache=True)
-def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q):  # pragma: no cover - compiled
+def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, Bz, By, Bx, R, P, Q):  # pragma: no cover - compiled
     """V[t, (r - r0) * ntx + i, c] (V flat, C order, ``NT`` tiles per position) = position
     t of the transform of tile i of tile row r, channel c, for tile rows r in [r0, r1);
     input past the edge reads as 0.
@@ -304,22 +357,22 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q):  # pragma: n
             tile = (r - r0) * ntx + it
             for i in range(az):
                 for j in range(ay):
-                    _bt(ax, R, (i * ay + j) * W * C + it * mx * C, C, P, (i * ay + j) * ax * C, C, C)
+                    _bt(ax, Bx, R, (i * ay + j) * W * C + it * mx * C, C, P, (i * ay + j) * ax * C, C, C)
             if az == 1:
                 for bx in range(ax):
-                    _bt(ay, P, bx * C, ax * C, V, (bx * NT + tile) * C, ax * NT * C, C)
+                    _bt(ay, By, P, bx * C, ax * C, V, (bx * NT + tile) * C, ax * NT * C, C)
             else:
                 for i in range(az):
                     for bx in range(ax):
-                        _bt(ay, P, (i * ay * ax + bx) * C, ax * C, Q, (i * ay * ax + bx) * C, ax * C, C)
+                        _bt(ay, By, P, (i * ay * ax + bx) * C, ax * C, Q, (i * ay * ax + bx) * C, ax * C, C)
                 for j in range(ay):
                     for bx in range(ax):
-                        _bt(az, Q, (j * ax + bx) * C, ay * ax * C, V, ((j * ax + bx) * NT + tile) * C,
+                        _bt(az, Bz, Q, (j * ax + bx) * C, ay * ax * C, V, ((j * ax + bx) * NT + tile) * C,
                             ay * ax * NT * C, C)
 
 
 @njit(nogil=True, cache=True)
-def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, relu, P, Q, S):  # pragma: no cover - compiled
+def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, Az, Ay, Ax, bias, relu, P, Q, S):  # pragma: no cover - compiled
     """out[n, o, tile (r, i)] = AT M[:, tile, o] + bias[o], clamped at 0 if ``relu`` (M flat:
     (T, NT, C_out) in C order) for tile rows [r0, r1); outputs past the edge are dropped.  Channels last as in
     :func:`_input_transform`: per tile z (into ``P``), y (into ``Q``), x (into the staged
@@ -340,15 +393,15 @@ def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, relu, P, Q, S
             if az > 1:
                 for j in range(ay):
                     for bx in range(ax):
-                        _at(az, mz, M, ((j * ax + bx) * NT + tile) * O, ay * ax * NT * O, P, (j * ax + bx) * O,
+                        _at(az, mz, Az, M, ((j * ax + bx) * NT + tile) * O, ay * ax * NT * O, P, (j * ax + bx) * O,
                             ay * ax * O, O)
                 src, s0, s_z, s_y, s_x = P, 0, ay * ax * O, ax * O, O
             for rz in range(mz):
                 for bx in range(ax):
-                    _at(ay, my, src, s0 + rz * s_z + bx * s_x, s_y, Q, (rz * my * ax + bx) * O, ax * O, O)
+                    _at(ay, my, Ay, src, s0 + rz * s_z + bx * s_x, s_y, Q, (rz * my * ax + bx) * O, ax * O, O)
             for rz in range(mz):
                 for ry in range(my):
-                    _at(ax, mx, Q, (rz * my + ry) * ax * O, O, S, ((rz * my + ry) * W + it * mx) * O, O, O)
+                    _at(ax, mx, Ax, Q, (rz * my + ry) * ax * O, O, S, ((rz * my + ry) * W + it * mx) * O, O, O)
         for rz in range(mz):
             z = tz * mz + rz
             if z >= Zo:
@@ -399,7 +452,7 @@ class WinogradConv(ResidentConv):
 
     def __init__(self, w, b, in_spatial, *, threads=1, xp=np):
         w = self._setup(w, b, in_spatial, threads, xp)
-        tr = _axis_transforms(self.kernel)
+        tr = _axis_transforms(self.kernel, self.out_spatial)
         self.ms, self.al, self.nt = winograd_tiles(self.out_spatial, self.kernel)
         self.T = math.prod(self.al)
         self.BT = tuple(np.ascontiguousarray(t[0], np.float32) for t in tr)
@@ -487,9 +540,9 @@ class WinogradConv(ResidentConv):
             Vf, Mf = V.reshape(-1), M.reshape(-1)
             for r0, r1 in blocks[w::len(sets)]:
                 k = (r1 - r0) * ntx
-                _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, R, P, Q)
+                _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, *self.BT, R, P, Q)
                 np.matmul(V[:, :k], self.U, out=M[:, :k])  # T sgemm calls
-                _output_transform(Mf, out, r0, r1, nty, ntz, ntx, self.ms, self.al, bias, self.relu, P, Q, S)
+                _output_transform(Mf, out, r0, r1, nty, ntz, ntx, self.ms, self.al, *self.AT, bias, self.relu, P, Q, S)
 
         if pool is None:
             work(0)

@@ -76,7 +76,7 @@ def resident_bytes(primitive: str, layer: Conv, in_spatial) -> int:
     ``fft-task`` / ``fft-gemm`` and Winograd's kernel transform (the executor builds them on
     first use and reuses them for every pooling offset, slab, micro-batch and patch)."""
     if primitive == "winograd":
-        return int(L.winograd_kernel_bytes(layer.in_channels, layer.out_channels, layer.kernel))
+        return int(L.winograd_kernel_bytes(layer.in_channels, layer.out_channels, layer.kernel, tuple(in_spatial)))
     if primitive == "fft-gemm":
         return int(L.fft_gemm_kernel_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel))
     if primitive in ("fft-data", "fft-task"):

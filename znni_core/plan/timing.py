@@ -20,7 +20,7 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 11  # bump when the models or the calibration change (7-8: fft-gemm, 9-10: winograd)
+CALIBRATION_VERSION = 12  # bump when the models or the calibration change (7-8: fft-gemm, 9-10: winograd)
 
 
 def cache_dir() -> Path:
@@ -246,23 +246,25 @@ def _fft_gemm_rates(threads: int) -> dict:
 
 
 #: Winograd calibration: (1,3,3) kernels on 16 x 64^2 (36 transform positions); the GEMM rate
-#: at two reduction lengths (C_in); the transforms from whole calls at two channel counts
-#: (the transforms run per tile on vectors of channels: a cost per value and one per tile)
-_WINOGRAD_CAL = {"shape": (16, 64, 64), "kernel": (1, 3, 3), "channels": (16, 64), "transform_channels": (8, 48),
-                 "transform_shape": (8, 128, 128)}
+#: at two reduction lengths (C_in); the transforms from whole calls at 48 maps on wide planes
+#: and on many narrow ones (MPF fragments): a cost per transformed value and one per tile row
+_WINOGRAD_CAL = {"shape": (16, 64, 64), "kernel": (1, 3, 3), "channels": (16, 64), "transform_channels": 48,
+                 "wide": (1, (8, 128, 128)), "narrow": (64, (4, 13, 13))}
 
 
 def _winograd_terms(n, cin, cout, in_spatial, kernel):
-    """(transformed values, multiply-adds, tiles) of one winograd call: ``tiles T
-    (C_in + C_out)``, ``tiles T C_in C_out`` and ``tiles``."""
-    T, tiles, _ = L.winograd_sizes(n, in_spatial, kernel)
-    return float(tiles) * T * (cin + cout), float(tiles) * T * cin * cout, float(tiles)
+    """(transformed values, multiply-adds, channel rows) of one winograd call: ``tiles T
+    (C_in + C_out)``, ``tiles T C_in C_out`` and ``tile rows (C_in + C_out)`` (the rows are
+    transposed channels last and back, and carry the per-row work of narrow planes)."""
+    T, tiles, nt = L.winograd_sizes(n, in_spatial, kernel)
+    rows = tiles // nt[2]
+    return float(tiles) * T * (cin + cout), float(tiles) * T * cin * cout, float(rows) * (cin + cout)
 
 
 def _winograd_rates(threads: int) -> dict:
     """Seconds per multiply-add of the per-position GEMMs (timed alone, on one block of tiles,
-    at two reduction lengths), per transformed value and per tile (the rest of a call, at
-    two channel counts), and per kernel-transform value built."""
+    at two reduction lengths), per transformed value and per channel row (the rest of a call,
+    on wide and on narrow planes), and per kernel-transform value built."""
     rng = np.random.default_rng(0)
     sp, k = _WINOGRAD_CAL["shape"], _WINOGRAD_CAL["kernel"]
     points = []
@@ -273,26 +275,27 @@ def _winograd_rates(threads: int) -> dict:
         points.append([c, _best_of(lambda: np.matmul(V, conv.U, out=M)) / (conv.T * c * c * V.shape[1])])
         conv.release()
     terms, times = [], []
-    ts = _WINOGRAD_CAL["transform_shape"]
-    for c in _WINOGRAD_CAL["transform_channels"]:
-        x = rng.standard_normal((1, c) + ts, dtype=np.float32)
-        conv = L.WinogradConv(rng.standard_normal((c, c) + k, dtype=np.float32), None, ts, threads=threads)
+    c = _WINOGRAD_CAL["transform_channels"]
+    w = rng.standard_normal((c, c) + k, dtype=np.float32)
+    for n, shape in (_WINOGRAD_CAL["wide"], _WINOGRAD_CAL["narrow"]):
+        x = rng.standard_normal((n, c) + shape, dtype=np.float32)
+        conv = L.WinogradConv(w, None, shape, threads=threads)
         conv.keep_buffers = True
-        values, macs, tiles = _winograd_terms(1, c, c, ts, k)
-        terms.append((values, tiles))
-        times.append(max(_best_of(lambda: conv(x)) - macs * _loglog(points, c), 0.0))
+        values, macs, rows = _winograd_terms(n, c, c, shape, k)
+        terms.append((values, rows))
+        times.append(max(_best_of(lambda: conv(x), repeats=5) - macs * _loglog(points, c), 0.0))
         conv.release()
-    (v1, t1), (v2, t2) = terms
-    det = v1 * t2 - v2 * t1
-    per_value, per_tile = (times[0] * t2 - times[1] * t1) / det, (v1 * times[1] - v2 * times[0]) / det
-    if per_value <= 0 or per_tile <= 0:  # noisy timings: the wide call's time per value, the rest per tile
-        per_value = times[1] / v2
-        per_tile = max(times[0] - v1 * per_value, 0.0) / t1
+    (v1, r1), (v2, r2) = terms
+    det = v1 * r2 - v2 * r1
+    per_value, per_row = (times[0] * r2 - times[1] * r1) / det, (v1 * times[1] - v2 * times[0]) / det
+    if per_value <= 0 or per_row <= 0:  # noisy timings: the wide call's time per value, the rest per row
+        per_value = times[0] / v1
+        per_row = max(times[1] - v2 * per_value, 0.0) / r2
     c = _WINOGRAD_CAL["channels"][1]
     w2 = rng.standard_normal((c, c) + k, dtype=np.float32)
     build = _best_of(lambda: L.WinogradConv(w2, None, sp, threads=threads), repeats=2)
-    return {"mac_points": points, "s_per_value": per_value, "s_per_tile": per_tile,
-            "build_s_per_value": build / (L.winograd_kernel_bytes(c, c, k) / F32)}
+    return {"mac_points": points, "s_per_value": per_value, "s_per_row": per_row,
+            "build_s_per_value": build / (L.winograd_kernel_bytes(c, c, k, sp) / F32)}
 
 
 def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, micro_batch: int | None = None) -> float:
@@ -309,8 +312,8 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
     if primitive == "winograd":
         r = cal["fft"]["winograd"]
-        values, macs, tiles = _winograd_terms(n, cin, cout, in_spatial, layer.kernel)
-        return values * r["s_per_value"] + tiles * r["s_per_tile"] + macs * _loglog(r["mac_points"], cin) + calls * 1e-4
+        values, macs, rows = _winograd_terms(n, cin, cout, in_spatial, layer.kernel)
+        return values * r["s_per_value"] + rows * r["s_per_row"] + macs * _loglog(r["mac_points"], cin) + calls * 1e-4
     if primitive == "fft-gemm":
         r = cal["fft"]["gemm"]
         tr, macs, items = _fft_gemm_terms(n, cin, cout, in_spatial, layer.kernel)
@@ -349,7 +352,7 @@ def estimate_setup(primitive: str, layer: Conv, in_spatial, cal: dict) -> float:
     """Seconds to build the resident kernel spectra of ``fft-data`` / ``fft-task`` /
     ``fft-gemm`` (once per run)."""
     if primitive == "winograd":
-        values = L.winograd_kernel_bytes(layer.in_channels, layer.out_channels, layer.kernel) / F32
+        values = L.winograd_kernel_bytes(layer.in_channels, layer.out_channels, layer.kernel, tuple(in_spatial)) / F32
         return values * cal["fft"]["winograd"]["build_s_per_value"]
     if primitive == "fft-gemm":
         values = L.fft_gemm_kernel_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel) / 8
