@@ -7,8 +7,8 @@
     y = AT [ (G g) * (BT d) ]
 
 Every axis uses one set of points, so one ``BT`` per axis whatever the kernel: ``a = 6``
-in y and x (``F(4,3)``, ``F(3,4)``, ``F(2,5)``, ``F(5,2)``), or ``a = 8`` on wide planes
-where it saves transform positions (``F(6,3)``, ``F(5,4)``, ``F(4,5)``: points +-1/2 added,
+in y and x (``F(4,3)``, ``F(3,4)``, ``F(2,5)``, ``F(5,2)``), or ``a = 8`` where it needs
+no more transform positions (``F(6,3)``, ``F(5,4)``, ``F(4,5)``: points +-1/2 added,
 ``BT`` applied as a general product), ``a = 4`` in z (``F(2,3)``, ``F(3,2)``)
 (:func:`toom_cook`, :func:`_axis_points`).  Axes nest: a ``(1, 3, 3)`` kernel uses 36 products per
 16 outputs (4x fewer than direct convolution's 144), ``(1, 4, 4)`` 36 per 9 (4x fewer),
@@ -77,9 +77,12 @@ def _vandermonde_bt(points) -> np.ndarray:
 
 
 _BT[8] = _vandermonde_bt(_POINTS[8])  # no integer form; applied as a general 8 x 8 product
-#: a larger tile in y and x (a = 8: F(8 - r + 1, r)) where it needs this fraction of a = 6's
-#: transform positions or fewer (it costs more per transformed value: a general product)
-LARGE_TILE_GAIN = 0.85
+#: a larger tile in y and x (a = 8: F(9 - r, r)) where it needs this fraction of a = 6's
+#: transform positions or fewer.  It costs more per transformed value (a general product)
+#: but does fewer GEMM products per output: faster wherever it needs no more positions
+#: ((1,3,3) 48 maps on 16 x 256^2 0.17 s against 0.21 s; on 13^2 fragments 0.29 against
+#: 0.32 s; (1,4,4) on 30^2 0.18 against 0.23 s; 3^3 on 40 x 96^2 0.11 against 0.13 s)
+LARGE_TILE_GAIN = 1.0
 #: kernel sizes per axis (z, y, x) Winograd runs; size 1 is the identity
 KERNEL_SIZES = ((1, 2, 3), (1, 2, 3, 4, 5), (1, 2, 3, 4, 5))
 _ID = (np.ones((1, 1)), np.ones((1, 1)), np.ones((1, 1)))
@@ -113,7 +116,7 @@ def winograd_supports(kernel) -> bool:
 def _axis_points(axis: int, r: int, out: int) -> int:
     """The tile's input extent ``a`` on an axis: 1 for a kernel of 1, 4 in z; in y and x 8
     where it needs at most :data:`LARGE_TILE_GAIN` of the transform positions of 6 for ``out``
-    outputs (wide planes, 5-tap kernels), else 6."""
+    outputs, else 6."""
     if r == 1:
         return 1
     if axis == 0:
