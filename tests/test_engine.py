@@ -231,7 +231,7 @@ def test_monotone_activations_move_after_pooling():
 
 
 def test_relu_after_a_conv_runs_in_the_conv_output_pass():
-    """direct-gemm, fft-gemm and winograd clamp their own output (no separate activation pass);
+    """direct-gemm, direct-numba, fft-gemm and winograd clamp their own output (no separate pass);
     other primitives and other activations keep their step; the result is unchanged."""
     from znni_core.exec.engine import fuse_activations
     from znni_core.net.spec import Activation
@@ -239,7 +239,7 @@ def test_relu_after_a_conv_runs_in_the_conv_output_pass():
 
     w = np.ones((1, 1, 1, 3, 3), np.float32)
     for prim, act, fused in (("winograd", "relu", True), ("fft-gemm", "relu", True), ("direct-gemm", "relu", True),
-                             ("fft-data", "relu", False), ("winograd", "elu", False)):
+                             ("direct-numba", "relu", True), ("fft-data", "relu", False), ("winograd", "elu", False)):
         layers = (Conv(w), Activation(act), Conv(w))
         steps = (Step(0, "conv", prim, (), ()), Step(1, "act", act, (), ()), Step(2, "conv", prim, (), ()))
         got = fuse_activations(steps, layers)
@@ -256,7 +256,7 @@ def test_relu_after_a_conv_runs_in_the_conv_output_pass():
     real = E.apply_activation
     try:
         E.apply_activation = lambda x, kind, *a, **k: calls.append(kind) or real(x, kind, *a, **k)
-        for prims in (("winograd",), ("fft-gemm",), ("direct-gemm",)):
+        for prims in (("winograd",), ("fft-gemm",), ("direct-gemm",), ("direct-numba",)):
             calls.clear()
             plan = autotune(net, memory_budget=2**30, primitives=prims, use_cache=False)
             assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= 1e-4, prims
@@ -267,7 +267,7 @@ def test_relu_after_a_conv_runs_in_the_conv_output_pass():
 
 @pytest.mark.parametrize("kernel", [(1, 1, 1), (1, 3, 3), (3, 3, 3), (1, 5, 5)])
 def test_fused_relu_in_each_primitive_equals_relu_of_the_reference(kernel):
-    from znni_core.layers import FFTGemmConv, WinogradConv, conv_direct_gemm, winograd_supports
+    from znni_core.layers import FFTGemmConv, WinogradConv, conv_direct_gemm, conv_direct_numba, winograd_supports
 
     from .test_layers_conv import reference, rel_err
     rng = np.random.default_rng(7)
@@ -280,6 +280,7 @@ def test_fused_relu_in_each_primitive_equals_relu_of_the_reference(kernel):
     dst = big[:, :, 1:1 + 8 - kernel[0], 2:2 + 21 - kernel[1], 3:3 + 20 - kernel[2]]
     assert rel_err(conv_direct_gemm(x, w, b, relu=True), ref) <= 1e-4
     assert rel_err(np.ascontiguousarray(conv_direct_gemm(x, w, b, relu=True, out=dst)), ref) <= 1e-4
+    assert rel_err(conv_direct_numba(x, w, b, relu=True), ref) <= 1e-4
     classes = [FFTGemmConv] + ([WinogradConv] if winograd_supports(kernel) else [])
     for cls in classes:
         conv = cls(w, b, x.shape[2:], threads=2)

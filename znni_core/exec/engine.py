@@ -48,13 +48,13 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
         return convs[step.index]
     w = layer.weight if xp is np else xp.asarray(layer.weight)
     b = None if layer.bias is None else (layer.bias if xp is np else xp.asarray(layer.bias))
+    relu = getattr(step, "fused", "") == "relu"
     if prim == "direct-gemm":
-        relu = getattr(step, "fused", "") == "relu"
         return lambda x: conv_direct_gemm(x, w, b, relu=relu)
     if prim == "direct-numba":
         if xp is not np:
             raise PlanError("direct-numba is a CPU primitive; re-plan for the GPU")
-        return lambda x: conv_direct_numba(x, w, b)
+        return lambda x: conv_direct_numba(x, w, b, relu=relu)
     raise PlanError(f"step {step.index}: unknown convolution primitive {prim!r}")
 
 
@@ -171,7 +171,7 @@ class FusedStep(Step):
 
 
 #: primitives whose output pass applies a ReLU (bias and clamp on data still in cache)
-FUSES_RELU = ("direct-gemm", "fft-gemm", "winograd")
+FUSES_RELU = ("direct-gemm", "direct-numba", "fft-gemm", "winograd")
 
 
 def fuse_activations(steps, layers) -> tuple:

@@ -225,7 +225,7 @@ _OB = 4  # output channels per task: each loaded input value feeds 4 accumulator
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def _conv_numba_kernel(x, w, b, out):  # pragma: no cover - compiled
+def _conv_numba_kernel(x, w, b, out, relu):  # pragma: no cover - compiled
     N, C, Z, Y, X = x.shape
     O, _, kz, ky, kx = w.shape
     _, _, Zo, Yo, Xo = out.shape
@@ -262,11 +262,15 @@ def _conv_numba_kernel(x, w, b, out):  # pragma: no cover - compiled
                                     for xx in range(Xo):
                                         acc[q, xx] += wq * row[xx + dx]
             for q in range(no):
-                for xx in range(Xo):
-                    out[n, o0 + q, z, yy, xx] = acc[q, xx]
+                if relu:
+                    for xx in range(Xo):
+                        out[n, o0 + q, z, yy, xx] = max(acc[q, xx], np.float32(0.0))
+                else:
+                    for xx in range(Xo):
+                        out[n, o0 + q, z, yy, xx] = acc[q, xx]
 
 
-def conv_direct_numba(x, w, b=None):
+def conv_direct_numba(x, w, b=None, *, relu=False):
     """Valid 3-D convolution by a parallel numba loop nest (numpy arrays only).
 
     Parallel over (item, block of 4 output channels, output plane); each task keeps
@@ -277,6 +281,8 @@ def conv_direct_numba(x, w, b=None):
     x : ndarray, shape (N, C_in, Z, Y, X)
     w : ndarray, shape (C_out, C_in, kz, ky, kx)
     b : ndarray, shape (C_out,), or None
+    relu : bool
+        Clamp the output at 0 as it is written (a fused ReLU).
 
     Returns
     -------
@@ -288,7 +294,7 @@ def conv_direct_numba(x, w, b=None):
     if b is None:
         b = np.zeros(w.shape[0], np.float32)
     out = np.empty((x.shape[0], w.shape[0]) + conv_out_shape(x.shape[2:], w.shape[2:]), np.float32)
-    _conv_numba_kernel(x, w, b, out)
+    _conv_numba_kernel(x, w, b, out, bool(relu))
     return out
 
 

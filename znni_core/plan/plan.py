@@ -23,8 +23,8 @@ POOL_MODES = ("mpf", "pool", "slab")  # mpf: fragments batched; pool: one offset
 
 
 def primitive_supports(primitive: str, kernel) -> bool:
-    """Whether ``primitive`` can run a convolution with this kernel (``winograd``: sizes 1
-    or 3 per axis, one of them 3; the others: any)."""
+    """Whether ``primitive`` can run a convolution with this kernel (``winograd``: 1-3 in z
+    and 1-5 in y and x, not all 1; the others: any)."""
     return winograd_supports(kernel) if primitive == "winograd" else True
 
 
