@@ -197,3 +197,14 @@ def test_plan_cache_keeps_the_newest_entries(tmp_path):
     for k in ("a", "b", "a", "c"):  # re-putting "a" makes it the newest
         c.put(k, {"v": k})
     assert list(T.JsonCache(tmp_path / "plans.json").data) == ["a", "c"]
+
+
+def test_one_by_one_convs_never_get_the_numba_loop_unless_forced():
+    """A 1x1x1 conv is one GEMM in direct-gemm; direct-numba only when the caller forces it."""
+    net = make_net([("conv", 6, (1, 3, 3)), ("act", "relu"), ("conv", 8, 1), ("act", "relu"), ("conv", 2, 1)], seed=2)
+    for budget in (2**30, 2**24):
+        plan = autotune(net, memory_budget=budget, input_shape=(4, 40, 40), use_cache=False)
+        one = [s.primitive for s in plan.steps if s.op == "conv" and s.index > 0]
+        assert "direct-numba" not in one, one
+    forced = autotune(net, memory_budget=2**30, input_shape=(4, 40, 40), primitives=("direct-numba",), use_cache=False)
+    assert {s.primitive for s in forced.steps if s.op == "conv"} == {"direct-numba"}

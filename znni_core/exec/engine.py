@@ -63,7 +63,7 @@ def _run_conv(step, layer: Conv, x, xp, convs):
     mb = step.micro_batch or n
     tile, origins = conv_blocks(spatial, layer.kernel, step.tile)
     fn = _conv_fn(step, layer, tile, xp, convs)
-    if isinstance(fn, ResidentConv):  # set per call: the layer object is shared by every step of a run
+    if isinstance(fn, ResidentConv):  # set per call: the object is cached across calls and patches
         fn.relu = getattr(step, "fused", "") == "relu"
     if mb >= n and tile == spatial:
         return fn(x)

@@ -7,7 +7,7 @@ only: no network, plan or IO imports.
 Convolutions (PyTorch ``Conv3d`` semantics: correlation, valid, stride 1):
 :func:`conv_direct_gemm`, :func:`conv_direct_numba`, :class:`FFTConv` /
 :func:`fft_conv`, :class:`FFTGemmConv` (channel sums as per-frequency GEMMs),
-:class:`WinogradConv` (kernels of 1 or 3 per axis: channel sums as per-position GEMMs).  Pooling: :func:`max_pool`, :func:`mpf`, :func:`recombine`,
+:class:`WinogradConv` (kernels of 1-3 in z, 1-5 in y and x: channel sums as per-position GEMMs).  Pooling: :func:`max_pool`, :func:`mpf`, :func:`recombine`,
 :func:`max_filter_dense`.  Activations: :func:`apply_activation`.
 
 Every primitive has a ``*_memory`` function predicting the peak bytes a call

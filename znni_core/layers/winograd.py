@@ -431,16 +431,16 @@ def _blas_limit(threads):
 
 
 class WinogradConv(ResidentConv):
-    """A valid 3-D convolution by Winograd minimal filtering (kernels of 1 or 3 per axis).
+    """A valid 3-D convolution by Winograd minimal filtering (kernels of 1-3 in z, 1-5 in y and x).
 
     Parameters
     ----------
-    w : array, shape (C_out, C_in, kz, ky, kx), every k in (1, 3)
+    w : array, shape (C_out, C_in, kz, ky, kx), kz in 1-3, ky and kx in 1-5 (not all 1)
     b : array, shape (C_out,), or None
     in_spatial : 3-tuple
         Input spatial shape of the calls.
     threads : int
-        Workers for the transforms (channels split between them); the GEMMs use BLAS's threads.
+        Workers, each running whole blocks of tile rows (transforms and single-threaded GEMMs).
     xp : module
         ``numpy`` (numba transforms + BLAS) or ``cupy`` (array operations + cuBLAS).
 

@@ -20,7 +20,7 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 12  # bump when the models or the calibration change (7-8: fft-gemm, 9-10: winograd)
+CALIBRATION_VERSION = 12  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd)
 
 
 def cache_dir() -> Path:
