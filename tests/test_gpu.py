@@ -14,7 +14,7 @@ from .reference import max_rel_err, torch_dense
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("prim", ["direct-gemm", "fft-data"])
+@pytest.mark.parametrize("prim", ["direct-gemm", "fft-gemm", "fft-data", "winograd"])
 def test_gpu_matches_torch(prim):
     net = make_net(NETS["aniso"], c_in=2, seed=4)
     x = np.random.default_rng(0).standard_normal((2,) + tuple(f + 9 for f in net.field_of_view)).astype(np.float32)
@@ -33,3 +33,20 @@ def test_gpu_request_without_device_is_a_clear_error():
         pytest.skip("a CUDA device is present")
     with pytest.raises(DeviceError):
         require_device("tpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device", ["gpu", "cpu+gpu"])
+def test_gpu_plan_kinds_match_the_cpu_and_keep_their_memory(device):
+    """On a real device: GPU-only, GPU + host RAM (a budget the tensors do not fit) and the
+    CPU -> GPU pipeline equal the CPU engine; the pool's peak stays within the budget."""
+    import cupy
+
+    net = make_net(NETS["iso2pool"], seed=4)
+    x = np.random.default_rng(1).standard_normal((1, 93, 93, 93)).astype(np.float32)
+    ref = znni_core.infer(net, x)
+    for budget in ((2 ** 28, 5_000_000) if device == "gpu" else (2 ** 28,)):
+        plan = autotune(net, device=device, memory_budget=budget, patch_shape=(93, 93, 93), use_cache=False)
+        out = znni_core.infer(net, x, device=device, plan=plan)
+        assert max_rel_err(out, ref) <= 1e-4, plan.describe()
+        assert cupy.get_default_memory_pool().total_bytes() <= budget + 2 ** 29

@@ -53,7 +53,9 @@ def test_autotuned_plan_stays_under_budget(budget_mib):
     plan = autotune(net, memory_budget=budget_mib * MIB)
     measured = measured_peak(net, plan)
     assert plan.predicted_peak_bytes <= budget_mib * MIB
-    assert measured <= budget_mib * MIB, (measured / MIB, budget_mib)
+    # tracemalloc also counts the interpreter's own small objects (frames, dicts: a few KiB);
+    # a plan at the budget measured 24.002 MiB of 24 at the last commit and at this one
+    assert measured <= budget_mib * MIB + 64 * 1024, (measured / MIB, budget_mib)
 
 
 def test_throughput_grows_with_budget():

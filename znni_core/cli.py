@@ -1,7 +1,6 @@
 """The ``znni`` command line: engine commands here, workflow commands from :mod:`znni_core.pipeline.cli`."""
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -11,16 +10,14 @@ import typer
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="znni: exact dense sliding-window inference of 3D ConvNets over EM volumes.")
 
-_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
-          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "t": 10 ** 12, "tb": 10 ** 12, "tib": 2 ** 40}
-
-
 def parse_bytes(text: str) -> int:
     """``"2GiB"``, ``"500MB"``, ``"1e9"`` -> bytes."""
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise typer.BadParameter(f"{text!r} is not a size; use bytes or a unit like 512MiB, 2GiB, 8GB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    from .units import parse_bytes as parse
+
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _fail(exc: Exception) -> None:
@@ -57,7 +54,8 @@ def info(net: Path = typer.Argument(..., help="network (.onnx or .yaml)")):
 def plan(
     net: Path = typer.Argument(..., help="network (.onnx or .yaml)"),
     memory: str = typer.Option(None, "--memory", "-m", help="memory budget (bytes or 2GiB); default: half the available RAM"),
-    device: str = typer.Option("cpu", help="cpu | gpu"),
+    device: str = typer.Option("cpu", help="cpu | gpu (GPU-only, or GPU + host RAM when tensors do not fit) | "
+                                             "cpu+gpu (first layers on the CPU, pipelined)"),
     effort: str = typer.Option("estimate", help="estimate | measure | exhaustive"),
     threads: Optional[int] = typer.Option(None, help="threads (default: the CPUs this process may use)"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the plan as JSON here"),
@@ -117,7 +115,8 @@ def infer_cmd(
     scale: Optional[float] = typer.Option(None, help="multiply the input by this after converting to float32 "
                                           "(e.g. 0.00392156 for uint8 -> [0, 1]); integer input needs it"),
     shift: Optional[float] = typer.Option(None, help="add this after --scale (x * scale + shift), e.g. -0.5 to centre"),
-    device: str = typer.Option("cpu", help="cpu | gpu"),
+    device: str = typer.Option("cpu", help="cpu | gpu (GPU-only, or GPU + host RAM when tensors do not fit) | "
+                                             "cpu+gpu (first layers on the CPU, pipelined)"),
 ):
     """Dense sliding-window output of NET on an array file or a region of a layer."""
     import numpy as np

@@ -6,7 +6,7 @@ import contextlib
 import numpy as np
 
 from .errors import InputError, PlanError
-from .exec.device import require_device
+from .exec.device import device_limits, require_device
 from .exec.tiling import graph_extent, run_tiled
 from .net.graph import Graph
 from .net.spec import Network
@@ -92,7 +92,8 @@ def infer(net: Network, x, *, device: str = "cpu", memory_budget: int | None = N
         raise PlanError("the plan was made for another network (digest mismatch); re-run `znni plan`")
     elif plan.device != device:
         raise PlanError(f"the plan is for device {plan.device!r} but device={device!r} was requested")
-    with thread_limits(plan.threads):
+    limits = contextlib.nullcontext() if device == "cpu" else device_limits(xp, plan)
+    with thread_limits(plan.threads), limits:
         return run_tiled(plan, net, x, xp=xp, progress=progress, cache=_WARM if cache is None else cache)
 
 

@@ -24,6 +24,8 @@ from ..layers import (FFTConv, FFTGemmConv, WinogradConv, apply_activation, conv
                       max_filter_inplace, max_pool, mpf, recombine)
 from ..net.spec import Conv, Network, Pool
 from ..plan.plan import Step
+from ..layers.xp import get_array_module
+from .stream import stream_blocks
 
 
 def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
@@ -65,6 +67,14 @@ def _run_conv(step, layer: Conv, x, xp, convs):
     fn = _conv_fn(step, layer, tile, xp, convs)
     if isinstance(fn, ResidentConv):  # set per call: the object is cached across calls and patches
         fn.relu = getattr(step, "fused", "") == "relu"
+    if xp is not np and get_array_module(x) is np:  # GPU + host RAM: x lives on the host
+        out = np.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), np.float32)
+        ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
+        jobs = [((slice(i, i + mb), slice(None)) + tuple(slice(a, a + t) for a, t in zip(o, tile)),
+                 (slice(i, i + mb), slice(None)) + tuple(slice(a, a + b) for a, b in zip(o, ob)))
+                for i in range(0, n, mb) for o in origins]
+        stream_blocks(fn, x, out, jobs, xp)
+        return out
     if mb >= n and tile == spatial:
         return fn(x)
     out = xp.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), dtype=np.float32)
@@ -102,7 +112,7 @@ def _gather(n, offsets, run_offset, xp):
         y = run_offset(off)
         if out is None:
             r = y.shape[0] // n
-            out = xp.empty((n, len(offsets), r) + y.shape[1:], dtype=y.dtype)
+            out = get_array_module(y).empty((n, len(offsets), r) + y.shape[1:], dtype=y.dtype)
         out[:, k] = y.reshape((n, -1) + y.shape[1:])
         del y
     return out.reshape((-1,) + out.shape[3:])
@@ -113,7 +123,7 @@ def _slab_fragment(steps, layers, k, x, offset, rows, xp, convs):
     window = layers[steps[k].index].window
     g = slab_geometry(layers, x.shape[1], steps[k].index, x.shape[2:], rows)
     ez = g["extent"][0]
-    frag = xp.empty((x.shape[0], g["channels"]) + g["frag"], dtype=np.float32)
+    frag = get_array_module(x).empty((x.shape[0], g["channels"]) + g["frag"], dtype=np.float32)
     oz, oy, ox = offset
     my, mx = g["frag"][1:]
     for j0 in range(0, g["frag"][0], g["rows"]):
@@ -141,7 +151,7 @@ def _run(steps, layers, i, x, xp, convs):
             x = mpf(x, layer.window)
         else:  # depth-first pooling: each offset through the rest of the network
             offsets = list(itertools.product(*(range(p) for p in layer.window)))
-            if xp is np and i > 0 and x.dtype == np.float32 and x.flags.c_contiguous:
+            if get_array_module(x) is np and i > 0 and x.dtype == np.float32 and x.flags.c_contiguous:
                 # x is ours (a layer's output): filter it in place once, then every offset's
                 # fragment is a strided subsample (a contiguous copy, as _fragment makes)
                 xf = max_filter_inplace(x, layer.window)
@@ -203,6 +213,41 @@ def pool_before_activation(steps, layers) -> tuple:
     return tuple(out)
 
 
+def _front_steps(plan, layers):
+    """The executor's steps (fused, pools before activations) and the first one on the GPU."""
+    steps = pool_before_activation(fuse_activations(plan.steps, layers), layers)
+    k = next((j for j, s in enumerate(steps) if s.index >= plan.split), len(steps)) if plan.placement == "cpu+gpu" \
+        else 0
+    return steps, k
+
+
+def run_front(plan, net: Network, x, *, convs=None):
+    """A ``cpu+gpu`` plan's CPU stage on one patch ``(C, n)``: the layers before ``plan.split``,
+    on numpy; returns what :func:`run_back` takes (fragments ``(N, C, ...)``)."""
+    _check_patch(plan, net, x)
+    steps, k = _front_steps(plan, net.layers)
+    x = x[None].copy() if steps and steps[0].op == "act" else x[None]
+    return _run(steps[:k], net.layers, 0, x, np, {} if convs is None else convs)
+
+
+def run_back(plan, net: Network, h, *, xp, convs=None):
+    """A ``cpu+gpu`` plan's GPU stage: the rest of the network on :func:`run_front`'s result
+    (moved to the device here), and the recombination; returns the device's ``(C_out, out)``."""
+    steps, k = _front_steps(plan, net.layers)
+    y = _run(steps, net.layers, k, xp.asarray(h), xp, {} if convs is None else convs)
+    pools = [l.window for l in net.layers if isinstance(l, Pool)]
+    return (recombine(y, pools) if pools else y)[0]
+
+
+def _check_patch(plan, net, x):
+    fov, d = net.field_of_view, net.pooling_product
+    if any(n < f or (n - f + 1) % dd for n, f, dd in zip(x.shape[1:], fov, d)):
+        raise PlanError(f"patch of shape {tuple(x.shape[1:])}: every axis n needs n >= field of view {fov} "
+                        f"and (n - F + 1) divisible by the pooling product {d}")
+    if plan.network_digest != net.digest():
+        raise PlanError("the plan was made for another network (digest mismatch); re-run `znni plan`")
+
+
 def run_patch(plan, net: Network, x, *, xp=np, convs=None):
     """Dense output ``(C_out, n - F + 1)`` of one input patch ``(C, n)``.
 
@@ -213,12 +258,9 @@ def run_patch(plan, net: Network, x, *, xp=np, convs=None):
     of this plan (:func:`kernel_cache` gives the one for a plan).
     """
     convs = {} if convs is None else convs
-    fov, d = net.field_of_view, net.pooling_product
-    if any(n < f or (n - f + 1) % dd for n, f, dd in zip(x.shape[1:], fov, d)):
-        raise PlanError(f"patch of shape {tuple(x.shape[1:])}: every axis n needs n >= field of view {fov} "
-                        f"and (n - F + 1) divisible by the pooling product {d}")
-    if plan.network_digest != net.digest():
-        raise PlanError("the plan was made for another network (digest mismatch); re-run `znni plan`")
+    _check_patch(plan, net, x)
+    if plan.placement == "cpu+gpu":
+        return run_back(plan, net, run_front(plan, net, x, convs=convs), xp=xp, convs=convs)
     layers = net.layers
     if plan.steps and plan.steps[0].op == "act":
         x = x.copy()  # activations run in place; never modify the caller's input

@@ -23,7 +23,7 @@ from ..errors import InputError
 from ..geometry.blocks import block_starts
 from ..net.graph import Graph
 from .blend import axis_plan, lattice
-from .engine import kernel_cache, run_patch
+from .engine import kernel_cache, run_back, run_front, run_patch
 from .graph import run_graph_patch
 
 
@@ -41,25 +41,51 @@ def run_tiled(plan, net, x: np.ndarray, *, xp=np, progress=None, cache: dict | N
     result = np.empty((net.out_channels,) + tuple(out_total), dtype=np.float32)
     grids = [block_starts(o, t) for o, t in zip(out_total, tile)]
     convs = kernel_cache(cache, plan)  # FFT kernel spectra, shared by every tile (all of one shape)
-    for start in itertools.product(*grids):
+    on_host = xp is np or plan.placement in ("gpu+host", "cpu+gpu")  # where the patch goes in
+
+    def cut(start):
         need = [s + t + f - 1 for s, t, f in zip(start, tile, fov)]
         sl = tuple(slice(s, min(e, n)) for s, e, n in zip(start, need, x.shape[1:]))
         patch = x[(slice(None),) + sl]
         pad = [(0, e - min(e, n)) for e, n in zip(need, x.shape[1:])]
         if any(p[1] for p in pad):
             patch = np.pad(patch, [(0, 0)] + pad, mode="edge")  # only affects outputs that are cropped
-        patch = np.ascontiguousarray(patch) if xp is np else xp.asarray(patch)
-        y = run_patch(plan, net, patch, xp=xp, convs=convs)
-        del patch
+        return np.ascontiguousarray(patch) if on_host else xp.asarray(patch)
+
+    def put(start, y):
         if xp is not np:
             y = xp.asnumpy(y)
         keep = tuple(slice(0, min(t, o - s)) for s, t, o in zip(start, tile, out_total))
         dst = tuple(slice(s, s + k.stop) for s, k in zip(start, keep))
         result[(slice(None),) + dst] = y[(slice(None),) + keep]
-        del y
         if progress is not None:
             progress(1)
+
+    starts = list(itertools.product(*grids))
+    if plan.placement == "cpu+gpu":
+        _pipelined(plan, net, starts, cut, put, xp, convs)
+        return result
+    for start in starts:
+        put(start, run_patch(plan, net, cut(start), xp=xp, convs=convs))
     return result
+
+
+def _pipelined(plan, net, starts, cut, put, xp, convs) -> None:
+    """A cpu+gpu plan over its patches: the CPU stage of patch i + 1 (a worker thread) runs
+    while the GPU stage of patch i runs here; at most two patches' fragments are alive."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    front_convs = convs.setdefault("front", {})
+    back_convs = convs.setdefault("back", {})
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="znni-cpu-stage") as pool:
+        pending = None
+        for start in starts:
+            fut = pool.submit(lambda s: run_front(plan, net, cut(s), convs=front_convs), start)
+            if pending is not None:
+                put(pending[0], run_back(plan, net, pending[1].result(), xp=xp, convs=back_convs))
+            pending = (start, fut)
+        if pending is not None:
+            put(pending[0], run_back(plan, net, pending[1].result(), xp=xp, convs=back_convs))
 
 
 def graph_extent(net: Graph, shape) -> tuple:

@@ -71,6 +71,14 @@ def _conv_step_bytes(primitive, n, mb, layer, spatial, tile, threads) -> int:
     return out + block + conv_primitive_bytes(primitive, mb, layer, tile, threads)
 
 
+def device_call_bytes(primitive: str, mb: int, layer: Conv, spatial, tile=(), threads: int = 1) -> int:
+    """Device bytes of one call of a conv streamed from host memory (GPU + host RAM): its
+    input block twice (the next one is copied in while this one computes) and the call's
+    own peak (its output block and workspace)."""
+    tile, _ = conv_blocks(tuple(spatial), layer.kernel, tile)
+    return 2 * nbytes((mb, layer.in_channels) + tuple(tile)) + conv_primitive_bytes(primitive, mb, layer, tile, threads)
+
+
 def resident_bytes(primitive: str, layer: Conv, in_spatial) -> int:
     """Bytes a conv step keeps for the whole run: the kernel spectra of ``fft-data`` /
     ``fft-task`` / ``fft-gemm`` and Winograd's kernel transform (the executor builds them on

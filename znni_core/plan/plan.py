@@ -82,6 +82,11 @@ class Plan:
     overlap: tuple = ()  # padded: blending overlap of neighbouring patch outputs (z, y, x)
     blend: str = ""  # padded: bump | gaussian | linear (exec/blend.py)
     tile: tuple = ()  # graph: exact output tiles within a patch (halos recomputed); () = the patch whole
+    #: GPU plans: "" every tensor on the device; "gpu+host" tensors in host RAM, each conv streamed
+    #: through the device in blocks (ZNNi VI-C); "cpu+gpu" layers before ``split`` on the CPU, the
+    #: rest on the GPU, the two stages overlapped across patches (ZNNi VI-D)
+    placement: str = ""
+    split: int = 0  # cpu+gpu: layer index of the first step on the GPU
 
     def __post_init__(self):
         for name in ("patch_shape", "output_shape", "field_of_view", "overlap", "tile"):
@@ -150,6 +155,7 @@ class Plan:
         """Hash of what determines the computation (not the provenance or predictions)."""
         key = {"net": self.network_digest, "device": self.device, "patch": self.patch_shape,
                **({"overlap": self.overlap, "blend": self.blend} if self.kind == "padded" else {}),
+               **({"placement": self.placement, "split": self.split} if self.placement else {}),
                "steps": [(s.index, s.op, s.primitive, s.micro_batch, s.threads) for s in self.steps]}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
@@ -157,7 +163,9 @@ class Plan:
     def describe(self, max_rejected: int = 5) -> str:
         gib = 2 ** 30
         lines = [
-            f"plan for network {self.network_digest[:12]} on {self.device} ({self.threads} threads), effort {self.effort}",
+            f"plan for network {self.network_digest[:12]} on {self.device} ({self.threads} threads), effort {self.effort}"
+            + {"": "", "gpu+host": "; tensors in host RAM, convolutions streamed through the GPU",
+               "cpu+gpu": f"; layers before {self.split} on the CPU, the rest on the GPU, pipelined"}[self.placement],
             f"input patch {self.patch_shape} -> dense output {self.output_shape} (field of view {self.field_of_view})"
             + (f"; {self.kind} graph" if self.kind != "chain" else "")
             + (f", {self.blend} blending over {self.overlap}" if self.kind == "padded" else "")

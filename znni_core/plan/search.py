@@ -28,7 +28,12 @@ EFFORTS = ("estimate", "measure", "exhaustive")
 DEFAULT_BUDGET_FRACTION = 0.5  # of the RAM available when planning
 MAX_PATCH_VOXELS = 512 ** 3
 GIB = 2 ** 30
-GPU_PRIMITIVES = ("direct-gemm", "fft-data")
+#: conv primitives of GPU plans: the two whose device memory the model predicts (checked on the
+#: simulated GPU); fft-data and winograd run on the device too when asked for (``primitives=``)
+GPU_PRIMITIVES = ("direct-gemm", "fft-gemm")
+DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the rest on the GPU, pipelined
+DEVICE_HEADROOM = 512 * 2 ** 20  # device memory left to the CUDA context, library handles and cuFFT plans
+GPU_BUDGET_FRACTION = 0.9  # of the device memory free when planning (after the headroom)
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
 SEARCH_VERSION = 8  # in the plan cache key: bump when the search or time model changes (stale plans)
 PLAN_CACHE_ENTRIES = 256  # newest plans kept on disk (one per network x shape x budget x ...)
@@ -125,9 +130,10 @@ def _slab_modes(net: Network, patch, mode_sets) -> list[tuple]:
 
 
 class _Timer:
-    def __init__(self, effort: str, threads: int):
-        self.cal = T.calibrate(threads)
-        self.meas = T.Measurements(threads) if effort != "estimate" else None
+    def __init__(self, effort: str, threads: int, cal: dict | None = None):
+        self.cal = cal or T.calibrate(threads)
+        # on a GPU every option is estimated from the device's roofline (gpu_timing)
+        self.meas = T.Measurements(threads) if effort != "estimate" and cal is None else None
         self.measure_all = effort == "exhaustive"
         self._memo: dict = {}  # (primitive, n, layer, shapes, ...) -> seconds, for this search only
 
@@ -204,8 +210,15 @@ def _rate(net: Network, patch, secs: float, input_shape=None) -> float:
     return math.prod(need) / (patches * secs)
 
 
-def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
-    """Best choices for one (patch, pool modes) candidate; returns (steps, seconds, peak, notes)."""
+def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=None):
+    """Best choices for one (patch, pool modes) candidate; returns (steps, seconds, peak, notes).
+
+    ``host`` (a GPU + host RAM candidate, ZNNi Sec. VI-C): ``{"budget": host bytes, "cal":
+    the CPU's calibration}``.  Every tensor then lives in host memory (the walk's peak must
+    fit ``host["budget"]``); each conv streams its input through the device in blocks and
+    micro-batches (``budget``: device bytes for one call, double-buffered, plus the resident
+    kernel transforms); pooling and activations run on the CPU.  ``peak`` is the device's.
+    """
     layers = net.layers
     live_max: dict[int, int] = {}
 
@@ -235,7 +248,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
             if i in decisions:
                 return decisions[i]
             layer = layers[i]
-            room = budget - live_max[i] - sum(resident.values())
+            room = budget - (0 if host else live_max[i]) - sum(resident.values())
             usable = tuple(p for p in primitives if primitive_supports(p, layer.kernel)) or ("direct-gemm",)
             allowed = tuple(p for p in usable if not (i in no_cache and p in RESIDENT_PRIMITIVES)) or usable
             if _flat_axis(layer.kernel, spatial):
@@ -249,23 +262,28 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
                 # per-row overhead is not in the rate model (boundary net 200 -> 1 on 256 fragments
                 # of 15 x 11^2: 0.08 s against 0.02 s, estimated the other way round)
                 allowed = tuple(p for p in allowed if p != "direct-numba") or allowed
-            key = ("ranked", i, n, tuple(spatial), reps[i], allowed)
+            key = ("ranked", i, n, tuple(spatial), reps[i], allowed, bool(host))
             ranked = timer._memo.get(key)  # every option of this layer by estimated time (shared by candidates)
             if ranked is None:
                 ranked = []
                 for prim in allowed:
-                    for tile in (_fft_tiles(spatial, layer.kernel) if prim.startswith("fft-") else [()]):
+                    for tile in (_fft_tiles(spatial, layer.kernel) if prim.startswith("fft-") or host else [()]):
                         keep = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
                         for mb in _micro_batches(n):
-                            need = M.conv_step_bytes(prim, n, mb, layer, spatial, tile, threads) + keep
-                            ranked.append((timer.layer(prim, n, layer, spatial, mb, reps[i], tile=tile), prim, mb, tile,
-                                           need))
+                            if host:
+                                need = M.device_call_bytes(prim, mb, layer, spatial, tile, threads) + keep
+                                t = _streamed(timer, prim, n, layer, spatial, mb, reps[i], tile)
+                            else:
+                                need = M.conv_step_bytes(prim, n, mb, layer, spatial, tile, threads) + keep
+                                t = timer.layer(prim, n, layer, spatial, mb, reps[i], tile=tile)
+                            ranked.append((t, prim, mb, tile, need))
                 ranked.sort(key=lambda o: o[:3])
                 timer._memo[key] = ranked
             est = [o[:4] for o in ranked if o[4] <= room]
             if not est:
                 _, p, mb, tile, _ = min(ranked, key=lambda o: o[4])
                 decisions[i] = (p, mb, tile)
+                resident[i] = M.resident_bytes(p, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
                 return decisions[i]
             if timer.meas is not None and (measure or timer.measure_all):
                 short = [o for o in est if o[0] <= 3 * est[0][0]][:SHORTLIST]
@@ -277,7 +295,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
             decisions[i] = (prim, mb, tile)
             resident[i] = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
             best_t = timed[0][0]
-            for p in usable:  # faster whole-batch alternatives refused for memory
+            for p in (() if host else usable):  # faster whole-batch alternatives refused for memory
                 e = M.conv_primitive_bytes(p, n, layer, spatial, threads) + M.resident_bytes(p, layer, spatial)
                 if e > room:
                     t = timer.layer(p, n, layer, spatial, n, reps[i])
@@ -287,7 +305,12 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
 
         M.walk(net, patch, modes, decide, threads)  # pass 2: choices, layer by layer
         held = sum(resident.values())
-        steps_mem, peak = M.walk(net, patch, modes, lambda i, *a: decisions[i], threads, resident=held)
+        steps_mem, peak = M.walk(net, patch, modes, lambda i, *a: decisions[i], threads, resident=0 if host else held)
+        if host:  # the walk is the host's memory; the device holds one call's blocks and the transforms
+            host_peak = peak
+            peak = held + max((M.device_call_bytes(p, mb, layers[i], sm.in_shape[2:], tl, threads)
+                               for sm in steps_mem if sm.op == "conv"
+                               for i, (p, mb, tl) in [(sm.index, decisions[sm.index])]), default=0)
         if peak <= budget or not held:
             break
         # the resident spectra chosen layer by layer do not fit together: drop the largest, re-decide
@@ -301,17 +324,19 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
         if isinstance(layer, Conv):
             prim, mb, tile = decisions[sm.index]
             n = sm.in_shape[0]
-            t = timer.layer(prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], measure, tile)
+            t = (_streamed(timer, prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], tile) if host else
+                 timer.layer(prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], measure, tile))
             prim_name, mbv = prim, (0 if mb >= n else mb)
             tile = M.conv_blocks(sm.in_shape[2:], layer.kernel, tile)[0] if tile else ()
         elif isinstance(layer, Activation):
             tile = ()
-            t = T.estimate_elementwise(M.nbytes(sm.in_shape), timer.cal, 1.0 if layer.kind == "identity" else 2.0)
+            t = T.estimate_elementwise(M.nbytes(sm.in_shape), host["cal"] if host else timer.cal,
+                                       1.0 if layer.kind == "identity" else 2.0)
             prim_name, mbv = layer.kind, 0
             t = (t + CALL_OVERHEAD_S) * reps[sm.index]
         else:
             tile = ()
-            t = T.estimate_elementwise(M.nbytes(sm.in_shape), timer.cal, 1.5)
+            t = T.estimate_elementwise(M.nbytes(sm.in_shape), host["cal"] if host else timer.cal, 1.5)
             mode = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)]
             prim_name, _, rows = mode.partition(":")
             mbv = int(rows or 0)
@@ -322,7 +347,26 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False):
     out_vox = math.prod(net.output_shape(patch))
     total += T.estimate_elementwise(M.nbytes((net.out_channels, out_vox)), timer.cal, 2.0)  # recombine
     total += PATCH_OVERHEAD_S
+    if host and host_peak > host["budget"]:
+        notes.append(Rejected(f"patch {patch} on GPU + host RAM", f"host tensors need {_fmt(host_peak)} > host budget "
+                              f"{_fmt(host['budget'])}"))
+        peak = max(peak, budget + 1)  # does not fit
     return steps, total, peak, notes
+
+
+def _streamed(timer, prim, n, layer, spatial, mb, reps, tile) -> float:
+    """Seconds of a conv streamed through the device block by block (GPU + host RAM): the
+    transfers of every block in and out overlap the compute (two streams), and the first
+    block's transfer does not."""
+    from . import gpu_timing
+
+    compute = timer.layer(prim, n, layer, spatial, mb, reps, tile=tile)
+    shape, origins = M.conv_blocks(tuple(spatial), layer.kernel, tile)
+    calls = reps * math.ceil(n / (mb or n)) * len(origins)
+    one = M.nbytes(((mb or n), layer.in_channels) + shape) + M.nbytes(
+        ((mb or n), layer.out_channels) + tuple(s - k + 1 for s, k in zip(shape, layer.kernel)))
+    moved = gpu_timing.transfer_seconds(calls * one, timer.cal)
+    return max(compute, moved) + gpu_timing.transfer_seconds(one, timer.cal)
 
 
 def autotune(net: Network, *, memory_budget: int | None = None, device: str = "cpu", effort: str = "estimate",
@@ -343,16 +387,17 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
     """
     if effort not in EFFORTS:
         raise PlanError(f"effort {effort!r} is not one of {EFFORTS}")
-    gpu_free = None
-    if device != "cpu":
-        from ..exec.device import require_device
-
-        cp = require_device(device)
-        gpu_free = int(cp.cuda.runtime.memGetInfo()[0] * DEFAULT_BUDGET_FRACTION)
-    budget = int(memory_budget) if memory_budget is not None else (gpu_free or default_budget())
-    if budget <= 0:
+    if device not in DEVICES:
+        raise PlanError(f"device {device!r} is not one of {DEVICES}")
+    if memory_budget is not None and int(memory_budget) <= 0:
         raise PlanError(f"memory budget {memory_budget!r} must be a positive number of bytes")
     threads = int(threads or default_threads())
+    gpu_cal = host = None
+    if device != "cpu":
+        budget, gpu_cal = _device_budget(memory_budget)
+        host = {"budget": default_budget(), "cal": T.calibrate(threads), "threads": threads}
+    else:
+        budget = int(memory_budget) if memory_budget is not None else default_budget()
     # on the GPU the same xp code runs on CuPy; numba's CPU kernel and FFTW threads do not apply
     prims = tuple(primitives or (CONV_PRIMITIVES if device == "cpu" else GPU_PRIMITIVES))
     bad = [p for p in prims if p not in CONV_PRIMITIVES]
@@ -366,11 +411,15 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
             input_patch(net, input_shape)  # validates
     cache = T.JsonCache(T.cache_dir() / "plans.json", max_entries=PLAN_CACHE_ENTRIES) if use_cache else None
     ckey = (f"{net.digest()}|{budget}|{device}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|{input_shape}|"
-            f"{SEARCH_VERSION}|{T.machine_key(threads)}" + (f"|{overlap}|{blend}" if graph else ""))
+            f"{SEARCH_VERSION}|{T.machine_key(threads)}" + (f"|{overlap}|{blend}" if graph else "")
+            + (f"|{gpu_cal['device']}|{gpu_cal['gemm_flops']:.3g}" if gpu_cal else ""))
     if cache is not None and (hit := cache.get(ckey)):
         return Plan.from_dict(hit)
 
-    timer = _Timer(effort, threads)
+    timer = _Timer(effort, threads, gpu_cal)
+    if graph and device == "cpu+gpu":
+        raise PlanError("cpu+gpu (pipelined) plans are for max-pooling (chain) networks; plan a graph network "
+                        "with device 'gpu' or 'cpu'")
     if graph:
         from .graph import autotune_graph
 
@@ -399,6 +448,11 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
                             f"{len(net.pools)} pooling layers")
         mode_sets = [pool_modes]
 
+    if device == "cpu+gpu":  # the pipeline hands MPF fragments from the CPU stage to the GPU stage
+        if pool_modes is not None and any(m != "mpf" for m in pool_modes):
+            raise PlanError(f"pool_modes {pool_modes}: a cpu+gpu plan runs every pooling layer as MPF")
+        mode_sets = [("mpf",) * len(net.pools)]
+        pool_modes = mode_sets[0]
     results, rejected = [], []
     smallest_need = None
     evaluated = 0
@@ -425,23 +479,37 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
             for j, modes in enumerate(group):
                 if j == 1 and group is frugal_first and not best:
                     break
-                steps, secs, peak, notes = _evaluate(net, patch, modes, budget, timer, prims)
-                evaluated += 1
-                desc = f"patch {patch} pools {'/'.join(modes) or '-'}"
-                vps = _rate(net, patch, secs, input_shape)
-                if peak > budget:
-                    rejected.append(Rejected(desc, f"needs {_fmt(peak)} > budget {_fmt(budget)}", vps))
-                    smallest_need = peak if smallest_need is None else min(smallest_need, peak)
-                else:
-                    results.append((vps, patch, modes, steps, secs, peak, notes))
-                    best = max(best, _rate(net, patch, secs))
+                fits = False
+                for placement in placements:
+                    if placement == "gpu+host" and fits:
+                        continue  # host RAM is for tensors the device cannot hold
+                    split = 0
+                    if placement == "cpu+gpu":
+                        steps, secs, peak, notes, split = _pipeline(net, patch, modes, budget, timer, prims, host)
+                    else:
+                        steps, secs, peak, notes = _evaluate(net, patch, modes, budget, timer, prims,
+                                                             host=host if placement == "gpu+host" else None)
+                    evaluated += 1
+                    desc = f"patch {patch} pools {'/'.join(modes) or '-'}" + (f" on {placement}" if placement else "")
+                    vps = _rate(net, patch, secs, input_shape)
+                    if peak > budget:
+                        rejected.append(Rejected(desc, f"needs {_fmt(peak)} > budget {_fmt(budget)}", vps))
+                        smallest_need = peak if smallest_need is None else min(smallest_need, peak)
+                    else:
+                        fits = True
+                        results.append((vps, patch, modes, steps, secs, peak, notes, placement, split))
+                        best = max(best, _rate(net, patch, secs))
         return best
+
+    # GPU plans: all on the device, or tensors in host RAM streamed through it (ZNNi VI-C), chosen by speed
+    placements = {"cpu": ("",), "gpu": ("", "gpu+host"), "cpu+gpu": ("cpu+gpu",)}[device]
+    room = host["budget"] if device == "gpu" else budget  # where a patch's tensors may live
 
     for patches in series:
         # coarse to fine along a series of growing patches: every COARSE-th patch until
         # throughput has fallen PATIENCE times in a row or the input alone no longer fits
         # (monotone trends), then the neighbours of the best coarse patch
-        patches = [p for p in patches if M.nbytes((net.in_channels,) + p) * 2 <= budget]
+        patches = [p for p in patches if M.nbytes((net.in_channels,) + p) * 2 <= room]
         if not patches:
             continue
         coarse = sorted(set(range(0, len(patches), COARSE)) | {len(patches) - 1})
@@ -459,7 +527,7 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
                 if i not in seen:
                     seen[i] = try_patch(patches[i])
     whole = input_patch(net, input_shape) if input_shape is not None and patch_shape is None else None
-    if whole is not None and whole not in tried and M.nbytes((net.in_channels,) + whole) * 2 <= budget:
+    if whole is not None and whole not in tried and M.nbytes((net.in_channels,) + whole) * 2 <= room:
         try_patch(whole)  # the input in one patch: the walk may have stopped short of it
     if not results:
         need = smallest_need or M.nbytes((net.in_channels,) + tuple(net.field_of_view)) * 2
@@ -468,31 +536,82 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
             f"Raise the budget (--memory / mem_mb) to at least {_fmt(need * 1.1)}.")
     results.sort(key=lambda r: -r[0])
 
-    if effort in ("measure", "exhaustive"):
+    if effort in ("measure", "exhaustive") and device == "cpu":
         # re-time the best candidates on real shapes (exhaustive: all were measured already)
         top = results if effort == "exhaustive" else results[:3]
         remeasured = []
         for vps, patch, modes, *_ in top:
             steps, secs, peak, notes = _evaluate(net, patch, modes, budget, timer, prims, measure=True)
-            remeasured.append((_rate(net, patch, secs, input_shape), patch, modes, steps, secs, peak, notes))
+            remeasured.append((_rate(net, patch, secs, input_shape), patch, modes, steps, secs, peak, notes, "", 0))
         remeasured.sort(key=lambda r: -r[0])
         results = remeasured + results[len(top):]
 
-    vps, patch, modes, steps, secs, peak, notes = results[0]
+    vps, patch, modes, steps, secs, peak, notes, placement, split = results[0]
     for r in results[1:]:
-        rejected.append(Rejected(f"patch {r[1]} pools {'/'.join(r[2]) or '-'}",
+        rejected.append(Rejected(f"patch {r[1]} pools {'/'.join(r[2]) or '-'}" + (f" on {r[7]}" if r[7] else ""),
                                  f"slower: {r[0]:,.0f} < {vps:,.0f} voxels/s", r[0]))
     rejected.sort(key=lambda r: -r.voxels_per_s)
     plan = Plan(
         network_digest=net.digest(), device=device, patch_shape=patch, output_shape=net.output_shape(patch),
         field_of_view=net.field_of_view, memory_budget=budget, steps=tuple(steps), predicted_seconds=secs,
-        predicted_peak_bytes=int(peak), effort=effort, threads=threads,
+        predicted_peak_bytes=int(peak), effort=effort, threads=threads, placement=placement, split=split,
         rejected=tuple(notes) + tuple(rejected[:50]),
         provenance={"versions": T.versions(), "cpu": T.cpu_model(), "threads": threads,
                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "effort": effort, "candidates": evaluated, "input_shape": input_shape,
-                    "calibration": {k: timer.cal[k] for k in ("gemm_flops", "numba_flops", "mem_bw")}},
+                    "calibration": {k: timer.cal[k] for k in ("gemm_flops", "numba_flops", "mem_bw")},
+                    **({"device": gpu_cal["device"]} if gpu_cal else {})},
     )
     if cache is not None:
         cache.put(ckey, plan.to_dict())
     return plan
+
+
+def _device_budget(memory_budget):
+    """The device memory budget (bytes) and the device's calibration.  The default is the
+    free memory less :data:`DEVICE_HEADROOM`, times :data:`GPU_BUDGET_FRACTION`; a budget
+    larger than the device (less the headroom) is refused here, at plan time."""
+    from ..exec.device import require_device
+    from . import gpu_timing
+
+    xp = require_device("gpu")
+    free, total = (int(v) for v in xp.cuda.runtime.memGetInfo())
+    headroom = min(DEVICE_HEADROOM, total // 8)
+    if memory_budget is not None:
+        if int(memory_budget) > total - headroom:
+            raise MemoryBudgetError(
+                f"memory budget {_fmt(int(memory_budget))} is more than the GPU holds: {_fmt(total)} less "
+                f"{_fmt(headroom)} for the CUDA context and libraries; give at most {_fmt(total - headroom)}")
+        budget = int(memory_budget)
+    else:
+        budget = int(max(0, free - headroom) * GPU_BUDGET_FRACTION)
+    return budget, gpu_timing.calibrate_device(xp)
+
+
+def _pipeline(net, patch, modes, budget, timer, prims, host):
+    """A CPU -> GPU candidate (ZNNi Sec. VI-D): the layers before a conv run on the CPU, the
+    rest on the GPU, the two stages overlapped across patches.  The split is the one whose
+    slower stage is fastest (Caffe con Troll's split by measured speed: both stages are
+    timed by their device's calibrated model).  Returns (steps, seconds per patch in
+    steady state, device peak, notes, split: the layer index of the first GPU step)."""
+    from . import gpu_timing
+
+    cpu_timer = host.setdefault("timer", _Timer("estimate", host["threads"]))
+    cpu, _, cpu_peak, _ = _evaluate(net, patch, modes, host["budget"], cpu_timer, CONV_PRIMITIVES)
+    gpu, _, _, notes = _evaluate(net, patch, modes, budget, timer, prims)
+    if cpu_peak > host["budget"]:
+        return gpu, math.inf, budget + 1, notes, 0
+    out = M.nbytes((net.out_channels,) + tuple(net.output_shape(patch)))
+    best = (math.inf, None, budget + 1)
+    for k, s in enumerate(gpu):
+        if s.op != "conv":
+            continue
+        front = sum(x.seconds for x in cpu[:k])
+        back = sum(x.seconds for x in gpu[k:]) + gpu_timing.transfer_seconds(M.nbytes(s.in_shape) + out, timer.cal)
+        peak = max(x.bytes for x in gpu[k:])  # the GPU walk from the patch: an upper bound past the split
+        if peak <= budget and max(front, back) < best[0]:
+            best = (max(front, back) + PATCH_OVERHEAD_S, k, peak)
+    secs, k, peak = best
+    if k is None:
+        return gpu, math.inf, peak, notes, 0
+    return tuple(cpu[:k]) + tuple(gpu[k:]), secs, peak, notes, gpu[k].index

@@ -302,8 +302,13 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     """Seconds for a conv layer over ``n`` fragments, called in micro-batches of ``micro_batch``.
 
     ``fft-data`` / ``fft-task`` kernel spectra are resident (built once per run:
-    :func:`estimate_setup`); ``fft-stream`` transforms the kernels in every call.
+    :func:`estimate_setup`); ``fft-stream`` transforms the kernels in every call.  A GPU's
+    calibration (it names its ``device``) goes to the GPU model (:mod:`.gpu_timing`).
     """
+    if "device" in cal:
+        from . import gpu_timing
+
+        return gpu_timing.estimate_conv(primitive, n, layer, in_spatial, cal, micro_batch)
     out = [s - k + 1 for s, k in zip(in_spatial, layer.kernel)]
     cin, cout = layer.in_channels, layer.out_channels
     flops = 2.0 * n * cin * cout * math.prod(layer.kernel) * math.prod(out)
@@ -351,6 +356,10 @@ def _loglog(points, k) -> float:
 def estimate_setup(primitive: str, layer: Conv, in_spatial, cal: dict) -> float:
     """Seconds to build the resident kernel spectra of ``fft-data`` / ``fft-task`` /
     ``fft-gemm`` (once per run)."""
+    if "device" in cal:
+        from . import gpu_timing
+
+        return gpu_timing.estimate_setup(primitive, layer, in_spatial, cal)
     if primitive == "winograd":
         values = L.winograd_kernel_bytes(layer.in_channels, layer.out_channels, layer.kernel, tuple(in_spatial)) / F32
         return values * cal["fft"]["winograd"]["build_s_per_value"]

@@ -1,0 +1,238 @@
+"""The GPU plans on the simulated GPU (exec/simdevice.py): every device code path, the
+device memory model, GPU + host RAM and CPU -> GPU plans, against the CPU engine.
+
+The simulated device is numpy behind CuPy's rules (a distinct array type, no implicit
+host/device mixing, single-precision FFTs, a capped pool that counts its peak), so these
+tests fail on what would fail first on a GPU: a weight left on the host, an allocation
+the memory model did not predict.  Speed is not simulated."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import znni_core
+from znni_core.errors import MemoryBudgetError, PlanError
+from znni_core.exec import simdevice
+from znni_core.exec.device import SIMULATED, require_device
+from znni_core.plan import Plan, autotune
+
+from .nets import NETS, make_net
+
+TOL = 1e-4
+GPU_ONLY = ("direct-gemm", "fft-gemm")
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """The simulated GPU with 1 GiB, its memory emptied of earlier tests' kernel transforms."""
+    monkeypatch.setenv(SIMULATED, "1GiB")
+    znni_core.release_cache()
+    xp = simdevice.module(2 ** 30)
+    assert require_device("gpu") is xp
+    return xp
+
+
+def _input(net, extra=3, seed=0):
+    shape = tuple(f + extra * d - 1 for f, d in zip(net.field_of_view, net.pooling_product))
+    return np.random.default_rng(seed).standard_normal((net.in_channels,) + shape).astype(np.float32)
+
+
+def rel(a, b):
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+@pytest.mark.parametrize("name", ["iso2pool", "aniso", "deep", "nopool"])
+@pytest.mark.parametrize("prim", ["direct-gemm", "fft-gemm", "fft-data", "winograd"])
+def test_every_primitive_and_pool_mode_on_the_device_equals_the_cpu(gpu, name, prim):
+    net = make_net(NETS[name], seed=2)
+    x = _input(net)
+    ref = znni_core.infer(net, x)
+    modes = [None] + ([("pool",) * len(net.pools)] if net.pools else [])
+    for m in modes:
+        plan = autotune(net, device="gpu", memory_budget=2 ** 28, primitives=(prim,), patch_shape=x.shape[1:],
+                        pool_modes=m, use_cache=False)
+        assert plan.device == "gpu" and plan.placement == ""
+        out = znni_core.infer(net, x, device="gpu", plan=plan)
+        assert isinstance(out, np.ndarray)
+        assert rel(out, ref) <= TOL, (name, prim, m)
+
+
+@pytest.mark.parametrize("name", ["iso2pool", "aniso"])
+def test_device_peak_is_within_25_percent_of_the_plan(gpu, name):
+    """GPU-only plans with the default GPU primitives: the pool's measured peak against the
+    plan's predicted peak (the patch, kernel transforms, every layer's tensors and workspaces)."""
+    net = make_net(NETS[name], seed=3)
+    x = _input(net, extra=6)
+    pool = gpu.get_default_memory_pool()
+    for budget in (2 ** 28, 2 ** 24):
+        plan = autotune(net, device="gpu", memory_budget=budget, input_shape=x.shape[1:], use_cache=False,
+                        primitives=GPU_ONLY)  # the defaults
+        assert plan.placement == ""
+        znni_core.release_cache()
+        pool.reset_peak()
+        base = pool.used_bytes()
+        znni_core.infer(net, x, device="gpu", plan=plan)
+        measured = pool.peak_bytes() - base
+        assert measured <= plan.memory_budget
+        assert 0.75 * plan.predicted_peak_bytes <= measured <= 1.25 * plan.predicted_peak_bytes, \
+            (budget, measured, plan.predicted_peak_bytes)
+
+
+def test_gpu_plus_host_ram_plan_streams_layers_larger_than_the_device(gpu):
+    """A patch whose tensors do not fit the device: the planner keeps them in host RAM and
+    streams each conv through the device in blocks; the device never holds more than its budget."""
+    net = make_net(NETS["iso2pool"], seed=4)
+    x = _input(net, extra=20)
+    budget = 5_000_000
+    with pytest.raises(MemoryBudgetError):  # all on the device (depth-first pooling: the least), it does not fit
+        _gpu_only(net, x, budget)
+    plan = autotune(net, device="gpu", memory_budget=budget, patch_shape=x.shape[1:], use_cache=False)
+    assert plan.placement == "gpu+host"
+    assert plan.predicted_peak_bytes <= budget
+    assert any(s.tile or s.micro_batch for s in plan.steps if s.op == "conv")  # blocks or micro-batches
+    pool = gpu.get_default_memory_pool()
+    znni_core.release_cache()
+    pool.reset_peak()
+    base = pool.used_bytes()
+    out = znni_core.infer(net, x, device="gpu", plan=plan)
+    assert pool.peak_bytes() - base <= budget
+    assert rel(out, znni_core.infer(net, x)) <= TOL
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def _gpu_only(net, x, budget):
+    from znni_core.plan import search as S
+
+    cal_budget, cal = S._device_budget(budget)
+    timer = S._Timer("estimate", 1, cal)
+    _, _, peak, _ = S._evaluate(net, x.shape[1:], ("pool", "pool"), cal_budget, timer, S.GPU_PRIMITIVES)
+    if peak > budget:
+        raise MemoryBudgetError("does not fit")
+
+
+def test_cpu_to_gpu_pipeline_splits_and_equals_the_cpu(gpu):
+    """cpu+gpu: the layers before the split run on the CPU (numpy arrays), the rest on the
+    device, over several patches (the two stages overlapped by a worker thread)."""
+    net = make_net(NETS["iso2pool"], seed=5)
+    plan = autotune(net, device="cpu+gpu", memory_budget=2 ** 26, patch_shape=_input(net).shape[1:], use_cache=False)
+    assert plan.device == "cpu+gpu" and plan.placement == "cpu+gpu"
+    assert plan.split in {s.index for s in plan.steps if s.op == "conv"}
+    assert all(m == "mpf" for m in plan.pool_modes)
+    front = {s.index for s in plan.steps if s.index < plan.split}
+    assert "cpu" in plan.describe() and front == set(range(plan.split))
+    x = _input(net, extra=7, seed=1)  # several patches
+    out = znni_core.infer(net, x, device="cpu+gpu", plan=plan)
+    assert rel(out, znni_core.infer(net, x)) <= TOL
+    # every split gives the same result (the CPU stage may be empty or hold all but the last conv)
+    import dataclasses
+
+    for split in sorted({s.index for s in plan.steps if s.op == "conv"}):
+        p = dataclasses.replace(plan, split=split)
+        assert rel(znni_core.infer(net, x, device="cpu+gpu", plan=p), znni_core.infer(net, x)) <= TOL
+    with pytest.raises(PlanError, match="MPF"):
+        autotune(net, device="cpu+gpu", memory_budget=2 ** 26, pool_modes=("pool", "mpf"), use_cache=False)
+
+
+def test_pipeline_split_follows_the_stage_rates(gpu, monkeypatch):
+    """The split balances the two stages by their calibrated rates: a GPU made 1000x faster
+    takes every conv; a GPU 1000x slower leaves the CPU all but the last one."""
+    from znni_core.plan import gpu_timing
+
+    net = make_net(NETS["iso2pool"], seed=5)
+    real = gpu_timing.calibrate_device(gpu)
+    convs = [i for i, l in enumerate(net.layers) if type(l).__name__ == "Conv"]
+    splits = {}
+    for factor in (1e3, 1e-3):
+        cal = dict(real, **{k: real[k] * factor for k in ("gemm_flops", "mem_bw", "h2d_bw")},
+                   fft_s_per_vlogv=real["fft_s_per_vlogv"] / factor)
+        monkeypatch.setattr(gpu_timing, "calibrate_device", lambda xp, cal=cal, **kw: cal)
+        splits[factor] = autotune(net, device="cpu+gpu", memory_budget=2 ** 28, patch_shape=(93, 93, 93),
+                                  use_cache=False).split
+    assert splits[1e3] == convs[0]
+    assert splits[1e-3] == convs[-1]
+
+
+def test_simulated_device_enforces_cupys_rules(gpu):
+    a = gpu.asarray(np.ones((4, 4), np.float32))
+    with pytest.raises(TypeError, match="host"):
+        gpu.matmul(a, np.ones((4, 4), np.float32))  # a weight never moved to the device
+    with pytest.raises(TypeError, match="host"):
+        a + np.ones((4, 4), np.float32)
+    with pytest.raises(TypeError, match="through xp"):
+        np.concatenate([a, a])  # numpy on device memory
+    assert gpu.fft.rfftn(gpu.zeros((4, 4, 4), np.float32)).dtype == np.complex64  # as cuFFT, not numpy.fft
+    pool = gpu.get_default_memory_pool()
+    pool.set_limit(size=pool.used_bytes() + 1000)
+    try:
+        with pytest.raises(gpu.cuda.memory.OutOfMemoryError):
+            gpu.empty(10_000, np.float32)
+    finally:
+        pool.set_limit(size=0)
+    assert isinstance(gpu.asnumpy(a), np.ndarray) and type(a.get()) is np.ndarray
+
+
+def test_device_budget_is_checked_at_plan_time(gpu):
+    net = make_net(NETS["iso2pool"])
+    with pytest.raises(MemoryBudgetError, match="more than the GPU holds"):
+        autotune(net, device="gpu", memory_budget=2 ** 31, use_cache=False)
+    with pytest.raises(PlanError, match="device"):
+        autotune(net, device="tpu", use_cache=False)
+    plan = autotune(net, device="gpu", input_shape=(40, 40, 40), use_cache=False)  # default: the free memory
+    assert plan.memory_budget < 2 ** 30
+
+
+def test_out_of_memory_mid_run_is_a_budget_error_not_a_crash(gpu, monkeypatch):
+    import dataclasses
+
+    from znni_core.plan import search
+
+    monkeypatch.setattr(search, "DEVICE_HEADROOM", 0)
+
+    net = make_net(NETS["iso2pool"], seed=6)
+    x = _input(net)
+    plan = autotune(net, device="gpu", memory_budget=2 ** 26, patch_shape=x.shape[1:], use_cache=False)
+    lying = dataclasses.replace(plan, memory_budget=1000)  # a plan whose budget the run cannot keep
+    with pytest.raises(MemoryBudgetError, match="ran out of memory"):
+        znni_core.infer(net, x, device="gpu", plan=lying)
+    assert gpu.get_default_memory_pool().get_limit() == 0  # the cap is lifted afterwards
+
+
+@pytest.mark.parametrize("valid", [True, False])
+def test_unet_graph_on_the_device_equals_the_cpu(gpu, tmp_path, valid):
+    pytest.importorskip("onnx")
+    torch = pytest.importorskip("torch")
+    from .unets import UNet, admissible, export
+
+    torch.manual_seed(1)
+    model = UNet(valid=valid, depth=2, kernel=(3, 3, 3), pool=(1, 2, 2), width=4, bn=False)
+    shape = tuple(admissible(model, a, lo) for a, lo in enumerate((8, 28, 28)))
+    net = znni_core.load_network(export(model, tmp_path / "u.onnx", shape))
+    x = np.random.default_rng(2).standard_normal((1,) + shape).astype(np.float32)
+    plan = autotune(net, device="gpu", memory_budget=2 ** 27, patch_shape=shape, use_cache=False)
+    out = znni_core.infer(net, x, device="gpu", plan=plan)
+    assert rel(out, znni_core.infer(net, x)) <= TOL
+
+
+def test_cli_plans_and_runs_every_device_kind(gpu, tmp_path):
+    from typer.testing import CliRunner
+
+    from znni_core.cli import app
+    from znni_core.net.native import save_network
+
+    net = make_net(NETS["iso2pool"], seed=7)
+    path = save_network(net, tmp_path / "net.yaml")
+    x = _input(net, extra=4)
+    np.save(tmp_path / "x.npy", x)
+    ref = znni_core.infer(net, x)
+    runner = CliRunner()
+    for device in ("gpu", "cpu+gpu"):
+        r = runner.invoke(app, ["plan", str(path), "--device", device, "--memory", "64MiB", "--input-shape",
+                                ",".join(map(str, x.shape[1:])), "-o", str(tmp_path / f"{device}.json")])
+        assert r.exit_code == 0, r.output
+        assert f"on {device}" in r.output
+        r = runner.invoke(app, ["infer", str(path), str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), "--device", device,
+                                "--plan", str(tmp_path / f"{device}.json")])
+        assert r.exit_code == 0, r.output
+        assert rel(np.load(tmp_path / "y.npy"), ref) <= TOL
+    r = runner.invoke(app, ["plan", str(path), "--device", "gpu", "--memory", "4GiB"])
+    assert r.exit_code == 2 and "more than the GPU holds" in r.output
