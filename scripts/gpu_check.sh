@@ -15,3 +15,4 @@ import json, cupy
 from znni_core.plan.gpu_timing import calibrate_device
 print(json.dumps(calibrate_device(cupy, refresh=True), indent=1))
 PY
+python -m benchmarks.gpu --rounds 3 --out "$out" 2>&1 | tail -30

@@ -34,6 +34,7 @@ import scipy.fft
 __all__ = ["DeviceArray", "OutOfMemoryError", "module"]
 
 ENV = "ZNNI_SIMULATED_GPU"
+ENV_COUNT = "ZNNI_SIMULATED_GPUS"  # how many devices it reports (one pool for all: memory is not per device)
 
 
 class OutOfMemoryError(MemoryError):
@@ -293,7 +294,8 @@ def module(capacity=None):
         _POOL.capacity = parse_capacity(os.environ.get(ENV, "0"))
     if _MODULE is None:
         cuda = types.SimpleNamespace(
-            runtime=types.SimpleNamespace(memGetInfo=_mem_get_info, getDeviceCount=lambda: 1),
+            runtime=types.SimpleNamespace(memGetInfo=_mem_get_info,
+                                          getDeviceCount=lambda: int(os.environ.get(ENV_COUNT, "1"))),
             Stream=_Stream, Event=_Event, Device=_Device, get_current_stream=lambda: _Stream(),
             memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError))
         _MODULE = _Namespace("znni_simgpu", np, {

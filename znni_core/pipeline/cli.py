@@ -156,6 +156,7 @@ def register(app: typer.Typer) -> None:
         """Run one task (or rewrite one chunk): read, infer, write whole chunks atomically, verify, manifest."""
         from ..errors import ZnniError
         from .config import load_run, run_geometry, task_bytes
+        from ..exec.device import claimed_gpu
         from .task import run_task
 
         if (task is None) == (chunk is None):
@@ -164,7 +165,8 @@ def register(app: typer.Typer) -> None:
             if mem_mb is not None:
                 run = load_run(run_file)
                 _check_mem(run, mem_mb, run_geometry, task_bytes)
-            run_task(run_file, task, chunk=chunk, show_progress=progress, log=_log)
+            with claimed_gpu(load_run(run_file)["config"]["device"]):
+                run_task(run_file, task, chunk=chunk, show_progress=progress, log=_log)
         except ZnniError as exc:
             _fail(exc)
         _log("in a workflow: `snakemake ... --forcerun finalize` re-checks every task and refreshes the report")
@@ -184,12 +186,14 @@ def register(app: typer.Typer) -> None:
         """Run a job: its range of tasks, skipping those already done and verified; marker last."""
         from ..errors import ZnniError
         from .config import load_run, run_geometry, task_bytes
+        from ..exec.device import claimed_gpu
         from .jobs import run_job
 
         try:
             if mem_mb is not None:
                 _check_mem(load_run(run_file), mem_mb, run_geometry, task_bytes)
-            run_job(run_file, job, tasks_per_job, num_tasks, marker=marker, tasks_file=tasks_file, log=_log)
+            with claimed_gpu(load_run(run_file)["config"]["device"]):  # one job per GPU on a node
+                run_job(run_file, job, tasks_per_job, num_tasks, marker=marker, tasks_file=tasks_file, log=_log)
         except ZnniError as exc:
             _fail(exc)
 

@@ -371,7 +371,8 @@ def _streamed(timer, prim, n, layer, spatial, mb, reps, tile) -> float:
 
 def autotune(net: Network, *, memory_budget: int | None = None, device: str = "cpu", effort: str = "estimate",
              threads: int | None = None, patch_shape=None, primitives=None, pool_modes=None,
-             input_shape=None, use_cache: bool = True, overlap=None, blend: str = "bump") -> Plan:
+             input_shape=None, use_cache: bool = True, overlap=None, blend: str = "bump",
+             placement: str | None = None) -> Plan:
     """Choose input patch, pool/MPF per pooling layer, primitive and micro-batch per conv layer.
 
     A graph network (:class:`~znni_core.net.graph.Graph`) is planned by
@@ -410,7 +411,7 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
         if not graph:
             input_patch(net, input_shape)  # validates
     cache = T.JsonCache(T.cache_dir() / "plans.json", max_entries=PLAN_CACHE_ENTRIES) if use_cache else None
-    ckey = (f"{net.digest()}|{budget}|{device}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|{input_shape}|"
+    ckey = (f"{net.digest()}|{budget}|{device}|{placement}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|{input_shape}|"
             f"{SEARCH_VERSION}|{T.machine_key(threads)}" + (f"|{overlap}|{blend}" if graph else "")
             + (f"|{gpu_cal['device']}|{gpu_cal['gemm_flops']:.3g}" if gpu_cal else ""))
     if cache is not None and (hit := cache.get(ckey)):
@@ -503,7 +504,11 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
 
     # GPU plans: all on the device, or tensors in host RAM streamed through it (ZNNi VI-C), chosen by speed
     placements = {"cpu": ("",), "gpu": ("", "gpu+host"), "cpu+gpu": ("cpu+gpu",)}[device]
-    room = host["budget"] if device == "gpu" else budget  # where a patch's tensors may live
+    if placement is not None:  # one kind only (benchmarks, tests): "" (all on the device) or "gpu+host"
+        if placement not in placements:
+            raise PlanError(f"placement {placement!r} is not one of {placements} for device {device!r}")
+        placements = (placement,)
+    room = host["budget"] if "gpu+host" in placements else budget  # where a patch's tensors may live
 
     for patches in series:
         # coarse to fine along a series of growing patches: every COARSE-th patch until

@@ -1,0 +1,178 @@
+"""``python -m benchmarks.gpu``: znni's GPU plans against PyTorch CUDA dense, on one GPU.
+
+For each network (the ZNNi nets at width 80, the 2D boundary-detector class) and each plan
+kind (GPU-only, GPU + host RAM, CPU -> GPU), in one process, interleaved rounds, medians:
+
+* znni: ``infer(net, x, device=..., plan=...)`` with the plan kind forced
+  (``autotune(placement=...)``; GPU + host RAM under a budget of a quarter of the
+  GPU-only plan's peak, so it must stream);
+* PyTorch CUDA: the same dense formulation as ``benchmarks/runtimes.py`` (cuDNN, fp32,
+  TF32 off) on the whole input, synchronised;
+
+and reports output voxels/s, the ratio to PyTorch and to ZNNi's Titan X figure for the
+net and kind (``../shared/GPU.md``), and the predicted against the measured device peak
+(``PeakMeter``: every block the CuPy pool hands out, cuFFT work areas included).
+
+``--smoke``: tiny shapes on the simulated GPU (``ZNNI_SIMULATED_GPU``) with PyTorch on
+the CPU: checks that this script runs, measures nothing (CI runs it).
+Not yet run on a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+#: ZNNi on a Titan X + 72-core Xeon, width 80, output voxels/s (paper's comparison table)
+TITAN_X = {"n337": {"gpu": 671_782, "gpu+host": 727_103, "cpu+gpu": 1_059_910},
+           "n537": {"gpu": 29_352, "gpu+host": 147_965, "cpu+gpu": 334_163},
+           "n726": {"gpu": 97_257, "gpu+host": 148_194, "cpu+gpu": 470_166},
+           "n926": {"gpu": 35_051, "gpu+host": 104_946, "cpu+gpu": 375_295}}
+KINDS = {"gpu": ("gpu", ""), "gpu+host": ("gpu", "gpu+host"), "cpu+gpu": ("cpu+gpu", None)}
+
+
+def cases(smoke: bool):
+    from .nets import make_boundary_network, make_network
+
+    if smoke:
+        return [("n337", make_network("n337", width=4), None)]
+    out = [(name, make_network(name, width=80), None) for name in ("n337", "n537", "n726", "n926")]
+    return out + [("boundary", make_boundary_network(), (32, 1024, 1024))]
+
+
+def _input(net, shape, smoke):
+    if shape is None:  # output 320^3 (smoke: 16^3)
+        shape = tuple(f - 1 + (16 if smoke else 320) for f in net.field_of_view)
+    return np.random.default_rng(0).standard_normal((net.in_channels,) + tuple(shape)).astype(np.float32)
+
+
+def _sync(xp):
+    xp.cuda.Device().synchronize()
+
+
+def bench(name, net, x, rounds, smoke):
+    import torch
+
+    import znni_core
+    from znni_core.exec.device import PeakMeter, require_device
+    from znni_core.plan import autotune
+
+    from .runtimes import dense_module
+
+    xp = require_device("gpu")
+    cuda = torch.cuda.is_available() and not smoke
+    if cuda:
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
+    dev = "cuda" if cuda else "cpu"
+    module = dense_module(net).to(dev)
+    tx = torch.from_numpy(x[None]).to(dev)
+    out_vox = int(np.prod([n - f + 1 for n, f in zip(x.shape[1:], net.field_of_view)]))
+    plans, row = {}, {"net": name, "input": list(x.shape[1:]), "output_voxels": out_vox, "kinds": {}}
+    for kind, (device, placement) in KINDS.items():
+        try:
+            if kind == "gpu+host":  # a budget the GPU-only plan does not fit: it must stream
+                budget = max(2 ** 20, plans["gpu"].predicted_peak_bytes // 4) if "gpu" in plans else None
+                plans[kind] = autotune(net, device=device, memory_budget=budget, input_shape=x.shape[1:],
+                                       placement=placement, use_cache=False)
+            else:
+                plans[kind] = autotune(net, device=device, input_shape=x.shape[1:], placement=placement,
+                                       use_cache=False)
+        except Exception as exc:  # a kind that does not fit this net: say so, go on
+            row["kinds"][kind] = {"error": f"{type(exc).__name__}: {exc}"}
+    times = {k: [] for k in plans} | {"pytorch": []}
+    peaks = {}
+    for r in range(rounds + 1):  # round 0: warm-up (kernel compilation, cuFFT plans, cudnn.benchmark)
+        for kind, plan in plans.items():
+            znni_core.release_cache()
+            with PeakMeter(xp) as meter:
+                t0 = time.perf_counter()
+                znni_core.infer(net, x, device=plan.device, plan=plan)
+                _sync(xp)
+                dt = time.perf_counter() - t0
+            peaks[kind] = max(peaks.get(kind, 0), meter.peak)
+            if r:
+                times[kind].append(dt)
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            module(tx)
+            if cuda:
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+        if r:
+            times["pytorch"].append(dt)
+    torch_s = statistics.median(times["pytorch"])
+    row["pytorch_s"] = torch_s
+    row["pytorch_voxels_per_s"] = out_vox / torch_s
+    for kind, plan in plans.items():
+        s = statistics.median(times[kind])
+        titan = TITAN_X.get(name, {}).get(kind)
+        row["kinds"][kind] = {
+            "seconds": s, "voxels_per_s": out_vox / s, "vs_pytorch": torch_s / s,
+            "vs_titan_x": (out_vox / s) / titan if titan else None,
+            "predicted_s": plan.predicted_seconds * _patches(plan, net, x), "patch": list(plan.patch_shape),
+            "predicted_peak": plan.predicted_peak_bytes, "measured_peak": peaks[kind],
+            "budget": plan.memory_budget, "split": plan.split, "placement": plan.placement}
+    return row
+
+
+def _patches(plan, net, x) -> int:
+    out = [n - f + 1 for n, f in zip(x.shape[1:], net.field_of_view)]
+    return int(np.prod([-(-o // t) for o, t in zip(out, plan.output_shape)]))
+
+
+def render(res) -> str:
+    lines = [f"# znni on {res['device']} against PyTorch CUDA dense (fp32, TF32 off)", "",
+             f"`{res['command']}`, {res['date']}; medians of {res['rounds']} rounds.", "",
+             "| net | kind | voxels/s | vs PyTorch | vs ZNNi Titan X | predicted / measured s | "
+             "predicted / measured peak (MB) |", "|---|---|---|---|---|---|---|"]
+    for row in res["rows"]:
+        for kind, k in row["kinds"].items():
+            if "error" in k:
+                lines.append(f"| {row['net']} | {kind} | - | - | - | - | {k['error'][:60]} |")
+                continue
+            vt = f"{k['vs_titan_x']:.1f}x" if k["vs_titan_x"] else "-"
+            lines.append(f"| {row['net']} | {kind} | {k['voxels_per_s']:,.0f} | {k['vs_pytorch']:.2f}x | {vt} | "
+                         f"{k['predicted_s']:.3g} / {k['seconds']:.3g} | "
+                         f"{k['predicted_peak'] / 1e6:,.0f} / {k['measured_peak'] / 1e6:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the simulated GPU (CI)")
+    ap.add_argument("--nets", default="", help="comma-separated subset (n337,n537,n726,n926,boundary)")
+    a = ap.parse_args(argv)
+    if a.smoke:
+        os.environ.setdefault("ZNNI_SIMULATED_GPU", "1GiB")
+    from znni_core.exec.device import require_device
+    from znni_core.plan.gpu_timing import device_name
+
+    xp = require_device("gpu")
+    rows = []
+    for name, net, shape in cases(a.smoke):
+        if a.nets and name not in a.nets.split(","):
+            continue
+        rows.append(bench(name, net, _input(net, shape, a.smoke), a.rounds, a.smoke))
+        print(json.dumps(rows[-1]), flush=True)
+    res = {"device": device_name(xp), "host": platform.node(), "rounds": a.rounds, "rows": rows,
+           "command": "python -m benchmarks.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "date": time.strftime("%Y-%m-%d")}
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / ("gpu-smoke.json" if a.smoke else "gpu.json")).write_text(json.dumps(res, indent=1))
+    (a.out / ("GPU-smoke.md" if a.smoke else "GPU.md")).write_text(render(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()
