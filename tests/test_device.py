@@ -292,3 +292,24 @@ def _claim(q, lock_dir, release):
     with D.claimed_gpu("gpu", poll_s=0.2) as i:
         q.put(i)
         release.wait(120)
+
+
+def test_measure_effort_times_options_on_the_device(gpu, monkeypatch):
+    """effort=measure on the GPU: the shortlisted options are timed on the device (counted
+    here), and the plan is exact."""
+    from znni_core.plan import gpu_timing
+
+    calls = []
+    real = gpu_timing.DeviceMeasurements.conv
+
+    def counted(self, *a):
+        calls.append(a[0])
+        return real(self, *a)
+
+    monkeypatch.setattr(gpu_timing.DeviceMeasurements, "conv", counted)
+    net = make_net(NETS["aniso"], seed=8)
+    x = _input(net)
+    plan = autotune(net, device="gpu", memory_budget=2 ** 26, effort="measure", input_shape=x.shape[1:],
+                    use_cache=False)
+    assert calls and set(calls) <= {"direct-gemm", "fft-gemm"}
+    assert rel(znni_core.infer(net, x, device="gpu", plan=plan), znni_core.infer(net, x)) <= TOL

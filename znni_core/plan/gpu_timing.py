@@ -125,3 +125,32 @@ def estimate_setup(primitive: str, layer: Conv, in_spatial, cal: dict) -> float:
 def transfer_seconds(nbytes: int, cal: dict) -> float:
     """Host to device (or back) of ``nbytes``."""
     return nbytes / cal["h2d_bw"] + LAUNCH_S
+
+
+class DeviceMeasurements:
+    """``effort="measure"`` on the GPU: a primitive timed on the real shapes on the device
+    (synchronised, best of 2 after a warm-up: cuFFT plans and kernels compiled first),
+    cached by device name like the CPU's measurements."""
+
+    def __init__(self, cal: dict):
+        from ..exec.device import require_device
+        from .timing import JsonCache, cache_dir
+
+        self.xp = require_device("gpu")
+        self.cache = JsonCache(cache_dir() / "measure-gpu.json")
+        self.prefix = f"{GPU_CALIBRATION_VERSION}|{cal['device']}"
+
+    def conv(self, primitive: str, n: int, layer: Conv, in_spatial) -> float:
+        from ..exec.engine import _conv_fn
+        from .plan import Step
+
+        key = f"{self.prefix}|{primitive}|{n}|{layer.in_channels}|{layer.out_channels}|{tuple(in_spatial)}|{layer.kernel}"
+        if (hit := self.cache.get(key)) is not None:
+            return hit
+        xp = self.xp
+        x = xp.asarray(np.random.default_rng(0).standard_normal((n, layer.in_channels) + tuple(in_spatial),
+                                                                dtype=np.float32))
+        fn = _conv_fn(Step(0, "conv", primitive, x.shape, ()), layer, tuple(in_spatial), xp, {})
+        t = _best_of(xp, lambda: fn(x), repeats=2)
+        self.cache.put(key, t)
+        return t

@@ -132,8 +132,14 @@ def _slab_modes(net: Network, patch, mode_sets) -> list[tuple]:
 class _Timer:
     def __init__(self, effort: str, threads: int, cal: dict | None = None):
         self.cal = cal or T.calibrate(threads)
-        # on a GPU every option is estimated from the device's roofline (gpu_timing)
-        self.meas = T.Measurements(threads) if effort != "estimate" and cal is None else None
+        if effort == "estimate":
+            self.meas = None
+        elif cal is None:
+            self.meas = T.Measurements(threads)
+        else:  # a GPU's calibration: timed on the device
+            from .gpu_timing import DeviceMeasurements
+
+            self.meas = DeviceMeasurements(cal)
         self.measure_all = effort == "exhaustive"
         self._memo: dict = {}  # (primitive, n, layer, shapes, ...) -> seconds, for this search only
 
@@ -541,15 +547,17 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
             f"Raise the budget (--memory / mem_mb) to at least {_fmt(need * 1.1)}.")
     results.sort(key=lambda r: -r[0])
 
-    if effort in ("measure", "exhaustive") and device == "cpu":
-        # re-time the best candidates on real shapes (exhaustive: all were measured already)
-        top = results if effort == "exhaustive" else results[:3]
+    if effort in ("measure", "exhaustive"):
+        # re-time the best candidates on real shapes (exhaustive: all were measured already);
+        # GPU + host RAM and pipelined candidates keep their estimates
+        top = [r for r in (results if effort == "exhaustive" else results[:3]) if not r[7]]
+        results = [r for r in results if r[7] or not any(r is t for t in top)]
         remeasured = []
         for vps, patch, modes, *_ in top:
             steps, secs, peak, notes = _evaluate(net, patch, modes, budget, timer, prims, measure=True)
             remeasured.append((_rate(net, patch, secs, input_shape), patch, modes, steps, secs, peak, notes, "", 0))
         remeasured.sort(key=lambda r: -r[0])
-        results = remeasured + results[len(top):]
+        results = remeasured + results  # measured first: an estimate never outranks a measurement
 
     vps, patch, modes, steps, secs, peak, notes, placement, split = results[0]
     for r in results[1:]:
