@@ -42,8 +42,10 @@ def rel(a, b):
 
 
 @pytest.mark.parametrize("name", ["iso2pool", "aniso", "deep", "nopool"])
-@pytest.mark.parametrize("prim", ["direct-gemm", "fft-gemm", "fft-data", "winograd"])
+@pytest.mark.parametrize("prim", ["direct-gemm", "fft-gemm", "fft-data", "winograd", "direct-torch"])
 def test_every_primitive_and_pool_mode_on_the_device_equals_the_cpu(gpu, name, prim):
+    if prim == "direct-torch":
+        pytest.importorskip("torch")
     net = make_net(NETS[name], seed=2)
     x = _input(net)
     ref = znni_core.infer(net, x)
@@ -177,6 +179,8 @@ def test_device_budget_is_checked_at_plan_time(gpu):
         autotune(net, device="gpu", memory_budget=2 ** 31, use_cache=False)
     with pytest.raises(PlanError, match="device"):
         autotune(net, device="tpu", use_cache=False)
+    with pytest.raises(PlanError, match="GPU primitive"):
+        autotune(net, device="cpu", primitives=("direct-torch",), use_cache=False)
     plan = autotune(net, device="gpu", input_shape=(40, 40, 40), use_cache=False)  # default: the free memory
     assert plan.memory_budget < 2 ** 30
 

@@ -14,7 +14,7 @@ from .reference import max_rel_err, torch_dense
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("prim", ["direct-gemm", "fft-gemm", "fft-data", "winograd"])
+@pytest.mark.parametrize("prim", ["direct-gemm", "fft-gemm", "fft-data", "winograd", "direct-torch"])
 def test_gpu_matches_torch(prim):
     net = make_net(NETS["aniso"], c_in=2, seed=4)
     x = np.random.default_rng(0).standard_normal((2,) + tuple(f + 9 for f in net.field_of_view)).astype(np.float32)

@@ -48,9 +48,22 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
                                  if prim == "winograd" else
                                  FFTConv(layer.weight, layer.bias, shape, threads=step.threads, mode=prim[4:], xp=xp))
         return convs[step.index]
-    w = layer.weight if xp is np else xp.asarray(layer.weight)
-    b = None if layer.bias is None else (layer.bias if xp is np else xp.asarray(layer.bias))
     relu = getattr(step, "fused", "") == "relu"
+    if prim == "direct-torch":
+        if ("torch", step.index) not in convs:  # the weights stay on the device for the run
+            from ..layers.torch_conv import TorchConv
+
+            convs[("torch", step.index)] = TorchConv(layer.weight, layer.bias, xp)
+        fn = convs[("torch", step.index)]
+        fn.relu = relu
+        return fn
+    if xp is np:
+        w, b = layer.weight, layer.bias
+    else:  # moved to the device once per run, not per call
+        if ("w", step.index) not in convs:
+            convs[("w", step.index)] = (xp.asarray(layer.weight),
+                                        None if layer.bias is None else xp.asarray(layer.bias))
+        w, b = convs[("w", step.index)]
     if prim == "direct-gemm":
         return lambda x: conv_direct_gemm(x, w, b, relu=relu)
     if prim == "direct-numba":
@@ -181,7 +194,7 @@ class FusedStep(Step):
 
 
 #: primitives whose output pass applies a ReLU (bias and clamp on data still in cache)
-FUSES_RELU = ("direct-gemm", "direct-numba", "fft-gemm", "winograd")
+FUSES_RELU = ("direct-gemm", "direct-numba", "fft-gemm", "winograd", "direct-torch")
 
 
 def fuse_activations(steps, layers) -> tuple:

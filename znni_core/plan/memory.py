@@ -29,6 +29,10 @@ def conv_primitive_bytes(primitive: str, n: int, layer: Conv, in_spatial, thread
         return int(L.conv_direct_gemm_memory(*args))
     if primitive == "direct-numba":
         return int(L.conv_direct_numba_memory(*args))
+    if primitive == "direct-torch":
+        from ..layers.torch_conv import torch_conv_memory
+
+        return int(torch_conv_memory(*args))
     if primitive == "fft-gemm":
         return int(L.fft_gemm_memory(*args, threads=threads))
     if primitive == "winograd":

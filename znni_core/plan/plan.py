@@ -14,7 +14,10 @@ from ..errors import PlanError
 from ..layers.winograd import winograd_supports
 
 PLAN_FORMAT = "znni-plan/1"
-CONV_PRIMITIVES = ("direct-gemm", "direct-numba", "fft-data", "fft-task", "fft-stream", "fft-gemm", "winograd")
+CONV_PRIMITIVES = ("direct-gemm", "direct-numba", "fft-data", "fft-task", "fft-stream", "fft-gemm", "winograd",
+                   "direct-torch")
+#: the ones that run on the CPU (direct-torch: cuDNN through PyTorch, a GPU primitive)
+CPU_PRIMITIVES = CONV_PRIMITIVES[:-1]
 #: primitives whose kernel transforms (FFT spectra, Winograd's U) stay resident for the whole run (built once)
 RESIDENT_PRIMITIVES = ("fft-data", "fft-task", "fft-gemm", "winograd")
 

@@ -22,7 +22,7 @@ from ..net.graph import Graph
 from ..net.spec import Activation, Conv, Network, Pool
 from . import memory as M
 from . import timing as T
-from .plan import CONV_PRIMITIVES, RESIDENT_PRIMITIVES, Plan, Rejected, Step, primitive_supports
+from .plan import CONV_PRIMITIVES, CPU_PRIMITIVES, RESIDENT_PRIMITIVES, Plan, Rejected, Step, primitive_supports
 
 EFFORTS = ("estimate", "measure", "exhaustive")
 DEFAULT_BUDGET_FRACTION = 0.5  # of the RAM available when planning
@@ -31,7 +31,19 @@ GIB = 2 ** 30
 #: conv primitives of GPU plans: the two whose device memory the model predicts (checked on the
 #: simulated GPU); fft-data and winograd run on the device too when asked for (``primitives=``)
 GPU_PRIMITIVES = ("direct-gemm", "fft-gemm")
-DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the rest on the GPU, pipelined
+DEVICES = ("cpu", "gpu", "cpu+gpu")
+
+
+def gpu_primitives() -> tuple:
+    """The GPU plan's conv primitives: :data:`GPU_PRIMITIVES`, and cuDNN through PyTorch
+    (``direct-torch``) where PyTorch sees a CUDA device (on the simulated GPU: when asked for)."""
+    try:
+        import torch
+
+        cudnn = torch.cuda.is_available()
+    except Exception:
+        cudnn = False
+    return GPU_PRIMITIVES + (("direct-torch",) if cudnn else ())  # cpu+gpu: the first layers on the CPU, the rest on the GPU, pipelined
 DEVICE_HEADROOM = 512 * 2 ** 20  # device memory left to the CUDA context, library handles and cuFFT plans
 GPU_BUDGET_FRACTION = 0.9  # of the device memory free when planning (after the headroom)
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
@@ -406,10 +418,12 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
     else:
         budget = int(memory_budget) if memory_budget is not None else default_budget()
     # on the GPU the same xp code runs on CuPy; numba's CPU kernel and FFTW threads do not apply
-    prims = tuple(primitives or (CONV_PRIMITIVES if device == "cpu" else GPU_PRIMITIVES))
+    prims = tuple(primitives or (CPU_PRIMITIVES if device == "cpu" else gpu_primitives()))
     bad = [p for p in prims if p not in CONV_PRIMITIVES]
     if bad:
         raise PlanError(f"unknown primitives {bad}; choose from {CONV_PRIMITIVES}")
+    if device == "cpu" and "direct-torch" in prims:
+        raise PlanError("direct-torch (cuDNN through PyTorch) is a GPU primitive; plan with device 'gpu'")
 
     graph = isinstance(net, Graph)
     if input_shape is not None:
@@ -431,7 +445,7 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
         from .graph import autotune_graph
 
         plan = autotune_graph(net, budget=budget, device=device, effort=effort, threads=threads, timer=timer,
-                              prims=primitives, patch_shape=patch_shape, input_shape=input_shape, overlap=overlap,
+                              prims=primitives or (None if device == "cpu" else prims), patch_shape=patch_shape, input_shape=input_shape, overlap=overlap,
                               blend=blend)
         if cache is not None:
             cache.put(ckey, plan.to_dict())
@@ -610,7 +624,7 @@ def _pipeline(net, patch, modes, budget, timer, prims, host):
     from . import gpu_timing
 
     cpu_timer = host.setdefault("timer", _Timer("estimate", host["threads"]))
-    cpu, _, cpu_peak, _ = _evaluate(net, patch, modes, host["budget"], cpu_timer, CONV_PRIMITIVES)
+    cpu, _, cpu_peak, _ = _evaluate(net, patch, modes, host["budget"], cpu_timer, CPU_PRIMITIVES)
     gpu, _, _, notes = _evaluate(net, patch, modes, budget, timer, prims)
     if cpu_peak > host["budget"]:
         return gpu, math.inf, budget + 1, notes, 0

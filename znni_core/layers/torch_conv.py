@@ -1,0 +1,75 @@
+"""cuDNN through PyTorch: the optional GPU primitive ``direct-torch``.
+
+CuPy 14 has no cuDNN binding.  PyTorch does: its ``conv3d`` runs on CuPy memory through
+DLPack (zero-copy both ways), on CuPy's current stream, with TF32 off (it is on for
+convolutions by default and would change the results at the 1e-3 level).  The result,
+allocated by PyTorch's caching allocator, is copied into an array of the ``xp`` pool, so the
+plan's memory stays in one pool; PyTorch keeps the freed block for the next call (the
+planner counts one output of it: :func:`torch_conv_memory`).
+
+On the simulated GPU (CI) the same code runs on PyTorch's CPU kernels.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+
+from ..errors import InputError
+from .xp import get_array_module
+
+F32 = 4
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+class TorchConv:
+    """A valid 3-D convolution by ``torch.nn.functional.conv3d``; ``relu``: clamp the output."""
+
+    def __init__(self, w, b, xp):
+        import torch
+
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        self.xp, self.torch, self.relu = xp, torch, False
+        self._w = xp.ascontiguousarray(xp.asarray(w, dtype=np.float32))
+        if self._w.ndim != 5:
+            raise InputError(f"w must be 5-D (C_out, C_in, kz, ky, kx); got shape {self._w.shape}")
+        self._b = None if b is None else xp.ascontiguousarray(xp.asarray(b, dtype=np.float32))
+        self.w = torch.from_dlpack(self._w)  # shares the device array's memory
+        self.b = None if self._b is None else torch.from_dlpack(self._b)
+
+    def _stream(self):
+        cuda = getattr(self.xp.cuda, "get_current_stream", None)
+        if self.w.is_cuda and cuda is not None:
+            return self.torch.cuda.stream(self.torch.cuda.ExternalStream(cuda().ptr))
+        return contextlib.nullcontext()
+
+    def __call__(self, x):
+        xp = get_array_module(x)
+        if xp is not self.xp:
+            raise InputError(f"TorchConv was built for {self.xp.__name__} arrays, got a {xp.__name__} array")
+        if x.ndim != 5 or x.shape[1] != self._w.shape[1]:
+            raise InputError(f"x has shape {x.shape}; expected (N, {self._w.shape[1]}, z, y, x)")
+        torch = self.torch
+        x = xp.ascontiguousarray(x, dtype=np.float32)
+        with torch.no_grad(), self._stream():
+            y = torch.nn.functional.conv3d(torch.from_dlpack(x), self.w, self.b)
+            if self.relu:
+                y.relu_()
+            out = xp.empty(tuple(y.shape), dtype=np.float32)
+            torch.from_dlpack(out).copy_(y)
+        return out
+
+
+def torch_conv_memory(n, c_in, c_out, in_shape, kernel) -> int:
+    """Peak bytes of a :class:`TorchConv` call: PyTorch's output and its copy in the pool."""
+    out = F32 * n * c_out * math.prod(int(s) - int(k) + 1 for s, k in zip(in_shape, kernel))
+    return 2 * out
