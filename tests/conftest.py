@@ -33,9 +33,9 @@ def pytest_collection_modifyitems(config, items):
     gpu = _has_gpu()
     sbatch = shutil.which("sbatch") is not None
     for item in items:
-        if "gpu" in item.keywords and not gpu:
+        if item.get_closest_marker("gpu") and not gpu:  # the marker, not a parameter named gpu
             item.add_marker(pytest.mark.skip(reason="no CUDA device"))
-        if "slurm" in item.keywords and not sbatch:
+        if item.get_closest_marker("slurm") and not sbatch:
             item.add_marker(pytest.mark.skip(reason="no SLURM (sbatch not on PATH)"))
 
 

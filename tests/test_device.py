@@ -317,3 +317,21 @@ def test_measure_effort_times_options_on_the_device(gpu, monkeypatch):
                     use_cache=False)
     assert calls and set(calls) <= {"direct-gemm", "fft-gemm"}
     assert rel(znni_core.infer(net, x, device="gpu", plan=plan), znni_core.infer(net, x)) <= TOL
+
+
+@pytest.mark.parametrize("device", ["gpu", "cpu+gpu"])
+def test_workflow_tasks_on_the_device_equal_whole_volume_inference(gpu, tmp_path, device):
+    """The pipeline with config ``device: gpu`` / ``cpu+gpu``: plan, tasks and chunks as on the
+    CPU, the bytes equal whole-volume inference."""
+    from .pipeline_helpers import base_config, em
+    from .test_pipeline import prepare, read_out, reference, run_all
+
+    vol = em((10, 36, 36))
+    cfg = base_config(tmp_path, vol=vol, device=device)
+    rf = prepare(cfg)
+    from znni_core.pipeline.config import load_run
+
+    assert load_run(rf)["config"]["device"] == device
+    run_all(rf)
+    got, _ = read_out(rf)
+    np.testing.assert_allclose(got, reference(cfg, vol), rtol=1e-4, atol=1e-5)

@@ -234,6 +234,13 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
                             f"job's mem_mb={mem_mb}; lower " + ("output.shard_bytes (a task is one shard)" if sharding
                                                                 else "task_chunks") + " or output.chunk_size, or raise mem_mb")
 
+    if cfg["device"] != "cpu":  # mem_mb is the job's host RAM; the plan's budget is the device's memory
+        from ..units import parse_bytes
+
+        try:
+            budget = parse_bytes(cfg["plan"]["gpu_memory"]) if cfg["plan"]["gpu_memory"] else None
+        except ValueError as exc:
+            raise ConfigError(f"plan.gpu_memory: {exc}") from None
     # the plan (once; every task reuses it)
     if cfg["plan"]["file"]:
         plan = Plan.load(cfg["plan"]["file"])
