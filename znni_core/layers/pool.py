@@ -64,47 +64,51 @@ def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compil
     """``out[n, k, c] = max_pool(x[n, c, oz:, oy:, ox:], p)`` for every offset ``offs[k]``.
 
     Parallel over (item, channel).  Per fragment plane: the max over the ``p0`` input
-    planes (contiguous rows, vectorised) into a plane buffer that stays in cache, shared
-    by the consecutive offsets with the same ``oz``; then the max over ``p1`` rows
-    (vectorised), shared by the offsets with the same ``(oz, oy)``; then the ``p2``
-    columns per offset (the only strided, scalar part: half the scalar work of taking
-    each ``p1 x p2`` window whole, for 2x2 windows).  No strided pass over the whole array.
+    planes into a plane buffer that stays in cache, shared by the consecutive offsets with
+    the same ``oz``; then, shared by the offsets with the same ``(oz, oy)``, the max over
+    ``p1`` rows and the running max over ``p2`` neighbouring columns (``cm[j, q] =
+    max(row[q : q + p2])``); every offset then only picks its columns ``ox + p2 * l``.
+    All maxima run on contiguous rows (vectorised); the one strided step is a copy.
     """
     N, C, Z, Y, X = x.shape
     K, m0, m1, m2 = out.shape[1], out.shape[3], out.shape[4], out.shape[5]
+    L = X - p2 + 1  # columns with a full window to their right
     for t in prange(N * C):
         n = t // C
         c = t % C
         plane = np.empty((Y, X), np.float32)
-        rows = np.empty((m1, X), np.float32)
+        row = np.empty(X, np.float32)
+        cm = np.empty((m1, L), np.float32)
         for i in range(m0):
             for k in range(K):
                 oz, oy, ox = offs[k, 0], offs[k, 1], offs[k, 2]
                 new_z = k == 0 or oz != offs[k - 1, 0]
                 if new_z:  # offsets sharing oz share the plane max
                     z0 = oz + i * p0
-                    plane[:, :] = x[n, c, z0]
+                    src = x[n, c, z0]
+                    for yy in range(Y):
+                        for q in range(X):
+                            plane[yy, q] = src[yy, q]
                     for u in range(1, p0):
                         src = x[n, c, z0 + u]
                         for yy in range(Y):
                             _max_into(plane[yy], src[yy])
-                if new_z or oy != offs[k - 1, 1]:  # ... and (oz, oy) the row max
+                if new_z or oy != offs[k - 1, 1]:  # ... and (oz, oy) the row and column maxima
                     for j in range(m1):
                         y0 = oy + j * p1
-                        rows[j, :] = plane[y0]
+                        row[:] = plane[y0]
                         for w in range(1, p1):
-                            _max_into(rows[j], plane[y0 + w])
+                            _max_into(row, plane[y0 + w])
+                        cj = cm[j]
+                        cj[:] = row[:L]
+                        for s in range(1, p2):
+                            _max_into(cj, row[s:s + L])
                 dst = out[n, k, c, i]
                 for j in range(m1):
-                    r = rows[j]
+                    cj = cm[j]
                     drow = dst[j]
                     for l in range(m2):
-                        x0 = ox + l * p2
-                        v = r[x0]
-                        for s in range(1, p2):
-                            if r[x0 + s] > v:
-                                v = r[x0 + s]
-                        drow[l] = v
+                        drow[l] = cj[ox + l * p2]
 
 
 @njit(parallel=True, cache=True, fastmath=True)

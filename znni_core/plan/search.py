@@ -47,7 +47,7 @@ def gpu_primitives() -> tuple:
 DEVICE_HEADROOM = 512 * 2 ** 20  # device memory left to the CUDA context, library handles and cuFFT plans
 GPU_BUDGET_FRACTION = 0.9  # of the device memory free when planning (after the headroom)
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
-SEARCH_VERSION = 8  # in the plan cache key: bump when the search or time model changes (stale plans)
+SEARCH_VERSION = 10  # in the plan cache key: bump when the search or time model changes (stale plans)
 PLAN_CACHE_ENTRIES = 256  # newest plans kept on disk (one per network x shape x budget x ...)
 PATIENCE = 2  # coarse patches in a row without a gain before a series of growing patches stops
 COARSE = 3  # a series is first sampled at every COARSE-th patch, then refined around the best
@@ -354,7 +354,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
             t = (t + CALL_OVERHEAD_S) * reps[sm.index]
         else:
             tile = ()
-            t = T.estimate_elementwise(M.nbytes(sm.in_shape), host["cal"] if host else timer.cal, 1.5)
+            t = T.estimate_pool(M.nbytes(sm.in_shape), host["cal"] if host else timer.cal)
             mode = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)]
             prim_name, _, rows = mode.partition(":")
             mbv = int(rows or 0)

@@ -20,7 +20,10 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 12  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd)
+CALIBRATION_VERSION = 13  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling)
+
+
+DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
 
 def cache_dir() -> Path:
@@ -120,8 +123,12 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
     rates["winograd"] = _winograd_rates(threads)
     big = np.empty(2 ** 24, dtype=np.float32)
     bw = big.nbytes * 2 / _best_of(lambda: np.maximum(big, 0, out=big))
+    # pooling: MPF of a 64 MiB layer with its fresh output (as the executor runs it); the
+    # elementwise rate predicted n337's three MPF layers at 0.04 s where 0.42 s were measured
+    xp_ = rng.standard_normal((1, 16, 100, 100, 100), dtype=np.float32)
+    pool = _best_of(lambda: L.mpf(xp_, (2, 2, 2))) / xp_.nbytes
     cal = {"gemm_flops": gemm, "numba_flops": numba_rate, "direct_points": direct_points, "fft": rates, "mem_bw": bw,
-           "cpu": cpu_model(), "threads": threads}
+           "pool_s_per_byte": pool, "cpu": cpu_model(), "threads": threads}
     cache.put(key, cal)
     return cal
 
@@ -313,7 +320,19 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     cin, cout = layer.in_channels, layer.out_channels
     flops = 2.0 * n * cin * cout * math.prod(layer.kernel) * math.prod(out)
     if primitive in ("direct-gemm", "direct-numba"):
-        return flops / _direct_rate(primitive[7:], cin * math.prod(layer.kernel), cal)
+        # the calibrated rates include writing a 25 MB output that stays near the cache; larger
+        # outputs pay their passes at memory bandwidth: direct-gemm writes the lowered block, the
+        # product and the output (3 passes; a 1x1x1 conv: the product in place), the numba loop
+        # the output once.  First layers (C_in = 1) of EM nets: 1 x 15 x 270^2 -> 48 maps (1,4,4)
+        # ran 15 GFLOP/s in direct-gemm against 37 in direct-numba, calibrated 53 and 45 at K = 27.
+        # direct-gemm also loops over the fragments in Python (a matmul call and its lowering per
+        # fragment: 60-80 us each, measured on 256-512 fragments of the boundary net and n337)
+        out_bytes = F32 * n * cout * math.prod(out)
+        if primitive == "direct-numba":
+            return flops / _direct_rate("numba", cin * math.prod(layer.kernel), cal) + out_bytes / cal["mem_bw"]
+        passes = 1 if math.prod(layer.kernel) == 1 else 3
+        return (flops / _direct_rate("gemm", cin * math.prod(layer.kernel), cal) + passes * out_bytes / cal["mem_bw"]
+                + n * DIRECT_ITEM_S)
     calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
     if primitive == "winograd":
         r = cal["fft"]["winograd"]
@@ -375,6 +394,14 @@ def estimate_setup(primitive: str, layer: Conv, in_spatial, cal: dict) -> float:
 
 def estimate_elementwise(shape_bytes: int, cal: dict, passes: float = 2.0) -> float:
     return passes * shape_bytes / cal["mem_bw"]
+
+
+def estimate_pool(in_bytes: int, cal: dict) -> float:
+    """A pooling step (MPF, or the filter and fragments of depth-first pooling) over an input
+    of ``in_bytes``: the calibrated MPF rate (a GPU's calibration: 1.5 passes at its bandwidth)."""
+    if "pool_s_per_byte" in cal:
+        return in_bytes * cal["pool_s_per_byte"]
+    return estimate_elementwise(in_bytes, cal, 1.5)
 
 
 # --------------------------------------------------------------------- measurement
