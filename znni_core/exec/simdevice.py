@@ -15,7 +15,7 @@ module instead of CuPy.  It behaves like CuPy where that matters to znni:
   counts live bytes and their peak (``peak_bytes``), the measured side of the memory
   model's prediction;
 - the CuPy names the executor uses exist: ``cuda.runtime.memGetInfo``, ``cuda.Stream``,
-  ``cuda.Event``, ``empty_pinned``.
+  ``cuda.Event``, and ``empty_pinned`` (``cupyx.empty_pinned`` on CuPy).
 
 Speed means nothing here (it is numpy, single-stream).  Nothing in it is imported
 unless the variable is set.
