@@ -104,7 +104,7 @@ def test_gpu_plus_host_ram_plan_streams_layers_larger_than_the_device(gpu):
 def _gpu_only(net, x, budget):
     from znni_core.plan import search as S
 
-    cal_budget, cal = S._device_budget(budget)
+    cal_budget, cal, _ = S._device_budget(budget)
     timer = S._Timer("estimate", 1, cal)
     _, _, peak, _ = S._evaluate(net, x.shape[1:], ("pool", "pool"), cal_budget, timer, S.GPU_PRIMITIVES)
     if peak > budget:

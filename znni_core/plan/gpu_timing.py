@@ -132,25 +132,33 @@ class DeviceMeasurements:
     (synchronised, best of 2 after a warm-up: cuFFT plans and kernels compiled first),
     cached by device name like the CPU's measurements."""
 
-    def __init__(self, cal: dict):
-        from ..exec.device import require_device
+    def __init__(self, cal: dict, xp):
         from .timing import JsonCache, cache_dir
 
-        self.xp = require_device("gpu")
+        self.xp = xp
         self.cache = JsonCache(cache_dir() / "measure-gpu.json")
         self.prefix = f"{GPU_CALIBRATION_VERSION}|{cal['device']}"
 
     def conv(self, primitive: str, n: int, layer: Conv, in_spatial) -> float:
-        from ..exec.engine import _conv_fn
-        from .plan import Step
-
         key = f"{self.prefix}|{primitive}|{n}|{layer.in_channels}|{layer.out_channels}|{tuple(in_spatial)}|{layer.kernel}"
         if (hit := self.cache.get(key)) is not None:
             return hit
         xp = self.xp
         x = xp.asarray(np.random.default_rng(0).standard_normal((n, layer.in_channels) + tuple(in_spatial),
                                                                 dtype=np.float32))
-        fn = _conv_fn(Step(0, "conv", primitive, x.shape, ()), layer, tuple(in_spatial), xp, {})
+        w = xp.asarray(layer.weight)
+        b = None if layer.bias is None else xp.asarray(layer.bias)
+        sp = tuple(in_spatial)
+        if primitive == "direct-gemm":
+            fn = lambda v: L.conv_direct_gemm(v, w, b)  # noqa: E731
+        elif primitive == "direct-torch":
+            from ..layers.torch_conv import TorchConv
+
+            fn = TorchConv(w, b, xp)
+        elif primitive in ("fft-gemm", "winograd"):
+            fn = (L.FFTGemmConv if primitive == "fft-gemm" else L.WinogradConv)(w, b, sp, xp=xp)
+        else:
+            fn = L.FFTConv(w, b, sp, mode=primitive[4:], xp=xp)
         t = _best_of(xp, lambda: fn(x), repeats=2)
         self.cache.put(key, t)
         return t

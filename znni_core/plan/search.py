@@ -142,7 +142,7 @@ def _slab_modes(net: Network, patch, mode_sets) -> list[tuple]:
 
 
 class _Timer:
-    def __init__(self, effort: str, threads: int, cal: dict | None = None):
+    def __init__(self, effort: str, threads: int, cal: dict | None = None, xp=None):
         self.cal = cal or T.calibrate(threads)
         if effort == "estimate":
             self.meas = None
@@ -151,7 +151,7 @@ class _Timer:
         else:  # a GPU's calibration: timed on the device
             from .gpu_timing import DeviceMeasurements
 
-            self.meas = DeviceMeasurements(cal)
+            self.meas = DeviceMeasurements(cal, xp)
         self.measure_all = effort == "exhaustive"
         self._memo: dict = {}  # (primitive, n, layer, shapes, ...) -> seconds, for this search only
 
@@ -411,9 +411,9 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
     if memory_budget is not None and int(memory_budget) <= 0:
         raise PlanError(f"memory budget {memory_budget!r} must be a positive number of bytes")
     threads = int(threads or default_threads())
-    gpu_cal = host = None
+    gpu_cal = host = gpu_xp = None
     if device != "cpu":
-        budget, gpu_cal = _device_budget(memory_budget)
+        budget, gpu_cal, gpu_xp = _device_budget(memory_budget)
         host = {"budget": default_budget(), "cal": T.calibrate(threads), "threads": threads}
     else:
         budget = int(memory_budget) if memory_budget is not None else default_budget()
@@ -437,7 +437,7 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
     if cache is not None and (hit := cache.get(ckey)):
         return Plan.from_dict(hit)
 
-    timer = _Timer(effort, threads, gpu_cal)
+    timer = _Timer(effort, threads, gpu_cal, gpu_xp)
     if graph and device == "cpu+gpu":
         raise PlanError("cpu+gpu (pipelined) plans are for max-pooling (chain) networks; plan a graph network "
                         "with device 'gpu' or 'cpu'")
@@ -595,7 +595,7 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
 
 
 def _device_budget(memory_budget):
-    """The device memory budget (bytes) and the device's calibration.  The default is the
+    """The device memory budget (bytes), the device's calibration and its array module.  The default is the
     free memory less :data:`DEVICE_HEADROOM`, times :data:`GPU_BUDGET_FRACTION`; a budget
     larger than the device (less the headroom) is refused here, at plan time."""
     from ..exec.device import require_device
@@ -612,7 +612,7 @@ def _device_budget(memory_budget):
         budget = int(memory_budget)
     else:
         budget = int(max(0, free - headroom) * GPU_BUDGET_FRACTION)
-    return budget, gpu_timing.calibrate_device(xp)
+    return budget, gpu_timing.calibrate_device(xp), xp
 
 
 def _pipeline(net, patch, modes, budget, timer, prims, host):
