@@ -25,11 +25,14 @@ CONFIG_JSON = json.dumps(ZNNI_CONFIG, sort_keys=True)
 STARTED = time.time()
 
 # numba's default threading layer kills the process when called from threads (PITFALLS);
-# compiled kernels are cached in the work directory so every job after the first starts warm.
-# Passed to each command as params.env (never shell.prefix, which would reach a parent's rules).
+# compiled kernels are cached with znni's other machine caches (calibration, plans), so a new
+# run starts warm too: in the work directory, every run's first jobs compiled again (about 17 s
+# each, both at once, on 2 cores).  numba keys its entries by CPU, so one cache serves a mixed
+# cluster.  Passed to each command as params.env (never shell.prefix, which would reach a
+# parent's rules).
 ZNNI_ENV = (
     "NUMBA_THREADING_LAYER=${NUMBA_THREADING_LAYER:-threadsafe} "
-    f"NUMBA_CACHE_DIR=${{NUMBA_CACHE_DIR:-{WORK_DIR}/.cache/numba}}"
+    f"NUMBA_CACHE_DIR=${{NUMBA_CACHE_DIR:-${{ZNNI_CACHE_DIR:-${{HOME:-{WORK_DIR}}}/.cache/znni}}/numba}}"
 )
 
 # tasks and jobs: from the config, the network's halo and the input's bounds (schedule.json caches
