@@ -47,12 +47,12 @@ def device_limits(xp, plan):
     headroom the planner left (CUDA context, cuFFT plans): an allocation past it is the
     plan's fault, reported as a :class:`MemoryBudgetError` naming the plan's prediction,
     never a crash with the pool grown into the rest of the device."""
-    from ..plan.search import DEVICE_HEADROOM
+    from ..plan.search import device_headroom
 
     pool = xp.get_default_memory_pool()
     old = pool.get_limit()
-    free, total = xp.cuda.runtime.memGetInfo()
-    pool.set_limit(size=min(int(total), pool.used_bytes() + plan.memory_budget + min(DEVICE_HEADROOM, int(total) // 8)))
+    total = int(xp.cuda.runtime.memGetInfo()[1])
+    pool.set_limit(size=min(total, pool.used_bytes() + plan.memory_budget + device_headroom(total)))
     try:
         yield
     except xp.cuda.memory.OutOfMemoryError as exc:

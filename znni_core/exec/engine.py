@@ -229,9 +229,9 @@ def pool_before_activation(steps, layers) -> tuple:
 def _front_steps(plan, layers):
     """The executor's steps (fused, pools before activations) and the first one on the GPU."""
     steps = pool_before_activation(fuse_activations(plan.steps, layers), layers)
-    k = next((j for j, s in enumerate(steps) if s.index >= plan.split), len(steps)) if plan.placement == "cpu+gpu" \
-        else 0
-    return steps, k
+    if plan.placement != "cpu+gpu":
+        return steps, 0
+    return steps, next((j for j, s in enumerate(steps) if s.index >= plan.split), len(steps))
 
 
 def run_front(plan, net: Network, x, *, convs=None):
@@ -271,9 +271,9 @@ def run_patch(plan, net: Network, x, *, xp=np, convs=None):
     of this plan (:func:`kernel_cache` gives the one for a plan).
     """
     convs = {} if convs is None else convs
-    _check_patch(plan, net, x)
-    if plan.placement == "cpu+gpu":
+    if plan.placement == "cpu+gpu":  # the two stages in turn (exec/tiling.py overlaps them across patches)
         return run_back(plan, net, run_front(plan, net, x, convs=convs), xp=xp, convs=convs)
+    _check_patch(plan, net, x)
     layers = net.layers
     if plan.steps and plan.steps[0].op == "act":
         x = x.copy()  # activations run in place; never modify the caller's input

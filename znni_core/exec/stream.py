@@ -6,6 +6,10 @@ each result is copied back on the copy stream once its compute has finished (eve
 order the two streams).  Host staging buffers are pinned (page-locked), two per side:
 a buffer is refilled only after the copy that read it has completed.  On the simulated
 GPU the streams are no-ops and everything runs in order; the result is the same.
+
+A block's device input and output are kept until the copy back of its result has finished:
+CuPy's pool may hand a freed block to the next allocation while another stream still reads
+it.  At most two blocks' inputs and outputs are alive (``plan.memory.device_call_bytes``).
 """
 from __future__ import annotations
 
@@ -39,7 +43,12 @@ def stream_blocks(fn, x: np.ndarray, out: np.ndarray, jobs, xp) -> None:
         done.record(copy)
         return dev, done
 
-    pending = None  # the previous block's result: (dst, host buffer, event of its copy back)
+    def finish(pending):
+        dst, host, copied, _ = pending  # _: the block's device arrays, freed once its copy is done
+        copied.synchronize()
+        out[dst] = host
+
+    pending = None  # the previous block: (dst, host buffer, event of its copy back, device arrays)
     nxt = upload(0) if jobs else None
     for j in range(len(jobs)):
         dev, uploaded = nxt
@@ -48,21 +57,17 @@ def stream_blocks(fn, x: np.ndarray, out: np.ndarray, jobs, xp) -> None:
             y = fn(dev)
         computed = xp.cuda.Event()
         computed.record(compute)
-        del dev
+        if pending is not None:
+            finish(pending)
+            pending = None
         if j + 1 < len(jobs):
             nxt = upload(j + 1)  # overlaps this block's compute
-        if pending is not None:
-            dst, host, copied = pending
-            copied.synchronize()
-            out[dst] = host
         copy.wait_event(computed)
         host = pinned(staged_out, tuple(y.shape), j)
         y.get(stream=copy, out=host, blocking=False)
         copied = xp.cuda.Event()
         copied.record(copy)
-        pending = (jobs[j][1], host, copied)
-        del y
+        pending = (jobs[j][1], host, copied, (dev, y))
+        del dev, y
     if pending is not None:
-        dst, host, copied = pending
-        copied.synchronize()
-        out[dst] = host
+        finish(pending)

@@ -155,17 +155,17 @@ def register(app: typer.Typer) -> None:
     ):
         """Run one task (or rewrite one chunk): read, infer, write whole chunks atomically, verify, manifest."""
         from ..errors import ZnniError
-        from .config import load_run, run_geometry, task_bytes
         from ..exec.device import claimed_gpu
+        from .config import load_run, run_geometry, task_bytes
         from .task import run_task
 
         if (task is None) == (chunk is None):
             _fail(ValueError("give exactly one of --task or --chunk"), 2)
         try:
+            run = load_run(run_file)
             if mem_mb is not None:
-                run = load_run(run_file)
                 _check_mem(run, mem_mb, run_geometry, task_bytes)
-            with claimed_gpu(load_run(run_file)["config"]["device"]):
+            with claimed_gpu(run["config"]["device"]):
                 run_task(run_file, task, chunk=chunk, show_progress=progress, log=_log)
         except ZnniError as exc:
             _fail(exc)
@@ -185,14 +185,15 @@ def register(app: typer.Typer) -> None:
     ):
         """Run a job: its range of tasks, skipping those already done and verified; marker last."""
         from ..errors import ZnniError
-        from .config import load_run, run_geometry, task_bytes
         from ..exec.device import claimed_gpu
+        from .config import load_run, run_geometry, task_bytes
         from .jobs import run_job
 
         try:
+            run = load_run(run_file)
             if mem_mb is not None:
-                _check_mem(load_run(run_file), mem_mb, run_geometry, task_bytes)
-            with claimed_gpu(load_run(run_file)["config"]["device"]):  # one job per GPU on a node
+                _check_mem(run, mem_mb, run_geometry, task_bytes)
+            with claimed_gpu(run["config"]["device"]):  # one job per GPU on a node
                 run_job(run_file, job, tasks_per_job, num_tasks, marker=marker, tasks_file=tasks_file, log=_log)
         except ZnniError as exc:
             _fail(exc)

@@ -86,10 +86,14 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     flops = 2.0 * n * cin * cout * math.prod(k) * math.prod(out)
     x_bytes, y_bytes = F32 * n * cin * math.prod(in_spatial), F32 * n * cout * math.prod(out)
     if primitive in ("direct-gemm", "direct-torch"):
-        lowered = 0 if math.prod(k) == 1 or primitive == "direct-torch" else 2 * F32 * n * cin * math.prod(k) * math.prod(out)
+        lowered = 2 * F32 * n * cin * math.prod(k) * math.prod(out)  # im2col written and read
+        if math.prod(k) == 1 or primitive == "direct-torch":
+            lowered = 0
         return flops / gemm + (x_bytes + y_bytes + lowered) / bw + calls * LAUNCH_S * (1 if math.prod(k) == 1 else 8)
     if primitive == "winograd":
-        values, macs, _ = _terms("winograd", n, cin, cout, in_spatial, k)
+        from .timing import _winograd_terms
+
+        values, macs, _ = _winograd_terms(n, cin, cout, in_spatial, k)
         return 2.0 * macs / gemm + 6 * F32 * values / bw + calls * 12 * LAUNCH_S
     if primitive in ("fft-gemm", "fft-data"):
         tshape = (L.fft_gemm_transform_shape(in_spatial, k) if primitive == "fft-gemm" else L.fft_shape(in_spatial))
@@ -101,12 +105,6 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
         spectra = C64 * items * f * (2 * cin + 3 * cout)  # transposes to and from frequency-major
         return transforms + macs / gemm + (spectra + x_bytes + 2 * y_bytes) / bw + calls * 10 * LAUNCH_S
     raise ValueError(f"no GPU time model for primitive {primitive!r}")
-
-
-def _terms(kind, n, cin, cout, in_spatial, kernel):
-    from .timing import _winograd_terms
-
-    return _winograd_terms(n, cin, cout, in_spatial, kernel)
 
 
 def estimate_setup(primitive: str, layer: Conv, in_spatial, cal: dict) -> float:

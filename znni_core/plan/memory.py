@@ -76,11 +76,13 @@ def _conv_step_bytes(primitive, n, mb, layer, spatial, tile, threads) -> int:
 
 
 def device_call_bytes(primitive: str, mb: int, layer: Conv, spatial, tile=(), threads: int = 1) -> int:
-    """Device bytes of one call of a conv streamed from host memory (GPU + host RAM): its
-    input block twice (the next one is copied in while this one computes) and the call's
-    own peak (its output block and workspace)."""
+    """Device bytes of a conv streamed from host memory (GPU + host RAM, ``exec/stream.py``):
+    while one call runs, the previous block's input and output (until their copy back is
+    done) and the call's own input and peak (its output block and workspace)."""
     tile, _ = conv_blocks(tuple(spatial), layer.kernel, tile)
-    return 2 * nbytes((mb, layer.in_channels) + tuple(tile)) + conv_primitive_bytes(primitive, mb, layer, tile, threads)
+    block_in = nbytes((mb, layer.in_channels) + tuple(tile))
+    block_out = nbytes((mb, layer.out_channels) + tuple(t - k + 1 for t, k in zip(tile, layer.kernel)))
+    return 2 * block_in + block_out + conv_primitive_bytes(primitive, mb, layer, tile, threads)
 
 
 def resident_bytes(primitive: str, layer: Conv, in_spatial) -> int:

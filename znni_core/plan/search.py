@@ -31,19 +31,7 @@ GIB = 2 ** 30
 #: conv primitives of GPU plans: the two whose device memory the model predicts (checked on the
 #: simulated GPU); fft-data and winograd run on the device too when asked for (``primitives=``)
 GPU_PRIMITIVES = ("direct-gemm", "fft-gemm")
-DEVICES = ("cpu", "gpu", "cpu+gpu")
-
-
-def gpu_primitives() -> tuple:
-    """The GPU plan's conv primitives: :data:`GPU_PRIMITIVES`, and cuDNN through PyTorch
-    (``direct-torch``) where PyTorch sees a CUDA device (on the simulated GPU: when asked for)."""
-    try:
-        import torch
-
-        cudnn = torch.cuda.is_available()
-    except Exception:
-        cudnn = False
-    return GPU_PRIMITIVES + (("direct-torch",) if cudnn else ())  # cpu+gpu: the first layers on the CPU, the rest on the GPU, pipelined
+DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the rest on the GPU, pipelined
 DEVICE_HEADROOM = 512 * 2 ** 20  # device memory left to the CUDA context, library handles and cuFFT plans
 GPU_BUDGET_FRACTION = 0.9  # of the device memory free when planning (after the headroom)
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
@@ -63,6 +51,23 @@ CALL_OVERHEAD_S = 1e-4
 #: (4.2 s for the net against 4.7-4.9 s with direct-gemm there)
 BLOCK_SLOWDOWN = 1.6
 PATCH_OVERHEAD_S = 1e-3
+
+
+def gpu_primitives() -> tuple:
+    """The GPU plan's conv primitives: :data:`GPU_PRIMITIVES`, and cuDNN through PyTorch
+    (``direct-torch``) where PyTorch sees a CUDA device (on the simulated GPU: when asked for)."""
+    try:
+        import torch
+
+        cudnn = torch.cuda.is_available()
+    except Exception:
+        cudnn = False
+    return GPU_PRIMITIVES + (("direct-torch",) if cudnn else ())
+
+
+def device_headroom(total: int) -> int:
+    """Device memory no plan may use: :data:`DEVICE_HEADROOM`, at most an eighth of a small device."""
+    return min(DEVICE_HEADROOM, int(total) // 8)
 
 
 def default_budget() -> int:
@@ -431,8 +436,8 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
         if not graph:
             input_patch(net, input_shape)  # validates
     cache = T.JsonCache(T.cache_dir() / "plans.json", max_entries=PLAN_CACHE_ENTRIES) if use_cache else None
-    ckey = (f"{net.digest()}|{budget}|{device}|{placement}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|{input_shape}|"
-            f"{SEARCH_VERSION}|{T.machine_key(threads)}" + (f"|{overlap}|{blend}" if graph else "")
+    ckey = (f"{net.digest()}|{budget}|{device}|{placement}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|"
+            f"{input_shape}|{SEARCH_VERSION}|{T.machine_key(threads)}" + (f"|{overlap}|{blend}" if graph else "")
             + (f"|{gpu_cal['device']}|{gpu_cal['gemm_flops']:.3g}" if gpu_cal else ""))
     if cache is not None and (hit := cache.get(ckey)):
         return Plan.from_dict(hit)
@@ -445,8 +450,8 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
         from .graph import autotune_graph
 
         plan = autotune_graph(net, budget=budget, device=device, effort=effort, threads=threads, timer=timer,
-                              prims=primitives or (None if device == "cpu" else prims), patch_shape=patch_shape, input_shape=input_shape, overlap=overlap,
-                              blend=blend)
+                              prims=primitives or (None if device == "cpu" else prims), patch_shape=patch_shape,
+                              input_shape=input_shape, overlap=overlap, blend=blend)
         if cache is not None:
             cache.put(ckey, plan.to_dict())
         return plan
@@ -603,7 +608,7 @@ def _device_budget(memory_budget):
 
     xp = require_device("gpu")
     free, total = (int(v) for v in xp.cuda.runtime.memGetInfo())
-    headroom = min(DEVICE_HEADROOM, total // 8)
+    headroom = device_headroom(total)
     if memory_budget is not None:
         if int(memory_budget) > total - headroom:
             raise MemoryBudgetError(

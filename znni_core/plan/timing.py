@@ -21,8 +21,6 @@ from ..net.spec import Conv
 
 F32 = 4
 CALIBRATION_VERSION = 13  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling)
-
-
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
 
@@ -125,8 +123,8 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
     bw = big.nbytes * 2 / _best_of(lambda: np.maximum(big, 0, out=big))
     # pooling: MPF of a 64 MiB layer with its fresh output (as the executor runs it); the
     # elementwise rate predicted n337's three MPF layers at 0.04 s where 0.42 s were measured
-    xp_ = rng.standard_normal((1, 16, 100, 100, 100), dtype=np.float32)
-    pool = _best_of(lambda: L.mpf(xp_, (2, 2, 2))) / xp_.nbytes
+    layer_in = rng.standard_normal((1, 16, 100, 100, 100), dtype=np.float32)
+    pool = _best_of(lambda: L.mpf(layer_in, (2, 2, 2))) / layer_in.nbytes
     cal = {"gemm_flops": gemm, "numba_flops": numba_rate, "direct_points": direct_points, "fft": rates, "mem_bw": bw,
            "pool_s_per_byte": pool, "cpu": cpu_model(), "threads": threads}
     cache.put(key, cal)
