@@ -36,8 +36,12 @@ ZNNI_ENV = (
 )
 
 # tasks and jobs: from the config, the network's halo and the input's bounds (schedule.json caches
-# them); a run that cannot be scheduled gets no job, and `validate` reports why
-SCHEDULE = workflow_schedule(ZNNI_CONFIG)
+# them); a run that cannot be scheduled gets no job, and `validate` reports why.  Jobs are sized
+# to the jobs Snakemake runs at once (--jobs, else --cores; a dry run's default: the CPUs here),
+# so a small volume still keeps every slot busy.
+_NODES, _CORES = (getattr(workflow.global_resources.get(k), "value", None) for k in ("_nodes", "_cores"))
+SLOTS = _NODES if _NODES and _NODES < sys.maxsize else _CORES if _CORES and _CORES > 1 else os.cpu_count()
+SCHEDULE = workflow_schedule(ZNNI_CONFIG, SLOTS)
 # schedule.json is rewritten when the config or the network changes: as validate's input it makes a
 # config change rerun validate under `rerun-triggers: mtime` too
 SCHEDULE_FILE = [] if "error" in SCHEDULE else [f"{WORK}/schedule.json"]

@@ -84,7 +84,8 @@ class Case:
 
 
 def make_case(root: Path, *, shape=SHAPE, chunk=CHUNK, task_chunks=TASK, seed=0, net=None, **overrides) -> Case:
-    """Demo volume + network + config.yaml under ``root`` (not yet validated)."""
+    """Demo volume + network + config.yaml under ``root`` (not yet validated); one task per job
+    unless ``jobs__tasks_per_job`` says otherwise (the kill cases pick among many jobs)."""
     import yaml
 
     from znni_core.net import save_network
@@ -96,6 +97,7 @@ def make_case(root: Path, *, shape=SHAPE, chunk=CHUNK, task_chunks=TASK, seed=0,
         save_network(net, case.data / "net.yaml")
     write_demo_config(case.config, case.data, work_dir=case.work, output="file://" + str(case.out),
                       task_chunks=task_chunks, chunk=chunk)
+    overrides.setdefault("jobs__tasks_per_job", 1)
     if overrides:
         cfg = yaml.safe_load(case.config.read_text())
         for dotted, v in overrides.items():

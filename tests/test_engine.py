@@ -155,7 +155,7 @@ def test_fft_kernel_spectra_built_once_per_run(monkeypatch):
     assert built == ["task"] * n_conv
     small = x[:, :patch[0], :patch[1], :patch[2]]  # one smaller tile: rebuilt, replacing (never adding)
     znni_core.infer(net, small[:, :-1] if small.shape[1] > f[0] else small, plan=plan, cache=cache)
-    assert len(next(iter(cache.values()))) == n_conv and len(cache) == 1
+    assert len([k for k in next(iter(cache.values())) if k != "arena"]) == n_conv and len(cache) == 1
     built.clear()
     plan = autotune(net, memory_budget=2 ** 30, primitives=("fft-stream",), pool_modes=("pool", "pool"), patch_shape=patch)
     assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL
@@ -289,3 +289,42 @@ def test_fused_relu_in_each_primitive_equals_relu_of_the_reference(kernel):
         assert conv(x, out=dst) is dst and rel_err(np.ascontiguousarray(dst), ref) <= 1e-4, cls.__name__
         conv.relu = False
         assert (conv(x) < 0).any(), cls.__name__  # the flag, not the layer, clamps
+
+
+def test_output_buffers_are_reused_within_the_budget(monkeypatch):
+    """The arena: a second patch of a run reuses the first one's output buffers (no fresh
+    pages), the result is unchanged, and the buffers it holds plus the run's live set stay
+    within the plan's budget (tracemalloc counts both)."""
+    import tracemalloc
+
+    from znni_core.exec.engine import kernel_cache, run_patch
+    from znni_core.plan import autotune
+
+    net = make_net([("conv", 8, 3), ("act", "relu"), ("pool", 2), ("conv", 12, 3), ("act", "relu"),
+                    ("conv", 2, 3)], seed=4)
+    x = np.random.default_rng(4).standard_normal((1, 37, 37, 37)).astype(np.float32)
+    plan = autotune(net, memory_budget=96 * 2 ** 20, patch_shape=(37, 37, 37))
+    monkeypatch.setenv("ZNNI_REUSE_BUFFERS", "0")
+    ref = run_patch(plan, net, x)
+    monkeypatch.delenv("ZNNI_REUSE_BUFFERS")
+    convs = kernel_cache({}, plan)
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    run_patch(plan, net, x, convs=convs)  # the first patch: every buffer is new
+    a = convs["arena"]
+    assert a.misses > 0 and a.held_bytes > 0
+    misses = a.misses
+    y = run_patch(plan, net, x, convs=convs)
+    _, peak = tracemalloc.get_traced_memory()  # both patches: live arrays + held buffers + spectra
+    tracemalloc.stop()
+    assert a.misses == misses and a.hits > 0  # the second patch: all from the arena
+    np.testing.assert_array_equal(y, ref)
+    del y
+    assert a.held_bytes <= plan.memory_budget - plan.predicted_peak_bytes
+    # a tight budget leaves no slack: nothing is held, and the result is still the same
+    tight = autotune(net, memory_budget=plan.predicted_peak_bytes, patch_shape=(37, 37, 37))
+    convs = kernel_cache({}, tight)
+    for _ in range(2):
+        np.testing.assert_array_equal(run_patch(tight, net, x, convs=convs), ref)
+    assert convs["arena"].held_bytes <= max(0, tight.memory_budget - tight.predicted_peak_bytes)
+    assert peak <= plan.memory_budget

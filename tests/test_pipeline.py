@@ -348,3 +348,28 @@ def test_T12_processes(tmp_path):
         assert p.wait(timeout=600) == 0, p.stderr.read().decode()
     assert layer_files(load_run(rf_a)["output"]["url"]) == layer_files(load_run(rf_b)["output"]["url"])
     _ = os
+
+
+# --------------------------------------------------------------------------- job sizing (auto)
+def test_auto_jobs_are_sized_by_the_predicted_rate_and_fill_the_slots(tmp_path):
+    """No measured rate: the plan's time model sizes the jobs; a small volume is spread over the
+    jobs Snakemake runs at once, not one job per task; the cached schedule keeps its job ranges
+    when a resume runs with another --jobs."""
+    from znni_core.pipeline.jobs import compute_schedule, workflow_schedule
+
+    cfg = validate_config(base_config(tmp_path, vol=em((12, 40, 40)), task_chunks=[1, 1, 1]))
+    whole = compute_schedule(cfg)  # one core's worth: everything in one ~30-minute job
+    assert whole["num_tasks"] >= 4 and whole["num_jobs"] == 1, whole
+    assert "predicted by the plan's time model" in whole["why"], whole["why"]
+    two = compute_schedule(cfg, slots=2)
+    assert two["num_jobs"] == 2 and two["tasks_per_job"] == -(-two["num_tasks"] // 2), two
+    assert "2 jobs at once" in two["why"]
+    # a measured rate wins over the prediction; max_jobs still bounds the count
+    slow = compute_schedule(cfg | {"jobs": cfg["jobs"] | {"voxels_per_second": 1e-3}}, slots=2)
+    assert slow["tasks_per_job"] == 1 and "(measured)" in slow["why"], slow
+    capped = compute_schedule(cfg | {"jobs": cfg["jobs"] | {"voxels_per_second": 1e-3, "max_jobs": 2}})
+    assert capped["num_jobs"] == 2 and "max_jobs=2" in capped["why"], capped
+    # the schedule is computed once per run: another slot count on resume reads the same ranges
+    first = workflow_schedule(cfg, 2)
+    again = workflow_schedule(cfg, 7)
+    assert first == again and again["slots"] == 2

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 
 import numpy as np
 
 from ..errors import PlanError
 from ..geometry.blocks import conv_blocks
 from ..plan.memory import slab_geometry
+from ..layers import arena
 from ..layers.activation import commutes_with_max
 from ..layers.resident import ResidentConv
 from ..layers import (FFTConv, FFTGemmConv, WinogradConv, apply_activation, conv_direct_gemm, conv_direct_numba, fragment_of_filtered,
@@ -90,7 +92,7 @@ def _run_conv(step, layer: Conv, x, xp, convs):
         return out
     if mb >= n and tile == spatial:
         return fn(x)
-    out = xp.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), dtype=np.float32)
+    out = arena.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), xp=xp)
     ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
     kept = isinstance(fn, (FFTConv, ResidentConv))
     if kept:  # one set of call buffers for all blocks of this step
@@ -125,7 +127,7 @@ def _gather(n, offsets, run_offset, xp):
         y = run_offset(off)
         if out is None:
             r = y.shape[0] // n
-            out = get_array_module(y).empty((n, len(offsets), r) + y.shape[1:], dtype=y.dtype)
+            out = arena.empty((n, len(offsets), r) + y.shape[1:], y.dtype, xp=get_array_module(y))
         out[:, k] = y.reshape((n, -1) + y.shape[1:])
         del y
     return out.reshape((-1,) + out.shape[3:])
@@ -136,7 +138,7 @@ def _slab_fragment(steps, layers, k, x, offset, rows, xp, convs):
     window = layers[steps[k].index].window
     g = slab_geometry(layers, x.shape[1], steps[k].index, x.shape[2:], rows)
     ez = g["extent"][0]
-    frag = get_array_module(x).empty((x.shape[0], g["channels"]) + g["frag"], dtype=np.float32)
+    frag = arena.empty((x.shape[0], g["channels"]) + g["frag"], xp=get_array_module(x))
     oz, oy, ox = offset
     my, mx = g["frag"][1:]
     for j0 in range(0, g["frag"][0], g["rows"]):
@@ -274,6 +276,22 @@ def run_patch(plan, net: Network, x, *, xp=np, convs=None):
     if plan.placement == "cpu+gpu":  # the two stages in turn (exec/tiling.py overlaps them across patches)
         return run_back(plan, net, run_front(plan, net, x, convs=convs), xp=xp, convs=convs)
     _check_patch(plan, net, x)
+    with arena.using(plan_arena(plan, convs) if xp is np else None):
+        return _run_patch(plan, net, x, xp, convs)
+
+
+def plan_arena(plan, convs) -> arena.Arena | None:
+    """The run's output buffers (kept in ``convs`` with the kernel spectra): it holds at most the
+    slack the plan leaves in its budget, so the run stays within the budget.  None (fresh pages
+    for every output, as the memory model counts them) with ``ZNNI_REUSE_BUFFERS=0``."""
+    if os.environ.get("ZNNI_REUSE_BUFFERS", "1") == "0":
+        return None
+    if "arena" not in convs:
+        convs["arena"] = arena.Arena(plan.memory_budget - plan.predicted_peak_bytes)
+    return convs["arena"]
+
+
+def _run_patch(plan, net, x, xp, convs):
     layers = net.layers
     if plan.steps and plan.steps[0].op == "act":
         x = x.copy()  # activations run in place; never modify the caller's input

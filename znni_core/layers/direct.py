@@ -29,6 +29,7 @@ import math
 import numpy as np
 
 from ..errors import InputError
+from . import arena
 from ._numba import njit, prange
 from .xp import get_array_module
 
@@ -130,7 +131,7 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, relu=False):
     kz, ky, kx = kernel
     Zo, Yo, Xo = conv_out_shape((Z, Y, X), kernel)
     if out is None:
-        out = xp.empty((N, O, Zo, Yo, Xo), dtype=xp.float32)
+        out = arena.empty((N, O, Zo, Yo, Xo), xp=xp)
     elif out.shape != (N, O, Zo, Yo, Xo):
         raise InputError(f"out has shape {out.shape}; expected {(N, O, Zo, Yo, Xo)}")
     if kz == ky == kx == 1:  # 1x1x1: GEMMs straight on the input, no lowering
@@ -293,7 +294,7 @@ def conv_direct_numba(x, w, b=None, *, relu=False):
         raise InputError("conv_direct_numba runs on numpy arrays only; use conv_direct_gemm or FFTConv on the GPU")
     if b is None:
         b = np.zeros(w.shape[0], np.float32)
-    out = np.empty((x.shape[0], w.shape[0]) + conv_out_shape(x.shape[2:], w.shape[2:]), np.float32)
+    out = arena.empty((x.shape[0], w.shape[0]) + conv_out_shape(x.shape[2:], w.shape[2:]))
     _conv_numba_kernel(x, w, b, out, bool(relu))
     return out
 

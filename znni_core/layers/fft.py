@@ -49,6 +49,7 @@ import numpy as np
 import pyfftw
 
 from ..errors import InputError
+from . import arena
 from ._numba import njit, prange
 from .xp import get_array_module
 
@@ -447,7 +448,7 @@ class FFTConv:
                   _mac_block(n, self.c_in))
         del xin, plans
         _run(inv)
-        out = np.empty((n, self.c_out) + self.out_spatial, np.float32)
+        out = arena.empty((n, self.c_out) + self.out_spatial)
         out.reshape((n * self.c_out,) + self.out_spatial)[...] = p.view(np.float32)[:, :zo, :yo, :xo]
         if self.bias is not None:
             out += self.bias.reshape(1, -1, 1, 1, 1)
@@ -490,7 +491,7 @@ class FFTConv:
         xs = x.reshape((n * self.c_in,) + self.in_spatial)  # a view when N and C merge (blocks do)
         stream = self.mode == "stream"
         if out is None:
-            out = np.empty((n, self.c_out) + self.out_spatial, np.float32)
+            out = arena.empty((n, self.c_out) + self.out_spatial)
         X = xin.reshape(n, self.c_in, -1)
         block = _mac_block(n, self.c_in)
 

@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import arena
 from ._numba import njit
 from .fft import fft_size
 from .resident import ResidentConv
@@ -300,7 +301,7 @@ class FFTGemmConv(ResidentConv):
         np.matmul(X, self.khat, out=Y)  # one batched cgemm over all frequencies
         X = None  # frees the input spectra before the output exists (the memory model assumes it)
         if out is None:
-            out = np.empty((n, O) + self.out_spatial, np.float32)
+            out = arena.empty((n, O) + self.out_spatial)
         has_bias = self.bias is not None
         bias = self.bias if has_bias else np.zeros(O, np.float32)
 

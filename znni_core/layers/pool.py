@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from ..errors import InputError
+from . import arena
 from ._numba import njit, prange
 from .xp import get_array_module
 
@@ -211,9 +212,9 @@ def max_pool(x, p):
         raise InputError(f"input spatial shape {x.shape[2:]} is smaller than the pooling window {p}")
     xp = get_array_module(x)
     if xp is np and x.dtype == np.float32:
-        out = np.empty((x.shape[0], 1, x.shape[1]) + m, dtype=np.float32)
+        out = arena.empty((x.shape[0], 1, x.shape[1]) + m, np.float32)
         return _pool_offsets(x, p, m, [(0, 0, 0)], out)[:, 0]
-    out = xp.empty(x.shape[:2] + m, dtype=x.dtype)
+    out = arena.empty(x.shape[:2] + m, x.dtype, xp=xp)
     return _pool_into(x, p, m, out)
 
 
@@ -248,7 +249,7 @@ def mpf(x, p):
     xp = get_array_module(x)
     n, c = x.shape[:2]
     P = math.prod(p)
-    out = xp.empty((n, P, c) + m, dtype=x.dtype)
+    out = arena.empty((n, P, c) + m, x.dtype, xp=xp)
     offsets = list(itertools.product(range(p[0]), range(p[1]), range(p[2])))
     if xp is np and x.dtype == np.float32:
         return _pool_offsets(x, p, m, offsets, out).reshape((n * P, c) + m)

@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import InputError
+from . import arena
 from ._numba import njit
 from .resident import ResidentConv
 from .xp import get_array_module
@@ -533,7 +534,7 @@ class WinogradConv(ResidentConv):
         br, sets, pool = self._buffers(n)
         xs = np.ascontiguousarray(x, dtype=np.float32)
         if out is None:
-            out = np.empty((n, O) + self.out_spatial, np.float32)
+            out = arena.empty((n, O) + self.out_spatial)
         bias = self.bias if self.bias is not None else np.zeros(O, np.float32)
         rows = n * ntz * nty
         blocks = [(r0, min(rows, r0 + br)) for r0 in range(0, rows, br)]

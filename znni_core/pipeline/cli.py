@@ -318,7 +318,8 @@ def _log_estimate(cfg, run, plan) -> None:
     from .jobs import compute_schedule
 
     try:
-        e = estimate(run["config"], compute_schedule(cfg), rate=plan.predicted_voxels_per_s,
+        rate = plan.predicted_voxels_per_s
+        e = estimate(run["config"], compute_schedule(cfg, rate=rate), rate=rate,
                      rate_source="the plan's prediction; `znni estimate` measures", threads=plan.threads,
                      device=plan.device, out_channels=run["network"]["out_channels"])
     except ZnniError as exc:

@@ -248,21 +248,8 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
             raise PlanError(f"plan.file {cfg['plan']['file']} was made for another network; re-run `znni plan`")
         if plan.device != cfg["device"]:
             raise PlanError(f"plan.file is for device {plan.device!r}, the config asks {cfg['device']!r}")
-    elif graph:
-        plan = _graph_plan(net, cfg, budget, threads, task_shape, region)
     else:
-        # A patch larger than a task is wasted work: first try one patch per task (output rounded up to the
-        # pooling product D); if that does not fit the budget, let the autotuner search smaller patches.
-        from ..errors import MemoryBudgetError
-
-        d = Coordinate(net.pooling_product)
-        task_patch = tuple(task_shape.ceil_div(d) * d + fov - 1)
-        try:
-            plan = autotune(net, memory_budget=budget, device=cfg["device"], effort=cfg["plan"]["effort"],
-                            threads=threads, patch_shape=task_patch)
-        except MemoryBudgetError:
-            plan = autotune(net, memory_budget=budget, device=cfg["device"], effort=cfg["plan"]["effort"],
-                            threads=threads, input_shape=task_patch)
+        plan = task_plan(net, cfg, budget, threads, task_shape, region)
     if graph and net.kind == "valid" and edge == "valid":
         from ..exec.tiling import graph_window
 
@@ -311,6 +298,24 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         progress(f"mask {mask.url} mip {mask.mip}: {_roi_doc(mask.layer.bounds)} at {tuple(mask.layer.resolution)} nm; "
                  "only chunks it overlaps with non-zero voxels are computed (`znni mask-tasks` lists the tasks)")
     return run, plan
+
+
+def task_plan(net, cfg, budget, threads, task_shape, region):
+    """The autotuned plan every task of a run uses (``plan.file`` aside): for a chain network one
+    patch per task (a larger patch is wasted work) when it fits the budget, else the autotuner's
+    choice of smaller patches; for a graph network :func:`_graph_plan`."""
+    from ..errors import MemoryBudgetError
+    from ..plan import autotune
+
+    if isinstance(net, Graph):
+        return _graph_plan(net, cfg, budget, threads, task_shape, region)
+    d = Coordinate(net.pooling_product)
+    task_patch = tuple(Coordinate(task_shape).ceil_div(d) * d + Coordinate(net.field_of_view) - 1)
+    kw = dict(memory_budget=budget, device=cfg["device"], effort=cfg["plan"]["effort"], threads=threads)
+    try:
+        return autotune(net, patch_shape=task_patch, **kw)
+    except MemoryBudgetError:
+        return autotune(net, input_shape=task_patch, **kw)
 
 
 def _graph_plan(net, cfg, budget, threads, task_shape, region):

@@ -165,9 +165,6 @@ def run_estimate(cfg: dict, *, mem_mb: int | None, threads: int | None, rate: fl
     from .jobs import compute_schedule
 
     cfg = validate_config(cfg)
-    schedule = compute_schedule(cfg)
-    if cfg.get("mask"):
-        schedule = masked_schedule(cfg, schedule, log)
     work = Path(cfg["work_dir"])
     net = load_network(Path(cfg["network"]["path"]))
     threads = threads or 1
@@ -182,6 +179,9 @@ def run_estimate(cfg: dict, *, mem_mb: int | None, threads: int | None, rate: fl
         rate = time_plan(net, plan)
         source = (f"the plan timed on one patch here, engine only (predicted {plan.predicted_voxels_per_s:,.0f}); "
                   "reads and writes add to it")
+    schedule = compute_schedule(cfg, rate=rate)  # jobs sized at this rate, as the workflow will once it is saved
+    if cfg.get("mask"):
+        schedule = masked_schedule(cfg, schedule, log)
     e = estimate(cfg, schedule, rate=rate, rate_source=source, threads=threads, device=cfg["device"],
                  out_channels=net.out_channels, cores_per_node=cores_per_node)
     if source != "--rate":

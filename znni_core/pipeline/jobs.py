@@ -33,15 +33,25 @@ from ..io import atomic_write
 SCHEDULE_FORMAT = "znni-schedule/2"
 JOB_FORMAT = "znni-job/1"
 ESTIMATE_FILE = "estimate.json"
+#: the infer job's default memory (profiles' default-resources): the plan the schedule predicts with
+PLAN_MEM_MB = 2000
 
 
-def tasks_per_job(num_tasks: int, task_voxels: int, jobs: dict, rate: float | None) -> tuple[int, str]:
+def tasks_per_job(num_tasks: int, task_voxels: int, jobs: dict, rate: float | None,
+                  slots: int | None = None) -> tuple[int, str]:
     """(tasks per job, why) for ``num_tasks`` tasks of up to ``task_voxels`` output voxels.
+
+    ``auto``: about ``jobs.minutes`` of compute at ``rate`` (output voxels/s of one job), never
+    more than ``jobs.max_jobs`` jobs, and at least ``slots`` jobs (the jobs Snakemake runs at
+    once) when there are that many tasks: a small volume keeps every core busy instead of
+    running as one long job.
 
     >>> tasks_per_job(1000, 10**6, {"tasks_per_job": "auto", "minutes": 30, "max_jobs": 100}, None)
     (10, 'at most jobs.max_jobs=100 jobs')
     >>> tasks_per_job(1000, 10**6, {"tasks_per_job": "auto", "minutes": 30, "max_jobs": 100}, 10**5)
     (180, '~30 min per job at 100,000 voxels/s')
+    >>> tasks_per_job(8, 10**5, {"tasks_per_job": "auto", "minutes": 30, "max_jobs": 100}, 10**5, slots=2)
+    (4, '2 jobs at once: 4 tasks each (~4 s at 100,000 voxels/s)')
     >>> tasks_per_job(10, 10**6, {"tasks_per_job": 4, "minutes": 30, "max_jobs": 100}, None)
     (4, 'jobs.tasks_per_job')
     """
@@ -49,11 +59,16 @@ def tasks_per_job(num_tasks: int, task_voxels: int, jobs: dict, rate: float | No
     if jobs["tasks_per_job"] != "auto":
         return min(int(jobs["tasks_per_job"]), n), "jobs.tasks_per_job"
     floor = math.ceil(n / jobs["max_jobs"])
-    if rate:
-        by_time = max(1, round(jobs["minutes"] * 60 * rate / max(task_voxels, 1)))
-        if by_time >= floor:
-            return min(by_time, n), f"~{jobs['minutes']:g} min per job at {rate:,.0f} voxels/s"
-    return min(floor, n), f"at most jobs.max_jobs={jobs['max_jobs']} jobs"
+    if not rate:
+        return min(floor, n), f"at most jobs.max_jobs={jobs['max_jobs']} jobs"
+    per = max(1, round(jobs["minutes"] * 60 * rate / max(task_voxels, 1)))
+    why = f"~{jobs['minutes']:g} min per job at {rate:,.0f} voxels/s"
+    if slots and slots > 1 and math.ceil(n / slots) < per:
+        per = math.ceil(n / slots)
+        why = f"{slots} jobs at once: {per} tasks each (~{per * task_voxels / rate:.0f} s at {rate:,.0f} voxels/s)"
+    if per < floor:
+        per, why = floor, f"at most jobs.max_jobs={jobs['max_jobs']} jobs"
+    return min(per, n), why
 
 
 def measured_rate(cfg: dict) -> float | None:
@@ -66,14 +81,38 @@ def measured_rate(cfg: dict) -> float | None:
         return None
 
 
-def task_geometry(cfg: dict):
-    """``(input layer, Layout, TaskGrid, output scales)`` of a validated config, without a plan."""
+def predicted_rate(cfg: dict, net, lay) -> float | None:
+    """Output voxels per second of one single-threaded job, as the time model predicts for the plan
+    ``validate`` will make (one patch per task; the budget of the default 2000 MB job).  The plan
+    cache makes ``validate``'s own search a hit; the machine's calibration is made here once when
+    absent (it is cached).  None for a ``plan.file`` run (its plan says) or when planning fails
+    (``validate`` then reports why)."""
+    from .config import task_plan
+
+    if cfg["plan"]["file"]:
+        from ..plan.plan import Plan
+
+        try:
+            return Plan.load(cfg["plan"]["file"]).predicted_voxels_per_s
+        except (ZnniError, OSError, ValueError):
+            return None
+    task_shape = (lay.task_chunks * lay.grid.chunk_shape).min(lay.region.shape)
+    budget = None if cfg["device"] != "cpu" else int(PLAN_MEM_MB * 2 ** 20 * cfg["plan"]["memory_fraction"])
+    try:
+        return task_plan(net, cfg, budget, 1, task_shape, lay.region).predicted_voxels_per_s
+    except ZnniError:
+        return None
+
+
+def task_geometry(cfg: dict, net=None):
+    """``(input layer, Layout, TaskGrid, output scales)`` of a validated config, without a plan
+    (``net``: the loaded network, else it is loaded from the config)."""
     from .. import load_network
     from ..geometry import TaskGrid
     from ..io import open_input, parse_layer_url
     from .config import layout, net_halo, output_scales
 
-    net = load_network(Path(cfg["network"]["path"]))
+    net = load_network(Path(cfg["network"]["path"])) if net is None else net
     iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
     inp = open_input(iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"])
     halo = net_halo(net)
@@ -82,17 +121,28 @@ def task_geometry(cfg: dict):
     return inp, lay, TaskGrid(lay.grid, lay.task_chunks, halo, lay.region), specs
 
 
-def compute_schedule(cfg: dict) -> dict:
-    """The run's tasks and jobs from the config, the network's halo and the input's bounds."""
+def compute_schedule(cfg: dict, *, slots: int | None = None, rate: float | None = None) -> dict:
+    """The run's tasks and jobs from the config, the network's halo and the input's bounds.
+
+    ``slots``: jobs Snakemake runs at once; ``rate``: output voxels/s of one job, else measured
+    (``jobs.voxels_per_second``, ``znni estimate``) or, last, the time model's prediction."""
+    from .. import load_network
     from .config import validate_config
     from .pyramid import pyramid_schedule
 
     cfg = validate_config(cfg)
-    _, lay, tasks, specs = task_geometry(cfg)
+    net = load_network(Path(cfg["network"]["path"]))
+    _, lay, tasks, specs = task_geometry(cfg, net)
     task_voxels = (lay.task_chunks * lay.grid.chunk_shape).min(lay.bounds.shape).prod()
-    rate = measured_rate(cfg)
-    per, why = tasks_per_job(len(tasks), task_voxels, cfg["jobs"], rate)
-    return {"format": SCHEDULE_FORMAT, "num_tasks": len(tasks), "tasks_per_job": per,
+    source = "given"
+    if rate is None:
+        rate, source = measured_rate(cfg), "measured"
+    if rate is None and cfg["jobs"]["tasks_per_job"] == "auto":
+        rate, source = predicted_rate(cfg, net, lay), "predicted by the plan's time model"
+    per, why = tasks_per_job(len(tasks), task_voxels, cfg["jobs"], rate, slots)
+    if rate and cfg["jobs"]["tasks_per_job"] == "auto":
+        why += f" ({source})"
+    return {"format": SCHEDULE_FORMAT, "num_tasks": len(tasks), "tasks_per_job": per, "slots": slots,
             "num_jobs": math.ceil(len(tasks) / per), "why": why, "task_voxels": int(task_voxels),
             "task_chunks": list(lay.task_chunks), "num_chunks": lay.grid.num_chunks,
             "sharded": lay.sharding is not None, "region_voxels": int(lay.region.shape.prod()),
@@ -110,10 +160,11 @@ def schedule_key(cfg: dict) -> dict:
     return json.loads(json.dumps({"config": cfg, "network_file": net}, sort_keys=True, default=str))
 
 
-def workflow_schedule(cfg: dict) -> dict:
+def workflow_schedule(cfg: dict, slots: int | None = None) -> dict:
     """The schedule, cached in ``<work_dir>/schedule.json`` (computed again when the config or the
-    network changes).  Never raises for a bad run: ``{"error": message}`` instead, so that the
-    workflow's ``validate`` job reports it with its log."""
+    network changes, not when ``slots`` does: a resume with another ``--jobs`` keeps the job
+    ranges its markers name).  Never raises for a bad run: ``{"error": message}`` instead, so
+    that the workflow's ``validate`` job reports it with its log."""
     from .config import validate_config
 
     try:
@@ -126,7 +177,7 @@ def workflow_schedule(cfg: dict) -> dict:
                 return s
         except (OSError, ValueError):
             pass
-        s = compute_schedule(cfg) | {"key": key}
+        s = compute_schedule(cfg, slots=slots) | {"key": key}
         atomic_write(path, (json.dumps(s, indent=1, sort_keys=True) + "\n").encode())
         return s
     except (ZnniError, OSError, ValueError) as exc:
