@@ -15,7 +15,8 @@ import subprocess
 import sys
 
 CHILD = r"""
-import json, resource, sys, tracemalloc, psutil
+import json, os, resource, sys, tracemalloc, psutil
+os.environ["ZNNI_REUSE_BUFFERS"] = "0"  # the engine's own live set, as the model predicts (no arena)
 import numpy as np
 from benchmarks.nets import make_network
 import znni_core

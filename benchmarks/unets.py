@@ -209,6 +209,9 @@ def run_case(name, what, fns, notes, rounds):
     # tracemalloc sees every numpy allocation (and none of torch's, ORT's or OpenVINO's)
     import tracemalloc
 
+    import znni_core
+
+    znni_core.release_cache()  # the arena starts empty: what it holds is counted too
     tracemalloc.start()
     fns["znni"]()
     mem["znni"] = max(mem["znni"], tracemalloc.get_traced_memory()[1])

@@ -199,13 +199,14 @@ def test_blend_lattice_and_weights():
     assert (norm > 0).all() and len(starts) == 3
 
 
-def test_graph_memory_walk_tracks_the_executor(tmp_path):
+def test_graph_memory_walk_tracks_the_executor(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = UNet(valid=True, depth=2, kernel=(3, 3, 3), pool=(1, 2, 2), width=6, bn=True)
     shape = _shape(model, (12, 70, 70))
     net = znni_core.load_network(export(model, tmp_path / "v.onnx", shape))
     plan = autotune(net, memory_budget=2**30, patch_shape=shape, primitives=("direct-gemm",))
     x = np.random.default_rng(0).standard_normal((1,) + shape).astype(np.float32)
+    monkeypatch.setenv("ZNNI_REUSE_BUFFERS", "0")  # fresh buffers: the executor's own live set
     run_graph_patch(plan, net, x)  # warm-up (lazy imports, BLAS buffers)
     tracemalloc.start()
     run_graph_patch(plan, net, x)
@@ -215,7 +216,7 @@ def test_graph_memory_walk_tracks_the_executor(tmp_path):
     assert 0.75 <= plan.predicted_peak_bytes / peak <= 1.33, (plan.predicted_peak_bytes, peak)
 
 
-def test_exact_tiles_memory_walk_tracks_the_executor(tmp_path):
+def test_exact_tiles_memory_walk_tracks_the_executor(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = randomise_bn(UNet(valid=False, depth=2, kernel=(1, 3, 3), pool=(1, 2, 2), width=6, bn=True,
                               up="linear"), 0)
@@ -226,6 +227,7 @@ def test_exact_tiles_memory_walk_tracks_the_executor(tmp_path):
                     primitives=("direct-gemm",), use_cache=False)
     assert plan.tile
     x = np.random.default_rng(0).standard_normal((1,) + shape).astype(np.float32)
+    monkeypatch.setenv("ZNNI_REUSE_BUFFERS", "0")  # fresh buffers: the executor's own live set
     run_graph_patch(plan, net, x)
     tracemalloc.start()
     y = run_graph_patch(plan, net, x)

@@ -187,3 +187,29 @@ def test_gemm_1x1x1_is_one_product_per_item_into_any_destination():
     conv_direct_gemm(x, w, b, out=big[..., 1:8])
     assert rel_err(big[..., 1:8], ref) <= TOL and np.isnan(big[..., 0]).all()
     assert conv_direct_gemm_memory(2, 5, 3, (4, 6, 7), (1, 1, 1)) == 4 * ref.size  # the output only
+
+
+@pytest.mark.parametrize("threads,block", [(1, 7), (2, 64), (3, 8192)])
+def test_pointwise_chain_equals_torch_layer_by_layer(threads, block):
+    """1x1x1 convs chained block by block in cache (every activation kind, blocks that do not
+    divide the volume, several items) equal PyTorch's conv3d and activations applied in turn."""
+    from znni_core.layers import conv_pointwise_chain
+
+    rng = np.random.default_rng(block)
+    x = rng.standard_normal((2, 5, 3, 7, 9)).astype(np.float32)
+    widths = [5, 8, 6, 4, 7, 3]
+    acts = [("relu", 0.0), ("leaky_relu", 0.1), None, ("elu", 1.0), ("softmax", 0.0)]
+    stages = [(rng.standard_normal((o, i, 1, 1, 1)).astype(np.float32),
+               None if k == 2 else rng.standard_normal(o).astype(np.float32), a)
+              for k, (i, o, a) in enumerate(zip(widths[:-1], widths[1:], acts))]
+    t = torch.from_numpy(x).double()
+    for w, b, a in stages:
+        t = torch.nn.functional.conv3d(t, torch.from_numpy(w).double(), None if b is None else torch.from_numpy(b).double())
+        if a is not None:
+            t = {"relu": torch.relu, "leaky_relu": lambda v: torch.nn.functional.leaky_relu(v, 0.1),
+                 "elu": torch.nn.functional.elu, "softmax": lambda v: torch.softmax(v, 1)}[a[0]](t)
+    y = conv_pointwise_chain(x, stages, threads=threads, block=block)
+    assert y.shape == (2, 3, 3, 7, 9) and y.dtype == np.float32
+    np.testing.assert_allclose(y, t.numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(InputError, match="1x1x1 chain"):
+        conv_pointwise_chain(x, [(np.ones((2, 4, 1, 1, 1), np.float32), None, None)])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 
 import numpy as np
@@ -22,8 +23,8 @@ from ..plan.memory import slab_geometry
 from ..layers import arena
 from ..layers.activation import commutes_with_max
 from ..layers.resident import ResidentConv
-from ..layers import (FFTConv, FFTGemmConv, WinogradConv, apply_activation, conv_direct_gemm, conv_direct_numba, fragment_of_filtered,
-                      max_filter_inplace, max_pool, mpf, recombine)
+from ..layers import (FFTConv, FFTGemmConv, WinogradConv, apply_activation, conv_direct_gemm, conv_direct_numba,
+                      conv_pointwise_chain, fragment_of_filtered, max_filter_inplace, max_pool, mpf, recombine)
 from ..net.spec import Conv, Network, Pool
 from ..plan.plan import Step
 from ..layers.xp import get_array_module
@@ -153,10 +154,33 @@ def _slab_fragment(steps, layers, k, x, offset, rows, xp, convs):
     return frag
 
 
+def _pointwise_stages(steps, layers, i, n):
+    """The steps from ``i`` on that :func:`conv_pointwise_chain` runs in one pass: 1x1x1
+    ``direct-gemm`` convs on whole inputs (no blocks, no micro-batches), each with the
+    activation after it (fused ReLU or its own step).  Returns ``(stages, next step)``."""
+    stages = []
+    while i < len(steps):
+        s = steps[i]
+        if (s.op != "conv" or s.primitive != "direct-gemm" or math.prod(layers[s.index].kernel) != 1 or s.tile
+                or 0 < s.micro_batch < n):
+            break
+        conv, act, i = layers[s.index], ("relu", 0.0) if getattr(s, "fused", "") == "relu" else None, i + 1
+        if act is None and i < len(steps) and steps[i].op == "act":
+            a = layers[steps[i].index]
+            act, i = (None if a.kind == "identity" else (a.kind, a.alpha)), i + 1
+        stages.append((conv.weight, conv.bias, act))
+    return stages, i
+
+
 def _run(steps, layers, i, x, xp, convs):
     while i < len(steps):
         step = steps[i]
         layer = layers[step.index]
+        stages, j = _pointwise_stages(steps, layers, i, x.shape[0]) if xp is np else ([], i)
+        if stages:  # 1x1x1 convs and their activations, block by block in cache
+            x = conv_pointwise_chain(x, stages, threads=step.threads)
+            i = j
+            continue
         if step.op == "conv":
             x = _run_conv(step, layer, x, xp, convs)
         elif step.op == "act":

@@ -15,12 +15,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PlanError
-from ..layers import apply_activation, max_pool
+from ..layers import apply_activation, arena, max_pool
 from ..layers.resample import (avg_pool, conv_strided, conv_transpose, interpolate, linear_index, pad,
                                upsample_nearest)
 from ..net.graph import Graph
 from ..plan.graph import _in_range, conv_window, in_place_input, needed_ranges, tile_starts
-from .engine import _run_conv
+from .engine import _run_conv, plan_arena
 
 
 def _const(xp, v):
@@ -138,6 +138,11 @@ def run_graph_patch(plan, graph: Graph, x, *, xp=np, convs=None):
     if len(plan.steps) != len(graph.nodes):
         raise PlanError(f"the plan has {len(plan.steps)} steps for {len(graph.nodes)} nodes; re-run `znni plan`")
     convs = {} if convs is None else convs
+    with arena.using(plan_arena(plan, convs) if xp is np else None):
+        return _run_graph_patch(plan, graph, x, xp, convs)
+
+
+def _run_graph_patch(plan, graph, x, xp, convs):
     shapes = graph.shapes(tuple(x.shape[1:]))  # names the node when the patch is not admissible
     out_n = shapes[graph.output][1:]
     tile = tuple(min(t, o) for t, o in zip(plan.tile or out_n, out_n))

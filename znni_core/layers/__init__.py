@@ -17,6 +17,7 @@ from .activation import ACTIVATIONS, activation_memory, apply_activation
 from .direct import (
     conv_direct_gemm,
     conv_direct_gemm_memory,
+    conv_pointwise_chain,
     conv_direct_numba,
     conv_direct_numba_memory,
     conv_out_shape,
@@ -65,6 +66,7 @@ __all__ = [
     "apply_activation",
     "conv_direct_gemm",
     "conv_direct_gemm_memory",
+    "conv_pointwise_chain",
     "conv_direct_numba",
     "conv_direct_numba_memory",
     "conv_out_shape",

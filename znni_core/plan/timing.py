@@ -20,7 +20,8 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 13  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling)
+CALIBRATION_VERSION = 14  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
+# 14: outputs from an arena, as the executor runs)
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
 
@@ -103,6 +104,15 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
     key = machine_key(threads)
     if not refresh and (hit := cache.get(key)):
         return hit
+    # every timed call takes its output from an arena, as a run's patches do after the first
+    # (fresh pages cost the kernel's zeroing on first touch; the executor reuses buffers)
+    with L.arena.using(L.arena.Arena(1 << 31)):
+        cal = _measure(threads)
+    cache.put(key, cal)
+    return cal
+
+
+def _measure(threads: int) -> dict:
     rng = np.random.default_rng(0)
     # direct convolution (BLAS lowering): effective FLOP/s on a mid-size layer
     x = rng.standard_normal((1, 24, 34, 34, 34), dtype=np.float32)
@@ -121,14 +131,12 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
     rates["winograd"] = _winograd_rates(threads)
     big = np.empty(2 ** 24, dtype=np.float32)
     bw = big.nbytes * 2 / _best_of(lambda: np.maximum(big, 0, out=big))
-    # pooling: MPF of a 64 MiB layer with its fresh output (as the executor runs it); the
-    # elementwise rate predicted n337's three MPF layers at 0.04 s where 0.42 s were measured
+    # pooling: MPF of a 64 MiB layer (the numba kernel, not an elementwise pass: the elementwise
+    # rate predicted n337's three MPF layers at 0.04 s where 0.42 s were measured)
     layer_in = rng.standard_normal((1, 16, 100, 100, 100), dtype=np.float32)
     pool = _best_of(lambda: L.mpf(layer_in, (2, 2, 2))) / layer_in.nbytes
-    cal = {"gemm_flops": gemm, "numba_flops": numba_rate, "direct_points": direct_points, "fft": rates, "mem_bw": bw,
-           "pool_s_per_byte": pool, "cpu": cpu_model(), "threads": threads}
-    cache.put(key, cal)
-    return cal
+    return {"gemm_flops": gemm, "numba_flops": numba_rate, "direct_points": direct_points, "fft": rates, "mem_bw": bw,
+            "pool_s_per_byte": pool, "cpu": cpu_model(), "threads": threads}
 
 
 # FFT calibration shapes: a 48^3 transform (a typical fragment size), two mixes of
