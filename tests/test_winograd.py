@@ -43,16 +43,17 @@ def test_transform_matrices_compute_the_1d_correlation(a, r):
 
 @pytest.mark.parametrize("a", [4, 6, 8])
 def test_written_out_transforms_equal_the_matrices(a):
-    """The compiled 1D transforms (``_bt``, ``_at``: 8 points in +-p pairs) equal ``BT @ d`` and
-    ``AT @ x`` on strided float32 lanes, for every output count a kernel size gives."""
+    """The compiled 1D transforms (``_bt``, ``_at``: written out for 4 and 6 points, a general
+    product for 8) equal ``BT @ d`` and ``AT @ x`` on strided float32 lanes, for every output
+    count a kernel size gives."""
     from znni_core.layers.winograd import _at, _bt
 
     rng = np.random.default_rng(a)
     L, ds, vs = 5, 7, 6  # 5 lanes; rows of the input and output 7 and 6 values apart
     d = rng.standard_normal(a * ds).astype(np.float32)
     v = np.zeros(a * vs, np.float32)
-    _bt(a, d, 0, ds, v, 0, vs, L)
     BT = toom_cook(a, 2)[0]
+    _bt(a, BT.astype(np.float32), d, 0, ds, v, 0, vs, L)
     np.testing.assert_allclose(v.reshape(a, vs)[:, :L], BT @ d.reshape(a, ds)[:, :L].astype(np.float64),
                                rtol=1e-5, atol=1e-5)
     for r in (KERNEL_SIZES[2] if a == 8 else KERNEL_SIZES[1] if a == 6 else KERNEL_SIZES[0]):
@@ -61,7 +62,7 @@ def test_written_out_transforms_equal_the_matrices(a):
         AT = toom_cook(a, r)[2]
         m = AT.shape[0]
         y = np.zeros(m * vs, np.float32)
-        _at(a, m, d, 0, ds, y, 0, vs, L)
+        _at(a, m, AT.astype(np.float32), d, 0, ds, y, 0, vs, L)
         np.testing.assert_allclose(y.reshape(m, vs)[:, :L], AT @ d.reshape(a, ds)[:, :L].astype(np.float64),
                                    rtol=1e-5, atol=1e-4)
 

@@ -78,26 +78,7 @@ def _vandermonde_bt(points) -> np.ndarray:
     return np.linalg.inv(W).T
 
 
-_BT[8] = _vandermonde_bt(_POINTS[8])  # no integer form
-
-
-def _paired_rows(BT) -> tuple:
-    """The coefficients of ``_BT[8]`` as :func:`_bt8` applies them: rows 0 and 7 (four terms
-    each), and per pair of points +-p (rows 1-2, 3-4, 5-6) the even and odd parts, with
-    row(-p) = even - odd.  Checks that structure (the points are symmetric about 0)."""
-    B = np.asarray(BT, np.float64)
-    even, odd = np.arange(0, 8, 2), np.arange(1, 8, 2)
-    for q in (1, 3, 5):
-        assert np.allclose(B[q + 1, even], B[q, even]) and np.allclose(B[q + 1, odd], -B[q, odd])
-        assert B[q, 0] == B[q, 7] == 0
-    assert not B[0, odd].any() and not B[7, even].any()
-    rows = [B[0, [0, 2, 4, 6]], B[7, [1, 3, 5, 7]]]
-    rows += [B[q, [2, 4, 6, 1, 3, 5]] for q in (1, 3, 5)]
-    return tuple(float(np.float32(v)) for r in rows for v in r)
-
-
-#: _BT[8] for the specialised 8-point transform (float32 values)
-_B8 = _paired_rows(_BT[8])
+_BT[8] = _vandermonde_bt(_POINTS[8])  # no integer form; applied as a general 8 x 8 product
 #: a larger tile in y and x (a = 8: F(9 - r, r)) where it needs this fraction of a = 6's
 #: transform positions or fewer.  It costs more per transformed value (a general product)
 #: but does fewer GEMM products per output: faster wherever it needs no more positions
@@ -214,73 +195,27 @@ def _strides(d0, ds, v0, vs):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _bt8(d, d0, s1, s2, s3, v, v0, t1, t2, t3, L):  # pragma: no cover - compiled
-    """v[:, i] = _BT[8] d[:, i] for i < L, by :data:`_B8`: each +-p pair of rows from one even
-    and one odd sum (31 operations per lane instead of 64; every input read once)."""
-    a00, a02, a04, a06, a71, a73, a75, a77 = _B8[0], _B8[1], _B8[2], _B8[3], _B8[4], _B8[5], _B8[6], _B8[7]
-    p12, p14, p16, p11, p13, p15 = _B8[8], _B8[9], _B8[10], _B8[11], _B8[12], _B8[13]
-    q12, q14, q16, q11, q13, q15 = _B8[14], _B8[15], _B8[16], _B8[17], _B8[18], _B8[19]
-    r12, r14, r16, r11, r13, r15 = _B8[20], _B8[21], _B8[22], _B8[23], _B8[24], _B8[25]
-    s4, s5, s6 = s2 + s2, s2 + s3, s3 + s3
-    s7, t4, t5, t6, t7 = s3 + s2 + s2, t2 + t2, t2 + t3, t3 + t3, t3 + t2 + t2
-    for i in range(np.uint64(L)):
-        j = d0 + i
-        x0, x1, x2, x3 = d[j], d[j + s1], d[j + s2], d[j + s3]
-        x4, x5, x6, x7 = d[j + s4], d[j + s5], d[j + s6], d[j + s7]
-        k = v0 + i
-        v[k] = a00 * x0 + a02 * x2 + a04 * x4 + a06 * x6
-        e, o = p12 * x2 + p14 * x4 + p16 * x6, p11 * x1 + p13 * x3 + p15 * x5
-        v[k + t1] = e + o
-        v[k + t2] = e - o
-        e, o = q12 * x2 + q14 * x4 + q16 * x6, q11 * x1 + q13 * x3 + q15 * x5
-        v[k + t3] = e + o
-        v[k + t4] = e - o
-        e, o = r12 * x2 + r14 * x4 + r16 * x6, r11 * x1 + r13 * x3 + r15 * x5
-        v[k + t5] = e + o
-        v[k + t6] = e - o
-        v[k + t7] = a71 * x1 + a73 * x3 + a75 * x5 + a77 * x7
+def _general(B, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
+    """v[:, i] = B d[:, i] for i < L, B (rows x 8) float32: one output row at a time."""
+    u = np.uint64
+    d0, ds, v0, vs = u(d0), u(ds), u(v0), u(vs)
+    for q in range(B.shape[0]):
+        b0, b1, b2, b3, b4, b5, b6, b7 = B[q, 0], B[q, 1], B[q, 2], B[q, 3], B[q, 4], B[q, 5], B[q, 6], B[q, 7]
+        k0 = v0 + u(q) * vs
+        for i in range(u(L)):
+            j = d0 + i
+            v[k0 + i] = (b0 * d[j] + b1 * d[j + ds] + b2 * d[j + u(2) * ds] + b3 * d[j + u(3) * ds]
+                         + b4 * d[j + u(4) * ds] + b5 * d[j + u(5) * ds] + b6 * d[j + u(6) * ds]
+                         + b7 * d[j + u(7) * ds])
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _at8(m, x, x0, s1, s2, s3, y, y0, t1, t2, t3, L):  # pragma: no cover - compiled
-    """y[:, i] = AT x[:, i] for i < L, ``AT`` of 8 points and ``m`` (4-7) outputs: row r is
-    ``sum_p p^r x_p`` (+ x_inf on the last), from the sums (even r) and differences (odd r)
-    of each +-p pair: p = 1, 2, 1/2."""
-    c2, c4, c8, c16, c32, c64 = (np.float32(2.0), np.float32(4.0), np.float32(8.0), np.float32(16.0),
-                                 np.float32(32.0), np.float32(64.0))
-    s4, s5, s6 = s2 + s2, s2 + s3, s3 + s3
-    s7, t4, t5, t6 = s3 + s2 + s2, t2 + t2, t2 + t3, t3 + t3
-    for i in range(np.uint64(L)):
-        j = x0 + i
-        v0, v1, v2, v3 = x[j], x[j + s1], x[j + s2], x[j + s3]
-        v4, v5, v6, v7 = x[j + s4], x[j + s5], x[j + s6], x[j + s7]
-        a1, b1, a2, b2, a3, b3 = v1 + v2, v1 - v2, v3 + v4, v3 - v4, v5 + v6, v5 - v6
-        k = y0 + i
-        y[k] = v0 + a1 + a2 + a3
-        y[k + t1] = b1 + c2 * b2 + b3 / c2
-        y[k + t2] = a1 + c4 * a2 + a3 / c4
-        if m == 4:
-            y[k + t3] = b1 + c8 * b2 + b3 / c8 + v7
-        else:
-            y[k + t3] = b1 + c8 * b2 + b3 / c8
-            if m == 5:
-                y[k + t4] = a1 + c16 * a2 + a3 / c16 + v7
-            else:
-                y[k + t4] = a1 + c16 * a2 + a3 / c16
-                if m == 6:
-                    y[k + t5] = b1 + c32 * b2 + b3 / c32 + v7
-                else:
-                    y[k + t5] = b1 + c32 * b2 + b3 / c32
-                    y[k + t6] = a1 + c64 * a2 + a3 / c64 + v7
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _bt(a, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
-    """v[:, i] = BT d[:, i] for i < L (``BT`` of ``a`` points: ``_BT[a]``, written out)."""
+def _bt(a, B, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
+    """v[:, i] = BT d[:, i] for i < L (``B``: BT as float32, read for a = 8 only)."""
     c2, c4, c5 = np.float32(2.0), np.float32(4.0), np.float32(5.0)
     d0, s1, s2, s3, v0, t1, t2, t3 = _strides(d0, ds, v0, vs)
     if a == 8:
-        _bt8(d, d0, s1, s2, s3, v, v0, t1, t2, t3, L)
+        _general(B, d, d0, ds, v, v0, vs, L)
     elif a == 6:
         for i in range(np.uint64(L)):
             j = d0 + i
@@ -307,13 +242,14 @@ def _bt(a, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _at(a, m, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
+def _at(a, m, A, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
     """y[:, i] = AT x[:, i] for i < L: ``a`` values in, ``m`` out (1 and 1: the identity).
-    Row k evaluates at the points (powers k); the infinity value joins row m - 1."""
+    Row k evaluates at the points (powers k); the infinity value joins row m - 1.  ``A``:
+    AT as float32, read for a = 8 only."""
     c2, c4, c8, c16 = np.float32(2.0), np.float32(4.0), np.float32(8.0), np.float32(16.0)
     x0, s1, s2, s3, y0, t1, t2, t3 = _strides(x0, xs, y0, ys)
     if a == 8:
-        _at8(m, x, x0, s1, s2, s3, y, y0, t1, t2, t3, L)
+        _general(A, x, x0, xs, y, y0, ys, L)
     elif a == 6:
         for i in range(np.uint64(L)):
             j = x0 + i
@@ -396,7 +332,7 @@ def _to_channels_first(S, sb, bias, relu, out, n, z, y):  # pragma: no cover - c
 
 
 @njit(nogil=True, cache=True)
-def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q):  # pragma: no cover - compiled
+def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, Bz, By, Bx, R, P, Q):  # pragma: no cover - compiled
     """V[t, (r - r0) * ntx + i, c] (V flat, C order, ``NT`` tiles per position) = position
     t of the transform of tile i of tile row r, channel c, for tile rows r in [r0, r1);
     input past the edge reads as 0.
@@ -426,22 +362,22 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q):  # pragma: n
             tile = (r - r0) * ntx + it
             for i in range(az):
                 for j in range(ay):
-                    _bt(ax, R, (i * ay + j) * W * C + it * mx * C, C, P, (i * ay + j) * ax * C, C, C)
+                    _bt(ax, Bx, R, (i * ay + j) * W * C + it * mx * C, C, P, (i * ay + j) * ax * C, C, C)
             if az == 1:
                 for bx in range(ax):
-                    _bt(ay, P, bx * C, ax * C, V, (bx * NT + tile) * C, ax * NT * C, C)
+                    _bt(ay, By, P, bx * C, ax * C, V, (bx * NT + tile) * C, ax * NT * C, C)
             else:
                 for i in range(az):
                     for bx in range(ax):
-                        _bt(ay, P, (i * ay * ax + bx) * C, ax * C, Q, (i * ay * ax + bx) * C, ax * C, C)
+                        _bt(ay, By, P, (i * ay * ax + bx) * C, ax * C, Q, (i * ay * ax + bx) * C, ax * C, C)
                 for j in range(ay):
                     for bx in range(ax):
-                        _bt(az, Q, (j * ax + bx) * C, ay * ax * C, V, ((j * ax + bx) * NT + tile) * C,
+                        _bt(az, Bz, Q, (j * ax + bx) * C, ay * ax * C, V, ((j * ax + bx) * NT + tile) * C,
                             ay * ax * NT * C, C)
 
 
 @njit(nogil=True, cache=True)
-def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, relu, P, Q, S):  # pragma: no cover - compiled
+def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, Az, Ay, Ax, bias, relu, P, Q, S):  # pragma: no cover - compiled
     """out[n, o, tile (r, i)] = AT M[:, tile, o] + bias[o], clamped at 0 if ``relu`` (M flat:
     (T, NT, C_out) in C order) for tile rows [r0, r1); outputs past the edge are dropped.  Channels last as in
     :func:`_input_transform`: per tile z (into ``P``), y (into ``Q``), x (into the staged
@@ -462,15 +398,15 @@ def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, relu, P, Q, S
             if az > 1:
                 for j in range(ay):
                     for bx in range(ax):
-                        _at(az, mz, M, ((j * ax + bx) * NT + tile) * O, ay * ax * NT * O, P, (j * ax + bx) * O,
+                        _at(az, mz, Az, M, ((j * ax + bx) * NT + tile) * O, ay * ax * NT * O, P, (j * ax + bx) * O,
                             ay * ax * O, O)
                 src, s0, s_z, s_y, s_x = P, 0, ay * ax * O, ax * O, O
             for rz in range(mz):
                 for bx in range(ax):
-                    _at(ay, my, src, s0 + rz * s_z + bx * s_x, s_y, Q, (rz * my * ax + bx) * O, ax * O, O)
+                    _at(ay, my, Ay, src, s0 + rz * s_z + bx * s_x, s_y, Q, (rz * my * ax + bx) * O, ax * O, O)
             for rz in range(mz):
                 for ry in range(my):
-                    _at(ax, mx, Q, (rz * my + ry) * ax * O, O, S, ((rz * my + ry) * W + it * mx) * O, O, O)
+                    _at(ax, mx, Ax, Q, (rz * my + ry) * ax * O, O, S, ((rz * my + ry) * W + it * mx) * O, O, O)
         for rz in range(mz):
             z = tz * mz + rz
             if z >= Zo:
@@ -596,9 +532,9 @@ class WinogradConv(ResidentConv):
             Vf, Mf = V.reshape(-1), M.reshape(-1)
             for r0, r1 in blocks[w::len(sets)]:
                 k = (r1 - r0) * ntx
-                _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, R, P, Q)
+                _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, *self.BT, R, P, Q)
                 np.matmul(V[:, :k], self.U, out=M[:, :k])  # T sgemm calls
-                _output_transform(Mf, out, r0, r1, nty, ntz, ntx, self.ms, self.al, bias, self.relu, P, Q, S)
+                _output_transform(Mf, out, r0, r1, nty, ntz, ntx, self.ms, self.al, *self.AT, bias, self.relu, P, Q, S)
 
         if pool is None:
             work(0)
