@@ -26,7 +26,7 @@ from ..layers.resident import ResidentConv
 from ..layers import (FFTConv, FFTGemmConv, WinogradConv, apply_activation, conv_direct_gemm, conv_direct_numba,
                       conv_pointwise_chain, fragment_of_filtered, max_filter_inplace, max_pool, mpf, recombine)
 from ..net.spec import Conv, Network, Pool
-from ..plan.plan import Step
+from ..plan.plan import FUSES_RELU, Step
 from ..layers.xp import get_array_module
 from .stream import stream_blocks
 
@@ -219,8 +219,6 @@ class FusedStep(Step):
     fused: str = ""
 
 
-#: primitives whose output pass applies a ReLU (bias and clamp on data still in cache)
-FUSES_RELU = ("direct-gemm", "direct-numba", "fft-gemm", "winograd", "direct-torch")
 
 
 def fuse_activations(steps, layers) -> tuple:

@@ -223,10 +223,8 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=POINTWISE_BLOCK):
     >>> y.shape, float(y[0, 0, 0, 0, 0])
     ((1, 1, 2, 2, 2), -5.0)
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     from .activation import apply_activation
-    from .blas import blas_limit
+    from .threads import blas_limit, each_worker
 
     x = np.ascontiguousarray(x, dtype=np.float32)
     N, C = x.shape[:2]
@@ -263,11 +261,7 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=POINTWISE_BLOCK):
                 y = dst
 
     with blas_limit(1):
-        if workers == 1:
-            work(0)
-        else:
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                list(pool.map(work, range(workers)))
+        each_worker(work, workers)
     return out
 
 

@@ -50,6 +50,7 @@ import pyfftw
 
 from ..errors import InputError
 from . import arena
+from .threads import each_worker
 from ._numba import njit, prange
 from .xp import get_array_module
 
@@ -331,11 +332,7 @@ def _kernel_spectrum(w, fshape, threads):
         for o in range(i, co, nw):
             khat[o] = _channel_spectra(w[o], fshape, kb, plans)
 
-    if nw == 1:
-        fill(0)
-    else:
-        with ThreadPoolExecutor(max_workers=nw) as pool:
-            list(pool.map(fill, range(nw)))
+    each_worker(fill, nw)
     return khat
 
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import arena
-from .blas import blas_limit
+from .threads import blas_limit
 from ._numba import njit
 from .resident import ResidentConv
 from .xp import get_array_module

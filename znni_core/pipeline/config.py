@@ -172,7 +172,6 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     plan's budget is ``plan.memory_fraction`` of it).
     """
     from .. import load_network
-    from ..plan import autotune
     from ..plan.plan import Plan
     from .mask import check_mask, open_mask
 
