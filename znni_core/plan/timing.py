@@ -20,8 +20,9 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 14  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
-# 14: outputs from an arena, as the executor runs)
+CALIBRATION_VERSION = 16  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
+# 14: outputs from an arena, as the executor runs; 15: larger winograd calls;
+# 16: winograd transforms priced per 1D pass)
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
 
@@ -261,8 +262,10 @@ def _fft_gemm_rates(threads: int) -> dict:
 #: Winograd calibration: (1,3,3) kernels on 16 x 64^2 (36 transform positions); the GEMM rate
 #: at two reduction lengths (C_in); the transforms from whole calls at 48 maps on wide planes
 #: and on many narrow ones (MPF fragments): a cost per transformed value and one per tile row
+# wide and narrow calls of 0.2 and 0.03 s: at 0.02 and 0.01 s (8 x 128^2, 64 x 4 x 13^2) the
+# per-call costs and the host's noise made the two-point fit 1.5-3x pessimistic per value
 _WINOGRAD_CAL = {"shape": (16, 64, 64), "kernel": (1, 3, 3), "channels": (16, 64), "transform_channels": 48,
-                 "wide": (1, (8, 128, 128)), "narrow": (64, (4, 13, 13))}
+                 "wide": (1, (16, 256, 256)), "narrow": (256, (4, 13, 13))}
 
 
 def _winograd_terms(n, cin, cout, in_spatial, kernel):
@@ -343,7 +346,11 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     if primitive == "winograd":
         r = cal["fft"]["winograd"]
         values, macs, rows = _winograd_terms(n, cin, cout, in_spatial, layer.kernel)
-        return values * r["s_per_value"] + rows * r["s_per_row"] + macs * _loglog(r["mac_points"], cin) + calls * 1e-4
+        # calibrated on (1,3,3): two 1D transform passes per value each way; a 3D kernel makes three
+        # (n337's 3^3 layers: measured 1.5-1.8x the two-pass prediction)
+        passes = sum(1 for k in layer.kernel if int(k) > 1) / 2
+        return (values * r["s_per_value"] * passes + rows * r["s_per_row"] + macs * _loglog(r["mac_points"], cin)
+                + calls * 1e-4)
     if primitive == "fft-gemm":
         r = cal["fft"]["gemm"]
         tr, macs, items = _fft_gemm_terms(n, cin, cout, in_spatial, layer.kernel)
