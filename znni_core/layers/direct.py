@@ -232,8 +232,10 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=POINTWISE_BLOCK):
     mats = []
     for w, b, act in stages:
         w = np.asarray(w, np.float32)
-        if w.shape[2:] != (1, 1, 1) or w.shape[1] != (mats[-1][0].shape[0] if mats else C):
-            raise InputError(f"stage {len(mats)}: weights {w.shape} do not continue a 1x1x1 chain on {C} channels")
+        c_in = mats[-1][0].shape[0] if mats else C
+        if w.shape[2:] != (1, 1, 1) or w.shape[1] != c_in:
+            raise InputError(f"stage {len(mats)}: weights {w.shape} do not continue a 1x1x1 chain: expected "
+                             f"({w.shape[0]}, {c_in}, 1, 1, 1)")
         mats.append((np.ascontiguousarray(w.reshape(w.shape[:2])),
                      None if b is None else np.asarray(b, np.float32).reshape(-1, 1), act))
     O = mats[-1][0].shape[0]

@@ -357,10 +357,12 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
             # a ReLU right after a conv that fuses it costs nothing: the executor clamps in that
             # conv's output pass (exec/engine.py: fuse_activations)
             fused = layer.kind == "relu" and steps and steps[-1].op == "conv" and steps[-1].primitive in FUSES_RELU
-            t = 0.0 if fused else T.estimate_elementwise(M.nbytes(sm.in_shape), host["cal"] if host else timer.cal,
-                                                         1.0 if layer.kind == "identity" else 2.0)
+            t = 0.0
+            if not fused:
+                t = T.estimate_elementwise(M.nbytes(sm.in_shape), host["cal"] if host else timer.cal,
+                                           1.0 if layer.kind == "identity" else 2.0)
+                t = (t + CALL_OVERHEAD_S) * reps[sm.index]
             prim_name, mbv = layer.kind, 0
-            t = 0.0 if fused else (t + CALL_OVERHEAD_S) * reps[sm.index]
         else:
             tile = ()
             t = T.estimate_pool(M.nbytes(sm.in_shape), host["cal"] if host else timer.cal)
