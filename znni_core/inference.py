@@ -38,7 +38,7 @@ def as_input(net: Network, x) -> np.ndarray:
 @contextlib.contextmanager
 def thread_limits(threads: int):
     """Give BLAS and numba the plan's thread count for the duration of a run."""
-    from threadpoolctl import threadpool_limits
+    from .layers.threads import blas_limit
 
     try:
         import numba
@@ -48,7 +48,7 @@ def thread_limits(threads: int):
     except Exception:  # numba missing or not configurable: nothing to restore
         numba, old = None, None
     try:
-        with threadpool_limits(limits=threads):
+        with blas_limit(threads, user_api=None):
             yield
     finally:
         if numba is not None and old is not None:
