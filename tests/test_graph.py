@@ -188,6 +188,24 @@ def test_padded_input_not_admissible_is_zero_padded_and_cropped(tmp_path):
     np.testing.assert_allclose(out, run(model, xp)[:, :, :15, :17], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("scale", [(1, 2, 2), (2, 2, 2), (2, 1, 3)])
+def test_nearest_upsampling_and_padding_equal_numpy(scale):
+    """The CPU kernels (numba upsampling, arena padding) equal ``np.repeat`` and ``np.pad``."""
+    from znni_core.layers import arena
+    from znni_core.layers.resample import pad, upsample_nearest
+
+    x = np.random.default_rng(1).standard_normal((2, 4, 8, 61, 67)).astype(np.float32)  # > arena.MIN_BYTES
+    expect = x.repeat(scale[0], 2).repeat(scale[1], 3).repeat(scale[2], 4)
+    with arena.using(arena.Arena(1 << 30)):
+        assert np.array_equal(upsample_nearest(x, scale), expect)
+        for low, high in (((1, 0, 2), (0, 3, 1)), ((0, 0, 0), (1, 1, 1))):
+            expect = np.pad(x, [(0, 0), (0, 0)] + list(zip(low, high)), constant_values=-2.5)
+            for _ in range(2):  # the second from a reused (dirty) buffer
+                y = pad(x, low, high, -2.5)
+                assert np.array_equal(y, expect)
+                del y
+
+
 def test_blend_lattice_and_weights():
     assert lattice(20, 8, 2) == [0, 6, 12]
     assert lattice(8, 8, 2) == [0]

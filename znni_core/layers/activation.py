@@ -9,6 +9,11 @@ __all__ = ["ACTIVATIONS", "activation_memory", "apply_activation", "commutes_wit
 ACTIVATIONS = ("relu", "leaky_relu", "elu", "sigmoid", "tanh", "softmax", "identity")
 
 
+#: element-wise activations of several passes, run chunk by chunk of this many values on the CPU
+_CHUNKED = ("leaky_relu", "elu", "sigmoid")
+CHUNK = 1 << 15
+
+
 def apply_activation(x, kind, alpha=0.0, *, out=None):
     """Apply an activation; in place when ``out is x``.
 
@@ -32,8 +37,9 @@ def apply_activation(x, kind, alpha=0.0, *, out=None):
 
     Notes
     -----
-    Temporaries: ``leaky_relu`` and ``elu`` use one array the size of ``x``; the
-    others none besides softmax's per-position max and sum (``1/C`` of ``x``).
+    Temporaries: ``leaky_relu`` and ``elu`` use one array the size of ``x`` (on the CPU, of
+    a chunk, for contiguous arrays); the others none besides softmax's per-position max and
+    sum (``1/C`` of ``x``).
 
     Examples
     --------
@@ -52,6 +58,23 @@ def apply_activation(x, kind, alpha=0.0, *, out=None):
     if out is None:
         out = xp.empty_like(x)
     alpha = float(alpha)
+    if (kind in _CHUNKED and xp.__name__ == "numpy" and x.size > 2 * CHUNK and x.flags.c_contiguous
+            and out.flags.c_contiguous):
+        # several passes each: run them chunk by chunk in cache, not each over the whole array,
+        # on the run's threads (numba's count, which the executor sets to the plan's)
+        from ._numba import numba
+        from .threads import each_worker
+
+        xf, of = x.reshape(-1), out.reshape(-1)
+        starts = range(0, xf.size, CHUNK)
+        workers = max(1, min(numba.get_num_threads(), len(starts)))
+
+        def work(k):
+            for i in starts[k::workers]:
+                apply_activation(xf[i:i + CHUNK], kind, alpha, out=of[i:i + CHUNK])
+
+        each_worker(work, workers)
+        return out
     if kind == "relu":
         xp.maximum(x, 0, out=out)
     elif kind == "tanh":

@@ -18,6 +18,8 @@ import math
 import numpy as np
 
 from ..errors import InputError
+from . import arena
+from ._numba import njit, prange
 from .xp import get_array_module
 
 __all__ = ["avg_pool", "conv_strided", "conv_strided_memory", "conv_transpose", "interpolate", "linear_index", "pad",
@@ -34,10 +36,30 @@ def upsample_nearest(x, scale):
     fz, fy, fx = (int(s) for s in scale)
     if (fz, fy, fx) == (1, 1, 1):
         return x.copy()
+    if xp is np:  # a numba loop: numpy's broadcast copy runs its innermost axis fx long (7x slower)
+        out = arena.empty((n, c, z * fz, y * fy, w * fx), x.dtype)
+        _upsample_nearest(np.ascontiguousarray(x), out, fz, fy, fx)
+        return out
     v = x.reshape(n, c, z, 1, y, 1, w, 1)
     out = xp.empty((n, c, z, fz, y, fy, w, fx), dtype=x.dtype)
     out[...] = v
     return out.reshape(n, c, z * fz, y * fy, w * fx)
+
+
+@njit(parallel=True, cache=True)
+def _upsample_nearest(x, out, fz, fy, fx):  # pragma: no cover - compiled
+    n, c, Z, Y, X = x.shape
+    for t in prange(n * c * Z):
+        i, ch, z = t // (c * Z), (t // Z) % c, t % Z
+        for y in range(Y):
+            src = x[i, ch, z, y]
+            for dz in range(fz):
+                for dy in range(fy):
+                    dst = out[i, ch, z * fz + dz, y * fy + dy]
+                    for k in range(X):
+                        v = src[k]
+                        for dx in range(fx):
+                            dst[k * fx + dx] = v
 
 
 def linear_index(n: int, f: int, coord: str):
@@ -115,10 +137,20 @@ def avg_pool(x, window):
 
 
 def pad(x, low, high, value: float = 0.0):
-    """Constant padding of the spatial axes."""
+    """Constant padding of the spatial axes (the output from the arena: only the border is filled
+    and the input copied once; ``np.pad`` took 3x as long on U-Net layers)."""
     xp = get_array_module(x)
-    widths = [(0, 0), (0, 0)] + [(int(a), int(b)) for a, b in zip(low, high)]
-    return xp.pad(x, widths, mode="constant", constant_values=value)
+    low, high = tuple(int(a) for a in low), tuple(int(b) for b in high)
+    shape = x.shape[:2] + tuple(s + a + b for s, a, b in zip(x.shape[2:], low, high))
+    out = arena.empty(shape, x.dtype, xp=xp)
+    for ax, (a, b) in enumerate(zip(low, high)):
+        lead = (slice(None),) * (2 + ax)
+        if a:
+            out[lead + (slice(0, a),)] = value
+        if b:
+            out[lead + (slice(shape[2 + ax] - b, None),)] = value
+    out[(slice(None), slice(None)) + tuple(slice(a, a + s) for a, s in zip(low, x.shape[2:]))] = x
+    return out
 
 
 def conv_strided_out_shape(in_shape, kernel, stride):
