@@ -162,14 +162,15 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
             secs = T.estimate_elementwise(out_b, cal, 4.0 if prim == "linear" else 2.0)
         else:
             target = in_place_input(node, remaining, need, graph.input)
+            secs = T.estimate_elementwise(M.nbytes(src) + out_b, cal, 1.0)
             if node.op == "act":
                 prim = node["act"].kind
                 extra = M.act_extra_bytes(prim, (1,) + out) + (0 if target else out_b)
+                secs = T.estimate_activation(prim, out_b, cal)
             elif node.op == "pool":
                 prim = node["kind"]
             elif target:
                 extra = 0
-            secs = T.estimate_elementwise(M.nbytes(src) + out_b, cal, 1.0)
         here = sum(live.values()) + resident + extra
         peak = max(peak, here)
         total += secs

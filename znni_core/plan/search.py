@@ -359,8 +359,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
             fused = layer.kind == "relu" and steps and steps[-1].op == "conv" and steps[-1].primitive in FUSES_RELU
             t = 0.0
             if not fused:
-                t = T.estimate_elementwise(M.nbytes(sm.in_shape), host["cal"] if host else timer.cal,
-                                           1.0 if layer.kind == "identity" else 2.0)
+                t = T.estimate_activation(layer.kind, M.nbytes(sm.in_shape), host["cal"] if host else timer.cal)
                 t = (t + CALL_OVERHEAD_S) * reps[sm.index]
             prim_name, mbv = layer.kind, 0
         else:

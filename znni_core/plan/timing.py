@@ -22,7 +22,7 @@ from ..net.spec import Conv
 F32 = 4
 CALIBRATION_VERSION = 17  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
 # 14: outputs from an arena, as the executor runs; 15: larger winograd calls;
-# 16: winograd transforms priced per 1D pass; 17: 1x1x1 chains calibrated)
+# 16: winograd transforms priced per 1D pass; 17: 1x1x1 chains and exp calibrated)
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
 
@@ -138,12 +138,23 @@ def _measure(threads: int) -> dict:
     rates["winograd"] = _winograd_rates(threads)
     big = np.empty(2 ** 24, dtype=np.float32)
     bw = big.nbytes * 2 / _best_of(lambda: np.maximum(big, 0, out=big))
+    # activations with an exponential (elu, sigmoid, tanh): numpy's exp sets their pace, not memory
+    # (a U-Net's elu on 28 x 18 x 160^2: 23 ms, against 7 ms for two passes at memory bandwidth)
+    big[:] = rng.standard_normal(big.size, dtype=np.float32)
+    from ..layers._numba import numba  # apply_activation runs on numba's thread count, as in a run
+
+    old_threads = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        exp_s = _best_of(lambda: L.apply_activation(big, "elu", 1.0, out=big)) / big.size
+    finally:
+        numba.set_num_threads(old_threads)
     # pooling: MPF of a 64 MiB layer (the numba kernel, not an elementwise pass: the elementwise
     # rate predicted n337's three MPF layers at 0.04 s where 0.42 s were measured)
     layer_in = rng.standard_normal((1, 16, 100, 100, 100), dtype=np.float32)
     pool = _best_of(lambda: L.mpf(layer_in, (2, 2, 2))) / layer_in.nbytes
     return {"gemm_flops": gemm, "numba_flops": numba_rate, "direct_points": direct_points, "fft": rates, "mem_bw": bw,
-            "pointwise_flops": pointwise,
+            "pointwise_flops": pointwise, "exp_s_per_value": exp_s,
             "pool_s_per_byte": pool, "cpu": cpu_model(), "threads": threads}
 
 
@@ -419,6 +430,19 @@ def estimate_setup(primitive: str, layer: Conv, in_spatial, cal: dict) -> float:
 
 def estimate_elementwise(shape_bytes: int, cal: dict, passes: float = 2.0) -> float:
     return passes * shape_bytes / cal["mem_bw"]
+
+
+#: activations that evaluate an exponential per value
+TRANSCENDENTAL = ("elu", "sigmoid", "tanh", "softmax")
+
+
+def estimate_activation(kind: str, shape_bytes: int, cal: dict) -> float:
+    """An activation over ``shape_bytes`` of float32 in place: a read and a write at memory
+    bandwidth, or the calibrated exponential's rate when it has one and that is slower."""
+    t = estimate_elementwise(shape_bytes, cal, 1.0 if kind == "identity" else 2.0)
+    if kind in TRANSCENDENTAL and "exp_s_per_value" in cal:
+        t = max(t, shape_bytes / F32 * cal["exp_s_per_value"])
+    return t
 
 
 def estimate_pool(in_bytes: int, cal: dict) -> float:
