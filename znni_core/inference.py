@@ -38,7 +38,7 @@ def as_input(net: Network, x) -> np.ndarray:
 @contextlib.contextmanager
 def thread_limits(threads: int):
     """Give BLAS and numba the plan's thread count for the duration of a run."""
-    from .layers.threads import blas_limit
+    from threadpoolctl import threadpool_limits
 
     try:
         import numba
@@ -48,7 +48,7 @@ def thread_limits(threads: int):
     except Exception:  # numba missing or not configurable: nothing to restore
         numba, old = None, None
     try:
-        with blas_limit(threads, user_api=None):
+        with threadpool_limits(limits=threads):
             yield
     finally:
         if numba is not None and old is not None:
