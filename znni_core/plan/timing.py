@@ -132,7 +132,6 @@ def _measure(threads: int) -> dict:
     xp1 = rng.standard_normal((1, 48, 16, 128, 128), dtype=np.float32)
     stages = [(rng.standard_normal((48, 48, 1, 1, 1), dtype=np.float32), None, ("relu", 0.0))] * 4
     pointwise = 4 * 2 * 48 * 48 * xp1[0, 0].size / _best_of(lambda: L.conv_pointwise_chain(xp1, stages, threads=threads))
-    del xp1
     rates = _fft_rates(threads)
     rates["gemm"] = _fft_gemm_rates(threads)
     rates["winograd"] = _winograd_rates(threads)
