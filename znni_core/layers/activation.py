@@ -110,12 +110,20 @@ def apply_activation(x, kind, alpha=0.0, *, out=None):
     return out
 
 
-def activation_memory(kind, shape, itemsize=4, in_place=True) -> int:
-    """Peak bytes :func:`apply_activation` allocates (output when not in place)."""
+def activation_memory(kind, shape, itemsize=4, in_place=True, *, chunked=False) -> int:
+    """Peak bytes :func:`apply_activation` allocates (output when not in place).
+
+    ``chunked``: the CPU path on contiguous arrays, whose temporaries are one chunk per worker
+    (at most numba's thread count); the default is the whole-array bound, true on any device,
+    which the planners use."""
     import math
 
     size = itemsize * math.prod(shape)
     extra = size if kind in ("leaky_relu", "elu") else 0
+    if extra and chunked and math.prod(shape) > 2 * CHUNK:
+        from ._numba import numba
+
+        extra = min(size, numba.config.NUMBA_NUM_THREADS * CHUNK * itemsize)
     if kind == "softmax":
         extra = size // max(1, shape[1])  # the channel max, freed before the sum
     return extra + (0 if in_place or kind == "identity" else size)

@@ -366,10 +366,9 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, Bz, By, Bx, R, P, Q): 
             if az == 1:
                 for bx in range(ax):
                     _bt(ay, By, P, bx * C, ax * C, V, (bx * NT + tile) * C, ax * NT * C, C)
-            else:
+            else:  # P and Q both (az, ay, ax, C): per z point, the ax x C values of a y point are one run
                 for i in range(az):
-                    for bx in range(ax):
-                        _bt(ay, By, P, (i * ay * ax + bx) * C, ax * C, Q, (i * ay * ax + bx) * C, ax * C, C)
+                    _bt(ay, By, P, i * ay * ax * C, ax * C, Q, i * ay * ax * C, ax * C, ax * C)
                 for j in range(ay):
                     for bx in range(ax):
                         _bt(az, Bz, Q, (j * ax + bx) * C, ay * ax * C, V, ((j * ax + bx) * NT + tile) * C,
@@ -402,6 +401,9 @@ def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, Az, Ay, Ax, bias, r
                             ay * ax * O, O)
                 src, s0, s_z, s_y, s_x = P, 0, ay * ax * O, ax * O, O
             for rz in range(mz):
+                if az > 1:  # P (az, ay, ax, O) and Q (mz, my, ax, O): the ax x O values of a y point are one run
+                    _at(ay, my, Ay, P, rz * s_z, s_y, Q, rz * my * ax * O, ax * O, ax * O)
+                    continue
                 for bx in range(ax):
                     _at(ay, my, Ay, src, s0 + rz * s_z + bx * s_x, s_y, Q, (rz * my * ax + bx) * O, ax * O, O)
             for rz in range(mz):
