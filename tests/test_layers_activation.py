@@ -31,6 +31,28 @@ def test_matches_torch(kind, alpha, in_place):
     np.testing.assert_allclose(y, want, rtol=2e-6, atol=2e-7)
 
 
+@pytest.mark.parametrize("kind", ["leaky_relu", "elu", "sigmoid"])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_chunked_cpu_path_matches_torch(kind, in_place):
+    """Large contiguous arrays run chunk by chunk on several workers (a last chunk that is
+    short); the result is the whole-array one."""
+    import numba
+
+    from znni_core.layers.activation import CHUNK
+
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(5 * CHUNK + 77) * 4).astype(np.float32).reshape(1, 1, 1, 1, -1)
+    want = REF[kind](torch.from_numpy(x.copy()), 0.3).numpy()
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        y = apply_activation(x, kind, 0.3, out=x if in_place else None)
+    finally:
+        numba.set_num_threads(old)
+    assert (y is x) == in_place
+    np.testing.assert_allclose(y, want, rtol=2e-6, atol=2e-7)
+
+
 def test_unknown_kind_is_refused():
     with pytest.raises(InputError, match="swish"):
         apply_activation(np.zeros((1, 1, 1, 1, 1), np.float32), "swish")

@@ -6,15 +6,14 @@ from concurrent.futures import ThreadPoolExecutor
 _CONTROLLER = None
 
 
-def blas_limit(threads: int, user_api: str | None = "blas"):
-    """A context giving BLAS (``user_api=None``: every thread pool threadpoolctl knows, OpenMP
-    too) ``threads`` threads; threadpoolctl's library scan is done once."""
+def blas_limit(threads: int):
+    """A context giving BLAS ``threads`` threads (threadpoolctl; its library scan done once)."""
     global _CONTROLLER
     if _CONTROLLER is None:
         from threadpoolctl import ThreadpoolController
 
         _CONTROLLER = ThreadpoolController()
-    return _CONTROLLER.limit(limits=threads, user_api=user_api)
+    return _CONTROLLER.limit(limits=threads, user_api="blas")
 
 
 def each_worker(fn, workers: int) -> None:
