@@ -132,15 +132,19 @@ def main(argv=None):
     from znni_core.io import parse_layer_url
     from znni_core.io.precomputed import PrecomputedLayer
 
+    from znni_core.geometry import Roi
+
     out = PrecomputedLayer(parse_layer_url("file://" + str(root / "out")), 0)
-    got = out.read(out.bounds)[0]
+    region = Roi.from_dict(json.loads((root / "work" / "run.json").read_text())["region"])
+    got = out.read(region)[0]  # (C, z, y, x); the layer is chunk-aligned: 0 below the region
     err = float(np.abs(got - y).max()) if got.shape == y.shape else None
     med = float(np.median(times))
     res = {"volume": list(vol.shape), "source": source, "cpu": platform.processor() or platform.machine(),
            "in_process_s": times, "in_process_median_s": med, "workflow_first_s": cold, "workflow_s": wf,
            "throughput_ratio": med / wf,
            "max_abs_diff": err, "output_shape": list(got.shape),
-           "jobs": len(re.findall(r"rule infer_job", log)), "command": "python -m benchmarks.workflow " + " ".join(
+           "jobs": len(re.findall(r"rule infer_job", log)),
+           "tasks": json.loads((root / "work" / "run.json").read_text())["num_tasks"], "command": "python -m benchmarks.workflow " + " ".join(
                argv if argv is not None else sys.argv[1:])}
     (a.out / "workflow.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))

@@ -21,7 +21,6 @@ WORK = str(Path(config["work_dir"]))
 _PREFIX = getattr(getattr(workflow.modifier, "path_modifier", None), "prefix", None) or ""
 WORK_DIR = WORK if os.path.isabs(WORK) else os.path.abspath(os.path.join(_PREFIX, WORK))
 ZNNI_CONFIG = {**config, "work_dir": WORK_DIR}
-CONFIG_JSON = json.dumps(ZNNI_CONFIG, sort_keys=True)
 STARTED = time.time()
 
 # numba's default threading layer kills the process when called from threads (PITFALLS);
@@ -48,6 +47,10 @@ SCHEDULE_FILE = [] if "error" in SCHEDULE else [f"{WORK}/schedule.json"]
 if "error" in SCHEDULE:
     print(f"znni: the run cannot be scheduled: {SCHEDULE['error']}", file=sys.stderr)
     SCHEDULE = {"num_tasks": 0, "tasks_per_job": 1, "num_jobs": 0, "pyramid": []}
+# the CLI gets the task size the schedule chose (task_chunks: auto depends on the slots of the run
+# that made schedule.json; a resume with another --jobs keeps it, and with it the tasks' ids)
+CONFIG_JSON = json.dumps({**ZNNI_CONFIG, "task_chunks": SCHEDULE.get("task_box", ZNNI_CONFIG.get("task_chunks"))},
+                         sort_keys=True)
 
 # a mask makes the task list data-dependent: the checkpoint mask_tasks (rules/mask.smk) lists the
 # live tasks and the jobs batch only those

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Stop exactly the SLURM/munge daemons that scripts/slurm/up.sh started (PIDs from its
-# state file). Nothing else is touched. Idempotent: with nothing recorded it does nothing.
+# state file), and remove the slurm.conf up.sh wrote (its mark on the first line): a conf
+# naming a stopped controller makes every `scontrol` wait ~9 s, and Snakemake's SLURM executor
+# plugin runs `scontrol show config` whenever snakemake starts, even under a local profile.
+# Nothing else is touched. Idempotent: with nothing recorded it does nothing.
 set -uo pipefail
 STATE_DIR=${ZNNI_SLURM_STATE:-/var/lib/znni-slurm}
 PIDS=$STATE_DIR/pids
@@ -12,7 +15,11 @@ alive() {
     [ -n "$st" ] && [ "${st:0:1}" != Z ]   # PID 1 reaps late: a zombie is dead
 }
 
-[ -s "$PIDS" ] || { log "nothing recorded in $PIDS"; rm -f "$PIDS"; exit 0; }
+CONF=/etc/slurm/slurm.conf
+MARK="# written by znni scripts/slurm/up.sh"
+drop_conf() { if [ -f "$CONF" ] && head -n1 "$CONF" | grep -qF "$MARK"; then rm -f "$CONF"; log "removed $CONF (written by up.sh)"; fi; }
+
+[ -s "$PIDS" ] || { log "nothing recorded in $PIDS"; rm -f "$PIDS"; drop_conf; exit 0; }
 
 # Stop in reverse start order (slurmd, slurmctld, munged).
 mapfile -t entries < <(tac "$PIDS")
@@ -27,3 +34,4 @@ for e in "${entries[@]}"; do
 done
 # Stale pid files break later `apt-get remove` and confuse the next start.
 rm -f "$PIDS" "$STATE_DIR/slurmctld.pid" "$STATE_DIR/slurmd.pid" /run/munge/munged.pid
+drop_conf

@@ -246,6 +246,75 @@ class TaskGrid:
         return self._block(c // self.task_chunks)
 
 
+def _axis_pieces(lo: int, hi: int, t: int, origin: int, chunk: int, r0: int, r1: int) -> list[int]:
+    """Voxels of ``[r0, r1)`` each task of ``t`` chunks writes along one axis (tasks start at
+    multiples of ``t`` on the global chunk grid, as in :class:`TaskGrid`)."""
+    out = []
+    for k in range(lo // t, -(-hi // t)):
+        b = max(r0, origin + max(lo, k * t) * chunk)
+        e = min(r1, origin + min(hi, (k + 1) * t) * chunk)
+        out.append(max(0, e - b))
+    return out
+
+
+def choose_task_chunks(grid: ChunkGrid, region: Roi, halo: Halo, slots: int, *, max_voxels: int, fits=None,
+                       task_overhead: int = 1 << 15, per_axis: int = 40) -> Coordinate:
+    """The task size (chunks per axis) that finishes ``region`` soonest on ``slots`` jobs at once.
+
+    A task computes its write box plus the halo, so small tasks repeat context (a 2D-kernel net
+    with a 47-voxel halo on 256^2 tasks computes 1.9x the output) and big ones leave slots idle.
+    The cost is the makespan in input voxels, ``ceil(tasks / slots) x (largest task's read box +
+    task_overhead)``; axes without context (z of a 2D net) are split first because splitting
+    them costs nothing.  Candidates per axis: every size that changes the task count, thinned to
+    about ``per_axis``; ``max_voxels`` caps a task's write box (retry granularity) and
+    ``fits(write_shape)`` its memory.  (1, 1, 1) when nothing larger qualifies.
+
+    >>> g = ChunkGrid(Roi((0, 0, 0), (15, 465, 465)), (8, 64, 64))
+    >>> r = Roi((0, 47, 47), (15, 418, 418))
+    >>> choose_task_chunks(g, r, Halo((0, 47, 47), (0, 47, 47)), 2, max_voxels=1 << 26)
+    Coordinate(1, 8, 8)
+    >>> choose_task_chunks(g, r, Halo((0, 47, 47), (0, 47, 47)), 1, max_voxels=1 << 26)
+    Coordinate(2, 8, 8)
+    """
+    if region.empty:
+        return Coordinate((1,) * region.dims)
+    cs, o = grid.chunk_shape, grid.bounds.offset
+    lo = (region.begin - o) // cs
+    hi = (region.end - o).ceil_div(cs)
+    ctx = halo.low + halo.high
+    axes = []
+    for a in range(region.dims):
+        n_chunks = int(hi[a])  # task boundaries are multiples of t from the grid's origin
+        cands = sorted({-(-n_chunks // n) for n in range(1, n_chunks + 1)} | {1})
+        if len(cands) > per_axis:  # keep the small sizes and a geometric thinning of the rest
+            step = len(cands) / per_axis
+            cands = sorted({cands[int(i * step)] for i in range(per_axis)} | {cands[-1]})
+        stats = []
+        for t in cands:
+            w = [v for v in _axis_pieces(int(lo[a]), int(hi[a]), t, int(o[a]), int(cs[a]),
+                                         int(region.begin[a]), int(region.end[a])) if v]
+            stats.append((t, len(w), max(w), max(w) + int(ctx[a])))
+        axes.append(stats)
+    best, best_cost = Coordinate((1,) * region.dims), None
+    for combo in itertools.product(*axes):
+        write = 1
+        for _, _, w, _ in combo:
+            write *= w
+        if write > max_voxels:
+            continue
+        shape = Coordinate(c[2] for c in combo)
+        if fits is not None and not fits(shape):
+            continue
+        tasks, read = 1, 1
+        for _, n, _, r in combo:
+            tasks *= n
+            read *= r
+        cost = -(-tasks // max(1, slots)) * (read + task_overhead)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = Coordinate(c[0] for c in combo), cost
+    return best
+
+
 def create_blocks(grid: ChunkGrid, task_chunks, halo: Halo, region: Roi | None = None) -> list[Block]:
     """Every task of :class:`TaskGrid` as a list.
 

@@ -10,6 +10,7 @@ import copy
 import datetime
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -81,14 +82,20 @@ def _digest(obj) -> str:
 
 
 def versions() -> dict:
-    import cloudvolume
-    import dask
-    import zarr
+    """The versions that shape the output, from the installed distributions' metadata (importing
+    cloud-volume, dask and zarr only to read ``__version__`` cost validate about 1 s)."""
+    from importlib.metadata import PackageNotFoundError, version
 
     from .. import __version__
 
-    return {"znni": __version__, "numpy": np.__version__, "cloud-volume": cloudvolume.__version__,
-            "dask": dask.__version__, "zarr": zarr.__version__}
+    def dist(name):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    return {"znni": __version__, "numpy": np.__version__, "cloud-volume": dist("cloud-volume"),
+            "dask": dist("dask"), "zarr": dist("zarr")}
 
 
 def _roi_doc(r: Roi) -> str:
@@ -116,9 +123,31 @@ class Layout(NamedTuple):
     sharding: dict | None
     task_chunks: Coordinate
     grid: ChunkGrid
+    box: Coordinate  # config's task_chunks, ``auto`` resolved (a sharded layer's tasks are its shards)
 
 
-def layout(cfg: dict, net, inp, halo: Halo, where: str) -> Layout:
+# the infer_job rule's default mem_mb: an ``auto`` task's buffers stay within half of what the
+# plan's budget (plan.memory_fraction) leaves of it
+JOB_MEM_MB = 2000
+# an ``auto`` task writes at most this many voxels: minutes of compute, the unit a retry redoes
+AUTO_TASK_VOXELS = 1 << 26
+
+
+def auto_task_chunks(cfg: dict, net, inp, halo: Halo, region: Roi, grid: ChunkGrid, slots: int | None) -> Coordinate:
+    """``task_chunks: auto``: the box that finishes the region soonest on ``slots`` jobs (default:
+    this machine's CPUs), within a job's memory (``choose_task_chunks``)."""
+    from ..geometry.grid import choose_task_chunks
+
+    cap = (1 - cfg["plan"]["memory_fraction"]) * JOB_MEM_MB * 2 ** 20 / 2
+    in_size, out_size = np.dtype(inp.dtype).itemsize, np.dtype(cfg["output"]["dtype"]).itemsize
+
+    def fits(write_shape):
+        return task_bytes(write_shape, halo, net.in_channels, net.out_channels, in_size, out_size) <= cap
+
+    return choose_task_chunks(grid, region, halo, slots or os.cpu_count() or 1, max_voxels=AUTO_TASK_VOXELS, fits=fits)
+
+
+def layout(cfg: dict, net, inp, halo: Halo, where: str, slots: int | None = None) -> Layout:
     """The run's geometry, with the region checks (T22); cheap: no plan, no data read."""
     # T22: region vs what the input can produce
     graph = isinstance(net, Graph)
@@ -153,16 +182,17 @@ def layout(cfg: dict, net, inp, halo: Halo, where: str) -> Layout:
     layer_bounds = aligned_bounds(region, cfg["output"]["chunk_size"]) if cfg["output"]["align"] else region
     grid = ChunkGrid(layer_bounds, Coordinate(cfg["output"]["chunk_size"]))
     ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
+    box = (auto_task_chunks(cfg, net, inp, halo, region, grid, slots) if cfg["task_chunks"] == "auto"
+           else Coordinate(cfg["task_chunks"]))
     if ou.format == "zarr":  # a zarr output is always sharded: a shard is a task's box of chunks
         if cfg["output"]["sharding"] not in ("auto", "sharded"):
             raise ConfigError(f"output.sharding {cfg['output']['sharding']!r}: a zarr output ({ou}) is always "
                               "sharded, one shard per task (task_chunks); use auto, or a precomputed output")
-        tc = Coordinate(cfg["task_chunks"])
-        return Layout(region, layer_bounds, zarr_sharding(tc, cfg["output"]["compression"]), tc, grid)
+        return Layout(region, layer_bounds, zarr_sharding(box, cfg["output"]["compression"]), box, grid, box)
     sharding = output_sharding(cfg["output"], layer_bounds, net.out_channels)
     # a task writes whole shards: with sharding, a task is one shard's box of chunks
-    tc = shard_chunks(sharding, grid.grid_shape) if sharding else Coordinate(cfg["task_chunks"])
-    return Layout(region, layer_bounds, sharding, tc, grid)
+    tc = shard_chunks(sharding, grid.grid_shape) if sharding else box
+    return Layout(region, layer_bounds, sharding, tc, grid, box)
 
 
 def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None, plan_out=None, progress=print):
@@ -201,6 +231,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
                          f"{tuple(float(v) for v in net_res)} nm; choose the input mip with that resolution")
     lay = layout(cfg, net, inp, halo, where)
     region, sharding, tc, grid = lay.region, lay.sharding, lay.task_chunks, lay.grid
+    cfg = {**cfg, "task_chunks": list(lay.box)}  # the run records the box ``auto`` chose
     edge = cfg["edge"]
     mask = open_mask(cfg, inp.resolution)
     if mask is not None:

@@ -139,7 +139,7 @@ def masked_schedule(cfg: dict, schedule: dict, log=print) -> dict:
     from .jobs import task_geometry
     from .mask import check_mask, open_mask, scan
 
-    inp, lay, tasks, _ = task_geometry(cfg)
+    inp, lay, tasks, _ = task_geometry(cfg, slots=schedule.get("slots"))
     mask = open_mask(cfg, inp.resolution)
     check_mask(mask, lay.region)
     log(f"reading the mask {mask.url} over the region ...")

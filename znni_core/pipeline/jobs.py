@@ -30,11 +30,9 @@ from pathlib import Path
 from ..errors import ConfigError, DataError, ZnniError
 from ..io import atomic_write
 
-SCHEDULE_FORMAT = "znni-schedule/2"
+SCHEDULE_FORMAT = "znni-schedule/3"
 JOB_FORMAT = "znni-job/1"
 ESTIMATE_FILE = "estimate.json"
-#: the infer job's default memory (profiles' default-resources): the plan the schedule predicts with
-PLAN_MEM_MB = 2000
 
 
 def tasks_per_job(num_tasks: int, task_voxels: int, jobs: dict, rate: float | None,
@@ -87,7 +85,7 @@ def predicted_rate(cfg: dict, net, lay) -> float | None:
     cache makes ``validate``'s own search a hit; the machine's calibration is made here once when
     absent (it is cached).  None for a ``plan.file`` run (its plan says) or when planning fails
     (``validate`` then reports why)."""
-    from .config import task_plan
+    from .config import JOB_MEM_MB, task_plan
 
     if cfg["plan"]["file"]:
         from ..plan.plan import Plan
@@ -97,16 +95,17 @@ def predicted_rate(cfg: dict, net, lay) -> float | None:
         except (ZnniError, OSError, ValueError):
             return None
     task_shape = (lay.task_chunks * lay.grid.chunk_shape).min(lay.region.shape)
-    budget = None if cfg["device"] != "cpu" else int(PLAN_MEM_MB * 2 ** 20 * cfg["plan"]["memory_fraction"])
+    budget = None if cfg["device"] != "cpu" else int(JOB_MEM_MB * 2 ** 20 * cfg["plan"]["memory_fraction"])
     try:
         return task_plan(net, cfg, budget, 1, task_shape, lay.region).predicted_voxels_per_s
     except ZnniError:
         return None
 
 
-def task_geometry(cfg: dict, net=None):
+def task_geometry(cfg: dict, net=None, slots: int | None = None):
     """``(input layer, Layout, TaskGrid, output scales)`` of a validated config, without a plan
-    (``net``: the loaded network, else it is loaded from the config)."""
+    (``net``: the loaded network, else it is loaded from the config; ``slots``: jobs at once,
+    for ``task_chunks: auto``)."""
     from .. import load_network
     from ..geometry import TaskGrid
     from ..io import open_input, parse_layer_url
@@ -116,7 +115,7 @@ def task_geometry(cfg: dict, net=None):
     iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
     inp = open_input(iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"])
     halo = net_halo(net)
-    lay = layout(cfg, net, inp, halo, f"input {iu} mip {cfg['input']['mip']}")
+    lay = layout(cfg, net, inp, halo, f"input {iu} mip {cfg['input']['mip']}", slots)
     specs = output_scales(cfg, lay, inp.resolution, net.out_channels)
     return inp, lay, TaskGrid(lay.grid, lay.task_chunks, halo, lay.region), specs
 
@@ -132,7 +131,7 @@ def compute_schedule(cfg: dict, *, slots: int | None = None, rate: float | None 
 
     cfg = validate_config(cfg)
     net = load_network(Path(cfg["network"]["path"]))
-    _, lay, tasks, specs = task_geometry(cfg, net)
+    _, lay, tasks, specs = task_geometry(cfg, net, slots=slots)
     task_voxels = (lay.task_chunks * lay.grid.chunk_shape).min(lay.bounds.shape).prod()
     source = "given"
     if rate is None:
@@ -144,9 +143,9 @@ def compute_schedule(cfg: dict, *, slots: int | None = None, rate: float | None 
         why += f" ({source})"
     return {"format": SCHEDULE_FORMAT, "num_tasks": len(tasks), "tasks_per_job": per, "slots": slots,
             "num_jobs": math.ceil(len(tasks) / per), "why": why, "task_voxels": int(task_voxels),
-            "task_chunks": list(lay.task_chunks), "num_chunks": lay.grid.num_chunks,
+            "task_chunks": list(lay.task_chunks), "task_box": list(lay.box), "num_chunks": lay.grid.num_chunks,
             "sharded": lay.sharding is not None, "region_voxels": int(lay.region.shape.prod()),
-            "pyramid": pyramid_schedule(cfg, specs)}
+            "pyramid": pyramid_schedule(cfg | {"task_chunks": list(lay.box)}, specs)}
 
 
 def schedule_key(cfg: dict) -> dict:

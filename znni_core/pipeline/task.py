@@ -26,8 +26,6 @@ from ..errors import DataError, InputError, NonFiniteError
 from ..geometry import Block, Coordinate, Roi
 from ..io import open_input, open_output, parse_layer_url, read_manifest, store_chunks, write_manifest
 from ..exec.device import require_device
-from ..exec.tiling import graph_window, run_graph_window
-from ..inference import thread_limits
 from ..net.graph import Graph
 from .config import load_run, output_spec, run_geometry
 from .mask import live_chunks, open_mask
@@ -128,6 +126,8 @@ def graph_read(net, plan, region: Roi, write_roi: Roi, halo):
     a run of ``infer`` over the whole region's input would use for these voxels; ``extent`` is
     that whole input (the region grown by the halo): a padded network sees zeros beyond it,
     exactly as ``infer`` pads a volume; a valid one reads through the edge policy."""
+    from ..exec.tiling import graph_window  # the engine loads on first use: finalize needs none of it
+
     lo = tuple(write_roi.offset - region.offset)
     hi = tuple(Coordinate(lo) + write_roi.shape)
     window = graph_window(net, plan, lo, hi, whole_out=tuple(region.shape))
@@ -267,6 +267,9 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
             full = np.zeros((x.shape[0],) + tuple(block.read_roi.shape), np.float32)
             full[(slice(None),) + inside.to_slices(block.read_roi.offset)] = x
             x = full
+        from ..exec.tiling import run_graph_window
+        from ..inference import thread_limits
+
         with thread_limits(plan.threads):
             y = run_graph_window(plan, net, x, window, xp=require_device(device))
         del x
