@@ -1,6 +1,8 @@
 # One job per range of tasks (jobs.tasks_per_job, from the schedule). A task writes and verifies its
 # chunks (or its shard), then its manifest; the job's marker comes last. A killed or retried job
 # skips the tasks whose manifest and stored objects check out, so only unfinished tasks run again.
+# The job's marker records its wall time and peak RSS (no `benchmark:` directive: Snakemake's
+# psutil poller took ~8% of a core beside each running job).
 # To redo one task or one chunk (its chunks only are rewritten), then refresh the report:
 #   znni run-task <work_dir>/run.json --task 12        (or --chunk x0-x1_y0-y1_z0-z1)
 #   snakemake --profile profiles/local --forcerun finalize
@@ -22,8 +24,6 @@ rule infer_job:
         "../workflow/envs/znni.yaml"
     log:
         f"{WORK}/logs/jobs/{{job}}.log",
-    benchmark:
-        f"{WORK}/benchmarks/jobs/{{job}}.tsv"
     threads: 1
     resources:
         mem_mb=2000,

@@ -46,7 +46,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import pyfftw
 
 from ..errors import InputError
 from . import arena
@@ -128,8 +127,8 @@ def save_wisdom(path=None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "format": "znni-fftw-wisdom/1",
-        "pyfftw": pyfftw.__version__,
-        "wisdom": [base64.b64encode(w).decode("ascii") for w in pyfftw.export_wisdom()],
+        "pyfftw": _fftw().__version__,
+        "wisdom": [base64.b64encode(w).decode("ascii") for w in _fftw().export_wisdom()],
     }
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(doc))
@@ -160,13 +159,21 @@ def load_wisdom(path=None):
         wisdom = tuple(base64.b64decode(s) for s in doc["wisdom"])
     except Exception as e:  # noqa: BLE001 - any malformation means the same thing
         raise InputError(f"{path} is not a znni FFTW wisdom file ({e!r}); delete it or pass another path") from e
-    return tuple(pyfftw.import_wisdom(wisdom))
+    return tuple(_fftw().import_wisdom(wisdom))
 
 
 # ----------------------------------------------------------------------------- pruned transforms
+def _fftw():
+    """pyfftw, imported on first use: it imports dask.array and scipy.fftpack (0.6 s), which a
+    process that only looks up a cached plan (the workflow's parse, validate) never needs."""
+    import pyfftw
+
+    return pyfftw
+
+
 def _plan(a, b, axis, direction, threads, effort):
     # plans are always made before the buffers are filled: MEASURE overwrites them
-    return pyfftw.FFTW(
+    return _fftw().FFTW(
         a, b, axes=(axis,), direction=direction, threads=threads,
         flags=(_EFFORT[effort], "FFTW_DESTROY_INPUT"),
     )
@@ -213,7 +220,7 @@ def _run(plans):
 
 
 def _empty_spec(batch, fshape):
-    return pyfftw.empty_aligned((batch,) + _spec_shape(fshape), dtype=np.complex64)
+    return _fftw().empty_aligned((batch,) + _spec_shape(fshape), dtype=np.complex64)
 
 
 def pruned_rfftn(a, fshape, *, threads=1, effort="estimate"):

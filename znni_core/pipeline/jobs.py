@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -230,7 +231,8 @@ def run_job(run_file, job: int, per_job: int, num_tasks: int | None = None, *, m
 
     ran, skipped = run_blocks([ctx.tasks[k] for k in ks], done, run_one, f"job {job}", log)
     doc = {"format": JOB_FORMAT, "job": job, "run_digest": run["digest"], "tasks": [ctx.tasks[k].id for k in ks],
-           "ran": ran, "skipped": skipped, "seconds": round(time.perf_counter() - t0, 3), "finished": time.time()}
+           "ran": ran, "skipped": skipped, "seconds": round(time.perf_counter() - t0, 3), "finished": time.time(),
+           "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
     path = Path(marker) if marker else job_marker_path(run["work_dir"], job)
     atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
     vox = sum(r["voxels"] for r in ran)
