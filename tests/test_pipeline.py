@@ -16,7 +16,7 @@ import znni_core
 from znni_core.errors import ConfigError, DataError, InputError, NonFiniteError, PlanError
 from znni_core.geometry import Roi
 from znni_core.io import PrecomputedLayer, parse_layer_url
-from znni_core.pipeline.config import load_run, resolve, save_run, validate_config
+from znni_core.pipeline.config import load_run, resolve, run_geometry, save_run, validate_config
 from znni_core.pipeline.finalize import finalize
 from znni_core.pipeline.task import manifest_path, run_task
 
@@ -373,3 +373,98 @@ def test_auto_jobs_are_sized_by_the_predicted_rate_and_fill_the_slots(tmp_path):
     first = workflow_schedule(cfg, 2)
     again = workflow_schedule(cfg, 7)
     assert first == again and again["slots"] == 2
+
+
+def test_auto_task_chunks_follow_the_slots_and_the_run_records_the_box(tmp_path):
+    """task_chunks: auto gives at least as many tasks as slots on a small volume (never more than
+    needed), the schedule records the box, and validate writes the same box into the run."""
+    from znni_core.pipeline.jobs import compute_schedule
+
+    cfg = validate_config(base_config(tmp_path, vol=em((12, 40, 40)), task_chunks="auto"))
+    one = compute_schedule(cfg, slots=1)
+    assert one["num_tasks"] == 1, one  # one job: the whole region, no halo computed twice
+    four = compute_schedule(cfg, slots=4)
+    assert 4 <= four["num_tasks"] <= 6 and four["task_box"] == four["task_chunks"], four
+    run, _ = resolve(cfg | {"task_chunks": four["task_box"]}, mem_mb=2000, threads=1, progress=lambda *a: None)
+    assert run["task_chunks"] == four["task_box"] == run["config"]["task_chunks"]
+    run_auto, _ = resolve(cfg, mem_mb=2000, threads=1, progress=lambda *a: None)  # validate alone: this machine's CPUs
+    assert run_auto["config"]["task_chunks"] == run_auto["task_chunks"] != "auto"
+
+
+def test_job_overlaps_read_compute_and_store_with_bounded_memory(tmp_path, monkeypatch):
+    """A job's tasks run as a Dask pipeline: task k+1's read starts before task k's compute ends,
+    task k-1's store before task k's compute ends; never more than two inputs ahead; the bytes
+    equal task-by-task runs; a task whose read fails is named and the others are done."""
+    import threading
+
+    from znni_core.pipeline import task as T
+    from znni_core.pipeline.jobs import run_job
+
+    vol = em((12, 40, 40))
+    cfg = base_config(tmp_path, vol=vol, task_chunks=[1, 1, 2])
+    rf = prepare(cfg)
+    n = load_run(rf)["num_tasks"]
+    assert n >= 4
+    events, lock = [], threading.Lock()
+    started = {s: {k: threading.Event() for k in range(n)} for s in ("read", "store")}
+    ids = [b.id for b in run_geometry(load_run(rf))[3]]
+    pos = {t: k for k, t in enumerate(ids)}
+
+    def note(what, k):
+        with lock:
+            events.append((what, k))
+
+    real_read, real_compute, real_store = T.read_task, T.compute_task, T.store_task
+
+    def read(ctx, task_id, **kw):
+        k = pos[task_id]
+        note("read+", k)
+        started["read"][k].set()
+        return real_read(ctx, task_id, **kw)
+
+    def compute(ctx, ti, **kw):
+        k = pos[ti.task_id]
+        note("compute+", k)
+        # the next task's read and the previous task's store run while this compute is still open
+        assert k + 1 >= n or started["read"][k + 1].wait(60), f"task {k + 1}'s read did not overlap compute {k}"
+        assert k == 0 or started["store"][k - 1].wait(60), f"task {k - 1}'s store did not overlap compute {k}"
+        out = real_compute(ctx, ti, **kw)
+        note("compute-", k)
+        return out
+
+    def store(ctx, ti, *a, **kw):
+        k = pos[ti.task_id]
+        started["store"][k].set()
+        return real_store(ctx, ti, *a, **kw)
+
+    monkeypatch.setattr(T, "read_task", read)
+    monkeypatch.setattr(T, "compute_task", compute)
+    monkeypatch.setattr(T, "store_task", store)
+    doc = run_job(rf, 0, n, log=lambda *a: None)
+    assert len(doc["ran"]) == n
+    order = {e: i for i, e in enumerate(events)}
+    for k in range(2, n):  # bounded: read k only after compute k-2 finished
+        assert order[("read+", k)] > order[("compute-", k - 2)], events
+    piped = layer_files(load_run(rf)["output"]["url"])
+    monkeypatch.undo()
+
+    # the same bytes as one task at a time
+    cfg2 = base_config(tmp_path / "seq", vol=vol, task_chunks=[1, 1, 2])
+    rf2 = prepare(cfg2)
+    run_all(rf2)
+    assert piped == layer_files(load_run(rf2)["output"]["url"])
+
+    # a failing read: the others are done, the job names it
+    for p in (Path(load_run(rf)["work_dir"]) / "manifests").rglob("*.json"):
+        p.unlink()
+
+    def bad_read(ctx, task_id, **kw):
+        if pos[task_id] == 1:
+            raise DataError("injected read failure")
+        return real_read(ctx, task_id, **kw)
+
+    monkeypatch.setattr(T, "read_task", bad_read)
+    with pytest.raises(DataError, match=r"1 of \d+ task\(s\) failed \(task \d+: injected read failure"):
+        run_job(rf, 0, n, log=lambda *a: None)
+    done = [manifest_path(load_run(rf), t).is_file() for t in ids]
+    assert done == [k != 1 for k in range(n)]

@@ -191,10 +191,13 @@ def register(app: typer.Typer) -> None:
 
         try:
             run = load_run(run_file)
+            overlap = True  # the next task's input and the last task's output beside the running one
             if mem_mb is not None:
-                _check_mem(run, mem_mb, run_geometry, task_bytes)
+                buffers = _check_mem(run, mem_mb, run_geometry, task_bytes)
+                overlap = run["plan"]["memory_budget"] + 2 * buffers <= mem_mb * 2 ** 20
             with claimed_gpu(run["config"]["device"]):  # one job per GPU on a node
-                run_job(run_file, job, tasks_per_job, num_tasks, marker=marker, tasks_file=tasks_file, log=_log)
+                run_job(run_file, job, tasks_per_job, num_tasks, marker=marker, tasks_file=tasks_file, log=_log,
+                        overlap=overlap)
         except ZnniError as exc:
             _fail(exc)
 
@@ -339,7 +342,9 @@ def _check_mem(run, mem_mb, run_geometry, task_bytes):
     biggest = (tasks.task_chunks * grid.chunk_shape).min(grid.bounds.shape)  # a whole task
     need = task_bytes(biggest, halo, run["network"]["in_channels"], run["network"]["out_channels"],
                       np.dtype(run["input"]["dtype"]).itemsize, np.dtype(run["output"]["info"]["data_type"]).itemsize)
+    buffers = need
     need += run["plan"]["memory_budget"]
     if need > mem_mb * 2 ** 20:
         raise PlanError(f"this job has mem_mb={mem_mb} but a task needs about {need / 2**20:.0f} MiB (plan budget "
                         f"{run['plan']['memory_budget'] / 2**20:.0f} MiB + task buffers); raise mem_mb or lower task_chunks")
+    return buffers

@@ -27,6 +27,7 @@ import os
 import resource
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import ConfigError, DataError, ZnniError
 from ..io import atomic_write
@@ -194,16 +195,18 @@ def job_marker_path(work, job: int) -> Path:
 
 
 def run_job(run_file, job: int, per_job: int, num_tasks: int | None = None, *, marker=None, device=None,
-            tasks_file=None, log=print) -> dict:
+            tasks_file=None, log=print, overlap: bool = True) -> dict:
     """Run the tasks of ``job``; skip those already done and verified; write the job's marker last.
 
     ``tasks_file``: a run with a mask batches only its live tasks (``mask_tasks.json``).  A task
     that fails is logged and the others still run; the job then fails naming them (no marker), so
-    a retry runs only what is left.
+    a retry runs only what is left.  ``overlap``: read the next task's input and store the last
+    task's output while the engine computes (:func:`run_pipelined`); off when the job's memory
+    holds one task's buffers only.
     """
     from .finalize import check_task
     from .mask import load_mask_tasks, positions
-    from .task import manifest_path, open_run, run_task
+    from .task import manifest_path, open_run
 
     t0 = time.perf_counter()
     ctx = open_run(run_file)
@@ -222,14 +225,12 @@ def run_job(run_file, job: int, per_job: int, num_tasks: int | None = None, *, m
                           f"{math.ceil(n / per_job)} jobs (0 to {math.ceil(n / per_job) - 1})")
     verify = run["config"]["finalize"]["verify"]
 
-    def run_one(block):
-        m = run_task(run_file, block.id, ctx=ctx, device=device, show_progress=False, log=log)
-        return {"task": block.id, "voxels": m["voxels"], "seconds": m["timings"]["total_s"]}
-
     def done(block):
         return manifest_path(run, block.id).is_file() and bool(check_task(run, ctx.out, block, verify))
 
-    ran, skipped = run_blocks([ctx.tasks[k] for k in ks], done, run_one, f"job {job}", log)
+    todo, skipped = pending_blocks([ctx.tasks[k] for k in ks], done, log)
+    ran, failed = run_pipelined(ctx, todo, device=device, log=log, overlap=overlap)
+    raise_failed(failed, len(ks), f"job {job}")
     doc = {"format": JOB_FORMAT, "job": job, "run_digest": run["digest"], "tasks": [ctx.tasks[k].id for k in ks],
            "ran": ran, "skipped": skipped, "seconds": round(time.perf_counter() - t0, 3), "finished": time.time(),
            "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
@@ -241,13 +242,11 @@ def run_job(run_file, job: int, per_job: int, num_tasks: int | None = None, *, m
     return doc
 
 
-def run_blocks(blocks, check, run_one, what: str, log=print) -> tuple[list, list]:
-    """Run each task of ``blocks`` (``run_one(block)`` -> its record) unless ``check(block)`` is
-    true (its manifest and stored objects verify: done, skipped; false: no manifest; DataError:
-    a manifest that does not check out).  A task that fails is logged
-    and the others still run; then DataError naming the failed ones, so a retry runs only them.
-    Returns ``(records of the tasks run, ids of those skipped)``."""
-    ran, skipped, failed = [], [], {}
+def pending_blocks(blocks, check, log=print) -> tuple[list, list]:
+    """``(blocks to run, ids skipped)``: a block is skipped when ``check(block)`` is true (its
+    manifest and stored objects verify); false: no manifest; DataError: a manifest that does not
+    check out (run again)."""
+    todo, skipped = [], []
     for block in blocks:
         try:
             if check(block):
@@ -256,16 +255,100 @@ def run_blocks(blocks, check, run_one, what: str, log=print) -> tuple[list, list
                 continue
         except DataError as exc:
             log(f"task {block.id}: {exc}; running it again")
+        todo.append(block)
+    return todo, skipped
+
+
+def raise_failed(failed: dict, n: int, what: str) -> None:
+    """DataError naming the failed tasks (the others are done: a retry runs only these)."""
+    if failed:
+        raise DataError(f"{what}: {len(failed)} of {n} task(s) failed ("
+                        + "; ".join(f"task {t}: {e}" for t, e in list(failed.items())[:3])
+                        + "); the others are done. Re-running it runs only the failed ones.")
+
+
+def run_blocks(blocks, check, run_one, what: str, log=print) -> tuple[list, list]:
+    """Run each task of ``blocks`` (``run_one(block)`` -> its record) unless ``check(block)`` is
+    true (:func:`pending_blocks`).  A task that fails is logged and the others still run; then
+    DataError naming the failed ones, so a retry runs only them.
+    Returns ``(records of the tasks run, ids of those skipped)``."""
+    todo, skipped = pending_blocks(blocks, check, log)
+    ran, failed = [], {}
+    for block in todo:
         try:
             ran.append(run_one(block))
         except ZnniError as exc:
             failed[block.id] = str(exc)
             log(f"task {block.id} FAILED: {exc}")
-    if failed:
-        raise DataError(f"{what}: {len(failed)} of {len(blocks)} task(s) failed ("
-                        + "; ".join(f"task {t}: {e}" for t, e in list(failed.items())[:3])
-                        + "); the others are done. Re-running it runs only the failed ones.")
+    raise_failed(failed, len(blocks), what)
     return ran, skipped
+
+
+class _Failed(NamedTuple):
+    task: int
+    error: ZnniError
+
+
+def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True) -> tuple[list, dict]:
+    """Run the tasks ``blocks`` of an open run, each read -> compute -> store (``pipeline.task``),
+    with Dask overlapping the stages of neighbouring tasks: while the engine computes task k, one
+    thread reads task k+1's input and another writes and verifies task k-1's chunks.  Memory stays
+    bounded: a read waits for the compute two tasks back, a compute for the store two tasks back
+    (at most two inputs and two outputs alive); computes and stores each run one at a time, in
+    order.  ``overlap=False`` adds read k -> store k-1, i.e. one task at a time.
+
+    Returns ``(records of the tasks run, {task id: error} of those that failed)``: a task's
+    ZnniError in any stage is logged and skips its later stages; the other tasks still run.
+    """
+    import dask
+    from dask import delayed
+
+    from .task import compute_task, read_task, store_task
+
+    def read(block, *after):
+        try:
+            return read_task(ctx, block.id, log=log)
+        except ZnniError as exc:
+            return _Failed(block.id, exc)
+
+    def compute(ti, *after):
+        if isinstance(ti, _Failed):
+            return ti
+        try:
+            return (ti,) + compute_task(ctx, ti, device=device)
+        except ZnniError as exc:
+            return _Failed(ti.task_id, exc)
+
+    def store(done, *after):
+        if isinstance(done, _Failed):
+            log(f"task {done.task} FAILED: {done.error}")
+            return done
+        ti, y, t_comp = done
+        try:
+            m = store_task(ctx, ti, y, t_comp, device=device, log=log)
+        except ZnniError as exc:
+            log(f"task {ti.task_id} FAILED: {exc}")
+            return _Failed(ti.task_id, exc)
+        return {"task": ti.task_id, "voxels": m["voxels"], "seconds": m["timings"]["total_s"],
+                "compute_s": m["timings"]["compute_s"]}
+
+    def token(_):  # a stage's completion without its data: dependents do not keep arrays alive
+        return None
+
+    reads, computed, stored = [], [], []
+    for k, block in enumerate(blocks):
+        after_r = [computed[k - 2]] if k >= 2 else []
+        if not overlap and k:
+            after_r = [stored[k - 1]]
+        reads.append(delayed(read, pure=False)(block, *after_r))
+        after_c = ([computed[k - 1]] if k else []) + ([stored[k - 2]] if k >= 2 else [])
+        c = delayed(compute, pure=False)(reads[k], *after_c)
+        computed.append(delayed(token, pure=False)(c))
+        stored.append(delayed(store, pure=False)(c, *([stored[k - 1]] if k else [])))
+    results = dask.compute(*stored, scheduler="threads", num_workers=3) if stored else ()
+    ran = [r for r in results if not isinstance(r, _Failed)]
+    failed = {r.task: str(r.error) for r in results if isinstance(r, _Failed)}
+    return ran, failed
 
 
 def summary(work, num_tasks: int, per_job: int, started: float) -> dict:

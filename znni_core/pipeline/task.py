@@ -190,19 +190,49 @@ def open_run(run_file) -> RunContext:
     return RunContext(run, region, grid, halo, tasks, out_url, out, net, plan, inp, mask)
 
 
+@dataclass
+class TaskInput:
+    """A task after its read stage: what its compute and store stages need (``raw`` is dropped
+    by the compute stage).  ``todo``: the chunks to compute; ``masked`` / ``empty``: recorded only."""
+
+    task_id: int
+    block: Block
+    chunk_index: object  # Coordinate of a one-chunk re-run, else None
+    comp: Roi  # the voxels computed
+    live: list
+    masked: set
+    empty: set
+    todo: list
+    missing: list
+    raw: object = None
+    inner: object = None
+    window: object = None  # a graph network's patch window
+    extent: object = None
+    t0: float = 0.0
+    t_read: float = 0.0
+
+
 def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, device: str | None = None,
              show_progress: bool = True, log=print, ctx: RunContext | None = None) -> dict:
     """Run one task (or one chunk of it, computed with its whole task so the bytes equal a task run).
 
     Returns the manifest dict.  Writes the manifest only for a whole-task run; a ``chunk`` run updates the
     chunk's entry of an existing manifest.  ``ctx``: the run already opened (:func:`open_run`).
+    The three stages (:func:`read_task`, :func:`compute_task`, :func:`store_task`) run one after
+    the other here; a job overlaps them across its tasks (``jobs.run_pipelined``).
     """
-    t0 = time.perf_counter()
     ctx = ctx or open_run(run_file)
+    ti = read_task(ctx, task_id, chunk=chunk, log=log)
+    y, t_comp = compute_task(ctx, ti, device=device, show_progress=show_progress)
+    return store_task(ctx, ti, y, t_comp, device=device, log=log)
+
+
+def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None, log=print) -> TaskInput:
+    """Stage 1: the task's block, mask, input (edge policy applied) and empty chunks."""
+    t0 = time.perf_counter()
     run, region, grid, halo, tasks = ctx.run, ctx.region, ctx.grid, ctx.halo, ctx.tasks
-    out_url, out, net, plan, inp = ctx.out_url, ctx.out, ctx.net, ctx.plan, ctx.inp
+    out, net, plan, inp = ctx.out, ctx.net, ctx.plan, ctx.inp
     cfg = run["config"]
-    device = device or cfg["device"]
     chunk_index = None
     if chunk is not None:
         chunk_index = _find_chunk(out, grid, chunk)
@@ -211,14 +241,13 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
         block: Block = tasks.by_id(task_id)
     except ValueError:
         raise InputError(f"task {task_id} does not exist; this run has {len(tasks)} tasks, ids {tasks[0].id} to "
-                         f"{tasks[-1].id} (`znni tasks {run_file}` lists them)") from None
+                         f"{tasks[-1].id} (`znni tasks {Path(run['work_dir']) / 'run.json'}` lists them)") from None
     if chunk_index is not None and out.sharded:
         log(f"chunk {out.chunk_name(chunk_index)} lies in shard {out.shard_name(chunk_index)}: a shard is written "
             f"whole, so task {task_id} runs whole")
         chunk_index = None
 
     # ---- mask: chunks no non-zero mask voxel overlaps are recorded, not computed ---------------
-    t_read = time.perf_counter()
     masked = set()
     if ctx.mask is not None:
         masked = set(block.chunks) - live_chunks(ctx.mask, grid, region, block.chunks)
@@ -231,7 +260,7 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
     comp = block.write_roi.intersect(region)
     if masked and live:
         comp = reduce(Roi.union, (grid.chunk_roi(i) for i in live)).intersect(region)
-    window, raw, missing = None, None, []
+    window, extent, raw, inner, missing = None, None, None, None, []
     if not live:
         pass
     elif isinstance(net, Graph):  # the patches of the network's grid (valid) or blending lattice (padded)
@@ -241,7 +270,6 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
     else:
         block = Block(block.id, block.write_roi, halo.read_roi(comp), block.chunks)
         raw, inner, missing = gather(inp, block.read_roi, cfg["edge"], fill)
-    t_read = time.perf_counter() - t_read
 
     # ---- empty chunks (T26): all-zero input context is skipped and recorded ------------------------
     empty = set()
@@ -255,14 +283,23 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
             if not raw[(slice(None),) + croi.to_slices(block.read_roi.offset)].any():
                 empty.add(idx)
     todo = [i for i in live if i not in empty and (chunk_index is None or i == chunk_index)]
+    return TaskInput(block.id, block, chunk_index, comp, live, masked, empty, todo, missing, raw, inner, window,
+                     extent, t0, time.perf_counter() - t0)
 
-    # ---- compute ---------------------------------------------------------------------------
+
+def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None,
+                 show_progress: bool = False) -> tuple:
+    """Stage 2: ``(output of the task's write box or None, seconds)``; frees the task's input."""
+    net, plan, cfg, block = ctx.net, ctx.plan, ctx.run["config"], ti.block
+    device = device or cfg["device"]
+    comp, raw, inner, window = ti.comp, ti.raw, ti.inner, ti.window
+    ti.raw = ti.inner = None
     t_comp = time.perf_counter()
     y = None
-    if todo and window is not None:
+    if ti.todo and window is not None:
         x = normalise(raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], inner)
         del raw
-        inside = block.read_roi.intersect(extent)
+        inside = block.read_roi.intersect(ti.extent)
         if inside != block.read_roi:  # beyond the region's input: zeros, as infer pads a whole volume
             full = np.zeros((x.shape[0],) + tuple(block.read_roi.shape), np.float32)
             full[(slice(None),) + inside.to_slices(block.read_roi.offset)] = x
@@ -273,7 +310,7 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
         with thread_limits(plan.threads):
             y = run_graph_window(plan, net, x, window, xp=require_device(device))
         del x
-    elif todo:
+    elif ti.todo:
         x = normalise(raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], inner)
         del raw
         bar = None
@@ -282,7 +319,7 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
         if show_progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=ntiles, desc=f"task {task_id} patches", unit="patch", leave=False)
+            bar = tqdm(total=ntiles, desc=f"task {ti.task_id} patches", unit="patch", leave=False)
         y = compute(net, plan, x, tuple(comp.shape), device=device,
                     progress=bar.update if bar is not None else None)
         if bar is not None:
@@ -292,12 +329,19 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
         full = np.zeros((y.shape[0],) + tuple(block.write_roi.shape), y.dtype)
         full[(slice(None),) + comp.to_slices(block.write_roi.offset)] = y
         y = full
-    t_comp = time.perf_counter() - t_comp
+    return y, time.perf_counter() - t_comp
 
+
+def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str | None = None, log=print) -> dict:
+    """Stage 3: check every chunk is finite (else nothing is written), write and verify the chunks
+    (or the shard), then the manifest; returns it."""
+    run, grid, out, out_url, net, plan = ctx.run, ctx.grid, ctx.out, ctx.out_url, ctx.net, ctx.plan
+    cfg, block, task_id, chunk_index = run["config"], ti.block, ti.task_id, ti.chunk_index
+    device = device or cfg["device"]
     # ---- check everything before writing anything (T20) ------------------------------------------
     encoded = {}
     bad = []
-    for idx in todo:
+    for idx in ti.todo:
         sl = grid.chunk_roi(idx).to_slices(block.write_roi.offset)
         yc = y[(slice(None),) + sl]
         if not np.isfinite(yc).all():
@@ -312,13 +356,13 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
 
     # ---- write, verify -------------------------------------------------------------------------------
     t_write = time.perf_counter()
-    skipped = {i: "masked" for i in masked} | {i: "empty" for i in empty}
+    skipped = {i: "masked" for i in ti.masked} | {i: "empty" for i in ti.empty}
     entries, shard = store_chunks(out, block.chunks, encoded, skipped, cfg["output"]["compression"], only=chunk_index)
     t_write = time.perf_counter() - t_write
-    total = time.perf_counter() - t0
+    total = time.perf_counter() - ti.t0
 
     mpath = manifest_path(run, task_id)
-    voxels = int(np.prod(tuple(comp.shape))) if live else 0
+    voxels = int(np.prod(tuple(ti.comp.shape))) if ti.live else 0
     if chunk_index is not None:
         log(f"chunk {out.chunk_name(chunk_index)} (task {task_id}) rewritten and verified")
         if mpath.is_file():
@@ -338,20 +382,22 @@ def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, 
         **({"shard": shard} if shard is not None else {}),
         "plan_digest": plan.digest(),
         "network_digest": net.digest(),
-        "missing_input_filled": missing,
+        "missing_input_filled": ti.missing,
         "versions": run["versions"] | {"python": platform.python_version()},
         "device": device,
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "voxels": voxels,
-        "timings": {"read_s": round(t_read, 4), "compute_s": round(t_comp, 4), "write_verify_s": round(t_write, 4),
+        # total: from the start of the read to the manifest (a pipelined job overlaps the stages of
+        # neighbouring tasks, so its tasks' totals add up to more than the job's wall time)
+        "timings": {"read_s": round(ti.t_read, 4), "compute_s": round(t_comp, 4), "write_verify_s": round(t_write, 4),
                     "total_s": round(total, 4)},
         "finished": time.time(),
     }
     write_manifest(mpath, manifest)
     n_empty = sum(1 for e in entries.values() if e["status"] == "empty")
-    log(f"task {task_id}: {len(entries) - n_empty - len(masked)} chunk(s) written and verified, {n_empty} empty, "
-        + (f"{len(masked)} masked, " if masked else "")
+    log(f"task {task_id}: {len(entries) - n_empty - len(ti.masked)} chunk(s) written and verified, {n_empty} empty, "
+        + (f"{len(ti.masked)} masked, " if ti.masked else "")
         + f"{voxels:,} voxels in {total:.2f} s ({voxels / max(total, 1e-9):,.0f} voxels/s) -> {mpath}")
     return manifest
 
