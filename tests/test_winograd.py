@@ -166,8 +166,9 @@ NET_3 = [("conv", 6, (1, 3, 3)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 
 
 
 def test_winograd_in_plans_every_pool_mode_equals_torch():
-    """Forced on every layer it can run (the 1x1x1 layer falls back to direct-gemm), through
-    MPF, depth-first pooling and slabs."""
+    """Forced on every layer the planner offers it for (the first layer has one input channel and
+    the last is 1x1x1: both fall back to direct-gemm), through MPF, depth-first pooling and
+    slabs.  (A single channel's correctness: test_winograd_equals_scipy_correlate.)"""
     net = make_net(NET_3, seed=3)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((1,) + tuple(f + e for f, e in zip(net.field_of_view, (4, 10, 6)))).astype(np.float32)
@@ -175,13 +176,16 @@ def test_winograd_in_plans_every_pool_mode_equals_torch():
     for modes in itertools.product(("mpf", "pool"), repeat=2):
         plan = autotune(net, memory_budget=2**30, primitives=("winograd",), pool_modes=modes, use_cache=False)
         prims = [s.primitive for s in plan.steps if s.op == "conv"]
-        assert prims == ["winograd", "winograd", "winograd", "direct-gemm"], prims
+        assert prims == ["direct-gemm", "winograd", "winograd", "direct-gemm"], prims
         assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL, modes
 
 
 def test_planner_offers_winograd_only_where_it_runs():
     assert primitive_supports("winograd", (1, 3, 3)) and primitive_supports("winograd", (1, 4, 4))
     assert not primitive_supports("winograd", (1, 7, 7)) and primitive_supports("fft-gemm", (1, 7, 7))
+    # one channel on a side: outer products, transform-bound (the boundary net's 1 -> 48 layer: 4x direct-numba)
+    assert not primitive_supports("winograd", (1, 3, 3), (1, 48)) and not primitive_supports("winograd", (3, 3, 3), (28, 1))
+    assert primitive_supports("winograd", (3, 3, 3), (24, 3)) and primitive_supports("direct-numba", (1, 5, 5), (1, 28))
     net = make_net([("conv", 4, (1, 7, 7)), ("act", "relu"), ("conv", 4, (1, 3, 3))], seed=1)
     plan = autotune(net, memory_budget=2**30, input_shape=(3, 30, 30), primitives=("winograd",), use_cache=False)
     assert [s.primitive for s in plan.steps if s.op == "conv"] == ["direct-gemm", "winograd"]

@@ -25,7 +25,7 @@ from .plan import CONV_PRIMITIVES, Plan, Rejected, Step, primitive_supports
 ELEMENTWISE = ("add", "mul", "affine", "act")
 BLENDS = ("bump", "gaussian", "linear")
 DEFAULT_OVERLAP = 0.25  # of the patch, per axis, for padded graphs (MONAI's default)
-GRAPH_PRIMITIVES = ("direct-gemm", "fft-data", "winograd")
+GRAPH_PRIMITIVES = ("direct-gemm", "direct-numba", "fft-data", "winograd")
 SHRINK = 0.88  # each step of the patch search shrinks the longest axis to about this
 
 
@@ -107,7 +107,9 @@ def _conv_options(node, spatial, prims, timer, threads):
                                                    node["stride"]), 0)]
     opts = []
     flat = all(k == 1 for k in conv.kernel)  # 1x1x1: FFT never pays
-    usable = [p for p in prims if primitive_supports(p, conv.kernel) and not (flat and p.startswith("fft-"))]
+    # 1x1x1: FFT never pays, and the numba loop's per-row overhead is not in its rate model
+    usable = [p for p in prims if primitive_supports(p, conv.kernel, (conv.in_channels, conv.out_channels))
+              and not (flat and (p.startswith("fft-") or p == "direct-numba"))]
     for prim in usable or ["direct-gemm"]:
         t = timer.layer(prim, 1, conv, spatial, 0, 1)
         opts.append((t, prim, M.conv_step_bytes(prim, 1, 0, conv, spatial, (), threads),
@@ -237,7 +239,7 @@ def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threa
     from .search import MAX_PATCH_VOXELS
 
     prims = tuple(p for p in (prims or GRAPH_PRIMITIVES) if p in CONV_PRIMITIVES and p != "fft-stream"
-                  and p != "direct-numba" and p != "fft-task") or ("direct-gemm",)
+                  and p != "fft-task") or ("direct-gemm",)
     if blend not in BLENDS:
         raise PlanError(f"blend {blend!r} is not one of {BLENDS}")
     tile = ()

@@ -28,10 +28,21 @@ POOL_MODES = ("mpf", "pool", "slab")  # mpf: fragments batched; pool: one offset
 # slab (first pooling layer only): also the layers before it recomputed per offset in z-slabs (micro_batch = rows)
 
 
-def primitive_supports(primitive: str, kernel) -> bool:
-    """Whether ``primitive`` can run a convolution with this kernel (``winograd``: 1-3 in z
-    and 1-5 in y and x, not all 1; the others: any)."""
-    return winograd_supports(kernel) if primitive == "winograd" else True
+# Winograd's saving is in the per-position channel products; with one channel on a side they are
+# outer products or dot products, and the transforms (more values than the direct loop touches)
+# are the whole cost: the synapse detector's 1 -> 28 (1,5,5) layer ran 90-100 ms in winograd
+# (model: 20 ms), 15-30 ms direct; the boundary net's 1 -> 48 (1,4,4) 231 ms against 56 ms in
+# direct-numba.  n337's 24 -> 3 3^3 layer still gains (152 ms against 238 ms direct-gemm).
+WINOGRAD_MIN_CHANNELS = 2
+
+
+def primitive_supports(primitive: str, kernel, channels=None) -> bool:
+    """Whether the planner considers ``primitive`` for a convolution with this kernel and
+    ``channels`` ``(C_in, C_out)`` when given (``winograd``: 1-3 in z and 1-5 in y and x, not
+    all 1, and at least WINOGRAD_MIN_CHANNELS on both sides; the others: any)."""
+    if primitive != "winograd":
+        return True
+    return winograd_supports(kernel) and (channels is None or min(channels) >= WINOGRAD_MIN_CHANNELS)
 
 
 def _tuple(v):

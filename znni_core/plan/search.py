@@ -36,7 +36,7 @@ DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the
 DEVICE_HEADROOM = 512 * 2 ** 20  # device memory left to the CUDA context, library handles and cuFFT plans
 GPU_BUDGET_FRACTION = 0.9  # of the device memory free when planning (after the headroom)
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
-SEARCH_VERSION = 12  # in the plan cache key: bump when the search or time model changes (stale plans)
+SEARCH_VERSION = 13  # in the plan cache key: bump when the search or time model changes (stale plans)
 PLAN_CACHE_ENTRIES = 256  # newest plans kept on disk (one per network x shape x budget x ...)
 PATIENCE = 2  # coarse patches in a row without a gain before a series of growing patches stops
 COARSE = 3  # a series is first sampled at every COARSE-th patch, then refined around the best
@@ -273,7 +273,8 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
                 return decisions[i]
             layer = layers[i]
             room = budget - (0 if host else live_max[i]) - sum(resident.values())
-            usable = tuple(p for p in primitives if primitive_supports(p, layer.kernel)) or ("direct-gemm",)
+            usable = tuple(p for p in primitives if primitive_supports(p, layer.kernel, (layer.in_channels, layer.out_channels))) \
+                or ("direct-gemm",)
             allowed = tuple(p for p in usable if not (i in no_cache and p in RESIDENT_PRIMITIVES)) or usable
             if _flat_axis(layer.kernel, spatial):
                 # FFTConv transforms every axis: a kernel 1 deep on an axis of extent > 1 (2D
