@@ -102,5 +102,9 @@ _WARM: dict = {}
 
 
 def release_cache() -> None:
-    """Drop the kernel spectra ``infer`` keeps between calls (frees their memory)."""
+    """Drop the kernel spectra and buffers ``infer`` keeps between calls and hand the memory the
+    process keeps for reuse back to the OS (``layers.arena.give_back_memory``)."""
+    from .layers.arena import give_back_memory
+
     _WARM.clear()
+    give_back_memory()

@@ -308,6 +308,7 @@ def plan_arena(plan, convs) -> arena.Arena | None:
     for every output, as the memory model counts them) with ``ZNNI_REUSE_BUFFERS=0``."""
     if os.environ.get("ZNNI_REUSE_BUFFERS", "1") == "0":
         return None
+    arena.retain_freed_memory()  # what exceeds the arena's slack is reused from malloc's heap
     if "arena" not in convs:
         convs["arena"] = arena.Arena(plan.memory_budget - plan.predicted_peak_bytes)
     return convs["arena"]
