@@ -23,38 +23,51 @@ def _die():
 
 
 def patch_task_module(T, spec):
+    """Wrap the task's stages (read_task, compute_task, store_task: a job overlaps them across
+    its tasks, so every fault is keyed by the task it concerns, never by "the current task")."""
     point, task, arg = _parse(spec)
-    state = {"on": False, "chunks": 0}
-    orig_run, orig_compute, orig_open, orig_manifest = T.run_task, T.compute, T.open_output, T.write_manifest
+    state = {"chunks": 0, "storing": None}
+    orig_read, orig_compute, orig_store = T.read_task, T.compute_task, T.store_task
+    orig_open, orig_manifest = T.open_output, T.write_manifest
 
-    def run_task(run_file, task_id=None, **kw):
-        state["on"] = task is None or (task_id is not None and int(task) == int(task_id))
-        state["chunks"] = 0
-        if state["on"] and point == "fail":
+    def hit(task_id):
+        return task is None or (task_id is not None and int(task) == int(task_id))
+
+    def read_task(ctx, task_id, **kw):
+        ti = orig_read(ctx, task_id, **kw)
+        if point == "fail" and hit(ti.task_id):
             from znni_core.errors import DataError
-            raise DataError(f"injected failure of task {task_id} (ZNNI_FAULT={spec})")
-        return orig_run(run_file, task_id, **kw)
+            raise DataError(f"injected failure of task {ti.task_id} (ZNNI_FAULT={spec})")
+        return ti
 
-    def compute(*a, **k):
-        if state["on"] and point == "compute":
+    def compute_task(ctx, ti, **kw):
+        on = hit(ti.task_id)
+        if on and point == "compute":
             _die()
-        if state["on"] and point == "sleep-once":  # first run of the task only (a TIMEOUT, then fine)
+        if on and point == "sleep-once":  # first run of the task only (a TIMEOUT, then fine)
             marker = os.path.join(os.environ.get("ZNNI_FAULT_DIR", "/tmp"), f"slept-{task}")
             if not os.path.exists(marker):
                 open(marker, "w").close()
                 import time
                 time.sleep(arg)
-        if state["on"] and point == "hog":  # hold `arg` MB for 4 s (over a job's --mem: OUT_OF_MEMORY)
+        if on and point == "hog":  # hold `arg` MB for 4 s (over a job's --mem: OUT_OF_MEMORY)
             import time
             block = bytearray(arg * 2 ** 20)
             for i in range(0, len(block), 4096):
                 block[i] = 1
             time.sleep(4)
             del block
-        y = orig_compute(*a, **k)
-        if state["on"] and point == "nan":
+        y, t = orig_compute(ctx, ti, **kw)
+        if on and point == "nan" and y is not None:
             y.flat[y.size // 2] = float("nan")
-        return y
+        return y, t
+
+    def store_task(ctx, ti, *a, **kw):  # stores run one at a time: the chunks written are this task's
+        state["storing"], state["chunks"] = ti.task_id, 0
+        try:
+            return orig_store(ctx, ti, *a, **kw)
+        finally:
+            state["storing"] = None
 
     def open_output(*a, **k):
         out = orig_open(*a, **k)  # opened once per job (open_run), before its tasks run
@@ -63,7 +76,7 @@ def patch_task_module(T, spec):
 
             def write_chunk(*wa, **wk):
                 r = write(*wa, **wk)
-                if state["on"]:
+                if state["storing"] is not None and hit(state["storing"]):
                     state["chunks"] += 1
                     if state["chunks"] >= arg:
                         _die()
@@ -71,12 +84,13 @@ def patch_task_module(T, spec):
             out.write_chunk = write_chunk
         return out
 
-    def write_manifest(*a, **k):
-        if state["on"] and point == "before-manifest":
+    def write_manifest(path, doc, *a, **k):
+        if point == "before-manifest" and hit(doc.get("task", state["storing"])):
             _die()
-        return orig_manifest(*a, **k)
+        return orig_manifest(path, doc, *a, **k)
 
-    T.run_task, T.compute, T.open_output, T.write_manifest = run_task, compute, open_output, write_manifest
+    T.read_task, T.compute_task, T.store_task = read_task, compute_task, store_task
+    T.open_output, T.write_manifest = open_output, write_manifest
 
 
 _SPEC = os.environ.get("ZNNI_FAULT")
