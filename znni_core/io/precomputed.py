@@ -260,11 +260,7 @@ class PrecomputedLayer(StoredObjects):
         try:
             cut = cv[b[0]:e[0], b[1]:e[1], b[2]:e[2]]
         except EmptyVolumeException:
-            missing = self.missing_chunks(roi)
-            raise DataError(
-                f"input {self.url} mip {self.mip}: {len(missing)} chunk(s) under {roi} are missing or empty "
-                f"(first: {missing[:3]}); repair the input, or set input.missing: zero to fill them with 0 "
-                "(recorded in the manifests)") from None
+            raise self._missing_error(roi, self.missing_chunks(roi)) from None
         except DataError:
             raise
         except Exception as exc:  # decoding errors of corrupt chunks
@@ -298,11 +294,13 @@ class PrecomputedLayer(StoredObjects):
             inter = croi.intersect(roi)
             out[(slice(None),) + inter.to_slices(roi.offset)] = chunk[(slice(None),) + inter.to_slices(croi.offset)]
         if missing and not fill_missing:
-            raise DataError(
-                f"input {self.url} mip {self.mip}: {len(missing)} chunk(s) under {roi} are missing or empty "
-                f"(first: {missing[:3]}); repair the input, or set input.missing: zero to fill them with 0 "
-                "(recorded in the manifests)")
+            raise self._missing_error(roi, missing)
         return out, missing
+
+    def _missing_error(self, roi: Roi, missing: list) -> DataError:
+        return DataError(f"input {self.url} mip {self.mip}: {len(missing)} chunk(s) under {roi} are missing or empty "
+                         f"(first: {missing[:3]}); repair the input, or set input.missing: zero to fill them with 0 "
+                         "(recorded in the manifests)")
 
     # ---- writing whole chunks ----------------------------------------------------------
     def _check_chunk(self, index, arr) -> Roi:

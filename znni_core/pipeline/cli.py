@@ -334,16 +334,16 @@ def _log_estimate(cfg, run, plan) -> None:
 
 
 def _check_mem(run, mem_mb, run_geometry, task_bytes):
+    """PlanError when the plan's budget and one task's buffers exceed ``mem_mb``; returns the buffers' bytes."""
     import numpy as np
 
     from ..errors import PlanError
 
     _, grid, halo, tasks = run_geometry(run)
     biggest = (tasks.task_chunks * grid.chunk_shape).min(grid.bounds.shape)  # a whole task
-    need = task_bytes(biggest, halo, run["network"]["in_channels"], run["network"]["out_channels"],
-                      np.dtype(run["input"]["dtype"]).itemsize, np.dtype(run["output"]["info"]["data_type"]).itemsize)
-    buffers = need
-    need += run["plan"]["memory_budget"]
+    buffers = task_bytes(biggest, halo, run["network"]["in_channels"], run["network"]["out_channels"],
+                         np.dtype(run["input"]["dtype"]).itemsize, np.dtype(run["output"]["info"]["data_type"]).itemsize)
+    need = buffers + run["plan"]["memory_budget"]
     if need > mem_mb * 2 ** 20:
         raise PlanError(f"this job has mem_mb={mem_mb} but a task needs about {need / 2**20:.0f} MiB (plan budget "
                         f"{run['plan']['memory_budget'] / 2**20:.0f} MiB + task buffers); raise mem_mb or lower task_chunks")

@@ -82,20 +82,12 @@ def _digest(obj) -> str:
 
 
 def versions() -> dict:
-    """The versions that shape the output, from the installed distributions' metadata (importing
-    cloud-volume, dask and zarr only to read ``__version__`` cost validate about 1 s)."""
-    from importlib.metadata import PackageNotFoundError, version
-
+    """The versions that shape the output (from metadata: importing cloud-volume, dask and zarr
+    to read them cost validate about 1 s)."""
     from .. import __version__
+    from ..plan.timing import dist_version
 
-    def dist(name):
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
-    return {"znni": __version__, "numpy": np.__version__, "cloud-volume": dist("cloud-volume"),
-            "dask": dist("dask"), "zarr": dist("zarr")}
+    return {"znni": __version__, "numpy": np.__version__} | {d: dist_version(d) for d in ("cloud-volume", "dask", "zarr")}
 
 
 def _roi_doc(r: Roi) -> str:

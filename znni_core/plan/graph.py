@@ -106,8 +106,8 @@ def _conv_options(node, spatial, prims, timer, threads):
         return [(t, "strided", conv_strided_memory(1, conv.in_channels, conv.out_channels, spatial, conv.kernel,
                                                    node["stride"]), 0)]
     opts = []
-    flat = all(k == 1 for k in conv.kernel)  # 1x1x1: FFT never pays
     # 1x1x1: FFT never pays, and the numba loop's per-row overhead is not in its rate model
+    flat = all(k == 1 for k in conv.kernel)
     usable = [p for p in prims if primitive_supports(p, conv.kernel, (conv.in_channels, conv.out_channels))
               and not (flat and (p.startswith("fft-") or p == "direct-numba"))]
     for prim in usable or ["direct-gemm"]:

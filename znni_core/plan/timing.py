@@ -42,20 +42,23 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def versions() -> dict:
-    """Versions in the machine key, from the distributions' metadata: importing pyfftw (which
-    imports dask.array and scipy.fftpack) only to read them cost every plan lookup 0.6 s."""
+def dist_version(name: str) -> str | None:
+    """An installed distribution's version from its metadata (None if absent): importing a
+    package to read ``__version__`` costs its import (pyfftw: dask.array and scipy.fftpack, 0.6 s)."""
     from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def versions() -> dict:
+    """Versions in the machine key (a cached plan lookup imports none of these packages)."""
     import znni_core
 
-    out = {"znni": znni_core.__version__, "numpy": np.__version__, "python": platform.python_version()}
-    for dist in ("scipy", "pyfftw", "numba"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:  # optional at runtime
-            out[dist] = None
-    return out
+    return {"znni": znni_core.__version__, "numpy": np.__version__, "python": platform.python_version()} | {
+        d: dist_version(d) for d in ("scipy", "pyfftw", "numba")}
 
 
 def machine_key(threads: int) -> str:
