@@ -230,23 +230,28 @@ def test_monotone_activations_move_after_pooling():
         assert np.array_equal(a, b), kind
 
 
-def test_relu_after_a_conv_runs_in_the_conv_output_pass():
-    """direct-gemm, direct-numba, fft-gemm and winograd clamp their own output (no separate pass);
-    other primitives and other activations keep their step; the result is unchanged."""
+def test_activations_after_a_conv_run_in_the_conv_output_pass():
+    """direct-gemm, direct-numba, fft-gemm and winograd apply a following ReLU, leaky ReLU or ELU
+    in their own output pass (no separate pass); other primitives and other activations keep
+    their step; the result is unchanged."""
     from znni_core.exec.engine import fuse_activations
     from znni_core.net.spec import Activation
     from znni_core.plan.plan import Step
 
     w = np.ones((1, 1, 1, 3, 3), np.float32)
     for prim, act, fused in (("winograd", "relu", True), ("fft-gemm", "relu", True), ("direct-gemm", "relu", True),
-                             ("direct-numba", "relu", True), ("fft-data", "relu", False), ("winograd", "elu", False)):
-        layers = (Conv(w), Activation(act), Conv(w))
+                             ("direct-numba", "relu", True), ("fft-data", "relu", False), ("winograd", "elu", True),
+                             ("direct-gemm", "leaky_relu", True), ("winograd", "sigmoid", False),
+                             ("winograd", "identity", False)):
+        layers = (Conv(w), Activation(act, 0.3), Conv(w))
         steps = (Step(0, "conv", prim, (), ()), Step(1, "act", act, (), ()), Step(2, "conv", prim, (), ()))
         got = fuse_activations(steps, layers)
         assert [s.op for s in got] == (["conv", "conv"] if fused else ["conv", "act", "conv"]), (prim, act)
-        assert getattr(got[0], "fused", "") == ("relu" if fused else "") and getattr(got[-1], "fused", "") == ""
-    net = make_net([("conv", 5, (1, 3, 3)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 4, (1, 4, 4)),
-                    ("act", "relu"), ("conv", 3, 1), ("act", "relu"), ("conv", 2, 3), ("act", "sigmoid")], seed=5)
+        assert getattr(got[0], "fused", "") == (act if fused else "") and getattr(got[-1], "fused", "") == ""
+        assert getattr(got[0], "alpha", 0.3 if fused else 0.0) == (0.3 if fused else 0.0)
+    net = make_net([("conv", 5, (1, 3, 3)), ("act", "elu", 0.7), ("pool", (1, 2, 2)), ("conv", 4, (1, 4, 4)),
+                    ("act", "leaky_relu", 0.2), ("conv", 3, 1), ("act", "relu"), ("conv", 2, 3), ("act", "sigmoid")],
+                   seed=5)
     rng = np.random.default_rng(6)
     x = rng.standard_normal((1,) + tuple(f + e for f, e in zip(net.field_of_view, (4, 8, 6)))).astype(np.float32)
     ref = torch_dense(net, x)
@@ -260,35 +265,38 @@ def test_relu_after_a_conv_runs_in_the_conv_output_pass():
             calls.clear()
             plan = autotune(net, memory_budget=2**30, primitives=prims, use_cache=False)
             assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= 1e-4, prims
-            assert calls == ["sigmoid"], (prims, calls)  # every ReLU ran inside a conv
+            assert calls == ["sigmoid"], (prims, calls)  # every other activation ran inside a conv
     finally:
         E.apply_activation = real
 
 
+@pytest.mark.parametrize("act", [("relu", 0.0), ("leaky_relu", 0.1), ("elu", 0.8)])
 @pytest.mark.parametrize("kernel", [(1, 1, 1), (1, 3, 3), (3, 3, 3), (1, 5, 5)])
-def test_fused_relu_in_each_primitive_equals_relu_of_the_reference(kernel):
-    from znni_core.layers import FFTGemmConv, WinogradConv, conv_direct_gemm, conv_direct_numba, winograd_supports
+def test_fused_activation_in_each_primitive_equals_the_reference(kernel, act):
+    from znni_core.layers import (FFTGemmConv, WinogradConv, apply_activation, conv_direct_gemm, conv_direct_numba,
+                                  winograd_supports)
 
     from .test_layers_conv import reference, rel_err
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 6, 7, 20, 19)).astype(np.float32)
     w = rng.standard_normal((5, 6) + kernel).astype(np.float32)
     b = rng.standard_normal(5).astype(np.float32)
-    ref = np.maximum(reference(x, w, b), 0)
-    assert (ref == 0).mean() > 0.2  # the clamp matters
+    plain = reference(x, w, b)
+    ref = apply_activation(plain.astype(np.float64), *act).astype(np.float32)  # numpy's exp, float64
+    assert (plain < 0).mean() > 0.2 and not np.allclose(ref, plain)  # the activation matters
     big = np.full((2, 5, 9, 30, 30), 7.0, np.float32)
     dst = big[:, :, 1:1 + 8 - kernel[0], 2:2 + 21 - kernel[1], 3:3 + 20 - kernel[2]]
-    assert rel_err(conv_direct_gemm(x, w, b, relu=True), ref) <= 1e-4
-    assert rel_err(np.ascontiguousarray(conv_direct_gemm(x, w, b, relu=True, out=dst)), ref) <= 1e-4
-    assert rel_err(conv_direct_numba(x, w, b, relu=True), ref) <= 1e-4
+    assert rel_err(conv_direct_gemm(x, w, b, act=act), ref) <= 1e-4
+    assert rel_err(np.ascontiguousarray(conv_direct_gemm(x, w, b, act=act, out=dst)), ref) <= 1e-4
+    assert rel_err(conv_direct_numba(x, w, b, act=act), ref) <= 1e-4
     classes = [FFTGemmConv] + ([WinogradConv] if winograd_supports(kernel) else [])
     for cls in classes:
         conv = cls(w, b, x.shape[2:], threads=2)
-        conv.relu = True
+        conv.act = act
         assert rel_err(conv(x), ref) <= 1e-4, cls.__name__
         assert conv(x, out=dst) is dst and rel_err(np.ascontiguousarray(dst), ref) <= 1e-4, cls.__name__
-        conv.relu = False
-        assert (conv(x) < 0).any(), cls.__name__  # the flag, not the layer, clamps
+        conv.act = None
+        assert rel_err(conv(x), plain) <= 1e-4, cls.__name__  # the attribute, not the layer, applies it
 
 
 def test_output_buffers_are_reused_within_the_budget(monkeypatch):

@@ -236,6 +236,41 @@ def test_graph_memory_walk_tracks_the_executor(tmp_path, monkeypatch):
     assert 0.75 <= plan.predicted_peak_bytes / peak <= 1.33, (plan.predicted_peak_bytes, peak)
 
 
+@pytest.mark.parametrize("act", ["elu", "leaky", "relu"])
+def test_activations_after_convs_run_in_the_conv_output_pass(tmp_path, monkeypatch, act):
+    """Every activation that is a conv's only reader runs inside that conv (no pass of its own,
+    none charged by the walk); the head's sigmoid keeps its own; the output still equals
+    PyTorch's, whole and in exact tiles (``tests/test_engine.py`` covers the primitives that do
+    not fuse)."""
+    import znni_core.exec.graph as EG
+    from znni_core.plan.graph import fuses_next
+
+    torch.manual_seed(3)
+    model = randomise_bn(UNet(valid=True, depth=1, kernel=(1, 3, 3), pool=(1, 2, 2), width=4, bn=True, act=act), 3)
+    shape = _shape(model, (3, 40, 40))
+    net = znni_core.load_network(export(model, tmp_path / "a.onnx", shape))
+    x = np.random.default_rng(1).standard_normal((1,) + shape).astype(np.float32)
+    ref = run(model, x)
+    calls = []
+    real = EG.apply_activation
+    monkeypatch.setattr(EG, "apply_activation", lambda x, kind, *a, **k: calls.append(kind) or real(x, kind, *a, **k))
+    after_conv = [i for i, n in enumerate(net.nodes) if n.op == "act" and n["act"].kind != "sigmoid"]
+    assert len(after_conv) == 6 and all(net.nodes[i - 1].op == "conv" for i in after_conv)
+    for prims in (("winograd",), ("direct-gemm",), ("direct-numba",)):
+        whole = autotune(net, memory_budget=2**30, patch_shape=shape, primitives=prims, use_cache=False)
+        tiled = autotune(net, memory_budget=int(whole.predicted_peak_bytes * 0.7), patch_shape=shape,
+                         primitives=prims, use_cache=False)
+        assert tiled.tile and not whole.tile
+        for plan in (whole, tiled):
+            consumers = net.consumers()
+            fused = [i + 1 for i, s in enumerate(plan.steps) if fuses_next(net, i, s.primitive, consumers)]
+            assert all(plan.steps[i].seconds == 0.0 for i in fused), prims
+            calls.clear()
+            np.testing.assert_allclose(znni_core.infer(net, x, plan=plan), ref, rtol=1e-4, atol=1e-5)
+            # BatchNorm is folded into the convs: every activation but the head's sigmoid fuses
+            assert fused == after_conv and set(calls) == {"sigmoid"}, (prims, fused, calls)
+
+
 def test_exact_tiles_memory_walk_tracks_the_executor(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = randomise_bn(UNet(valid=False, depth=2, kernel=(1, 3, 3), pool=(1, 2, 2), width=6, bn=True,

@@ -26,7 +26,8 @@ from ..layers.resident import ResidentConv
 from ..layers import (FFTConv, FFTGemmConv, WinogradConv, apply_activation, conv_direct_gemm, conv_direct_numba,
                       conv_pointwise_chain, fragment_of_filtered, max_filter_inplace, max_pool, mpf, recombine)
 from ..net.spec import Conv, Network, Pool
-from ..plan.plan import FUSES_RELU, Step
+from ..layers.epilogue import FUSABLE
+from ..plan.plan import FUSES_ACT, Step
 from ..layers.xp import get_array_module
 from .stream import stream_blocks
 
@@ -51,14 +52,14 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
                                  if prim == "winograd" else
                                  FFTConv(layer.weight, layer.bias, shape, threads=step.threads, mode=prim[4:], xp=xp))
         return convs[step.index]
-    relu = getattr(step, "fused", "") == "relu"
+    act = fused_act(step)
     if prim == "direct-torch":
         if ("torch", step.index) not in convs:  # the weights stay on the device for the run
             from ..layers.torch_conv import TorchConv
 
             convs[("torch", step.index)] = TorchConv(layer.weight, layer.bias, xp)
         fn = convs[("torch", step.index)]
-        fn.relu = relu
+        fn.act = act
         return fn
     if xp is np:
         w, b = layer.weight, layer.bias
@@ -68,11 +69,11 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
                                         None if layer.bias is None else xp.asarray(layer.bias))
         w, b = convs[("w", step.index)]
     if prim == "direct-gemm":
-        return lambda x: conv_direct_gemm(x, w, b, relu=relu)
+        return lambda x: conv_direct_gemm(x, w, b, act=act)
     if prim == "direct-numba":
         if xp is not np:
             raise PlanError("direct-numba is a CPU primitive; re-plan for the GPU")
-        return lambda x: conv_direct_numba(x, w, b, relu=relu)
+        return lambda x: conv_direct_numba(x, w, b, act=act)
     raise PlanError(f"step {step.index}: unknown convolution primitive {prim!r}")
 
 
@@ -82,7 +83,7 @@ def _run_conv(step, layer: Conv, x, xp, convs):
     tile, origins = conv_blocks(spatial, layer.kernel, step.tile)
     fn = _conv_fn(step, layer, tile, xp, convs)
     if isinstance(fn, ResidentConv):  # set per call: the object is cached across calls and patches
-        fn.relu = getattr(step, "fused", "") == "relu"
+        fn.act = fused_act(step)
     if xp is not np and get_array_module(x) is np:  # GPU + host RAM: x lives on the host
         out = np.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), np.float32)
         ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
@@ -157,14 +158,14 @@ def _slab_fragment(steps, layers, k, x, offset, rows, xp, convs):
 def _pointwise_stages(steps, layers, i, n):
     """The steps from ``i`` on that :func:`conv_pointwise_chain` runs in one pass: 1x1x1
     ``direct-gemm`` convs on whole inputs (no blocks, no micro-batches), each with the
-    activation after it (fused ReLU or its own step).  Returns ``(stages, next step)``."""
+    activation after it (fused or its own step).  Returns ``(stages, next step)``."""
     stages = []
     while i < len(steps):
         s = steps[i]
         if (s.op != "conv" or s.primitive != "direct-gemm" or math.prod(layers[s.index].kernel) != 1 or s.tile
                 or 0 < s.micro_batch < n):
             break
-        conv, act, i = layers[s.index], ("relu", 0.0) if getattr(s, "fused", "") == "relu" else None, i + 1
+        conv, act, i = layers[s.index], fused_act(s), i + 1
         if act is None and i < len(steps) and steps[i].op == "act":
             a = layers[steps[i].index]
             act, i = (None if a.kind == "identity" else (a.kind, a.alpha)), i + 1
@@ -214,22 +215,37 @@ def kernel_cache(cache: dict | None, plan) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class FusedStep(Step):
-    """A conv step that applies the activation after it in its own output pass."""
+    """A conv step that applies the activation after it in its own output pass: ``fused``
+    names it (``layers.epilogue.FUSABLE``), ``alpha`` its parameter."""
 
     fused: str = ""
+    alpha: float = 0.0
 
 
+def fused_act(step):
+    """``(kind, alpha)`` of the activation a conv step applies itself, or None."""
+    kind = getattr(step, "fused", "")
+    return (kind, step.alpha) if kind else None
+
+
+
+
+def fuse(step, activation) -> FusedStep:
+    """The conv ``step`` applying ``activation`` (an Activation layer) in its output pass."""
+    return FusedStep(**{f.name: getattr(step, f.name) for f in dataclasses.fields(Step)},
+                     fused=activation.kind, alpha=float(activation.alpha))
 
 
 def fuse_activations(steps, layers) -> tuple:
-    """The plan's steps with every ReLU that directly follows a conv of :data:`FUSES_RELU`
-    folded into that conv (a :class:`FusedStep`): one pass over the layer's output less."""
+    """The plan's steps with every activation of ``FUSABLE`` that directly follows a conv of
+    :data:`FUSES_ACT` folded into that conv (a :class:`FusedStep`): one pass over the layer's
+    output less."""
     out = []
     for s in steps:
         prev = out[-1] if out else None
-        if (s.op == "act" and layers[s.index].kind == "relu" and prev is not None and prev.op == "conv"
-                and prev.primitive in FUSES_RELU and not getattr(prev, "fused", "")):
-            out[-1] = FusedStep(**{f.name: getattr(prev, f.name) for f in dataclasses.fields(Step)}, fused="relu")
+        if (s.op == "act" and layers[s.index].kind in FUSABLE and prev is not None and prev.op == "conv"
+                and prev.primitive in FUSES_ACT and not getattr(prev, "fused", "")):
+            out[-1] = fuse(prev, layers[s.index])
             continue
         out.append(s)
     return tuple(out)

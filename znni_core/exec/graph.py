@@ -19,8 +19,8 @@ from ..layers import apply_activation, arena, max_pool
 from ..layers.resample import (avg_pool, conv_strided, conv_transpose, interpolate, linear_index, pad,
                                upsample_nearest)
 from ..net.graph import Graph
-from ..plan.graph import _in_range, conv_window, in_place_input, needed_ranges, tile_starts
-from .engine import _run_conv, plan_arena
+from ..plan.graph import _in_range, conv_window, fuses_next, in_place_input, needed_ranges, tile_starts
+from .engine import _run_conv, fuse, plan_arena
 
 
 def _const(xp, v):
@@ -110,16 +110,22 @@ def _node(step, node, env, a, b, shapes, out, xp, convs):
 
 
 def _run_range(plan, graph: Graph, x, shapes, lo, hi, xp, convs):
-    """Output voxels ``[lo, hi)`` of the patch ``x`` (1, C, n): every tensor over its range."""
+    """Output voxels ``[lo, hi)`` of the patch ``x`` (1, C, n): every tensor over its range.
+    A conv applies the activation after it in its output pass where :func:`fuses_next`."""
     need = needed_ranges(graph, shapes, lo, hi)
     remaining = graph.consumers()
+    fused = {i for i, s in enumerate(plan.steps) if fuses_next(graph, i, s.primitive, remaining)}
     rlo, rhi = need[graph.input]
     env = {graph.input: (x[(slice(None), slice(None)) + tuple(slice(a, b) for a, b in zip(rlo, rhi))], rlo)}
-    for step, node in zip(plan.steps, graph.nodes):
+    for i, (step, node) in enumerate(zip(plan.steps, graph.nodes)):
         if node.output in need:
             target = in_place_input(node, remaining, need, graph.input)
             a, b = need[node.output]
-            y = _node(step, node, env, a, b, shapes, target, xp, convs)
+            if i - 1 in fused:  # the conv before applied it
+                y = env[node.inputs[0]][0]
+            else:
+                y = _node(fuse(step, graph.nodes[i + 1]["act"]) if i in fused else step, node, env, a, b, shapes,
+                          target, xp, convs)
             env[node.output] = (y, a)
             del y
         for name in node.inputs:

@@ -32,6 +32,7 @@ from ..errors import InputError
 from . import arena
 from .activation import apply_activation
 from ._numba import njit, prange
+from .epilogue import FUSABLE, act, epilogue
 from .xp import get_array_module
 
 __all__ = [
@@ -100,7 +101,7 @@ def _gemm_blocks(in_shape, kernel, c_in, c_out, max_bytes):
     return 1, 1, min(Xo, max_bytes // per_pos)
 
 
-def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, relu=False):
+def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, act=None):
     """Valid 3-D convolution (cross-correlation) lowered to BLAS products.
 
     Parameters
@@ -113,8 +114,8 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, relu=False):
         are a few MiB anyway (cache), so this only binds when one row is larger.
     out : array, shape (N, C_out, Zo, Yo, Xo), optional
         Destination.
-    relu : bool
-        Clamp the output at 0 (a fused ReLU), on each block while it is in cache.
+    act : ``(kind, alpha)`` or None
+        An activation applied to each block while it is in cache (a fused activation).
 
     Returns
     -------
@@ -141,13 +142,14 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, relu=False):
         for n in range(N):
             direct = out[n].flags.c_contiguous  # else a strided block of a larger output: via a temporary
             o2 = xp.matmul(w2, x[n].reshape(C, P), out=out[n].reshape(O, P) if direct else None)
-            if xp is np and (b is not None or relu):
-                _bias_relu(o2, np.zeros(O, np.float32) if b is None else b, relu)  # one pass, not two
+            if xp is np and (b is not None or act is not None):
+                code, alpha = epilogue(*(act or (None,)))  # one pass, not two
+                _bias_act(o2, np.zeros(O, np.float32) if b is None else b, code, np.float32(alpha))
             else:
                 if b is not None:
                     o2 += b.reshape(O, 1)
-                if relu:
-                    xp.maximum(o2, 0, out=o2)
+                if act is not None:
+                    apply_activation(o2, *act, out=o2)
             if not direct:
                 out[n] = o2.reshape(O, Z, Y, X)
         return out
@@ -183,8 +185,8 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, relu=False):
             xp.matmul(w2, cols2, out=res)
             if bias is not None:
                 res += bias
-            if relu:
-                xp.maximum(res, 0, out=res)
+            if act is not None:
+                apply_activation(res, *act, out=res)
             # a short last block of planes: only its first nz * ty * tw columns matter
             done = res[:, : nz * ty * tw].reshape(O, nz, ty, tw)
             out[n, :, z0 : z0 + nz, y0 : y0 + vy, x0 : x0 + vx] = done[:, :, :vy, :vx]
@@ -194,9 +196,6 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, relu=False):
 #: voxels per block of :func:`conv_pointwise_chain`: a block's channels stay in L2 through the
 #: chain (48 maps: 2 x 1.5 MiB for the two buffers; in the engine 8192 ran 5-10% faster than 1024-4096)
 POINTWISE_BLOCK = 8192
-
-#: activations :func:`_bias_act_cl` applies itself (codes 1, 2); others run after it
-_ACT_CODES = {"relu": 1, "leaky_relu": 2}
 
 
 def conv_pointwise_chain(x, stages, *, threads=1, block=POINTWISE_BLOCK):
@@ -236,14 +235,14 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=POINTWISE_BLOCK):
     N, C = x.shape[:2]
     P = math.prod(x.shape[2:])
     mats = []  # (W^T (C_in, C_out), bias (C_out,), in-kernel code, alpha, activation after it)
-    for w, b, act in stages:
+    for w, b, fused in stages:
         w = np.asarray(w, np.float32)
         c_in = mats[-1][0].shape[1] if mats else C
         if w.shape[2:] != (1, 1, 1) or w.shape[1] != c_in:
             raise InputError(f"stage {len(mats)}: weights {w.shape} do not continue a 1x1x1 chain: expected "
                              f"({w.shape[0]}, {c_in}, 1, 1, 1)")
-        kind, alpha = act if act is not None else ("identity", 0.0)
-        code = _ACT_CODES.get(kind, 0)
+        kind, alpha = fused if fused is not None else ("identity", 0.0)
+        code = FUSABLE.get(kind, 0)  # the others run after it
         mats.append((np.ascontiguousarray(w.reshape(w.shape[:2]).T),
                      np.zeros(w.shape[0], np.float32) if b is None else np.asarray(b, np.float32).reshape(-1),
                      code, float(alpha), None if code or kind == "identity" else (kind, alpha)))
@@ -294,8 +293,8 @@ def conv_direct_gemm_memory(n, c_in, c_out, in_shape, kernel, max_bytes=None) ->
 
 # ----------------------------------------------------------------------------- numba
 @njit(parallel=True, cache=True)
-def _bias_relu(y, b, relu):  # pragma: no cover - compiled
-    """y[o] = y[o] + b[o], clamped at 0 if ``relu``, in place (y: (O, P) contiguous)."""
+def _bias_act(y, b, code, alpha):  # pragma: no cover - compiled
+    """y[o] = act(y[o] + b[o]) (the epilogue ``(code, alpha)``), in place (y: (O, P) contiguous)."""
     O, P = y.shape
     chunk = 1 << 14
     nc = (P + chunk - 1) // chunk
@@ -303,9 +302,9 @@ def _bias_relu(y, b, relu):  # pragma: no cover - compiled
     for t in prange(O * nc):
         o, j0 = t // nc, (t % nc) * chunk
         row, add = y[o], b[o]
-        if relu:
+        if code != 0:
             for j in range(j0, min(P, j0 + chunk)):
-                row[j] = max(row[j] + add, zero)
+                row[j] = act(row[j] + add, code, alpha)
         else:
             for j in range(j0, min(P, j0 + chunk)):
                 row[j] = row[j] + add
@@ -313,21 +312,15 @@ def _bias_relu(y, b, relu):  # pragma: no cover - compiled
 
 @njit(cache=True, fastmath=True)
 def _bias_act_cl(y, b, code, alpha):  # pragma: no cover - compiled
-    """In place on a contiguous channels-last block ``y`` (voxels, C): ``y + b``, then ReLU
-    (``code`` 1) or leaky ReLU of slope ``alpha`` (2); 0 adds the bias only."""
+    """In place on a contiguous channels-last block ``y`` (voxels, C): ``act(y + b)`` (the
+    epilogue ``(code, alpha)``; 0 adds the bias only)."""
     B, O = y.shape
     f = y.reshape(B * O)  # flat indices: the inner loop vectorises
-    zero = np.float32(0.0)
     for j in range(B):
         base = j * O
-        if code == 1:
+        if code != 0:
             for o in range(O):
-                v = f[base + o] + b[o]
-                f[base + o] = v if v > zero else zero
-        elif code == 2:
-            for o in range(O):
-                v = f[base + o] + b[o]
-                f[base + o] = v if v > zero else alpha * v
+                f[base + o] = act(f[base + o] + b[o], code, alpha)
         else:
             for o in range(O):
                 f[base + o] = f[base + o] + b[o]
@@ -337,7 +330,7 @@ _OB = 4  # output channels per task: each loaded input value feeds 4 accumulator
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def _conv_numba_kernel(x, w, b, out, relu):  # pragma: no cover - compiled
+def _conv_numba_kernel(x, w, b, out, code, alpha):  # pragma: no cover - compiled
     N, C, Z, Y, X = x.shape
     O, _, kz, ky, kx = w.shape
     _, _, Zo, Yo, Xo = out.shape
@@ -374,15 +367,15 @@ def _conv_numba_kernel(x, w, b, out, relu):  # pragma: no cover - compiled
                                     for xx in range(Xo):
                                         acc[q, xx] += wq * row[xx + dx]
             for q in range(no):
-                if relu:
+                if code != 0:
                     for xx in range(Xo):
-                        out[n, o0 + q, z, yy, xx] = max(acc[q, xx], np.float32(0.0))
+                        out[n, o0 + q, z, yy, xx] = act(acc[q, xx], code, alpha)
                 else:
                     for xx in range(Xo):
                         out[n, o0 + q, z, yy, xx] = acc[q, xx]
 
 
-def conv_direct_numba(x, w, b=None, *, relu=False):
+def conv_direct_numba(x, w, b=None, *, act=None):
     """Valid 3-D convolution by a parallel numba loop nest (numpy arrays only).
 
     Parallel over (item, block of 4 output channels, output plane); each task keeps
@@ -393,8 +386,8 @@ def conv_direct_numba(x, w, b=None, *, relu=False):
     x : ndarray, shape (N, C_in, Z, Y, X)
     w : ndarray, shape (C_out, C_in, kz, ky, kx)
     b : ndarray, shape (C_out,), or None
-    relu : bool
-        Clamp the output at 0 as it is written (a fused ReLU).
+    act : ``(kind, alpha)`` or None
+        An activation applied as the output is written (a fused activation).
 
     Returns
     -------
@@ -406,7 +399,8 @@ def conv_direct_numba(x, w, b=None, *, relu=False):
     if b is None:
         b = np.zeros(w.shape[0], np.float32)
     out = arena.empty((x.shape[0], w.shape[0]) + conv_out_shape(x.shape[2:], w.shape[2:]))
-    _conv_numba_kernel(x, w, b, out, bool(relu))
+    code, alpha = epilogue(*(act or (None,)))
+    _conv_numba_kernel(x, w, b, out, code, np.float32(alpha))
     return out
 
 

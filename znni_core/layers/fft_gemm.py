@@ -38,6 +38,7 @@ import numpy as np
 
 from . import arena
 from ._numba import njit
+from .epilogue import act
 from .fft import fft_size
 from .resident import ResidentConv
 from .xp import get_array_module
@@ -121,9 +122,9 @@ def _pad_items(x, buf, b0, zb):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True)
-def _crop_items(buf, out, b0, zb, bias, has_bias, relu):  # pragma: no cover - compiled
-    """out[item b0 + j] = the valid part of buf[j] (+ bias, clamped at 0 if ``relu``): the
-    inverse of _pad_items."""
+def _crop_items(buf, out, b0, zb, bias, has_bias, code, alpha):  # pragma: no cover - compiled
+    """out[item b0 + j] = act(the valid part of buf[j] + bias) (the epilogue ``(code,
+    alpha)``): the inverse of _pad_items."""
     nb, O = buf.shape[0], buf.shape[1]
     _, _, Zo, Yo, Xo = out.shape
     ez = Zo if zb == 1 else 1
@@ -133,9 +134,9 @@ def _crop_items(buf, out, b0, zb, bias, has_bias, relu):  # pragma: no cover - c
         add = bias[o] if has_bias else np.float32(0.0)
         for z in range(ez):
             for y in range(Yo):
-                if relu:
+                if code != 0:
                     for i in range(Xo):
-                        out[n, o, z0 + z, y, i] = max(buf[j, o, z, y, i] + add, np.float32(0.0))
+                        out[n, o, z0 + z, y, i] = act(buf[j, o, z, y, i] + add, code, alpha)
                 else:
                     for i in range(Xo):
                         out[n, o, z0 + z, y, i] = buf[j, o, z, y, i] + add
@@ -303,6 +304,7 @@ class FFTGemmConv(ResidentConv):
         if out is None:
             out = arena.empty((n, O) + self.out_spatial)
         has_bias = self.bias is not None
+        code, alpha = self.epilogue
         bias = self.bias if has_bias else np.zeros(O, np.float32)
 
         def inverse(w):
@@ -311,7 +313,7 @@ class FFTGemmConv(ResidentConv):
                 k = min(nb, B - b0)
                 _from_freq_major(Y, cout[:k].reshape(k, O, F), b0)
                 inv(normalise_idft=False)
-                _crop_items(rout[:k], out, b0, zb, bias, has_bias, self.relu)
+                _crop_items(rout[:k], out, b0, zb, bias, has_bias, code, alpha)
 
         self._each(pool, inverse, len(sets))
         if not self.keep_buffers:

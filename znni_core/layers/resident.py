@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError
+from .activation import apply_activation
+from .epilogue import epilogue
 from .xp import get_array_module
 
 
@@ -37,7 +39,9 @@ class ResidentConv:
             if self.bias.shape != (self.c_out,):
                 raise InputError(f"bias must have shape ({self.c_out},); got {self.bias.shape}")
         self.keep_buffers = False
-        self.relu = False  # while set, the output is clamped at 0 in the output pass (a fused ReLU)
+        #: while set, ``(kind, alpha)`` of the activation the output pass applies (a fused
+        #: activation, :mod:`~znni_core.layers.epilogue`)
+        self.act = None
         self._work = None
         return w
 
@@ -60,13 +64,19 @@ class ResidentConv:
             raise InputError(f"out has shape {out.shape}; expected {shape}")
         if xp is not np:
             y = self._call_xp(x)
-            if self.relu:
-                xp.maximum(y, 0, out=y)
+            if self.act is not None:
+                apply_activation(y, *self.act, out=y)
             if out is None:
                 return y
             out[...] = y
             return out
         return self._call_cpu(x, out)
+
+    @property
+    def epilogue(self) -> tuple:
+        """``(code, alpha)`` of :attr:`act` for the numba output pass."""
+        code, alpha = epilogue(*(self.act or (None,)))
+        return code, np.float32(alpha)
 
     def _call_cpu(self, x, out):  # pragma: no cover - abstract
         raise NotImplementedError

@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from ..errors import InputError
+from .activation import apply_activation
 from .xp import get_array_module
 
 F32 = 4
@@ -31,14 +32,15 @@ def torch_available() -> bool:
 
 
 class TorchConv:
-    """A valid 3-D convolution by ``torch.nn.functional.conv3d``; ``relu``: clamp the output."""
+    """A valid 3-D convolution by ``torch.nn.functional.conv3d``; ``act``: ``(kind, alpha)`` of
+    a fused activation (applied to torch's output before it is copied out), or None."""
 
     def __init__(self, w, b, xp):
         import torch
 
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
-        self.xp, self.torch, self.relu = xp, torch, False
+        self.xp, self.torch, self.act = xp, torch, None
         self._w = xp.ascontiguousarray(xp.asarray(w, dtype=np.float32))
         if self._w.ndim != 5:
             raise InputError(f"w must be 5-D (C_out, C_in, kz, ky, kx); got shape {self._w.shape}")
@@ -62,10 +64,10 @@ class TorchConv:
         x = xp.ascontiguousarray(x, dtype=np.float32)
         with torch.no_grad(), self._stream():
             y = torch.nn.functional.conv3d(torch.from_dlpack(x), self.w, self.b)
-            if self.relu:
-                y.relu_()
             out = xp.empty(tuple(y.shape), dtype=np.float32)
             torch.from_dlpack(out).copy_(y)
+        if self.act is not None:
+            apply_activation(out, *self.act, out=out)
         return out
 
 

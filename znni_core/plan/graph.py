@@ -16,11 +16,12 @@ import itertools
 import math
 
 from ..errors import MemoryBudgetError, PlanError
+from ..layers.epilogue import FUSABLE
 from ..layers.resample import linear_index
 from ..net.graph import Graph
 from . import memory as M
 from . import timing as T
-from .plan import CONV_PRIMITIVES, Plan, Rejected, Step, primitive_supports
+from .plan import CONV_PRIMITIVES, FUSES_ACT, Plan, Rejected, Step, primitive_supports
 
 ELEMENTWISE = ("add", "mul", "affine", "act")
 BLENDS = ("bump", "gaussian", "linear")
@@ -38,6 +39,18 @@ def in_place_input(node, remaining: dict, need: dict, graph_input: str):
         if name != graph_input and remaining[name] == node.inputs.count(name) and need[name] == need[node.output]:
             return name
     return None
+
+
+def fuses_next(graph: Graph, i: int, primitive: str, consumers: dict) -> bool:
+    """Whether conv node ``i`` (run by ``primitive``) applies node ``i + 1`` in its output
+    pass: an activation of ``FUSABLE`` that is the conv output's only reader (the executor
+    then skips it; the walk charges it nothing)."""
+    nodes = graph.nodes
+    if i + 1 >= len(nodes) or nodes[i].op != "conv" or primitive not in FUSES_ACT:
+        return False
+    nxt = nodes[i + 1]
+    return (nxt.op == "act" and nxt["act"].kind in FUSABLE and nxt.inputs == (nodes[i].output,)
+            and consumers[nodes[i].output] == 1)
 
 
 def _in_range(node, axis: int, a: int, b: int, n_in: int) -> tuple[int, int]:
@@ -133,6 +146,7 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
     live = {graph.input: M.nbytes(shapes[graph.input])}  # the caller's whole patch
     resident = 0
     peak, total, steps = 0, 0.0, []
+    consumers, fused = graph.consumers(), False
     for i, node in enumerate(graph.nodes):
         if node.output not in need:  # does not reach the output
             for name in node.inputs:
@@ -165,7 +179,9 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
         else:
             target = in_place_input(node, remaining, need, graph.input)
             secs = T.estimate_elementwise(M.nbytes(src) + out_b, cal, 1.0)
-            if node.op == "act":
+            if node.op == "act" and fused:  # applied in the conv's output pass
+                prim, extra, secs = node["act"].kind, 0, 0.0
+            elif node.op == "act":
                 prim = node["act"].kind
                 extra = M.act_extra_bytes(prim, (1,) + out) + (0 if target else out_b)
                 secs = T.estimate_activation(prim, out_b, cal)
@@ -177,6 +193,7 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
         peak = max(peak, here)
         total += secs
         steps.append(Step(i, node.op, prim, (1,) + src, (1,) + out, 0, threads, secs, int(here)))
+        fused = fuses_next(graph, i, prim, consumers)
         for name in node.inputs:
             remaining[name] -= 1
         live[node.output] = out_b

@@ -21,9 +21,10 @@ CPU_PRIMITIVES = CONV_PRIMITIVES[:-1]
 #: primitives whose kernel transforms (FFT spectra, Winograd's U) stay resident for the whole run (built once)
 RESIDENT_PRIMITIVES = ("fft-data", "fft-task", "fft-gemm", "winograd")
 
-#: primitives whose output pass applies a ReLU that directly follows them (bias and clamp on data
-#: still in cache): the executor fuses it, the planner charges it nothing
-FUSES_RELU = ("direct-gemm", "direct-numba", "fft-gemm", "winograd", "direct-torch")
+#: primitives whose output pass applies an activation of ``layers.epilogue.FUSABLE`` (ReLU, leaky
+#: ReLU, ELU) that directly follows them (on data still in cache): the executor fuses it, the
+#: planner charges it nothing
+FUSES_ACT = ("direct-gemm", "direct-numba", "fft-gemm", "winograd", "direct-torch")
 POOL_MODES = ("mpf", "pool", "slab")  # mpf: fragments batched; pool: one offset at a time through the rest;
 # slab (first pooling layer only): also the layers before it recomputed per offset in z-slabs (micro_batch = rows)
 

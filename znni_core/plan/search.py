@@ -19,10 +19,11 @@ import numpy as np
 
 from ..errors import MemoryBudgetError, PlanError
 from ..net.graph import Graph
+from ..layers.epilogue import FUSABLE
 from ..net.spec import Activation, Conv, Network, Pool
 from . import memory as M
 from . import timing as T
-from .plan import (CONV_PRIMITIVES, CPU_PRIMITIVES, FUSES_RELU, RESIDENT_PRIMITIVES, Plan, Rejected, Step,
+from .plan import (CONV_PRIMITIVES, CPU_PRIMITIVES, FUSES_ACT, RESIDENT_PRIMITIVES, Plan, Rejected, Step,
                    primitive_supports)
 
 EFFORTS = ("estimate", "measure", "exhaustive")
@@ -36,7 +37,7 @@ DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the
 DEVICE_HEADROOM = 512 * 2 ** 20  # device memory left to the CUDA context, library handles and cuFFT plans
 GPU_BUDGET_FRACTION = 0.9  # of the device memory free when planning (after the headroom)
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
-SEARCH_VERSION = 13  # in the plan cache key: bump when the search or time model changes (stale plans)
+SEARCH_VERSION = 14  # in the plan cache key: bump when the search or time model changes (stale plans)
 PLAN_CACHE_ENTRIES = 256  # newest plans kept on disk (one per network x shape x budget x ...)
 PATIENCE = 2  # coarse patches in a row without a gain before a series of growing patches stops
 COARSE = 3  # a series is first sampled at every COARSE-th patch, then refined around the best
@@ -355,9 +356,9 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
             tile = M.conv_blocks(sm.in_shape[2:], layer.kernel, tile)[0] if tile else ()
         elif isinstance(layer, Activation):
             tile = ()
-            # a ReLU right after a conv that fuses it costs nothing: the executor clamps in that
-            # conv's output pass (exec/engine.py: fuse_activations)
-            fused = layer.kind == "relu" and steps and steps[-1].op == "conv" and steps[-1].primitive in FUSES_RELU
+            # an activation right after a conv that fuses it costs nothing: the executor applies it
+            # in that conv's output pass (exec/engine.py: fuse_activations)
+            fused = layer.kind in FUSABLE and steps and steps[-1].op == "conv" and steps[-1].primitive in FUSES_ACT
             t = 0.0
             if not fused:
                 t = T.estimate_activation(layer.kind, M.nbytes(sm.in_shape), host["cal"] if host else timer.cal)

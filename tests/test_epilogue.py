@@ -1,0 +1,72 @@
+"""The fused activations of the conv output passes (``layers/epilogue.py``) against float64
+numpy: the arithmetic ``exp``, every code, and the 1x1x1 chain that applies them in cache."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from znni_core.layers import apply_activation, conv_pointwise_chain
+from znni_core.layers._numba import njit
+from znni_core.layers.epilogue import FUSABLE, NONE, act, epilogue, exp_neg
+
+
+@njit(cache=False)
+def _exp_all(x, out):  # pragma: no cover - compiled
+    for i in range(x.size):
+        out[i] = exp_neg(x[i])
+
+
+@njit(cache=False)
+def _act_all(x, out, code, alpha):  # pragma: no cover - compiled
+    for i in range(x.size):
+        out[i] = act(x[i], code, alpha)
+
+
+def test_exp_neg_is_float32_exact_over_its_range():
+    x = np.concatenate([np.linspace(-87.0, 0.0, 2_000_001), -np.logspace(-30, 1.9, 100_001), [0.0, -1e-45]])
+    x = x.astype(np.float32)
+    got = np.empty_like(x)
+    _exp_all(x, got)
+    ref = np.exp(x.astype(np.float64))
+    rel = np.abs(got - ref) / ref
+    assert rel.max() <= 3e-7, (rel.max(), x[rel.argmax()])
+    assert got[x == 0].tolist() == [1.0, 1.0]
+    low = np.array([-88.0, -1e4, -np.inf], np.float32)  # clamped to e^-87, never a subnormal or NaN
+    _exp_all(low, got[:3])
+    assert np.all(got[:3] == got[:3][0]) and 0 < got[0] < 2e-38
+
+
+@pytest.mark.parametrize("kind,alpha", [("relu", 0.0), ("leaky_relu", 0.01), ("leaky_relu", 1.7), ("elu", 1.0),
+                                        ("elu", 0.3), ("identity", 0.0)])
+def test_each_code_equals_apply_activation(kind, alpha):
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.standard_normal(100_000) * 4, [0.0, -0.0, 1e-8, -1e-8, -100.0, 100.0]]).astype(np.float32)
+    got = np.empty_like(x)
+    code, a = epilogue(kind, alpha)
+    _act_all(x, got, code, np.float32(a))
+    ref = apply_activation(x.astype(np.float64), kind, alpha)
+    assert (np.abs(got - ref) / np.maximum(1.0, np.abs(ref))).max() <= 2.5e-7, kind  # float32 rounding
+
+
+def test_epilogue_codes_and_refusals():
+    assert epilogue(None) == epilogue("identity") == NONE == (0, 0.0)
+    assert {k: epilogue(k, 0.5)[0] for k in FUSABLE} == {"relu": 1, "leaky_relu": 2, "elu": 3}
+    for kind in ("sigmoid", "tanh", "softmax"):
+        with pytest.raises(KeyError):
+            epilogue(kind)
+
+
+def test_pointwise_chain_applies_elu_in_cache():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 6, 5, 40, 41)).astype(np.float32)
+    stages = [(rng.standard_normal((8, 6, 1, 1, 1)).astype(np.float32), rng.standard_normal(8).astype(np.float32),
+               ("elu", 0.6)),
+              (rng.standard_normal((3, 8, 1, 1, 1)).astype(np.float32), None, ("sigmoid", 0.0))]
+    ref = x.astype(np.float64)
+    for w, b, (kind, alpha) in stages:
+        ref = np.einsum("oc,nczyx->nozyx", w[:, :, 0, 0, 0].astype(np.float64), ref)
+        if b is not None:
+            ref += b.reshape(1, -1, 1, 1, 1)
+        ref = apply_activation(ref, kind, alpha)
+    got = conv_pointwise_chain(x, stages, threads=2, block=1000)
+    assert np.abs(got - ref).max() <= 1e-5
