@@ -70,3 +70,21 @@ def test_pointwise_chain_applies_elu_in_cache():
         ref = apply_activation(ref, kind, alpha)
     got = conv_pointwise_chain(x, stages, threads=2, block=1000)
     assert np.abs(got - ref).max() <= 1e-5
+
+
+def test_add_affine_act_equals_three_passes_on_views():
+    from znni_core.layers.epilogue import add_affine_act
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 5, 4, 30, 31)).astype(np.float32)
+    b = rng.standard_normal((2, 5, 6, 33, 35)).astype(np.float32)[:, :, 1:5, 2:32, 3:34]  # a strided view
+    s, t = rng.standard_normal(5).astype(np.float32), rng.standard_normal(5).astype(np.float32)
+    for scale, shift, fused in ((s, t, ("elu", 0.5)), (None, None, ("leaky_relu", 0.1)), (s[:1], None, None)):
+        ref = a.astype(np.float64) + b
+        ref = ref * (1.0 if scale is None else scale.reshape(1, -1, 1, 1, 1)) + (0.0 if shift is None else
+                                                                                 shift.reshape(1, -1, 1, 1, 1))
+        ref = apply_activation(ref, *(fused or ("identity", 0.0)))
+        assert np.abs(add_affine_act(a, b, scale, shift, fused) - ref).max() <= 1e-6
+    into = a.copy()  # in place into an input, and without b: act(s a + t)
+    assert add_affine_act(into, None, s, t, ("relu", 0.0), out=into) is into
+    assert np.abs(into - np.maximum(a * s.reshape(1, -1, 1, 1, 1) + t.reshape(1, -1, 1, 1, 1), 0)).max() <= 1e-6

@@ -367,6 +367,29 @@ def test_real_synapse_detector_equals_its_reference_output():
     np.testing.assert_allclose(out[0], ref["output"], rtol=1e-4, atol=1e-4)
 
 
+def test_real_detector_runs_adds_batchnorms_and_elus_in_one_pass(monkeypatch):
+    """The detector's residual add -> BatchNorm -> ELU runs as one pass (``chain_after``) and
+    every ELU after a conv inside the conv: only the head's sigmoid is an activation of its own;
+    the output still equals the reference."""
+    import znni_core.exec.graph as EG
+    from znni_core.plan.graph import chain_after
+
+    net = znni_core.load_network(DETECTOR)
+    consumers = net.consumers()
+    chains = {i: chain_after(net, i, consumers) for i, n in enumerate(net.nodes) if n.op == "add"}
+    assert len(chains) == 7 and all([net.nodes[j].op for j in c] == ["affine", "act"] for c in chains.values())
+    calls = []
+    real = EG.apply_activation
+    monkeypatch.setattr(EG, "apply_activation", lambda x, kind, *a, **k: calls.append(kind) or real(x, kind, *a, **k))
+    ref = np.load(MODELS / "modelzoo_iarpa1_synapse_detection_sample1_reference.npz")
+    plan = autotune(net, input_shape=ref["input"].shape, memory_budget=2**31, use_cache=False)
+    skipped = [s for s in plan.steps if s.op in ("affine", "act") and s.seconds == 0.0]
+    assert len(skipped) == sum(1 for n in net.nodes if n.op == "act") - 1 + 7  # all but the sigmoid, 7 affines
+    out = znni_core.infer(net, ref["input"], plan=plan)
+    np.testing.assert_allclose(out[0], ref["output"], rtol=1e-4, atol=1e-4)
+    assert calls == ["sigmoid"]
+
+
 @pytest.mark.parametrize("valid", [True, False])
 def test_pipeline_tasks_equal_whole_volume_infer(tmp_path, valid):
     """Every chunk written by one task, whole; together they equal ``infer`` on the region's input

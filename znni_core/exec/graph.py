@@ -19,7 +19,8 @@ from ..layers import apply_activation, arena, max_pool
 from ..layers.resample import (avg_pool, conv_strided, conv_transpose, interpolate, linear_index, pad,
                                upsample_nearest)
 from ..net.graph import Graph
-from ..plan.graph import _in_range, conv_window, fuses_next, in_place_input, needed_ranges, tile_starts
+from ..layers.epilogue import add_affine_act
+from ..plan.graph import _in_range, chain_after, conv_window, fuses_next, in_place_input, needed_ranges, tile_starts
 from .engine import _run_conv, fuse, plan_arena
 
 
@@ -109,20 +110,36 @@ def _node(step, node, env, a, b, shapes, out, xp, convs):
     raise PlanError(f"{node.name}: no executor for operator {op!r}")
 
 
+def _chain(node, followers, env, a, b, out):
+    """An add or affine node and the affine and activation after it (:func:`chain_after`) in
+    one pass; ``out``: the input to overwrite, or None."""
+    ins = [_take(env[i], a, b) for i in node.inputs]
+    affine = node if node.op == "affine" else next((f for f in followers if f.op == "affine"), None)
+    act = next((f["act"] for f in followers if f.op == "act"), None)
+    return add_affine_act(ins[0], ins[1] if node.op == "add" else None,
+                          None if affine is None else affine["scale"], None if affine is None else affine["shift"],
+                          None if act is None else (act.kind, act.alpha),
+                          out=None if out is None else env[out][0])
+
+
 def _run_range(plan, graph: Graph, x, shapes, lo, hi, xp, convs):
     """Output voxels ``[lo, hi)`` of the patch ``x`` (1, C, n): every tensor over its range.
     A conv applies the activation after it in its output pass where :func:`fuses_next`."""
     need = needed_ranges(graph, shapes, lo, hi)
     remaining = graph.consumers()
     fused = {i for i, s in enumerate(plan.steps) if fuses_next(graph, i, s.primitive, remaining)}
+    chains = {i: c for i in range(len(graph.nodes)) if (c := chain_after(graph, i, remaining))} if xp is np else {}
+    skip = {i + 1 for i in fused} | {j for c in chains.values() for j in c}
     rlo, rhi = need[graph.input]
     env = {graph.input: (x[(slice(None), slice(None)) + tuple(slice(a, b) for a, b in zip(rlo, rhi))], rlo)}
     for i, (step, node) in enumerate(zip(plan.steps, graph.nodes)):
         if node.output in need:
             target = in_place_input(node, remaining, need, graph.input)
             a, b = need[node.output]
-            if i - 1 in fused:  # the conv before applied it
+            if i in skip:  # the conv or element-wise node before applied it
                 y = env[node.inputs[0]][0]
+            elif i in chains:
+                y = _chain(node, [graph.nodes[j] for j in chains[i]], env, a, b, target)
             else:
                 y = _node(fuse(step, graph.nodes[i + 1]["act"]) if i in fused else step, node, env, a, b, shapes,
                           target, xp, convs)

@@ -38,7 +38,7 @@ import numpy as np
 
 from . import arena
 from ._numba import njit
-from .epilogue import act
+from .epilogue import act_row
 from .fft import fft_size
 from .resident import ResidentConv
 from .xp import get_array_module
@@ -134,12 +134,10 @@ def _crop_items(buf, out, b0, zb, bias, has_bias, code, alpha):  # pragma: no co
         add = bias[o] if has_bias else np.float32(0.0)
         for z in range(ez):
             for y in range(Yo):
-                if code != 0:
-                    for i in range(Xo):
-                        out[n, o, z0 + z, y, i] = act(buf[j, o, z, y, i] + add, code, alpha)
-                else:
-                    for i in range(Xo):
-                        out[n, o, z0 + z, y, i] = buf[j, o, z, y, i] + add
+                row = out[n, o, z0 + z, y]
+                for i in range(Xo):
+                    row[i] = buf[j, o, z, y, i] + add
+                act_row(row, 0, Xo, code, alpha)
 
 
 _T = 16  # frequencies per transpose tile (128 bytes of complex64)

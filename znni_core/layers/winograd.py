@@ -46,7 +46,7 @@ from ..errors import InputError
 from . import arena
 from .threads import blas_limit
 from ._numba import njit
-from .epilogue import act
+from .epilogue import act_row
 from .resident import ResidentConv
 from .xp import get_array_module
 
@@ -327,9 +327,7 @@ def _to_channels_first(S, sb, bias, code, alpha, out, n, z, y):  # pragma: no co
         orow = out[n, o, z, y]
         for i in range(X_):
             orow[i] = S[sb + i * O_ + u(o)] + b
-        if code != 0:  # a second pass on the row in L1: contiguous, so it vectorises (the gather above does not)
-            for i in range(X_):
-                orow[i] = act(orow[i], code, alpha)
+        act_row(orow, 0, Xo, code, alpha)  # a second pass on the row in L1: contiguous, so it vectorises
 
 
 @njit(nogil=True, cache=True)

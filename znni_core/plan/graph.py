@@ -53,6 +53,25 @@ def fuses_next(graph: Graph, i: int, primitive: str, consumers: dict) -> bool:
             and consumers[nodes[i].output] == 1)
 
 
+def chain_after(graph: Graph, i: int, consumers: dict) -> list[int]:
+    """The nodes that element-wise node ``i`` (an add of two tensors or an affine) runs in its
+    own pass (``layers.epilogue.add_affine_act``): an affine (after an add), then an
+    activation of ``FUSABLE``, each the only reader of the one before (the executor skips
+    them; the walk charges them nothing).  Empty when nothing follows that way."""
+    nodes = graph.nodes
+    if nodes[i].op not in ("add", "affine") or (nodes[i].op == "add" and len(nodes[i].inputs) != 2):
+        return []
+    out, allowed = [], (("affine", "act") if nodes[i].op == "add" else ("act",))
+    for j in range(i + 1, len(nodes)):
+        prev, nxt = nodes[j - 1], nodes[j]
+        if (nxt.op not in allowed or nxt.inputs != (prev.output,) or consumers[prev.output] != 1
+                or (nxt.op == "act" and nxt["act"].kind not in FUSABLE)):
+            break
+        out.append(j)
+        allowed = allowed[allowed.index(nxt.op) + 1:]
+    return out
+
+
 def _in_range(node, axis: int, a: int, b: int, n_in: int) -> tuple[int, int]:
     """Input voxels ``[lo, hi)`` on ``axis`` that ``node``'s output voxels ``[a, b)`` read
     (zero padding and clamping supply the rest)."""
@@ -146,7 +165,7 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
     live = {graph.input: M.nbytes(shapes[graph.input])}  # the caller's whole patch
     resident = 0
     peak, total, steps = 0, 0.0, []
-    consumers, fused = graph.consumers(), False
+    consumers, fused, skip = graph.consumers(), False, set()
     for i, node in enumerate(graph.nodes):
         if node.output not in need:  # does not reach the output
             for name in node.inputs:
@@ -179,8 +198,8 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
         else:
             target = in_place_input(node, remaining, need, graph.input)
             secs = T.estimate_elementwise(M.nbytes(src) + out_b, cal, 1.0)
-            if node.op == "act" and fused:  # applied in the conv's output pass
-                prim, extra, secs = node["act"].kind, 0, 0.0
+            if fused or i in skip:  # applied in the pass of the conv or element-wise node before
+                prim, extra, secs = node["act"].kind if node.op == "act" else node.op, 0, 0.0
             elif node.op == "act":
                 prim = node["act"].kind
                 extra = M.act_extra_bytes(prim, (1,) + out) + (0 if target else out_b)
@@ -189,6 +208,7 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
                 prim = node["kind"]
             elif target:
                 extra = 0
+            skip.update(chain_after(graph, i, consumers))
         here = sum(live.values()) + resident + extra
         peak = max(peak, here)
         total += secs
