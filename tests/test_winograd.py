@@ -73,10 +73,12 @@ def test_written_out_transforms_equal_the_matrices(a):
     kernel=st.tuples(*[st.sampled_from(sizes) for sizes in KERNEL_SIZES]).filter(lambda k: max(k) > 1),
     extra=st.tuples(*[st.sampled_from([0, 1, 2, 3, 5, 8, 13])] * 3),
     bias=st.booleans(), threads=st.integers(1, 3), seed=st.integers(0, 2**16),
+    low=st.tuples(*[st.integers(0, 2)] * 3), high=st.tuples(*[st.integers(0, 2)] * 3),
 )
-def test_winograd_equals_scipy_correlate(n, ci, co, kernel, extra, bias, threads, seed):
+def test_winograd_equals_scipy_correlate(n, ci, co, kernel, extra, bias, threads, seed, low, high):
     """Every tiling edge case: outputs of 1..14 per axis (partial last tiles), single channels,
-    more workers than channels; the CPU path and the xp (GPU) path."""
+    more workers than channels; the CPU path and the xp (GPU) path; zero padding read in place
+    (``low``: where the unpadded input starts) equals convolving a padded copy."""
     rng = np.random.default_rng(seed)
     shape = tuple(k + e for k, e in zip(kernel, extra))
     x = rng.standard_normal((n, ci) + shape).astype(np.float32)
@@ -85,7 +87,15 @@ def test_winograd_equals_scipy_correlate(n, ci, co, kernel, extra, bias, threads
     ref = reference(x, w, b)
     conv = WinogradConv(w, b, shape, threads=threads)
     assert rel_err(conv(x), ref) <= TOL
-    assert rel_err(conv._call_xp(x), ref) <= TOL
+    assert rel_err(conv._call_xp(x, (0, 0, 0)), ref) <= TOL
+    inner = tuple(max(1, s - lo - hi) for s, lo, hi in zip(shape, low, high))
+    low = tuple(min(lo, s - e) for lo, s, e in zip(low, shape, inner))
+    part = x[(slice(None), slice(None)) + tuple(slice(lo, lo + e) for lo, e in zip(low, inner))]
+    padded = np.zeros_like(x)
+    padded[(slice(None), slice(None)) + tuple(slice(lo, lo + e) for lo, e in zip(low, inner))] = part
+    ref = reference(padded, w, b)
+    assert rel_err(conv(np.ascontiguousarray(part), low=low), ref) <= TOL
+    assert rel_err(conv._call_xp(part, low), ref) <= TOL
 
 
 @pytest.mark.parametrize("shape,kernel,c", [((9, 70, 69), (1, 3, 3), (24, 40)), ((11, 21, 18), (3, 3, 3), (16, 8)),
@@ -136,6 +146,12 @@ def test_winograd_refuses_what_it_cannot_run():
     conv = WinogradConv(np.ones((2, 2, 1, 3, 3), np.float32), None, (4, 8, 8))
     with pytest.raises(InputError, match="expected"):
         conv(np.ones((1, 2, 4, 8, 9), np.float32))
+    with pytest.raises(InputError, match="expected"):  # does not fit at that offset
+        conv(np.ones((1, 2, 4, 7, 7), np.float32), low=(0, 2, 0))
+    from znni_core.layers import FFTGemmConv
+    with pytest.raises(InputError, match="no implicit padding"):
+        FFTGemmConv(np.ones((2, 2, 1, 3, 3), np.float32), None, (4, 8, 8))(np.ones((1, 2, 4, 6, 6), np.float32),
+                                                                          low=(0, 1, 1))
     with pytest.raises(InputError, match="bias"):
         WinogradConv(np.ones((2, 2, 1, 3, 3), np.float32), np.ones(3, np.float32), (4, 8, 8))
     with pytest.raises(InputError, match="does not fit"):

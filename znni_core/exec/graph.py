@@ -21,7 +21,8 @@ from ..layers.resample import (avg_pool, conv_strided, conv_transpose, interpola
 from ..net.graph import Graph
 from ..layers.epilogue import add_affine_act
 from ..plan.graph import _in_range, chain_after, conv_window, fuses_next, in_place_input, needed_ranges, tile_starts
-from .engine import _run_conv, fuse, plan_arena
+from ..plan.plan import PADS_INPUT
+from .engine import _conv_fn, _run_conv, fuse, fused_act, plan_arena
 
 
 def _const(xp, v):
@@ -49,6 +50,12 @@ def _node(step, node, env, a, b, shapes, out, xp, convs):
         x = _take(env[name], clip_lo, clip_hi)
         low = tuple(c - r for c, r in zip(clip_lo, raw_lo))
         high = tuple(r - c for c, r in zip(clip_hi, raw_hi))
+        if (any(low) or any(high)) and step.primitive in PADS_INPUT and not step.tile:
+            # zeros read in place of the padding: no padded copy
+            spatial = tuple(r1 - r0 for r0, r1 in zip(raw_lo, raw_hi))
+            fn = _conv_fn(step, node.conv, spatial, xp, convs)
+            fn.act = fused_act(step)
+            return fn(xp.ascontiguousarray(x), low=low)
         x = pad(x, low, high) if any(low) or any(high) else xp.ascontiguousarray(x)
         if step.primitive == "strided":
             return conv_strided(x, _const(xp, node.conv.weight), None if node.conv.bias is None else

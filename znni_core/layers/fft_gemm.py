@@ -228,7 +228,7 @@ class FFTGemmConv(ResidentConv):
         return int(self.khat.nbytes)
 
     # -- any xp (the GPU): whole-batch transforms, transposes by copy
-    def _call_xp(self, x):
+    def _call_xp(self, x, low):
         xp, zb, ts = get_array_module(x), self.zb, self.tshape
         n, C, O = x.shape[0], self.c_in, self.c_out
         Z, Y, X = self.in_spatial
@@ -279,7 +279,7 @@ class FFTGemmConv(ResidentConv):
         self._work = (n, bufs)
         return bufs
 
-    def _call_cpu(self, x, out):
+    def _call_cpu(self, x, out, low):
         n, zb, F = x.shape[0], self.zb, _freqs(self.tshape)
         B, C, O = n * zb, self.c_in, self.c_out
         nb, sets, pool = self._buffers(n)

@@ -15,7 +15,8 @@ class ResidentConv:
     """Base of a valid 3-D convolution built once per layer and input shape.
 
     A subclass builds its kernel transform in ``__init__`` after :meth:`_setup`, and
-    implements ``_call_cpu(x, out)`` (numpy; ``out`` may be None) and ``_call_xp(x)``.
+    implements ``_call_cpu(x, out, low)`` (numpy; ``out`` may be None) and ``_call_xp(x, low)``
+    (``low``: where ``x`` starts inside the zero-padded input, when :attr:`PADS_INPUT`).
     Per-call buffers live in ``self._work = (n, (..., ..., pool))``: kept for the next
     call of the same size while ``keep_buffers`` is set (the executor's blocks and
     micro-batches; it then calls :meth:`release`).
@@ -51,26 +52,36 @@ class ResidentConv:
             self._work[1][2].shutdown(wait=True)
         self._work = None
 
-    def __call__(self, x, out=None):
+    #: whether the call takes ``low``: an input smaller than ``in_spatial``, zero-padded as it is read
+    PADS_INPUT = False
+
+    def __call__(self, x, out=None, low=None):
         """Convolve ``x`` ``(N, C_in, *in_spatial)`` -> ``(N, C_out, *out_spatial)``;
-        ``out``: a destination of any strides (a block of a larger array)."""
+        ``out``: a destination of any strides (a block of a larger array).  ``low`` (where
+        :attr:`PADS_INPUT`): ``x`` is the part of the input from ``low`` on, zero around it
+        (a zero-padded convolution without a padded copy)."""
         xp = get_array_module(x)
         if xp is not self.xp:
             raise InputError(f"{type(self).__name__} was built for {self.xp.__name__} arrays, got a {xp.__name__} array")
-        if x.ndim != 5 or x.shape[1] != self.c_in or tuple(x.shape[2:]) != self.in_spatial:
-            raise InputError(f"x has shape {x.shape}; expected (N, {self.c_in}) + {self.in_spatial}")
+        low = (0, 0, 0) if low is None else tuple(int(v) for v in low)
+        if any(low) and not self.PADS_INPUT:
+            raise InputError(f"{type(self).__name__} takes no implicit padding (low={low})")
+        fits = x.ndim == 5 and all(0 <= lo and lo + n <= s for lo, n, s in zip(low, x.shape[2:], self.in_spatial))
+        if not fits or x.shape[1] != self.c_in or (not any(low) and tuple(x.shape[2:]) != self.in_spatial
+                                                   and not self.PADS_INPUT):
+            raise InputError(f"x has shape {x.shape} at {low}; expected (N, {self.c_in}) + {self.in_spatial}")
         shape = (x.shape[0], self.c_out) + self.out_spatial
         if out is not None and tuple(out.shape) != shape:
             raise InputError(f"out has shape {out.shape}; expected {shape}")
         if xp is not np:
-            y = self._call_xp(x)
+            y = self._call_xp(x, low)
             if self.act is not None:
                 apply_activation(y, *self.act, out=y)
             if out is None:
                 return y
             out[...] = y
             return out
-        return self._call_cpu(x, out)
+        return self._call_cpu(x, out, low)
 
     @property
     def epilogue(self) -> tuple:
@@ -78,8 +89,8 @@ class ResidentConv:
         code, alpha = epilogue(*(self.act or (None,)))
         return code, np.float32(alpha)
 
-    def _call_cpu(self, x, out):  # pragma: no cover - abstract
+    def _call_cpu(self, x, out, low):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _call_xp(self, x):  # pragma: no cover - abstract
+    def _call_xp(self, x, low):  # pragma: no cover - abstract
         raise NotImplementedError

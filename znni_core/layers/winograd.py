@@ -331,10 +331,10 @@ def _to_channels_first(S, sb, bias, code, alpha, out, n, z, y):  # pragma: no co
 
 
 @njit(nogil=True, cache=True)
-def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, Bz, By, Bx, R, P, Q):  # pragma: no cover - compiled
+def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, Bz, By, Bx, R, P, Q, lz, ly, lx):  # pragma: no cover - compiled
     """V[t, (r - r0) * ntx + i, c] (V flat, C order, ``NT`` tiles per position) = position
     t of the transform of tile i of tile row r, channel c, for tile rows r in [r0, r1);
-    input past the edge reads as 0.
+    ``x`` starts at ``(lz, ly, lx)`` of the input: before it and past its edge reads as 0.
 
     Channels last, so every 1D transform runs on vectors of C channels whatever the width
     of the plane (MPF fragments are a few tiles wide): the tile row's input rows are first
@@ -352,9 +352,11 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, Bz, By, Bx, R, P, Q): 
         for i in range(az):
             for j in range(ay):
                 rb = (i * ay + j) * W * C
-                if z0 + i < Z and y0 + j < Y:
-                    _to_channels_last(x, n, z0 + i, y0 + j, R, rb)
-                    R[rb + X * C:rb + W * C] = 0.0
+                zz, yy = z0 + i - lz, y0 + j - ly
+                if 0 <= zz < Z and 0 <= yy < Y:
+                    R[rb:rb + lx * C] = 0.0
+                    _to_channels_last(x, n, zz, yy, R, rb + lx * C)
+                    R[rb + (lx + X) * C:rb + W * C] = 0.0
                 else:
                     R[rb:rb + W * C] = 0.0
         for it in range(ntx):
@@ -423,6 +425,9 @@ def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, Az, Ay, Ax, bias, c
 class WinogradConv(ResidentConv):
     """A valid 3-D convolution by Winograd minimal filtering (kernels of 1-3 in z, 1-5 in y and x).
 
+    A call may take ``low`` (:attr:`PADS_INPUT`): a zero-padded convolution reads its input
+    rows from ``x`` at that offset and zeros elsewhere, with no padded copy of ``x``.
+
     Parameters
     ----------
     w : array, shape (C_out, C_in, kz, ky, kx), kz in 1-3, ky and kx in 1-5 (not all 1)
@@ -443,6 +448,8 @@ class WinogradConv(ResidentConv):
     ((1, 2, 4, 4, 4), 27.0)
     """
 
+    PADS_INPUT = True
+
     def __init__(self, w, b, in_spatial, *, threads=1, xp=np):
         w = self._setup(w, b, in_spatial, threads, xp)
         tr = _axis_transforms(self.kernel, self.out_spatial)
@@ -460,15 +467,13 @@ class WinogradConv(ResidentConv):
         return int(self.U.nbytes)
 
     # -- any xp (the GPU): tiles as a strided view, transforms as tensordots
-    def _call_xp(self, x):
+    def _call_xp(self, x, low):
         xp = get_array_module(x)
         n, C, O = x.shape[0], self.c_in, self.c_out
         ms, al, nt = self.ms, self.al, self.nt
-        padded = tuple(t * m + a - m for t, m, a in zip(nt, ms, al))
+        padded = tuple(t * m + a - m for t, m, a in zip(nt, ms, al))  # >= in_spatial
         xpad = xp.zeros((n, C) + padded, xp.float32)
-        Z, Y, X = self.in_spatial
-        xpad[:, :, :min(Z, padded[0]), :min(Y, padded[1]), :min(X, padded[2])] = \
-            x[:, :, :padded[0], :padded[1], :padded[2]]
+        xpad[(slice(None), slice(None)) + tuple(slice(lo, lo + e) for lo, e in zip(low, x.shape[2:]))] = x
         s = xpad.strides
         tiles = xp.lib.stride_tricks.as_strided(
             xpad, (n, C) + nt + al, s[:2] + tuple(st * m for st, m in zip(s[2:], ms)) + s[2:])
@@ -517,7 +522,7 @@ class WinogradConv(ResidentConv):
         self._work = (n, bufs)
         return bufs
 
-    def _call_cpu(self, x, out):
+    def _call_cpu(self, x, out, low):
         n, O = x.shape[0], self.c_out
         ntz, nty, ntx = self.nt
         br, sets, pool = self._buffers(n)
@@ -534,7 +539,7 @@ class WinogradConv(ResidentConv):
             Vf, Mf = V.reshape(-1), M.reshape(-1)
             for r0, r1 in blocks[w::len(sets)]:
                 k = (r1 - r0) * ntx
-                _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, *self.BT, R, P, Q)
+                _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, *self.BT, R, P, Q, *low)
                 np.matmul(V[:, :k], self.U, out=M[:, :k])  # T sgemm calls
                 _output_transform(Mf, out, r0, r1, nty, ntz, ntx, self.ms, self.al, *self.AT, bias, code, alpha, P, Q, S)
 

@@ -21,7 +21,7 @@ from ..layers.resample import linear_index
 from ..net.graph import Graph
 from . import memory as M
 from . import timing as T
-from .plan import CONV_PRIMITIVES, FUSES_ACT, Plan, Rejected, Step, primitive_supports
+from .plan import CONV_PRIMITIVES, FUSES_ACT, PADS_INPUT, Plan, Rejected, Step, primitive_supports
 
 ELEMENTWISE = ("add", "mul", "affine", "act")
 BLENDS = ("bump", "gaussian", "linear")
@@ -184,6 +184,10 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
             if frugal:
                 opts = sorted(opts, key=lambda o: o[2] + o[3])
             secs, prim, step_b, res_b = opts[0]
+            if prim in PADS_INPUT:  # no padded copy: a copy of the input's part only where it is one
+                n_in = shapes[node.inputs[0]][1:]
+                part = tuple(min(n, h) - max(0, l) for n, l, h in zip(n_in, raw_lo, raw_hi))
+                pad_b = M.nbytes((src[0],) + part) if part != src[1:] else 0
             resident += res_b
             extra = pad_b + step_b
             secs += T.estimate_elementwise(pad_b, cal, 2.0) if pad_b else 0.0

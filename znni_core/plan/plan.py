@@ -25,6 +25,9 @@ RESIDENT_PRIMITIVES = ("fft-data", "fft-task", "fft-gemm", "winograd")
 #: ReLU, ELU) that directly follows them (on data still in cache): the executor fuses it, the
 #: planner charges it nothing
 FUSES_ACT = ("direct-gemm", "direct-numba", "fft-gemm", "winograd", "direct-torch")
+#: primitives that read a zero-padded conv's input in place (``ResidentConv.PADS_INPUT``): a graph's
+#: padded convs make no padded copy for them
+PADS_INPUT = ("winograd",)
 POOL_MODES = ("mpf", "pool", "slab")  # mpf: fragments batched; pool: one offset at a time through the rest;
 # slab (first pooling layer only): also the layers before it recomputed per offset in z-slabs (micro_batch = rows)
 
