@@ -3,7 +3,10 @@
 Nodes run in topological order; a tensor is dropped after its last reader and an
 element-wise node writes into an input that dies there, exactly as the planner's walk
 (``plan/graph.py``) counts them.  Convolutions reuse the chain engine's primitives
-(direct GEMM, FFT with resident kernel spectra) on the zero-padded input.
+(direct GEMM, FFT with resident kernel spectra, Winograd) on the zero-padded input (Winograd
+reads the zeros in place, no padded copy).  Passes are fused where a tensor has one reader: a
+conv applies the activation after it (``fuses_next``), an add or affine the affine and
+activation after it (``chain_after``).
 
 A patch too large for the budget runs in output **tiles** (``plan.tile``), each computing
 every tensor only over the range its voxels depend on (``needed_ranges``): zero padding
@@ -20,6 +23,7 @@ from ..layers.resample import (avg_pool, conv_strided, conv_transpose, interpola
                                upsample_nearest)
 from ..net.graph import Graph
 from ..layers.epilogue import add_affine_act
+from ..layers.xp import get_array_module
 from ..plan.graph import _in_range, chain_after, conv_window, fuses_next, in_place_input, needed_ranges, tile_starts
 from ..plan.plan import PADS_INPUT
 from .engine import _conv_fn, _run_conv, fuse, fused_act, plan_arena
@@ -50,7 +54,7 @@ def _node(step, node, env, a, b, shapes, out, xp, convs):
         x = _take(env[name], clip_lo, clip_hi)
         low = tuple(c - r for c, r in zip(clip_lo, raw_lo))
         high = tuple(r - c for c, r in zip(clip_hi, raw_hi))
-        if (any(low) or any(high)) and step.primitive in PADS_INPUT and not step.tile:
+        if (any(low) or any(high)) and step.primitive in PADS_INPUT and not step.tile and get_array_module(x) is xp:
             # zeros read in place of the padding: no padded copy
             spatial = tuple(r1 - r0 for r0, r1 in zip(raw_lo, raw_hi))
             fn = _conv_fn(step, node.conv, spatial, xp, convs)
