@@ -101,6 +101,19 @@ def get_pyramid_markers(wildcards):
     return [m for s in SCHEDULE["pyramid"] for m in pyramid_markers(s["mip"])]
 
 
+def cancel_rate_timers():
+    """Let Snakemake exit as soon as the workflow has ended.  Its scheduler re-arms a 1-s
+    non-daemon ``threading.Timer`` (the job rate limit's re-evaluation) on every scheduling
+    round, and the interpreter waits for the last one at exit: about 1 s after the last job on
+    every run.  When onsuccess/onerror run no job is left to schedule, so the pending timers
+    are cancelled (they only release the scheduler's semaphore)."""
+    import threading
+
+    for t in threading.enumerate():
+        if isinstance(t, threading.Timer):
+            t.cancel()
+
+
 def print_summary(ok):
     """End-of-run summary from the job markers: tasks done now / already done (skipped) / not done."""
     if not SCHEDULE["num_jobs"]:
