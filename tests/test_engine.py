@@ -6,6 +6,8 @@ PyTorch's dilated dense formulation.  Tolerance: max relative error <= 1e-4 (flo
 from __future__ import annotations
 
 import itertools
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -336,6 +338,30 @@ def test_output_buffers_are_reused_within_the_budget(monkeypatch):
         np.testing.assert_array_equal(run_patch(tight, net, x, convs=convs), ref)
     assert convs["arena"].held_bytes <= max(0, tight.memory_budget - tight.predicted_peak_bytes)
     assert peak <= plan.memory_budget
+
+
+def test_executor_turns_numpy_huge_pages_off_unless_asked(tmp_path):
+    """Once the executor ran, numpy no longer madvises huge pages (synchronous compaction on the
+    first touch of each 2 MiB page cost a process's first call 2 s of system time on this VM);
+    ``ZNNI_HUGEPAGES=1`` keeps numpy's default.  Checked on numpy's own flag, in fresh processes."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, znni_core\n"
+            "from tests.nets import make_net\n"
+            "net = make_net([('conv', 2, 3), ('act', 'relu')])\n"
+            "before = np._core.multiarray._set_madvise_hugepage(True)\n"
+            "znni_core.infer(net, np.ones((1, 8, 8, 8), np.float32))\n"
+            "print(before, np._core.multiarray._set_madvise_hugepage(True))\n")
+    env = {k: v for k, v in os.environ.items() if k != "ZNNI_HUGEPAGES"}
+    env["ZNNI_CACHE_DIR"] = str(tmp_path)
+    root = Path(__file__).resolve().parents[1]
+    for value, expected in ((None, "True False"), ("1", "True True")):
+        if value is not None:
+            env["ZNNI_HUGEPAGES"] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
+                             check=True).stdout.split("\n")[-2]
+        assert out == expected, (value, out)
 
 
 def test_memory_beyond_the_arena_is_reused_from_the_heap_not_fresh_pages():

@@ -322,6 +322,7 @@ def plan_arena(plan, convs) -> arena.Arena | None:
     """The run's output buffers (kept in ``convs`` with the kernel spectra): it holds at most the
     slack the plan leaves in its budget, so the run stays within the budget.  None (fresh pages
     for every output, as the memory model counts them) with ``ZNNI_REUSE_BUFFERS=0``."""
+    arena.avoid_huge_page_stalls()  # once per process: no synchronous compaction on first touch
     if os.environ.get("ZNNI_REUSE_BUFFERS", "1") == "0":
         return None
     arena.retain_freed_memory()  # what exceeds the arena's slack is reused from malloc's heap

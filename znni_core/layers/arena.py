@@ -125,6 +125,7 @@ def empty(shape, dtype=np.float32, xp=np):
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters
 _RETAINED: list = []
+_SMALL_PAGES: list = []
 
 
 def _libc():
@@ -148,6 +149,25 @@ def retain_freed_memory() -> bool:
     libc = None if os.environ.get("ZNNI_REUSE_BUFFERS", "1") == "0" else _libc()
     ok = bool(libc is not None and libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1))
     _RETAINED.append(ok)
+    return ok
+
+
+def avoid_huge_page_stalls() -> bool:
+    """Once per process: numpy stops asking for transparent huge pages on its large arrays
+    (``madvise(MADV_HUGEPAGE)``, its default on Linux).  Where THP is ``madvise`` with
+    ``defrag`` ``madvise`` (this VM, Debian's and Ubuntu's defaults) every first touch of such
+    a 2 MiB page may compact memory synchronously: a process's first boundary-net call on an
+    8 x 526^2 patch spent 2.2-2.3 s of system time on 12k huge-page faults (7.3-7.8 s) against
+    0.5 s on 277k small ones (5.6-6.0 s); later calls reuse the memory either way (4.8-5.3 s).
+    Every workflow job is such a first call.  ``ZNNI_HUGEPAGES=1`` keeps numpy's default.  True
+    when in effect."""
+    if _SMALL_PAGES:
+        return _SMALL_PAGES[0]
+    setter = getattr(getattr(getattr(np, "_core", None), "multiarray", None), "_set_madvise_hugepage", None)
+    ok = os.environ.get("ZNNI_HUGEPAGES", "0") != "1" and setter is not None
+    if ok:
+        setter(False)
+    _SMALL_PAGES.append(ok)
     return ok
 
 
