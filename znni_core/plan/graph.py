@@ -212,7 +212,8 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
                 prim = node["kind"]
             elif target:
                 extra = 0
-            skip.update(chain_after(graph, i, consumers))
+            if "device" not in cal:  # the CPU executor runs the chain in one pass (exec/graph.py)
+                skip.update(chain_after(graph, i, consumers))
         here = sum(live.values()) + resident + extra
         peak = max(peak, here)
         total += secs
