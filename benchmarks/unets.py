@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import platform
 import statistics
@@ -120,6 +121,16 @@ def torch_valid_unet():
     return UNet(valid=True, depth=2, kernel=(3, 3, 3), pool=(1, 2, 2), width=12, c_out=3).eval()
 
 
+def predicted_seconds(net, plan, shape) -> float:
+    """The time model's seconds for ``infer`` on ``shape``: the plan's per-patch prediction x
+    the patches the tiling runs (``exec/tiling.graph_window`` over the whole output)."""
+    from znni_core.exec.tiling import graph_window
+
+    out = tuple(shape) if net.kind == "padded" else net.output_shape(net.floor_admissible(tuple(shape)))
+    win = graph_window(net, plan, (0, 0, 0), out, whole_out=out)
+    return plan.predicted_seconds * math.prod(len(s) for s in win.starts)
+
+
 def torch_fn(model):
     import torch
 
@@ -147,6 +158,8 @@ def build(tmp: Path, threads: int, quick: bool):
         runners, notes = onnx_runners(DETECTOR, threads)
         fns = {"znni": lambda n=net: znni_core.infer(n, x, memory_budget=budget)}
         fns.update({k: (lambda f=f: f(x)) for k, f in runners.items()})
+        plan = autotune(net, memory_budget=budget, input_shape=x.shape[1:])  # the plan infer makes (cached)
+        notes = dict(notes, predicted_s=predicted_seconds(net, plan, x.shape[1:]))
         out.append(("detector", "real synapse detector, real EM 18x160x160, one patch", fns, notes))
         if not quick and ISBI.is_file():
             xb = isbi((18, 288, 288))
@@ -155,7 +168,7 @@ def build(tmp: Path, threads: int, quick: bool):
             fns = {"znni": lambda n=net, p=plan: znni_core.infer(n, xb, plan=p)}
             fns.update({k: (lambda f=f: lattice_run(f, xb, (18, 160, 160), (0, 32, 32))) for k, f in runners.items()})
             out.append(("detector-blend", "synapse detector, ISBI EM 18x288x288, patches 18x160x160 overlap "
-                        "(0,32,32), bump", fns, notes))
+                        "(0,32,32), bump", fns, dict(notes, predicted_s=predicted_seconds(net, plan, xb.shape[1:]))))
     model = torch_padded_unet()
     patch = (16, 128, 128)
     path = export(model, tmp / "padded.onnx", patch)
@@ -179,6 +192,7 @@ def build(tmp: Path, threads: int, quick: bool):
         notes["monai-gaussian"] = "MONAI sliding_window_inference, overlap 0.25, gaussian (its own lattice)"
     except ImportError:
         notes["monai-gaussian"] = "not installed"
+    notes["predicted_s"] = predicted_seconds(net, plan, xp.shape[1:])
     out.append(("padded-unet", f"generated padded U-Net (3 levels, widths 16-128, BN, ELU), ISBI {xp.shape[1:]}, "
                 "patches 16x128x128 overlap (0,32,32), bump", fns, notes))
     model = torch_valid_unet()
@@ -188,13 +202,17 @@ def build(tmp: Path, threads: int, quick: bool):
     xv = isbi(shape)
     tv = torch_fn(model)
     fns = {"znni": lambda n=net: znni_core.infer(n, xv, memory_budget=budget), "pytorch": lambda: tv(xv)}
+    plan = autotune(net, memory_budget=budget, input_shape=shape)  # the plan infer makes (cached)
     out.append(("valid-unet", f"generated valid U-Net (2 levels, 3^3 kernels, widths 12-48), ISBI {shape}, exact",
-                fns, {}))
+                fns, {"predicted_s": predicted_seconds(net, plan, shape)}))
     return out
 
 
 def run_case(name, what, fns, notes, rounds):
     from .memwatch import measure
+
+    notes = dict(notes)
+    predicted = notes.pop("predicted_s", None)
 
     outs, times = {}, {k: [] for k in fns}
     for k, f in fns.items():  # warm-up: plans, compilation, first-call costs
@@ -217,7 +235,7 @@ def run_case(name, what, fns, notes, rounds):
     mem["znni"] = max(mem["znni"], tracemalloc.get_traced_memory()[1])
     tracemalloc.stop()
     ref = outs.get("pytorch", outs.get("onnxruntime"))
-    res = {"what": what, "notes": notes, "tools": {}}
+    res = {"what": what, "notes": notes, "tools": {}, "znni_predicted_s": predicted}
     for k in fns:
         err = float(np.abs(outs[k] - ref).max()) if ref is not None and outs[k].shape == ref.shape else None
         res["tools"][k] = {"median_s": statistics.median(times[k]), "times_s": times[k], "peak_rss_mib": mem[k] / 2**20,
@@ -246,6 +264,10 @@ def render(res: dict) -> str:
     lines.append("")
     for name, c in res["cases"].items():
         lines.append(f"* **{name}**: {c['what']}." + "".join(f" {k}: {v}." for k, v in c["notes"].items()))
+        if c.get("znni_predicted_s"):
+            zn = c["tools"]["znni"]["median_s"]
+            lines.append(f"  Time model: predicted {c['znni_predicted_s']:.2f} s for znni, measured {zn:.2f} s "
+                         f"({c['znni_predicted_s'] / zn - 1:+.0%}).")
     return "\n".join(lines) + "\n"
 
 

@@ -4,8 +4,9 @@ A conv's last pass writes every output value once (bias added); applying the act
 that follows it there saves the activation's own pass over the layer's output, a full
 read and write of memory.  An epilogue is ``(code, alpha)``: ``0`` none, ``1`` ReLU,
 ``2`` leaky ReLU of slope ``alpha``, ``3`` ELU ``alpha (e^x - 1)`` below 0.  The numba
-primitives call :func:`act` per value; its ``exp`` (:func:`exp_neg`) is plain arithmetic
-so their loops stay vectorised (numba's ``math.exp`` is a scalar libm call without SVML).
+primitives call :func:`act_row` on each output row while it is in cache; its ``exp``
+(:func:`exp_neg`) is plain arithmetic so the loops stay vectorised (numba's ``math.exp`` is a
+scalar libm call without SVML).
 
 The reference is :func:`~znni_core.layers.activation.apply_activation`
 (``tests/test_epilogue.py`` checks every primitive against it).
@@ -21,7 +22,7 @@ from numba.extending import intrinsic
 
 from ._numba import njit, prange
 
-__all__ = ["FUSABLE", "NONE", "act", "act_row", "add_affine_act", "epilogue", "exp_neg"]
+__all__ = ["FUSABLE", "NONE", "act_row", "add_affine_act", "epilogue", "exp_neg"]
 
 #: activations a conv's output pass applies itself
 FUSABLE = {"relu": 1, "leaky_relu": 2, "elu": 3}
@@ -89,20 +90,6 @@ def act_row(r, lo, hi, code, alpha):  # pragma: no cover - compiled
         for i in range(lo, hi):
             v = r[i]
             r[i] = v if v > zero else alpha * (exp_neg(min(v, zero)) - np.float32(1.0))
-
-
-@njit(nogil=True, cache=True, inline="always")
-def act(v, code, alpha):  # pragma: no cover - compiled
-    """The epilogue ``(code, alpha)`` of one float32 value (branch-free per code: the
-    callers' loops over values vectorise)."""
-    zero = np.float32(0.0)
-    if code == 1:
-        return max(v, zero)
-    if code == 2:
-        return v if v > zero else alpha * v
-    if code == 3:
-        return v if v > zero else alpha * (exp_neg(min(v, zero)) - np.float32(1.0))
-    return v
 
 
 @njit(parallel=True, cache=True)
