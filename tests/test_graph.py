@@ -367,6 +367,7 @@ def test_real_synapse_detector_equals_its_reference_output():
     np.testing.assert_allclose(out[0], ref["output"], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(not DETECTOR.is_file(), reason="../shared/data/models absent")
 def test_real_detector_runs_adds_batchnorms_and_elus_in_one_pass(monkeypatch):
     """The detector's residual add -> BatchNorm -> ELU runs as one pass (``chain_after``) and
     every ELU after a conv inside the conv: only the head's sigmoid is an activation of its own;
