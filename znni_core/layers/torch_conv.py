@@ -33,7 +33,7 @@ def torch_available() -> bool:
 
 class TorchConv:
     """A valid 3-D convolution by ``torch.nn.functional.conv3d``; ``act``: ``(kind, alpha)`` of
-    a fused activation (applied to torch's output before it is copied out), or None."""
+    a fused activation (applied to the copied output, in place), or None."""
 
     def __init__(self, w, b, xp):
         import torch
