@@ -42,18 +42,18 @@ def test_each_code_equals_apply_activation(kind, alpha):
     rng = np.random.default_rng(1)
     x = np.concatenate([rng.standard_normal(100_000) * 4, [0.0, -0.0, 1e-8, -1e-8, -100.0, 100.0]]).astype(np.float32)
     got = np.empty_like(x)
-    code, a = epilogue(kind, alpha)
+    code, a = epilogue((kind, alpha))
     _act_all(x, got, code, np.float32(a))
     ref = apply_activation(x.astype(np.float64), kind, alpha)
     assert (np.abs(got - ref) / np.maximum(1.0, np.abs(ref))).max() <= 2.5e-7, kind  # float32 rounding
 
 
 def test_epilogue_codes_and_refusals():
-    assert epilogue(None) == epilogue("identity") == NONE == (0, 0.0)
-    assert {k: epilogue(k, 0.5)[0] for k in FUSABLE} == {"relu": 1, "leaky_relu": 2, "elu": 3}
+    assert epilogue(None) == epilogue(("identity", 0.0)) == NONE == (0, 0.0)
+    assert {k: epilogue((k, 0.5)) for k in FUSABLE} == {"relu": (1, 0.5), "leaky_relu": (2, 0.5), "elu": (3, 0.5)}
     for kind in ("sigmoid", "tanh", "softmax"):
         with pytest.raises(KeyError):
-            epilogue(kind)
+            epilogue((kind, 0.0))
 
 
 def test_pointwise_chain_applies_elu_in_cache():

@@ -26,8 +26,7 @@ from ..layers.resident import ResidentConv
 from ..layers import (FFTConv, FFTGemmConv, WinogradConv, apply_activation, conv_direct_gemm, conv_direct_numba,
                       conv_pointwise_chain, fragment_of_filtered, max_filter_inplace, max_pool, mpf, recombine)
 from ..net.spec import Conv, Network, Pool
-from ..layers.epilogue import FUSABLE
-from ..plan.plan import FUSES_ACT, Step
+from ..plan.plan import Step, fuses
 from ..layers.xp import get_array_module
 from .stream import stream_blocks
 
@@ -51,7 +50,10 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
                                  WinogradConv(layer.weight, layer.bias, shape, threads=step.threads, xp=xp)
                                  if prim == "winograd" else
                                  FFTConv(layer.weight, layer.bias, shape, threads=step.threads, mode=prim[4:], xp=xp))
-        return convs[step.index]
+        fn = convs[step.index]
+        if isinstance(fn, ResidentConv):  # set per call: the object is cached across calls and patches
+            fn.act = fused_act(step)
+        return fn
     act = fused_act(step)
     if prim == "direct-torch":
         if ("torch", step.index) not in convs:  # the weights stay on the device for the run
@@ -82,8 +84,6 @@ def _run_conv(step, layer: Conv, x, xp, convs):
     mb = step.micro_batch or n
     tile, origins = conv_blocks(spatial, layer.kernel, step.tile)
     fn = _conv_fn(step, layer, tile, xp, convs)
-    if isinstance(fn, ResidentConv):  # set per call: the object is cached across calls and patches
-        fn.act = fused_act(step)
     if xp is not np and get_array_module(x) is np:  # GPU + host RAM: x lives on the host
         out = np.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), np.float32)
         ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
@@ -228,8 +228,6 @@ def fused_act(step):
     return (kind, step.alpha) if kind else None
 
 
-
-
 def fuse(step, activation) -> FusedStep:
     """The conv ``step`` applying ``activation`` (an Activation layer) in its output pass."""
     return FusedStep(**{f.name: getattr(step, f.name) for f in dataclasses.fields(Step)},
@@ -237,14 +235,14 @@ def fuse(step, activation) -> FusedStep:
 
 
 def fuse_activations(steps, layers) -> tuple:
-    """The plan's steps with every activation of ``FUSABLE`` that directly follows a conv of
-    :data:`FUSES_ACT` folded into that conv (a :class:`FusedStep`): one pass over the layer's
+    """The plan's steps with every activation that directly follows a conv that :func:`fuses`
+    it folded into that conv (a :class:`FusedStep`): one pass over the layer's
     output less."""
     out = []
     for s in steps:
         prev = out[-1] if out else None
-        if (s.op == "act" and layers[s.index].kind in FUSABLE and prev is not None and prev.op == "conv"
-                and prev.primitive in FUSES_ACT and not getattr(prev, "fused", "")):
+        if (s.op == "act" and prev is not None and prev.op == "conv" and fuses(prev.primitive, layers[s.index].kind)
+                and not getattr(prev, "fused", "")):
             out[-1] = fuse(prev, layers[s.index])
             continue
         out.append(s)

@@ -26,7 +26,7 @@ from ..layers.epilogue import add_affine_act
 from ..layers.xp import get_array_module
 from ..plan.graph import _in_range, chain_after, conv_window, fuses_next, in_place_input, needed_ranges, tile_starts
 from ..plan.plan import PADS_INPUT
-from .engine import _conv_fn, _run_conv, fuse, fused_act, plan_arena
+from .engine import _conv_fn, _run_conv, fuse, plan_arena
 
 
 def _const(xp, v):
@@ -57,9 +57,7 @@ def _node(step, node, env, a, b, shapes, out, xp, convs):
         if (any(low) or any(high)) and step.primitive in PADS_INPUT and not step.tile and get_array_module(x) is xp:
             # zeros read in place of the padding: no padded copy
             spatial = tuple(r1 - r0 for r0, r1 in zip(raw_lo, raw_hi))
-            fn = _conv_fn(step, node.conv, spatial, xp, convs)
-            fn.act = fused_act(step)
-            return fn(xp.ascontiguousarray(x), low=low)
+            return _conv_fn(step, node.conv, spatial, xp, convs)(xp.ascontiguousarray(x), low=low)
         x = pad(x, low, high) if any(low) or any(high) else xp.ascontiguousarray(x)
         if step.primitive == "strided":
             return conv_strided(x, _const(xp, node.conv.weight), None if node.conv.bias is None else

@@ -137,7 +137,7 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, act=None):
         out = arena.empty((N, O, Zo, Yo, Xo), xp=xp)
     elif out.shape != (N, O, Zo, Yo, Xo):
         raise InputError(f"out has shape {out.shape}; expected {(N, O, Zo, Yo, Xo)}")
-    code, alpha = epilogue(*(act or (None,)))
+    code, alpha = epilogue(act)
     alpha = np.float32(alpha)
     if kz == ky == kx == 1:  # 1x1x1: GEMMs straight on the input, no lowering
         w2, P = w.reshape(O, C), Z * Y * X
@@ -408,7 +408,7 @@ def conv_direct_numba(x, w, b=None, *, act=None):
     if b is None:
         b = np.zeros(w.shape[0], np.float32)
     out = arena.empty((x.shape[0], w.shape[0]) + conv_out_shape(x.shape[2:], w.shape[2:]))
-    code, alpha = epilogue(*(act or (None,)))
+    code, alpha = epilogue(act)
     _conv_numba_kernel(x, w, b, out, code, np.float32(alpha))
     return out
 

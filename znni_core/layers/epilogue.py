@@ -30,13 +30,13 @@ FUSABLE = {"relu": 1, "leaky_relu": 2, "elu": 3}
 NONE = (0, 0.0)
 
 
-def epilogue(kind, alpha=0.0) -> tuple:
-    """``(code, alpha)`` of an activation for the primitives' output pass; :data:`NONE` for
-    None or ``identity``.  Raises ``KeyError`` for one that cannot be fused (sigmoid,
-    softmax...)."""
-    if kind is None or kind == "identity":
+def epilogue(activation) -> tuple:
+    """``(code, alpha)`` of an activation ``(kind, alpha)`` for the primitives' output pass;
+    :data:`NONE` for None or ``identity``.  Raises ``KeyError`` for one that cannot be fused
+    (sigmoid, softmax...)."""
+    if activation is None or activation[0] == "identity":
         return NONE
-    return FUSABLE[kind], float(alpha)
+    return FUSABLE[activation[0]], float(activation[1])
 
 
 @intrinsic
@@ -126,7 +126,7 @@ def add_affine_act(a, b=None, scale=None, shift=None, activation=None, *, out=No
     C = a.shape[1]
     s = np.broadcast_to(np.asarray(1.0 if scale is None else scale, np.float32).reshape(-1), (C,))
     t = np.broadcast_to(np.asarray(0.0 if shift is None else shift, np.float32).reshape(-1), (C,))
-    code, alpha = epilogue(*(activation or (None,)))
+    code, alpha = epilogue(activation)
     if out is None:
         out = np.empty(a.shape, np.float32)
     _add_affine_act(a, a if b is None else b, b is not None, np.ascontiguousarray(s), np.ascontiguousarray(t),

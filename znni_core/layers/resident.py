@@ -67,8 +67,7 @@ class ResidentConv:
         if any(low) and not self.PADS_INPUT:
             raise InputError(f"{type(self).__name__} takes no implicit padding (low={low})")
         fits = x.ndim == 5 and all(0 <= lo and lo + n <= s for lo, n, s in zip(low, x.shape[2:], self.in_spatial))
-        if not fits or x.shape[1] != self.c_in or (not any(low) and tuple(x.shape[2:]) != self.in_spatial
-                                                   and not self.PADS_INPUT):
+        if not fits or x.shape[1] != self.c_in or (not self.PADS_INPUT and tuple(x.shape[2:]) != self.in_spatial):
             raise InputError(f"x has shape {x.shape} at {low}; expected (N, {self.c_in}) + {self.in_spatial}")
         shape = (x.shape[0], self.c_out) + self.out_spatial
         if out is not None and tuple(out.shape) != shape:
@@ -86,7 +85,7 @@ class ResidentConv:
     @property
     def epilogue(self) -> tuple:
         """``(code, alpha)`` of :attr:`act` for the numba output pass."""
-        code, alpha = epilogue(*(self.act or (None,)))
+        code, alpha = epilogue(self.act)
         return code, np.float32(alpha)
 
     def _call_cpu(self, x, out, low):  # pragma: no cover - abstract

@@ -16,12 +16,12 @@ import itertools
 import math
 
 from ..errors import MemoryBudgetError, PlanError
-from ..layers.epilogue import FUSABLE
 from ..layers.resample import linear_index
 from ..net.graph import Graph
 from . import memory as M
 from . import timing as T
-from .plan import CONV_PRIMITIVES, FUSES_ACT, PADS_INPUT, Plan, Rejected, Step, primitive_supports
+from ..layers.epilogue import FUSABLE
+from .plan import CONV_PRIMITIVES, PADS_INPUT, Plan, Rejected, Step, fuses, primitive_supports
 
 ELEMENTWISE = ("add", "mul", "affine", "act")
 BLENDS = ("bump", "gaussian", "linear")
@@ -46,11 +46,10 @@ def fuses_next(graph: Graph, i: int, primitive: str, consumers: dict) -> bool:
     pass: an activation of ``FUSABLE`` that is the conv output's only reader (the executor
     then skips it; the walk charges it nothing)."""
     nodes = graph.nodes
-    if i + 1 >= len(nodes) or nodes[i].op != "conv" or primitive not in FUSES_ACT:
+    if i + 1 >= len(nodes) or nodes[i].op != "conv" or nodes[i + 1].op != "act":
         return False
     nxt = nodes[i + 1]
-    return (nxt.op == "act" and nxt["act"].kind in FUSABLE and nxt.inputs == (nodes[i].output,)
-            and consumers[nodes[i].output] == 1)
+    return fuses(primitive, nxt["act"].kind) and nxt.inputs == (nodes[i].output,) and consumers[nodes[i].output] == 1
 
 
 def chain_after(graph: Graph, i: int, consumers: dict) -> list[int]:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..errors import PlanError
+from ..layers.epilogue import FUSABLE
 from ..layers.winograd import winograd_supports
 
 PLAN_FORMAT = "znni-plan/1"
@@ -25,6 +26,13 @@ RESIDENT_PRIMITIVES = ("fft-data", "fft-task", "fft-gemm", "winograd")
 #: ReLU, ELU) that directly follows them (on data still in cache): the executor fuses it, the
 #: planner charges it nothing
 FUSES_ACT = ("direct-gemm", "direct-numba", "fft-gemm", "winograd", "direct-torch")
+
+
+def fuses(primitive: str, kind: str) -> bool:
+    """Whether a conv run by ``primitive`` applies an activation ``kind`` that directly follows
+    it in its own output pass (chain engine, graph executor and both planners ask this)."""
+    return primitive in FUSES_ACT and kind in FUSABLE
+
 #: primitives that read a zero-padded conv's input in place (``ResidentConv.PADS_INPUT``): a graph's
 #: padded convs make no padded copy for them
 PADS_INPUT = ("winograd",)

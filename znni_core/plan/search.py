@@ -19,11 +19,10 @@ import numpy as np
 
 from ..errors import MemoryBudgetError, PlanError
 from ..net.graph import Graph
-from ..layers.epilogue import FUSABLE
 from ..net.spec import Activation, Conv, Network, Pool
 from . import memory as M
 from . import timing as T
-from .plan import (CONV_PRIMITIVES, CPU_PRIMITIVES, FUSES_ACT, RESIDENT_PRIMITIVES, Plan, Rejected, Step,
+from .plan import (CONV_PRIMITIVES, CPU_PRIMITIVES, RESIDENT_PRIMITIVES, Plan, Rejected, Step, fuses,
                    primitive_supports)
 
 EFFORTS = ("estimate", "measure", "exhaustive")
@@ -358,7 +357,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
             tile = ()
             # an activation right after a conv that fuses it costs nothing: the executor applies it
             # in that conv's output pass (exec/engine.py: fuse_activations)
-            fused = layer.kind in FUSABLE and steps and steps[-1].op == "conv" and steps[-1].primitive in FUSES_ACT
+            fused = steps and steps[-1].op == "conv" and fuses(steps[-1].primitive, layer.kind)
             t = 0.0
             if not fused:
                 t = T.estimate_activation(layer.kind, M.nbytes(sm.in_shape), host["cal"] if host else timer.cal)
