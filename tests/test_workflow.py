@@ -286,3 +286,14 @@ def test_pyramid_jobs_build_checked_mips_before_the_report(tmp_path):
     got = mip2.read(mip2.bounds, fill_missing=True)[0]
     assert got.any()
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_jobs_with_more_threads_take_fewer_slots(tmp_path):
+    """A job that takes 2 of the 2 cores (set-threads) leaves one slot: the schedule sizes the
+    tasks for one job at a time, not for --jobs 2 (a dry run writes schedule.json)."""
+    slots = {}
+    for name, extra in (("one", []), ("two", ["--set-threads", "infer_job=2", "validate=2"])):
+        cfg, path = write_config(tmp_path, name, em((8, 30, 30)))
+        snakemake(tmp_path, path, "-n", "--cores", "2", "--jobs", "2", *extra)
+        slots[name] = json.loads((Path(cfg["work_dir"]) / "schedule.json").read_text())["slots"]
+    assert slots == {"one": 2, "two": 1}

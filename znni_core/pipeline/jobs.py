@@ -303,7 +303,10 @@ def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True) 
     import dask
     from dask import delayed
 
+    from ..layers.arena import retain_freed_memory
     from .task import compute_task, read_task, store_task
+
+    retain_freed_memory()  # before Dask's threads: the compute thread then shares the main heap
 
     def read(block, *after):
         try:
