@@ -213,3 +213,31 @@ def test_one_by_one_convs_never_get_the_numba_loop_unless_forced():
         assert "direct-numba" not in one, one
     forced = autotune(net, memory_budget=2**30, input_shape=(4, 40, 40), primitives=("direct-numba",), use_cache=False)
     assert {s.primitive for s in forced.steps if s.op == "conv"} == {"direct-numba"}
+
+
+def test_a_net_flat_in_z_plans_thin_slabs_when_the_input_does_not_fit_one_patch(monkeypatch):
+    """2D kernels and pools: z costs no halo, so on an input too large for one patch the search
+    also walks slabs SLAB_SLICES deep (wider in y, x) and picks one when it is faster; an input
+    that fits one patch walks no slab at all (counted in patches evaluated)."""
+    from znni_core.plan import search as S
+
+    net = make_net([("conv", 16, (1, 5, 5)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 16, (1, 5, 5)),
+                    ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 1, (1, 3, 3))], seed=3)
+    calls = []
+    orig = S.patch_candidates
+    monkeypatch.setattr(S, "patch_candidates", lambda *a, **k: calls.append(k.get("slabs", False)) or orig(*a, **k))
+    budget = 256 << 20
+    big = autotune(net, memory_budget=budget, input_shape=(40, 1000, 1000), use_cache=False)
+    assert calls == [False, True], calls
+    assert big.patch_shape[0] == S.SLAB_SLICES and big.patch_shape[1] > 400, big.patch_shape
+    assert big.predicted_peak_bytes <= budget
+    calls.clear()
+    small = autotune(net, memory_budget=budget, input_shape=(40, 100, 100), use_cache=False)
+    assert small.patch_shape == S.input_patch(net, (40, 100, 100)) and calls == [False]
+    # the slab is chosen for its rate over the input: without slabs the plan is slower
+    monkeypatch.setattr(S, "patch_candidates", lambda *a, **k: [] if k.get("slabs") else orig(*a, **k))
+    deep = autotune(net, memory_budget=budget, input_shape=(40, 1000, 1000), use_cache=False)
+    assert deep.patch_shape[0] > S.SLAB_SLICES
+    shape = (40, 1000, 1000)
+    assert S._rate(net, big.patch_shape, big.predicted_seconds, shape) > S._rate(net, deep.patch_shape,
+                                                                                 deep.predicted_seconds, shape)
