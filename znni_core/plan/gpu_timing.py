@@ -93,7 +93,7 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     if primitive == "winograd":
         from .timing import _winograd_terms
 
-        values, macs, _ = _winograd_terms(n, cin, cout, in_spatial, k)
+        values, macs, *_ = _winograd_terms(n, cin, cout, in_spatial, k)
         return 2.0 * macs / gemm + 6 * F32 * values / bw + calls * 12 * LAUNCH_S
     if primitive in ("fft-gemm", "fft-data"):
         tshape = (L.fft_gemm_transform_shape(in_spatial, k) if primitive == "fft-gemm" else L.fft_shape(in_spatial))
