@@ -111,3 +111,19 @@ def test_T11_tasks_disjoint_aligned_covering(geo):
 def test_public_names():
     for name in G.__all__:
         assert hasattr(G, name)
+
+
+def test_chunk_box_is_the_chunk_clipped_to_the_bounds():
+    """chunk_box (plain ints, used to name chunks) equals the chunk's Roi intersected with the
+    bounds, for every chunk of a grid whose bounds are neither at 0 nor a multiple of the chunk."""
+    bounds = Roi((3, 47, 5), (15, 418, 100))
+    g = ChunkGrid(bounds, (8, 64, 64))
+    n = 0
+    for idx in g.chunks_in(bounds):
+        b, e = g.chunk_box(idx)
+        ref = Roi(tuple(o + i * c for o, i, c in zip((3, 47, 5), idx, (8, 64, 64))), (8, 64, 64)).intersect(bounds)
+        assert (b, e) == (tuple(ref.begin), tuple(ref.end)) and g.chunk_roi(idx) == ref
+        n += 1
+    assert n == 2 * 7 * 2
+    with pytest.raises(IndexError):
+        g.chunk_box((0, 7, 0))

