@@ -418,20 +418,3 @@ def test_threads_started_after_retain_freed_memory_reuse_the_heap_too():
     if ok != "True":
         pytest.skip("glibc's mallopt is not available here")
     assert int(faults) < 1000, faults
-
-
-def test_openmp_threads_sleep_when_idle_unless_the_user_chose():
-    """znni asks OpenMP (numba's omp layer) for passive waiting before its first parallel launch;
-    a user's own OMP_WAIT_POLICY is kept.  Checked in fresh processes."""
-    import subprocess
-    import sys
-
-    code = "import os, znni_core.layers; print(os.environ.get('OMP_WAIT_POLICY'))"
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    for value, expected in ((None, "PASSIVE"), ("ACTIVE", "ACTIVE")):
-        if value is not None:
-            env["OMP_WAIT_POLICY"] = value
-        out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
-                             check=True).stdout.split()[-1]
-        assert out == expected, (value, out)
