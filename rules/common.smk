@@ -41,8 +41,8 @@ ZNNI_ENV = (
 _NODES, _CORES = (getattr(workflow.global_resources.get(k), "value", None) for k in ("_nodes", "_cores"))
 SLOTS = _NODES if _NODES and _NODES < sys.maxsize else _CORES if _CORES and _CORES > 1 else os.cpu_count()
 # a task job with several threads (set-threads) takes that many cores: fewer run at once
-_JOB_THREADS = getattr(workflow.resource_settings.overwrite_threads.get("infer_job"), "value",
-                       workflow.resource_settings.overwrite_threads.get("infer_job", 1))
+_JOB_THREADS = workflow.resource_settings.overwrite_threads.get("infer_job", 1)
+_JOB_THREADS = getattr(_JOB_THREADS, "value", _JOB_THREADS)  # an int, or a Resource holding one
 if _CORES and _CORES < sys.maxsize and isinstance(_JOB_THREADS, int) and _JOB_THREADS > 1:
     SLOTS = max(1, min(SLOTS, _CORES // _JOB_THREADS))
 SCHEDULE = workflow_schedule(ZNNI_CONFIG, SLOTS)

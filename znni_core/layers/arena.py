@@ -141,11 +141,11 @@ def _libc():
 def retain_freed_memory() -> bool:
     """Once per process: glibc serves large arrays from its heap (no ``mmap`` of their own) and
     never trims the heap's top, so memory freed by one layer serves the next without the kernel
-    zeroing fresh pages.  Threads started afterwards share that heap (one malloc arena): a
-    thread's own arena cannot hold such arrays, and a workflow job computing in a Dask worker
-    spent twice the system time (2.8-3.0 against 1.5 s on a 15 x 526^2 boundary-net task, 0.5-1.5 s
-    of wall time).  Called before a process starts its worker threads (``run_pipelined``).  The process's footprint stays at its high-water mark (the plan's
-    budget bounds it) until :func:`give_back_memory`.  ``ZNNI_REUSE_BUFFERS=0`` leaves malloc
+    zeroing fresh pages.  The process's footprint stays at its high-water mark (the plan's
+    budget bounds it) until :func:`give_back_memory`.  Threads started afterwards share that
+    heap (one malloc arena): a thread's own arena cannot hold such arrays, and a workflow job
+    computing in a Dask worker spent twice the system time (2.8-3.0 against 1.5 s on a
+    15 x 526^2 boundary-net task); ``run_pipelined`` calls this before Dask starts its threads.  ``ZNNI_REUSE_BUFFERS=0`` leaves malloc
     as it is; so does a libc other than glibc.  True when in effect."""
     if _RETAINED:
         return _RETAINED[0]

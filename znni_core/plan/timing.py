@@ -315,8 +315,8 @@ def _winograd_rates(threads: int) -> dict:
         points.append([c, _best_of(lambda: np.matmul(V, conv.U, out=M)) / (conv.T * c * c * V.shape[1])])
         conv.release()
     terms, times = [], []
-    c, few = _WINOGRAD_CAL["transform_channels"], _WINOGRAD_CAL["few_channels"]
-    for c, (n, shape) in ((c, _WINOGRAD_CAL["wide"]), (c, _WINOGRAD_CAL["narrow"]), (few, _WINOGRAD_CAL["wide"])):
+    many, few = _WINOGRAD_CAL["transform_channels"], _WINOGRAD_CAL["few_channels"]
+    for c, (n, shape) in ((many, _WINOGRAD_CAL["wide"]), (many, _WINOGRAD_CAL["narrow"]), (few, _WINOGRAD_CAL["wide"])):
         w = rng.standard_normal((c, c) + k, dtype=np.float32)
         x = rng.standard_normal((n, c) + shape, dtype=np.float32)
         conv = L.WinogradConv(w, None, shape, threads=threads)
