@@ -41,10 +41,29 @@ def test_transform_matrices_compute_the_1d_correlation(a, r):
         assert np.allclose(y, [d[i:i + r] @ g for i in range(m)], rtol=0, atol=1e-12)
 
 
+def test_eight_point_bt_rows_scale_the_vandermonde_inverse():
+    """a = 8's written-out BT (dyadic constants) is inverse(W)^T of the Vandermonde matrix W of
+    0, +-1, +-2, +-1/2 and infinity, each row times a nonzero scale (a row's scale moves into G)."""
+    from znni_core.layers.winograd import _BT, _POINTS
+
+    pts = _POINTS[8]
+    W = np.zeros((8, 8))
+    for i, p in enumerate(pts):
+        W[i] = [p ** j for j in range(8)]
+    W[-1, -1] = 1.0
+    ref = np.linalg.inv(W).T
+    scale = np.array([row[np.argmax(np.abs(row))] / r[np.argmax(np.abs(row))] for row, r in zip(_BT[8], ref)])
+    assert np.all(np.abs(scale) > 1e-3)
+    np.testing.assert_allclose(_BT[8], scale[:, None] * ref, rtol=0, atol=1e-12)
+    # the pairs +-p differ in the sign of the odd columns only (what the written-out transform uses)
+    for r in (1, 3, 5):
+        np.testing.assert_array_equal(_BT[8][r + 1], _BT[8][r] * np.array([1, -1] * 4))
+
+
 @pytest.mark.parametrize("a", [4, 6, 8])
 def test_written_out_transforms_equal_the_matrices(a):
-    """The compiled 1D transforms (``_bt``, ``_at``: written out for 4 and 6 points, a general
-    product for 8) equal ``BT @ d`` and ``AT @ x`` on strided float32 lanes, for every output
+    """The compiled 1D transforms (``_bt``, ``_at``: written out for 4, 6 and 8 points) equal
+    ``BT @ d`` and ``AT @ x`` (float64 matrices) on strided float32 lanes, for every output
     count a kernel size gives."""
     from znni_core.layers.winograd import _at, _bt
 
@@ -53,7 +72,7 @@ def test_written_out_transforms_equal_the_matrices(a):
     d = rng.standard_normal(a * ds).astype(np.float32)
     v = np.zeros(a * vs, np.float32)
     BT = toom_cook(a, 2)[0]
-    _bt(a, BT.astype(np.float32), d, 0, ds, v, 0, vs, L)
+    _bt(a, d, 0, ds, v, 0, vs, L)
     np.testing.assert_allclose(v.reshape(a, vs)[:, :L], BT @ d.reshape(a, ds)[:, :L].astype(np.float64),
                                rtol=1e-5, atol=1e-5)
     for r in (KERNEL_SIZES[2] if a == 8 else KERNEL_SIZES[1] if a == 6 else KERNEL_SIZES[0]):
@@ -62,7 +81,7 @@ def test_written_out_transforms_equal_the_matrices(a):
         AT = toom_cook(a, r)[2]
         m = AT.shape[0]
         y = np.zeros(m * vs, np.float32)
-        _at(a, m, AT.astype(np.float32), d, 0, ds, y, 0, vs, L)
+        _at(a, m, d, 0, ds, y, 0, vs, L)
         np.testing.assert_allclose(y.reshape(m, vs)[:, :L], AT @ d.reshape(a, ds)[:, :L].astype(np.float64),
                                    rtol=1e-5, atol=1e-4)
 

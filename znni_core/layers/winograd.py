@@ -9,7 +9,7 @@
 Every axis uses one set of points, so one ``BT`` per axis whatever the kernel: ``a = 6``
 in y and x (``F(4,3)``, ``F(3,4)``, ``F(2,5)``, ``F(5,2)``), or ``a = 8`` where it needs
 no more transform positions (``F(6,3)``, ``F(5,4)``, ``F(4,5)``: points +-1/2 added,
-``BT`` applied as a general product), ``a = 4`` in z (``F(2,3)``, ``F(3,2)``)
+``BT`` rows scaled to dyadic constants), ``a = 4`` in z (``F(2,3)``, ``F(3,2)``)
 (:func:`toom_cook`, :func:`_axis_points`).  Axes nest: a ``(1, 3, 3)`` kernel uses 36 products per
 16 outputs (4x fewer than direct convolution's 144), ``(1, 4, 4)`` 36 per 9 (4x fewer),
 ``(1, 5, 5)`` 36 per 4 (2.8x fewer); a ``3^3`` kernel 144 per 32 (6x fewer); an axis of
@@ -71,17 +71,13 @@ _BT = {6: np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1,
 
 
 
-def _vandermonde_bt(points) -> np.ndarray:
-    """BT = inverse(W)^T for the Vandermonde matrix W of ``points`` and infinity."""
-    a = len(points) + 1
-    W = np.zeros((a, a))
-    for i, p in enumerate(points):
-        W[i] = [p ** j for j in range(a)]
-    W[-1, -1] = 1.0
-    return np.linalg.inv(W).T
-
-
-_BT[8] = _vandermonde_bt(_POINTS[8])  # no integer form; applied as a general 8 x 8 product
+# a = 8: inverse(W)^T's rows scaled to dyadic constants (each row of BT may take any scale: G
+# follows from BT); rows of a pair +-p differ in the sign of the odd columns, which the written-out
+# transform uses (:func:`_bt`; ``tests/test_winograd.py`` checks the rows against the Vandermonde form)
+_BT[8] = np.array([[1, 0, -21 / 4, 0, 21 / 4, 0, -1, 0], [0, 1, 1, -17 / 4, -17 / 4, 1, 1, 0],
+                   [0, -1, 1, 17 / 4, -17 / 4, -1, 1, 0], [0, 1 / 2, 1 / 4, -5 / 2, -5 / 4, 2, 1, 0],
+                   [0, -1 / 2, 1 / 4, 5 / 2, -5 / 4, -2, 1, 0], [0, 1, 2, -5 / 4, -5 / 2, 1 / 4, 1 / 2, 0],
+                   [0, -1, 2, 5 / 4, -5 / 2, -1 / 4, 1 / 2, 0], [0, -1, 0, 21 / 4, 0, -21 / 4, 0, 1]], np.float64)
 #: a larger tile in y and x (a = 8: F(9 - r, r)) where it needs this fraction of a = 6's
 #: transform positions or fewer.  It costs more per transformed value (a general product)
 #: but does fewer GEMM products per output: faster wherever it needs no more positions
@@ -190,7 +186,7 @@ def winograd_memory(n, c_in, c_out, in_spatial, kernel, threads=1) -> int:
 # float64 literal would widen every operation), and unsigned offsets: numba wraps negative
 # indices, and that check alone kept these loops scalar (18x slower).  The loops over i
 # (the channels) then compile to 16-wide vectors.  ``a`` names the points: 1 identity, 4
-# (z), 6 (y and x).
+# (z), 6 or 8 (y and x).
 @njit(nogil=True, cache=True, inline="always")
 def _strides(d0, ds, v0, vs):  # pragma: no cover - compiled
     u = np.uint64
@@ -198,28 +194,104 @@ def _strides(d0, ds, v0, vs):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _general(B, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
-    """v[:, i] = B d[:, i] for i < L, B (rows x 8) float32: one output row at a time."""
+def _bt8(d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
+    """v[:, i] = BT d[:, i] for i < L, a = 8 (:data:`_BT`): per pair of points +-p the even
+    and odd columns' sums E and O, then E + O and E - O (one load per value, 30 operations
+    instead of 64)."""
     u = np.uint64
+    c2, c17, c21 = np.float32(2.0), np.float32(4.25), np.float32(5.25)
+    c05, c025, c125, c25 = np.float32(0.5), np.float32(0.25), np.float32(1.25), np.float32(2.5)
     d0, ds, v0, vs = u(d0), u(ds), u(v0), u(vs)
-    for q in range(B.shape[0]):
-        b0, b1, b2, b3, b4, b5, b6, b7 = B[q, 0], B[q, 1], B[q, 2], B[q, 3], B[q, 4], B[q, 5], B[q, 6], B[q, 7]
-        k0 = v0 + u(q) * vs
-        for i in range(u(L)):
-            j = d0 + i
-            v[k0 + i] = (b0 * d[j] + b1 * d[j + ds] + b2 * d[j + u(2) * ds] + b3 * d[j + u(3) * ds]
-                         + b4 * d[j + u(4) * ds] + b5 * d[j + u(5) * ds] + b6 * d[j + u(6) * ds]
-                         + b7 * d[j + u(7) * ds])
+    for i in range(u(L)):
+        j = d0 + i
+        x0, x1, x2, x3 = d[j], d[j + ds], d[j + u(2) * ds], d[j + u(3) * ds]
+        x4, x5, x6, x7 = d[j + u(4) * ds], d[j + u(5) * ds], d[j + u(6) * ds], d[j + u(7) * ds]
+        k = v0 + i
+        v[k] = (x0 - x6) + c21 * (x4 - x2)
+        e, o = (x2 + x6) - c17 * x4, (x1 + x5) - c17 * x3
+        v[k + vs] = e + o
+        v[k + u(2) * vs] = e - o
+        e, o = (c025 * x2 + x6) - c125 * x4, (c05 * x1 + c2 * x5) - c25 * x3
+        v[k + u(3) * vs] = e + o
+        v[k + u(4) * vs] = e - o
+        e, o = (c2 * x2 + c05 * x6) - c25 * x4, (x1 + c025 * x5) - c125 * x3
+        v[k + u(5) * vs] = e + o
+        v[k + u(6) * vs] = e - o
+        v[k + u(7) * vs] = (x7 - x1) + c21 * (x3 - x5)
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _bt(a, B, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
-    """v[:, i] = BT d[:, i] for i < L (``B``: BT as float32, read for a = 8 only)."""
+def _pairs8(x, j, xs):  # pragma: no cover - compiled
+    """The 8 values at x[j + k * xs] as (value at 0, sum and difference per pair of points
+    +-1, +-2, +-1/2, value at infinity)."""
+    u = np.uint64
+    a1, a2, a3, a4 = x[j + xs], x[j + u(2) * xs], x[j + u(3) * xs], x[j + u(4) * xs]
+    a5, a6 = x[j + u(5) * xs], x[j + u(6) * xs]
+    return x[j], a1 + a2, a1 - a2, a3 + a4, a3 - a4, a5 + a6, a5 - a6, x[j + u(7) * xs]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _at8(m, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
+    """y[:, i] = AT x[:, i] for i < L, a = 8, m = 4-7 outputs: row k is sum_p p^k x_p over the
+    points 0, +-1, +-2, +-1/2, so per pair the sum (even k) or difference (odd k) of its two
+    values; the infinity value joins row m - 1.  One loop per m: a branch on m inside the
+    loop kept it scalar (9x slower)."""
+    u = np.uint64
+    c2, c4, c8, c16, c32, c64 = (np.float32(2.0), np.float32(4.0), np.float32(8.0), np.float32(16.0),
+                                 np.float32(32.0), np.float32(64.0))
+    h1, h2, h3, h4, h5, h6 = (np.float32(0.5), np.float32(0.25), np.float32(0.125), np.float32(0.0625),
+                              np.float32(0.03125), np.float32(0.015625))
+    x0, xs, y0, ys = u(x0), u(xs), u(y0), u(ys)
+    y2, y3, y4, y5, y6 = u(2) * ys, u(3) * ys, u(4) * ys, u(5) * ys, u(6) * ys
+    if m == 4:
+        for i in range(u(L)):
+            a0, s1, d1, s2, d2, s3, d3, a7 = _pairs8(x, x0 + i, xs)
+            k = y0 + i
+            y[k] = a0 + s1 + s2 + s3
+            y[k + ys] = d1 + c2 * d2 + h1 * d3
+            y[k + y2] = s1 + c4 * s2 + h2 * s3
+            y[k + y3] = d1 + c8 * d2 + h3 * d3 + a7
+    elif m == 5:
+        for i in range(u(L)):
+            a0, s1, d1, s2, d2, s3, d3, a7 = _pairs8(x, x0 + i, xs)
+            k = y0 + i
+            y[k] = a0 + s1 + s2 + s3
+            y[k + ys] = d1 + c2 * d2 + h1 * d3
+            y[k + y2] = s1 + c4 * s2 + h2 * s3
+            y[k + y3] = d1 + c8 * d2 + h3 * d3
+            y[k + y4] = s1 + c16 * s2 + h4 * s3 + a7
+    elif m == 6:
+        for i in range(u(L)):
+            a0, s1, d1, s2, d2, s3, d3, a7 = _pairs8(x, x0 + i, xs)
+            k = y0 + i
+            y[k] = a0 + s1 + s2 + s3
+            y[k + ys] = d1 + c2 * d2 + h1 * d3
+            y[k + y2] = s1 + c4 * s2 + h2 * s3
+            y[k + y3] = d1 + c8 * d2 + h3 * d3
+            y[k + y4] = s1 + c16 * s2 + h4 * s3
+            y[k + y5] = d1 + c32 * d2 + h5 * d3 + a7
+    else:
+        for i in range(u(L)):
+            a0, s1, d1, s2, d2, s3, d3, a7 = _pairs8(x, x0 + i, xs)
+            k = y0 + i
+            y[k] = a0 + s1 + s2 + s3
+            y[k + ys] = d1 + c2 * d2 + h1 * d3
+            y[k + y2] = s1 + c4 * s2 + h2 * s3
+            y[k + y3] = d1 + c8 * d2 + h3 * d3
+            y[k + y4] = s1 + c16 * s2 + h4 * s3
+            y[k + y5] = d1 + c32 * d2 + h5 * d3
+            y[k + y6] = s1 + c64 * s2 + h6 * s3 + a7
+
+
+@njit(nogil=True, cache=True)
+def _bt(a, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
+    """v[:, i] = BT d[:, i] for i < L."""
     c2, c4, c5 = np.float32(2.0), np.float32(4.0), np.float32(5.0)
-    d0, s1, s2, s3, v0, t1, t2, t3 = _strides(d0, ds, v0, vs)
     if a == 8:
-        _general(B, d, d0, ds, v, v0, vs, L)
-    elif a == 6:
+        _bt8(d, d0, ds, v, v0, vs, L)
+        return
+    d0, s1, s2, s3, v0, t1, t2, t3 = _strides(d0, ds, v0, vs)
+    if a == 6:
         for i in range(np.uint64(L)):
             j = d0 + i
             x0, x1, x2, x3, x4, x5 = d[j], d[j + s1], d[j + s2], d[j + s3], d[j + s2 + s2], d[j + s2 + s3]
@@ -245,56 +317,70 @@ def _bt(a, B, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _at(a, m, A, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
+def _pairs6(x, j, xs):  # pragma: no cover - compiled
+    """The 6 values at x[j + k * xs] as (value at 0, sum and difference per pair of points
+    +-1, +-2, value at infinity)."""
+    u = np.uint64
+    a1, a2, a3, a4 = x[j + xs], x[j + u(2) * xs], x[j + u(3) * xs], x[j + u(4) * xs]
+    return x[j], a1 + a2, a1 - a2, a3 + a4, a3 - a4, x[j + u(5) * xs]
+
+
+@njit(nogil=True, cache=True)
+def _at(a, m, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
     """y[:, i] = AT x[:, i] for i < L: ``a`` values in, ``m`` out (1 and 1: the identity).
-    Row k evaluates at the points (powers k); the infinity value joins row m - 1.  ``A``:
-    AT as float32, read for a = 8 only."""
+    Row k evaluates at the points (powers k); the infinity value joins row m - 1.  One loop
+    per (a, m), as in :func:`_at8`."""
+    u = np.uint64
     c2, c4, c8, c16 = np.float32(2.0), np.float32(4.0), np.float32(8.0), np.float32(16.0)
-    x0, s1, s2, s3, y0, t1, t2, t3 = _strides(x0, xs, y0, ys)
     if a == 8:
-        _general(A, x, x0, xs, y, y0, ys, L)
+        _at8(m, x, x0, xs, y, y0, ys, L)
+        return
+    x0, s1, s2, s3, y0, t1, t2, t3 = _strides(x0, xs, y0, ys)
+    if a == 6 and m == 2:
+        for i in range(u(L)):
+            v0, p1, d1, p2, d2, v5 = _pairs6(x, x0 + i, s1)
+            y[y0 + i] = v0 + p1 + p2
+            y[y0 + i + t1] = d1 + c2 * d2 + v5
+    elif a == 6 and m == 3:
+        for i in range(u(L)):
+            v0, p1, d1, p2, d2, v5 = _pairs6(x, x0 + i, s1)
+            y[y0 + i] = v0 + p1 + p2
+            y[y0 + i + t1] = d1 + c2 * d2
+            y[y0 + i + t2] = p1 + c4 * p2 + v5
+    elif a == 6 and m == 4:
+        for i in range(u(L)):
+            v0, p1, d1, p2, d2, v5 = _pairs6(x, x0 + i, s1)
+            y[y0 + i] = v0 + p1 + p2
+            y[y0 + i + t1] = d1 + c2 * d2
+            y[y0 + i + t2] = p1 + c4 * p2
+            y[y0 + i + t3] = d1 + c8 * d2 + v5
     elif a == 6:
-        for i in range(np.uint64(L)):
-            j = x0 + i
-            v0, v1, v2, v3, v4, v5 = x[j], x[j + s1], x[j + s2], x[j + s3], x[j + s2 + s2], x[j + s2 + s3]
-            p12, d12, p34, d34 = v1 + v2, v1 - v2, v3 + v4, v3 - v4
-            k = y0 + i
-            if m == 2:
-                y[k] = v0 + p12 + p34
-                y[k + t1] = d12 + c2 * d34 + v5
-            elif m == 3:
-                y[k] = v0 + p12 + p34
-                y[k + t1] = d12 + c2 * d34
-                y[k + t2] = p12 + c4 * p34 + v5
-            elif m == 4:
-                y[k] = v0 + p12 + p34
-                y[k + t1] = d12 + c2 * d34
-                y[k + t2] = p12 + c4 * p34
-                y[k + t3] = d12 + c8 * d34 + v5
-            else:
-                y[k] = v0 + p12 + p34
-                y[k + t1] = d12 + c2 * d34
-                y[k + t2] = p12 + c4 * p34
-                y[k + t3] = d12 + c8 * d34
-                y[k + t2 + t2] = p12 + c16 * p34 + v5
-    elif a == 4:
-        for i in range(np.uint64(L)):
+        for i in range(u(L)):
+            v0, p1, d1, p2, d2, v5 = _pairs6(x, x0 + i, s1)
+            y[y0 + i] = v0 + p1 + p2
+            y[y0 + i + t1] = d1 + c2 * d2
+            y[y0 + i + t2] = p1 + c4 * p2
+            y[y0 + i + t3] = d1 + c8 * d2
+            y[y0 + i + t2 + t2] = p1 + c16 * p2 + v5
+    elif a == 4 and m == 2:
+        for i in range(u(L)):
             j = x0 + i
             v0, v1, v2, v3 = x[j], x[j + s1], x[j + s2], x[j + s3]
-            k = y0 + i
-            if m == 2:
-                y[k] = v0 + v1 + v2
-                y[k + t1] = v1 - v2 + v3
-            else:
-                y[k] = v0 + v1 + v2
-                y[k + t1] = v1 - v2
-                y[k + t2] = v1 + v2 + v3
+            y[y0 + i] = v0 + v1 + v2
+            y[y0 + i + t1] = v1 - v2 + v3
+    elif a == 4:
+        for i in range(u(L)):
+            j = x0 + i
+            v0, v1, v2, v3 = x[j], x[j + s1], x[j + s2], x[j + s3]
+            y[y0 + i] = v0 + v1 + v2
+            y[y0 + i + t1] = v1 - v2
+            y[y0 + i + t2] = v1 + v2 + v3
     else:
-        for i in range(np.uint64(L)):
+        for i in range(u(L)):
             y[y0 + i] = x[x0 + i]
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True)
 def _to_channels_last(x, n, z, y, R, rb):  # pragma: no cover - compiled
     """R[rb + k * C + c] = x[n, c, z, y, k]: one input row, channels last (short rows
     (MPF fragments) gathered along the channels, long ones scattered: 3x faster each)."""
@@ -315,7 +401,7 @@ def _to_channels_last(x, n, z, y, R, rb):  # pragma: no cover - compiled
                 R[dst + k * C_] = xf[src + k]
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True)
 def _to_channels_first(S, sb, bias, code, alpha, out, n, z, y):  # pragma: no cover - compiled
     """out[n, o, z, y, i] = act(S[sb + i * O + o] + bias[o]) (the epilogue ``(code,
     alpha)``): one staged output row back to channels first (``out`` may be a strided view)."""
@@ -331,7 +417,7 @@ def _to_channels_first(S, sb, bias, code, alpha, out, n, z, y):  # pragma: no co
 
 
 @njit(nogil=True, cache=True)
-def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, Bz, By, Bx, R, P, Q, lz, ly, lx):  # pragma: no cover - compiled
+def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q, lz, ly, lx):  # pragma: no cover - compiled
     """V[t, (r - r0) * ntx + i, c] (V flat, C order, ``NT`` tiles per position) = position
     t of the transform of tile i of tile row r, channel c, for tile rows r in [r0, r1);
     ``x`` starts at ``(lz, ly, lx)`` of the input: before it and past its edge reads as 0.
@@ -363,21 +449,21 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, Bz, By, Bx, R, P, Q, l
             tile = (r - r0) * ntx + it
             for i in range(az):
                 for j in range(ay):
-                    _bt(ax, Bx, R, (i * ay + j) * W * C + it * mx * C, C, P, (i * ay + j) * ax * C, C, C)
+                    _bt(ax, R, (i * ay + j) * W * C + it * mx * C, C, P, (i * ay + j) * ax * C, C, C)
             if az == 1:
                 for bx in range(ax):
-                    _bt(ay, By, P, bx * C, ax * C, V, (bx * NT + tile) * C, ax * NT * C, C)
+                    _bt(ay, P, bx * C, ax * C, V, (bx * NT + tile) * C, ax * NT * C, C)
             else:  # P and Q both (az, ay, ax, C): per z point, the ax x C values of a y point are one run
                 for i in range(az):
-                    _bt(ay, By, P, i * ay * ax * C, ax * C, Q, i * ay * ax * C, ax * C, ax * C)
+                    _bt(ay, P, i * ay * ax * C, ax * C, Q, i * ay * ax * C, ax * C, ax * C)
                 for j in range(ay):
                     for bx in range(ax):
-                        _bt(az, Bz, Q, (j * ax + bx) * C, ay * ax * C, V, ((j * ax + bx) * NT + tile) * C,
+                        _bt(az, Q, (j * ax + bx) * C, ay * ax * C, V, ((j * ax + bx) * NT + tile) * C,
                             ay * ax * NT * C, C)
 
 
 @njit(nogil=True, cache=True)
-def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, Az, Ay, Ax, bias, code, alpha, P, Q, S):  # pragma: no cover - compiled
+def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, code, alpha, P, Q, S):  # pragma: no cover - compiled
     """out[n, o, tile (r, i)] = act(AT M[:, tile, o] + bias[o]) (the epilogue, M flat:
     (T, NT, C_out) in C order) for tile rows [r0, r1); outputs past the edge are dropped.  Channels last as in
     :func:`_input_transform`: per tile z (into ``P``), y (into ``Q``), x (into the staged
@@ -398,18 +484,18 @@ def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, Az, Ay, Ax, bias, c
             if az > 1:
                 for j in range(ay):
                     for bx in range(ax):
-                        _at(az, mz, Az, M, ((j * ax + bx) * NT + tile) * O, ay * ax * NT * O, P, (j * ax + bx) * O,
+                        _at(az, mz, M, ((j * ax + bx) * NT + tile) * O, ay * ax * NT * O, P, (j * ax + bx) * O,
                             ay * ax * O, O)
                 src, s0, s_z, s_y, s_x = P, 0, ay * ax * O, ax * O, O
             for rz in range(mz):
                 if az > 1:  # P (az, ay, ax, O) and Q (mz, my, ax, O): the ax x O values of a y point are one run
-                    _at(ay, my, Ay, P, rz * s_z, s_y, Q, rz * my * ax * O, ax * O, ax * O)
+                    _at(ay, my, P, rz * s_z, s_y, Q, rz * my * ax * O, ax * O, ax * O)
                     continue
                 for bx in range(ax):
-                    _at(ay, my, Ay, src, s0 + rz * s_z + bx * s_x, s_y, Q, (rz * my * ax + bx) * O, ax * O, O)
+                    _at(ay, my, src, s0 + rz * s_z + bx * s_x, s_y, Q, (rz * my * ax + bx) * O, ax * O, O)
             for rz in range(mz):
                 for ry in range(my):
-                    _at(ax, mx, Ax, Q, (rz * my + ry) * ax * O, O, S, ((rz * my + ry) * W + it * mx) * O, O, O)
+                    _at(ax, mx, Q, (rz * my + ry) * ax * O, O, S, ((rz * my + ry) * W + it * mx) * O, O, O)
         for rz in range(mz):
             z = tz * mz + rz
             if z >= Zo:
@@ -539,9 +625,9 @@ class WinogradConv(ResidentConv):
             Vf, Mf = V.reshape(-1), M.reshape(-1)
             for r0, r1 in blocks[w::len(sets)]:
                 k = (r1 - r0) * ntx
-                _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, *self.BT, R, P, Q, *low)
+                _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, R, P, Q, *low)
                 np.matmul(V[:, :k], self.U, out=M[:, :k])  # T sgemm calls
-                _output_transform(Mf, out, r0, r1, nty, ntz, ntx, self.ms, self.al, *self.AT, bias, code, alpha, P, Q, S)
+                _output_transform(Mf, out, r0, r1, nty, ntz, ntx, self.ms, self.al, bias, code, alpha, P, Q, S)
 
         if pool is None:
             work(0)

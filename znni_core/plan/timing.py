@@ -20,7 +20,7 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 19  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
+CALIBRATION_VERSION = 20  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
 # 14: outputs from an arena, as the executor runs; 15: larger winograd calls;
 # 16: winograd transforms priced per 1D pass; 17: 1x1x1 chains and exp calibrated; 18: winograd blocks of 3 MiB;
 # 19: a winograd cost per tile)
