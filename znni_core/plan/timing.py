@@ -20,10 +20,10 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 20  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
+CALIBRATION_VERSION = 21  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
 # 14: outputs from an arena, as the executor runs; 15: larger winograd calls;
 # 16: winograd transforms priced per 1D pass; 17: 1x1x1 chains and exp calibrated; 18: winograd blocks of 3 MiB;
-# 19: a winograd cost per tile)
+# 19: a winograd cost per tile; 20: written-out 8-point transforms; 21: a cost per transform position)
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
 
@@ -293,12 +293,15 @@ _WINOGRAD_CAL = {"shape": (16, 64, 64), "kernel": (1, 3, 3), "channels": (16, 64
 
 
 def _winograd_terms(n, cin, cout, in_spatial, kernel):
-    """(transformed values, multiply-adds, channel rows, tiles) of one winograd call: ``tiles T
-    (C_in + C_out)``, ``tiles T C_in C_out``, ``tile rows (C_in + C_out)`` (the rows are
-    transposed channels last and back, and carry the per-row work of narrow planes) and the tiles."""
+    """(transformed values, multiply-adds, channel rows, transform positions) of one winograd
+    call: ``tiles T (C_in + C_out)``, ``tiles T C_in C_out``, ``tile rows (C_in + C_out)`` (the
+    rows are transposed channels last and back, and carry the per-row work of narrow planes)
+    and ``tiles T`` (each position's 1D transforms are calls whatever the channels: a 3^3
+    tile's 256 positions cost about 4x a (1,3,3) tile's 64, measured 9-18 ns per position both)."""
     T, tiles, nt = L.winograd_sizes(n, in_spatial, kernel)
     rows = tiles // nt[2]
-    return float(tiles) * T * (cin + cout), float(tiles) * T * cin * cout, float(rows) * (cin + cout), float(tiles)
+    return (float(tiles) * T * (cin + cout), float(tiles) * T * cin * cout, float(rows) * (cin + cout),
+            float(tiles) * T)
 
 
 def _winograd_rates(threads: int) -> dict:
@@ -321,27 +324,27 @@ def _winograd_rates(threads: int) -> dict:
         x = rng.standard_normal((n, c) + shape, dtype=np.float32)
         conv = L.WinogradConv(w, None, shape, threads=threads)
         conv.keep_buffers = True
-        values, macs, rows, tiles = _winograd_terms(n, c, c, shape, k)
-        terms.append((values, rows, tiles))
+        values, macs, rows, positions = _winograd_terms(n, c, c, shape, k)
+        terms.append((values, rows, positions))
         times.append(max(_best_of(lambda: conv(x), repeats=5) - macs * _loglog(points, c), 0.0))
         conv.release()
     try:
-        per_value, per_row, per_tile = (float(v) for v in np.linalg.solve(np.array(terms), np.array(times)))
+        per_value, per_row, per_position = (float(v) for v in np.linalg.solve(np.array(terms), np.array(times)))
     except np.linalg.LinAlgError:
-        per_value = per_row = per_tile = -1.0
-    if min(per_value, per_row, per_tile) < 0:
-        # noisy timings: the two 48-map calls alone (per value, per row) and the rest per tile
+        per_value = per_row = per_position = -1.0
+    if min(per_value, per_row, per_position) < 0:
+        # noisy timings: the two 48-map calls alone (per value, per row) and the rest per position
         (v1, r1, t1), (v2, r2, t2), (v3, r3, t3) = terms
         det = v1 * r2 - v2 * r1
         per_value, per_row = (times[0] * r2 - times[1] * r1) / det, (v1 * times[1] - v2 * times[0]) / det
         if per_value <= 0 or per_row <= 0:  # the wide call's time per value, the rest per row
             per_value = times[0] / v1
             per_row = max(times[1] - v2 * per_value, 0.0) / r2
-        per_tile = max(times[2] - v3 * per_value - r3 * per_row, 0.0) / t3
+        per_position = max(times[2] - v3 * per_value - r3 * per_row, 0.0) / t3
     c = _WINOGRAD_CAL["channels"][1]
     w2 = rng.standard_normal((c, c) + k, dtype=np.float32)
     build = _best_of(lambda: L.WinogradConv(w2, None, sp, threads=threads), repeats=2)
-    return {"mac_points": points, "s_per_value": per_value, "s_per_row": per_row, "s_per_tile": per_tile,
+    return {"mac_points": points, "s_per_value": per_value, "s_per_row": per_row, "s_per_position": per_position,
             "build_s_per_value": build / (L.winograd_kernel_bytes(c, c, k, sp) / F32)}
 
 
@@ -385,11 +388,11 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
     if primitive == "winograd":
         r = cal["fft"]["winograd"]
-        values, macs, rows, tiles = _winograd_terms(n, cin, cout, in_spatial, layer.kernel)
+        values, macs, rows, positions = _winograd_terms(n, cin, cout, in_spatial, layer.kernel)
         # calibrated on (1,3,3): two 1D transform passes per value each way; a 3D kernel makes three
         # (n337's 3^3 layers: measured 1.5-1.8x the two-pass prediction)
         passes = sum(1 for k in layer.kernel if int(k) > 1) / 2
-        return (values * r["s_per_value"] * passes + rows * r["s_per_row"] + tiles * r["s_per_tile"]
+        return (values * r["s_per_value"] * passes + rows * r["s_per_row"] + positions * r["s_per_position"]
                 + macs * _loglog(r["mac_points"], cin)
                 + calls * 1e-4)
     if primitive == "fft-gemm":
