@@ -213,3 +213,62 @@ def test_pointwise_chain_equals_torch_layer_by_layer(threads, block):
     np.testing.assert_allclose(y, t.numpy(), rtol=1e-5, atol=1e-5)
     with pytest.raises(InputError, match="1x1x1 chain"):
         conv_pointwise_chain(x, [(np.ones((2, 4, 1, 1, 1), np.float32), None, None)])
+
+
+@pytest.mark.parametrize("shapes", [((40, 24), (24, 3000)), ((3, 40, 24), (3, 24, 700)), ((40, 24), (2, 24, 3000)),
+                                    ((5, 8, 6), (5, 6, 7)), ((7, 5), (5, 9))])
+def test_run_gemm_splits_over_the_run_threads_with_blas_single_threaded(shapes):
+    """Inside a run (``thread_limits``) BLAS is single-threaded (a threaded OpenBLAS call leaves
+    its workers spinning into the next step) and ``gemm`` hands each run thread a slab of the
+    batch or the columns: equal to ``numpy.matmul``, with or without ``out``, split or not."""
+    from threadpoolctl import threadpool_info
+
+    from znni_core.inference import thread_limits
+    from znni_core.layers import threads as T
+
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(s, dtype=np.float32) for s in shapes)
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    blas = lambda: {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}  # noqa: E731
+    before = blas()
+    with thread_limits(2):
+        assert blas() == {1}
+        got = T.gemm(a, b)
+        out = np.full(ref.shape, np.nan, np.float32)
+        assert T.gemm(a, b, out) is out
+    assert blas() == before
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_run_gemm_counts_its_worker_calls(monkeypatch):
+    """Two run threads: a wide product runs as two single-threaded calls on two pool threads,
+    a narrow one as one call; outside a run, one call."""
+    import threading
+
+    from znni_core.inference import thread_limits
+    from znni_core.layers import threads as T
+
+    calls = []
+    real = np.matmul
+
+    class Recorder:
+        def matmul(self, *args, **kw):
+            calls.append((threading.current_thread().name, args[1].shape))
+            return real(*args, **kw)
+
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+    monkeypatch.setattr(T, "np", Recorder())
+    a = np.ones((16, 8), np.float32)
+    with thread_limits(2):
+        T.gemm(a, np.ones((8, 4 * T.MIN_COLUMNS), np.float32))
+        assert sorted(s for _, s in calls) == [(8, 2 * T.MIN_COLUMNS)] * 2
+        assert len({n for n, _ in calls}) == 2 and all(n.startswith("znni-gemm") for n, _ in calls)
+        calls.clear()
+        T.gemm(a, np.ones((8, 10), np.float32))
+        assert [s for _, s in calls] == [(8, 10)]
+    calls.clear()
+    T.gemm(a, np.ones((8, 4 * T.MIN_COLUMNS), np.float32))
+    assert [s for _, s in calls] == [(8, 4 * T.MIN_COLUMNS)]

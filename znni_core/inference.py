@@ -37,8 +37,11 @@ def as_input(net: Network, x) -> np.ndarray:
 
 @contextlib.contextmanager
 def thread_limits(threads: int):
-    """Give BLAS and numba the plan's thread count for the duration of a run."""
+    """Give numba and OpenMP the plan's thread count for the duration of a run, BLAS one thread
+    and znni's GEMMs the plan's threads (:func:`~znni_core.layers.threads.run_threads`)."""
     from threadpoolctl import threadpool_limits
+
+    from .layers.threads import run_threads
 
     try:
         import numba
@@ -48,7 +51,7 @@ def thread_limits(threads: int):
     except Exception:  # numba missing or not configurable: nothing to restore
         numba, old = None, None
     try:
-        with threadpool_limits(limits=threads):
+        with threadpool_limits(limits=threads, user_api="openmp"), run_threads(threads):
             yield
     finally:
         if numba is not None and old is not None:

@@ -33,6 +33,7 @@ from . import arena
 from .activation import apply_activation
 from ._numba import njit, prange
 from .epilogue import FUSABLE, act_row, epilogue
+from .threads import gemm
 from .xp import get_array_module
 
 __all__ = [
@@ -143,7 +144,8 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, act=None):
         w2, P = w.reshape(O, C), Z * Y * X
         for n in range(N):
             direct = out[n].flags.c_contiguous  # else a strided block of a larger output: via a temporary
-            o2 = xp.matmul(w2, x[n].reshape(C, P), out=out[n].reshape(O, P) if direct else None)
+            dst = out[n].reshape(O, P) if direct else None
+            o2 = gemm(w2, x[n].reshape(C, P), dst) if xp is np else xp.matmul(w2, x[n].reshape(C, P), out=dst)
             if xp is np and (b is not None or act is not None):  # one pass, not two
                 _bias_act(o2, np.zeros(O, np.float32) if b is None else b, code, alpha)
             else:
@@ -183,7 +185,10 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, act=None):
             cols[..., :L] = view
             if L < blen:
                 cols[..., L:] = 0  # garbage columns are discarded, but keep them finite
-            xp.matmul(w2, cols2, out=res)
+            if xp is np:
+                gemm(w2, cols2, res)
+            else:
+                xp.matmul(w2, cols2, out=res)
             if xp is np and act is not None:  # bias and activation in one numba pass
                 _bias_act_block(res, np.zeros(O, np.float32) if b is None else b, code, alpha)
             else:

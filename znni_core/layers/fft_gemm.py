@@ -41,6 +41,7 @@ from ._numba import njit
 from .epilogue import act_row
 from .fft import fft_size
 from .resident import ResidentConv
+from .threads import gemm
 from .xp import get_array_module
 
 __all__ = ["FFTGemmConv", "fft_gemm_kernel_bytes", "fft_gemm_memory", "fft_gemm_sizes", "fft_gemm_transform_shape"]
@@ -297,7 +298,7 @@ class FFTGemmConv(ResidentConv):
 
         self._each(pool, forward, len(sets))
         Y = np.empty((F, B, O), np.complex64)
-        np.matmul(X, self.khat, out=Y)  # one batched cgemm over all frequencies
+        gemm(X, self.khat, Y)  # one batched cgemm over all frequencies (split over the run's threads)
         X = None  # frees the input spectra before the output exists (the memory model assumes it)
         if out is None:
             out = arena.empty((n, O) + self.out_spatial)

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import InputError
 from . import arena
 from ._numba import njit, prange
+from .threads import gemm
 from .xp import get_array_module
 
 __all__ = ["avg_pool", "conv_strided", "conv_strided_memory", "conv_transpose", "interpolate", "linear_index", "pad",
@@ -113,7 +114,7 @@ def conv_transpose(x, w, b, stride):
     if tuple(int(s) for s in stride) != k:
         raise InputError(f"conv_transpose needs stride {tuple(stride)} equal to the kernel {k}")
     wm = xp.asarray(w).reshape(ci, -1).T  # (C_out * K, C_in)
-    y_ = xp.matmul(wm, x.reshape(n, ci, -1))  # (N, C_out * K, V)
+    y_ = (gemm if xp is np else xp.matmul)(wm, x.reshape(n, ci, -1))  # (N, C_out * K, V)
     y_ = y_.reshape((n, co) + k + (z, y, xx))
     out = xp.empty((n, co, z, k[0], y, k[1], xx, k[2]), dtype=np.float32)
     out[...] = y_.transpose(0, 1, 5, 2, 6, 3, 7, 4)
@@ -181,7 +182,7 @@ def conv_strided(x, w, b, stride):
                 base, shape=(ci,) + k + (z1 - z0, yo, xo),
                 strides=(Z * Y * X * e, Y * X * e, X * e, e, s[0] * Y * X * e, s[1] * X * e, s[2] * e))
             cols = view.reshape(kk, -1)  # a copy: the gathered windows
-            out[i, :, z0:z1] = (wm @ cols).reshape(co, z1 - z0, yo, xo)
+            out[i, :, z0:z1] = (gemm if xp is np else xp.matmul)(wm, cols).reshape(co, z1 - z0, yo, xo)
             del cols, view
     if b is not None:
         out += xp.asarray(b).reshape(1, -1, 1, 1, 1)

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import arena
-from .threads import blas_limit
+from .threads import blas_limit, gemm
 from ._numba import njit
 from .epilogue import act_row
 from .resident import ResidentConv
@@ -620,13 +620,15 @@ class WinogradConv(ResidentConv):
         rows = n * ntz * nty
         blocks = [(r0, min(rows, r0 + br)) for r0 in range(0, rows, br)]
 
+        product = gemm if pool is None else np.matmul  # one worker: its GEMMs on the run's threads
+
         def work(w):
             V, M, (R, P, Q, S) = sets[w]
             Vf, Mf = V.reshape(-1), M.reshape(-1)
             for r0, r1 in blocks[w::len(sets)]:
                 k = (r1 - r0) * ntx
                 _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, R, P, Q, *low)
-                np.matmul(V[:, :k], self.U, out=M[:, :k])  # T sgemm calls
+                product(V[:, :k], self.U, out=M[:, :k])  # T sgemm calls
                 _output_transform(Mf, out, r0, r1, nty, ntz, ntx, self.ms, self.al, bias, code, alpha, P, Q, S)
 
         if pool is None:
