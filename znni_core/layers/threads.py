@@ -65,7 +65,8 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 def gemm(a, b, out=None):
     """``a @ b`` as ``numpy.matmul`` (float32; 2-D, or stacked with the batch first), on the
     run's threads (:func:`run_threads`; outside a run one call on BLAS's own threads): each
-    worker one single-threaded call on its share of the batch, or else of the columns."""
+    worker (the caller and ``threads - 1`` pooled threads) one single-threaded call on its
+    share of the batch, or else of the columns."""
     if out is None:
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         out = np.empty(batch + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
@@ -84,5 +85,8 @@ def gemm(a, b, out=None):
             np.matmul(a, b[..., s], out=out[..., s])
     else:
         return np.matmul(a, b, out=out)
-    list(_pool(workers).map(part, range(workers)))
+    rest = [_pool(workers - 1).submit(part, w) for w in range(1, workers)]
+    part(0)  # the caller is a worker too: one thread fewer to wake
+    for f in rest:
+        f.result()
     return out

@@ -17,13 +17,15 @@ from pathlib import Path
 import numpy as np
 
 from .. import layers as L
+from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 21  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
+CALIBRATION_VERSION = 22  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
 # 14: outputs from an arena, as the executor runs; 15: larger winograd calls;
 # 16: winograd transforms priced per 1D pass; 17: 1x1x1 chains and exp calibrated; 18: winograd blocks of 3 MiB;
-# 19: a winograd cost per tile; 20: written-out 8-point transforms; 21: a cost per transform position)
+# 19: a winograd cost per tile; 20: written-out 8-point transforms; 21: a cost per transform position;
+# 22: measured as runs run: BLAS single-threaded, GEMMs split over the threads)
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
 
@@ -112,7 +114,9 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
         return hit
     # every timed call takes its output from an arena, as a run's patches do after the first
     # (fresh pages cost the kernel's zeroing on first touch; the executor reuses buffers)
-    with L.arena.using(L.arena.Arena(1 << 31)):
+    # and inside a run's thread setting (BLAS single-threaded, GEMMs split over the threads): a
+    # threaded BLAS call before a timed call left OpenBLAS's workers spinning through it
+    with L.arena.using(L.arena.Arena(1 << 31)), run_threads(threads):
         cal = _measure(threads)
     cache.put(key, cal)
     return cal
@@ -305,18 +309,26 @@ def _winograd_terms(n, cin, cout, in_spatial, kernel):
 
 
 def _winograd_rates(threads: int) -> dict:
-    """Seconds per multiply-add of the per-position GEMMs (timed alone, on one block of tiles,
-    at two reduction lengths), per transformed value and per channel row (the rest of a call,
-    on wide and on narrow planes), and per kernel-transform value built."""
+    """Seconds per multiply-add of the per-position GEMMs (timed alone, as a call runs them:
+    each worker its own blocks of tiles on one BLAS thread, at two reduction lengths), per
+    transformed value and per channel row (the rest of a call, on wide and on narrow planes),
+    and per kernel-transform value built."""
     rng = np.random.default_rng(0)
     sp, k = _WINOGRAD_CAL["shape"], _WINOGRAD_CAL["kernel"]
-    points = []
+    points, blocks = [], 8
     for c in _WINOGRAD_CAL["channels"]:
         conv = L.WinogradConv(rng.standard_normal((c, c) + k, dtype=np.float32), None, sp, threads=threads)
-        V, M, _ = conv._buffers(1)[1][0]
-        V[...] = 1.0
-        points.append([c, _best_of(lambda: np.matmul(V, conv.U, out=M)) / (conv.T * c * c * V.shape[1])])
+        V = np.ones_like(conv._buffers(1)[1][0][0])
         conv.release()
+        sets = [(V.copy(), np.empty_like(V[..., :1].repeat(c, -1))) for _ in range(threads)]
+
+        def worker(w):
+            for _ in range(blocks):
+                np.matmul(sets[w][0], conv.U, out=sets[w][1])
+
+        with blas_limit(1):
+            seconds = _best_of(lambda: each_worker(worker, threads))
+        points.append([c, seconds / (blocks * threads * conv.T * c * c * V.shape[1])])
     terms, times = [], []
     many, few = _WINOGRAD_CAL["transform_channels"], _WINOGRAD_CAL["few_channels"]
     for c, (n, shape) in ((many, _WINOGRAD_CAL["wide"]), (many, _WINOGRAD_CAL["narrow"]), (few, _WINOGRAD_CAL["wide"])):
