@@ -1,6 +1,10 @@
-# Validate the configuration against the network and the layers, and autotune the plan: once.
-# Everything that can be known to fail fails here, before any task is scheduled.
+# Validate the configuration against the network and the layers, autotune the plan, then create
+# the output layer (info + provenance): once, in one job (a second job cost a process start here
+# and a queue wait under SLURM). Everything that can be known to fail fails here, before any task
+# is scheduled and before the layer is written.
 # Give this rule the same mem_mb and threads as infer_job (the plan is made for that job size).
+# The layer directory is never a Snakemake output (Snakemake deletes outputs before a job runs):
+# layer.json is its marker.
 
 
 rule validate:
@@ -9,6 +13,7 @@ rule validate:
     output:
         run=f"{WORK}/run.json",
         plan=f"{WORK}/plan.json",
+        layer=f"{WORK}/layer.json",
     params:
         env=ZNNI_ENV,
         config=CONFIG_JSON,
@@ -20,4 +25,5 @@ rule validate:
     resources:
         mem_mb=2000,
     shell:
-        "{params.env} znni validate --config-json {params.config:q} --mem-mb {resources.mem_mb} --threads {threads} > {log} 2>&1"
+        "{params.env} znni validate --config-json {params.config:q} --mem-mb {resources.mem_mb} --threads {threads} "
+        "--layer-marker {output.layer} > {log} 2>&1"

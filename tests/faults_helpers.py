@@ -119,9 +119,9 @@ def znni(*args, env=None, timeout=120, check=False) -> subprocess.CompletedProce
 
 
 def prepare(case: Case, mem_mb: int = 2000) -> Case:
-    """validate (plan, once) + create-layer + tasks, as the workflow's first three rules do."""
-    znni("validate", case.config, "--mem-mb", mem_mb, "--threads", 1, check=True)
-    znni("create-layer", case.run_file, "--marker", case.work / "layer.json", check=True)
+    """validate (plan, then the output layer, once) + tasks, as the workflow's first rules do."""
+    znni("validate", case.config, "--mem-mb", mem_mb, "--threads", 1, "--layer-marker", case.work / "layer.json",
+         check=True)
     znni("tasks", case.run_file, "--output", case.work / "tasks.json", check=True)
     return case
 

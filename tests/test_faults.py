@@ -277,10 +277,10 @@ def test_t28c_bad_scale_key_in_config_refused(base, tmp_path):
     cfg = yaml.safe_load(case.config.read_text())
     cfg["output"]["scale_key"] = "../outside"
     case.config.write_text(yaml.safe_dump(cfg))
-    # refused by `validate` or, at the latest, by `create-layer`: before any layer write or task
-    p = H.znni("validate", case.config, "--mem-mb", 2000, "--threads", 1)
-    if p.returncode == 0:
-        p = H.znni("create-layer", case.run_file)
+    # refused by `validate` (checks, then the layer, as the workflow's first job): before any layer
+    # write or task
+    p = H.znni("validate", case.config, "--mem-mb", 2000, "--threads", 1, "--layer-marker", case.work / "layer.json")
     assert p.returncode != 0 and "key" in p.stderr.lower(), p.stderr[-2000:]
+    assert not (case.work / "layer.json").exists()
     assert "Traceback" not in p.stderr
     assert not (case.root / "outside").exists() and not case.out.exists()

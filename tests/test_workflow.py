@@ -73,7 +73,7 @@ def test_workflow_equals_infer_and_is_byte_identical(two_runs):
     s = json.loads((report / "summary.json").read_text())
     assert s["failed"] == [] and s["done"] == s["tasks"] and (report / "preview.png").stat().st_size > 0
     assert "neuroglancer" in s and (report / "report.html").is_file()
-    for log in ("validate.log", "create_layer.log", "jobs/000000.log", "finalize.log"):
+    for log in ("validate.log", "jobs/000000.log", "finalize.log"):
         assert (Path(cfg_a["work_dir"]) / "logs" / log).is_file()
 
 

@@ -32,8 +32,11 @@ def register(app: typer.Typer) -> None:
                                                   "workflow so --config overrides count); replaces CONFIG's content"),
         threads: Optional[int] = typer.Option(None, "--threads", help="threads of one infer job (the plan's)"),
         dry_run: bool = typer.Option(False, "--dry-run", help="check and print the plan; write nothing"),
+        layer_marker: Optional[Path] = typer.Option(None, "--layer-marker", help="also create the output layer "
+                                                    "(as `znni create-layer --marker`) and write this marker"),
     ):
-        """Check config, network and layers (everything that can fail before scheduling); write the plan."""
+        """Check config, network and layers (everything that can fail before scheduling); write the plan
+        (and with --layer-marker create the output layer: the workflow's first job does both)."""
         from ..errors import ZnniError
         from .config import load_config, resolve, save_run, validate_config
 
@@ -51,6 +54,8 @@ def register(app: typer.Typer) -> None:
         path = save_run(run, plan, Path(run["work_dir"]))
         _log(f"run file {path}; plan {run['plan']['path']}; {run['num_tasks']} tasks")
         _log_estimate(cfg, run, plan)
+        if layer_marker:
+            _create_output_layer(path, layer_marker)
 
     @app.command("estimate")
     def estimate_cmd(
@@ -79,25 +84,7 @@ def register(app: typer.Typer) -> None:
     def create_layer_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP),
                          marker: Optional[Path] = typer.Option(None, help="write this local marker file when done")):
         """Create the output layer's info and provenance once (or check an existing layer matches)."""
-        from ..errors import ZnniError
-        from ..io import atomic_write, create_layer, parse_layer_url
-        from .config import load_run, output_specs
-
-        try:
-            run = load_run(run_file)
-            cfg = run["config"]
-            url = parse_layer_url(run["output"]["url"], endpoint=cfg["output"]["endpoint_url"])
-            prov = {"description": f"znni dense inference of {Path(run['network']['path']).name} on {run['input']['url']}",
-                    "owners": [], "sources": [run["input"]["url"]],
-                    "processing": [{"method": {"task": "znni create-layer", "run_digest": run["digest"]},
-                                    "by": "znni", "date": run["created"]}]}
-            state = create_layer(url, output_specs(run), prov)
-        except ZnniError as exc:
-            _fail(exc)
-        _log(f"output layer {url}: {state}")
-        if marker:
-            atomic_write(marker, (json.dumps({"layer": str(url), "state": state, "run_digest": run["digest"],
-                                               "info": run["output"]["info"]}, indent=1) + "\n").encode())
+        _create_output_layer(run_file, marker)
 
     @app.command("tasks")
     def tasks_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP),
@@ -312,6 +299,29 @@ def register(app: typer.Typer) -> None:
             pass
         finally:
             srv.close()
+
+
+def _create_output_layer(run_file: Path, marker: Optional[Path]) -> None:
+    """The output layer's info and provenance, once (an existing layer must match), then ``marker``."""
+    from ..errors import ZnniError
+    from ..io import atomic_write, create_layer, parse_layer_url
+    from .config import load_run, output_specs
+
+    try:
+        run = load_run(run_file)
+        cfg = run["config"]
+        url = parse_layer_url(run["output"]["url"], endpoint=cfg["output"]["endpoint_url"])
+        prov = {"description": f"znni dense inference of {Path(run['network']['path']).name} on {run['input']['url']}",
+                "owners": [], "sources": [run["input"]["url"]],
+                "processing": [{"method": {"task": "znni create-layer", "run_digest": run["digest"]},
+                                "by": "znni", "date": run["created"]}]}
+        state = create_layer(url, output_specs(run), prov)
+    except ZnniError as exc:
+        _fail(exc)
+    _log(f"output layer {url}: {state}")
+    if marker:
+        atomic_write(marker, (json.dumps({"layer": str(url), "state": state, "run_digest": run["digest"],
+                                           "info": run["output"]["info"]}, indent=1) + "\n").encode())
 
 
 def _log_estimate(cfg, run, plan) -> None:
