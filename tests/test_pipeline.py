@@ -468,3 +468,24 @@ def test_job_overlaps_read_compute_and_store_with_bounded_memory(tmp_path, monke
         run_job(rf, 0, n, log=lambda *a: None)
     done = [manifest_path(load_run(rf), t).is_file() for t in ids]
     assert done == [k != 1 for k in range(n)]
+
+
+def test_task_compute_tiles_the_plan_over_a_larger_box_as_one_infer():
+    """``task.compute`` cuts a task's box into the plan's output tiles (partial at the high ends),
+    one Dask task each, and equals one ``infer`` over the whole box; it reports one progress
+    step per tile and shares the kernel cache."""
+    from tests.nets import make_net
+    from znni_core.pipeline.task import compute
+    from znni_core.plan import autotune
+
+    net = make_net([("conv", 3, 3), ("act", "relu"), ("pool", 2), ("conv", 2, 3)])
+    fov = net.field_of_view
+    plan = autotune(net, patch_shape=tuple(f + 3 for f in fov), memory_budget=1 << 30, use_cache=False)
+    out_shape = tuple(2 * o + 1 for o in plan.output_shape)  # two tiles and a partial third per axis
+    x = np.random.default_rng(0).standard_normal((1,) + tuple(o + f - 1 for o, f in zip(out_shape, fov)),
+                                                 dtype=np.float32)
+    steps = []
+    y = compute(net, plan, x, out_shape, progress=steps.append)
+    assert y.shape == (net.out_channels,) + out_shape
+    assert len(steps) == 27
+    np.testing.assert_allclose(y, znni_core.infer(net, x), rtol=1e-5, atol=1e-5)

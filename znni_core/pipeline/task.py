@@ -96,29 +96,34 @@ def normalise(raw: np.ndarray, scale: float, shift: float, inner=None) -> np.nda
 
 
 def compute(net, plan, x: np.ndarray, out_shape, *, device: str = "cpu", progress=None) -> np.ndarray:
-    """Dense output ``(C_out,) + out_shape`` of ``x`` (input = output + F - 1), by Dask tiles of the plan."""
+    """Dense output ``(C_out,) + out_shape`` of ``x`` (input = output + F - 1), by Dask tiles of the
+    plan: one delayed task per output tile (the plan's output shape; partial at the high ends),
+    reading its tile grown by the field of view, run in order (the engine threads inside each) into
+    one output array.  ``dask.delayed``, not ``dask.array``: importing the latter cost every job
+    0.27 s."""
+    import itertools
+
     import dask
-    import dask.array as da
 
     from .. import infer
 
     fov = net.field_of_view
+    out_shape = tuple(int(s) for s in out_shape)
     tile = tuple(min(t, s) for t, s in zip(plan.output_shape, out_shape))
-    chunks = da.core.normalize_chunks((net.out_channels,) + tile, (net.out_channels,) + tuple(out_shape))
+    out = np.empty((net.out_channels,) + out_shape, np.float32)
+    cache: dict = {}  # the plan's resident FFT kernel spectra, built once for every tile
 
-    cache: dict = {}  # the plan's resident FFT kernel spectra, built once for every block
-
-    def one_tile(block_info=None):
-        loc = block_info[None]["array-location"][1:]
-        sl = tuple(slice(a, b + f - 1) for (a, b), f in zip(loc, fov))
-        y = infer(net, np.ascontiguousarray(x[(slice(None),) + sl]), device=device, plan=plan, cache=cache)
+    def one_tile(lo):
+        hi = tuple(min(a + t, s) for a, t, s in zip(lo, tile, out_shape))
+        sl = tuple(slice(a, b + f - 1) for a, b, f in zip(lo, hi, fov))
+        out[(slice(None),) + tuple(slice(a, b) for a, b in zip(lo, hi))] = infer(
+            net, np.ascontiguousarray(x[(slice(None),) + sl]), device=device, plan=plan, cache=cache)
         if progress is not None:
             progress(1)
-        return y
 
-    arr = da.map_blocks(one_tile, chunks=chunks, dtype=np.float32, meta=np.empty((0, 0, 0, 0), np.float32))
-    with dask.config.set(scheduler="synchronous"):  # the engine threads inside each tile
-        return np.asarray(arr.compute())
+    starts = itertools.product(*(range(0, s, t) for s, t in zip(out_shape, tile)))
+    dask.compute(*[dask.delayed(one_tile)(lo) for lo in starts], scheduler="synchronous")
+    return out
 
 
 def graph_read(net, plan, region: Roi, write_roi: Roi, halo):
