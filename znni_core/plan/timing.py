@@ -285,7 +285,7 @@ def _fft_gemm_rates(threads: int) -> dict:
             "build_s_per_value": build / (L.fft_gemm_kernel_bytes(c2, c2, sp, k) / 8)}
 
 
-#: Winograd calibration: (1,3,3) kernels on 16 x 64^2 (36 transform positions); the GEMM rate
+#: Winograd calibration: (1,3,3) kernels on 16 x 64^2 (64 transform positions); the GEMM rate
 #: at two reduction lengths (C_in); the transforms from whole calls at 48 maps on wide planes
 #: and on many narrow ones (MPF fragments), and at few maps on wide planes: a cost per transformed
 #: value, one per tile row and one per tile (a tile's work that does not scale with its channels:
@@ -320,7 +320,7 @@ def _winograd_rates(threads: int) -> dict:
         conv = L.WinogradConv(rng.standard_normal((c, c) + k, dtype=np.float32), None, sp, threads=threads)
         V = np.ones_like(conv._buffers(1)[1][0][0])
         conv.release()
-        sets = [(V.copy(), np.empty_like(V[..., :1].repeat(c, -1))) for _ in range(threads)]
+        sets = [(V.copy(), np.empty_like(V)) for _ in range(threads)]  # C_in = C_out: M is V's shape
 
         def worker(w):
             for _ in range(blocks):
