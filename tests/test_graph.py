@@ -271,6 +271,53 @@ def test_activations_after_convs_run_in_the_conv_output_pass(tmp_path, monkeypat
             assert fused == after_conv and set(calls) == {"sigmoid"}, (prims, fused, calls)
 
 
+@pytest.mark.parametrize("merge", ["add", "concat"])
+def test_winograd_convs_hand_channels_last_tensors_only_to_readers_that_take_them(tmp_path, monkeypatch, merge):
+    """A Winograd conv writes channels last only where every reader runs on it at speed: a
+    Winograd conv, an element-wise node, a max-pool, a nearest upsampling (and so on through
+    them). Never into a 1x1x1 (direct) conv, a concat or the output, never mixed with a
+    channels-first input of an add; the output equals PyTorch's and, bit for bit, the
+    channels-first run's."""
+    import znni_core.exec.graph as EG
+    from znni_core.layers.layout import is_channels_last
+
+    torch.manual_seed(4)
+    model = randomise_bn(UNet(valid=False, depth=2, kernel=(1, 3, 3), pool=(1, 2, 2), width=3, bn=True, merge=merge,
+                              act="elu"), 4)
+    shape = _shape(model, (3, 24, 24))
+    net = znni_core.load_network(export(model, tmp_path / "u.onnx", shape))
+    x = np.random.default_rng(4).standard_normal((1,) + shape).astype(np.float32)
+    plan = autotune(net, memory_budget=2**30, patch_shape=shape, primitives=("winograd",), use_cache=False)
+    chosen = EG.channels_last_tensors(plan, net)
+    assert chosen and all(plan.steps[i].primitive == "winograd" for i, n in enumerate(net.nodes) if n.output in chosen)
+    seen, real_node, real_chain = [], EG._node, EG._chain
+
+    def node(step, nd, env, *a, **k):
+        y = real_node(step, nd, env, *a, **k)
+        seen.append((nd, step.primitive, [is_channels_last(env[i][0]) for i in nd.inputs], is_channels_last(y)))
+        return y
+
+    def chain(nd, followers, env, *a):
+        seen.append((nd, nd.op, [is_channels_last(env[i][0]) for i in nd.inputs], None))
+        return real_chain(nd, followers, env, *a)
+
+    monkeypatch.setattr(EG, "_node", node)
+    monkeypatch.setattr(EG, "_chain", chain)
+    out = znni_core.infer(net, x, plan=plan)
+    np.testing.assert_allclose(out, run(model, x), rtol=1e-4, atol=1e-5)
+    for nd, prim, ins, y in seen:
+        if nd.op == "conv":
+            assert y == (nd.output in chosen), nd.name
+            assert prim == "winograd" or not any(ins), nd.name  # a direct conv reads channels first
+        if nd.op == "concat":
+            assert not any(ins)
+        if nd.op in ("add", "mul"):
+            assert len(set(ins)) == 1, nd.name  # never mixed
+    assert any(y for *_, y in seen)
+    monkeypatch.setattr(EG, "channels_last_tensors", lambda plan, graph: set())
+    np.testing.assert_array_equal(znni_core.infer(net, x, plan=plan), out)
+
+
 def test_exact_tiles_memory_walk_tracks_the_executor(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = randomise_bn(UNet(valid=False, depth=2, kernel=(1, 3, 3), pool=(1, 2, 2), width=6, bn=True,

@@ -267,10 +267,70 @@ def test_run_gemm_counts_its_worker_calls(monkeypatch):
         assert sorted(s for _, s in calls) == [(8, 2 * T.MIN_COLUMNS)] * 2
         names = {n for n, _ in calls}  # the caller and one pooled thread
         assert len(names) == 2 and threading.current_thread().name in names
-        assert any(n.startswith("znni-gemm") for n in names)
+        assert any(n.startswith("znni-worker") for n in names)
         calls.clear()
         T.gemm(a, np.ones((8, 10), np.float32))
         assert [s for _, s in calls] == [(8, 10)]
     calls.clear()
     T.gemm(a, np.ones((8, 4 * T.MIN_COLUMNS), np.float32))
     assert [s for _, s in calls] == [(8, 4 * T.MIN_COLUMNS)]
+
+
+def test_layer_workers_are_pooled_threads_started_once():
+    """Two-worker Winograd, FFT-GEMM and FFT-task layers called again and again start no thread
+    after their first call (the workers are the caller and the process's pooled threads)."""
+    import threading
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 6, 6, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((6, 6, 1, 3, 3)).astype(np.float32)
+    ref = reference(x, w, None)
+    layers = [WinogradConv(w, None, x.shape[2:], threads=2), FFTGemmConv(w, None, x.shape[2:], threads=2),
+              FFTConv(w, None, x.shape[2:], threads=2, mode="task")]
+    started = []
+    real = threading.Thread.start
+
+    def counting(self):
+        started.append(self.name)
+        return real(self)
+
+    for layer in layers:  # the first calls may start the pool
+        np.testing.assert_allclose(layer(x), ref, rtol=1e-4, atol=1e-3)
+    threading.Thread.start = counting
+    try:
+        for _ in range(3):
+            for layer in layers:
+                np.testing.assert_allclose(layer(x), ref, rtol=1e-4, atol=1e-3)
+    finally:
+        threading.Thread.start = real
+    assert started == []
+
+
+def test_each_worker_runs_every_worker_and_raises_after_all_end():
+    import threading
+    import time
+
+    from znni_core.layers.threads import each_worker
+
+    seen, done = [], []
+
+    def fn(w):
+        seen.append((w, threading.current_thread().name))
+        if w == 0:
+            raise ValueError("worker 0")
+        time.sleep(0.05)  # still running when worker 0 fails: each_worker must wait for it
+        done.append(w)
+
+    with pytest.raises(ValueError, match="worker 0"):
+        each_worker(fn, 3)
+    assert sorted(w for w, _ in seen) == [0, 1, 2] and sorted(done) == [1, 2]
+    assert dict(seen)[0] == threading.current_thread().name  # the caller is worker 0
+
+    inner = []  # from a pooled thread, a fan-out runs inline there (no pooled task waits on the pool)
+
+    def outer(w):
+        me = threading.current_thread().name
+        each_worker(lambda v: inner.append((w, v, me == threading.current_thread().name)), 2)
+
+    each_worker(outer, 2)
+    assert sorted(inner) == [(0, 0, True), (0, 1, False), (1, 0, True), (1, 1, True)]

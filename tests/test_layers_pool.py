@@ -107,3 +107,39 @@ def test_inplace_filter_fragments_equal_mpf(p):
     offsets = list(itertools.product(*(range(q) for q in p)))
     got = np.stack([fragment_of_filtered(xf, p, o) for o in offsets], axis=1).reshape(want.shape)
     assert np.array_equal(got, want)
+
+
+def test_channels_last_pool_upsample_and_residual_stay_channels_last_and_equal_channels_first():
+    """Max-pooling, nearest upsampling and the add/affine/activation pass keep a channels-last
+    input channels last (``layers/layout``) and equal the channels-first results exactly; a
+    mixed add is still right."""
+    from znni_core.layers.epilogue import add_affine_act
+    from znni_core.layers.layout import as_contiguous, empty_like_layout, is_channels_last, memory_order
+    from znni_core.layers.resample import upsample_nearest
+
+    rng = np.random.default_rng(3)
+    cl = lambda a: np.ascontiguousarray(memory_order(a)).transpose(0, 4, 1, 2, 3)  # noqa: E731
+    x = rng.standard_normal((2, 5, 6, 10, 12)).astype(np.float32)
+    y = rng.standard_normal(x.shape).astype(np.float32)
+    xc, yc = cl(x), cl(y)
+    assert is_channels_last(xc) and not is_channels_last(x) and not is_channels_last(cl(x[:, :1]))
+    for p in [(1, 2, 2), (2, 2, 2), (1, 3, 2)]:
+        got = max_pool(xc, p)
+        assert is_channels_last(got)
+        np.testing.assert_array_equal(got, max_pool(x, p))
+        np.testing.assert_array_equal(got, torch.nn.functional.max_pool3d(torch.from_numpy(x), p).numpy())
+    for f in [(1, 2, 2), (2, 1, 3)]:
+        got = upsample_nearest(xc, f)
+        assert is_channels_last(got)
+        np.testing.assert_array_equal(got, x.repeat(f[0], 2).repeat(f[1], 3).repeat(f[2], 4))
+    s, t = rng.standard_normal(5).astype(np.float32), rng.standard_normal(5).astype(np.float32)
+    for b, bc in [(y, yc), (None, None)]:
+        want = add_affine_act(x, b, s, t, ("elu", 1.0))
+        got = add_affine_act(xc, bc, s, t, ("elu", 1.0))
+        assert is_channels_last(got)
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(add_affine_act(xc, y, s, t, ("relu", 0.0)), add_affine_act(x, y, s, t, ("relu", 0.0)))
+    part = xc[:, :, 1:5]  # a part of a channels-last array is copied channels last
+    assert not is_channels_last(part) and is_channels_last(as_contiguous(part))
+    np.testing.assert_array_equal(as_contiguous(part), x[:, :, 1:5])
+    assert is_channels_last(empty_like_layout(xc)) and empty_like_layout(x).flags.c_contiguous

@@ -243,3 +243,44 @@ def test_winograd_in_unet_graph_plans_equals_torch(tmp_path, valid):
         x = np.random.default_rng(5).standard_normal((1,) + shape).astype(np.float32)
         out = znni_core.infer(net, x, plan=plan)
         np.testing.assert_allclose(out, run(model, x), rtol=1e-4, atol=1e-5)
+
+
+def _channels_last(a):
+    from znni_core.layers.layout import memory_order
+
+    return np.ascontiguousarray(memory_order(a)).transpose(0, 4, 1, 2, 3)
+
+
+@pytest.mark.parametrize("kernel", [(1, 3, 3), (3, 3, 3), (1, 5, 5), (2, 1, 4)])
+def test_winograd_reads_and_writes_channels_last_as_channels_first(kernel):
+    """A channels-last input (``layers/layout``) reads as its channels-first self, zero padding
+    included; ``channels_last`` makes the output channels last (ELU applied); a strided
+    channels-last destination gets only its block.  Against the float64 reference."""
+    from znni_core.layers.activation import apply_activation
+    from znni_core.layers.layout import is_channels_last
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 5, 6, 13, 11)).astype(np.float32)
+    w = rng.standard_normal((7, 5) + kernel).astype(np.float32)
+    b = rng.standard_normal(7).astype(np.float32)
+    low = tuple(k // 2 for k in kernel)
+    spatial = tuple(n + k - 1 for n, k in zip(x.shape[2:], kernel))  # "same" output
+    xpad = np.zeros(x.shape[:2] + spatial, np.float32)
+    xpad[(slice(None), slice(None)) + tuple(slice(lo, lo + n) for lo, n in zip(low, x.shape[2:]))] = x
+    ref = apply_activation(reference(xpad, w, b).astype(np.float32), "elu", 1.0)
+    conv = WinogradConv(w, b, spatial, threads=2)
+    conv.act = ("elu", 1.0)
+    xc = _channels_last(x)
+    for src in (x, xc):
+        for cl in (False, True):
+            conv.channels_last = cl
+            y = conv(src, low=low)
+            assert is_channels_last(y) == cl
+            assert rel_err(y, ref) <= TOL
+    big = _channels_last(np.full((2, 7, 8, 15, 13), 5.0, np.float32))
+    dst = big[:, :, 1:7, 1:14, 2:13]
+    conv.channels_last = False  # the destination decides
+    assert conv(xc, out=dst, low=low) is dst and rel_err(np.ascontiguousarray(dst), ref) <= TOL
+    mask = np.ones(big.shape, bool)
+    mask[:, :, 1:7, 1:14, 2:13] = False
+    assert (big[mask] == 5.0).all()

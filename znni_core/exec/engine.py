@@ -53,6 +53,8 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
         fn = convs[step.index]
         if isinstance(fn, ResidentConv):  # set per call: the object is cached across calls and patches
             fn.act = fused_act(step)
+        if isinstance(fn, WinogradConv):
+            fn.channels_last = False  # the graph executor sets it where the readers take it
         return fn
     act = fused_act(step)
     if prim == "direct-torch":
@@ -79,11 +81,15 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
     raise PlanError(f"step {step.index}: unknown convolution primitive {prim!r}")
 
 
-def _run_conv(step, layer: Conv, x, xp, convs):
+def _run_conv(step, layer: Conv, x, xp, convs, channels_last=False):
+    """``layer`` on ``x`` by the step's primitive, blocks and micro-batches; ``channels_last``:
+    a one-call Winograd step returns its output channels last (``layers/layout``)."""
     n, spatial = x.shape[0], tuple(x.shape[2:])
     mb = step.micro_batch or n
     tile, origins = conv_blocks(spatial, layer.kernel, step.tile)
     fn = _conv_fn(step, layer, tile, xp, convs)
+    if channels_last and isinstance(fn, WinogradConv):
+        fn.channels_last = True
     if xp is not np and get_array_module(x) is np:  # GPU + host RAM: x lives on the host
         out = np.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), np.float32)
         ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]

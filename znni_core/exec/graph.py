@@ -6,7 +6,10 @@ element-wise node writes into an input that dies there, exactly as the planner's
 (direct GEMM, FFT with resident kernel spectra, Winograd) on the zero-padded input (Winograd
 reads the zeros in place, no padded copy).  Passes are fused where a tensor has one reader: a
 conv applies the activation after it (``fuses_next``), an add or affine the affine and
-activation after it (``chain_after``).
+activation after it (``chain_after``).  A Winograd conv whose readers all run channels last
+(Winograd convs, element-wise nodes, max-pooling, nearest upsampling, and so on through them:
+:func:`channels_last_tensors`) writes its output channels last (``layers/layout``): no
+transposes between such layers.
 
 A patch too large for the budget runs in output **tiles** (``plan.tile``), each computing
 every tensor only over the range its voxels depend on (``needed_ranges``): zero padding
@@ -23,6 +26,7 @@ from ..layers.resample import (avg_pool, conv_strided, conv_transpose, interpola
                                upsample_nearest)
 from ..net.graph import Graph
 from ..layers.epilogue import add_affine_act
+from ..layers.layout import as_contiguous
 from ..layers.xp import get_array_module
 from ..plan.graph import _in_range, chain_after, conv_window, fuses_next, in_place_input, needed_ranges, tile_starts
 from ..plan.plan import PADS_INPUT
@@ -42,11 +46,68 @@ def _take(value, lo, hi):
     return arr[(slice(None), slice(None)) + sl]
 
 
-def _node(step, node, env, a, b, shapes, out, xp, convs):
-    """``node``'s output over ``[a, b)``; ``out`` is an input array to overwrite (or None)."""
+#: nodes that keep their input's layout and run channels last at speed (``add``/``mul``: when
+#: every input is channels last)
+_KEEPS_LAYOUT = ("act", "affine", "add", "mul", "pool", "resize")
+
+
+def channels_last_tensors(plan, graph: Graph) -> set:
+    """Names of the Winograd conv outputs to write channels last (``layers/layout``).
+
+    A tensor is channels last if a chosen conv wrote it, or a node that keeps the layout
+    (:data:`_KEEPS_LAYOUT`; a max-pool, a nearest upsampling; an add or mul of channels-last
+    inputs) made it from one.  A conv is chosen while every channels-last tensor that flows
+    from it is read only by untiled Winograd convs and such nodes, never mixed with a
+    channels-first input, and is not the network's output; the others are dropped until
+    none breaks that.  A one-channel output is channels first anyway."""
+    steps = plan.steps
+    readers: dict = {}
+    for i, node in enumerate(graph.nodes):
+        for name in set(node.inputs):
+            readers.setdefault(name, []).append(i)
+
+    def keeps(node):
+        return node.op in _KEEPS_LAYOUT and (node.op != "pool" or node["kind"] == "max") and (
+            node.op != "resize" or node["mode"] == "nearest")
+
+    def reads(i):  # reads a channels-last input at speed (a mixed add is checked apart)
+        node, step = graph.nodes[i], steps[i]
+        if node.op == "conv":
+            return step.primitive == "winograd" and not step.tile and not step.micro_batch
+        return keeps(node)
+
+    chosen = {node.output for node, step in zip(graph.nodes, steps)
+              if node.op == "conv" and step.primitive == "winograd" and not step.tile and not step.micro_batch
+              and node.conv.out_channels > 1}
+    while True:
+        sources: dict = {}  # channels-last tensor -> the chosen convs it flows from
+        for node in graph.nodes:
+            if node.op == "conv":
+                if node.output in chosen:
+                    sources[node.output] = {node.output}
+            elif keeps(node):
+                ins = [sources.get(i) for i in node.inputs]
+                if all(v is not None for v in ins):
+                    sources[node.output] = set().union(*ins)
+        drop = set()
+        for name, src in sources.items():
+            bad = name == graph.output or not all(reads(i) for i in readers.get(name, ()))
+            bad = bad or any(graph.nodes[i].op in ("add", "mul") and graph.nodes[i].output not in sources
+                             for i in readers.get(name, ()))  # mixed with a channels-first input
+            if bad:
+                drop |= src
+        if not drop:
+            return chosen
+        chosen -= drop
+
+
+def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
+    """``node``'s output over ``[a, b)``; ``out`` is an input array to overwrite (or None);
+    ``cl``: a Winograd conv writes it channels last."""
     op = node.op
     name = node.inputs[0]
     n_in = shapes[name][1:]
+    contiguous = as_contiguous if xp is np else xp.ascontiguousarray
     if op == "conv":
         raw_lo, raw_hi = conv_window(node, a, b)
         clip_lo = tuple(max(0, v) for v in raw_lo)
@@ -57,12 +118,15 @@ def _node(step, node, env, a, b, shapes, out, xp, convs):
         if (any(low) or any(high)) and step.primitive in PADS_INPUT and not step.tile and get_array_module(x) is xp:
             # zeros read in place of the padding: no padded copy
             spatial = tuple(r1 - r0 for r0, r1 in zip(raw_lo, raw_hi))
-            return _conv_fn(step, node.conv, spatial, xp, convs)(xp.ascontiguousarray(x), low=low)
-        x = pad(x, low, high) if any(low) or any(high) else xp.ascontiguousarray(x)
+            fn = _conv_fn(step, node.conv, spatial, xp, convs)
+            if cl:
+                fn.channels_last = True
+            return fn(contiguous(x), low=low)
+        x = pad(x, low, high) if any(low) or any(high) else contiguous(x)
         if step.primitive == "strided":
             return conv_strided(x, _const(xp, node.conv.weight), None if node.conv.bias is None else
                                 _const(xp, node.conv.bias), node["stride"])
-        return _run_conv(step, node.conv, x, xp, convs)
+        return _run_conv(step, node.conv, x, xp, convs, channels_last=cl)
     r = [_in_range(node, ax, a[ax], b[ax], n_in[ax]) for ax in range(3)]
     lo, hi = tuple(v[0] for v in r), tuple(v[1] for v in r)
     if op in ("deconv", "resize"):
@@ -81,7 +145,7 @@ def _node(step, node, env, a, b, shapes, out, xp, convs):
             if op == "deconv" else upsample_nearest(x, f)
         sl = tuple(slice(s - l * ff, s - l * ff + (e - s)) for s, e, l, ff in zip(a, b, lo, f))
         return y if all(s.start == 0 and s.stop == n for s, n in zip(sl, y.shape[2:])) else \
-            xp.ascontiguousarray(y[(slice(None), slice(None)) + sl])
+            contiguous(y[(slice(None), slice(None)) + sl])
     if op == "pool":
         x = _take(env[name], lo, hi)
         return max_pool(x, node["window"]) if node["kind"] == "max" else avg_pool(x, node["window"])
@@ -139,6 +203,8 @@ def _run_range(plan, graph: Graph, x, shapes, lo, hi, xp, convs):
     fused = {i for i, s in enumerate(plan.steps) if fuses_next(graph, i, s.primitive, remaining)}
     chains = {i: c for i in range(len(graph.nodes)) if (c := chain_after(graph, i, remaining))} if xp is np else {}
     skip = {i + 1 for i in fused} | {j for c in chains.values() for j in c}
+    whole = not any(lo) and tuple(hi) == tuple(shapes[graph.output][1:])  # tiles read parts: not there
+    cl = channels_last_tensors(plan, graph) if xp is np and whole else set()
     rlo, rhi = need[graph.input]
     env = {graph.input: (x[(slice(None), slice(None)) + tuple(slice(a, b) for a, b in zip(rlo, rhi))], rlo)}
     for i, (step, node) in enumerate(zip(plan.steps, graph.nodes)):
@@ -151,7 +217,7 @@ def _run_range(plan, graph: Graph, x, shapes, lo, hi, xp, convs):
                 y = _chain(node, [graph.nodes[j] for j in chains[i]], env, a, b, target)
             else:
                 y = _node(fuse(step, graph.nodes[i + 1]["act"]) if i in fused else step, node, env, a, b, shapes,
-                          target, xp, convs)
+                          target, xp, convs, node.output in cl)
             env[node.output] = (y, a)
             del y
         for name in node.inputs:

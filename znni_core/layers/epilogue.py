@@ -21,6 +21,7 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from ._numba import njit, prange
+from .layout import empty_like_layout, is_channels_last, memory_order
 
 __all__ = ["FUSABLE", "NONE", "act_row", "add_affine_act", "epilogue", "exp_neg"]
 
@@ -93,6 +94,24 @@ def act_row(r, lo, hi, code, alpha):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True)
+def _add_affine_act_cl(a, b, has_b, s, t, code, alpha, out):  # pragma: no cover - compiled
+    """:func:`_add_affine_act` on channels-last memory (flat, C-contiguous) in runs of
+    ``len(s)`` values: ``s`` and ``t`` hold the channels' scale and shift repeated over a
+    whole number of voxels, so each run is one plain vector loop (activation in L1)."""
+    L, size = np.uint64(s.size), np.uint64(a.size)
+    for k in prange((size + L - np.uint64(1)) // L):
+        v0 = np.uint64(k) * L
+        n = min(L, size - v0)
+        if has_b:
+            for j in range(n):
+                out[v0 + j] = s[j] * (a[v0 + j] + b[v0 + j]) + t[j]
+        else:
+            for j in range(n):
+                out[v0 + j] = s[j] * a[v0 + j] + t[j]
+        act_row(out, v0, v0 + n, code, alpha)
+
+
+@njit(parallel=True, cache=True)
 def _add_affine_act(a, b, has_b, s, t, code, alpha, out):  # pragma: no cover - compiled
     N, C, Z, Y, X = a.shape
     for k in prange(N * C * Z):
@@ -128,7 +147,13 @@ def add_affine_act(a, b=None, scale=None, shift=None, activation=None, *, out=No
     t = np.broadcast_to(np.asarray(0.0 if shift is None else shift, np.float32).reshape(-1), (C,))
     code, alpha = epilogue(activation)
     if out is None:
-        out = np.empty(a.shape, np.float32)
-    _add_affine_act(a, a if b is None else b, b is not None, np.ascontiguousarray(s), np.ascontiguousarray(t),
-                    code, np.float32(alpha), out)
+        out = empty_like_layout(a)
+    s, t, b2 = np.ascontiguousarray(s), np.ascontiguousarray(t), a if b is None else b
+    if all(is_channels_last(v) for v in (a, b2, out)):  # channels last: runs of whole voxels
+        flat = lambda v: memory_order(v).reshape(-1)  # noqa: E731
+        reps = max(1, 1024 // C)
+        _add_affine_act_cl(flat(a), flat(b2), b is not None, np.tile(s, reps), np.tile(t, reps), code,
+                           np.float32(alpha), flat(out))
+        return out
+    _add_affine_act(a, b2, b is not None, s, t, code, np.float32(alpha), out)
     return out

@@ -42,7 +42,6 @@ import functools
 import json
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -396,7 +395,7 @@ class FFTConv:
         #: keep the call buffers for the next call of the same size (the caller then calls
         #: :meth:`release`); off by default, so a lone call leaves only the kernel spectra
         self.keep_buffers = False
-        self._work = self._pool = None
+        self._work = None
         self.bias = None
         if b is not None:
             self.bias = xp.ascontiguousarray(xp.asarray(b), dtype=xp.float32)
@@ -460,12 +459,9 @@ class FFTConv:
 
     # -- "task": independent transforms / output channels over a pool of workers
     def release(self):
-        """Drop the per-call buffers, plans and worker threads kept between calls of one
-        batch size (the kernel spectra stay).  The executor calls it at the end of a step."""
+        """Drop the per-call buffers and plans kept between calls of one batch size (the
+        kernel spectra stay).  The executor calls it at the end of a step."""
         self._work = None
-        if getattr(self, "_pool", None) is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
 
     def _task_buffers(self, n):
         """Buffers and FFTW plans of a ``task``/``stream`` call on ``n`` items, reused by the
@@ -517,10 +513,8 @@ class FFTConv:
                 if self.bias is not None:
                     dst += self.bias[o]
 
-        if getattr(self, "_pool", None) is None:
-            self._pool = ThreadPoolExecutor(max_workers=max(self.threads, 1))
-        list(self._pool.map(forward, range(len(chunks))))
-        list(self._pool.map(channels, range(nw)))
+        each_worker(forward, len(chunks))
+        each_worker(channels, nw)
         if not self.keep_buffers:
             self.release()
         return out

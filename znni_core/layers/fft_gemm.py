@@ -32,7 +32,6 @@ Written against ``xp`` for the GPU too (:meth:`FFTGemmConv._call_xp`: ``xp.fft``
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -41,7 +40,7 @@ from ._numba import njit
 from .epilogue import act_row
 from .fft import fft_size
 from .resident import ResidentConv
-from .threads import gemm
+from .threads import each_worker, gemm
 from .xp import get_array_module
 
 __all__ = ["FFTGemmConv", "fft_gemm_kernel_bytes", "fft_gemm_memory", "fft_gemm_sizes", "fft_gemm_transform_shape"]
@@ -275,15 +274,14 @@ class FFTGemmConv(ResidentConv):
             fwd = pyfftw.FFTW(rin[..., :mx], cin, axes=(2, 3, 4), threads=1, flags=flags)
             inv = pyfftw.FFTW(cout, rout[..., :mx], axes=(2, 3, 4), direction="FFTW_BACKWARD", threads=1, flags=flags)
             sets.append((rin, cin, fwd, cout, rout, inv))
-        pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
-        bufs = (nb, sets, pool)
+        bufs = (nb, sets)  # run by the caller and pooled threads (each_worker)
         self._work = (n, bufs)
         return bufs
 
     def _call_cpu(self, x, out, low):
         n, zb, F = x.shape[0], self.zb, _freqs(self.tshape)
         B, C, O = n * zb, self.c_in, self.c_out
-        nb, sets, pool = self._buffers(n)
+        nb, sets = self._buffers(n)
         starts = list(range(0, B, nb))
         xs = np.asarray(x, dtype=np.float32)
         X = np.empty((F, B, C), np.complex64)
@@ -296,7 +294,7 @@ class FFTGemmConv(ResidentConv):
                 fwd()  # a short last block transforms stale items too: at most one block of waste
                 _to_freq_major(cin[:k].reshape(k, C, F), X, b0)
 
-        self._each(pool, forward, len(sets))
+        each_worker(forward, len(sets))
         Y = np.empty((F, B, O), np.complex64)
         gemm(X, self.khat, Y)  # one batched cgemm over all frequencies (split over the run's threads)
         X = None  # frees the input spectra before the output exists (the memory model assumes it)
@@ -314,14 +312,8 @@ class FFTGemmConv(ResidentConv):
                 inv(normalise_idft=False)
                 _crop_items(rout[:k], out, b0, zb, bias, has_bias, code, alpha)
 
-        self._each(pool, inverse, len(sets))
+        each_worker(inverse, len(sets))
         if not self.keep_buffers:
             self.release()
         return out
 
-    @staticmethod
-    def _each(pool, fn, workers):
-        if pool is None:
-            fn(0)
-        else:
-            list(pool.map(fn, range(workers)))

@@ -17,7 +17,7 @@ class ResidentConv:
     A subclass builds its kernel transform in ``__init__`` after :meth:`_setup`, and
     implements ``_call_cpu(x, out, low)`` (numpy; ``out`` may be None) and ``_call_xp(x, low)``
     (``low``: where ``x`` starts inside the zero-padded input, when :attr:`PADS_INPUT`).
-    Per-call buffers live in ``self._work = (n, (..., ..., pool))``: kept for the next
+    Per-call buffers live in ``self._work = (n, buffers)``: kept for the next
     call of the same size while ``keep_buffers`` is set (the executor's blocks and
     micro-batches; it then calls :meth:`release`).
     """
@@ -47,9 +47,7 @@ class ResidentConv:
         return w
 
     def release(self):
-        """Drop the per-call buffers and worker threads (the kernel transform stays)."""
-        if self._work is not None and self._work[1][2] is not None:
-            self._work[1][2].shutdown(wait=True)
+        """Drop the per-call buffers (the kernel transform stays)."""
         self._work = None
 
     #: whether the call takes ``low``: an input smaller than ``in_spatial``, zero-padded as it is read

@@ -1,6 +1,10 @@
 """Threads of layers that run their own workers: BLAS thread control, the worker fan-out, and
 the run's GEMMs split over the run's threads.
 
+Workers are the caller and persistent pooled threads (:func:`each_worker`): a layer's call
+starts no thread.  A pool per call cost a thread start per worker per layer (38 in the synapse
+detector's 0.52 s patch; each waits until the new thread runs, which on a busy host is late).
+
 Inside a run (:func:`run_threads`) BLAS stays single-threaded and :func:`gemm` gives each of the
 run's threads its own slab of a product.  A threaded OpenBLAS call leaves its idle workers
 spinning for about 0.1 s (``2^28`` cycles) before they sleep, and they took the cores of the
@@ -19,6 +23,7 @@ _CONTROLLER = None
 _RUN = threading.local()
 _POOLS: dict = {}
 _POOLS_LOCK = threading.Lock()
+_POOLED = threading.local()  # set in the pools' own threads
 #: columns per worker below which :func:`gemm` makes one call (a split costs a few microseconds)
 MIN_COLUMNS = 256
 
@@ -34,12 +39,22 @@ def blas_limit(threads: int):
 
 
 def each_worker(fn, workers: int) -> None:
-    """``fn(0)`` .. ``fn(workers - 1)``, on that many threads (inline for one)."""
-    if workers <= 1:
-        fn(0)
+    """``fn(0)`` .. ``fn(workers - 1)`` at once: ``fn(0)`` on the caller, the others on
+    persistent pooled threads; returns when all have (the first error raised after all end).
+    Inline for one worker, and one after another when called from a pooled thread (no pooled
+    task waits on the pool)."""
+    if workers <= 1 or getattr(_POOLED, "on", False):
+        for w in range(workers):
+            fn(w)
         return
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(fn, range(workers)))
+    rest = [_pool(workers - 1).submit(fn, w) for w in range(1, workers)]
+    try:
+        fn(0)
+    finally:
+        errors = [f.exception() for f in rest]  # waits for every worker before any error propagates
+    for e in errors:
+        if e is not None:
+            raise e
 
 
 @contextlib.contextmanager
@@ -55,10 +70,16 @@ def run_threads(threads: int):
         _RUN.threads = old
 
 
+def _mark_pooled():
+    _POOLED.on = True
+
+
 def _pool(workers: int) -> ThreadPoolExecutor:
+    """The process's pool of ``workers`` threads (made once)."""
     with _POOLS_LOCK:
         if workers not in _POOLS:
-            _POOLS[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="znni-gemm")
+            _POOLS[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="znni-worker",
+                                                 initializer=_mark_pooled)
         return _POOLS[workers]
 
 
@@ -85,8 +106,5 @@ def gemm(a, b, out=None):
             np.matmul(a, b[..., s], out=out[..., s])
     else:
         return np.matmul(a, b, out=out)
-    rest = [_pool(workers - 1).submit(part, w) for w in range(1, workers)]
-    part(0)  # the caller is a worker too: one thread fewer to wake
-    for f in rest:
-        f.result()
+    each_worker(part, workers)  # the caller is a worker too: one thread fewer to wake
     return out

@@ -38,15 +38,14 @@ Written against ``xp`` for the GPU (:meth:`WinogradConv._call_xp`: strided tile 
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 from ..errors import InputError
 from . import arena
-from .threads import blas_limit, gemm
+from .threads import blas_limit, each_worker, gemm
 from ._numba import njit
 from .epilogue import act_row
+from .layout import empty_channels_last, is_channels_last, memory_order
 from .resident import ResidentConv
 from .xp import get_array_module
 
@@ -417,16 +416,43 @@ def _to_channels_first(S, sb, bias, code, alpha, out, n, z, y):  # pragma: no co
 
 
 @njit(nogil=True, cache=True)
-def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q, lz, ly, lx):  # pragma: no cover - compiled
+def _staged_row_out(S, sb, bias, code, alpha, out, n, z, y):  # pragma: no cover - compiled
+    """out[n, z, y, i, o] = act(S[sb + i * O + o] + bias[o]): one staged output row into a
+    channels-last output's memory ``out`` (N, Z, Y, X, C_out) (a strided view allowed); the
+    epilogue runs on the whole staged row in ``S`` first (one long loop, not one per voxel)."""
+    _, _, _, Xo, O = out.shape
+    u = np.uint64
+    O_, sb = u(O), u(sb)
+    for i in range(Xo):
+        base = sb + u(i) * O_
+        for o in range(O_):
+            S[base + o] += bias[o]
+    act_row(S, sb, sb + u(Xo) * O_, code, alpha)
+    orow = out[n, z, y]
+    for i in range(Xo):
+        r = orow[i]
+        base = sb + u(i) * O_
+        for o in range(O_):
+            r[o] = S[base + o]
+
+
+@njit(nogil=True, cache=True)
+def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q, lz, ly, lx, cl):  # pragma: no cover - compiled
     """V[t, (r - r0) * ntx + i, c] (V flat, C order, ``NT`` tiles per position) = position
     t of the transform of tile i of tile row r, channel c, for tile rows r in [r0, r1);
     ``x`` starts at ``(lz, ly, lx)`` of the input: before it and past its edge reads as 0.
+    ``x`` is ``(N, C, Z, Y, X)``, or with ``cl`` the memory of a channels-last input
+    ``(N, Z, Y, X, C)`` (C-contiguous both).
 
     Channels last, so every 1D transform runs on vectors of C channels whatever the width
     of the plane (MPF fragments are a few tiles wide): the tile row's input rows are first
-    transposed into ``R`` (az, ay, W, C), then per tile x (into ``P``), y (into ``V`` for
-    one-deep kernels, else ``Q``) and z (into ``V``)."""
-    _, C, Z, Y, X = x.shape
+    transposed (copied, with ``cl``) into ``R`` (az, ay, W, C), then per tile x (into ``P``),
+    y (into ``V`` for one-deep kernels, else ``Q``) and z (into ``V``)."""
+    if cl:
+        _, Z, Y, X, C = x.shape
+    else:
+        _, C, Z, Y, X = x.shape
+    xf = x.reshape(-1)
     mz, my, mx = ms
     az, ay, ax = al
     T = az * ay * ax
@@ -441,7 +467,11 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q, lz, ly, lx): 
                 zz, yy = z0 + i - lz, y0 + j - ly
                 if 0 <= zz < Z and 0 <= yy < Y:
                     R[rb:rb + lx * C] = 0.0
-                    _to_channels_last(x, n, zz, yy, R, rb + lx * C)
+                    if cl:
+                        src = ((n * Z + zz) * Y + yy) * X * C
+                        R[rb + lx * C:rb + (lx + X) * C] = xf[src:src + X * C]
+                    else:
+                        _to_channels_last(x, n, zz, yy, R, rb + lx * C)
                     R[rb + (lx + X) * C:rb + W * C] = 0.0
                 else:
                     R[rb:rb + W * C] = 0.0
@@ -463,12 +493,16 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q, lz, ly, lx): 
 
 
 @njit(nogil=True, cache=True)
-def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, code, alpha, P, Q, S):  # pragma: no cover - compiled
+def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, code, alpha, P, Q, S, cl):  # pragma: no cover - compiled
     """out[n, o, tile (r, i)] = act(AT M[:, tile, o] + bias[o]) (the epilogue, M flat:
     (T, NT, C_out) in C order) for tile rows [r0, r1); outputs past the edge are dropped.  Channels last as in
     :func:`_input_transform`: per tile z (into ``P``), y (into ``Q``), x (into the staged
-    output rows ``S`` (mz, my, W, C_out)); then ``S`` is transposed into ``out``."""
-    _, O, Zo, Yo, Xo = out.shape
+    output rows ``S`` (mz, my, W, C_out)); then ``S`` is transposed into ``out`` (copied, with
+    ``cl``: ``out`` is then a channels-last output's memory ``(N, Z, Y, X, C_out)``)."""
+    if cl:
+        _, Zo, Yo, Xo, O = out.shape
+    else:
+        _, O, Zo, Yo, Xo = out.shape
     mz, my, mx = ms
     az, ay, ax = al
     T = az * ay * ax
@@ -504,7 +538,10 @@ def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, code, alpha, 
                 y = ty * my + ry
                 if y >= Yo:
                     break
-                _to_channels_first(S, (rz * my + ry) * W * O, bias, code, alpha, out, n, z, y)
+                if cl:
+                    _staged_row_out(S, (rz * my + ry) * W * O, bias, code, alpha, out, n, z, y)
+                else:
+                    _to_channels_first(S, (rz * my + ry) * W * O, bias, code, alpha, out, n, z, y)
 
 
 # ----------------------------------------------------------------------------- the layer
@@ -547,6 +584,9 @@ class WinogradConv(ResidentConv):
         wh = w.get() if hasattr(w, "get") else np.asarray(w)
         u = np.einsum("ai,bj,ek,ocijk->abeco", tr[0][1], tr[1][1], tr[2][1], wh.astype(np.float64), optimize=True)
         self.U = xp.asarray(np.ascontiguousarray(u.reshape(self.T, self.c_in, self.c_out), np.float32))
+        #: a call without ``out`` returns a channels-last array (:mod:`.layout`; numpy only);
+        #: set per call like ``act``.  The input may be channels last either way.
+        self.channels_last = False
 
     @property
     def kernel_cache_bytes(self) -> int:
@@ -603,39 +643,42 @@ class WinogradConv(ResidentConv):
                        np.empty(self.T * c, np.float32), np.empty(self.T * c, np.float32),
                        np.empty(mz * my * ntx * mx * self.c_out, np.float32))
             sets.append((V, M, scratch))
-        pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
-        bufs = (br, sets, pool)
+        bufs = (br, sets)  # run by the caller and pooled threads (each_worker)
         self._work = (n, bufs)
         return bufs
 
     def _call_cpu(self, x, out, low):
         n, O = x.shape[0], self.c_out
         ntz, nty, ntx = self.nt
-        br, sets, pool = self._buffers(n)
-        xs = np.ascontiguousarray(x, dtype=np.float32)
+        br, sets = self._buffers(n)
+        cl_in = is_channels_last(x) and x.dtype == np.float32
+        xs = memory_order(x) if cl_in else np.ascontiguousarray(x, dtype=np.float32)
         if out is None:
-            out = arena.empty((n, O) + self.out_spatial)
+            out = empty_channels_last((n, O) + self.out_spatial) if self.channels_last else \
+                arena.empty((n, O) + self.out_spatial)
+        cl_out = O > 1 and abs(out.strides[1]) == F32 and abs(out.strides[4]) > F32  # channels innermost
+        dst = memory_order(out) if cl_out else out
         bias = self.bias if self.bias is not None else np.zeros(O, np.float32)
         code, alpha = self.epilogue
         rows = n * ntz * nty
         blocks = [(r0, min(rows, r0 + br)) for r0 in range(0, rows, br)]
 
-        product = gemm if pool is None else np.matmul  # one worker: its GEMMs on the run's threads
+        product = gemm if len(sets) == 1 else np.matmul  # one worker: its GEMMs on the run's threads
 
         def work(w):
             V, M, (R, P, Q, S) = sets[w]
             Vf, Mf = V.reshape(-1), M.reshape(-1)
             for r0, r1 in blocks[w::len(sets)]:
                 k = (r1 - r0) * ntx
-                _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, R, P, Q, *low)
+                _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, R, P, Q, *low, cl_in)
                 product(V[:, :k], self.U, out=M[:, :k])  # T sgemm calls
-                _output_transform(Mf, out, r0, r1, nty, ntz, ntx, self.ms, self.al, bias, code, alpha, P, Q, S)
+                _output_transform(Mf, dst, r0, r1, nty, ntz, ntx, self.ms, self.al, bias, code, alpha, P, Q, S, cl_out)
 
-        if pool is None:
+        if len(sets) == 1:
             work(0)
         else:  # each worker's GEMMs on one BLAS thread: no BLAS pool spinning against the workers
             with blas_limit(1):
-                list(pool.map(work, range(len(sets))))
+                each_worker(work, len(sets))
         if not self.keep_buffers:
             self.release()
         return out

@@ -1,0 +1,60 @@
+"""Channels-last arrays: ``(N, C, Z, Y, X)`` views of ``(N, Z, Y, X, C)`` memory.
+
+A layer whose inner loops run over the channels (Winograd's transforms, 16 channels per
+AVX-512 instruction) reads and writes such a view without the transposes a channels-first
+array costs it: on a (1,3,3) layer at 24-28 maps those two transposes took about half of the
+layer's time.  The view is an ordinary ``(N, C, Z, Y, X)`` array of other strides, so every
+primitive stays correct on it; the graph executor hands it only to readers that run on it at
+speed (:func:`~znni_core.exec.graph` decides, per tensor).
+
+>>> import numpy as np
+>>> x = empty_channels_last((1, 3, 2, 2, 2))
+>>> x.shape, is_channels_last(x), is_channels_last(np.empty((1, 3, 2, 2, 2), np.float32))
+((1, 3, 2, 2, 2), True, False)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import arena
+
+__all__ = ["as_contiguous", "empty_channels_last", "empty_like_layout", "is_channels_last", "memory_order"]
+
+
+def is_channels_last(x) -> bool:
+    """Whether the 5-D ``x`` is a whole channels-last view (its ``(N, Z, Y, X, C)`` transpose is
+    C-contiguous) with more than one channel (one channel is channels-first too)."""
+    return (isinstance(x, np.ndarray) and x.ndim == 5 and x.shape[1] > 1 and not x.flags.c_contiguous
+            and memory_order(x).flags.c_contiguous)
+
+
+def memory_order(x):
+    """``x`` ``(N, C, Z, Y, X)`` as ``(N, Z, Y, X, C)`` (a view)."""
+    return x.transpose(0, 2, 3, 4, 1)
+
+
+def empty_channels_last(shape, dtype=np.float32):
+    """An uninitialised channels-last ``shape`` ``(N, C, Z, Y, X)`` (from the current arena)."""
+    n, c, z, y, x = shape
+    return arena.empty((n, z, y, x, c), dtype).transpose(0, 4, 1, 2, 3)
+
+
+def empty_like_layout(x, shape=None):
+    """An uninitialised float32 array of ``shape`` (default ``x.shape``) in ``x``'s layout."""
+    shape = tuple(x.shape if shape is None else shape)
+    return empty_channels_last(shape) if _channels_inner(x) else arena.empty(shape)
+
+
+def as_contiguous(x):
+    """``x`` if it is C-contiguous or a whole channels-last view, else a copy in the layout its
+    strides are closest to (a channels-last part of one stays channels last)."""
+    if x.flags.c_contiguous or is_channels_last(x):
+        return x
+    if _channels_inner(x):
+        return np.ascontiguousarray(memory_order(x)).transpose(0, 4, 1, 2, 3)
+    return np.ascontiguousarray(x)
+
+
+def _channels_inner(x) -> bool:
+    """Whether ``x`` (5-D) keeps its channels innermost in memory."""
+    return x.ndim == 5 and x.shape[1] > 1 and abs(x.strides[1]) == x.itemsize and abs(x.strides[4]) > x.itemsize
