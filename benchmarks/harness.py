@@ -157,9 +157,9 @@ class ZnniRunner:
         orig = engine._run_conv
         acc: dict[int, float] = {}
 
-        def timed(step, layer, x, xp, convs):
+        def timed(step, layer, x, xp, convs, **kw):
             t0 = time.perf_counter()
-            y = orig(step, layer, x, xp, convs)
+            y = orig(step, layer, x, xp, convs, **kw)
             acc[step.index] = acc.get(step.index, 0.0) + time.perf_counter() - t0
             return y
 

@@ -418,3 +418,41 @@ def test_threads_started_after_retain_freed_memory_reuse_the_heap_too():
     if ok != "True":
         pytest.skip("glibc's mallopt is not available here")
     assert int(faults) < 1000, faults
+
+
+def test_winograd_layers_pass_channels_last_through_mpf_and_activations(monkeypatch):
+    """A Winograd conv whose output reaches the next Winograd conv through activations and MPF
+    only writes it channels last (``layers/layout``), and MPF keeps it so; every other conv
+    output (the last conv's, one read by a depth-first pool) is channels first.  The output
+    equals PyTorch's dense result and, bit for bit, the all-channels-first run."""
+    import znni_core.exec.engine as E
+    from znni_core.layers import WinogradConv
+    from znni_core.layers.layout import is_channels_last
+
+    net = make_net([("conv", 4, (1, 3, 3)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 5, (1, 3, 3)),
+                    ("act", "elu", 1.0), ("pool", (1, 2, 2)), ("conv", 3, (2, 3, 3)), ("conv", 2, (1, 3, 3))], seed=19)
+    x = np.random.default_rng(19).standard_normal((1, 5, 45, 45)).astype(np.float32)  # F 26, D 4
+    ref = torch_dense(net, x)
+    seen = []
+    real = WinogradConv._call_cpu
+
+    def call(self, x, out, low):
+        y = real(self, x, out, low)
+        seen.append((self.c_out, is_channels_last(x), is_channels_last(y)))
+        return y
+
+    monkeypatch.setattr(WinogradConv, "_call_cpu", call)
+    # the first conv (one input channel) runs direct-gemm: three Winograd convs
+    for pools, outs in ((("mpf", "mpf"), [True, True, False]), (("mpf", "pool"), [False, True, False])):
+        plan = autotune(net, memory_budget=2**30, patch_shape=x.shape[1:], primitives=("winograd",), pool_modes=pools,
+                        use_cache=False)
+        assert [s.primitive for s in plan.steps if s.op == "pool"] == list(pools)
+        seen.clear()
+        y = znni_core.infer(net, x, plan=plan)
+        assert max_rel_err(y, ref) < 1e-4
+        assert [o for _, _, o in seen[:3]] == outs, seen  # the first offset's convs
+        assert all(i == o_prev for (_, i, _), (_, _, o_prev) in zip(seen[1:3], seen[:2]))  # read as written
+        monkeypatch.setattr(E, "_feeds_winograd", lambda steps, i: False)
+        np.testing.assert_array_equal(znni_core.infer(net, x, plan=plan), y)
+        monkeypatch.undo()
+        monkeypatch.setattr(WinogradConv, "_call_cpu", call)

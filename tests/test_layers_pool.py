@@ -110,7 +110,7 @@ def test_inplace_filter_fragments_equal_mpf(p):
 
 
 def test_channels_last_pool_upsample_and_residual_stay_channels_last_and_equal_channels_first():
-    """Max-pooling, nearest upsampling and the add/affine/activation pass keep a channels-last
+    """Max-pooling, MPF, nearest upsampling and the add/affine/activation pass keep a channels-last
     input channels last (``layers/layout``) and equal the channels-first results exactly; a
     mixed add is still right."""
     from znni_core.layers.epilogue import add_affine_act
@@ -128,6 +128,10 @@ def test_channels_last_pool_upsample_and_residual_stay_channels_last_and_equal_c
         assert is_channels_last(got)
         np.testing.assert_array_equal(got, max_pool(x, p))
         np.testing.assert_array_equal(got, torch.nn.functional.max_pool3d(torch.from_numpy(x), p).numpy())
+    for p in [(1, 2, 2), (2, 3, 1)]:  # MPF's fragments stay channels last
+        got = mpf(xc, p)
+        assert is_channels_last(got)
+        np.testing.assert_array_equal(got, mpf(x, p))
     for f in [(1, 2, 2), (2, 1, 3)]:
         got = upsample_nearest(xc, f)
         assert is_channels_last(got)

@@ -179,6 +179,15 @@ def _pointwise_stages(steps, layers, i, n):
     return stages, i
 
 
+def _feeds_winograd(steps, i) -> bool:
+    """Whether the output of the step before ``i`` reaches an untiled Winograd conv through
+    activations (in place) and MPF only: it may be channels last (``layers/layout``)."""
+    while i < len(steps) and (steps[i].op == "act" or steps[i].primitive == "mpf"):
+        i += 1
+    return (i < len(steps) and steps[i].op == "conv" and steps[i].primitive == "winograd" and not steps[i].tile
+            and not steps[i].micro_batch)
+
+
 def _run(steps, layers, i, x, xp, convs):
     while i < len(steps):
         step = steps[i]
@@ -189,7 +198,7 @@ def _run(steps, layers, i, x, xp, convs):
             i = j
             continue
         if step.op == "conv":
-            x = _run_conv(step, layer, x, xp, convs)
+            x = _run_conv(step, layer, x, xp, convs, channels_last=xp is np and _feeds_winograd(steps, i + 1))
         elif step.op == "act":
             if layer.kind != "identity":
                 x = apply_activation(x, layer.kind, layer.alpha, out=x)

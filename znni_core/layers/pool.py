@@ -188,6 +188,28 @@ def _pool_into(x, p, m, out):
 
 
 @njit(parallel=True, cache=True)
+def _mpf_cl(x, pz, py, px, offs, out):  # pragma: no cover - compiled
+    """:func:`mpf` channels last: ``out[n, k, i, j, l] = max over the window at offset
+    ``offs[k]`` of ``x`` (N, Z, Y, X, C), a vector of channels per voxel; ``out`` (N, P, mz,
+    my, mx, C)."""
+    N, K, mz, my, mx, C = out.shape
+    for t in prange(N * mz * my):
+        n, i, j = t // (mz * my), (t // my) % mz, t % my
+        for k in range(K):
+            z0, y0, x0 = offs[k, 0] + i * pz, offs[k, 1] + j * py, offs[k, 2]
+            dst = out[n, k, i, j]
+            for l in range(mx):
+                o = dst[l]
+                o[:] = x[n, z0, y0, x0 + l * px]
+                for a in range(pz):
+                    for b in range(py):
+                        for c in range(px):
+                            v = x[n, z0 + a, y0 + b, x0 + l * px + c]
+                            for q in range(C):
+                                o[q] = max(o[q], v[q])
+
+
+@njit(parallel=True, cache=True)
 def _max_pool_cl(x, pz, py, px, out):  # pragma: no cover - compiled
     """``out`` (N, Zo, Yo, Xo, C) = the max over each window of ``x`` (N, Z, Y, X, C): channels
     last, so the inner loop is a vector of channels."""
@@ -272,8 +294,12 @@ def mpf(x, p):
     xp = get_array_module(x)
     n, c = x.shape[:2]
     P = math.prod(p)
-    out = arena.empty((n, P, c) + m, x.dtype, xp=xp)
     offsets = list(itertools.product(range(p[0]), range(p[1]), range(p[2])))
+    if xp is np and x.dtype == np.float32 and is_channels_last(x):  # fragments channels last too
+        out = arena.empty((n, P) + m + (c,), np.float32)
+        _mpf_cl(memory_order(x), p[0], p[1], p[2], np.asarray(offsets, np.int64), out)
+        return out.reshape((n * P,) + m + (c,)).transpose(0, 4, 1, 2, 3)
+    out = arena.empty((n, P, c) + m, x.dtype, xp=xp)
     if xp is np and x.dtype == np.float32:
         return _pool_offsets(x, p, m, offsets, out).reshape((n * P, c) + m)
     for k, (a, b, d) in enumerate(offsets):
