@@ -192,7 +192,8 @@ def test_gemm_1x1x1_is_one_product_per_item_into_any_destination():
 @pytest.mark.parametrize("threads,block", [(1, 7), (2, 64), (3, 8192)])
 def test_pointwise_chain_equals_torch_layer_by_layer(threads, block):
     """1x1x1 convs chained block by block in cache (every activation kind, blocks that do not
-    divide the volume, several items) equal PyTorch's conv3d and activations applied in turn."""
+    divide the volume, several items, a channels-last input) equal PyTorch's conv3d and
+    activations applied in turn."""
     from znni_core.layers import conv_pointwise_chain
 
     rng = np.random.default_rng(block)
@@ -209,8 +210,12 @@ def test_pointwise_chain_equals_torch_layer_by_layer(threads, block):
             t = {"relu": torch.relu, "leaky_relu": lambda v: torch.nn.functional.leaky_relu(v, 0.1),
                  "elu": torch.nn.functional.elu, "softmax": lambda v: torch.softmax(v, 1)}[a[0]](t)
     y = conv_pointwise_chain(x, stages, threads=threads, block=block)
-    assert y.shape == (2, 3, 3, 7, 9) and y.dtype == np.float32
+    assert y.shape == (2, 3, 3, 7, 9) and y.dtype == np.float32 and y.flags.c_contiguous
     np.testing.assert_allclose(y, t.numpy(), rtol=1e-5, atol=1e-5)
+    xc = np.ascontiguousarray(x.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)  # channels last: read in place
+    yc = conv_pointwise_chain(xc, stages, threads=threads, block=block)
+    assert yc.flags.c_contiguous
+    np.testing.assert_allclose(yc, t.numpy(), rtol=1e-5, atol=1e-5)
     with pytest.raises(InputError, match="1x1x1 chain"):
         conv_pointwise_chain(x, [(np.ones((2, 4, 1, 1, 1), np.float32), None, None)])
 

@@ -33,6 +33,7 @@ from . import arena
 from .activation import apply_activation
 from ._numba import njit, prange
 from .epilogue import FUSABLE, act_row, epilogue
+from .layout import is_channels_last, memory_order
 from .threads import gemm
 from .xp import get_array_module
 
@@ -215,7 +216,8 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=POINTWISE_BLOCK):
     voxels goes through all the stages while it is in cache, and only the last stage writes to
     memory.  Inside the chain a block is channels-last, ``(voxels, C)``: OpenBLAS runs that
     product (``M`` = the channels) at 1.6x the channels-first one (48 maps: 89 against 55
-    GFLOP/s per core).  The first product reads a copy of the channels-first block, transposed;
+    GFLOP/s per core).  The first product reads a copy of the channels-first block, transposed
+    (a channels-last ``x``, ``layers/layout``, is read in place);
     bias and ReLU run in one numba pass per stage; the last block is copied back channels-first.
     Workers (``threads``, one BLAS thread each) take whole blocks.
 
@@ -240,7 +242,8 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=POINTWISE_BLOCK):
     """
     from .threads import blas_limit, each_worker
 
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    cl = is_channels_last(x) and x.dtype == np.float32  # a block is already (voxels, C): no copy
+    x = x if cl else np.ascontiguousarray(x, dtype=np.float32)
     N, C = x.shape[:2]
     P = math.prod(x.shape[2:])
     mats = []  # (W^T (C_in, C_out), bias (C_out,), in-kernel code, alpha, activation after it)
@@ -257,7 +260,8 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=POINTWISE_BLOCK):
                      code, float(alpha), None if code or kind == "identity" else (kind, alpha)))
     O = mats[-1][0].shape[1]
     out = arena.empty((N, O) + x.shape[2:])
-    xf, of = x.reshape(N, C, P), out.reshape(N, O, P)
+    xf = memory_order(x).reshape(N, P, C) if cl else x.reshape(N, C, P)
+    of = out.reshape(N, O, P)
     wide = max(m[0].shape[1] for m in mats)
     jobs = [(n, j0) for n in range(N) for j0 in range(0, P, block)]
     workers = max(1, min(int(threads), len(jobs)))
@@ -270,8 +274,11 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=POINTWISE_BLOCK):
         first = np.empty((C, block + 16), np.float32)
         for n, j0 in jobs[k::workers]:
             j1 = min(P, j0 + block)
-            first[:, : j1 - j0] = xf[n, :, j0:j1]
-            y = first[:, : j1 - j0].T  # (voxels, C_in)
+            if cl:
+                y = xf[n, j0:j1]  # (voxels, C_in), contiguous
+            else:
+                first[:, : j1 - j0] = xf[n, :, j0:j1]
+                y = first[:, : j1 - j0].T  # (voxels, C_in)
             for i, (wt, b, code, alpha, after) in enumerate(mats):
                 dst = bufs[i % 2][: (j1 - j0) * wt.shape[1]].reshape(j1 - j0, wt.shape[1])
                 np.matmul(y, wt, out=dst)

@@ -21,11 +21,11 @@ from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 22  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
+CALIBRATION_VERSION = 23  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
 # 14: outputs from an arena, as the executor runs; 15: larger winograd calls;
 # 16: winograd transforms priced per 1D pass; 17: 1x1x1 chains and exp calibrated; 18: winograd blocks of 3 MiB;
 # 19: a winograd cost per tile; 20: written-out 8-point transforms; 21: a cost per transform position;
-# 22: measured as runs run: BLAS single-threaded, GEMMs split over the threads)
+# 22: measured as runs run: BLAS single-threaded, GEMMs split over the threads); 23: winograd transforms channels last
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
 
@@ -333,9 +333,10 @@ def _winograd_rates(threads: int) -> dict:
     many, few = _WINOGRAD_CAL["transform_channels"], _WINOGRAD_CAL["few_channels"]
     for c, (n, shape) in ((many, _WINOGRAD_CAL["wide"]), (many, _WINOGRAD_CAL["narrow"]), (few, _WINOGRAD_CAL["wide"])):
         w = rng.standard_normal((c, c) + k, dtype=np.float32)
-        x = rng.standard_normal((n, c) + shape, dtype=np.float32)
+        # channels last in and out, as a Winograd layer between Winograd layers (and MPF) runs
+        x = rng.standard_normal((n,) + shape + (c,), dtype=np.float32).transpose(0, 4, 1, 2, 3)
         conv = L.WinogradConv(w, None, shape, threads=threads)
-        conv.keep_buffers = True
+        conv.keep_buffers = conv.channels_last = True
         values, macs, rows, positions = _winograd_terms(n, c, c, shape, k)
         terms.append((values, rows, positions))
         times.append(max(_best_of(lambda: conv(x), repeats=5) - macs * _loglog(points, c), 0.0))
