@@ -7,6 +7,8 @@ tests fail on what would fail first on a GPU: a weight left on the host, an allo
 the memory model did not predict.  Speed is not simulated."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -99,6 +101,30 @@ def test_gpu_plus_host_ram_plan_streams_layers_larger_than_the_device(gpu):
     assert pool.peak_bytes() - base <= budget
     assert rel(out, znni_core.infer(net, x)) <= TOL
     assert Plan.from_json(plan.to_json()) == plan
+
+
+@pytest.mark.parametrize("prefer", ["large", "small", "resident"])
+def test_gpu_plus_host_plan_fits_whatever_the_timings_prefer(gpu, monkeypatch, prefer):
+    """Which options the planner picks layer by layer follows the timings, and options that fit
+    one by one may not fit together (an early call's blocks beside a later layer's resident
+    kernel transforms). Whatever the calibration favours (the largest calls, the smallest, the
+    resident primitives), a tight device budget still gets a plan that fits it."""
+    from znni_core.plan import search as S
+
+    net = make_net(NETS["iso2pool"], seed=4)
+    x = _input(net, extra=20)
+    budget = 8_000_000
+    real = S._streamed
+
+    def streamed(timer, prim, n, layer, spatial, mb, reps, tile):
+        t = real(timer, prim, n, layer, spatial, mb, reps, tile)
+        size = math.prod(spatial if not tile else tile) * (mb or n)
+        return {"large": 1.0 / size, "small": size, "resident": 1.0 if prim in S.RESIDENT_PRIMITIVES else 2.0}[prefer] * t
+
+    monkeypatch.setattr(S, "_streamed", streamed)
+    plan = autotune(net, device="gpu", memory_budget=budget, patch_shape=x.shape[1:], use_cache=False,
+                    placement="gpu+host")
+    assert plan.placement == "gpu+host" and plan.predicted_peak_bytes <= budget
 
 
 def _gpu_only(net, x, budget):

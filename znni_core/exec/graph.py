@@ -18,6 +18,8 @@ elsewhere, so the tiles together equal the whole patch exactly (halos are recomp
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import PlanError
@@ -57,7 +59,7 @@ def channels_last_tensors(plan, graph: Graph) -> set:
     A tensor is channels last if a chosen conv wrote it, or a node that keeps the layout
     (:data:`_KEEPS_LAYOUT`; a max-pool, a nearest upsampling; an add or mul of channels-last
     inputs) made it from one.  A conv is chosen while every channels-last tensor that flows
-    from it is read only by untiled Winograd convs and such nodes, never mixed with a
+    from it is read only by untiled Winograd or 1x1x1 convs and such nodes, never mixed with a
     channels-first input, and is not the network's output; the others are dropped until
     none breaks that.  A one-channel output is channels first anyway."""
     steps = plan.steps
@@ -72,8 +74,9 @@ def channels_last_tensors(plan, graph: Graph) -> set:
 
     def reads(i):  # reads a channels-last input at speed (a mixed add is checked apart)
         node, step = graph.nodes[i], steps[i]
-        if node.op == "conv":
-            return step.primitive == "winograd" and not step.tile and not step.micro_batch
+        if node.op == "conv":  # Winograd, or a 1x1x1 conv (conv_pointwise_chain reads it in place)
+            pointwise = step.primitive == "direct-gemm" and math.prod(node.conv.kernel) == 1
+            return (step.primitive == "winograd" or pointwise) and not step.tile and not step.micro_batch
         return keeps(node)
 
     chosen = {node.output for node, step in zip(graph.nodes, steps)

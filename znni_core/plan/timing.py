@@ -25,7 +25,8 @@ CALIBRATION_VERSION = 23  # bump when the models or the calibration change (7-8:
 # 14: outputs from an arena, as the executor runs; 15: larger winograd calls;
 # 16: winograd transforms priced per 1D pass; 17: 1x1x1 chains and exp calibrated; 18: winograd blocks of 3 MiB;
 # 19: a winograd cost per tile; 20: written-out 8-point transforms; 21: a cost per transform position;
-# 22: measured as runs run: BLAS single-threaded, GEMMs split over the threads); 23: winograd transforms channels last
+# 22: measured as runs run: BLAS single-threaded, GEMMs split over the threads); 23: winograd transforms channels last,
+# best of 5
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
 
@@ -70,8 +71,9 @@ def machine_key(threads: int) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def _best_of(fn, repeats=3) -> float:
-    """Minimum of ``repeats`` timed runs after a warm-up: the least disturbed by other load."""
+def _best_of(fn, repeats=5) -> float:
+    """Minimum of ``repeats`` timed runs after a warm-up: the least disturbed by other load (on
+    a shared 2-core host three left rates 40-70% apart between calibrations minutes apart)."""
     fn()  # warm-up (plans, compiles)
     ts = []
     for _ in range(repeats):
