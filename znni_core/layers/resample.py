@@ -54,18 +54,25 @@ def upsample_nearest(x, scale):
 
 @njit(parallel=True, cache=True)
 def _upsample_nearest_cl(x, out, fz, fy, fx):  # pragma: no cover - compiled
-    """Channels last: ``x`` (N, Z, Y, X, C), ``out`` (N, Z fz, Y fy, X fx, C), a vector of
-    channels copied per output voxel."""
+    """Channels last: ``x`` (N, Z, Y, X, C), ``out`` (N, Z fz, Y fy, X fx, C), both C-contiguous;
+    a run of C channels copied per output voxel (flat unsigned offsets: vector copies)."""
     n, Z, Y, X, C = x.shape
+    u = np.uint64
+    xf, of = x.reshape(-1), out.reshape(-1)
+    C_, X_, fx_ = u(C), u(X), u(fx)
+    Yo, Xo, Zo = Y * fy, X * fx, Z * fz
     for t in prange(n * Z * Y):
         i, z, y = t // (Z * Y), (t // Y) % Z, t % Y
-        src = x[i, z, y]
+        src = u(((i * Z + z) * Y + y) * X * C)
         for dz in range(fz):
             for dy in range(fy):
-                dst = out[i, z * fz + dz, y * fy + dy]
-                for k in range(X):
-                    for dx in range(fx):
-                        dst[k * fx + dx] = src[k]
+                dst = u(((i * Zo + z * fz + dz) * Yo + y * fy + dy) * Xo * C)
+                for k in range(X_):
+                    s0 = src + k * C_
+                    for dx in range(fx_):
+                        d0 = dst + (k * fx_ + dx) * C_
+                        for c in range(C_):
+                            of[d0 + c] = xf[s0 + c]
 
 
 @njit(parallel=True, cache=True)
