@@ -38,6 +38,7 @@ Written against ``xp`` for the GPU (:meth:`WinogradConv._call_xp`: strided tile 
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from ..errors import InputError
