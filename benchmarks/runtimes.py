@@ -242,7 +242,7 @@ def bench_case(name, net, x, budget, threads, rounds, tmp):
     return row
 
 
-def cases(quick: bool):
+def cases(quick: bool, wide: bool = False):
     from .nets import make_boundary_network, make_network, make_stack
 
     rng = np.random.default_rng(0)
@@ -261,6 +261,10 @@ def cases(quick: bool):
         edge = 48 if not quick else 16
         shape = tuple(f + edge - 1 for f in net.field_of_view)
         yield f"{arch} width 24, output {edge}^3", net, rng.random((1,) + shape, dtype=np.float32)
+    for arch, edge in ((("n337", 24), ("n726", 16)) if wide else ()):  # the other width
+        net = make_network(arch, width=80)
+        shape = tuple(f + edge - 1 for f in net.field_of_view)
+        yield f"{arch} width 80, output {edge}^3", net, rng.random((1,) + shape, dtype=np.float32)
     for kind, shape in (("2d", (16, 256, 256)), ("3d", (40, 96, 96)), ("1x1", (32, 128, 128))):
         if quick:
             shape = tuple(max(3, s // 4) for s in shape)
@@ -310,6 +314,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--budget", type=float, default=2.0, help="znni's memory budget, GiB")
     p.add_argument("--only", default="", help="run only cases whose name contains this")
+    p.add_argument("--wide", action="store_true", help="also n337 and n726 at width 80 (about 20 minutes: the baselines take 50-70 s a call on n726)")
     p.add_argument("--quick", action="store_true", help="small shapes, 1 round (a smoke test)")
     p.add_argument("--out", default=None, help="folder for RUNTIMES.md and runtimes.json (default benchmarks/)")
     p.add_argument("--keep-cache", action="store_true",
@@ -329,7 +334,7 @@ def main(argv=None):
            "sgemm_gflops": peak / 1e9, "command": "python -m benchmarks.runtimes " + " ".join(argv or sys.argv[1:]),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": []}
     with tempfile.TemporaryDirectory() as tmp, threadpool_limits(a.threads):
-        for name, net, x in cases(a.quick):
+        for name, net, x in cases(a.quick, a.wide):
             if a.only and a.only not in name:
                 continue
             print(f"== {name}", flush=True)
