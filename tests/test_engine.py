@@ -454,7 +454,7 @@ def test_winograd_layers_pass_channels_last_through_mpf_and_activations(monkeypa
         assert max_rel_err(y, ref) < 1e-4
         assert [o for _, _, o in seen[:3]] == outs, seen  # the first offset's convs
         assert all(i == o_prev for (_, i, _), (_, _, o_prev) in zip(seen[1:3], seen[:2]))  # read as written
-        monkeypatch.setattr(E, "_feeds_winograd", lambda steps, layers, i: False)
+        monkeypatch.setattr(E, "_reads_channels_last", lambda steps, layers, i: False)
         np.testing.assert_allclose(znni_core.infer(net, x, plan=plan), y, rtol=1e-6, atol=1e-6)
         monkeypatch.undo()
         monkeypatch.setattr(WinogradConv, "_call_cpu", call)

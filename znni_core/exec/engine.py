@@ -183,10 +183,10 @@ def _pointwise_stages(steps, layers, i, n):
     return stages, i
 
 
-def _feeds_winograd(steps, layers, i) -> bool:
-    """Whether the output of the step before ``i`` reaches an untiled Winograd conv, or a run of
-    1x1x1 convs (:func:`_pointwise_stages`), through activations (in place) and MPF only: it may
-    be channels last (``layers/layout``), which both read at speed."""
+def _reads_channels_last(steps, layers, i) -> bool:
+    """Whether the output of the step before ``i`` reaches only an untiled Winograd conv, or a
+    run of 1x1x1 convs (:func:`_pointwise_stages`), through activations (in place) and MPF: it
+    may be channels last (``layers/layout``), which both read at speed."""
     while i < len(steps) and (steps[i].op == "act" or steps[i].primitive == "mpf"):
         i += 1
     if i == len(steps) or steps[i].op != "conv" or steps[i].tile or steps[i].micro_batch:
@@ -205,7 +205,7 @@ def _run(steps, layers, i, x, xp, convs):
             i = j
             continue
         if step.op == "conv":
-            x = _run_conv(step, layer, x, xp, convs, channels_last=xp is np and _feeds_winograd(steps, layers, i + 1))
+            x = _run_conv(step, layer, x, xp, convs, channels_last=xp is np and _reads_channels_last(steps, layers, i + 1))
         elif step.op == "act":
             if layer.kind != "identity":
                 x = apply_activation(x, layer.kind, layer.alpha, out=x)

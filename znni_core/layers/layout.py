@@ -18,7 +18,8 @@ import numpy as np
 
 from . import arena
 
-__all__ = ["as_contiguous", "empty_channels_last", "empty_like_layout", "is_channels_last", "memory_order"]
+__all__ = ["as_contiguous", "channels_inner", "empty_channels_last", "empty_like_layout", "is_channels_last",
+           "memory_order"]
 
 
 def is_channels_last(x) -> bool:
@@ -39,10 +40,9 @@ def empty_channels_last(shape, dtype=np.float32):
     return arena.empty((n, z, y, x, c), dtype).transpose(0, 4, 1, 2, 3)
 
 
-def empty_like_layout(x, shape=None):
-    """An uninitialised float32 array of ``shape`` (default ``x.shape``) in ``x``'s layout."""
-    shape = tuple(x.shape if shape is None else shape)
-    return empty_channels_last(shape) if _channels_inner(x) else arena.empty(shape)
+def empty_like_layout(x):
+    """An uninitialised float32 array of ``x``'s shape in ``x``'s layout (from the current arena)."""
+    return empty_channels_last(x.shape) if channels_inner(x) else arena.empty(x.shape)
 
 
 def as_contiguous(x):
@@ -50,11 +50,12 @@ def as_contiguous(x):
     strides are closest to (a channels-last part of one stays channels last)."""
     if x.flags.c_contiguous or is_channels_last(x):
         return x
-    if _channels_inner(x):
+    if channels_inner(x):
         return np.ascontiguousarray(memory_order(x)).transpose(0, 4, 1, 2, 3)
     return np.ascontiguousarray(x)
 
 
-def _channels_inner(x) -> bool:
-    """Whether ``x`` (5-D) keeps its channels innermost in memory."""
+def channels_inner(x) -> bool:
+    """Whether ``x`` (5-D) keeps its channels innermost in memory (a channels-last array or a
+    part of one)."""
     return x.ndim == 5 and x.shape[1] > 1 and abs(x.strides[1]) == x.itemsize and abs(x.strides[4]) > x.itemsize

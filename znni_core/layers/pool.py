@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import InputError
 from . import arena
 from ._numba import njit, prange
-from .layout import empty_channels_last, is_channels_last, memory_order
+from .layout import is_channels_last, memory_order
 from .xp import get_array_module
 
 __all__ = [
@@ -209,24 +209,6 @@ def _mpf_cl(x, pz, py, px, offs, out):  # pragma: no cover - compiled
                                 o[q] = max(o[q], v[q])
 
 
-@njit(parallel=True, cache=True)
-def _max_pool_cl(x, pz, py, px, out):  # pragma: no cover - compiled
-    """``out`` (N, Zo, Yo, Xo, C) = the max over each window of ``x`` (N, Z, Y, X, C): channels
-    last, so the inner loop is a vector of channels."""
-    N, Zo, Yo, Xo, C = out.shape
-    for t in prange(N * Zo * Yo):
-        n, z, y = t // (Zo * Yo), (t // Yo) % Zo, t % Yo
-        for i in range(Xo):
-            o = out[n, z, y, i]
-            o[:] = x[n, z * pz, y * py, i * px]
-            for a in range(pz):
-                for b in range(py):
-                    for c in range(px):
-                        v = x[n, z * pz + a, y * py + b, i * px + c]
-                        for k in range(C):
-                            o[k] = max(o[k], v[k])
-
-
 def max_pool(x, p):
     """Plain max-pooling, kernel = stride = ``p``; output ``floor(n / p)`` per axis.
 
@@ -252,10 +234,10 @@ def max_pool(x, p):
     if min(m) < 1:
         raise InputError(f"input spatial shape {x.shape[2:]} is smaller than the pooling window {p}")
     xp = get_array_module(x)
-    if xp is np and x.dtype == np.float32 and is_channels_last(x):  # channels last stays so
-        out = empty_channels_last(x.shape[:2] + m)
-        _max_pool_cl(memory_order(x), p[0], p[1], p[2], memory_order(out))
-        return out
+    if xp is np and x.dtype == np.float32 and is_channels_last(x):  # channels last stays so: MPF's one offset
+        out = arena.empty((x.shape[0], 1) + m + (x.shape[1],), np.float32)
+        _mpf_cl(memory_order(x), p[0], p[1], p[2], np.zeros((1, 3), np.int64), out)
+        return out[:, 0].transpose(0, 4, 1, 2, 3)
     if xp is np and x.dtype == np.float32:
         out = arena.empty((x.shape[0], 1, x.shape[1]) + m, np.float32)
         return _pool_offsets(x, p, m, [(0, 0, 0)], out)[:, 0]

@@ -46,7 +46,7 @@ from . import arena
 from .threads import blas_limit, each_worker, gemm
 from ._numba import njit
 from .epilogue import act_row
-from .layout import empty_channels_last, is_channels_last, memory_order
+from .layout import channels_inner, empty_channels_last, is_channels_last, memory_order
 from .resident import ResidentConv
 from .xp import get_array_module
 
@@ -657,7 +657,7 @@ class WinogradConv(ResidentConv):
         if out is None:
             out = empty_channels_last((n, O) + self.out_spatial) if self.channels_last else \
                 arena.empty((n, O) + self.out_spatial)
-        cl_out = O > 1 and abs(out.strides[1]) == F32 and abs(out.strides[4]) > F32  # channels innermost
+        cl_out = channels_inner(out)  # a channels-last destination, whole or a block of one
         dst = memory_order(out) if cl_out else out
         bias = self.bias if self.bias is not None else np.zeros(O, np.float32)
         code, alpha = self.epilogue
