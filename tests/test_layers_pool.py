@@ -109,6 +109,22 @@ def test_inplace_filter_fragments_equal_mpf(p):
     assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("p", [(1, 2, 2), (2, 2, 2), (3, 1, 2)])
+def test_gather_fragment_copies_each_offset_in_either_layout(p):
+    """Depth-first pooling's copy of an offset's fragment: equal to the strided view, C-contiguous
+    channels first, or a whole channels-last view (the layout its Winograd reader runs on)."""
+    from znni_core.layers import gather_fragment
+    from znni_core.layers.layout import is_channels_last
+
+    rng = np.random.default_rng(8)
+    xf = max_filter_inplace(rng.standard_normal((2, 5, 9, 11, 13)).astype(np.float32), p)
+    for o in itertools.product(*(range(q) for q in p)):
+        want = fragment_of_filtered(xf, p, o)
+        cf, cl = gather_fragment(xf, p, o), gather_fragment(xf, p, o, channels_last=True)
+        assert cf.flags.c_contiguous and is_channels_last(cl)
+        assert np.array_equal(cf, want) and np.array_equal(cl, want)
+
+
 def test_channels_last_pool_upsample_and_residual_stay_channels_last_and_equal_channels_first():
     """Max-pooling, MPF, nearest upsampling and the add/affine/activation pass keep a channels-last
     input channels last (``layers/layout``) and equal the channels-first results exactly; a

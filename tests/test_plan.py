@@ -215,6 +215,29 @@ def test_one_by_one_convs_never_get_the_numba_loop_unless_forced():
     assert {s.primitive for s in forced.steps if s.op == "conv"} == {"direct-numba"}
 
 
+def test_a_net_flat_in_z_walks_the_inputs_whole_planes_in_equal_depths():
+    """z costs a net flat in z no halo: beside the growing cubes, the search walks the input's
+    whole planes at its depth cut in 2, 3, 4 ... equal parts (a 30-deep input of the boundary net
+    ran as two 15-deep patches in 5 s; as one, in depth-first pooling, 12 s).  A net with depth
+    in z gets no such series, and the plan for a deep input is at least as fast by the model as
+    the whole input in one patch."""
+    from znni_core.plan import search as S
+
+    flat = make_net([("conv", 8, (1, 5, 5)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 1, (1, 3, 3))], seed=3)
+    deep = make_net([("conv", 8, (3, 5, 5)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 1, (1, 3, 3))], seed=3)
+    shape = (30, 120, 120)
+    cap = S.input_patch(flat, shape)
+    got = {p for series in S.patch_candidates(flat, S.MAX_PATCH_VOXELS, shape) for p in series}
+    assert {(15,) + cap[1:], (10,) + cap[1:], (8,) + cap[1:], cap} <= got
+    n_flat = sum(map(len, S.patch_candidates(flat, S.MAX_PATCH_VOXELS, shape)))
+    n_deep = sum(map(len, S.patch_candidates(deep, S.MAX_PATCH_VOXELS, shape)))
+    assert n_flat >= n_deep + 3  # the planes series (the cube series are alike)
+    plan = autotune(flat, memory_budget=2**30, input_shape=shape, use_cache=False)
+    whole = autotune(flat, memory_budget=2**30, patch_shape=cap, use_cache=False)
+    assert S._rate(flat, plan.patch_shape, plan.predicted_seconds, shape) >= \
+        S._rate(flat, cap, whole.predicted_seconds, shape)
+
+
 def test_a_net_flat_in_z_plans_thin_slabs_when_the_input_does_not_fit_one_patch(monkeypatch):
     """2D kernels and pools: z costs no halo, so on an input too large for one patch the search
     also walks slabs SLAB_SLICES deep (wider in y, x) and picks one when it is faster; an input

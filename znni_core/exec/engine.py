@@ -24,7 +24,7 @@ from ..layers import arena
 from ..layers.activation import commutes_with_max
 from ..layers.resident import ResidentConv
 from ..layers import (FFTConv, FFTGemmConv, WinogradConv, apply_activation, conv_direct_gemm, conv_direct_numba,
-                      conv_pointwise_chain, fragment_of_filtered, max_filter_inplace, max_pool, mpf, recombine)
+                      conv_pointwise_chain, gather_fragment, max_filter_inplace, max_pool, mpf, recombine)
 from ..net.spec import Conv, Network, Pool
 from ..plan.plan import Step, fuses
 from ..layers.xp import get_array_module
@@ -215,9 +215,10 @@ def _run(steps, layers, i, x, xp, convs):
             offsets = list(itertools.product(*(range(p) for p in layer.window)))
             if get_array_module(x) is np and i > 0 and x.dtype == np.float32 and x.flags.c_contiguous:
                 # x is ours (a layer's output): filter it in place once, then every offset's
-                # fragment is a strided subsample (a contiguous copy, as _fragment makes)
+                # fragment is a strided subsample, copied in the layout its reader runs on
                 xf = max_filter_inplace(x, layer.window)
-                frag = lambda off: np.ascontiguousarray(fragment_of_filtered(xf, layer.window, off))  # noqa: E731
+                cl = _reads_channels_last(steps, layers, i + 1)
+                frag = lambda off: gather_fragment(xf, layer.window, off, channels_last=cl)  # noqa: E731
             else:
                 frag = lambda off: _fragment(x, layer.window, off)  # noqa: E731
             return _gather(x.shape[0], offsets, lambda off: _run(steps, layers, i + 1, frag(off), xp, convs), xp)

@@ -37,6 +37,7 @@ from .fft import (
 from .fft_gemm import FFTGemmConv, fft_gemm_kernel_bytes, fft_gemm_memory, fft_gemm_sizes, fft_gemm_transform_shape
 from .pool import (
     fragment_of_filtered,
+    gather_fragment,
     max_filter_dense,
     max_filter_inplace,
     max_pool,
@@ -84,6 +85,7 @@ __all__ = [
     "get_array_module",
     "load_wisdom",
     "fragment_of_filtered",
+    "gather_fragment",
     "max_filter_dense",
     "max_filter_inplace",
     "max_pool",

@@ -25,6 +25,7 @@ from .xp import get_array_module
 
 __all__ = [
     "fragment_of_filtered",
+    "gather_fragment",
     "max_filter_dense",
     "max_filter_inplace",
     "max_pool",
@@ -159,6 +160,46 @@ def fragment_of_filtered(xf, p, offset):
     m = mpf_shape(xf.shape[2:], p)
     sl = tuple(slice(o, o + k * q, q) for o, k, q in zip(offset, m, p))
     return xf[(slice(None), slice(None)) + sl]
+
+
+@njit(parallel=True, cache=True)
+def _gather_kernel(v, out, cl):  # pragma: no cover - compiled
+    """``out`` = the strided view ``v`` (N, C, mz, my, mx), contiguous: channels first
+    (``out`` that shape) or, with ``cl``, channels last (``out`` (N, mz, my, mx, C)), row by
+    row of ``v``'s x axis (a channels-last row is a small transpose that stays in cache)."""
+    N, C, mz, my, mx = v.shape
+    if cl:
+        for t in prange(N * mz * my):
+            n, i, j = t // (mz * my), (t // my) % mz, t % my
+            dst = out[n, i, j]
+            for c in range(C):
+                src = v[n, c, i, j]
+                for l in range(mx):
+                    dst[l, c] = src[l]
+    else:
+        for t in prange(N * C * mz):
+            n, c, i = t // (C * mz), (t // mz) % C, t % mz
+            for j in range(my):
+                src, dst = v[n, c, i, j], out[n, c, i, j]
+                for l in range(mx):
+                    dst[l] = src[l]
+
+
+def gather_fragment(xf, p, offset, channels_last=False):
+    """:func:`fragment_of_filtered` as a new array (from the current arena), channels first or
+    last: depth-first pooling's copy of each offset's fragment, in parallel (numpy's strided
+    copy of a 94 MB fragment ran at about 1 GB/s on one core)."""
+    v = fragment_of_filtered(xf, p, offset)
+    if not (isinstance(v, np.ndarray) and v.dtype == np.float32):
+        return get_array_module(v).ascontiguousarray(v)
+    if channels_last and v.shape[1] > 1:
+        n, c, z, y, x = v.shape
+        out = arena.empty((n, z, y, x, c), np.float32)
+        _gather_kernel(v, out, True)
+        return out.transpose(0, 4, 1, 2, 3)
+    out = arena.empty(v.shape, np.float32)
+    _gather_kernel(v, out, False)
+    return out
 
 
 def _pool_offsets(x, p, m, offsets, out):
