@@ -265,7 +265,9 @@ def test_activations_after_a_conv_run_in_the_conv_output_pass():
         E.apply_activation = lambda x, kind, *a, **k: calls.append(kind) or real(x, kind, *a, **k)
         for prims in (("winograd",), ("fft-gemm",), ("direct-gemm",), ("direct-numba",)):
             calls.clear()
-            plan = autotune(net, memory_budget=2**30, primitives=prims, use_cache=False)
+            # MPF: one pass of the rest (depth-first pooling, which the timings may favour, runs
+            # the sigmoid once per offset)
+            plan = autotune(net, memory_budget=2**30, primitives=prims, pool_modes=("mpf",), use_cache=False)
             assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= 1e-4, prims
             assert calls == ["sigmoid"], (prims, calls)  # every other activation ran inside a conv
     finally:
