@@ -323,21 +323,19 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
 
 
 def task_plan(net, cfg, budget, threads, task_shape, region):
-    """The autotuned plan every task of a run uses (``plan.file`` aside): for a chain network one
-    patch per task (a larger patch is wasted work) when it fits the budget, else the autotuner's
-    choice of smaller patches; for a graph network :func:`_graph_plan`."""
-    from ..errors import MemoryBudgetError
+    """The autotuned plan every task of a run uses (``plan.file`` aside): for a chain network the
+    autotuner's choice for a task's read (rounded up to the pooling product): one patch of it, or
+    smaller patches where they run the task faster (a net flat in z: thinner patches in MPF beat
+    one patch in depth-first pooling under a job's budget, 4.7 s against 7.8 s for 15 x 512^2 on
+    2 threads at 1 GiB); for a graph network :func:`_graph_plan`."""
     from ..plan import autotune
 
     if isinstance(net, Graph):
         return _graph_plan(net, cfg, budget, threads, task_shape, region)
     d = Coordinate(net.pooling_product)
     task_patch = tuple(Coordinate(task_shape).ceil_div(d) * d + Coordinate(net.field_of_view) - 1)
-    kw = dict(memory_budget=budget, device=cfg["device"], effort=cfg["plan"]["effort"], threads=threads)
-    try:
-        return autotune(net, patch_shape=task_patch, **kw)
-    except MemoryBudgetError:
-        return autotune(net, input_shape=task_patch, **kw)
+    return autotune(net, input_shape=task_patch, memory_budget=budget, device=cfg["device"],
+                    effort=cfg["plan"]["effort"], threads=threads)
 
 
 def _graph_plan(net, cfg, budget, threads, task_shape, region):
