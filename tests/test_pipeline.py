@@ -489,3 +489,28 @@ def test_task_compute_tiles_the_plan_over_a_larger_box_as_one_infer():
     assert y.shape == (net.out_channels,) + out_shape
     assert len(steps) == 27
     np.testing.assert_allclose(y, znni_core.infer(net, x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_tasks_plan_may_cut_the_task_into_smaller_patches():
+    """A chain net's task plan is the autotuner's for the task's read: where one patch of the
+    whole task only fits the budget with depth-first pooling, thinner MPF patches that the
+    model says are faster are chosen (a net flat in z pays no halo for them); the plan's rate
+    over the task is never below the one-patch plan's."""
+    from tests.nets import make_net
+    from znni_core.plan import autotune
+    from znni_core.plan.search import _rate
+    from znni_core.pipeline.config import task_plan
+
+    net = make_net([("conv", 16, (1, 5, 5)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 16, (1, 3, 3)),
+                    ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 1, (1, 3, 3))], seed=4)
+    cfg = {"device": "cpu", "plan": {"effort": "estimate"}}
+    task = (24, 200, 200)
+    read = tuple(t + f - 1 for t, f in zip(task, net.field_of_view))
+    budget = 96 << 20
+    plan = task_plan(net, cfg, budget, 1, task, None)
+    one = autotune(net, patch_shape=read, memory_budget=budget, threads=1, use_cache=False)
+    assert plan.predicted_peak_bytes <= budget
+    assert any(s.primitive != "mpf" for s in one.steps if s.op == "pool")  # one patch: MPF does not fit
+    assert _rate(net, plan.patch_shape, plan.predicted_seconds, read) >= \
+        _rate(net, one.patch_shape, one.predicted_seconds, read)
+    assert plan.patch_shape[1:] == read[1:] and plan.patch_shape[0] <= read[0]

@@ -326,7 +326,7 @@ def task_plan(net, cfg, budget, threads, task_shape, region):
     """The autotuned plan every task of a run uses (``plan.file`` aside): for a chain network the
     autotuner's choice for a task's read (rounded up to the pooling product): one patch of it, or
     smaller patches where they run the task faster (a net flat in z: thinner patches in MPF beat
-    one patch in depth-first pooling under a job's budget, 4.7 s against 7.8 s for 15 x 512^2 on
+    one patch in depth-first pooling under a job's budget, 4.2 s against 7.8 s for 15 x 512^2 on
     2 threads at 1 GiB); for a graph network :func:`_graph_plan`."""
     from ..plan import autotune
 
