@@ -83,7 +83,7 @@ def measured_rate(cfg: dict) -> float | None:
 
 def predicted_rate(cfg: dict, net, lay) -> float | None:
     """Output voxels per second of one single-threaded job, as the time model predicts for the plan
-    ``validate`` will make (one patch per task; the budget of the default 2000 MB job).  The plan
+    ``validate`` will make (:func:`task_plan`; the budget of the default 2000 MB job).  The plan
     cache makes ``validate``'s own search a hit; the machine's calibration is made here once when
     absent (it is cached).  None for a ``plan.file`` run (its plan says) or when planning fails
     (``validate`` then reports why)."""
