@@ -146,7 +146,7 @@ def winograd_tiles(out_spatial, kernel) -> tuple:
 def winograd_sizes(n, in_spatial, kernel) -> tuple:
     """``(T, tiles, block_rows)`` of a call on ``n`` items: transform positions, all tiles,
     and the tile rows (each ``tiles_x`` tiles) per block for ``C_in + C_out = 1``
-    (divide by the channels; see :func:`_block_rows`)."""
+    (divide by the channels; see :func:`_blocks`)."""
     out = tuple(int(s) - int(k) + 1 for s, k in zip(in_spatial, kernel))
     _, al, nt = winograd_tiles(out, kernel)
     return math.prod(al), int(n) * math.prod(nt), nt
@@ -159,8 +159,14 @@ def winograd_kernel_bytes(c_in, c_out, kernel, in_spatial) -> int:
     return F32 * T * int(c_in) * int(c_out)
 
 
-def _block_rows(rows, tiles_x, T, c_in, c_out) -> int:
-    return max(1, min(rows, BLOCK_BYTES // max(1, F32 * T * (c_in + c_out) * tiles_x)))
+def _blocks(rows, tiles_x, T, c_in, c_out, threads) -> tuple[int, int]:
+    """``(tile rows per block, workers)``: blocks of at most BLOCK_BYTES of ``V`` and ``M``, as
+    many per worker and of about one size (a small call, one MPF fragment of a depth-first pool,
+    had 64 rows in blocks of 14: split 3:2 between two workers)."""
+    br = max(1, min(rows, BLOCK_BYTES // max(1, F32 * T * (c_in + c_out) * tiles_x)))
+    workers = max(1, min(int(threads), -(-rows // br)))
+    per = -(-rows // (br * workers))
+    return -(-rows // (per * workers)), workers
 
 
 def winograd_memory(n, c_in, c_out, in_spatial, kernel, threads=1) -> int:
@@ -171,8 +177,7 @@ def winograd_memory(n, c_in, c_out, in_spatial, kernel, threads=1) -> int:
     ms, al, nt = winograd_tiles(out, kernel)
     T = math.prod(al)
     rows = int(n) * nt[0] * nt[1]
-    br = _block_rows(rows, nt[2], T, c_in, c_out)
-    workers = max(1, min(int(threads), -(-rows // br)))
+    br, workers = _blocks(rows, nt[2], T, c_in, c_out, threads)
     block = F32 * T * (c_in + c_out) * br * nt[2]
     width = nt[2] * ms[2]
     scratch = F32 * (al[0] * al[1] * (width + al[2] - ms[2]) * c_in + 2 * T * max(c_in, c_out)
@@ -632,8 +637,7 @@ class WinogradConv(ResidentConv):
         self._work = None
         (mz, my, mx), (az, ay, ax), (ntz, nty, ntx) = self.ms, self.al, self.nt
         rows = n * ntz * nty
-        br = _block_rows(rows, ntx, self.T, self.c_in, self.c_out)
-        workers = max(1, min(self.threads, -(-rows // br)))
+        br, workers = _blocks(rows, ntx, self.T, self.c_in, self.c_out, self.threads)
         c = max(self.c_in, self.c_out)
         sets = []
         for _ in range(workers):

@@ -36,7 +36,7 @@ DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the
 DEVICE_HEADROOM = 512 * 2 ** 20  # device memory left to the CUDA context, library handles and cuFFT plans
 GPU_BUDGET_FRACTION = 0.9  # of the device memory free when planning (after the headroom)
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
-SEARCH_VERSION = 17  # in the plan cache key: bump when the search or time model changes (stale plans)
+SEARCH_VERSION = 18  # in the plan cache key: bump when the search or time model changes (stale plans)
 PLAN_CACHE_ENTRIES = 256  # newest plans kept on disk (one per network x shape x budget x ...)
 PATIENCE = 2  # coarse patches in a row without a gain before a series of growing patches stops
 SLAB_SLICES = 8  # depth of the thin patches tried for networks flat in z (patch_candidates)
@@ -276,9 +276,9 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
         reps[i] = repeat
         if isinstance(layer, Pool):
             mode = next(mode_iter)
-            if mode.startswith("slab"):  # layers before run per offset and per z-slab
+            if mode.startswith("slab"):  # layers before, and this max-pool, run per offset and per z-slab
                 g = M.slab_geometry(layers, net.in_channels, i, patch, int(mode.split(":")[1]))
-                for j in range(i):
+                for j in range(i + 1):
                     reps[j] = math.prod(layer.window) * g["n_slabs"]
             if mode != "mpf":
                 repeat *= math.prod(layer.window)
