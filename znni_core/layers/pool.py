@@ -187,8 +187,8 @@ def _gather_kernel(v, out, cl):  # pragma: no cover - compiled
 
 def gather_fragment(xf, p, offset, channels_last=False):
     """:func:`fragment_of_filtered` as a new array (from the current arena), channels first or
-    last: depth-first pooling's copy of each offset's fragment, in parallel (numpy's strided
-    copy of a 94 MB fragment ran at about 1 GB/s on one core)."""
+    last: depth-first pooling's copy of each offset's fragment, in parallel (the four 94 MB
+    fragments of a (1,2,2) pool: 0.12 s on two cores, numpy's strided copy 0.20 s)."""
     v = fragment_of_filtered(xf, p, offset)
     if not (isinstance(v, np.ndarray) and v.dtype == np.float32):
         return get_array_module(v).ascontiguousarray(v)
