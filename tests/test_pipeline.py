@@ -369,6 +369,19 @@ def test_auto_jobs_are_sized_by_the_predicted_rate_and_fill_the_slots(tmp_path):
     assert slow["tasks_per_job"] == 1 and "(measured)" in slow["why"], slow
     capped = compute_schedule(cfg | {"jobs": cfg["jobs"] | {"voxels_per_second": 1e-3, "max_jobs": 2}})
     assert capped["num_jobs"] == 2 and "max_jobs=2" in capped["why"], capped
+    # no more tasks than slots: a job each, and no plan is made for the rate (it imported the
+    # engine into Snakemake's process)
+    import znni_core.pipeline.jobs as J
+
+    planned = []
+    real = J.predicted_rate
+    J.predicted_rate = lambda *a: planned.append(1) or real(*a)
+    try:
+        few = compute_schedule(cfg | {"task_chunks": [64, 64, 64]}, slots=8)
+    finally:
+        J.predicted_rate = real
+    assert few["num_tasks"] <= 8 and few["num_jobs"] == few["num_tasks"] and not planned, few
+    assert "a job each" in few["why"]
     # the schedule is computed once per run: another slot count on resume reads the same ranges
     first = workflow_schedule(cfg, 2)
     again = workflow_schedule(cfg, 7)
