@@ -218,7 +218,7 @@ def test_one_by_one_convs_never_get_the_numba_loop_unless_forced():
 def test_a_net_flat_in_z_walks_the_inputs_whole_planes_in_equal_depths():
     """z costs a net flat in z no halo: beside the growing cubes, the search walks the input's
     whole planes at its depth cut in 2, 3, 4 ... equal parts (a 30-deep input of the boundary net
-    ran as two 15-deep patches in 5 s; as one, in depth-first pooling, 12 s).  A net with depth
+    ran as three 10-deep MPF patches in 7.6 s; as one, in slab + depth-first pooling, 14 s).  A net with depth
     in z gets no such series, and the plan for a deep input is at least as fast by the model as
     the whole input in one patch."""
     from znni_core.plan import search as S
