@@ -38,18 +38,18 @@ TITAN_X = {"n337": {"gpu": 671_782, "gpu+host": 727_103, "cpu+gpu": 1_059_910},
 KINDS = {"gpu": ("gpu", ""), "gpu+host": ("gpu", "gpu+host"), "cpu+gpu": ("cpu+gpu", None)}
 
 
-def cases(smoke: bool):
+def cases(smoke: bool, size: int = 320):
     from .nets import make_boundary_network, make_network
 
     if smoke:
         return [("n337", make_network("n337", width=4), None)]
     out = [(name, make_network(name, width=80), None) for name in ("n337", "n537", "n726", "n926")]
-    return out + [("boundary", make_boundary_network(), (32, 1024, 1024))]
+    return out + [("boundary", make_boundary_network(), (32, 1024 * size // 320, 1024 * size // 320))]
 
 
-def _input(net, shape, smoke):
-    if shape is None:  # output 320^3 (smoke: 16^3)
-        shape = tuple(f - 1 + (16 if smoke else 320) for f in net.field_of_view)
+def _input(net, shape, smoke, size=320):
+    if shape is None:  # output size^3 (smoke: 16^3)
+        shape = tuple(f - 1 + (16 if smoke else size) for f in net.field_of_view)
     return np.random.default_rng(0).standard_normal((net.in_channels,) + tuple(shape)).astype(np.float32)
 
 
@@ -89,26 +89,41 @@ def bench(name, net, x, rounds, smoke):
         except Exception as exc:  # a kind that does not fit this net: say so, go on
             row["kinds"][kind] = {"error": f"{type(exc).__name__}: {exc}"}
     times = {k: [] for k in plans} | {"pytorch": []}
-    peaks = {}
+    peaks, outs = {}, {}
     for r in range(rounds + 1):  # round 0: warm-up (kernel compilation, cuFFT plans, cudnn.benchmark)
-        for kind, plan in plans.items():
-            znni_core.release_cache()
-            with PeakMeter(xp) as meter:
-                t0 = time.perf_counter()
-                znni_core.infer(net, x, device=plan.device, plan=plan)
-                _sync(xp)
-                dt = time.perf_counter() - t0
-            peaks[kind] = max(peaks.get(kind, 0), meter.peak)
-            if r:
-                times[kind].append(dt)
         with torch.no_grad():
             t0 = time.perf_counter()
-            module(tx)
+            ref = module(tx)
             if cuda:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
         if r:
             times["pytorch"].append(dt)
+            del ref
+        else:
+            ref = ref[0].cpu().numpy()
+        if cuda:  # its cached blocks would shrink the device memory znni's plans were made for
+            torch.cuda.empty_cache()
+        for kind, plan in list(plans.items()):
+            znni_core.release_cache()
+            try:
+                with PeakMeter(xp) as meter:
+                    t0 = time.perf_counter()
+                    y = znni_core.infer(net, x, device=plan.device, plan=plan)
+                    _sync(xp)
+                    dt = time.perf_counter() - t0
+            except Exception as exc:  # a kind that fails on this net: say so, go on with the others
+                row["kinds"][kind] = {"error": f"{type(exc).__name__}: {exc}", "plan": plan.describe()}
+                del plans[kind]
+                continue
+            peaks[kind] = max(peaks.get(kind, 0), meter.peak)
+            if r:
+                times[kind].append(dt)
+            else:  # exactness against PyTorch's dense result, once
+                outs[kind] = float(np.abs(y - ref).max() / max(float(np.abs(ref).max()), 1e-30))
+            del y
+        if not r:
+            del ref
     torch_s = statistics.median(times["pytorch"])
     row["pytorch_s"] = torch_s
     row["pytorch_voxels_per_s"] = out_vox / torch_s
@@ -120,6 +135,7 @@ def bench(name, net, x, rounds, smoke):
             "vs_titan_x": (out_vox / s) / titan if titan else None,
             "predicted_s": plan.predicted_seconds * _patches(plan, net, x), "patch": list(plan.patch_shape),
             "predicted_peak": plan.predicted_peak_bytes, "measured_peak": peaks[kind],
+            "max_rel_err_vs_pytorch": outs[kind],
             "budget": plan.memory_budget, "split": plan.split, "placement": plan.placement}
     return row
 
@@ -133,16 +149,19 @@ def render(res) -> str:
     lines = [f"# znni on {res['device']} against PyTorch CUDA dense (fp32, TF32 off)", "",
              f"`{res['command']}`, {res['date']}; medians of {res['rounds']} rounds.", "",
              "| net | kind | voxels/s | vs PyTorch | vs ZNNi Titan X | predicted / measured s | "
-             "predicted / measured peak (MB) |", "|---|---|---|---|---|---|---|"]
+             "predicted / measured peak (MB) | max rel. err. vs PyTorch |", "|---|---|---|---|---|---|---|---|"]
     for row in res["rows"]:
+        if "error" in row:
+            lines.append(f"| {row['net']} | - | - | - | - | - | - | {row['error'][:80]} |")
         for kind, k in row["kinds"].items():
             if "error" in k:
-                lines.append(f"| {row['net']} | {kind} | - | - | - | - | {k['error'][:60]} |")
+                lines.append(f"| {row['net']} | {kind} | - | - | - | - | - | {k['error'][:80]} |")
                 continue
             vt = f"{k['vs_titan_x']:.1f}x" if k["vs_titan_x"] else "-"
             lines.append(f"| {row['net']} | {kind} | {k['voxels_per_s']:,.0f} | {k['vs_pytorch']:.2f}x | {vt} | "
                          f"{k['predicted_s']:.3g} / {k['seconds']:.3g} | "
-                         f"{k['predicted_peak'] / 1e6:,.0f} / {k['measured_peak'] / 1e6:,.0f} |")
+                         f"{k['predicted_peak'] / 1e6:,.0f} / {k['measured_peak'] / 1e6:,.0f} | "
+                         f"{k['max_rel_err_vs_pytorch']:.1e} |")
     return "\n".join(lines) + "\n"
 
 
@@ -152,6 +171,8 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the simulated GPU (CI)")
     ap.add_argument("--nets", default="", help="comma-separated subset (n337,n537,n726,n926,boundary)")
+    ap.add_argument("--size", type=int, default=320, help="output edge of the ZNNi nets' input (boundary: 32 x "
+                    "1024 x 1024 at 320, scaled in y, x)")
     a = ap.parse_args(argv)
     if a.smoke:
         os.environ.setdefault("ZNNI_SIMULATED_GPU", "1GiB")
@@ -160,10 +181,13 @@ def main(argv=None):
 
     xp = require_device("gpu")
     rows = []
-    for name, net, shape in cases(a.smoke):
+    for name, net, shape in cases(a.smoke, a.size):
         if a.nets and name not in a.nets.split(","):
             continue
-        rows.append(bench(name, net, _input(net, shape, a.smoke), a.rounds, a.smoke))
+        try:
+            rows.append(bench(name, net, _input(net, shape, a.smoke, a.size), a.rounds, a.smoke))
+        except Exception as exc:  # PyTorch out of memory, say: report it, go on with the next net
+            rows.append({"net": name, "kinds": {}, "error": f"{type(exc).__name__}: {exc}"})
         print(json.dumps(rows[-1]), flush=True)
     res = {"device": device_name(xp), "host": platform.node(), "rounds": a.rounds, "rows": rows,
            "command": "python -m benchmarks.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -1,18 +1,42 @@
 #!/usr/bin/env bash
-# The one command for a lent GPU machine (see ../shared/GPU.md): what the device is, the
-# gpu-marked tests and the device tests, results as JSON under ${OUT:-/tmp/gpu_check}.
-# Wheels the machine lacks travel in wheels/ (git-ignored; `run(carry=["wheels"])`).
+# The one command for a lent GPU machine (../shared/GPU.md): what the device is, the gpu-marked
+# tests, the device tests on the real device, the device calibration and the GPU benchmark; logs
+# and JSON under ${OUT:-/tmp/gpu_check}.  The wheels the machine lacks (pyFFTW) travel in .whl/
+# (git-ignored): `run(carry=[".whl"], command="bash scripts/gpu_check.sh")`.
+# Each stage has its own time limit (seconds): GPU_CHECK_TESTS, GPU_CHECK_BENCH; the benchmark's
+# arguments: GPU_CHECK_BENCH_ARGS.
 set -u
 out=${OUT:-/tmp/gpu_check}
 mkdir -p "$out"
-nvidia-smi | tee "$out/nvidia-smi.txt"
-python -c "import cupy; cupy.show_config()" > "$out/cupy.txt" 2>&1
-python -c "import torch; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version())" > "$out/torch.txt" 2>&1
-if [ -d wheels ]; then pip install -q --no-index --find-links wheels/ -e . 2>&1 | tail -3; fi
-python -m pytest -q -m gpu tests/test_gpu.py --junitxml "$out/gpu.xml" 2>&1 | tail -20 | tee "$out/pytest-gpu.txt"
-python - <<'PY' | tee "$out/calibration.json"
+export PYTHONUNBUFFERED=1 NUMBA_THREADING_LAYER=threadsafe
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=$PWD:/tmp/site
+else
+  export PYTHONPATH=$PWD
+fi
+{ nvidia-smi; python3 -c "import cupy; cupy.show_config()"
+  python3 -c "import torch, numpy, numba, scipy; print('torch', torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), 'numpy', numpy.__version__, 'numba', numba.__version__, 'scipy', scipy.__version__)"
+  python3 -c "import pyfftw; print('pyfftw', pyfftw.__version__)"; nproc; } > "$out/env.txt" 2>&1
+tail -4 "$out/env.txt"
+t0=$(date +%s)
+# the gpu-marked tests and the device suite on the real device, side by side (one GPU, 16 cores)
+timeout "${GPU_CHECK_TESTS:-200}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
+  --junitxml "$out/gpu.xml" > "$out/pytest-gpu.txt" 2>&1 &
+ZNNI_TEST_DEVICE=cuda timeout "${GPU_CHECK_TESTS:-200}" python3 -m pytest -q -p no:cacheprovider -n 3 \
+  tests/test_device.py --junitxml "$out/device.xml" > "$out/pytest-device.txt" 2>&1
+wait
+echo "tests: $(( $(date +%s) - t0 )) s"
+tail -25 "$out/pytest-gpu.txt"; tail -40 "$out/pytest-device.txt"
+t0=$(date +%s)
+timeout "${GPU_CHECK_BENCH:-150}" python3 - <<'PY' > "$out/calibration.json" 2>&1
 import json, cupy
 from znni_core.plan.gpu_timing import calibrate_device
 print(json.dumps(calibrate_device(cupy, refresh=True), indent=1))
 PY
-python -m benchmarks.gpu --rounds 3 --out "$out" 2>&1 | tail -30
+cat "$out/calibration.json"
+# shellcheck disable=SC2086
+timeout "${GPU_CHECK_BENCH:-150}" python3 -m benchmarks.gpu --out "$out" ${GPU_CHECK_BENCH_ARGS:---rounds 3} 2>&1 \
+  | tee "$out/bench.txt" | tail -20
+echo "calibration + benchmark: $(( $(date +%s) - t0 )) s"
+cat "$out/GPU.md" 2>/dev/null
