@@ -57,6 +57,13 @@ def _sync(xp):
     xp.cuda.Device().synchronize()
 
 
+_T0 = time.perf_counter()
+
+
+def _log(*what):
+    print(f"[{time.perf_counter() - _T0:7.1f} s]", *what, file=sys.stderr, flush=True)
+
+
 def bench(name, net, x, rounds, smoke):
     import torch
 
@@ -88,6 +95,7 @@ def bench(name, net, x, rounds, smoke):
                                        use_cache=False)
         except Exception as exc:  # a kind that does not fit this net: say so, go on
             row["kinds"][kind] = {"error": f"{type(exc).__name__}: {exc}"}
+        _log(name, kind, "planned:", plans[kind].describe().splitlines()[1] if kind in plans else row["kinds"][kind])
     times = {k: [] for k in plans} | {"pytorch": []}
     peaks, outs = {}, {}
     for r in range(rounds + 1):  # round 0: warm-up (kernel compilation, cuFFT plans, cudnn.benchmark)
@@ -97,6 +105,7 @@ def bench(name, net, x, rounds, smoke):
             if cuda:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
+        _log(name, "round", r, f"pytorch {dt:.3f} s")
         if r:
             times["pytorch"].append(dt)
             del ref
@@ -114,9 +123,11 @@ def bench(name, net, x, rounds, smoke):
                     dt = time.perf_counter() - t0
             except Exception as exc:  # a kind that fails on this net: say so, go on with the others
                 row["kinds"][kind] = {"error": f"{type(exc).__name__}: {exc}", "plan": plan.describe()}
+                _log(name, "round", r, kind, "failed:", row["kinds"][kind]["error"])
                 del plans[kind]
                 continue
             peaks[kind] = max(peaks.get(kind, 0), meter.peak)
+            _log(name, "round", r, f"{kind} {dt:.3f} s, peak {meter.peak / 1e6:.0f} MB")
             if r:
                 times[kind].append(dt)
             else:  # exactness against PyTorch's dense result, once

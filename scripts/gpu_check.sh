@@ -4,7 +4,7 @@
 # and JSON under ${OUT:-/tmp/gpu_check}.  The wheels the machine lacks (pyFFTW) travel in .whl/
 # (git-ignored): `run(carry=[".whl"], command="bash scripts/gpu_check.sh")`.
 # Each stage has its own time limit (seconds): GPU_CHECK_TESTS, GPU_CHECK_BENCH; the benchmark's
-# arguments: GPU_CHECK_BENCH_ARGS.
+# arguments: GPU_CHECK_BENCH_ARGS; GPU_CHECK_K: a pytest -k expression for both test files.
 set -u
 out=${OUT:-/tmp/gpu_check}
 mkdir -p "$out"
@@ -21,18 +21,26 @@ fi
 tail -4 "$out/env.txt"
 t0=$(date +%s)
 # the gpu-marked tests and the device suite on the real device, side by side (one GPU, 16 cores)
-timeout "${GPU_CHECK_TESTS:-200}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
+k=(); [ -n "${GPU_CHECK_K:-}" ] && k=(-k "$GPU_CHECK_K")
+timeout "${GPU_CHECK_TESTS:-200}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py "${k[@]}" \
   --junitxml "$out/gpu.xml" > "$out/pytest-gpu.txt" 2>&1 &
 ZNNI_TEST_DEVICE=cuda timeout "${GPU_CHECK_TESTS:-200}" python3 -m pytest -q -p no:cacheprovider -n 3 \
-  tests/test_device.py --junitxml "$out/device.xml" > "$out/pytest-device.txt" 2>&1
+  tests/test_device.py "${k[@]}" --junitxml "$out/device.xml" > "$out/pytest-device.txt" 2>&1
 wait
 echo "tests: $(( $(date +%s) - t0 )) s"
 tail -25 "$out/pytest-gpu.txt"; tail -40 "$out/pytest-device.txt"
 t0=$(date +%s)
+export ZNNI_CACHE_DIR=/tmp/znni-cache  # the calibrations below serve the benchmark
 timeout "${GPU_CHECK_BENCH:-150}" python3 - <<'PY' > "$out/calibration.json" 2>&1
-import json, cupy
+import json, time, cupy
 from znni_core.plan.gpu_timing import calibrate_device
-print(json.dumps(calibrate_device(cupy, refresh=True), indent=1))
+from znni_core.plan.search import default_threads
+from znni_core.plan.timing import calibrate
+t0 = time.perf_counter()
+gpu = calibrate_device(cupy, refresh=True)
+t1 = time.perf_counter()
+cpu = calibrate(default_threads())
+print(json.dumps({"gpu": gpu, "gpu_s": t1 - t0, "cpu": cpu, "cpu_s": time.perf_counter() - t1}, indent=1))
 PY
 cat "$out/calibration.json"
 # shellcheck disable=SC2086

@@ -176,22 +176,23 @@ def test_cpu_to_gpu_pipeline_splits_and_equals_the_cpu(gpu):
 
 
 def test_pipeline_split_follows_the_stage_rates(gpu, monkeypatch):
-    """The split balances the two stages by their calibrated rates: a GPU made 1000x faster
-    takes every conv; a GPU 1000x slower leaves the CPU all but the last one."""
+    """The split balances the two stages by their calibrated rates: a GPU made 10^5x faster
+    takes every conv; a GPU 10^5x slower (slower than any CPU, an H100 too) leaves the CPU all
+    but the last one."""
     from znni_core.plan import gpu_timing
 
     net = make_net(NETS["iso2pool"], seed=5)
     real = gpu_timing.calibrate_device(gpu)
     convs = [i for i, l in enumerate(net.layers) if type(l).__name__ == "Conv"]
     splits = {}
-    for factor in (1e3, 1e-3):
+    for factor in (1e5, 1e-5):
         cal = dict(real, **{k: real[k] * factor for k in ("gemm_flops", "mem_bw", "h2d_bw")},
                    fft_s_per_vlogv=real["fft_s_per_vlogv"] / factor)
         monkeypatch.setattr(gpu_timing, "calibrate_device", lambda xp, cal=cal, **kw: cal)
         splits[factor] = autotune(net, device="cpu+gpu", memory_budget=2 ** 28, patch_shape=(93, 93, 93),
                                   use_cache=False).split
-    assert splits[1e3] == convs[0]
-    assert splits[1e-3] == convs[-1]
+    assert splits[1e5] == convs[0]
+    assert splits[1e-5] == convs[-1]
 
 
 @simulated_only
@@ -360,7 +361,9 @@ def test_measure_effort_times_options_on_the_device(gpu, monkeypatch):
     x = _input(net)
     plan = autotune(net, device="gpu", memory_budget=2 ** 26, effort="measure", input_shape=x.shape[1:],
                     use_cache=False)
-    assert calls and set(calls) <= {"direct-gemm", "fft-gemm"}
+    from znni_core.plan.search import gpu_primitives
+
+    assert calls and set(calls) <= set(gpu_primitives())  # direct-torch too where PyTorch sees CUDA
     assert rel(znni_core.infer(net, x, device="gpu", plan=plan), znni_core.infer(net, x)) <= TOL
 
 

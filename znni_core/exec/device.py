@@ -52,6 +52,9 @@ def device_limits(xp, plan):
     pool = xp.get_default_memory_pool()
     old = pool.get_limit()
     total = int(xp.cuda.runtime.memGetInfo()[1])
+    # CuPy's limit caps the bytes the pool holds, its cached free blocks too, and a block reused
+    # from its cache is never checked against it: release them, so the cap bounds this run
+    pool.free_all_blocks()
     pool.set_limit(size=min(total, pool.used_bytes() + plan.memory_budget + device_headroom(total)))
     try:
         yield
