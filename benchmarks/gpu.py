@@ -35,6 +35,9 @@ TITAN_X = {"n337": {"gpu": 671_782, "gpu+host": 727_103, "cpu+gpu": 1_059_910},
            "n537": {"gpu": 29_352, "gpu+host": 147_965, "cpu+gpu": 334_163},
            "n726": {"gpu": 97_257, "gpu+host": 148_194, "cpu+gpu": 470_166},
            "n926": {"gpu": 35_051, "gpu+host": 104_946, "cpu+gpu": 375_295}}
+#: cuDNN's algorithm search (``--cudnn-benchmark``): off by default, it took 90 s for n337 at width 80
+#: on an H100 before the first run
+CUDNN_BENCHMARK = False
 KINDS = {"gpu": ("gpu", ""), "gpu+host": ("gpu", "gpu+host"), "cpu+gpu": ("cpu+gpu", None)}
 
 
@@ -78,7 +81,7 @@ def bench(name, net, x, rounds, smoke):
     if cuda:
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = CUDNN_BENCHMARK
     dev = "cuda" if cuda else "cpu"
     module = dense_module(net).to(dev)
     tx = torch.from_numpy(x[None]).to(dev)
@@ -184,7 +187,10 @@ def main(argv=None):
     ap.add_argument("--nets", default="", help="comma-separated subset (n337,n537,n726,n926,boundary)")
     ap.add_argument("--size", type=int, default=320, help="output edge of the ZNNi nets' input (boundary: 32 x "
                     "1024 x 1024 at 320, scaled in y, x)")
+    ap.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN search its algorithms (slow first run)")
     a = ap.parse_args(argv)
+    global CUDNN_BENCHMARK
+    CUDNN_BENCHMARK = a.cudnn_benchmark
     if a.smoke:
         os.environ.setdefault("ZNNI_SIMULATED_GPU", "1GiB")
     from znni_core.exec.device import require_device
@@ -192,9 +198,11 @@ def main(argv=None):
 
     xp = require_device("gpu")
     rows = []
-    for name, net, shape in cases(a.smoke, a.size):
-        if a.nets and name not in a.nets.split(","):
-            continue
+    todo = cases(a.smoke, a.size)
+    if a.nets:  # in the order given
+        order = a.nets.split(",")
+        todo = sorted((c for c in todo if c[0] in order), key=lambda c: order.index(c[0]))
+    for name, net, shape in todo:
         try:
             rows.append(bench(name, net, _input(net, shape, a.smoke, a.size), a.rounds, a.smoke))
         except Exception as exc:  # PyTorch out of memory, say: report it, go on with the next net

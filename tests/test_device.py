@@ -186,7 +186,7 @@ def test_pipeline_split_follows_the_stage_rates(gpu, monkeypatch):
     convs = [i for i, l in enumerate(net.layers) if type(l).__name__ == "Conv"]
     splits = {}
     for factor in (1e5, 1e-5):
-        cal = dict(real, **{k: real[k] * factor for k in ("gemm_flops", "mem_bw", "h2d_bw")},
+        cal = dict(real, **{k: real[k] * factor for k in ("gemm_flops", "mem_bw")},  # not the link's rate
                    fft_s_per_vlogv=real["fft_s_per_vlogv"] / factor)
         monkeypatch.setattr(gpu_timing, "calibrate_device", lambda xp, cal=cal, **kw: cal)
         splits[factor] = autotune(net, device="cpu+gpu", memory_budget=2 ** 28, patch_shape=(93, 93, 93),
