@@ -150,7 +150,8 @@ def bench(name, net, x, rounds, smoke):
             "predicted_s": plan.predicted_seconds * _patches(plan, net, x), "patch": list(plan.patch_shape),
             "predicted_peak": plan.predicted_peak_bytes, "measured_peak": peaks[kind],
             "max_rel_err_vs_pytorch": outs[kind],
-            "budget": plan.memory_budget, "split": plan.split, "placement": plan.placement}
+            "budget": plan.memory_budget, "split": plan.split, "placement": plan.placement,
+            "primitives": sorted({st.primitive for st in plan.steps if st.op == "conv"})}
     return row
 
 

@@ -8,6 +8,15 @@ plan's memory stays in one pool; PyTorch keeps the freed block for the next call
 planner counts one output of it: :func:`torch_conv_memory`).
 
 On the simulated GPU (CI) the same code runs on PyTorch's CPU kernels.
+
+On an H100 (CuPy 14.2, PyTorch 2.11, CUDA 13; 2026-11-26) this primitive returned wrong results
+now and then when CuPy's current stream was the default stream: in the device tests run beside
+other processes on the GPU, and in ``benchmarks/gpu.py`` after PyTorch's own dense run (max
+relative errors 0.04 to 3.8); run alone, and on an explicit stream (GPU + host RAM plans), it
+was exact.  The ordering between PyTorch's work and CuPy's was not established there, so a call
+now waits for CuPy's stream before PyTorch starts and for PyTorch's stream before it returns
+(one host synchronisation per call), and ``direct-torch`` is no default GPU primitive: it runs
+only when asked for (``primitives=``) until a GPU session verifies it.
 """
 from __future__ import annotations
 
@@ -62,10 +71,15 @@ class TorchConv:
             raise InputError(f"x has shape {x.shape}; expected (N, {self._w.shape[1]}, z, y, x)")
         torch = self.torch
         x = xp.ascontiguousarray(x, dtype=np.float32)
+        cuda = self.w.is_cuda
+        if cuda:  # x's producers on CuPy's stream have finished (see the module's note)
+            xp.cuda.get_current_stream().synchronize()
         with torch.no_grad(), self._stream():
             y = torch.nn.functional.conv3d(torch.from_dlpack(x), self.w, self.b)
             out = xp.empty(tuple(y.shape), dtype=np.float32)
             torch.from_dlpack(out).copy_(y)
+            if cuda:  # out is written before CuPy reads it, and x and y are no longer read when freed
+                torch.cuda.current_stream().synchronize()
         if self.act is not None:
             apply_activation(out, *self.act, out=out)
         return out

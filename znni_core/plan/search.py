@@ -30,7 +30,8 @@ DEFAULT_BUDGET_FRACTION = 0.5  # of the RAM available when planning
 MAX_PATCH_VOXELS = 512 ** 3
 GIB = 2 ** 30
 #: conv primitives of GPU plans: the two whose device memory the model predicts (checked on the
-#: simulated GPU); fft-data and winograd run on the device too when asked for (``primitives=``)
+#: simulated GPU and on an H100); fft-data, winograd and direct-torch (cuDNN through PyTorch: wrong
+#: results now and then on an H100, layers/torch_conv.py) run on the device when asked for (``primitives=``)
 GPU_PRIMITIVES = ("direct-gemm", "fft-gemm")
 DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the rest on the GPU, pipelined
 DEVICE_HEADROOM = 512 * 2 ** 20  # device memory left to the CUDA context, library handles and cuFFT plans
@@ -54,18 +55,6 @@ CALL_OVERHEAD_S = 1e-4
 #: (4.2 s for the net against 4.7-4.9 s with direct-gemm there)
 BLOCK_SLOWDOWN = 1.6
 PATCH_OVERHEAD_S = 1e-3
-
-
-def gpu_primitives() -> tuple:
-    """The GPU plan's conv primitives: :data:`GPU_PRIMITIVES`, and cuDNN through PyTorch
-    (``direct-torch``) where PyTorch sees a CUDA device (on the simulated GPU: when asked for)."""
-    try:
-        import torch
-
-        cudnn = torch.cuda.is_available()
-    except Exception:
-        cudnn = False
-    return GPU_PRIMITIVES + (("direct-torch",) if cudnn else ())
 
 
 def device_headroom(total: int) -> int:
@@ -457,7 +446,7 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
     else:
         budget = int(memory_budget) if memory_budget is not None else default_budget()
     # on the GPU the same xp code runs on CuPy; numba's CPU kernel and FFTW threads do not apply
-    prims = tuple(primitives or (CPU_PRIMITIVES if device == "cpu" else gpu_primitives()))
+    prims = tuple(primitives or (CPU_PRIMITIVES if device == "cpu" else GPU_PRIMITIVES))
     bad = [p for p in prims if p not in CONV_PRIMITIVES]
     if bad:
         raise PlanError(f"unknown primitives {bad}; choose from {CONV_PRIMITIVES}")
