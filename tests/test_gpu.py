@@ -56,3 +56,26 @@ def test_gpu_plan_kinds_match_the_cpu_and_keep_their_memory(device):
         assert meter.peak <= budget + 2 ** 26, (meter.peak, plan.describe())  # cuFFT plans: at most 64 MiB
         if plan.placement == "":
             assert abs(meter.peak - plan.predicted_peak_bytes) <= 0.25 * plan.predicted_peak_bytes, plan.describe()
+
+
+@pytest.mark.gpu
+def test_direct_torch_is_exact_after_pytorchs_own_work():
+    """On the H100 ``direct-torch`` went wrong right after a PyTorch dense run on the device
+    (``benchmarks/gpu.py``) and beside other processes; alone it was exact.  This replays the
+    benchmark's order: PyTorch's dense module, its cache emptied, then znni's plan, three times."""
+    torch = pytest.importorskip("torch")
+    from benchmarks.runtimes import dense_module
+
+    net = make_net(NETS["deep"], seed=2)
+    x = np.random.default_rng(0).standard_normal((1,) + tuple(f + 13 for f in net.field_of_view)).astype(np.float32)
+    ref = znni_core.infer(net, x)
+    module = dense_module(net).cuda()
+    plan = autotune(net, device="gpu", memory_budget=2 ** 28, primitives=("direct-torch",), use_cache=False,
+                    input_shape=x.shape[1:])
+    for _ in range(3):
+        with torch.no_grad():
+            dense = module(torch.from_numpy(x[None]).cuda())[0].cpu().numpy()
+        torch.cuda.empty_cache()
+        assert max_rel_err(dense, ref) <= 1e-4
+        znni_core.release_cache()
+        assert max_rel_err(znni_core.infer(net, x, device="gpu", plan=plan), ref) <= 1e-4, plan.describe()
