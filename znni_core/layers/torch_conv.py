@@ -13,10 +13,10 @@ On an H100 (CuPy 14.2, PyTorch 2.11, CUDA 13; 2026-11-26) this primitive returne
 now and then when CuPy's current stream was the default stream: in the device tests run beside
 other processes on the GPU, and in ``benchmarks/gpu.py`` after PyTorch's own dense run (max
 relative errors 0.04 to 3.8); run alone, and on an explicit stream (GPU + host RAM plans), it
-was exact.  The ordering between PyTorch's work and CuPy's was not established there, so a call
-now waits for CuPy's stream before PyTorch starts and for PyTorch's stream before it returns
-(one host synchronisation per call), and ``direct-torch`` is no default GPU primitive: it runs
-only when asked for (``primitives=``) until a GPU session verifies it.
+was exact.  The cause, found after the session in PyTorch's tracker: ``ExternalStream(0)`` is a
+pooled stream, not the null stream (:meth:`TorchConv._stream` maps it now).  Until a GPU session
+verifies the fix, ``direct-torch`` is no default GPU primitive: it runs when asked for
+(``primitives=``).
 """
 from __future__ import annotations
 
@@ -58,10 +58,18 @@ class TorchConv:
         self.b = None if self._b is None else torch.from_dlpack(self._b)
 
     def _stream(self):
-        cuda = getattr(self.xp.cuda, "get_current_stream", None)
-        if self.w.is_cuda and cuda is not None:
-            return self.torch.cuda.stream(self.torch.cuda.ExternalStream(cuda().ptr))
-        return contextlib.nullcontext()
+        """PyTorch's work goes on CuPy's current stream.  The default (legacy null) stream, handle
+        0, is PyTorch's default stream: ``torch.cuda.ExternalStream(0)`` would hand back a fresh
+        non-blocking stream of PyTorch's pool instead (pytorch/pytorch#182960), unordered with
+        CuPy's work."""
+        if not self.w.is_cuda:
+            return contextlib.nullcontext()
+        torch, ptr = self.torch, self.xp.cuda.get_current_stream().ptr
+        if ptr in (0, 1):  # 0: the null stream; 1: cudaStreamLegacy, the same one
+            stream = torch.cuda.default_stream(self.w.device)
+        else:
+            stream = torch.cuda.ExternalStream(ptr, device=self.w.device)
+        return torch.cuda.stream(stream)
 
     def __call__(self, x):
         xp = get_array_module(x)
@@ -71,15 +79,10 @@ class TorchConv:
             raise InputError(f"x has shape {x.shape}; expected (N, {self._w.shape[1]}, z, y, x)")
         torch = self.torch
         x = xp.ascontiguousarray(x, dtype=np.float32)
-        cuda = self.w.is_cuda
-        if cuda:  # x's producers on CuPy's stream have finished (see the module's note)
-            xp.cuda.get_current_stream().synchronize()
         with torch.no_grad(), self._stream():
             y = torch.nn.functional.conv3d(torch.from_dlpack(x), self.w, self.b)
             out = xp.empty(tuple(y.shape), dtype=np.float32)
             torch.from_dlpack(out).copy_(y)
-            if cuda:  # out is written before CuPy reads it, and x and y are no longer read when freed
-                torch.cuda.current_stream().synchronize()
         if self.act is not None:
             apply_activation(out, *self.act, out=out)
         return out

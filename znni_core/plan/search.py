@@ -31,7 +31,8 @@ MAX_PATCH_VOXELS = 512 ** 3
 GIB = 2 ** 30
 #: conv primitives of GPU plans: the two whose device memory the model predicts (checked on the
 #: simulated GPU and on an H100); fft-data, winograd and direct-torch (cuDNN through PyTorch: wrong
-#: results now and then on an H100, layers/torch_conv.py) run on the device when asked for (``primitives=``)
+#: results now and then on an H100, fixed and not yet verified, layers/torch_conv.py) run on the
+#: device when asked for (``primitives=``)
 GPU_PRIMITIVES = ("direct-gemm", "fft-gemm")
 DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the rest on the GPU, pipelined
 DEVICE_HEADROOM = 512 * 2 ** 20  # device memory left to the CUDA context, library handles and cuFFT plans
