@@ -15,7 +15,7 @@ net and kind (``../shared/GPU.md``), and the predicted against the measured devi
 
 ``--smoke``: tiny shapes on the simulated GPU (``ZNNI_SIMULATED_GPU``) with PyTorch on
 the CPU: checks that this script runs, measures nothing (CI runs it).
-Not yet run on a GPU.
+Run once on an H100: ``benchmarks/GPU-H100.md``.
 """
 from __future__ import annotations
 
