@@ -67,7 +67,7 @@ def _log(*what):
     print(f"[{time.perf_counter() - _T0:7.1f} s]", *what, file=sys.stderr, flush=True)
 
 
-def bench(name, net, x, rounds, smoke):
+def bench(name, net, x, rounds, smoke, steps=False):
     import torch
 
     import znni_core
@@ -138,6 +138,18 @@ def bench(name, net, x, rounds, smoke):
             del y
         if not r:
             del ref
+    profiles = {}
+    if steps:  # one more run per kind, each step timed on its own (the device synchronised around it)
+        from znni_core.exec.engine import profiled
+
+        for kind, plan in plans.items():
+            znni_core.release_cache()
+            with profiled() as seconds:
+                znni_core.infer(net, x, device=plan.device, plan=plan)
+            k = _patches(plan, net, x)
+            profiles[kind] = [{"step": st.index, "op": st.op, "primitive": st.primitive, "in": list(st.in_shape),
+                               "predicted_s": st.seconds * k, "measured_s": seconds.get(st.index)}
+                              for st in plan.steps if st.op != "act"]
     torch_s = statistics.median(times["pytorch"])
     row["pytorch_s"] = torch_s
     row["pytorch_voxels_per_s"] = out_vox / torch_s
@@ -152,6 +164,8 @@ def bench(name, net, x, rounds, smoke):
             "max_rel_err_vs_pytorch": outs[kind],
             "budget": plan.memory_budget, "split": plan.split, "placement": plan.placement,
             "primitives": sorted({st.primitive for st in plan.steps if st.op == "conv"})}
+        if kind in profiles:
+            row["kinds"][kind]["steps"] = profiles[kind]
     return row
 
 
@@ -177,6 +191,14 @@ def render(res) -> str:
                          f"{k['predicted_s']:.3g} / {k['seconds']:.3g} | "
                          f"{k['predicted_peak'] / 1e6:,.0f} / {k['measured_peak'] / 1e6:,.0f} | "
                          f"{k['max_rel_err_vs_pytorch']:.1e} |")
+    for row in res["rows"]:
+        for kind, k in row["kinds"].items():
+            if k.get("steps"):
+                lines += ["", f"{row['net']}, {kind}: each step on its own (seconds over the input)", "",
+                          "| step | op | primitive | in (N,C,z,y,x) | predicted | measured |", "|---|---|---|---|---|---|"]
+                lines += [f"| {st['step']} | {st['op']} | {st['primitive']} | {tuple(st['in'])} | "
+                          f"{st['predicted_s']:.3g} | {st['measured_s'] if st['measured_s'] is None else format(st['measured_s'], '.3g')} |"
+                          for st in k["steps"]]
     return "\n".join(lines) + "\n"
 
 
@@ -188,6 +210,7 @@ def main(argv=None):
     ap.add_argument("--nets", default="", help="comma-separated subset (n337,n537,n726,n926,boundary)")
     ap.add_argument("--size", type=int, default=320, help="output edge of the ZNNi nets' input (boundary: 32 x "
                     "1024 x 1024 at 320, scaled in y, x)")
+    ap.add_argument("--steps", action="store_true", help="also time each step on its own (one more run per kind)")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN search its algorithms (slow first run)")
     a = ap.parse_args(argv)
     global CUDNN_BENCHMARK
@@ -205,7 +228,7 @@ def main(argv=None):
         todo = sorted((c for c in todo if c[0] in order), key=lambda c: order.index(c[0]))
     for name, net, shape in todo:
         try:
-            rows.append(bench(name, net, _input(net, shape, a.smoke, a.size), a.rounds, a.smoke))
+            rows.append(bench(name, net, _input(net, shape, a.smoke, a.size), a.rounds, a.smoke, a.steps))
         except Exception as exc:  # PyTorch out of memory, say: report it, go on with the next net
             rows.append({"net": name, "kinds": {}, "error": f"{type(exc).__name__}: {exc}"})
         print(json.dumps(rows[-1]), flush=True)

@@ -44,7 +44,7 @@ print(json.dumps({"gpu": gpu, "gpu_s": t1 - t0, "cpu": cpu, "cpu_s": time.perf_c
 PY
 cat "$out/calibration.json"
 # shellcheck disable=SC2086
-timeout "${GPU_CHECK_BENCH:-150}" python3 -m benchmarks.gpu --out "$out" ${GPU_CHECK_BENCH_ARGS:---rounds 3} 2>&1 \
+timeout "${GPU_CHECK_BENCH:-150}" python3 -m benchmarks.gpu --out "$out" ${GPU_CHECK_BENCH_ARGS:---rounds 3 --steps} 2>&1 \
   | tee "$out/bench.txt" | tail -20
 echo "calibration + benchmark: $(( $(date +%s) - t0 )) s"
 cat "$out/GPU.md" 2>/dev/null

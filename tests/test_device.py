@@ -293,9 +293,11 @@ def test_gpu_benchmark_runs_on_the_simulated_gpu(gpu, tmp_path):
     pytest.importorskip("torch")
     from benchmarks import gpu as bench
 
-    res = bench.main(["--smoke", "--rounds", "1", "--out", str(tmp_path)])
+    res = bench.main(["--smoke", "--rounds", "1", "--steps", "--out", str(tmp_path)])
     kinds = res["rows"][0]["kinds"]
     assert set(kinds) == {"gpu", "gpu+host", "cpu+gpu"} and all("error" not in k for k in kinds.values())
+    assert all(k["max_rel_err_vs_pytorch"] <= 1e-4 for k in kinds.values())
+    assert all(st["measured_s"] is not None for st in kinds["gpu"]["steps"])  # every step timed
     assert kinds["gpu+host"]["placement"] == "gpu+host" and kinds["cpu+gpu"]["split"] > 0
     assert kinds["gpu+host"]["measured_peak"] <= kinds["gpu+host"]["budget"]
     assert "| n337 | gpu+host |" in (tmp_path / "GPU-smoke.md").read_text()

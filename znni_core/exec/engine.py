@@ -10,10 +10,12 @@ exactly this code, so references to dead arrays are dropped as soon as possible.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
 import os
+import threading
 
 import numpy as np
 
@@ -197,33 +199,77 @@ def _reads_channels_last(steps, layers, i) -> bool:
 
 def _run(steps, layers, i, x, xp, convs):
     while i < len(steps):
-        step = steps[i]
-        layer = layers[step.index]
-        stages, j = _pointwise_stages(steps, layers, i, x.shape[0]) if xp is np else ([], i)
-        if stages:  # 1x1x1 convs and their activations, block by block in cache
-            x = conv_pointwise_chain(x, stages, threads=step.threads)
-            i = j
-            continue
-        if step.op == "conv":
-            x = _run_conv(step, layer, x, xp, convs, channels_last=xp is np and _reads_channels_last(steps, layers, i + 1))
-        elif step.op == "act":
-            if layer.kind != "identity":
-                x = apply_activation(x, layer.kind, layer.alpha, out=x)
-        elif step.primitive == "mpf":
-            x = mpf(x, layer.window)
-        else:  # depth-first pooling: each offset through the rest of the network
-            offsets = list(itertools.product(*(range(p) for p in layer.window)))
-            if get_array_module(x) is np and i > 0 and x.dtype == np.float32 and x.flags.c_contiguous:
-                # x is ours (a layer's output): filter it in place once, then every offset's
-                # fragment is a strided subsample, copied in the layout its reader runs on
-                xf = max_filter_inplace(x, layer.window)
-                cl = _reads_channels_last(steps, layers, i + 1)
-                frag = lambda off: gather_fragment(xf, layer.window, off, channels_last=cl)  # noqa: E731
-            else:
-                frag = lambda off: _fragment(x, layer.window, off)  # noqa: E731
-            return _gather(x.shape[0], offsets, lambda off: _run(steps, layers, i + 1, frag(off), xp, convs), xp)
-        i += 1
+        profiling = _PROFILE is not None and threading.get_ident() == _PROFILE_THREAD
+        x, i, done = (_timed_step if profiling else _step)(steps, layers, i, x, xp, convs)
+        if done:
+            return x
     return x
+
+
+def _step(steps, layers, i, x, xp, convs):
+    """Step ``i`` on ``x``: ``(its output, the next step, whether it ran the rest too)``."""
+    step = steps[i]
+    layer = layers[step.index]
+    stages, j = _pointwise_stages(steps, layers, i, x.shape[0]) if xp is np else ([], i)
+    if stages:  # 1x1x1 convs and their activations, block by block in cache
+        return conv_pointwise_chain(x, stages, threads=step.threads), j, False
+    if step.op == "conv":
+        x = _run_conv(step, layer, x, xp, convs, channels_last=xp is np and _reads_channels_last(steps, layers, i + 1))
+    elif step.op == "act":
+        if layer.kind != "identity":
+            x = apply_activation(x, layer.kind, layer.alpha, out=x)
+    elif step.primitive == "mpf":
+        x = mpf(x, layer.window)
+    else:  # depth-first pooling: each offset through the rest of the network
+        offsets = list(itertools.product(*(range(p) for p in layer.window)))
+        if get_array_module(x) is np and i > 0 and x.dtype == np.float32 and x.flags.c_contiguous:
+            # x is ours (a layer's output): filter it in place once, then every offset's
+            # fragment is a strided subsample, copied in the layout its reader runs on
+            xf = max_filter_inplace(x, layer.window)
+            cl = _reads_channels_last(steps, layers, i + 1)
+            frag = lambda off: gather_fragment(xf, layer.window, off, channels_last=cl)  # noqa: E731
+        else:
+            frag = lambda off: _fragment(x, layer.window, off)  # noqa: E731
+        return _gather(x.shape[0], offsets, lambda off: _run(steps, layers, i + 1, frag(off), xp, convs), xp), i, True
+    return x, i + 1, False
+
+
+#: {step index: seconds} while :func:`profiled` runs, else None; the thread it profiles
+_PROFILE: dict | None = None
+_PROFILE_THREAD = 0
+
+
+@contextlib.contextmanager
+def profiled():
+    """Each step's own seconds, summed over its calls, while the block runs (``with profiled() as
+    seconds: infer(...)``): what the benchmarks set against the plan's per-step predictions.  A
+    device is synchronised around every step (so a GPU run is slower than without); a run of
+    1x1x1 convs is charged to its first step, depth-first pooling its own work only (its offsets'
+    steps are charged to themselves).  One profile at a time, of the calling thread (a cpu+gpu
+    plan's CPU stage runs in a worker: not profiled)."""
+    global _PROFILE, _PROFILE_THREAD
+    if _PROFILE is not None:
+        raise RuntimeError("profiled() does not nest")
+    seconds = {}
+    _PROFILE, _PROFILE_THREAD = seconds, threading.get_ident()
+    try:
+        yield seconds
+    finally:
+        _PROFILE = None
+
+
+def _timed_step(steps, layers, i, x, xp, convs):
+    import time
+
+    sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
+    sync()
+    before, t0 = sum(_PROFILE.values()), time.perf_counter()
+    out = _step(steps, layers, i, x, xp, convs)
+    sync()
+    inner = sum(_PROFILE.values()) - before  # steps it ran itself (depth-first pooling's offsets)
+    key = steps[i].index
+    _PROFILE[key] = _PROFILE.get(key, 0.0) + time.perf_counter() - t0 - inner
+    return out
 
 
 def kernel_cache(cache: dict | None, plan) -> dict:
