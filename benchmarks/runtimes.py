@@ -182,7 +182,13 @@ def direct_flops(net: Network, out_shape) -> float:
     return float(per * math.prod(out_shape))
 
 
+#: a pause before each timed call: the previous tool's worker threads (ONNX Runtime's and
+#: OpenVINO's spin after a run, as numba's may) go idle first, so no tool pays for the one before
+SETTLE_S = 0.2
+
+
 def timed(fn):
+    time.sleep(SETTLE_S)
     t0 = time.perf_counter()
     y = fn()
     return time.perf_counter() - t0, y
