@@ -163,3 +163,25 @@ def test_channels_last_pool_upsample_and_residual_stay_channels_last_and_equal_c
     assert not is_channels_last(part) and is_channels_last(as_contiguous(part))
     np.testing.assert_array_equal(as_contiguous(part), x[:, :, 1:5])
     assert is_channels_last(empty_like_layout(xc)) and empty_like_layout(x).flags.c_contiguous
+
+
+
+def test_copy_into_copies_any_strides_in_parallel():
+    """``layout.copy_into`` (a GPU + host RAM block staged into a pinned buffer and back, depth-first
+    pooling's fragments): equal to numpy's copy from and into strided views; other arrays fall back."""
+    from znni_core.layers.layout import copy_into
+
+    rng = np.random.default_rng(3)
+    big = rng.standard_normal((3, 5, 9, 11, 13)).astype(np.float32)
+    src = big[1:, ::2, 2:8, 1::3, ::-1]  # strided, reversed
+    dst = np.zeros(src.shape, np.float32)
+    copy_into(dst, src)
+    np.testing.assert_array_equal(dst, src)
+    into, expect = np.zeros_like(big), np.zeros_like(big)
+    view = (slice(0, 2), slice(1, 4), slice(None, None, 3), slice(3, 7), slice(None, 13))
+    copy_into(into[view], dst[:, :, :3, :, :])  # into a strided view of a larger array
+    expect[view] = dst[:, :, :3, :, :]
+    np.testing.assert_array_equal(into, expect)
+    f64 = np.zeros((2, 3), np.float64)
+    copy_into(f64, np.ones((2, 3)))
+    assert (f64 == 1).all()

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..layers.layout import copy_into
+
 
 def stream_blocks(fn, x: np.ndarray, out: np.ndarray, jobs, xp) -> None:
     """``out[dst] = fn(x[src])`` for every ``(src, dst)`` in ``jobs``, ``fn`` running on the device."""
@@ -36,7 +38,7 @@ def stream_blocks(fn, x: np.ndarray, out: np.ndarray, jobs, xp) -> None:
         host = pinned(staged_in, block.shape, j)
         if id(host) in read:
             read[id(host)].synchronize()  # its previous copy to the device has finished
-        host[...] = block  # also makes an overlap-save block contiguous
+        copy_into(host, block)  # in parallel; also makes an overlap-save block contiguous
         dev = xp.empty(block.shape, dtype=np.float32)
         dev.set(host, stream=copy)
         done = read[id(host)] = xp.cuda.Event()
@@ -46,7 +48,7 @@ def stream_blocks(fn, x: np.ndarray, out: np.ndarray, jobs, xp) -> None:
     def finish(pending):
         dst, host, copied, _ = pending  # _: the block's device arrays, freed once its copy is done
         copied.synchronize()
-        out[dst] = host
+        copy_into(out[dst], host)
 
     pending = None  # the previous block: (dst, host buffer, event of its copy back, device arrays)
     nxt = upload(0) if jobs else None

@@ -17,9 +17,32 @@ from __future__ import annotations
 import numpy as np
 
 from . import arena
+from ._numba import njit, prange
 
-__all__ = ["as_contiguous", "channels_inner", "empty_channels_last", "empty_like_layout", "is_channels_last",
-           "memory_order"]
+__all__ = ["as_contiguous", "channels_inner", "copy_into", "empty_channels_last", "empty_like_layout",
+           "is_channels_last", "memory_order"]
+
+
+def copy_into(dst, src) -> None:
+    """``dst[...] = src`` for 5-D float32 arrays of any strides, rows copied in parallel (numba):
+    a pooling fragment gathered from its strided view, a block staged into a pinned buffer and
+    back (GPU + host RAM plans).  numpy's strided copy runs on one thread; other arrays take it."""
+    if (isinstance(dst, np.ndarray) and isinstance(src, np.ndarray) and dst.ndim == 5 and dst.shape == src.shape
+            and dst.dtype == np.float32 and src.dtype == np.float32):
+        _copy_rows(src, dst)
+    else:
+        dst[...] = src
+
+
+@njit(parallel=True, cache=True)
+def _copy_rows(v, out):  # pragma: no cover - compiled
+    N, C, mz, my, mx = v.shape
+    for t in prange(N * C * mz):
+        n, c, i = t // (C * mz), (t // mz) % C, t % mz
+        for j in range(my):
+            src, dst = v[n, c, i, j], out[n, c, i, j]
+            for l in range(mx):
+                dst[l] = src[l]
 
 
 def is_channels_last(x) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import InputError
 from . import arena
 from ._numba import njit, prange
-from .layout import is_channels_last, memory_order
+from .layout import copy_into, is_channels_last, memory_order
 from .xp import get_array_module
 
 __all__ = [
@@ -163,26 +163,17 @@ def fragment_of_filtered(xf, p, offset):
 
 
 @njit(parallel=True, cache=True)
-def _gather_kernel(v, out, cl):  # pragma: no cover - compiled
-    """``out`` = the strided view ``v`` (N, C, mz, my, mx), contiguous: channels first
-    (``out`` that shape) or, with ``cl``, channels last (``out`` (N, mz, my, mx, C)), row by
-    row of ``v``'s x axis (a channels-last row is a small transpose that stays in cache)."""
+def _gather_channels_last(v, out):  # pragma: no cover - compiled
+    """``out`` (N, mz, my, mx, C) = the strided view ``v`` (N, C, mz, my, mx), row by row of
+    ``v``'s x axis (a channels-last row is a small transpose that stays in cache)."""
     N, C, mz, my, mx = v.shape
-    if cl:
-        for t in prange(N * mz * my):
-            n, i, j = t // (mz * my), (t // my) % mz, t % my
-            dst = out[n, i, j]
-            for c in range(C):
-                src = v[n, c, i, j]
-                for l in range(mx):
-                    dst[l, c] = src[l]
-    else:
-        for t in prange(N * C * mz):
-            n, c, i = t // (C * mz), (t // mz) % C, t % mz
-            for j in range(my):
-                src, dst = v[n, c, i, j], out[n, c, i, j]
-                for l in range(mx):
-                    dst[l] = src[l]
+    for t in prange(N * mz * my):
+        n, i, j = t // (mz * my), (t // my) % mz, t % my
+        dst = out[n, i, j]
+        for c in range(C):
+            src = v[n, c, i, j]
+            for l in range(mx):
+                dst[l, c] = src[l]
 
 
 def gather_fragment(xf, p, offset, channels_last=False):
@@ -195,10 +186,10 @@ def gather_fragment(xf, p, offset, channels_last=False):
     if channels_last and v.shape[1] > 1:
         n, c, z, y, x = v.shape
         out = arena.empty((n, z, y, x, c), np.float32)
-        _gather_kernel(v, out, True)
+        _gather_channels_last(v, out)
         return out.transpose(0, 4, 1, 2, 3)
     out = arena.empty(v.shape, np.float32)
-    _gather_kernel(v, out, False)
+    copy_into(out, v)
     return out
 
 

@@ -22,7 +22,7 @@ from .. import layers as L
 from ..net.spec import Conv
 
 F32, C64 = 4, 8
-GPU_CALIBRATION_VERSION = 1
+GPU_CALIBRATION_VERSION = 2
 LAUNCH_S = 1e-5  # one kernel launch and its Python dispatch
 
 
@@ -66,12 +66,16 @@ def calibrate_device(xp, *, refresh: bool = False) -> dict:
     big = xp.zeros(2 ** (22 if small else 26), dtype=np.float32)
     bw = 2.0 * big.nbytes / _best_of(xp, lambda: xp.maximum(big, 0, out=big))
     host = np.zeros(big.shape, np.float32)
-    h2d = host.nbytes / _best_of(xp, lambda: xp.asarray(host))
+    h2d = host.nbytes / _best_of(xp, lambda: xp.asarray(host))  # pageable: the CPU -> GPU stage's hand-over
+    pinned = (getattr(xp, "empty_pinned", None) or __import__("cupyx").empty_pinned)(big.shape, dtype=np.float32)
+    pinned[...] = 0
+    h2d_pinned = pinned.nbytes / _best_of(xp, lambda: big.set(pinned))  # GPU + host RAM's staged blocks
     e = 32 if small else 64
     vol = xp.zeros((8, e, e, e), dtype=np.float32)
     v = e ** 3
     fft = _best_of(xp, lambda: xp.fft.rfftn(vol, axes=(1, 2, 3))) / (8 * v * math.log2(v))
-    cal = {"device": name, "gemm_flops": gemm, "mem_bw": bw, "h2d_bw": h2d, "fft_s_per_vlogv": fft,
+    cal = {"device": name, "gemm_flops": gemm, "mem_bw": bw, "h2d_bw": h2d, "h2d_pinned_bw": h2d_pinned,
+           "fft_s_per_vlogv": fft,
            "numba_flops": gemm, "threads": 1}
     cache.put(key, cal)
     return cal
@@ -120,9 +124,9 @@ def estimate_setup(primitive: str, layer: Conv, in_spatial, cal: dict) -> float:
     return 4.0 * b / cal["mem_bw"] + 1e-3
 
 
-def transfer_seconds(nbytes: int, cal: dict) -> float:
-    """Host to device (or back) of ``nbytes``."""
-    return nbytes / cal["h2d_bw"] + LAUNCH_S
+def transfer_seconds(nbytes: int, cal: dict, pinned: bool = False) -> float:
+    """Host to device (or back) of ``nbytes``, from pageable or pinned host memory."""
+    return nbytes / cal["h2d_pinned_bw" if pinned else "h2d_bw"] + LAUNCH_S
 
 
 class DeviceMeasurements:

@@ -38,7 +38,7 @@ DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the
 DEVICE_HEADROOM = 512 * 2 ** 20  # device memory left to the CUDA context, library handles and cuFFT plans
 GPU_BUDGET_FRACTION = 0.9  # of the device memory free when planning (after the headroom)
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
-SEARCH_VERSION = 18  # in the plan cache key: bump when the search or time model changes (stale plans)
+SEARCH_VERSION = 19  # in the plan cache key: bump when the search or time model changes (stale plans)
 PLAN_CACHE_ENTRIES = 256  # newest plans kept on disk (one per network x shape x budget x ...)
 PATIENCE = 2  # coarse patches in a row without a gain before a series of growing patches stops
 SLAB_SLICES = 8  # depth of the thin patches tried for networks flat in z (patch_candidates)
@@ -311,7 +311,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
                         for mb in _micro_batches(n):
                             if host:
                                 need = M.device_call_bytes(prim, mb, layer, spatial, tile, threads) + keep
-                                t = _streamed(timer, prim, n, layer, spatial, mb, reps[i], tile)
+                                t = _streamed(timer, prim, n, layer, spatial, mb, reps[i], tile, host["cal"])
                             else:
                                 need = M.conv_step_bytes(prim, n, mb, layer, spatial, tile, threads) + keep
                                 t = timer.layer(prim, n, layer, spatial, mb, reps[i], tile=tile)
@@ -367,7 +367,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
         if isinstance(layer, Conv):
             prim, mb, tile = decisions[sm.index]
             n = sm.in_shape[0]
-            t = (_streamed(timer, prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], tile) if host else
+            t = (_streamed(timer, prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], tile, host["cal"]) if host else
                  timer.layer(prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], measure, tile))
             prim_name, mbv = prim, (0 if mb >= n else mb)
             tile = M.conv_blocks(sm.in_shape[2:], layer.kernel, tile)[0] if tile else ()
@@ -401,10 +401,12 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
     return steps, total, peak, notes
 
 
-def _streamed(timer, prim, n, layer, spatial, mb, reps, tile) -> float:
+def _streamed(timer, prim, n, layer, spatial, mb, reps, tile, host_cal) -> float:
     """Seconds of a conv streamed through the device block by block (GPU + host RAM): the
-    transfers of every block in and out overlap the compute (two streams), and the first
-    block's transfer does not."""
+    transfers of every block in and out and the host's copies of them into and out of the
+    pinned buffers overlap the compute (two streams), and the first block's transfer does not.
+    The copies are a read and a write of each block at the host's calibrated bandwidth; on
+    the H100 they were not priced, and the plans ran 4-6x their prediction."""
     from . import gpu_timing
 
     compute = timer.layer(prim, n, layer, spatial, mb, reps, tile=tile)
@@ -412,8 +414,9 @@ def _streamed(timer, prim, n, layer, spatial, mb, reps, tile) -> float:
     calls = reps * math.ceil(n / (mb or n)) * len(origins)
     one = M.nbytes(((mb or n), layer.in_channels) + shape) + M.nbytes(
         ((mb or n), layer.out_channels) + tuple(s - k + 1 for s, k in zip(shape, layer.kernel)))
-    moved = gpu_timing.transfer_seconds(calls * one, timer.cal)
-    return max(compute, moved) + gpu_timing.transfer_seconds(one, timer.cal)
+    moved = gpu_timing.transfer_seconds(calls * one, timer.cal, pinned=True)
+    staged = 2 * calls * one / host_cal["mem_bw"]
+    return max(compute, moved, staged) + gpu_timing.transfer_seconds(one, timer.cal, pinned=True) + 2 * one / host_cal["mem_bw"]
 
 
 def autotune(net: Network, *, memory_budget: int | None = None, device: str = "cpu", effort: str = "estimate",
