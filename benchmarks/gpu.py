@@ -74,7 +74,7 @@ def bench(name, net, x, rounds, smoke, steps=False):
     from znni_core.exec.device import PeakMeter, require_device
     from znni_core.plan import autotune
 
-    from .runtimes import dense_module
+    from .runtimes import dense_module, step_profile
 
     xp = require_device("gpu")
     cuda = torch.cuda.is_available() and not smoke
@@ -138,18 +138,8 @@ def bench(name, net, x, rounds, smoke, steps=False):
             del y
         if not r:
             del ref
-    profiles = {}
-    if steps:  # one more run per kind, each step timed on its own (the device synchronised around it)
-        from znni_core.exec.engine import profiled
-
-        for kind, plan in plans.items():
-            znni_core.release_cache()
-            with profiled() as seconds:
-                znni_core.infer(net, x, device=plan.device, plan=plan)
-            k = _patches(plan, net, x)
-            profiles[kind] = [{"step": st.index, "op": st.op, "primitive": st.primitive, "in": list(st.in_shape),
-                               "predicted_s": st.seconds * k, "measured_s": seconds.get(st.index)}
-                              for st in plan.steps if st.op != "act"]
+    # one more run per kind, each step timed on its own (the device synchronised around it)
+    profiles = {kind: step_profile(net, x, plan) for kind, plan in plans.items()} if steps else {}
     torch_s = statistics.median(times["pytorch"])
     row["pytorch_s"] = torch_s
     row["pytorch_voxels_per_s"] = out_vox / torch_s
@@ -191,14 +181,12 @@ def render(res) -> str:
                          f"{k['predicted_s']:.3g} / {k['seconds']:.3g} | "
                          f"{k['predicted_peak'] / 1e6:,.0f} / {k['measured_peak'] / 1e6:,.0f} | "
                          f"{k['max_rel_err_vs_pytorch']:.1e} |")
+    from .runtimes import render_steps
+
     for row in res["rows"]:
         for kind, k in row["kinds"].items():
             if k.get("steps"):
-                lines += ["", f"{row['net']}, {kind}: each step on its own (seconds over the input)", "",
-                          "| step | op | primitive | in (N,C,z,y,x) | predicted | measured |", "|---|---|---|---|---|---|"]
-                lines += [f"| {st['step']} | {st['op']} | {st['primitive']} | {tuple(st['in'])} | "
-                          f"{st['predicted_s']:.3g} | {st['measured_s'] if st['measured_s'] is None else format(st['measured_s'], '.3g')} |"
-                          for st in k["steps"]]
+                lines += render_steps(f"{row['net']}, {kind}", k["steps"])
     return "\n".join(lines) + "\n"
 
 

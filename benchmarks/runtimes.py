@@ -201,6 +201,33 @@ def predicted_seconds(plan, net, shape) -> float:
     return plan.predicted_seconds * tiles
 
 
+def step_profile(net, x, plan) -> list:
+    """One more run of ``plan`` on ``x`` with each step timed on its own
+    (``exec/engine.profiled``), set against the plan's prediction for the step (x patches)."""
+    import znni_core
+    from znni_core.exec.engine import profiled
+
+    znni_core.release_cache()
+    with profiled() as seconds:
+        znni_core.infer(net, x, device=plan.device, plan=plan)
+    k = predicted_seconds(plan, net, x.shape[1:]) / plan.predicted_seconds if plan.predicted_seconds else 1.0
+    return [{"step": st.index, "op": st.op, "primitive": st.primitive, "in": list(st.in_shape),
+             "predicted_s": st.seconds * k, "measured_s": seconds.get(st.index)}
+            for st in plan.steps if st.op != "act"]
+
+
+def render_steps(title: str, steps) -> list:
+    """Markdown lines of a :func:`step_profile`."""
+    lines = ["", f"{title}: each step on its own (seconds over the input; a 1x1x1 chain is charged to its "
+             "first step)", "", "| step | op | primitive | in (N,C,z,y,x) | predicted | measured |",
+             "|---|---|---|---|---|---|"]
+    for st in steps:
+        m = "-" if st["measured_s"] is None else f"{st['measured_s']:.3g}"
+        lines.append(f"| {st['step']} | {st['op']} | {st['primitive']} | {tuple(st['in'])} | "
+                     f"{st['predicted_s']:.3g} | {m} |")
+    return lines
+
+
 def bench_case(name, net, x, budget, threads, rounds, tmp):
     import znni_core
 
@@ -241,6 +268,7 @@ def bench_case(name, net, x, budget, threads, rounds, tmp):
                         "primitives": [s.primitive for s in plan.steps if s.op == "conv"],
                         "candidates": plan.provenance.get("candidates")}
     row["znni_predicted_s"] = predicted_seconds(plan, net, x.shape[1:])
+    row["znni_steps"] = step_profile(net, x, plan)
     strongest = min((k for k in med if k != "znni"), key=med.get, default=None)
     if strongest:
         row["strongest"] = strongest
@@ -309,6 +337,8 @@ def render(res: dict) -> str:
             lines.append(f"znni vs the strongest baseline ({r['strongest']}): {r['znni_vs_strongest']:.2f}x ({verdict})")
         for k, n in r["notes"].items():
             lines.append(f"- {k}: {n}")
+        if r.get("znni_steps"):
+            lines += render_steps("znni's plan", r["znni_steps"])
         lines.append("")
     return "\n".join(lines)
 
