@@ -202,12 +202,14 @@ def predicted_seconds(plan, net, shape) -> float:
 
 
 def step_profile(net, x, plan) -> list:
-    """One more run of ``plan`` on ``x`` with each step timed on its own
-    (``exec/engine.profiled``), set against the plan's prediction for the step (x patches)."""
+    """A warm run of ``plan`` on ``x`` (after one unprofiled run: kernel transforms built, buffers
+    touched) with each step timed on its own (``exec/engine.profiled``), set against the plan's
+    prediction for the step (x patches).  A cold run's steps took 1.3-2x a warm one's."""
     import znni_core
     from znni_core.exec.engine import profiled
 
-    znni_core.release_cache()
+    znni_core.infer(net, x, device=plan.device, plan=plan)
+    time.sleep(SETTLE_S)
     with profiled() as seconds:
         znni_core.infer(net, x, device=plan.device, plan=plan)
     k = predicted_seconds(plan, net, x.shape[1:]) / plan.predicted_seconds if plan.predicted_seconds else 1.0
