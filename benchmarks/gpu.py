@@ -35,9 +35,6 @@ TITAN_X = {"n337": {"gpu": 671_782, "gpu+host": 727_103, "cpu+gpu": 1_059_910},
            "n537": {"gpu": 29_352, "gpu+host": 147_965, "cpu+gpu": 334_163},
            "n726": {"gpu": 97_257, "gpu+host": 148_194, "cpu+gpu": 470_166},
            "n926": {"gpu": 35_051, "gpu+host": 104_946, "cpu+gpu": 375_295}}
-#: cuDNN's algorithm search (``--cudnn-benchmark``): off by default, it took 90 s for n337 at width 80
-#: on an H100 before the first run
-CUDNN_BENCHMARK = False
 KINDS = {"gpu": ("gpu", ""), "gpu+host": ("gpu", "gpu+host"), "cpu+gpu": ("cpu+gpu", None)}
 
 
@@ -67,21 +64,21 @@ def _log(*what):
     print(f"[{time.perf_counter() - _T0:7.1f} s]", *what, file=sys.stderr, flush=True)
 
 
-def bench(name, net, x, rounds, smoke, steps=False):
+def bench(name, net, x, rounds, smoke, steps=False, cudnn_search=False):
     import torch
 
     import znni_core
     from znni_core.exec.device import PeakMeter, require_device
     from znni_core.plan import autotune
 
-    from .runtimes import dense_module, step_profile
+    from .runtimes import dense_module, predicted_seconds, step_profile
 
     xp = require_device("gpu")
     cuda = torch.cuda.is_available() and not smoke
     if cuda:
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.benchmark = CUDNN_BENCHMARK
+        torch.backends.cudnn.benchmark = cudnn_search  # off by default: 90 s before n337 w80's first run
     dev = "cuda" if cuda else "cpu"
     module = dense_module(net).to(dev)
     tx = torch.from_numpy(x[None]).to(dev)
@@ -149,7 +146,7 @@ def bench(name, net, x, rounds, smoke, steps=False):
         row["kinds"][kind] = {
             "seconds": s, "voxels_per_s": out_vox / s, "vs_pytorch": torch_s / s,
             "vs_titan_x": (out_vox / s) / titan if titan else None,
-            "predicted_s": plan.predicted_seconds * _patches(plan, net, x), "patch": list(plan.patch_shape),
+            "predicted_s": predicted_seconds(plan, net, x.shape[1:]), "patch": list(plan.patch_shape),
             "predicted_peak": plan.predicted_peak_bytes, "measured_peak": peaks[kind],
             "max_rel_err_vs_pytorch": outs[kind],
             "budget": plan.memory_budget, "split": plan.split, "placement": plan.placement,
@@ -157,11 +154,6 @@ def bench(name, net, x, rounds, smoke, steps=False):
         if kind in profiles:
             row["kinds"][kind]["steps"] = profiles[kind]
     return row
-
-
-def _patches(plan, net, x) -> int:
-    out = [n - f + 1 for n, f in zip(x.shape[1:], net.field_of_view)]
-    return int(np.prod([-(-o // t) for o, t in zip(out, plan.output_shape)]))
 
 
 def render(res) -> str:
@@ -201,8 +193,6 @@ def main(argv=None):
     ap.add_argument("--steps", action="store_true", help="also time each step on its own (one more run per kind)")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN search its algorithms (slow first run)")
     a = ap.parse_args(argv)
-    global CUDNN_BENCHMARK
-    CUDNN_BENCHMARK = a.cudnn_benchmark
     if a.smoke:
         os.environ.setdefault("ZNNI_SIMULATED_GPU", "1GiB")
     from znni_core.exec.device import require_device
@@ -216,7 +206,8 @@ def main(argv=None):
         todo = sorted((c for c in todo if c[0] in order), key=lambda c: order.index(c[0]))
     for name, net, shape in todo:
         try:
-            rows.append(bench(name, net, _input(net, shape, a.smoke, a.size), a.rounds, a.smoke, a.steps))
+            rows.append(bench(name, net, _input(net, shape, a.smoke, a.size), a.rounds, a.smoke, a.steps,
+                              a.cudnn_benchmark))
         except Exception as exc:  # PyTorch out of memory, say: report it, go on with the next net
             rows.append({"net": name, "kinds": {}, "error": f"{type(exc).__name__}: {exc}"})
         print(json.dumps(rows[-1]), flush=True)

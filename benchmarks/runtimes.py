@@ -194,11 +194,15 @@ def timed(fn):
     return time.perf_counter() - t0, y
 
 
+def patches(plan, net, shape) -> int:
+    """How many patches of ``plan`` cover an input of ``shape``."""
+    out = [n - f + 1 for n, f in zip(shape, net.field_of_view)]
+    return math.prod(math.ceil(o / t) for o, t in zip(out, plan.output_shape))
+
+
 def predicted_seconds(plan, net, shape) -> float:
     """The time model's seconds for ``infer`` on ``shape``: per-patch prediction x patches."""
-    out = [n - f + 1 for n, f in zip(shape, net.field_of_view)]
-    tiles = math.prod(math.ceil(o / t) for o, t in zip(out, plan.output_shape))
-    return plan.predicted_seconds * tiles
+    return plan.predicted_seconds * patches(plan, net, shape)
 
 
 def step_profile(net, x, plan) -> list:
@@ -212,7 +216,7 @@ def step_profile(net, x, plan) -> list:
     time.sleep(SETTLE_S)
     with profiled() as seconds:
         znni_core.infer(net, x, device=plan.device, plan=plan)
-    k = predicted_seconds(plan, net, x.shape[1:]) / plan.predicted_seconds if plan.predicted_seconds else 1.0
+    k = patches(plan, net, x.shape[1:])
     return [{"step": st.index, "op": st.op, "primitive": st.primitive, "in": list(st.in_shape),
              "predicted_s": st.seconds * k, "measured_s": seconds.get(st.index)}
             for st in plan.steps if st.op != "act"]

