@@ -86,6 +86,23 @@ def test_written_out_transforms_equal_the_matrices(a):
                                    rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("a", [1, 4, 6, 8])
+def test_transform_runs_equal_one_call_per_run(a):
+    """``_bt_rows`` (``nb`` runs of ``L`` lanes, ``dstep`` and ``vstep`` apart: the input
+    transform's whole tile rows) writes what one ``_bt`` call per run writes, and nothing else."""
+    from znni_core.layers.winograd import _bt, _bt_rows
+
+    rng = np.random.default_rng(a)
+    L, ds, vs, nb, dstep, vstep = 5, 23, 31, 4, 6, 7  # runs overlap in the input, not in the output
+    d = rng.standard_normal(a * ds + nb * dstep).astype(np.float32)
+    got = np.full(a * vs + nb * vstep, -7.0, np.float32)
+    want = got.copy()
+    _bt_rows(a, d, 3, ds, dstep, got, 2, vs, vstep, L, nb)
+    for b in range(nb):
+        _bt(a, d, 3 + b * dstep, ds, want, 2 + b * vstep, vs, L)
+    np.testing.assert_array_equal(got, want)
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     n=st.integers(1, 3), ci=st.integers(1, 5), co=st.integers(1, 5),
