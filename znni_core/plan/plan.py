@@ -50,7 +50,7 @@ WINOGRAD_MIN_CHANNELS = 2
 
 def primitive_supports(primitive: str, kernel, channels=None) -> bool:
     """Whether the planner considers ``primitive`` for a convolution with this kernel and
-    ``channels`` ``(C_in, C_out)`` when given (``winograd``: 1-3 in z and 1-5 in y and x, not
+    ``channels`` ``(C_in, C_out)`` when given (``winograd``: 1-5 on every axis, not
     all 1, and at least WINOGRAD_MIN_CHANNELS on both sides; the others: any)."""
     if primitive != "winograd":
         return True
