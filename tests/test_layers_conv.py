@@ -92,6 +92,21 @@ def test_all_paths_equal_torch_conv3d(shape, kernel):
         assert rel_err(y, ref) <= TOL, name
 
 
+@pytest.mark.parametrize("kernel", [(1, 1, 3), (2, 3, 4), (3, 2, 5), (1, 5, 5), (2, 2, 2)])
+def test_numba_written_out_taps_equal_torch_conv3d(kernel):
+    """direct-numba sums a row's 3, 4 or 5 taps in registers for each full block of 4 output
+    channels (9 here: two blocks and a remainder, which takes the loop over taps), 1 and 2
+    input channels, a fused ReLU."""
+    rng = np.random.default_rng(sum(kernel))
+    for ci in (1, 2):
+        x = rng.standard_normal((2, ci, 9, 11, 19)).astype(np.float32)
+        w = rng.standard_normal((9, ci) + kernel).astype(np.float32)
+        b = rng.standard_normal(9).astype(np.float32)
+        ref = torch.nn.functional.conv3d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                         torch.from_numpy(b).double()).clamp(min=0).numpy()
+        assert rel_err(conv_direct_numba(x, w, b, act=("relu", 0.0)), ref) <= TOL, ci
+
+
 @pytest.mark.parametrize("target", [1, 3_000, 20_000, 60_000, 10**9])
 def test_gemm_every_block_geometry(monkeypatch, target):
     """Small block targets force multi-plane blocks with a short last one, row blocks

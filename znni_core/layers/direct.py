@@ -357,6 +357,52 @@ def _bias_act_cl(y, bt, code, alpha):  # pragma: no cover - compiled
 _OB = 4  # output channels per task: each loaded input value feeds 4 accumulators
 
 
+# One input row's kx taps into _OB output rows, the taps written out: each output value is
+# loaded and stored once per row, not once per tap (with one FMA per store the loop ran at a
+# quarter of the FMA rate: n337's 1 -> 24 3^3 layer 42 GF/s on 2 cores).
+@njit(nogil=True, cache=True, fastmath=True, inline="always")
+def _taps3(acc, row, w, n):  # pragma: no cover - compiled
+    a0, a1, a2 = w[0, 0], w[0, 1], w[0, 2]
+    b0, b1, b2 = w[1, 0], w[1, 1], w[1, 2]
+    c0, c1, c2 = w[2, 0], w[2, 1], w[2, 2]
+    d0, d1, d2 = w[3, 0], w[3, 1], w[3, 2]
+    for i in range(np.uint64(n)):
+        r0, r1, r2 = row[i], row[i + np.uint64(1)], row[i + np.uint64(2)]
+        acc[0, i] += a0 * r0 + a1 * r1 + a2 * r2
+        acc[1, i] += b0 * r0 + b1 * r1 + b2 * r2
+        acc[2, i] += c0 * r0 + c1 * r1 + c2 * r2
+        acc[3, i] += d0 * r0 + d1 * r1 + d2 * r2
+
+
+@njit(nogil=True, cache=True, fastmath=True, inline="always")
+def _taps4(acc, row, w, n):  # pragma: no cover - compiled
+    a0, a1, a2, a3 = w[0, 0], w[0, 1], w[0, 2], w[0, 3]
+    b0, b1, b2, b3 = w[1, 0], w[1, 1], w[1, 2], w[1, 3]
+    c0, c1, c2, c3 = w[2, 0], w[2, 1], w[2, 2], w[2, 3]
+    d0, d1, d2, d3 = w[3, 0], w[3, 1], w[3, 2], w[3, 3]
+    for i in range(np.uint64(n)):
+        r0, r1, r2, r3 = row[i], row[i + np.uint64(1)], row[i + np.uint64(2)], row[i + np.uint64(3)]
+        acc[0, i] += a0 * r0 + a1 * r1 + a2 * r2 + a3 * r3
+        acc[1, i] += b0 * r0 + b1 * r1 + b2 * r2 + b3 * r3
+        acc[2, i] += c0 * r0 + c1 * r1 + c2 * r2 + c3 * r3
+        acc[3, i] += d0 * r0 + d1 * r1 + d2 * r2 + d3 * r3
+
+
+@njit(nogil=True, cache=True, fastmath=True, inline="always")
+def _taps5(acc, row, w, n):  # pragma: no cover - compiled
+    a0, a1, a2, a3, a4 = w[0, 0], w[0, 1], w[0, 2], w[0, 3], w[0, 4]
+    b0, b1, b2, b3, b4 = w[1, 0], w[1, 1], w[1, 2], w[1, 3], w[1, 4]
+    c0, c1, c2, c3, c4 = w[2, 0], w[2, 1], w[2, 2], w[2, 3], w[2, 4]
+    d0, d1, d2, d3, d4 = w[3, 0], w[3, 1], w[3, 2], w[3, 3], w[3, 4]
+    for i in range(np.uint64(n)):
+        r0, r1, r2 = row[i], row[i + np.uint64(1)], row[i + np.uint64(2)]
+        r3, r4 = row[i + np.uint64(3)], row[i + np.uint64(4)]
+        acc[0, i] += a0 * r0 + a1 * r1 + a2 * r2 + a3 * r3 + a4 * r4
+        acc[1, i] += b0 * r0 + b1 * r1 + b2 * r2 + b3 * r3 + b4 * r4
+        acc[2, i] += c0 * r0 + c1 * r1 + c2 * r2 + c3 * r3 + c4 * r4
+        acc[3, i] += d0 * r0 + d1 * r1 + d2 * r2 + d3 * r3 + d4 * r4
+
+
 @njit(parallel=True, cache=True, fastmath=True)
 def _conv_numba_kernel(x, w, b, out, code, alpha):  # pragma: no cover - compiled
     N, C, Z, Y, X = x.shape
@@ -377,6 +423,15 @@ def _conv_numba_kernel(x, w, b, out, code, alpha):  # pragma: no cover - compile
                 for dz in range(kz):
                     for dy in range(ky):
                         row = x[n, c, z + dz, yy + dy]
+                        if no == _OB and kx == 3:  # a row's taps summed in registers: 3 FMAs per store
+                            _taps3(acc, row, w[o0:o0 + _OB, c, dz, dy], Xo)
+                            continue
+                        if no == _OB and kx == 4:
+                            _taps4(acc, row, w[o0:o0 + _OB, c, dz, dy], Xo)
+                            continue
+                        if no == _OB and kx == 5:
+                            _taps5(acc, row, w[o0:o0 + _OB, c, dz, dy], Xo)
+                            continue
                         for dx in range(kx):
                             if no == _OB:
                                 w0 = w[o0, c, dz, dy, dx]
