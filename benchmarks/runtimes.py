@@ -296,9 +296,9 @@ def cases(quick: bool, wide: bool = False):
         src = "random (shared/data absent)"
     em_box = em[:, :256, :256] if not quick else em[:, :160, :160]
     yield "boundary net, " + src + f" {em_box.shape}", make_boundary_network(), em_box.astype(np.float32)[None] / 255
-    for arch in ("n337", "n726"):
+    for arch, edge in (("n337", 48), ("n537", 32), ("n726", 48)):
         net = make_network(arch, width=24)
-        edge = 48 if not quick else 16
+        edge = edge if not quick else 16
         shape = tuple(f + edge - 1 for f in net.field_of_view)
         yield f"{arch} width 24, output {edge}^3", net, rng.random((1,) + shape, dtype=np.float32)
     for arch, edge in ((("n337", 24), ("n726", 16)) if wide else ()):  # the other width
