@@ -117,7 +117,7 @@ def winograd_supports(kernel) -> bool:
 
 def _axis_points(axis: int, r: int, out: int) -> int:
     """The tile's input extent ``a`` on an axis: 1 for a kernel of 1; in z 4, or 6 for 4-5
-    (``F(3, 4)``, ``F(2, 5)``: 3x fewer products than direct on that axis); in y and x 8
+    (``F(3, 4)``, ``F(2, 5)``: 6 products per 3 and 2 outputs, not 12 and 10); in y and x 8
     where it needs at most :data:`LARGE_TILE_GAIN` of the transform positions of 6 for ``out``
     outputs, else 6."""
     if r == 1:
