@@ -204,6 +204,24 @@ def test_plan_cache_keeps_the_newest_entries(tmp_path):
     assert list(T.JsonCache(tmp_path / "plans.json").data) == ["a", "c"]
 
 
+def test_plan_cache_keeps_what_other_processes_wrote(tmp_path):
+    """Two writers that read the file before either wrote (two jobs, two test workers sharing a
+    cache): the second put keeps the first one's entry (it re-reads under a lock), where writing
+    its stale copy lost it and the next call planned again.  A separate process writes one too."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "plans.json"
+    a, b = T.JsonCache(path), T.JsonCache(path)
+    a.put("a", 1)
+    b.put("b", 2)
+    code = ("import sys; from znni_core.plan import timing as T; "
+            "T.JsonCache(sys.argv[1]).put('c', 3)")
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+    a.put("d", 4)
+    assert T.JsonCache(path).data == {"a": 1, "b": 2, "c": 3, "d": 4}
+
+
 def test_one_by_one_convs_never_get_the_numba_loop_unless_forced():
     """A 1x1x1 conv is one GEMM in direct-gemm; direct-numba only when the caller forces it."""
     net = make_net([("conv", 6, (1, 3, 3)), ("act", "relu"), ("conv", 8, 1), ("act", "relu"), ("conv", 2, 1)], seed=2)

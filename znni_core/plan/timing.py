@@ -93,27 +93,40 @@ def _best_of(fn, repeats=5) -> float:
 
 
 class JsonCache:
-    """A tiny persistent key -> value store (JSON), written atomically."""
+    """A tiny persistent key -> value store (JSON), written atomically.
+
+    Processes share it (a workflow's jobs, test workers): :meth:`put` re-reads the file under an
+    exclusive lock (``<name>.lock``, ``fcntl.flock``) and adds its entry to what is there, so an
+    entry another process wrote since this one read the file is kept, not overwritten by a stale
+    copy."""
 
     def __init__(self, path: Path, max_entries: int | None = None):
         self.path, self.max_entries = Path(path), max_entries
+        self.data = self._read()
+
+    def _read(self) -> dict:
         try:
-            self.data = json.loads(self.path.read_text()) if self.path.is_file() else {}
+            return json.loads(self.path.read_text()) if self.path.is_file() else {}
         except (OSError, json.JSONDecodeError):
-            self.data = {}  # a corrupt cache is only a cache: start over
+            return {}  # a corrupt cache is only a cache: start over
 
     def get(self, key):
         return self.data.get(key)
 
     def put(self, key, value):
-        self.data.pop(key, None)
-        self.data[key] = value  # newest last (JSON objects keep their order)
-        if self.max_entries is not None:
-            for old in list(self.data)[: max(0, len(self.data) - self.max_entries)]:
-                del self.data[old]
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.data))
-        os.replace(tmp, self.path)
+        import fcntl
+
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            self.data = self._read()
+            self.data.pop(key, None)
+            self.data[key] = value  # newest last (JSON objects keep their order)
+            if self.max_entries is not None:
+                for old in list(self.data)[: max(0, len(self.data) - self.max_entries)]:
+                    del self.data[old]
+            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.data))
+            os.replace(tmp, self.path)
 
 
 # --------------------------------------------------------------------- calibration
