@@ -62,17 +62,17 @@ def test_eight_point_bt_rows_scale_the_vandermonde_inverse():
 
 @pytest.mark.parametrize("a", [4, 6, 8])
 def test_written_out_transforms_equal_the_matrices(a):
-    """The compiled 1D transforms (``_bt``, ``_at``: written out for 4, 6 and 8 points) equal
+    """The compiled 1D transforms (``_bt_rows``, ``_at``: written out for 4, 6 and 8 points) equal
     ``BT @ d`` and ``AT @ x`` (float64 matrices) on strided float32 lanes, for every output
     count a kernel size gives."""
-    from znni_core.layers.winograd import _at, _bt
+    from znni_core.layers.winograd import _at, _bt_rows
 
     rng = np.random.default_rng(a)
     L, ds, vs = 5, 7, 6  # 5 lanes; rows of the input and output 7 and 6 values apart
     d = rng.standard_normal(a * ds).astype(np.float32)
     v = np.zeros(a * vs, np.float32)
     BT = toom_cook(a, 2)[0]
-    _bt(a, d, 0, ds, v, 0, vs, L)
+    _bt_rows(a, d, 0, ds, 0, v, 0, vs, 0, L, 1)
     np.testing.assert_allclose(v.reshape(a, vs)[:, :L], BT @ d.reshape(a, ds)[:, :L].astype(np.float64),
                                rtol=1e-5, atol=1e-5)
     for r in (KERNEL_SIZES[2] if a == 8 else KERNEL_SIZES[1] if a == 6 else (1, 2, 3)):
@@ -87,20 +87,23 @@ def test_written_out_transforms_equal_the_matrices(a):
 
 
 @pytest.mark.parametrize("a", [1, 4, 6, 8])
-def test_transform_runs_equal_one_call_per_run(a):
-    """``_bt_rows`` (``nb`` runs of ``L`` lanes, ``dstep`` and ``vstep`` apart: the input
-    transform's whole tile rows) writes what one ``_bt`` call per run writes, and nothing else."""
-    from znni_core.layers.winograd import _bt, _bt_rows
+def test_transform_runs_equal_the_matrix_on_every_run(a):
+    """``_bt_rows`` on ``nb`` runs of ``L`` lanes, ``dstep`` and ``vstep`` apart (the input
+    transform's whole tile rows), equals ``BT @ d`` (float64) on every run and writes nothing else."""
+    from znni_core.layers.winograd import _bt_rows
 
     rng = np.random.default_rng(a)
     L, ds, vs, nb, dstep, vstep = 5, 23, 31, 4, 6, 7  # runs overlap in the input, not in the output
-    d = rng.standard_normal(a * ds + nb * dstep).astype(np.float32)
-    got = np.full(a * vs + nb * vstep, -7.0, np.float32)
-    want = got.copy()
-    _bt_rows(a, d, 3, ds, dstep, got, 2, vs, vstep, L, nb)
+    d = rng.standard_normal(3 + a * ds + nb * dstep).astype(np.float32)
+    got = np.full(2 + a * vs + nb * vstep, -7.0, np.float32)
+    want = got.astype(np.float64)
+    BT = toom_cook(a, 2)[0] if a > 1 else np.ones((1, 1))
     for b in range(nb):
-        _bt(a, d, 3 + b * dstep, ds, want, 2 + b * vstep, vs, L)
-    np.testing.assert_array_equal(got, want)
+        rows = np.array([d[3 + b * dstep + k * ds:][:L] for k in range(a)], np.float64)
+        for k, row in enumerate(BT @ rows):
+            want[2 + b * vstep + k * vs:][:L] = row
+    _bt_rows(a, d, 3, ds, dstep, got, 2, vs, vstep, L, nb)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=30, deadline=None)

@@ -16,6 +16,7 @@ import itertools
 import math
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -259,8 +260,6 @@ def profiled():
 
 
 def _timed_step(steps, layers, i, x, xp, convs):
-    import time
-
     sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
     sync()
     before, t0 = sum(_PROFILE.values()), time.perf_counter()

@@ -16,18 +16,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..layers.layout import copy_into
+from ..layers.xp import empty_pinned
 
 
 def stream_blocks(fn, x: np.ndarray, out: np.ndarray, jobs, xp) -> None:
     """``out[dst] = fn(x[src])`` for every ``(src, dst)`` in ``jobs``, ``fn`` running on the device."""
     copy, compute = xp.cuda.Stream(non_blocking=True), xp.cuda.Stream(non_blocking=True)
     staged_in, staged_out = {}, {}  # shape -> two pinned buffers
-    empty_pinned = getattr(xp, "empty_pinned", None) or __import__("cupyx").empty_pinned  # CuPy: cupyx's
 
     def pinned(cache, shape, j):
         bufs = cache.get(shape)
         if bufs is None:
-            bufs = cache[shape] = [empty_pinned(shape, dtype=np.float32) for _ in range(2)]
+            bufs = cache[shape] = [empty_pinned(xp, shape) for _ in range(2)]
         return bufs[j % 2]
 
     read = {}  # pinned input buffer -> the event of the copy that reads it

@@ -74,7 +74,7 @@ _BT = {6: np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1,
 
 # a = 8: inverse(W)^T's rows scaled to dyadic constants (each row of BT may take any scale: G
 # follows from BT); rows of a pair +-p differ in the sign of the odd columns, which the written-out
-# transform uses (:func:`_bt`; ``tests/test_winograd.py`` checks the rows against the Vandermonde form)
+# transform uses (:func:`_bt8`; ``tests/test_winograd.py`` checks the rows against the Vandermonde form)
 _BT[8] = np.array([[1, 0, -21 / 4, 0, 21 / 4, 0, -1, 0], [0, 1, 1, -17 / 4, -17 / 4, 1, 1, 0],
                    [0, -1, 1, 17 / 4, -17 / 4, -1, 1, 0], [0, 1 / 2, 1 / 4, -5 / 2, -5 / 4, 2, 1, 0],
                    [0, -1 / 2, 1 / 4, 5 / 2, -5 / 4, -2, 1, 0], [0, 1, 2, -5 / 4, -5 / 2, 1 / 4, 1 / 2, 0],
@@ -393,12 +393,6 @@ def _at(a, m, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
     else:
         for i in range(u(L)):
             y[y0 + i] = x[x0 + i]
-
-
-@njit(nogil=True, cache=True)
-def _bt(a, d, d0, ds, v, v0, vs, L):  # pragma: no cover - compiled
-    """v[:, i] = BT d[:, i] for i < L (``a`` points: 8, 6, 4 or 1, the identity)."""
-    _bt_rows(a, d, d0, ds, 0, v, v0, vs, 0, L, 1)
 
 
 @njit(nogil=True, cache=True)

@@ -11,7 +11,7 @@ import sys
 
 import numpy
 
-__all__ = ["cupy_or_none", "get_array_module", "is_numpy"]
+__all__ = ["cupy_or_none", "empty_pinned", "get_array_module", "is_numpy"]
 
 _CUPY = None
 _CUPY_TRIED = False
@@ -68,3 +68,10 @@ def get_array_module(x):
 def is_numpy(xp) -> bool:
     """True when ``xp`` is numpy (the CPU fast paths apply)."""
     return xp is numpy
+
+
+def empty_pinned(xp, shape, dtype=numpy.float32):
+    """An uninitialised page-locked host array for copies to and from ``xp``'s device:
+    ``cupyx.empty_pinned`` on CuPy (CuPy itself has none), the simulated device's own."""
+    alloc = getattr(xp, "empty_pinned", None) or importlib.import_module("cupyx").empty_pinned
+    return alloc(shape, dtype=dtype)

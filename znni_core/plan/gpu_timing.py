@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from .. import layers as L
+from ..layers.xp import empty_pinned
 from ..net.spec import Conv
 
 F32, C64 = 4, 8
@@ -67,7 +68,7 @@ def calibrate_device(xp, *, refresh: bool = False) -> dict:
     bw = 2.0 * big.nbytes / _best_of(xp, lambda: xp.maximum(big, 0, out=big))
     host = np.zeros(big.shape, np.float32)
     h2d = host.nbytes / _best_of(xp, lambda: xp.asarray(host))  # pageable: the CPU -> GPU stage's hand-over
-    pinned = (getattr(xp, "empty_pinned", None) or __import__("cupyx").empty_pinned)(big.shape, dtype=np.float32)
+    pinned = empty_pinned(xp, big.shape)
     pinned[...] = 0
     h2d_pinned = pinned.nbytes / _best_of(xp, lambda: big.set(pinned))  # GPU + host RAM's staged blocks
     e = 32 if small else 64

@@ -6,6 +6,7 @@ thread count and library versions, so a cluster plans once and every node reuses
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
@@ -114,8 +115,6 @@ class JsonCache:
         return self.data.get(key)
 
     def put(self, key, value):
-        import fcntl
-
         with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             self.data = self._read()
