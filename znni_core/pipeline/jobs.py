@@ -312,7 +312,7 @@ def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True) 
     from ..layers.arena import retain_freed_memory
     from .task import compute_task, read_task, store_task
 
-    retain_freed_memory()  # before Dask's threads: the compute thread then shares the main heap
+    retain_freed_memory(one_arena=True)  # before Dask's threads: the compute thread then shares the main heap
 
     def read(block, *after):
         try:
