@@ -393,35 +393,6 @@ def test_memory_beyond_the_arena_is_reused_from_the_heap_not_fresh_pages():
     znni_core.release_cache()  # malloc_trim: no error, the kept memory goes back
 
 
-def test_threads_started_after_retain_freed_memory_reuse_the_heap_too():
-    """A workflow job computes in a Dask worker thread: after retain_freed_memory(one_arena), a thread's
-    large array freed and allocated again touches no fresh page either (one malloc arena).
-    Counted in minor page faults in a fresh process (a fresh 200 MiB: 51200 at 4 KiB pages)."""
-    import subprocess
-    import sys
-
-    code = ("import resource, threading, numpy as np\n"
-            "from znni_core.layers import arena\n"
-            "ok = arena.retain_freed_memory(one_arena=True)\n"
-            "np._core.multiarray._set_madvise_hugepage(False)\n"
-            "res = []\n"
-            "def work():\n"
-            "    n = (200 << 20) // 4\n"
-            "    a = np.empty(n, np.float32); a.fill(1.0); del a\n"
-            "    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
-            "    b = np.empty(n, np.float32); b.fill(2.0); del b\n"
-            "    res.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n"
-            "t = threading.Thread(target=work); t.start(); t.join()\n"
-            "print(ok, res[0])\n")
-    env = {k: v for k, v in os.environ.items() if k != "ZNNI_REUSE_BUFFERS"}
-    root = Path(__file__).resolve().parents[1]
-    ok, faults = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
-                                check=True).stdout.split()
-    if ok != "True":
-        pytest.skip("glibc's mallopt is not available here")
-    assert int(faults) < 1000, faults
-
-
 def test_winograd_layers_pass_channels_last_through_mpf_and_activations(monkeypatch):
     """A Winograd conv whose output reaches the next Winograd conv or a 1x1x1 conv through
     activations and MPF only writes it channels last (``layers/layout``), and MPF keeps it so;
@@ -487,28 +458,3 @@ def test_profiled_charges_each_step_its_own_seconds():
             with profiled():
                 pass
 
-
-def test_infer_leaves_each_thread_its_own_malloc_arena():
-    """The executor keeps freed memory in the heap but does not force one malloc arena on every
-    thread (only the pipelined workflow job asks for that): with one arena the FFT workers'
-    FFTW executions contended for its lock (n726's 26^3 fft-gemm layer ran 2.3x slower).  Checked
-    in a fresh process by the state arena records, and that a pipelined run sets it."""
-    import subprocess
-    import sys
-
-    code = ("import numpy as np, znni_core\n"
-            "from znni_core.layers import arena\n"
-            "from znni_core.net.spec import Conv, Network\n"
-            "net = Network((Conv(np.ones((2, 1, 3, 3, 3), np.float32), None),))\n"
-            "znni_core.infer(net, np.ones((1, 8, 8, 8), np.float32), memory_budget=1 << 28)\n"
-            "print(arena._RETAINED, arena._ONE_ARENA)\n"
-            "arena.retain_freed_memory(one_arena=True)\n"
-            "print(arena._ONE_ARENA)\n")
-    env = {k: v for k, v in os.environ.items() if k != "ZNNI_REUSE_BUFFERS"}
-    root = Path(__file__).resolve().parents[1]
-    lines = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
-                           check=True).stdout.split("\n")
-    if lines[0] != "[True] []":
-        assert lines[0] == "[False] []", lines  # no glibc mallopt here: nothing to set
-        pytest.skip("glibc's mallopt is not available here")
-    assert lines[1] == "[True]", lines

@@ -406,8 +406,9 @@ def test_auto_task_chunks_follow_the_slots_and_the_run_records_the_box(tmp_path)
 
 def test_job_overlaps_read_compute_and_store_with_bounded_memory(tmp_path, monkeypatch):
     """A job's tasks run as a Dask pipeline: task k+1's read starts before task k's compute ends,
-    task k-1's store before task k's compute ends; never more than two inputs ahead; the bytes
-    equal task-by-task runs; a task whose read fails is named and the others are done."""
+    task k-1's store before task k's compute ends; never more than two inputs ahead; every
+    compute runs in the thread that called the job (the engine's heap, ``run_pipelined``); the
+    bytes equal task-by-task runs; a task whose read fails is named and the others are done."""
     import threading
 
     from znni_core.pipeline import task as T
@@ -438,6 +439,7 @@ def test_job_overlaps_read_compute_and_store_with_bounded_memory(tmp_path, monke
     def compute(ctx, ti, **kw):
         k = pos[ti.task_id]
         note("compute+", k)
+        note("compute in", threading.current_thread().name)
         # the next task's read and the previous task's store run while this compute is still open
         assert k + 1 >= n or started["read"][k + 1].wait(60), f"task {k + 1}'s read did not overlap compute {k}"
         assert k == 0 or started["store"][k - 1].wait(60), f"task {k - 1}'s store did not overlap compute {k}"
@@ -455,6 +457,7 @@ def test_job_overlaps_read_compute_and_store_with_bounded_memory(tmp_path, monke
     monkeypatch.setattr(T, "store_task", store)
     doc = run_job(rf, 0, n, log=lambda *a: None)
     assert len(doc["ran"]) == n
+    assert {e[1] for e in events if e[0] == "compute in"} == {threading.current_thread().name}, events
     order = {e: i for i, e in enumerate(events)}
     for k in range(2, n):  # bounded: read k only after compute k-2 finished
         assert order[("read+", k)] > order[("compute-", k - 2)], events
@@ -481,6 +484,26 @@ def test_job_overlaps_read_compute_and_store_with_bounded_memory(tmp_path, monke
         run_job(rf, 0, n, log=lambda *a: None)
     done = [manifest_path(load_run(rf), t).is_file() for t in ids]
     assert done == [k != 1 for k in range(n)]
+
+
+def test_job_whose_compute_has_a_bug_stops_with_it(tmp_path, monkeypatch):
+    """A compute that raises something other than a ZnniError (a bug, not bad data) runs in the
+    calling thread: the job stops with that error (Dask's thread does not wait forever), and
+    the task has no manifest."""
+    from znni_core.pipeline import task as T
+    from znni_core.pipeline.jobs import run_job
+
+    cfg = base_config(tmp_path, vol=em((12, 40, 40)), task_chunks=[1, 1, 2])
+    rf = prepare(cfg)
+    n = load_run(rf)["num_tasks"]
+
+    def broken(ctx, ti, **kw):
+        raise RuntimeError("injected bug")
+
+    monkeypatch.setattr(T, "compute_task", broken)
+    with pytest.raises(RuntimeError, match="injected bug"):
+        run_job(rf, 0, n, log=lambda *a: None)
+    assert not list((Path(load_run(rf)["work_dir"]) / "manifests").rglob("*.json"))
 
 
 def test_task_compute_tiles_the_plan_over_a_larger_box_as_one_infer():

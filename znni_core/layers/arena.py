@@ -123,9 +123,8 @@ def empty(shape, dtype=np.float32, xp=np):
     return arena.empty(shape, dtype)
 
 
-_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8  # glibc's mallopt parameters
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters
 _RETAINED: list = []
-_ONE_ARENA: list = []
 _SMALL_PAGES: list = []
 
 
@@ -139,26 +138,24 @@ def _libc():
         return None
 
 
-def retain_freed_memory(one_arena: bool = False) -> bool:
+def retain_freed_memory() -> bool:
     """Once per process: glibc serves large arrays from its heap (no ``mmap`` of their own) and
     never trims the heap's top, so memory freed by one layer serves the next without the kernel
     zeroing fresh pages.  The process's footprint stays at its high-water mark (the plan's
     budget bounds it) until :func:`give_back_memory`.  ``ZNNI_REUSE_BUFFERS=0`` leaves malloc
     as it is; so does a libc other than glibc.  True when in effect.
 
-    ``one_arena``: threads started afterwards share that heap too (one malloc arena).  A
-    thread's own arena cannot hold such arrays: a workflow job computing in a Dask worker spent
-    twice the system time (2.8-3.0 against 1.5 s on a 15 x 526^2 boundary-net task), so
-    ``run_pipelined`` asks for it before Dask starts its threads.  The executor does not: with
-    one arena the FFT workers' FFTW executions contend for its lock on every buffer they
-    allocate (n726's 64 x 24 x 26^3 ``fft-gemm`` layer ran 0.76 s against 0.33 s)."""
-    if not _RETAINED:
-        libc = None if os.environ.get("ZNNI_REUSE_BUFFERS", "1") == "0" else _libc()
-        _RETAINED.append(bool(libc is not None and libc.mallopt(_M_MMAP_MAX, 0)
-                              and libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1)))
-    if one_arena and _RETAINED[0] and not _ONE_ARENA:
-        _ONE_ARENA.append(bool(_libc().mallopt(_M_ARENA_MAX, 1)))
-    return _RETAINED[0]
+    Threads keep their own malloc arenas, whose heaps cannot hold such arrays: the engine runs
+    in the thread that called it first (the workflow job's too, ``run_pipelined``).  Forcing one
+    arena on every thread (``M_ARENA_MAX=1``, done here before) made the FFT workers' FFTW
+    executions contend for its lock: n726's 64 x 24 x 26^3 ``fft-gemm`` layer ran 0.76 s against
+    0.33 s."""
+    if _RETAINED:
+        return _RETAINED[0]
+    libc = None if os.environ.get("ZNNI_REUSE_BUFFERS", "1") == "0" else _libc()
+    ok = bool(libc is not None and libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1))
+    _RETAINED.append(ok)
+    return ok
 
 
 def avoid_huge_page_stalls() -> bool:

@@ -303,16 +303,27 @@ def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True) 
     (at most two inputs and two outputs alive); computes and stores each run one at a time, in
     order.  ``overlap=False`` adds read k -> store k-1, i.e. one task at a time.
 
+    Dask schedules from a helper thread; its compute tasks hand their work to the calling thread
+    and wait for it, so the engine runs where ``infer`` runs, on the main heap that
+    ``retain_freed_memory`` keeps for reuse.  In a Dask worker thread its large arrays came from
+    fresh pages (a thread's own malloc arena cannot hold them: twice the system time on a
+    boundary-net task), and forcing one arena on every thread made the FFT workers contend for its
+    lock (``layers/arena``).
+
     Returns ``(records of the tasks run, {task id: error} of those that failed)``: a task's
     ZnniError in any stage is logged and skips its later stages; the other tasks still run.
     """
+    import queue
+    import threading
+
     import dask
     from dask import delayed
 
     from ..layers.arena import retain_freed_memory
     from .task import compute_task, read_task, store_task
 
-    retain_freed_memory(one_arena=True)  # before Dask's threads: the compute thread then shares the main heap
+    retain_freed_memory()
+    requests: queue.Queue = queue.Queue()  # (task input, reply box) from Dask; None: Dask is done
 
     def read(block, *after):
         try:
@@ -323,10 +334,12 @@ def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True) 
     def compute(ti, *after):
         if isinstance(ti, _Failed):
             return ti
-        try:
-            return (ti,) + compute_task(ctx, ti, device=device)
-        except ZnniError as exc:
-            return _Failed(ti.task_id, exc)
+        box: queue.Queue = queue.Queue(maxsize=1)
+        requests.put((ti, box))  # run by the calling thread (below)
+        ok, value = box.get()
+        if not ok:
+            raise value
+        return value
 
     def store(done, *after):
         if isinstance(done, _Failed):
@@ -354,7 +367,30 @@ def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True) 
         c = delayed(compute, pure=False)(reads[k], *after_c)
         computed.append(delayed(token, pure=False)(c))
         stored.append(delayed(store, pure=False)(c, *([stored[k - 1]] if k else [])))
-    results = dask.compute(*stored, scheduler="threads", num_workers=3) if stored else ()
+    outcome: dict = {}
+
+    def schedule():
+        try:
+            outcome["results"] = dask.compute(*stored, scheduler="threads", num_workers=3) if stored else ()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread
+            outcome["error"] = exc
+        finally:
+            requests.put(None)
+
+    scheduler = threading.Thread(target=schedule, name="znni-dask", daemon=True)
+    scheduler.start()
+    while (request := requests.get()) is not None:
+        ti, box = request
+        try:
+            box.put((True, (ti,) + compute_task(ctx, ti, device=device)))
+        except ZnniError as exc:
+            box.put((True, _Failed(ti.task_id, exc)))
+        except BaseException as exc:  # noqa: BLE001 - a bug: Dask re-raises it, the run stops
+            box.put((False, exc))
+    scheduler.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    results = outcome["results"]
     ran = [r for r in results if not isinstance(r, _Failed)]
     failed = {r.task: str(r.error) for r in results if isinstance(r, _Failed)}
     return ran, failed
