@@ -457,4 +457,3 @@ def test_profiled_charges_each_step_its_own_seconds():
         with pytest.raises(RuntimeError, match="nest"):
             with profiled():
                 pass
-
