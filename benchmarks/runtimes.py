@@ -305,11 +305,12 @@ def cases(quick: bool, wide: bool = False):
         net = make_network(arch, width=80)
         shape = tuple(f + edge - 1 for f in net.field_of_view)
         yield f"{arch} width 80, output {edge}^3", net, rng.random((1,) + shape, dtype=np.float32)
-    for kind, shape in (("2d", (16, 256, 256)), ("3d", (40, 96, 96)), ("1x1", (32, 128, 128))):
+    for kind, shape, width in (("2d", (16, 256, 256), 48), ("3d", (40, 96, 96), 48), ("1x1", (32, 128, 128), 48),
+                               ("1x1", (32, 128, 128), 24)):
         if quick:
             shape = tuple(max(3, s // 4) for s in shape)
-        net = make_stack(kind, width=48)
-        yield f"pool-free stack {kind} width 48", net, rng.standard_normal((48,) + shape, dtype=np.float32)
+        net = make_stack(kind, width=width)
+        yield f"pool-free stack {kind} width {width}", net, rng.standard_normal((width,) + shape, dtype=np.float32)
 
 
 def render(res: dict) -> str:

@@ -118,6 +118,19 @@ def test_bad_input_is_a_clear_error(bad, match):
         znni_core.infer(net, bad(x))
 
 
+@pytest.mark.parametrize("value,dtype", [(np.inf, np.float32), (-np.inf, np.float32), (np.nan, np.float32),
+                                         (1e39, np.float64)])
+def test_non_finite_input_names_its_first_z_slice(value, dtype):
+    """Every non-finite value is refused, a float64 one beyond float32's range too (it would
+    become inf), and the error names the first z-slice holding one."""
+    net = make_net(NETS["iso2pool"])
+    x = _input(net, (2, 2, 2)).astype(dtype)
+    x[0, 3, 1, 2] = value
+    x[0, 5, 0, 0] = value
+    with pytest.raises(InputError, match="NaN/Inf value.*first in z-slice 3"):
+        znni_core.infer(net, x)
+
+
 def test_plan_for_another_network_is_refused():
     a, b = make_net(NETS["nopool"], seed=1), make_net(NETS["nopool"], seed=2)
     plan = autotune(a, memory_budget=2 ** 26)

@@ -235,6 +235,70 @@ def test_pointwise_chain_equals_torch_layer_by_layer(threads, block):
         conv_pointwise_chain(x, [(np.ones((2, 4, 1, 1, 1), np.float32), None, None)])
 
 
+def _pointwise_reference(x, stages):
+    from znni_core.layers import apply_activation
+
+    ref = x.astype(np.float64)
+    for w, b, act in stages:
+        ref = np.einsum("oc,nczyx->nozyx", w[:, :, 0, 0, 0].astype(np.float64), ref)
+        if b is not None:
+            ref += b.reshape(1, -1, 1, 1, 1)
+        if act is not None:
+            ref = apply_activation(ref, *act)
+    return ref
+
+
+def _wide_chain(seed=4):
+    """Widths that use every tile (8, 4, 2 and 1 output channels: 15 = 8 + 4 + 2 + 1), a 200 -> 1
+    head, every fused activation and a sigmoid; 2 x 5 x 13 x 17 voxels (not a multiple of a tile)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, 3, 5, 13, 17)).astype(np.float32)
+    widths = [3, 24, 48, 15, 200, 7, 1]
+    acts = [("relu", 0.0), ("leaky_relu", 0.2), ("elu", 0.7), None, ("relu", 0.0), ("sigmoid", 0.0)]
+    stages = [(rng.standard_normal((o, i, 1, 1, 1)).astype(np.float32) / np.sqrt(i),
+               rng.standard_normal(o).astype(np.float32), a) for i, o, a in zip(widths[:-1], widths[1:], acts)]
+    return x, stages
+
+
+@pytest.mark.parametrize("threads,block", [(1, 32), (2, 100), (2, 2048)])
+def test_pointwise_chain_tiles_every_output_run_in_place_of_its_input(threads, block):
+    """The register tiles on wide layers: every run of output channels, voxel tails, several
+    blocks and items, a read-only input and a channels-last one, against float64 products."""
+    from znni_core.layers import conv_pointwise_chain
+
+    x, stages = _wide_chain()
+    ref = _pointwise_reference(x, stages)
+    x.setflags(write=False)
+    y = conv_pointwise_chain(x, stages, threads=threads, block=block)
+    assert y.shape == (2, 1, 5, 13, 17) and y.flags.c_contiguous
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    xc = np.ascontiguousarray(x.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)
+    np.testing.assert_allclose(conv_pointwise_chain(xc, stages, threads=threads, block=block), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_pointwise_chain_avx2_tiles(tmp_path):
+    """The AVX2 configuration (8 floats per vector, 4 output channels per tile), compiled and
+    checked in a child process on this machine."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import numpy as np, tests.test_layers_conv as t
+        from znni_core.layers import pointwise
+        assert (pointwise.VL, pointwise.OB) == (8, 4), (pointwise.VL, pointwise.OB)
+        x, stages = t._wide_chain(5)
+        y = pointwise.conv_pointwise_chain(x, stages, threads=2, block=48)
+        np.testing.assert_allclose(y, t._pointwise_reference(x, stages), rtol=1e-5, atol=1e-5)
+        print("ok")
+    """)
+    env = dict(os.environ, ZNNI_VECTOR_WIDTH="8", NUMBA_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
 @pytest.mark.parametrize("shapes", [((40, 24), (24, 3000)), ((3, 40, 24), (3, 24, 700)), ((40, 24), (2, 24, 3000)),
                                     ((5, 8, 6), (5, 6, 7)), ((7, 5), (5, 9))])
 def test_run_gemm_splits_over_the_run_threads_with_blas_single_threaded(shapes):

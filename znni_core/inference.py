@@ -8,6 +8,7 @@ import numpy as np
 from .errors import InputError, PlanError
 from .exec.device import device_limits, require_device
 from .exec.tiling import graph_extent, run_tiled
+from .layers._numba import njit, prange
 from .net.graph import Graph
 from .net.spec import Network
 
@@ -29,10 +30,27 @@ def as_input(net: Network, x) -> np.ndarray:
     if any(n < f for n, f in zip(x.shape[1:], fov)):
         raise InputError(f"input spatial shape {x.shape[1:]} (z, y, x) is smaller than the field of view {fov}; "
                           "give at least one field of view of context on every axis")
-    for z in range(x.shape[1]):  # slab by slab: no full-size temporary
-        if not np.isfinite(x[:, z]).all():
-            raise InputError(f"input holds NaN/Inf value(s) (first in z-slice {z}); clean or mask the input")
-    return np.ascontiguousarray(x, dtype=np.float32)
+    with np.errstate(over="ignore"):  # a float64 value beyond float32's range: inf, refused below
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    if _non_finite(x.reshape(-1).view(np.uint32)):
+        z = next(z for z in range(x.shape[1]) if not np.isfinite(x[:, z]).all())
+        raise InputError(f"input holds NaN/Inf value(s) (first in z-slice {z}); clean or mask the input")
+    return x
+
+
+@njit(parallel=True, cache=True)
+def _non_finite(bits) -> bool:  # pragma: no cover - compiled
+    """Whether float32 values (their bits) hold a NaN or an Inf: exponent bits all set.  An integer
+    max vectorises (a float test does not, its order being fixed): 100 MB in 3 ms, not 7.5."""
+    n = bits.size
+    chunk = 1 << 18
+    found = np.zeros((n + chunk - 1) // chunk, np.uint32)
+    for k in prange(found.size):
+        m = np.uint32(0)
+        for i in range(np.uint64(k * chunk), np.uint64(min(n, (k + 1) * chunk))):
+            m = max(m, bits[i] & np.uint32(0x7F800000))
+        found[k] = m
+    return found.size > 0 and found.max() == np.uint32(0x7F800000)
 
 
 @contextlib.contextmanager

@@ -17,7 +17,6 @@ from .activation import ACTIVATIONS, activation_memory, apply_activation
 from .direct import (
     conv_direct_gemm,
     conv_direct_gemm_memory,
-    conv_pointwise_chain,
     conv_direct_numba,
     conv_direct_numba_memory,
     conv_out_shape,
@@ -34,6 +33,7 @@ from .fft import (
     pruned_rfftn,
     save_wisdom,
 )
+from .pointwise import conv_pointwise_chain
 from .fft_gemm import FFTGemmConv, fft_gemm_kernel_bytes, fft_gemm_memory, fft_gemm_sizes, fft_gemm_transform_shape
 from .pool import (
     fragment_of_filtered,

@@ -32,14 +32,12 @@ from ..errors import InputError
 from . import arena
 from .activation import apply_activation
 from ._numba import njit, prange
-from .epilogue import FUSABLE, act_row, epilogue
-from .layout import is_channels_last, memory_order
+from .epilogue import act_row, epilogue
 from .threads import gemm
 from .xp import get_array_module
 
 __all__ = [
     "conv_direct_gemm",
-    "conv_pointwise_chain",
     "conv_direct_gemm_memory",
     "conv_direct_numba",
     "conv_direct_numba_memory",
@@ -203,97 +201,6 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, act=None):
     return out
 
 
-#: voxels per block of :func:`conv_pointwise_chain`: a block's channels stay in L2 through the
-#: chain (48 maps: 2 x 1.5 MiB for the two buffers; in the engine 8192 ran 5-10% faster than 1024-4096)
-POINTWISE_BLOCK = 8192
-
-
-def conv_pointwise_chain(x, stages, *, threads=1, block=POINTWISE_BLOCK):
-    """Consecutive 1x1x1 convolutions, each followed by its activation, block by block of voxels.
-
-    A 1x1x1 convolution is one GEMM ``W (C_out, C_in) @ x (C_in, voxels)``; run layer by layer,
-    every layer reads and writes the whole tensor from memory.  Here each block of ``block``
-    voxels goes through all the stages while it is in cache, and only the last stage writes to
-    memory.  Inside the chain a block is channels-last, ``(voxels, C)``: OpenBLAS runs that
-    product (``M`` = the channels) at 1.6x the channels-first one (48 maps: 89 against 55
-    GFLOP/s per core).  The first product reads a copy of the channels-first block, transposed
-    (a channels-last ``x``, ``layers/layout``, is read in place);
-    bias and ReLU run in one numba pass per stage; the last block is copied back channels-first.
-    Workers (``threads``, one BLAS thread each) take whole blocks.
-
-    Parameters
-    ----------
-    x : ndarray, shape (N, C_in, Z, Y, X), float32
-    stages : sequence of ``(w, b, act)``: ``w`` (C_out, C_in, 1, 1, 1), ``b`` (C_out,) or None,
-        ``act`` None or ``(kind, alpha)`` (:func:`~znni_core.layers.activation.apply_activation`)
-
-    Returns
-    -------
-    ndarray, shape (N, C_out of the last stage, Z, Y, X)
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> x = np.ones((1, 2, 2, 2, 2), np.float32)
-    >>> w1, w2 = np.ones((3, 2, 1, 1, 1), np.float32), -np.ones((1, 3, 1, 1, 1), np.float32)
-    >>> y = conv_pointwise_chain(x, [(w1, None, ("relu", 0.0)), (w2, np.ones(1, np.float32), None)])
-    >>> y.shape, float(y[0, 0, 0, 0, 0])
-    ((1, 1, 2, 2, 2), -5.0)
-    """
-    from .threads import blas_limit, each_worker
-
-    cl = is_channels_last(x) and x.dtype == np.float32  # a block is already (voxels, C): no copy
-    x = x if cl else np.ascontiguousarray(x, dtype=np.float32)
-    N, C = x.shape[:2]
-    P = math.prod(x.shape[2:])
-    mats = []  # (W^T (C_in, C_out), bias repeated, in-kernel code, alpha, activation after it)
-    for w, b, fused in stages:
-        w = np.asarray(w, np.float32)
-        c_in = mats[-1][0].shape[1] if mats else C
-        if w.shape[2:] != (1, 1, 1) or w.shape[1] != c_in:
-            raise InputError(f"stage {len(mats)}: weights {w.shape} do not continue a 1x1x1 chain: expected "
-                             f"({w.shape[0]}, {c_in}, 1, 1, 1)")
-        kind, alpha = fused if fused is not None else ("identity", 0.0)
-        code = FUSABLE.get(kind, 0)  # the others run after it
-        mats.append((np.ascontiguousarray(w.reshape(w.shape[:2]).T),
-                     np.tile(np.zeros(w.shape[0], np.float32) if b is None else np.asarray(b, np.float32).reshape(-1),
-                             max(1, 1024 // w.shape[0])),  # the bias over whole voxels (_bias_act_cl)
-                     code, float(alpha), None if code or kind == "identity" else (kind, alpha)))
-    O = mats[-1][0].shape[1]
-    out = arena.empty((N, O) + x.shape[2:])
-    xf = memory_order(x).reshape(N, P, C) if cl else x.reshape(N, C, P)
-    of = out.reshape(N, O, P)
-    wide = max(m[0].shape[1] for m in mats)
-    jobs = [(n, j0) for n in range(N) for j0 in range(0, P, block)]
-    workers = max(1, min(int(threads), len(jobs)))
-
-    def work(k):
-        bufs = (np.empty(block * wide, np.float32), np.empty(block * wide, np.float32))
-        # the input block is copied out first: the product's packing reads a transposed matrix
-        # whose rows are a whole volume apart at half the speed of this copy's (rows padded by
-        # 16 floats against cache-set aliasing)
-        first = np.empty((C, block + 16), np.float32)
-        for n, j0 in jobs[k::workers]:
-            j1 = min(P, j0 + block)
-            if cl:
-                y = xf[n, j0:j1]  # (voxels, C_in), contiguous
-            else:
-                first[:, : j1 - j0] = xf[n, :, j0:j1]
-                y = first[:, : j1 - j0].T  # (voxels, C_in)
-            for i, (wt, b, code, alpha, after) in enumerate(mats):
-                dst = bufs[i % 2][: (j1 - j0) * wt.shape[1]].reshape(j1 - j0, wt.shape[1])
-                np.matmul(y, wt, out=dst)
-                _bias_act_cl(dst, b, code, np.float32(alpha))
-                if after is not None:  # channels on axis 1 of the (1, C, voxels) view
-                    apply_activation(dst.T[None], after[0], after[1], out=dst.T[None])
-                y = dst
-            of[n, :, j0:j1] = y.T
-
-    with blas_limit(1):
-        each_worker(work, workers)
-    return out
-
-
 def conv_direct_gemm_memory(n, c_in, c_out, in_shape, kernel, max_bytes=None) -> int:
     """Predicted peak bytes of :func:`conv_direct_gemm`: output + lowered block + product.
 
@@ -336,22 +243,6 @@ def _bias_act_block(y, b, code, alpha):  # pragma: no cover - compiled
     O, P = y.shape
     for o in range(O):
         _bias_act_row(y[o], b[o], 0, P, code, alpha)
-
-
-@njit(cache=True, fastmath=True)
-def _bias_act_cl(y, bt, code, alpha):  # pragma: no cover - compiled
-    """In place on a contiguous channels-last block ``y`` (voxels, C): ``act(y + b)`` (the
-    epilogue ``(code, alpha)``; 0 adds the bias only), ``bt`` the bias repeated over a whole
-    number of voxels: runs of ``len(bt)`` values, one vector loop each (a loop per voxel ran
-    2x slower at 24 channels)."""
-    f = y.reshape(y.size)
-    L, n = np.uint64(bt.size), np.uint64(f.size)
-    for r in range((n + L - np.uint64(1)) // L):
-        v0 = np.uint64(r) * L
-        m = min(L, n - v0)
-        for j in range(m):
-            f[v0 + j] = f[v0 + j] + bt[j]
-        act_row(f, v0, v0 + m, code, alpha)
 
 
 _OB = 4  # output channels per task: each loaded input value feeds 4 accumulators

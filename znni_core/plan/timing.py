@@ -23,13 +23,14 @@ from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 26  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
+CALIBRATION_VERSION = 27  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
 # 14: outputs from an arena, as the executor runs; 15: larger winograd calls;
 # 16: winograd transforms priced per 1D pass; 17: 1x1x1 chains and exp calibrated; 18: winograd blocks of 3 MiB;
 # 19: a winograd cost per tile; 20: written-out 8-point transforms; 21: a cost per transform position;
 # 22: measured as runs run: BLAS single-threaded, GEMMs split over the threads); 23: winograd transforms channels last,
 # best of 5; 24: winograd input transforms a tile row at a time; 25: direct-numba sums 3-5 taps of a row in registers;
-# 26: the executor's threads keep their own malloc arenas (one arena slowed FFTW 1.5-3x)
+# 26: the executor's threads keep their own malloc arenas (one arena slowed FFTW 1.5-3x);
+# 27: 1x1x1 chains on register tiles, calibrated at 24 and 48 maps
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
 
@@ -160,11 +161,15 @@ def _measure(threads: int) -> dict:
     flops1 = 2 * 24 * 27 * 64 ** 3
     direct_points = {"gemm": [[27, flops1 / _best_of(lambda: L.conv_direct_gemm(x1, w1))], [24 * 27, gemm]],
                      "numba": [[27, flops1 / _best_of(lambda: L.conv_direct_numba(x1, w1))], [24 * 27, numba_rate]]}
-    # 1x1x1 convs run as chains in cache (conv_pointwise_chain): four 48-map stages on 50 MB, the
-    # input's read and the output's write shared by the four
-    xp1 = rng.standard_normal((1, 48, 16, 128, 128), dtype=np.float32)
-    stages = [(rng.standard_normal((48, 48, 1, 1, 1), dtype=np.float32), None, ("relu", 0.0))] * 4
-    pointwise = 4 * 2 * 48 * 48 * xp1[0, 0].size / _best_of(lambda: L.conv_pointwise_chain(xp1, stages, threads=threads))
+    # 1x1x1 convs run as chains in cache (conv_pointwise_chain): four stages of 24 and of 48 maps
+    # on 16 x 128^2 voxels, the input's read and the output's write shared by the four (the
+    # block's copies weigh more on narrow stages: 24 maps ran at 0.75x the 48-map rate)
+    pointwise = []
+    for c in (24, 48):
+        xp1 = rng.standard_normal((1, c, 16, 128, 128), dtype=np.float32)
+        stages = [(rng.standard_normal((c, c, 1, 1, 1), dtype=np.float32), None, ("relu", 0.0))] * 4
+        pointwise.append([c, 4 * 2 * c * c * xp1[0, 0].size
+                          / _best_of(lambda: L.conv_pointwise_chain(xp1, stages, threads=threads))])
     rates = _fft_rates(threads)
     rates["gemm"] = _fft_gemm_rates(threads)
     rates["winograd"] = _winograd_rates(threads)
@@ -186,7 +191,7 @@ def _measure(threads: int) -> dict:
     layer_in = rng.standard_normal((1, 16, 100, 100, 100), dtype=np.float32)
     pool = _best_of(lambda: L.mpf(layer_in, (2, 2, 2))) / layer_in.nbytes
     return {"gemm_flops": gemm, "numba_flops": numba_rate, "direct_points": direct_points, "fft": rates, "mem_bw": bw,
-            "pointwise_flops": pointwise, "exp_s_per_value": exp_s,
+            "pointwise_points": pointwise, "exp_s_per_value": exp_s,
             "pool_s_per_byte": pool, "cpu": cpu_model(), "threads": threads}
 
 
@@ -410,10 +415,10 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
         out_bytes = F32 * n * cout * math.prod(out)
         if primitive == "direct-numba":
             return flops / _direct_rate("numba", cin * math.prod(layer.kernel), cal) + out_bytes / cal["mem_bw"]
-        if math.prod(layer.kernel) == 1 and "pointwise_flops" in cal:
-            # run in a chain (conv_pointwise_chain): calibrated at 48 maps, other widths scaled as
-            # the lowered GEMM's rate; memory-bound when the product is thin (200 maps -> 1)
-            rate = cal["pointwise_flops"] * _direct_rate("gemm", cin, cal) / _direct_rate("gemm", 48, cal)
+        if math.prod(layer.kernel) == 1 and "pointwise_points" in cal:
+            # run in a chain (conv_pointwise_chain): calibrated at 24 and 48 maps (log-log between,
+            # clamped outside); memory-bound when the product is thin (200 maps -> 1)
+            rate = _loglog(cal["pointwise_points"], cin)
             return max(flops / rate, F32 * n * (cin + cout) * math.prod(out) / cal["mem_bw"]) + n * DIRECT_ITEM_S
         # traffic: the lowered block (C_in x kernel values per output voxel, written then read by
         # the product), the product and the output.  Counting the lowering as one output's worth
