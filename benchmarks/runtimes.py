@@ -23,6 +23,7 @@ Install the baselines with ``pip install -e '.[bench]' torch==2.13.0``.  Results
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -365,6 +366,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     from threadpoolctl import threadpool_limits
 
+    import znni_core
     from znni_core.plan.timing import cpu_model
 
     if not a.keep_cache:  # a fresh plan cache: znni's first call on each shape really plans
@@ -385,6 +387,10 @@ def main(argv=None):
             row["sgemm_flops"] = peak  # the roof of this run (a re-run case keeps its own)
             print(json.dumps({k: row[k] for k in ("median_s", "znni_first_call_s")}, default=float), flush=True)
             res["rows"].append(row)
+            # the baselines' sessions go, and the heap znni keeps (arena.retain_freed_memory) goes
+            # back to the OS: run J was OOM-killed at 24 GB after n726 at width 80
+            gc.collect()
+            znni_core.release_cache()
     out.mkdir(parents=True, exist_ok=True)
     if a.only and (out / "runtimes.json").is_file():  # keep the other cases of the last full run
         old = json.loads((out / "runtimes.json").read_text())

@@ -25,26 +25,34 @@ vector widths) and ``tests/test_epilogue.py`` against
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
-from llvmlite import binding as llvm
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ..errors import InputError
 from . import arena
-from ._numba import njit
+from ._numba import njit, numba
 from .activation import apply_activation
 from .epilogue import FUSABLE, act_row
 from .layout import is_channels_last, memory_order
 
 __all__ = ["POINTWISE_BLOCK", "conv_pointwise_chain", "pack_weights"]
 
-#: floats per vector register: 16 with AVX-512, else 8 (AVX2); ``ZNNI_VECTOR_WIDTH=8`` picks the
-#: AVX2 tiles on any machine (tests run them so)
-VL = int(os.environ.get("ZNNI_VECTOR_WIDTH") or (16 if llvm.get_host_cpu_features().get("avx512f", False) else 8))
+
+def _target_features() -> list:
+    """The CPU features numba compiles for: ``NUMBA_CPU_FEATURES`` when set (then numba's cache
+    keys on it too, so tiles and their cached loops always agree), else the host's."""
+    from numba.core.codegen import get_host_cpu_features
+
+    feats = numba.config.CPU_FEATURES
+    return (feats if feats is not None else get_host_cpu_features()).split(",")
+
+
+#: floats per vector register: 16 where numba targets AVX-512, else 8 (AVX2; ``tests`` compile
+#: these with ``NUMBA_CPU_NAME=haswell``)
+VL = 16 if "+avx512f" in _target_features() else 8
 #: voxels per tile: two vectors
 TV = 2 * VL
 #: output channels per full tile: 8 x 2 accumulators fit AVX-512's 32 registers, 4 x 2 AVX2's 16
@@ -152,6 +160,7 @@ def pack_weights(w) -> np.ndarray:
 
 
 def _runs(O: int) -> list:
+    """The tiles' output-channel counts for ``O`` channels, in order."""
     runs = [OB] * (O // OB)
     rest = O % OB
     for r in (4, 2, 1):
@@ -162,49 +171,43 @@ def _runs(O: int) -> list:
 
 
 @njit(nogil=True, cache=True)
-def _stage(x, xo, ldx, wp, w, wo, b, bo, y, yo, ldy, C, O, nv, code, alpha):  # pragma: no cover - compiled
-    """``y[yo + o*ldy + v] = act(b[bo + o] + sum_c W[o, c] x[xo + c*ldx + v])`` for ``v < nv``:
-    ``W`` packed at ``wp[wo:]`` (:func:`pack_weights`) and plain at ``w[wo:]``."""
-    nfull = nv - nv % TV
-    for v0 in range(0, nfull, TV):
+def _stage(x, ldx, wp, wo, b, bo, y, ldy, C, O, nv, code, alpha):  # pragma: no cover - compiled
+    """``y[o*ldy + v] = act(b[bo + o] + sum_c W[o, c] x[c*ldx + v])`` for ``v < nv`` (a multiple
+    of ``TV``), ``W`` packed at ``wp[wo:]`` (:func:`pack_weights`)."""
+    for v0 in range(0, nv, TV):
         o0 = 0
         while o0 + OB <= O:
-            _TILE_FULL(x, xo + v0, ldx, wp, wo + o0 * C, b, bo + o0, y, yo + o0 * ldy + v0, ldy, C, code, alpha)
+            _TILE_FULL(x, v0, ldx, wp, wo + o0 * C, b, bo + o0, y, o0 * ldy + v0, ldy, C, code, alpha)
             o0 += OB
         if OB > 4 and O - o0 >= 4:
-            _TILE4(x, xo + v0, ldx, wp, wo + o0 * C, b, bo + o0, y, yo + o0 * ldy + v0, ldy, C, code, alpha)
+            _TILE4(x, v0, ldx, wp, wo + o0 * C, b, bo + o0, y, o0 * ldy + v0, ldy, C, code, alpha)
             o0 += 4
         if O - o0 >= 2:
-            _TILE2(x, xo + v0, ldx, wp, wo + o0 * C, b, bo + o0, y, yo + o0 * ldy + v0, ldy, C, code, alpha)
+            _TILE2(x, v0, ldx, wp, wo + o0 * C, b, bo + o0, y, o0 * ldy + v0, ldy, C, code, alpha)
             o0 += 2
         if O - o0 >= 1:
-            _TILE1(x, xo + v0, ldx, wp, wo + o0 * C, b, bo + o0, y, yo + o0 * ldy + v0, ldy, C, code, alpha)
+            _TILE1(x, v0, ldx, wp, wo + o0 * C, b, bo + o0, y, o0 * ldy + v0, ldy, C, code, alpha)
         if code == 3:  # ELU: the tile's rows while in L1
             for o in range(O):
-                act_row(y, yo + o * ldy + v0, yo + o * ldy + v0 + TV, code, alpha)
-    if nfull < nv:  # the last voxels, fewer than a tile
-        for o in range(O):
-            for v in range(nfull, nv):
-                s = b[bo + o]
-                for c in range(C):
-                    s += w[wo + o * C + c] * x[xo + c * ldx + v]
-                y[yo + o * ldy + v] = s
-            act_row(y, yo + o * ldy + nfull, yo + o * ldy + nv, code, alpha)
+                act_row(y, o * ldy + v0, o * ldy + v0 + TV, code, alpha)
 
 
 @njit(nogil=True, cache=True)
-def _chain(x, cl, C0, P, wp, w, b, dims, codes, alphas, y, jobs, block, ld, buf0, buf1):  # pragma: no cover - compiled
+def _chain(x, cl, C0, P, wp, b, dims, codes, alphas, y, jobs, block, ld, buf0, buf1):  # pragma: no cover - compiled
     """Every stage on each ``(n, j0)`` of ``jobs``: ``block`` voxels from ``j0`` of item ``n``.
     ``x`` flat, channels-first ``(N, C0, P)`` or (``cl``) channels-last ``(N, P, C0)``; ``y``
     flat ``(N, C_out, P)``; ``dims[s]`` = (C_in, C_out, weight offset, bias offset).  The
-    block's channels are copied into ``buf1``, rows ``ld`` apart; stage ``s`` writes ``buf0``
-    (even ``s``) or ``buf1``; the last one's rows are copied into ``y``.  Written in place,
-    ``y``'s rows (a volume apart) cost the 4-stage chain 11-19% more at 24-80 maps (2 threads)."""
+    block's channels are copied into ``buf1``, rows ``ld`` apart, zeros after its last voxel up
+    to a whole tile (the stages compute whole tiles); stage ``s`` writes ``buf0`` (even ``s``)
+    or ``buf1``; the last one's rows are copied into ``y``.  Written in place, ``y``'s rows (a
+    volume apart) cost the 4-stage chain 11-19% more at 24-80 maps (2 threads)."""
     S = dims.shape[0]
     O = dims[S - 1, 1]
+    zero = np.float32(0.0)
     for t in range(jobs.shape[0]):
         n, j0 = jobs[t, 0], jobs[t, 1]
         nv = min(block, P - j0)
+        nt = (nv + TV - 1) // TV * TV
         # unsigned indices: with signed ones numba checks for negative ones and the copies
         # stay scalar (3 GB/s against 10)
         if cl:
@@ -217,10 +220,12 @@ def _chain(x, cl, C0, P, wp, w, b, dims, codes, alphas, y, jobs, block, ld, buf0
                 i0, i1 = np.uint64((n * C0 + c) * P + j0), np.uint64(c * ld)
                 for v in range(np.uint64(nv)):
                     buf1[i1 + v] = x[i0 + v]
+        for c in range(C0):
+            for v in range(c * ld + nv, c * ld + nt):
+                buf1[v] = zero
         for s in range(S):
             src, dst = (buf1, buf0) if s % 2 == 0 else (buf0, buf1)
-            _stage(src, 0, ld, wp, w, dims[s, 2], b, dims[s, 3], dst, 0, ld,
-                   dims[s, 0], dims[s, 1], nv, codes[s], alphas[s])
+            _stage(src, ld, wp, dims[s, 2], b, dims[s, 3], dst, ld, dims[s, 0], dims[s, 1], nt, codes[s], alphas[s])
         fin = buf0 if S % 2 == 1 else buf1
         for o in range(O):
             i0, i1 = np.uint64(o * ld), np.uint64((n * O + o) * P + j0)
@@ -236,7 +241,7 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=POINTWISE_BLOCK):
     the last stage writes to memory.  Bias and ReLU, leaky ReLU or ELU run in the tile that
     computes the values (module docstring); another activation (sigmoid...) ends a run of
     stages, and applies to that run's whole output.  A channels-last ``x`` (``layers/layout``)
-    is read in place.  Workers (``threads``) take whole blocks.
+    is read as it is copied into the blocks.  Workers (``threads``) take whole blocks.
 
     Parameters
     ----------
@@ -281,7 +286,7 @@ def _fused(x, stages, threads, block):
     x = x if cl else np.ascontiguousarray(x, dtype=np.float32)
     N, C = x.shape[:2]
     P = math.prod(x.shape[2:])
-    dims, wps, ws, bs = [], [], [], []
+    dims, wps, bs = [], [], []
     codes, alphas = [], []
     wo = bo = 0
     for w, b, act in stages:
@@ -289,7 +294,6 @@ def _fused(x, stages, threads, block):
         O, Ci = w2.shape
         dims.append((Ci, O, wo, bo))
         wps.append(pack_weights(w2))
-        ws.append(w2.reshape(-1))
         bs.append(np.zeros(O, np.float32) if b is None else np.asarray(b, np.float32).reshape(-1))
         kind, alpha = act if act is not None else ("identity", 0.0)
         codes.append(FUSABLE.get(kind, 0))
@@ -299,7 +303,7 @@ def _fused(x, stages, threads, block):
     O = dims[-1][1]
     out = arena.empty((N, O) + x.shape[2:])
     xf = (memory_order(x) if cl else x).reshape(-1)
-    args = (np.concatenate(wps), np.concatenate(ws), np.concatenate(bs), np.array(dims, np.int64),
+    args = (np.concatenate(wps), np.concatenate(bs), np.array(dims, np.int64),
             np.array(codes, np.int64), np.array(alphas, np.float32))
     jobs = np.array([(n, j0) for n in range(N) for j0 in range(0, P, block)], np.int64).reshape(-1, 2)
     workers = max(1, min(int(threads), len(jobs)))
