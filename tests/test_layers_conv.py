@@ -261,9 +261,10 @@ def _wide_chain(seed=4):
 
 
 @pytest.mark.parametrize("threads,block", [(1, 32), (2, 100), (2, 2048)])
-def test_pointwise_chain_tiles_every_output_run_in_place_of_its_input(threads, block):
-    """The register tiles on wide layers: every run of output channels, voxel tails, several
-    blocks and items, a read-only input and a channels-last one, against float64 products."""
+def test_pointwise_chain_tiles_every_run_of_output_channels(threads, block):
+    """The register tiles on wide layers: every run of output channels, blocks short of a
+    tile, several blocks and items, a read-only input and a channels-last one, against float64
+    products."""
     from znni_core.layers import conv_pointwise_chain
 
     x, stages = _wide_chain()
