@@ -274,7 +274,8 @@ def test_pointwise_chain_tiles_every_run_of_output_channels(threads, block):
     assert y.shape == (2, 1, 5, 13, 17) and y.flags.c_contiguous
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
     xc = np.ascontiguousarray(x.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)
-    np.testing.assert_allclose(conv_pointwise_chain(xc, stages, threads=threads, block=block), ref, rtol=1e-5, atol=1e-5)
+    yc = conv_pointwise_chain(xc, stages, threads=threads, block=block)
+    np.testing.assert_allclose(yc, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_pointwise_chain_avx2_tiles(tmp_path):
