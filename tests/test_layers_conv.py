@@ -278,6 +278,21 @@ def test_pointwise_chain_tiles_every_run_of_output_channels(threads, block):
     np.testing.assert_allclose(yc, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_pointwise_chain_continues_after_an_activation_it_cannot_fuse():
+    """A sigmoid mid-chain ends a run of stages (applied to that run's output) and the rest runs
+    as a new one."""
+    from znni_core.layers import conv_pointwise_chain
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 5, 3, 11, 13)).astype(np.float32)
+    acts = [("relu", 0.0), ("sigmoid", 0.0), ("tanh", 0.0), ("relu", 0.0)]
+    widths = [5, 16, 9, 24, 3]
+    stages = [(rng.standard_normal((o, i, 1, 1, 1)).astype(np.float32), rng.standard_normal(o).astype(np.float32), a)
+              for i, o, a in zip(widths[:-1], widths[1:], acts)]
+    y = conv_pointwise_chain(x, stages, threads=2, block=64)
+    np.testing.assert_allclose(y, _pointwise_reference(x, stages), rtol=1e-5, atol=1e-5)
+
+
 def test_pointwise_chain_avx2_tiles(tmp_path):
     """The AVX2 configuration (8 floats per vector, 4 output channels per tile), compiled for
     Haswell and checked in a child process on this machine."""

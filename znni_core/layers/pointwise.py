@@ -143,7 +143,8 @@ def _tile(ob: int):
     return tile
 
 
-_TILE_FULL, _TILE4, _TILE2, _TILE1 = _tile(OB), _tile(4), _tile(2), _tile(1)
+_TILE_FULL, _TILE2, _TILE1 = _tile(OB), _tile(2), _tile(1)
+_TILE4 = _TILE_FULL if OB == 4 else _tile(4)
 
 
 def pack_weights(w) -> np.ndarray:
@@ -269,12 +270,13 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=POINTWISE_BLOCK):
             raise InputError(f"stage {s}: weights {tuple(w.shape)} do not continue a 1x1x1 chain: expected "
                              f"({w.shape[0]}, {c_in}, 1, 1, 1)")
         c_in = w.shape[0]
-    run = next((k + 1 for k, (_, _, a) in enumerate(stages)
-                if a is not None and a[0] != "identity" and a[0] not in FUSABLE), len(stages))
+    def unfused(act):  # an activation the tiles do not apply
+        return act is not None and act[0] != "identity" and act[0] not in FUSABLE
+
+    run = next((k + 1 for k, (_, _, a) in enumerate(stages) if unfused(a)), len(stages))
     y = _fused(x, stages[:run], threads, max(TV, block // TV * TV))
-    last = stages[run - 1][2]
-    if last is not None and last[0] != "identity" and last[0] not in FUSABLE:
-        apply_activation(y, *last, out=y)
+    if unfused(stages[run - 1][2]):
+        apply_activation(y, *stages[run - 1][2], out=y)
     return y if run == len(stages) else conv_pointwise_chain(y, stages[run:], threads=threads, block=block)
 
 
