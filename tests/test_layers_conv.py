@@ -408,6 +408,48 @@ def test_layer_workers_are_pooled_threads_started_once():
     assert started == []
 
 
+def test_thread_limits_scan_the_libraries_again_only_after_an_import(tmp_path, monkeypatch):
+    """threadpoolctl's scan of the loaded libraries (about 1 ms; every ``infer`` sets limits) runs
+    once, and again after an import, which is what loads a new library."""
+    import sys
+
+    import threadpoolctl
+
+    from znni_core.layers import threads
+
+    made = []
+    real = threadpoolctl.ThreadpoolController
+    monkeypatch.setattr(threadpoolctl, "ThreadpoolController", lambda: made.append(1) or real())
+    monkeypatch.setattr(threads, "_CONTROLLER", None)
+    for _ in range(3):
+        with threads.blas_limit(1), threads.blas_limit(2, user_api="openmp"):
+            pass
+    assert len(made) == 1
+    (tmp_path / "znni_new_module_for_test.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import znni_new_module_for_test  # noqa: F401
+
+    with threads.blas_limit(1):
+        pass
+    assert len(made) == 2
+    sys.modules.pop("znni_new_module_for_test")
+
+
+def test_openmp_threads_stop_spinning_soon_unless_the_user_chose():
+    """numba's OpenMP threads spin briefly after a parallel kernel (``GOMP_SPINCOUNT``), not for
+    libgomp's default milliseconds that took the next layer's core; a user's setting wins."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, znni_core.layers._numba; print(os.environ.get('GOMP_SPINCOUNT'))"
+    base = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    for extra, expect in (({}, "20000"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "None"), ({"GOMP_SPINCOUNT": "5"}, "5")):
+        r = subprocess.run([sys.executable, "-c", code], env={**base, **extra}, capture_output=True, text=True,
+                           check=True)
+        assert r.stdout.strip() == expect, (extra, r.stdout, r.stderr[-500:])
+
+
 def test_each_worker_runs_every_worker_and_raises_after_all_end():
     import threading
     import time

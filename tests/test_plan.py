@@ -222,6 +222,32 @@ def test_plan_cache_keeps_what_other_processes_wrote(tmp_path):
     assert T.JsonCache(path).data == {"a": 1, "b": 2, "c": 3, "d": 4}
 
 
+def test_plan_cache_parses_an_unchanged_file_once(tmp_path, monkeypatch):
+    """``infer`` looks its plan up at every call: the file is parsed again only when it changed
+    (another writer replaced it), and what a put or another process wrote is always seen."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "plans.json"
+    T.JsonCache(path).put("a", 1)
+    parses, loads = [], json.loads
+    monkeypatch.setattr(json, "loads", lambda text: parses.append(1) or loads(text))
+    assert [T.JsonCache(path).get("a") for _ in range(3)] == [1, 1, 1] and len(parses) <= 1
+    before = len(parses)
+    code = "import sys; from znni_core.plan import timing as T; T.JsonCache(sys.argv[1]).put('b', 2)"
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+    assert T.JsonCache(path).data == {"a": 1, "b": 2} and len(parses) == before + 1
+    T.JsonCache(path).put("c", 3)  # this process's own write (put reads the file afresh)
+    assert T.JsonCache(path).data == {"a": 1, "b": 2, "c": 3}
+    # a file rewritten in place with the same size and mtime is the one case the memo cannot see;
+    # writers never do that (they replace the file), and a corrupt file is still only a cache
+    path.write_text("{not json")
+    os.utime(path, ns=(0, 0))
+    assert T.JsonCache(path).data == {}
+
+
 def test_one_by_one_convs_never_get_the_numba_loop_unless_forced():
     """A 1x1x1 conv is one GEMM in direct-gemm; direct-numba only when the caller forces it."""
     net = make_net([("conv", 6, (1, 3, 3)), ("act", "relu"), ("conv", 8, 1), ("act", "relu"), ("conv", 2, 1)], seed=2)

@@ -13,6 +13,16 @@ import numba
 if os.environ.get("NUMBA_THREADING_LAYER") is None and numba.config.THREADING_LAYER == "default":
     numba.config.THREADING_LAYER = "threadsafe"
 
+#: how long (busy-wait iterations) an idle OpenMP thread of numba's ``omp`` layer spins before it
+#: sleeps: libgomp's default, 300,000, kept it on a core for milliseconds after every parallel
+#: kernel, and the layer that ran next on znni's own pooled threads (Winograd, the 1x1x1 chain)
+#: waited for that core: the input's NaN check before a 1x1x1 chain cost the chain 8 ms of its
+#: 20 (a 24-map stack on 32 x 128^2).  libgomp reads it when numba first loads it (the first
+#: parallel launch, after this import); a user's own ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` wins.
+GOMP_SPINCOUNT = "20000"
+if os.environ.get("OMP_WAIT_POLICY") is None and os.environ.get("GOMP_SPINCOUNT") is None:
+    os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
+
 njit = numba.njit
 prange = numba.prange
 
