@@ -23,14 +23,15 @@ from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 27  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
+CALIBRATION_VERSION = 28  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
 # 14: outputs from an arena, as the executor runs; 15: larger winograd calls;
 # 16: winograd transforms priced per 1D pass; 17: 1x1x1 chains and exp calibrated; 18: winograd blocks of 3 MiB;
 # 19: a winograd cost per tile; 20: written-out 8-point transforms; 21: a cost per transform position;
 # 22: measured as runs run: BLAS single-threaded, GEMMs split over the threads); 23: winograd transforms channels last,
 # best of 5; 24: winograd input transforms a tile row at a time; 25: direct-numba sums 3-5 taps of a row in registers;
 # 26: the executor's threads keep their own malloc arenas (one arena slowed FFTW 1.5-3x);
-# 27: 1x1x1 chains on register tiles, calibrated at 24 and 48 maps
+# 27: 1x1x1 chains on register tiles, calibrated at 24 and 48 maps; 28: blocks of 1024 voxels, OpenMP threads
+# that stop spinning soon after numba's parallel kernels
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
 
