@@ -422,7 +422,7 @@ def test_thread_limits_scan_the_libraries_again_only_after_an_import(tmp_path, m
     monkeypatch.setattr(threadpoolctl, "ThreadpoolController", lambda: made.append(1) or real())
     monkeypatch.setattr(threads, "_CONTROLLER", None)
     for _ in range(3):
-        with threads.blas_limit(1), threads.blas_limit(2, user_api="openmp"):
+        with threads.blas_limit(1), threads.openmp_limit(2):
             pass
     assert len(made) == 1
     (tmp_path / "znni_new_module_for_test.py").write_text("X = 1\n")

@@ -57,7 +57,7 @@ def _non_finite(bits) -> bool:  # pragma: no cover - compiled
 def thread_limits(threads: int):
     """Give numba and OpenMP the plan's thread count for the duration of a run, BLAS one thread
     and znni's GEMMs the plan's threads (:func:`~znni_core.layers.threads.run_threads`)."""
-    from .layers.threads import blas_limit, run_threads
+    from .layers.threads import openmp_limit, run_threads
 
     try:
         import numba
@@ -67,7 +67,7 @@ def thread_limits(threads: int):
     except Exception:  # numba missing or not configurable: nothing to restore
         numba, old = None, None
     try:
-        with blas_limit(threads, user_api="openmp"), run_threads(threads):
+        with openmp_limit(threads), run_threads(threads):
             yield
     finally:
         if numba is not None and old is not None:

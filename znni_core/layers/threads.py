@@ -29,18 +29,27 @@ _POOLED = threading.local()  # set in the pools' own threads
 MIN_COLUMNS = 256
 
 
-def blas_limit(threads: int, user_api: str = "blas"):
-    """A context giving BLAS (or ``user_api="openmp"``: OpenMP) ``threads`` threads
-    (threadpoolctl).  Its scan of the loaded libraries (about 1 ms, a third of a small call's
-    overhead) is redone only after new modules were imported: a library is loaded by an import
-    (numba's OpenMP pool and SciPy's OpenBLAS arrive at numba's first compiled call)."""
+def blas_limit(threads: int):
+    """A context giving BLAS ``threads`` threads (threadpoolctl)."""
+    return _controller().limit(limits=threads, user_api="blas")
+
+
+def openmp_limit(threads: int):
+    """A context giving OpenMP runtimes ``threads`` threads (threadpoolctl)."""
+    return _controller().limit(limits=threads, user_api="openmp")
+
+
+def _controller():
+    """threadpoolctl's controller.  Its scan of the loaded libraries (about 1 ms, a third of a
+    small call's overhead) is redone only after new modules were imported: a library is loaded
+    by an import (numba's OpenMP pool and SciPy's OpenBLAS arrive at numba's first compiled call)."""
     global _CONTROLLER
     if _CONTROLLER is None or _CONTROLLER[0] != len(sys.modules):
         from threadpoolctl import ThreadpoolController
 
         controller = ThreadpoolController()
         _CONTROLLER = (len(sys.modules), controller)
-    return _CONTROLLER[1].limit(limits=threads, user_api=user_api)
+    return _CONTROLLER[1]
 
 
 def each_worker(fn, workers: int) -> None:
