@@ -94,8 +94,8 @@ def test_all_paths_equal_torch_conv3d(shape, kernel):
 
 @pytest.mark.parametrize("kernel", [(1, 1, 3), (2, 3, 4), (3, 2, 5), (1, 5, 5), (2, 2, 2)])
 def test_numba_written_out_taps_equal_torch_conv3d(kernel):
-    """direct-numba sums a row's 3, 4 or 5 taps in registers for each full block of 4 output
-    channels (9 here: two blocks and a remainder, which takes the loop over taps), 1 and 2
+    """direct-numba sums a row's 3, 4 or 5 taps in registers for each block of 4 output
+    channels (9 here: two blocks and a remainder, zero-padded, its real channels stored), 1 and 2
     input channels, a fused ReLU."""
     rng = np.random.default_rng(sum(kernel))
     for ci in (1, 2):
@@ -105,6 +105,25 @@ def test_numba_written_out_taps_equal_torch_conv3d(kernel):
         ref = torch.nn.functional.conv3d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
                                          torch.from_numpy(b).double()).clamp(min=0).numpy()
         assert rel_err(conv_direct_numba(x, w, b, act=("relu", 0.0)), ref) <= TOL, ci
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 7, 100])
+def test_numba_grouped_rows_equal_torch_conv3d(monkeypatch, group):
+    """Short output rows run ``group`` at a time as one row with gaps (the last group partial when
+    7 rows do not divide), 3 output channels (one partial block), kernels taking each path."""
+    import znni_core.layers.direct as D
+
+    x_width = 10
+    monkeypatch.setattr(D, "ROW_GROUP", group * x_width)
+    rng = np.random.default_rng(group)
+    for kernel in ((3, 3, 3), (1, 4, 4), (2, 1, 5), (1, 2, 2)):
+        x = rng.standard_normal((3, 2, 5, 6 + kernel[1], x_width)).astype(np.float32)
+        w = rng.standard_normal((3, 2) + kernel).astype(np.float32)
+        b = rng.standard_normal(3).astype(np.float32)
+        assert D._row_group(x.shape[2:], kernel)[0] == min(group, 7)
+        ref = torch.nn.functional.conv3d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                         torch.from_numpy(b).double()).clamp(min=0).numpy()
+        assert rel_err(conv_direct_numba(x, w, b, act=("relu", 0.0)), ref) <= TOL, kernel
 
 
 @pytest.mark.parametrize("target", [1, 3_000, 20_000, 60_000, 10**9])

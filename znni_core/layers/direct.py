@@ -245,7 +245,28 @@ def _bias_act_block(y, b, code, alpha):  # pragma: no cover - compiled
         _bias_act_row(y[o], b[o], 0, P, code, alpha)
 
 
-_OB = 4  # output channels per task: each loaded input value feeds 4 accumulators
+OUT_BLOCK = _OB = 4  # output channels per task: each loaded input value feeds 4 accumulators
+#: input values per row the numba loop runs at once: output rows shorter than this are grouped
+ROW_GROUP = 512
+#: a row's fixed cost (its taps' weights, the loop's start and vector remainder) in values of the
+#: row: 24 -> 24 3^3 convs on 1 x 34^3 ... 512 x 6^3 inputs ran at 0.94 ... 0.42 of the long-row rate
+ROW_OVERHEAD = 30
+
+
+def _row_group(in_spatial, kernel) -> tuple[int, int]:
+    """``(rows, values)``: output rows per grouped row and its length (gaps included)."""
+    y, x = int(in_spatial[1]), int(in_spatial[2])
+    yo, xo = y - int(kernel[1]) + 1, x - int(kernel[2]) + 1
+    rows = max(1, min(yo, ROW_GROUP // x))
+    return rows, (rows - 1) * x + xo
+
+
+def direct_numba_row_efficiency(in_spatial, kernel) -> float:
+    """The fraction of :func:`conv_direct_numba`'s long-row rate it reaches on this input: the
+    output values a grouped row keeps, over the values it computes plus its fixed cost."""
+    rows, values = _row_group(in_spatial, kernel)
+    xo = int(in_spatial[2]) - int(kernel[2]) + 1
+    return rows * xo / (values + ROW_OVERHEAD)
 
 
 # One input row's kx taps into _OB output rows, the taps written out: each output value is
@@ -295,55 +316,59 @@ def _taps5(acc, row, w, n):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def _conv_numba_kernel(x, w, b, out, code, alpha):  # pragma: no cover - compiled
-    N, C, Z, Y, X = x.shape
-    O, _, kz, ky, kx = w.shape
-    _, _, Zo, Yo, Xo = out.shape
-    nob = (O + _OB - 1) // _OB
+def _conv_numba_kernel(x, w, b, out, X, G, code, alpha):  # pragma: no cover - compiled
+    # x: (N, C, Z, Y * X), each plane flattened.  G output rows at a time run as one row of
+    # (G - 1) * X + Xo values (the X - Xo values between two rows are computed and dropped):
+    # short rows (a fragment's 6-8 voxels) then still fill the vector registers.
+    # w and b have whole blocks of _OB output channels (zero-padded): a last, partial block runs
+    # the same register loops and stores its real channels only.
+    N, C, Z, _ = x.shape
+    _, _, kz, ky, kx = w.shape
+    _, O, Zo, Yo, Xo = out.shape
+    nob = w.shape[0] // _OB
     for t in prange(N * nob * Zo):
         n = t // (nob * Zo)
         o0 = ((t // Zo) % nob) * _OB
         z = t % Zo
         no = min(_OB, O - o0)
-        acc = np.empty((_OB, Xo), np.float32)
-        for yy in range(Yo):
-            for q in range(no):
-                for xx in range(Xo):
-                    acc[q, xx] = b[o0 + q]
+        acc = np.empty((_OB, (G - 1) * X + Xo), np.float32)
+        for y0 in range(0, Yo, G):
+            g = min(G, Yo - y0)
+            L = (g - 1) * X + Xo
+            for q in range(_OB):
+                for i in range(L):
+                    acc[q, i] = b[o0 + q]
             for c in range(C):
                 for dz in range(kz):
+                    plane = x[n, c, z + dz]
                     for dy in range(ky):
-                        row = x[n, c, z + dz, yy + dy]
-                        if no == _OB and kx == 3:  # a row's taps summed in registers: 3 FMAs per store
-                            _taps3(acc, row, w[o0:o0 + _OB, c, dz, dy], Xo)
+                        s = (y0 + dy) * X
+                        row = plane[s:s + L + kx - 1]
+                        if kx == 3:  # a row's taps summed in registers: 3 FMAs per store
+                            _taps3(acc, row, w[o0:o0 + _OB, c, dz, dy], L)
                             continue
-                        if no == _OB and kx == 4:
-                            _taps4(acc, row, w[o0:o0 + _OB, c, dz, dy], Xo)
+                        if kx == 4:
+                            _taps4(acc, row, w[o0:o0 + _OB, c, dz, dy], L)
                             continue
-                        if no == _OB and kx == 5:
-                            _taps5(acc, row, w[o0:o0 + _OB, c, dz, dy], Xo)
+                        if kx == 5:
+                            _taps5(acc, row, w[o0:o0 + _OB, c, dz, dy], L)
                             continue
                         for dx in range(kx):
-                            if no == _OB:
-                                w0 = w[o0, c, dz, dy, dx]
-                                w1 = w[o0 + 1, c, dz, dy, dx]
-                                w2 = w[o0 + 2, c, dz, dy, dx]
-                                w3 = w[o0 + 3, c, dz, dy, dx]
-                                for xx in range(Xo):
-                                    v = row[xx + dx]
-                                    acc[0, xx] += w0 * v
-                                    acc[1, xx] += w1 * v
-                                    acc[2, xx] += w2 * v
-                                    acc[3, xx] += w3 * v
-                            else:
-                                for q in range(no):
-                                    wq = w[o0 + q, c, dz, dy, dx]
-                                    for xx in range(Xo):
-                                        acc[q, xx] += wq * row[xx + dx]
+                            w0 = w[o0, c, dz, dy, dx]
+                            w1 = w[o0 + 1, c, dz, dy, dx]
+                            w2 = w[o0 + 2, c, dz, dy, dx]
+                            w3 = w[o0 + 3, c, dz, dy, dx]
+                            for i in range(L):
+                                v = row[i + dx]
+                                acc[0, i] += w0 * v
+                                acc[1, i] += w1 * v
+                                acc[2, i] += w2 * v
+                                acc[3, i] += w3 * v
             for q in range(no):
-                act_row(acc[q], 0, Xo, code, alpha)
-                for xx in range(Xo):
-                    out[n, o0 + q, z, yy, xx] = acc[q, xx]
+                act_row(acc[q], 0, L, code, alpha)
+                for r in range(g):
+                    for xx in range(Xo):
+                        out[n, o0 + q, z, y0 + r, xx] = acc[q, r * X + xx]
 
 
 def conv_direct_numba(x, w, b=None, *, act=None):
@@ -367,11 +392,18 @@ def conv_direct_numba(x, w, b=None, *, act=None):
     xp, x, w, b = _validate(x, w, b)
     if xp is not np:
         raise InputError("conv_direct_numba runs on numpy arrays only; use conv_direct_gemm or FFTConv on the GPU")
-    if b is None:
-        b = np.zeros(w.shape[0], np.float32)
-    out = arena.empty((x.shape[0], w.shape[0]) + conv_out_shape(x.shape[2:], w.shape[2:]))
+    o = w.shape[0]
+    out = arena.empty((x.shape[0], o) + conv_out_shape(x.shape[2:], w.shape[2:]))
+    pad = -o % _OB  # a partial last block of output channels: zero weights, never stored
+    if pad:
+        w = np.concatenate([w, np.zeros((pad,) + w.shape[1:], np.float32)])
+    bp = np.zeros(o + pad, np.float32)
+    if b is not None:
+        bp[:o] = b
     code, alpha = epilogue(act)
-    _conv_numba_kernel(x, w, b, out, code, np.float32(alpha))
+    n, c, z, y, xw = x.shape
+    rows, _ = _row_group(x.shape[2:], w.shape[2:])
+    _conv_numba_kernel(x.reshape(n, c, z, y * xw), np.ascontiguousarray(w), bp, out, xw, rows, code, np.float32(alpha))
     return out
 
 

@@ -23,7 +23,7 @@ from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 28  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
+CALIBRATION_VERSION = 29  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
 # 14: outputs from an arena, as the executor runs; 15: larger winograd calls;
 # 16: winograd transforms priced per 1D pass; 17: 1x1x1 chains and exp calibrated; 18: winograd blocks of 3 MiB;
 # 19: a winograd cost per tile; 20: written-out 8-point transforms; 21: a cost per transform position;
@@ -31,7 +31,9 @@ CALIBRATION_VERSION = 28  # bump when the models or the calibration change (7-8:
 # best of 5; 24: winograd input transforms a tile row at a time; 25: direct-numba sums 3-5 taps of a row in registers;
 # 26: the executor's threads keep their own malloc arenas (one arena slowed FFTW 1.5-3x);
 # 27: 1x1x1 chains on register tiles, calibrated at 24 and 48 maps; 28: blocks of 1024 voxels, OpenMP threads
-# that stop spinning soon after numba's parallel kernels
+# that stop spinning soon after numba's parallel kernels; 29: direct-numba groups short rows
+#: (input, kernel) of the direct-conv calibration (its rows' efficiency: the model's reference)
+NUMBA_CALIBRATION_SHAPE = ((34, 34, 34), (3, 3, 3))
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
 
@@ -168,8 +170,8 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
 def _measure(threads: int) -> dict:
     rng = np.random.default_rng(0)
     # direct convolution (BLAS lowering): effective FLOP/s on a mid-size layer
-    x = rng.standard_normal((1, 24, 34, 34, 34), dtype=np.float32)
-    w = rng.standard_normal((24, 24, 3, 3, 3), dtype=np.float32)
+    x = rng.standard_normal((1, 24) + NUMBA_CALIBRATION_SHAPE[0], dtype=np.float32)
+    w = rng.standard_normal((24, 24) + NUMBA_CALIBRATION_SHAPE[1], dtype=np.float32)
     flops = 2 * 24 * 24 * 27 * 32 ** 3
     gemm = flops / _best_of(lambda: L.conv_direct_gemm(x, w))
     numba_rate = flops / _best_of(lambda: L.conv_direct_numba(x, w))
@@ -432,7 +434,12 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
         # fragment: 60-80 us each, measured on 256-512 fragments of the boundary net and n337)
         out_bytes = F32 * n * cout * math.prod(out)
         if primitive == "direct-numba":
-            return flops / _direct_rate("numba", cin * math.prod(layer.kernel), cal) + out_bytes / cal["mem_bw"]
+            # whole blocks of 4 output channels; short rows run grouped, at a lower rate than the
+            # calibration's (n337's 24 -> 3 layer on 512 x 8^3 fragments: 4x below it)
+            blocks = -(-cout // L.direct.OUT_BLOCK) * L.direct.OUT_BLOCK / cout
+            rows = (L.direct_numba_row_efficiency(in_spatial, layer.kernel)
+                    / L.direct_numba_row_efficiency(*NUMBA_CALIBRATION_SHAPE))
+            return flops * blocks / (_direct_rate("numba", cin * math.prod(layer.kernel), cal) * rows) + out_bytes / cal["mem_bw"]
         if math.prod(layer.kernel) == 1 and "pointwise_points" in cal:
             # run in a chain (conv_pointwise_chain): calibrated at 24 and 48 maps (log-log between,
             # clamped outside); memory-bound when the product is thin (200 maps -> 1)
