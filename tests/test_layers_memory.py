@@ -124,25 +124,25 @@ def test_arena_returns_a_buffer_only_after_its_last_view_and_holds_at_most_cap()
     from znni_core.layers.arena import MIN_BYTES, SLACK, Arena
 
     mib = MIN_BYTES  # 1 MiB
-    two = 2 * mib // 4  # float32 elements of 2 MiB
-    a = Arena(cap=5 * mib)
-    x = a.empty(two)
+    four = 4 * mib // 4  # float32 elements of 4 MiB
+    a = Arena(cap=10 * mib)
+    x = a.empty(four)
     x[:] = 7
     view = x[::2]
     del x
     assert a.held_bytes == 0  # the view still uses the buffer
-    y = a.empty(two)  # so this one is new
+    y = a.empty(four)  # so this one is new
     y[:] = 0
     assert (a.hits, a.misses) == (0, 2) and float(view.sum()) == 7 * view.size
     del view, y
-    assert a.held_bytes == 4 * mib  # both back
-    smaller = a.empty(int(two / (1 + SLACK)) + 16)  # within SLACK below 2 MiB: reused
-    assert (a.hits, a.misses, a.held_bytes) == (1, 2, 2 * mib)
-    much_smaller = a.empty(mib // 4 + 16)  # about 1 MiB: a 2 MiB buffer would waste too much
-    bigger = a.empty(3 * mib // 4)  # 3 MiB: no held buffer is large enough
+    assert a.held_bytes == 8 * mib  # both back
+    smaller = a.empty(int(four / (1 + SLACK)) + 16)  # within SLACK below 4 MiB: reused
+    assert (a.hits, a.misses, a.held_bytes) == (1, 2, 4 * mib)
+    much_smaller = a.empty(int(four / (1 + SLACK)) - 4096)  # a 4 MiB buffer would waste too much
+    bigger = a.empty(5 * mib // 4)  # 5 MiB: no held buffer is large enough
     tiny = a.empty(16)  # below MIN_BYTES: numpy's own allocation
     assert (a.hits, a.misses) == (1, 4) and tiny.base is None
-    del smaller, much_smaller, bigger  # 2 + 1 + 3 MiB back, with 2 MiB held: over the cap
+    del smaller, much_smaller, bigger  # 4 + 2 + 5 MiB back, with 4 MiB held: over the cap
     assert 0 < a.held_bytes <= a.cap
     a.clear()
     assert a.held_bytes == 0

@@ -8,6 +8,7 @@ tensorstore reads what cloud-volume reads; lint and dry run pass.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -198,6 +199,29 @@ def test_lint_and_dry_run(tmp_path):
     assert "good condition" in p.stdout + p.stderr
     p = snakemake(tmp_path, path, "-n")
     assert "validate" in p.stdout
+
+
+def test_commands_cache_bytecode_and_kernels_in_znnis_cache(tmp_path):
+    """Every rule's command runs with numba's kernels and, where PYTHONDONTWRITEBYTECODE is set,
+    Python's bytecode cached under ZNNI_CACHE_DIR; a user's own PYTHONPYCACHEPREFIX wins, and
+    without PYTHONDONTWRITEBYTECODE nothing about bytecode changes."""
+    cfg, path = write_config(tmp_path, "env", em((8, 30, 30)))
+    p = snakemake(tmp_path, path, "-n", "-p", "--forceall")
+    line = next(ln for ln in p.stdout.splitlines() if " znni validate " in ln)
+    prefix = line[: line.index(" znni validate ")].split("Shell command:")[-1].strip()
+    cache = tmp_path / "cache"
+
+    def env_of(**extra):
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "ZNNI_CACHE_DIR": str(cache), **extra}
+        out = subprocess.run(["sh", "-c", f"{prefix} env"], env=env, capture_output=True, text=True, check=True)
+        return dict(ln.split("=", 1) for ln in out.stdout.splitlines() if "=" in ln)
+
+    got = env_of(PYTHONDONTWRITEBYTECODE="1")
+    assert got["NUMBA_CACHE_DIR"] == f"{cache}/numba" and got["NUMBA_THREADING_LAYER"] == "threadsafe"
+    assert got["PYTHONPYCACHEPREFIX"] == f"{cache}/pycache" and got["PYTHONDONTWRITEBYTECODE"] == ""
+    assert env_of(PYTHONDONTWRITEBYTECODE="1", PYTHONPYCACHEPREFIX="/mine")["PYTHONPYCACHEPREFIX"] == "/mine"
+    plain = env_of()  # empty values: Python reads them as unset
+    assert plain["PYTHONPYCACHEPREFIX"] == "" and plain["PYTHONDONTWRITEBYTECODE"] == ""
 
 
 def test_mask_checkpoint_runs_only_live_tasks_and_reports_masked_ones(tmp_path):
