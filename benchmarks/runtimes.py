@@ -283,6 +283,21 @@ def bench_case(name, net, x, budget, threads, rounds, tmp):
     return row
 
 
+def znni_cases(spec: str):
+    """``--nets``: ZNNi nets at other widths and output sizes, ``arch:width:edge`` comma-separated
+    (``n337:16:48`` = n337 at 16 maps, a 48^3 output), random input."""
+    from .nets import ARCH, make_network
+
+    rng = np.random.default_rng(1)
+    for item in spec.split(","):
+        arch, width, edge = item.split(":")
+        if arch not in ARCH:
+            raise SystemExit(f"--nets {item}: unknown network {arch!r} (one of {', '.join(ARCH)})")
+        net = make_network(arch, width=int(width))
+        shape = tuple(f + int(edge) - 1 for f in net.field_of_view)
+        yield f"{arch} width {width}, output {edge}^3", net, rng.random((1,) + shape, dtype=np.float32)
+
+
 def cases(quick: bool, wide: bool = False):
     from .nets import make_boundary_network, make_network, make_stack
 
@@ -360,6 +375,8 @@ def main(argv=None):
     p.add_argument("--only", default="", help="run only cases whose name contains this")
     p.add_argument("--wide", action="store_true", help="also n337 and n726 at width 80 (about 20 minutes: the baselines take 50-70 s a call on n726)")
     p.add_argument("--quick", action="store_true", help="small shapes, 1 round (a smoke test)")
+    p.add_argument("--nets", default="", help="instead of the default cases: ZNNi nets at other widths and "
+                   "output sizes, arch:width:edge,... (e.g. n337:16:48,n537:40:16)")
     p.add_argument("--out", default=None, help="folder for RUNTIMES.md and runtimes.json (default benchmarks/)")
     p.add_argument("--keep-cache", action="store_true",
                    help="use $ZNNI_CACHE_DIR as is (default: a fresh one, so plans and calibration are not stale)")
@@ -379,7 +396,7 @@ def main(argv=None):
            "sgemm_gflops": peak / 1e9, "command": "python -m benchmarks.runtimes " + " ".join(argv or sys.argv[1:]),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": []}
     with tempfile.TemporaryDirectory() as tmp, threadpool_limits(a.threads):
-        for name, net, x in cases(a.quick, a.wide):
+        for name, net, x in (znni_cases(a.nets) if a.nets else cases(a.quick, a.wide)):
             if a.only and a.only not in name:
                 continue
             print(f"== {name}", flush=True)

@@ -366,9 +366,10 @@ def _conv_numba_kernel(x, w, b, out, X, G, code, alpha):  # pragma: no cover - c
                                 acc[3, i] += w3 * v
             for q in range(no):
                 act_row(acc[q], 0, L, code, alpha)
-                for r in range(g):
-                    for xx in range(Xo):
-                        out[n, o0 + q, z, y0 + r, xx] = acc[q, r * X + xx]
+                for r in range(g):  # unsigned: numba's check for negative indices kept this loop scalar
+                    base = np.uint64(r * X)
+                    for xx in range(np.uint64(Xo)):
+                        out[n, o0 + q, z, y0 + r, xx] = acc[q, base + xx]
 
 
 def conv_direct_numba(x, w, b=None, *, act=None):
