@@ -376,7 +376,10 @@ def conv_direct_numba(x, w, b=None, *, act=None):
     """Valid 3-D convolution by a parallel numba loop nest (numpy arrays only).
 
     Parallel over (item, block of 4 output channels, output plane); each task keeps
-    one output row per channel in registers/L1 and streams the input rows.
+    one output row per channel in registers/L1 and streams the input rows.  Rows shorter
+    than ``ROW_GROUP`` input values run several at a time as one row with gaps (MPF
+    fragments' rows are 6-8 voxels); a last block of fewer than 4 channels runs on
+    zero-padded weights.
 
     Parameters
     ----------
