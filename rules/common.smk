@@ -27,15 +27,15 @@ STARTED = time.time()
 # compiled kernels are cached with znni's other machine caches (calibration, plans), so a new
 # run starts warm too: in the work directory, every run's first jobs compiled again (about 17 s
 # each, both at once, on 2 cores).  numba keys its entries by CPU, so one cache serves a mixed
-# cluster.  Where PYTHONDONTWRITEBYTECODE is set (some machines and containers set it), every
-# command compiled znni's modules from source again (0.1 s of a finalize, more in a job): the
-# bytecode goes to the same cache instead (PYTHONPYCACHEPREFIX; never into the installed tree).
-# Passed to each command as params.env (never shell.prefix, which would reach a parent's rules).
-_CACHE = f"${{ZNNI_CACHE_DIR:-${{HOME:-{WORK_DIR}}}/.cache/znni}}"
+# cluster.  Python's bytecode is written where a module has none (PYTHONDONTWRITEBYTECODE is
+# cleared: some machines and containers set it, and every command then compiled znni's own modules
+# from source again, 0.1 s of a finalize, 0.15 s of a job's start); installed packages already
+# carry theirs, and a tree Python cannot write is left as it is.  Passed to each command as
+# params.env (never shell.prefix, which would reach a parent's rules).
 ZNNI_ENV = (
     "NUMBA_THREADING_LAYER=${NUMBA_THREADING_LAYER:-threadsafe} "
-    f"NUMBA_CACHE_DIR=${{NUMBA_CACHE_DIR:-{_CACHE}/numba}} "
-    f"PYTHONPYCACHEPREFIX=${{PYTHONPYCACHEPREFIX:-${{PYTHONDONTWRITEBYTECODE:+{_CACHE}/pycache}}}} PYTHONDONTWRITEBYTECODE="
+    f"NUMBA_CACHE_DIR=${{NUMBA_CACHE_DIR:-${{ZNNI_CACHE_DIR:-${{HOME:-{WORK_DIR}}}/.cache/znni}}/numba}} "
+    "PYTHONDONTWRITEBYTECODE="
 )
 
 # tasks and jobs: from the config, the network's halo and the input's bounds (schedule.json caches

@@ -201,10 +201,10 @@ def test_lint_and_dry_run(tmp_path):
     assert "validate" in p.stdout
 
 
-def test_commands_cache_bytecode_and_kernels_in_znnis_cache(tmp_path):
-    """Every rule's command runs with numba's kernels and, where PYTHONDONTWRITEBYTECODE is set,
-    Python's bytecode cached under ZNNI_CACHE_DIR; a user's own PYTHONPYCACHEPREFIX wins, and
-    without PYTHONDONTWRITEBYTECODE nothing about bytecode changes."""
+def test_commands_cache_kernels_and_bytecode(tmp_path):
+    """Every rule's command runs with numba's kernels cached under ZNNI_CACHE_DIR (a user's own
+    NUMBA_CACHE_DIR wins) and Python's bytecode written even where PYTHONDONTWRITEBYTECODE is
+    set (an empty value: Python reads it as unset); a user's PYTHONPYCACHEPREFIX is untouched."""
     cfg, path = write_config(tmp_path, "env", em((8, 30, 30)))
     p = snakemake(tmp_path, path, "-n", "-p", "--forceall")
     line = next(ln for ln in p.stdout.splitlines() if " znni validate " in ln)
@@ -216,12 +216,10 @@ def test_commands_cache_bytecode_and_kernels_in_znnis_cache(tmp_path):
         out = subprocess.run(["sh", "-c", f"{prefix} env"], env=env, capture_output=True, text=True, check=True)
         return dict(ln.split("=", 1) for ln in out.stdout.splitlines() if "=" in ln)
 
-    got = env_of(PYTHONDONTWRITEBYTECODE="1")
+    got = env_of(PYTHONDONTWRITEBYTECODE="1", PYTHONPYCACHEPREFIX="/mine")
     assert got["NUMBA_CACHE_DIR"] == f"{cache}/numba" and got["NUMBA_THREADING_LAYER"] == "threadsafe"
-    assert got["PYTHONPYCACHEPREFIX"] == f"{cache}/pycache" and got["PYTHONDONTWRITEBYTECODE"] == ""
-    assert env_of(PYTHONDONTWRITEBYTECODE="1", PYTHONPYCACHEPREFIX="/mine")["PYTHONPYCACHEPREFIX"] == "/mine"
-    plain = env_of()  # empty values: Python reads them as unset
-    assert plain["PYTHONPYCACHEPREFIX"] == "" and plain["PYTHONDONTWRITEBYTECODE"] == ""
+    assert got["PYTHONDONTWRITEBYTECODE"] == "" and got["PYTHONPYCACHEPREFIX"] == "/mine"
+    assert env_of(NUMBA_CACHE_DIR="/kernels")["NUMBA_CACHE_DIR"] == "/kernels"
 
 
 def test_mask_checkpoint_runs_only_live_tasks_and_reports_masked_ones(tmp_path):
