@@ -8,9 +8,9 @@ class of network, 2 cores:
   calibration), the way a user calls the engine on an array;
 * the workflow: ``snakemake --profile profiles/local`` (validate and plan, every task job,
   finalize) with the config's defaults, from an empty work directory, twice: the first run
-  may compile and cache numba's kernels and Python's bytecode (in znni's cache, as every run
-  of the workflow does), the second (reported) finds them; the plan is made once per run and
-  every job loads it.
+  may compile and cache numba's kernels (in znni's cache) and Python's bytecode (beside the
+  modules), as every run of the workflow does; the second (reported) finds them; the plan is
+  made once per run and every job loads it.
 
 Prints wall times, the throughput ratio (in-process time / workflow time: issue 15 asks
 >= 0.7 on 2 cores) and the output's agreement with the in-process result.  Writes ``workflow.json`` to ``--out``.
@@ -129,8 +129,8 @@ def main(argv=None):
     vol, source = volume(shape)
     root = Path(tempfile.mkdtemp(prefix="znni-wf-"))
     cfg = write_case(root, vol)
-    # the environment a user runs Snakemake in (the workflow keeps numba's kernels and, where
-    # PYTHONDONTWRITEBYTECODE is set, Python's bytecode in znni's cache: they persist between runs)
+    # the environment a user runs Snakemake in (the workflow's commands keep numba's kernels in
+    # znni's cache and write Python's bytecode even where PYTHONDONTWRITEBYTECODE is set)
     a.out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, NUMBA_THREADING_LAYER="threadsafe")
     times, y = in_process(root, a.rounds)  # also warms the calibration the workflow's plan reads

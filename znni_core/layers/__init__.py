@@ -20,7 +20,7 @@ from .direct import (
     conv_direct_numba,
     conv_direct_numba_memory,
     conv_out_shape,
-    direct_numba_row_efficiency,
+    direct_numba_efficiency,
 )
 from .fft import (
     FFTConv,
@@ -73,7 +73,7 @@ __all__ = [
     "conv_direct_numba_memory",
     "conv_out_shape",
     "cupy_or_none",
-    "direct_numba_row_efficiency",
+    "direct_numba_efficiency",
     "default_wisdom_path",
     "fft_conv",
     "fft_conv_memory",

@@ -245,7 +245,7 @@ def _bias_act_block(y, b, code, alpha):  # pragma: no cover - compiled
         _bias_act_row(y[o], b[o], 0, P, code, alpha)
 
 
-OUT_BLOCK = _OB = 4  # output channels per task: each loaded input value feeds 4 accumulators
+_OB = 4  # output channels per task: each loaded input value feeds 4 accumulators
 #: input values per row the numba loop runs at once: output rows shorter than this are grouped
 ROW_GROUP = 512
 #: a row's fixed cost (its taps' weights, the loop's start and vector remainder) in values of the
@@ -261,12 +261,14 @@ def _row_group(in_spatial, kernel) -> tuple[int, int]:
     return rows, (rows - 1) * x + xo
 
 
-def direct_numba_row_efficiency(in_spatial, kernel) -> float:
-    """The fraction of :func:`conv_direct_numba`'s long-row rate it reaches on this input: the
-    output values a grouped row keeps, over the values it computes plus its fixed cost."""
+def direct_numba_efficiency(c_out, in_spatial, kernel) -> float:
+    """The fraction of :func:`conv_direct_numba`'s long-row rate that is useful output on this
+    layer: the output values a grouped row keeps, over the values it computes plus its fixed
+    cost, times the real channels over the padded ones (whole blocks of 4)."""
     rows, values = _row_group(in_spatial, kernel)
     xo = int(in_spatial[2]) - int(kernel[2]) + 1
-    return rows * xo / (values + ROW_OVERHEAD)
+    channels = int(c_out) / (-(-int(c_out) // _OB) * _OB)
+    return channels * rows * xo / (values + ROW_OVERHEAD)
 
 
 # One input row's kx taps into _OB output rows, the taps written out: each output value is

@@ -32,7 +32,7 @@ CALIBRATION_VERSION = 29  # bump when the models or the calibration change (7-8:
 # 26: the executor's threads keep their own malloc arenas (one arena slowed FFTW 1.5-3x);
 # 27: 1x1x1 chains on register tiles, calibrated at 24 and 48 maps; 28: blocks of 1024 voxels, OpenMP threads
 # that stop spinning soon after numba's parallel kernels; 29: direct-numba groups short rows
-#: (input, kernel) of the direct-conv calibration (its rows' efficiency: the model's reference)
+#: (input, kernel) of the direct-conv calibration, 24 -> 24 maps (its efficiency: the model's reference)
 NUMBA_CALIBRATION_SHAPE = ((34, 34, 34), (3, 3, 3))
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
@@ -436,10 +436,9 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
         if primitive == "direct-numba":
             # whole blocks of 4 output channels; short rows run grouped, at a lower rate than the
             # calibration's (n337's 24 -> 3 layer on 512 x 8^3 fragments: 4x below it)
-            blocks = -(-cout // L.direct.OUT_BLOCK) * L.direct.OUT_BLOCK / cout
-            rows = (L.direct_numba_row_efficiency(in_spatial, layer.kernel)
-                    / L.direct_numba_row_efficiency(*NUMBA_CALIBRATION_SHAPE))
-            return flops * blocks / (_direct_rate("numba", cin * math.prod(layer.kernel), cal) * rows) + out_bytes / cal["mem_bw"]
+            eff = (L.direct_numba_efficiency(cout, in_spatial, layer.kernel)
+                   / L.direct_numba_efficiency(24, *NUMBA_CALIBRATION_SHAPE))
+            return flops / (_direct_rate("numba", cin * math.prod(layer.kernel), cal) * eff) + out_bytes / cal["mem_bw"]
         if math.prod(layer.kernel) == 1 and "pointwise_points" in cal:
             # run in a chain (conv_pointwise_chain): calibrated at 24 and 48 maps (log-log between,
             # clamped outside); memory-bound when the product is thin (200 maps -> 1)
