@@ -312,30 +312,6 @@ def test_pointwise_chain_continues_after_an_activation_it_cannot_fuse():
     np.testing.assert_allclose(y, _pointwise_reference(x, stages), rtol=1e-5, atol=1e-5)
 
 
-def test_pointwise_chain_avx2_tiles(tmp_path):
-    """The AVX2 configuration (8 floats per vector, 4 output channels per tile), compiled for
-    Haswell and checked in a child process on this machine."""
-    import os
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent("""
-        import numpy as np, tests.test_layers_conv as t
-        from znni_core.layers import pointwise
-        assert (pointwise.VL, pointwise.OB) == (8, 4), (pointwise.VL, pointwise.OB)
-        x, stages = t._wide_chain(5)
-        y = pointwise.conv_pointwise_chain(x, stages, threads=2, block=48)
-        np.testing.assert_allclose(y, t._pointwise_reference(x, stages), rtol=1e-5, atol=1e-5)
-        print("ok")
-    """)
-    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2",
-               NUMBA_CACHE_DIR=str(tmp_path))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
-
-
 @pytest.mark.parametrize("shapes", [((40, 24), (24, 3000)), ((3, 40, 24), (3, 24, 700)), ((40, 24), (2, 24, 3000)),
                                     ((5, 8, 6), (5, 6, 7)), ((7, 5), (5, 9))])
 def test_run_gemm_splits_over_the_run_threads_with_blas_single_threaded(shapes):

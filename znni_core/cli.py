@@ -150,6 +150,27 @@ def infer_cmd(
     typer.echo(f"wrote {wrote}", err=True)
 
 
+@app.command()
+def warmup(
+    threads: list[int] = typer.Option([1], "--threads", "-t",
+                                      help="calibrate for this many threads (repeat for several: -t 1 -t 2); "
+                                      "use the threads your jobs run with"),
+    no_tune: bool = typer.Option(False, "--no-tune", help="keep the vector width recorded (or the default); "
+                                 "only compile and calibrate"),
+    refresh: bool = typer.Option(False, "--refresh", help="measure the vector width again"),
+):
+    """Ready this host for jobs: measure the vector width (AVX-512 hosts), compile every kernel,
+    calibrate.  Everything is cached in $ZNNI_CACHE_DIR (shared: every node of a type finds it)."""
+    from .warmup import warmup as run
+
+    if any(t < 1 for t in threads):
+        _fail(ValueError(f"--threads {min(threads)}: a thread count is 1 or more"))
+    try:
+        run(tuple(threads), tune=not no_tune, refresh=refresh, echo=lambda m: typer.echo(m, err=True))
+    except (RuntimeError, OSError) as exc:
+        _fail(exc)
+
+
 def _register_pipeline() -> None:
     from .pipeline import cli as pipeline_cli
 

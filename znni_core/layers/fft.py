@@ -49,6 +49,7 @@ import numpy as np
 from ..errors import InputError
 from . import arena
 from .threads import each_worker
+from ..cachedir import cache_dir
 from ._numba import njit, prange
 from .xp import get_array_module
 
@@ -107,8 +108,7 @@ def _spec_shape(fshape):
 # ----------------------------------------------------------------------------- wisdom
 def default_wisdom_path() -> Path:
     """``$ZNNI_CACHE_DIR/fftw_wisdom.json``, else ``~/.cache/znni/fftw_wisdom.json``."""
-    root = os.environ.get("ZNNI_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "znni")
-    return Path(root) / "fftw_wisdom.json"
+    return cache_dir(create=False) / "fftw_wisdom.json"
 
 
 def save_wisdom(path=None) -> Path:

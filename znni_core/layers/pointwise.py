@@ -50,13 +50,15 @@ def _target_features() -> list:
     return (feats if feats is not None else get_host_cpu_features()).split(",")
 
 
-#: floats per vector register: 16 where numba targets AVX-512, else 8 (AVX2; ``tests`` compile
-#: these with ``NUMBA_CPU_NAME=haswell``)
-VL = 16 if "+avx512f" in _target_features() else 8
+_FEATURES = _target_features()
+#: floats per vector: 16 where numba targets AVX-512 at 512 bits, else 8 (AVX2, or AVX-512 with
+#: 256-bit vectors preferred, :mod:`.vector_width`: LLVM then splits a 16-float vector in two,
+#: and a tile of 8 x 2 such vectors spilled; ``tests`` compile these for both and for Haswell)
+VL = 16 if "+avx512f" in _FEATURES and "+prefer-256-bit" not in _FEATURES else 8
 #: voxels per tile: two vectors
 TV = 2 * VL
 #: output channels per full tile: 8 x 2 accumulators fit AVX-512's 32 registers, 4 x 2 AVX2's 16
-OB = 8 if VL == 16 else 4
+OB = 8 if "+avx512f" in _FEATURES else 4
 #: voxels per block of :func:`conv_pointwise_chain` (a multiple of ``TV``): at 48 maps its two
 #: buffers take 384 KiB, half of L2; 2048 ran 2-6% slower at 48 and 80 maps, as fast at 24
 POINTWISE_BLOCK = 1024

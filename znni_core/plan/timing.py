@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import layers as L
+from ..cachedir import cache_dir
 from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.spec import Conv
 
@@ -37,10 +38,6 @@ NUMBA_CALIBRATION_SHAPE = ((34, 34, 34), (3, 3, 3))
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
 
-def cache_dir() -> Path:
-    d = Path(os.environ.get("ZNNI_CACHE_DIR") or Path.home() / ".cache" / "znni")
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 @functools.lru_cache(maxsize=1)
@@ -81,8 +78,11 @@ def _versions() -> tuple:
 
 
 def machine_key(threads: int) -> str:
+    """Keys calibrations and measurements: the model's version, CPU, threads, versions, the BLAS
+    core type and the target numba compiles for (the vector width, :mod:`..layers.vector_width`)."""
     blas = os.environ.get("OPENBLAS_CORETYPE", "")
-    raw = json.dumps([CALIBRATION_VERSION, cpu_model(), threads, versions(), blas], sort_keys=True)
+    target = [os.environ.get("NUMBA_CPU_NAME", ""), os.environ.get("NUMBA_CPU_FEATURES", "")]
+    raw = json.dumps([CALIBRATION_VERSION, cpu_model(), threads, versions(), blas, target], sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 

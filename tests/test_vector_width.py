@@ -1,0 +1,173 @@
+"""The vector width numba compiles for (``layers/vector_width.py``) and ``znni warmup``.
+
+Which width a process compiles for follows a fixed precedence (the user's numba settings, then
+``ZNNI_VECTOR_WIDTH``, then the host's measured choice, then the default); every width computes
+the same results (the kernels compiled for 256-bit vectors and for an AVX2-only Haswell, each in
+a process of its own, against float64 references); ``znni warmup`` records the faster width and
+leaves a cache in which a new process compiles nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from znni_core.layers import vector_width as vw
+
+ROOT = Path(__file__).resolve().parent.parent
+AVX512 = "+avx512f" in vw.host_features().split(",")
+SKX = "+64bit,+avx,+avx2,+avx512bw,+avx512cd,+avx512dq,+avx512f,+avx512vl,+bmi,+bmi2,+f16c,+fma,+popcnt,+sse4.2"
+
+
+@pytest.fixture
+def host(monkeypatch, tmp_path):
+    """An isolated cache and a host with (``host(True)``) or without AVX-512 features."""
+    monkeypatch.setenv("ZNNI_CACHE_DIR", str(tmp_path))
+    for k in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "ZNNI_VECTOR_WIDTH"):
+        monkeypatch.delenv(k, raising=False)
+
+    def make(avx512: bool):
+        feats = SKX if avx512 else "+64bit,+avx,+avx2,+fma,+f16c,+popcnt,-avx512f"
+        monkeypatch.setattr(vw, "host_features", lambda: feats)
+        monkeypatch.setattr(vw, "host_cpu_name", lambda: "cascadelake" if avx512 else "haswell")
+        return vw
+
+    return make
+
+
+def test_precedence_user_then_env_then_measured_then_default(host):
+    v = host(True)
+    assert v.candidates() == ("512", "256")
+    env = {}
+    assert v.target(env) == ("default", v.features_for("512"))
+    v.record("256", {"512": 0.2, "256": 0.1})
+    assert v.chosen()["width"] == "256" and v.chosen()["seconds"] == {"512": 0.2, "256": 0.1}
+    assert v.target(env) == ("measured", v.features_for("256"))
+    assert v.target({"ZNNI_VECTOR_WIDTH": "512"}) == ("env", v.features_for("512"))
+    assert v.target({"ZNNI_VECTOR_WIDTH": "host"}) == ("llvm", None)
+    assert v.target({"ZNNI_VECTOR_WIDTH": "512", "NUMBA_CPU_NAME": "haswell"}) == ("user", None)
+    assert v.target({"NUMBA_CPU_FEATURES": "+avx2"}) == ("user", None)
+    with pytest.warns(UserWarning, match="ZNNI_VECTOR_WIDTH='1024'"):
+        assert v.target({"ZNNI_VECTOR_WIDTH": "1024"}) == ("llvm", None)
+    assert v.apply(env) == "measured" and env["NUMBA_CPU_FEATURES"] == v.features_for("256")
+
+
+def test_feature_strings_differ_only_in_the_width_flag(host):
+    v = host(True)
+    a, b = v.features_for("512").split(","), v.features_for("256").split(",")
+    assert a[:-1] == b[:-1] == SKX.split(",")
+    assert (a[-1], b[-1]) == ("-prefer-256-bit", "+prefer-256-bit")
+    with pytest.raises(ValueError, match="'128'"):
+        v.features_for("128")
+
+
+def test_a_host_without_avx512_has_one_width_and_no_choice(host):
+    v = host(False)
+    assert v.candidates() == ()
+    v.record("512", {"512": 0.1})  # even a stray entry (a copied cache) is not applied
+    assert v.target({}) == ("llvm", None) and v.target({"ZNNI_VECTOR_WIDTH": "256"}) == ("llvm", None)
+
+
+def test_choices_are_kept_per_host_and_a_corrupt_file_is_only_a_cache(host, monkeypatch):
+    v = host(True)
+    v.record("256", {"256": 1.0})
+    monkeypatch.setattr(v, "host_cpu_name", lambda: "icelake-server")
+    assert v.chosen() is None  # another host type: its own entry
+    v.record("512", {"512": 1.0})
+    data = json.loads(v.choice_path().read_text())
+    assert sorted(e["width"] for e in data.values()) == ["256", "512"]
+    v.choice_path().write_text("{not json")
+    assert v.chosen() is None and v.target({})[0] == "default"
+
+
+_EXACT = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    from znni_core import layers as L
+    from znni_core.layers import pointwise, _numba
+    import tests.test_layers_conv as t
+    want_vl, want_src = int(sys.argv[1]), sys.argv[2]
+    assert (pointwise.VL, _numba.VECTOR_WIDTH_SOURCE) == (want_vl, want_src), (pointwise.VL, _numba.VECTOR_WIDTH_SOURCE)
+    rng = np.random.default_rng(3)
+    errs = {}
+    for n, ci, co, shape, k in ((2, 5, 7, (3, 17, 19), (1, 3, 3)), (1, 4, 6, (7, 9, 11), (3, 3, 3)),
+                                (3, 3, 4, (2, 20, 21), (1, 5, 5))):
+        x = rng.standard_normal((n, ci) + shape, dtype=np.float32)
+        w = rng.standard_normal((co, ci) + k, dtype=np.float32)
+        b = rng.standard_normal(co, dtype=np.float32)
+        ref = t.reference(x, w, b)
+        errs[f"winograd {k}"] = t.rel_err(L.WinogradConv(w, b, shape, threads=2)(x), ref)
+        errs[f"direct-numba {k}"] = t.rel_err(L.conv_direct_numba(x, w, b), ref)
+    x, stages = t._wide_chain(5)
+    y = pointwise.conv_pointwise_chain(x, stages, threads=2, block=48)
+    errs["1x1x1 chain"] = float(np.abs(y - t._pointwise_reference(x, stages)).max())
+    x = rng.standard_normal((2, 3, 9, 10, 11), dtype=np.float32)  # fragments (4, 4, 5), item-major
+    ref = np.stack([x[i, :, oz:oz + 8, oy:oy + 8, ox:ox + 10].reshape(3, 4, 2, 4, 2, 5, 2).max(axis=(2, 4, 6))
+                    for i in range(2) for oz in range(2) for oy in range(2) for ox in range(2)])
+    errs["mpf"] = float(np.abs(L.mpf(x, (2, 2, 2)) - ref).max())
+    print(json.dumps(errs))
+""")
+
+
+def _run_variant(env_extra, want_vl, want_src, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_FEATURES", "NUMBA_CPU_NAME", "ZNNI_VECTOR_WIDTH")}
+    env.update(NUMBA_CACHE_DIR=str(tmp_path / "numba"), ZNNI_CACHE_DIR=str(tmp_path), **env_extra)
+    r = subprocess.run([sys.executable, "-c", _EXACT, str(want_vl), want_src], env=env, capture_output=True,
+                       text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("variant", ["256-bit", "avx2"])
+def test_kernels_compiled_for_another_width_are_exact(variant, tmp_path):
+    """Winograd (4-, 6- and 8-point tiles), the direct loop and the 1x1x1 register tiles compiled
+    for 256-bit vectors on an AVX-512 host (what LLVM picks for Intel server cores) and for an
+    AVX2-only Haswell: equal to the float64 references (the default width runs in every other test)."""
+    if variant == "256-bit":
+        if not AVX512:
+            pytest.skip("this host has no AVX-512: it has one width, the AVX2 case covers it")
+        errs = _run_variant({"ZNNI_VECTOR_WIDTH": "256"}, 8, "env", tmp_path)
+    else:
+        errs = _run_variant({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2"},
+                            8, "user", tmp_path)
+    assert len(errs) == 8
+    bad = {k: e for k, e in errs.items() if not e < 1e-4}
+    assert not bad, bad
+
+
+@pytest.mark.slow
+def test_warmup_records_the_width_and_leaves_nothing_to_compile(tmp_path):
+    """``znni warmup`` on a fresh cache: on an AVX-512 host both widths timed on every case and
+    the faster recorded; a calibration for the thread count; then a new process running a
+    network (as a job does) finds every kernel compiled: it adds no file to numba's cache."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_FEATURES", "NUMBA_CPU_NAME", "ZNNI_VECTOR_WIDTH",
+                                                            "NUMBA_CACHE_DIR")}
+    env["ZNNI_CACHE_DIR"] = str(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "znni_core.cli", "warmup", "-t", "1"], env=env, capture_output=True,
+                       text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    if AVX512:
+        (entry,) = json.loads((tmp_path / "vector_width.json").read_text()).values()
+        assert set(entry["seconds"]) == {"512", "256"} and entry["width"] == min(entry["seconds"],
+                                                                                key=entry["seconds"].get)
+        from znni_core.warmup import WIDTH_CASES
+
+        assert all(sorted(c) == sorted(WIDTH_CASES) for c in entry["cases"].values())
+    assert len(json.loads((tmp_path / "calibration.json").read_text())) == 1
+    kernels = lambda: sorted(p.name for p in (tmp_path / "numba").rglob("*.nbc"))  # noqa: E731
+    before = kernels()
+    assert len(before) >= 20
+    job = textwrap.dedent("""
+        import numpy as np, znni_core
+        from znni_core.warmup import _compile_and_calibrate
+        _compile_and_calibrate([1])
+    """)
+    r = subprocess.run([sys.executable, "-c", job], env=dict(env, NUMBA_CACHE_DIR=str(tmp_path / "numba")),
+                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert kernels() == before
