@@ -115,3 +115,29 @@ def describe(measure_haswell: bool = True) -> dict:
 
 if __name__ == "__main__":
     print(json.dumps(describe(), indent=1))
+
+
+def host_class() -> dict:
+    """Vendor, family, model and the vector flags from /proc/cpuinfo, and the vector width numba
+    compiles znni's kernels for (and why): what a figure needs to be compared across hosts."""
+    info = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            k, _, v = line.partition(":")
+            k = k.strip()
+            if k in ("vendor_id", "cpu family", "model", "model name") and k not in info:
+                info[k] = v.strip()
+    except OSError:
+        pass
+    flags = cpu_flags()
+    vec = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    from znni_core.layers import _numba, vector_width
+
+    return {"vendor": info.get("vendor_id", "?"), "family": info.get("cpu family", "?"), "model": info.get("model", "?"),
+            "name": info.get("model name", "?"), "flags": vec,
+            "vector_width": f"{vector_width.describe()} [{_numba.VECTOR_WIDTH_SOURCE}]"}
+
+
+def host_line(h: dict) -> str:
+    return (f"{h['vendor']} family {h['family']} model {h['model']} ({h['name']}), flags {' '.join(h['flags'])}; "
+            f"znni's kernels: {h['vector_width']}")

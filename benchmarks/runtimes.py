@@ -335,6 +335,10 @@ def render(res: dict) -> str:
              f"{res['sgemm_gflops']:.0f} GFLOP/s (numpy 2048^3, same process; each case's own run: `eff`).  Command: `{res['command']}`.", "",
              "Medians of interleaved rounds (seconds); dense output voxels/s; `x` = the tool's time / znni's "
              "(> 1: znni faster).  `eff` = direct-convolution FLOP/s / sgemm peak.", ""]
+    if res.get("host"):
+        from .machine import host_line
+
+        lines[2:2] = [f"Host: {host_line(res['host'])}.", ""]
     for r in res["rows"]:
         lines.append(f"## {r['case']}")
         lines.append("")
@@ -392,7 +396,9 @@ def main(argv=None):
     out = Path(a.out) if a.out else HERE
     rounds = 1 if a.quick else a.rounds
     peak = sgemm_peak(a.threads)
-    res = {"cpu": cpu_model(), "threads": a.threads, "platform": platform.platform(), "sgemm_flops": peak,
+    from .machine import host_class
+
+    res = {"cpu": cpu_model(), "host": host_class(), "threads": a.threads, "platform": platform.platform(), "sgemm_flops": peak,
            "sgemm_gflops": peak / 1e9, "command": "python -m benchmarks.runtimes " + " ".join(argv or sys.argv[1:]),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": []}
     with tempfile.TemporaryDirectory() as tmp, threadpool_limits(a.threads):

@@ -113,8 +113,10 @@ def test_numba_grouped_rows_equal_torch_conv3d(monkeypatch, group):
     7 rows do not divide), 3 output channels (one partial block), kernels taking each path."""
     import znni_core.layers.direct as D
 
+    from znni_core.layers import tuning
+
     x_width = 10
-    monkeypatch.setattr(D, "ROW_GROUP", group * x_width)
+    monkeypatch.setitem(tuning._VALUES, "direct.row_group", group * x_width)
     rng = np.random.default_rng(group)
     for kernel in ((3, 3, 3), (1, 4, 4), (2, 1, 5), (1, 2, 2)):
         x = rng.standard_normal((3, 2, 5, 6 + kernel[1], x_width)).astype(np.float32)

@@ -140,11 +140,20 @@ def test_winograd_equals_scipy_correlate(n, ci, co, kernel, extra, bias, threads
 @pytest.mark.parametrize("shape,kernel,c", [((9, 70, 69), (1, 3, 3), (24, 40)), ((11, 21, 18), (3, 3, 3), (16, 8)),
                                             ((6, 9, 30), (3, 1, 3), (5, 7)), ((5, 61, 47), (1, 5, 5), (24, 24)),
                                             ((7, 40, 33), (1, 4, 4), (32, 20)), ((9, 26, 30), (2, 5, 4), (12, 10))])
-def test_winograd_equals_torch_conv3d_on_wide_layers(monkeypatch, shape, kernel, c):
-    """Many channels, several blocks of tile rows (a small block size), trained-like weights."""
+@pytest.mark.parametrize("gain", [0.0, 1.0])
+def test_winograd_equals_torch_conv3d_on_wide_layers(shape, kernel, c, gain):
+    """Many channels, several blocks of tile rows (a small block size), trained-like weights; 6-point
+    tiles only (``gain`` 0) and 8-point tiles where they need no more positions (1): the two
+    values a host's calibration chooses between (``layers/tuning.py``)."""
     import znni_core.layers.winograd as W
+    from znni_core.layers import tuning
 
-    monkeypatch.setattr(W, "BLOCK_BYTES", 64 * 2**10)
+    with tuning.using({"winograd.block_bytes": 64 * 2**10, "winograd.large_tile_gain": gain}):
+        points = _check_wide_winograd(W, shape, kernel, c)
+    assert gain or 8 not in points
+
+
+def _check_wide_winograd(W, shape, kernel, c):
     ci, co = c
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, ci) + shape).astype(np.float32)
@@ -156,6 +165,7 @@ def test_winograd_equals_torch_conv3d_on_wide_layers(monkeypatch, shape, kernel,
     rows = 2 * conv.nt[0] * conv.nt[1]
     assert len(range(0, rows, W._blocks(rows, conv.nt[2], conv.T, ci, co, 2)[0])) > 2
     assert rel_err(conv(x), ref) <= TOL
+    return W.winograd_tiles(ref.shape[2:], kernel)[1]
 
 
 def test_winograd_writes_into_a_strided_destination_and_reuses_buffers():

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import PlanError
 from ..geometry.blocks import conv_blocks
 from ..plan.memory import slab_geometry
-from ..layers import arena
+from ..layers import arena, tuning
 from ..layers.activation import commutes_with_max
 from ..layers.resident import ResidentConv
 from ..layers import (FFTConv, FFTGemmConv, WinogradConv, apply_activation, conv_direct_gemm, conv_direct_numba,
@@ -272,7 +272,9 @@ def _timed_step(steps, layers, i, x, xp, convs):
 
 
 def kernel_cache(cache: dict | None, plan) -> dict:
-    """The per-plan part of a caller's cache dict (``{}`` when ``cache`` is None)."""
+    """The per-plan part of a caller's cache dict (``{}`` when ``cache`` is None); puts the plan's
+    kernel parameters in force (``Plan.tuning``: the resident kernels built next follow them)."""
+    tuning.apply(plan.tuning)
     if cache is None:
         return {}
     key = (plan.network_digest, plan.device, tuple((s.index, s.primitive, s.in_shape) for s in plan.steps))
@@ -344,6 +346,7 @@ def run_front(plan, net: Network, x, *, convs=None):
     """A ``cpu+gpu`` plan's CPU stage on one patch ``(C, n)``: the layers before ``plan.split``,
     on numpy; returns what :func:`run_back` takes (fragments ``(N, C, ...)``)."""
     _check_patch(plan, net, x)
+    tuning.apply(plan.tuning)
     steps, k = _front_steps(plan, net.layers)
     x = x[None].copy() if steps and steps[0].op == "act" else x[None]
     return _run(steps[:k], net.layers, 0, x, np, {} if convs is None else convs)
@@ -377,6 +380,7 @@ def run_patch(plan, net: Network, x, *, xp=np, convs=None):
     of this plan (:func:`kernel_cache` gives the one for a plan).
     """
     convs = {} if convs is None else convs
+    tuning.apply(plan.tuning)  # the kernel parameters the plan was made with (its host's)
     if plan.placement == "cpu+gpu":  # the two stages in turn (exec/tiling.py overlaps them across patches)
         return run_back(plan, net, run_front(plan, net, x, convs=convs), xp=xp, convs=convs)
     _check_patch(plan, net, x)

@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from ..errors import PlanError
-from ..layers import apply_activation, arena, max_pool
+from ..layers import apply_activation, arena, max_pool, tuning
 from ..layers.resample import (avg_pool, conv_strided, conv_transpose, interpolate, linear_index, pad,
                                upsample_nearest)
 from ..net.graph import Graph
@@ -239,6 +239,7 @@ def run_graph_patch(plan, graph: Graph, x, *, xp=np, convs=None):
     if len(plan.steps) != len(graph.nodes):
         raise PlanError(f"the plan has {len(plan.steps)} steps for {len(graph.nodes)} nodes; re-run `znni plan`")
     convs = {} if convs is None else convs
+    tuning.apply(plan.tuning)
     with arena.using(plan_arena(plan, convs) if xp is np else None):
         return _run_graph_patch(plan, graph, x, xp, convs)
 

@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from ..errors import InputError
-from . import arena
+from . import arena, tuning
 from .activation import apply_activation
 from ._numba import njit, prange
 from .epilogue import act_row, epilogue
@@ -247,7 +247,7 @@ def _bias_act_block(y, b, code, alpha):  # pragma: no cover - compiled
 
 _OB = 4  # output channels per task: each loaded input value feeds 4 accumulators
 #: input values per row the numba loop runs at once: output rows shorter than this are grouped
-ROW_GROUP = 512
+#: (the host's own value is measured: :mod:`.tuning` ``direct.row_group``)
 #: a row's fixed cost (its taps' weights, the loop's start and vector remainder) in values of the
 #: row: 24 -> 24 3^3 convs on 1 x 34^3 ... 512 x 6^3 inputs ran at 0.94 ... 0.42 of the long-row rate
 ROW_OVERHEAD = 30
@@ -257,7 +257,7 @@ def _row_group(in_spatial, kernel) -> tuple[int, int]:
     """``(rows, values)``: output rows per grouped row and its length (gaps included)."""
     y, x = int(in_spatial[1]), int(in_spatial[2])
     yo, xo = y - int(kernel[1]) + 1, x - int(kernel[2]) + 1
-    rows = max(1, min(yo, ROW_GROUP // x))
+    rows = max(1, min(yo, tuning.get("direct.row_group") // x))
     return rows, (rows - 1) * x + xo
 
 
@@ -379,7 +379,7 @@ def conv_direct_numba(x, w, b=None, *, act=None):
 
     Parallel over (item, block of 4 output channels, output plane); each task keeps
     one output row per channel in registers/L1 and streams the input rows.  Rows shorter
-    than ``ROW_GROUP`` input values run several at a time as one row with gaps (MPF
+    than ``direct.row_group`` input values run several at a time as one row with gaps (MPF
     fragments' rows are 6-8 voxels); a last block of fewer than 4 channels runs on
     zero-padded weights.
 

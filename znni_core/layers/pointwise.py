@@ -32,7 +32,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ..errors import InputError
-from . import arena
+from . import arena, tuning
 from ._numba import njit, numba
 from .activation import apply_activation
 from .epilogue import FUSABLE, act_row
@@ -59,9 +59,10 @@ VL = 16 if "+avx512f" in _FEATURES and "+prefer-256-bit" not in _FEATURES else 8
 TV = 2 * VL
 #: output channels per full tile: 8 x 2 accumulators fit AVX-512's 32 registers, 4 x 2 AVX2's 16
 OB = 8 if "+avx512f" in _FEATURES else 4
-#: voxels per block of :func:`conv_pointwise_chain` (a multiple of ``TV``): at 48 maps its two
+#: voxels per block of :func:`conv_pointwise_chain` by default (a multiple of ``TV``; the host's
+#: own is measured, :mod:`.tuning` ``pointwise.block``): at 48 maps its two
 #: buffers take 384 KiB, half of L2; 2048 ran 2-6% slower at 48 and 80 maps, as fast at 24
-POINTWISE_BLOCK = 1024
+POINTWISE_BLOCK = tuning.DEFAULTS["pointwise.block"]
 #: floats of padding after each buffer row: rows a power of two apart share the cache's sets
 PAD = 16
 
@@ -236,7 +237,7 @@ def _chain(x, cl, C0, P, wp, b, dims, codes, alphas, y, jobs, block, ld, buf0, b
                 y[i1 + v] = fin[i0 + v]
 
 
-def conv_pointwise_chain(x, stages, *, threads=1, block=POINTWISE_BLOCK):
+def conv_pointwise_chain(x, stages, *, threads=1, block=None):
     """Consecutive 1x1x1 convolutions, each followed by its activation, block by block of voxels.
 
     Run layer by layer, every layer would read and write the whole tensor from memory; here
@@ -276,6 +277,7 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=POINTWISE_BLOCK):
         return act is not None and act[0] != "identity" and act[0] not in FUSABLE
 
     run = next((k + 1 for k, (_, _, a) in enumerate(stages) if unfused(a)), len(stages))
+    block = tuning.get("pointwise.block") if block is None else int(block)
     y = _fused(x, stages[:run], threads, max(TV, block // TV * TV))
     if unfused(stages[run - 1][2]):
         apply_activation(y, *stages[run - 1][2], out=y)

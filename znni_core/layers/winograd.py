@@ -43,7 +43,7 @@ import math
 import numpy as np
 
 from ..errors import InputError
-from . import arena
+from . import arena, tuning
 from .threads import blas_limit, each_worker, gemm
 from ._numba import njit
 from .epilogue import act_row
@@ -55,10 +55,10 @@ __all__ = ["WinogradConv", "winograd_kernel_bytes", "winograd_memory", "winograd
            "winograd_tiles"]
 
 F32 = 4
-#: V and M of one block of tiles together take about this many bytes (they stay in cache: 3 MiB
-#: ran 8-20% faster than 6 MiB on this 1 MiB-L2 EPYC, interleaved: (1,3,3) 28 maps on 18 x 162^2
-#: 43 against 54 ms, 3^3 36 maps 26 against 28, (1,5,5) 67 against 74; 0.4-1.5 MiB no better)
-BLOCK_BYTES = 3 * 2**20
+#: V and M of one block of tiles together take about ``winograd.block_bytes`` (:mod:`.tuning`,
+#: measured per host; they stay in cache: 3 MiB ran 8-20% faster than 6 MiB on a 1 MiB-L2 Zen 4
+#: EPYC, interleaved: (1,3,3) 28 maps on 18 x 162^2 43 against 54 ms, 3^3 36 maps 26 against 28,
+#: (1,5,5) 67 against 74; 0.4-1.5 MiB no better there)
 
 # Toom-Cook points: 0, 1, -1, 2, -2 and infinity (a = 6, y and x) or 0, 1, -1 and infinity
 # (a = 4, z).  BT depends on the points only (Lavin & Gray 2016's F(4,3) and F(2,3) matrices);
@@ -79,12 +79,11 @@ _BT[8] = np.array([[1, 0, -21 / 4, 0, 21 / 4, 0, -1, 0], [0, 1, 1, -17 / 4, -17 
                    [0, -1, 1, 17 / 4, -17 / 4, -1, 1, 0], [0, 1 / 2, 1 / 4, -5 / 2, -5 / 4, 2, 1, 0],
                    [0, -1 / 2, 1 / 4, 5 / 2, -5 / 4, -2, 1, 0], [0, 1, 2, -5 / 4, -5 / 2, 1 / 4, 1 / 2, 0],
                    [0, -1, 2, 5 / 4, -5 / 2, -1 / 4, 1 / 2, 0], [0, -1, 0, 21 / 4, 0, -21 / 4, 0, 1]], np.float64)
-#: a larger tile in y and x (a = 8: F(9 - r, r)) where it needs this fraction of a = 6's
-#: transform positions or fewer.  It costs more per transformed value (a general product)
+#: a larger tile in y and x (a = 8: F(9 - r, r)) where it needs ``winograd.large_tile_gain``
+#: (:mod:`.tuning`, measured per host) of a = 6's transform positions or fewer.  It costs more per transformed value (a general product)
 #: but does fewer GEMM products per output: faster wherever it needs no more positions
 #: ((1,3,3) 48 maps on 16 x 256^2 0.17 s against 0.21 s; on 13^2 fragments 0.29 against
 #: 0.32 s; (1,4,4) on 30^2 0.18 against 0.23 s; 3^3 on 40 x 96^2 0.11 against 0.13 s)
-LARGE_TILE_GAIN = 1.0
 #: kernel sizes per axis (z, y, x) Winograd runs; size 1 is the identity
 KERNEL_SIZES = ((1, 2, 3, 4, 5), (1, 2, 3, 4, 5), (1, 2, 3, 4, 5))
 _ID = (np.ones((1, 1)), np.ones((1, 1)), np.ones((1, 1)))
@@ -118,14 +117,14 @@ def winograd_supports(kernel) -> bool:
 def _axis_points(axis: int, r: int, out: int) -> int:
     """The tile's input extent ``a`` on an axis: 1 for a kernel of 1; in z 4, or 6 for 4-5
     (``F(3, 4)``, ``F(2, 5)``: 6 products per 3 and 2 outputs, not 12 and 10); in y and x 8
-    where it needs at most :data:`LARGE_TILE_GAIN` of the transform positions of 6 for ``out``
+    where it needs at most ``winograd.large_tile_gain`` of the transform positions of 6 for ``out``
     outputs, else 6."""
     if r == 1:
         return 1
     if axis == 0:
         return 4 if r <= 3 else 6
     pos = {a: -(-int(out) // (a + 1 - r)) * a for a in (6, 8)}
-    return 8 if pos[8] <= LARGE_TILE_GAIN * pos[6] else 6
+    return 8 if pos[8] <= tuning.get("winograd.large_tile_gain") * pos[6] else 6
 
 
 def _axis_transforms(kernel, out_spatial):
@@ -162,10 +161,10 @@ def winograd_kernel_bytes(c_in, c_out, kernel, in_spatial) -> int:
 
 
 def _blocks(rows, tiles_x, T, c_in, c_out, threads) -> tuple[int, int]:
-    """``(tile rows per block, workers)``: blocks of at most BLOCK_BYTES of ``V`` and ``M``, as
+    """``(tile rows per block, workers)``: blocks of at most ``winograd.block_bytes`` of ``V`` and ``M``, as
     many per worker and of about one size (a small call, one MPF fragment of a depth-first pool,
     had 64 rows in blocks of 14: split 3:2 between two workers)."""
-    br = max(1, min(rows, BLOCK_BYTES // max(1, F32 * T * (c_in + c_out) * tiles_x)))
+    br = max(1, min(rows, tuning.get("winograd.block_bytes") // max(1, F32 * T * (c_in + c_out) * tiles_x)))
     workers = max(1, min(int(threads), -(-rows // br)))
     per = -(-rows // (br * workers))
     return -(-rows // (per * workers)), workers

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..errors import PlanError
+from ..layers import tuning
 from ..layers.epilogue import FUSABLE
 from ..layers.winograd import winograd_supports
 
@@ -116,6 +117,9 @@ class Plan:
     #: rest on the GPU, the two stages overlapped across patches (ZNNi VI-D)
     placement: str = ""
     split: int = 0  # cpu+gpu: layer index of the first step on the GPU
+    #: kernel parameters measured on the planning host (``layers/tuning.py``): the executor runs
+    #: the plan under them, so every node computes the same bytes
+    tuning: dict = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
         for name in ("patch_shape", "output_shape", "field_of_view", "overlap", "tile"):
@@ -124,6 +128,10 @@ class Plan:
         object.__setattr__(self, "rejected", tuple(r if isinstance(r, Rejected) else Rejected(**r) for r in self.rejected))
         if self.format != PLAN_FORMAT:
             raise PlanError(f"plan format {self.format!r} is not {PLAN_FORMAT!r}; re-run `znni plan`")
+        try:
+            object.__setattr__(self, "tuning", tuning.check(dict(self.tuning or {})))
+        except (ValueError, TypeError) as exc:
+            raise PlanError(f"plan's tuning: {exc}; re-run `znni plan`") from None
 
     # ---- derived ----------------------------------------------------------
     @property
@@ -185,6 +193,7 @@ class Plan:
         key = {"net": self.network_digest, "device": self.device, "patch": self.patch_shape,
                **({"overlap": self.overlap, "blend": self.blend} if self.kind == "padded" else {}),
                **({"placement": self.placement, "split": self.split} if self.placement else {}),
+               **({"tuning": self.tuning} if self.tuning else {}),
                "steps": [(s.index, s.op, s.primitive, s.micro_batch, s.threads) for s in self.steps]}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 

@@ -9,6 +9,7 @@ Everything thrown away is kept, with its reason, in ``Plan.rejected``.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import math
@@ -38,7 +39,7 @@ DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the
 DEVICE_HEADROOM = 512 * 2 ** 20  # device memory left to the CUDA context, library handles and cuFFT plans
 GPU_BUDGET_FRACTION = 0.9  # of the device memory free when planning (after the headroom)
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
-SEARCH_VERSION = 20  # in the plan cache key: bump when the search or time model changes (stale plans)
+SEARCH_VERSION = 21  # in the plan cache key: bump when the search or time model changes (stale plans)
 PLAN_CACHE_ENTRIES = 256  # newest plans kept on disk (one per network x shape x budget x ...)
 PATIENCE = 2  # coarse patches in a row without a gain before a series of growing patches stops
 SLAB_SLICES = 8  # depth of the thin patches tried for networks flat in z (patch_candidates)
@@ -442,6 +443,22 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
         raise PlanError(f"device {device!r} is not one of {DEVICES}")
     if memory_budget is not None and int(memory_budget) <= 0:
         raise PlanError(f"memory budget {memory_budget!r} must be a positive number of bytes")
+    from ..layers import tuning
+
+    # the host's kernel parameters (measured with its calibration): the search prices and sizes
+    # every primitive under them, and the plan carries them to the executor
+    tuned = T.calibrate(max(1, int(threads or default_threads()))).get("tuned") or {}
+    with tuning.using(tuned):
+        plan = _autotune(net, memory_budget=memory_budget, device=device, effort=effort, threads=threads,
+                         patch_shape=patch_shape, primitives=primitives, pool_modes=pool_modes,
+                         input_shape=input_shape, use_cache=use_cache, overlap=overlap, blend=blend,
+                         placement=placement)
+    return plan if plan.tuning == tuned else dataclasses.replace(plan, tuning=dict(tuned))
+
+
+def _autotune(net: Network, *, memory_budget, device, effort, threads, patch_shape, primitives, pool_modes,
+              input_shape, use_cache, overlap, blend, placement) -> Plan:
+    """:func:`autotune` under the host's kernel parameters."""
     threads = int(threads or default_threads())
     gpu_cal = host = gpu_xp = None
     if device != "cpu":

@@ -24,7 +24,7 @@ from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 29  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
+CALIBRATION_VERSION = 30  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
 # 14: outputs from an arena, as the executor runs; 15: larger winograd calls;
 # 16: winograd transforms priced per 1D pass; 17: 1x1x1 chains and exp calibrated; 18: winograd blocks of 3 MiB;
 # 19: a winograd cost per tile; 20: written-out 8-point transforms; 21: a cost per transform position;
@@ -32,7 +32,8 @@ CALIBRATION_VERSION = 29  # bump when the models or the calibration change (7-8:
 # best of 5; 24: winograd input transforms a tile row at a time; 25: direct-numba sums 3-5 taps of a row in registers;
 # 26: the executor's threads keep their own malloc arenas (one arena slowed FFTW 1.5-3x);
 # 27: 1x1x1 chains on register tiles, calibrated at 24 and 48 maps; 28: blocks of 1024 voxels, OpenMP threads
-# that stop spinning soon after numba's parallel kernels; 29: direct-numba groups short rows
+# that stop spinning soon after numba's parallel kernels; 29: direct-numba groups short rows;
+# 30: kernel parameters (layers/tuning.py) measured first, the rates under them
 #: (input, kernel) of the direct-conv calibration, 24 -> 24 maps (its efficiency: the model's reference)
 NUMBA_CALIBRATION_SHAPE = ((34, 34, 34), (3, 3, 3))
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
@@ -162,9 +163,64 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
     # and inside a run's thread setting (BLAS single-threaded, GEMMs split over the threads): a
     # threaded BLAS call before a timed call left OpenBLAS's workers spinning through it
     with L.arena.using(L.arena.Arena(1 << 31)), run_threads(threads):
-        cal = _measure(threads)
+        tuned, tried = _tune(threads)
+        with L.tuning.using(tuned):  # the rates of the kernels as plans will run them
+            cal = _measure(threads)
+    cal["tuned"], cal["tuning_seconds"] = tuned, tried
     cache.put(key, cal)
     return cal
+
+
+#: within this fraction of the fastest candidate a parameter keeps its default (noise on a
+#: shared host must not move it)
+TUNING_TIE = 0.03
+
+
+def _tuning_cases(threads: int) -> dict:
+    """Per kernel parameter (``layers/tuning.py``), the calls it is timed on: factories, so a
+    Winograd layer is built under the value being tried (its tile size is chosen when built)."""
+    rng = np.random.default_rng(0)
+
+    def arr(*shape):
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    def winograd(c, n, spatial, kernel):
+        w, x = arr(c, c, *kernel), arr(n, *spatial, c).transpose(0, 4, 1, 2, 3)  # channels last, as between layers
+
+        def make():
+            conv = L.WinogradConv(w, None, spatial, threads=threads)
+            conv.keep_buffers = conv.channels_last = True
+            return lambda: conv(x)
+        return make
+
+    wino = [winograd(48, 1, (12, 160, 160), (1, 3, 3)), winograd(48, 256, (4, 13, 13), (1, 3, 3)),
+            winograd(24, 1, (18, 48, 48), (3, 3, 3))]
+    chains = []
+    for c in (24, 48):
+        xp, st = arr(1, c, 16, 64, 64), [(arr(c, c, 1, 1, 1), arr(c), ("relu", 0.0))] * 4
+        chains.append(lambda xp=xp, st=st: lambda: L.conv_pointwise_chain(xp, st, threads=threads))
+    direct = []
+    for x, w in ((arr(64, 24, 10, 10, 10), arr(24, 24, 3, 3, 3)), (arr(64, 48, 4, 17, 17), arr(48, 48, 1, 4, 4))):
+        direct.append(lambda x=x, w=w: lambda: L.conv_direct_numba(x, w))
+    return {"winograd.block_bytes": wino, "winograd.large_tile_gain": wino, "pointwise.block": chains,
+            "direct.row_group": direct}
+
+
+def _tune(threads: int) -> tuple[dict, dict]:
+    """Each kernel parameter's candidates timed on its cases (best of 5, summed), one parameter
+    after another under the values already chosen: ``(chosen, {name: [[value, seconds], ...]})``.
+    A candidate replaces the default only when faster by more than :data:`TUNING_TIE`."""
+    chosen, tried = {}, {}
+    for name, cases in _tuning_cases(threads).items():
+        times = {}
+        for value in L.tuning.CANDIDATES[name]:
+            with L.tuning.using({**chosen, name: value}):
+                times[value] = sum(_best_of(make()) for make in cases)
+        best = min(times, key=times.get)
+        default = L.tuning.DEFAULTS[name]
+        chosen[name] = default if times[default] <= (1 + TUNING_TIE) * times[best] else best
+        tried[name] = [[v, t] for v, t in times.items()]
+    return chosen, tried
 
 
 def _measure(threads: int) -> dict:
