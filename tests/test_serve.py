@@ -117,6 +117,16 @@ def test_the_viewer_is_bundled_and_served(served):
     assert status == 200 and h["content-type"] == "application/javascript" and len(body) > 100_000
 
 
+def test_a_browsers_favicon_request_is_answered_without_an_error(served):
+    """Full Chromium asks for /favicon.ico on every page: 204, nothing sent, no 4xx in the log (a
+    viewer test that reads the log for errors failed where full Chromium is installed)."""
+    srv, _, _, logs = served
+    status, h, body = get(srv, "/favicon.ico")
+    assert (status, body, h["content-length"]) == (204, b"", "0")
+    assert get(srv, "/favicon.png")[0] == 404  # only the icon's own name
+    assert not [line for line in logs if "favicon.ico" in line and '" 4' in line], logs
+
+
 def test_refuses_to_serve_a_filesystem_or_a_directory_tree(tmp_path):
     r = CliRunner().invoke(app, ["serve", "/"])
     assert r.exit_code != 0 and "never a whole directory tree" in r.output

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,8 @@ def host(monkeypatch, tmp_path):
     monkeypatch.setenv("ZNNI_CACHE_DIR", str(tmp_path))
     for k in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "ZNNI_VECTOR_WIDTH"):
         monkeypatch.delenv(k, raising=False)
+
+    monkeypatch.setattr(vw, "APPLIED", vw.APPLIED)  # apply() in a test must not change this process's key
 
     def make(avx512: bool):
         feats = SKX if avx512 else "+64bit,+avx,+avx2,+fma,+f16c,+popcnt,-avx512f"
@@ -54,7 +57,8 @@ def test_precedence_user_then_env_then_measured_then_default(host):
     assert v.target({"NUMBA_CPU_FEATURES": "+avx2"}) == ("user", None)
     with pytest.warns(UserWarning, match="ZNNI_VECTOR_WIDTH='1024'"):
         assert v.target({"ZNNI_VECTOR_WIDTH": "1024"}) == ("llvm", None)
-    assert v.apply(env) == "measured" and env["NUMBA_CPU_FEATURES"] == v.features_for("256")
+    cfg = types.SimpleNamespace(CPU_FEATURES=None)
+    assert v.apply(cfg, env) == "measured" and cfg.CPU_FEATURES == v.features_for("256") and env == {}
 
 
 def test_feature_strings_differ_only_in_the_width_flag(host):

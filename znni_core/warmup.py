@@ -144,8 +144,6 @@ def warmup(threads=(1,), *, tune: bool = True, refresh: bool = False, echo=print
 
     base = dict(os.environ, NUMBA_CACHE_DIR=str(numba_cache_dir()), ZNNI_CACHE_DIR=str(cache_dir()))
     base.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
-    if VECTOR_WIDTH_SOURCE != "user":  # this process's own choice: each child makes its own
-        base.pop("NUMBA_CPU_FEATURES", None)
     report = {"cache_dir": base["ZNNI_CACHE_DIR"], "numba_cache_dir": base["NUMBA_CACHE_DIR"]}
     widths = vw.candidates() if VECTOR_WIDTH_SOURCE in ("default", "measured") else ()
     t0 = time.perf_counter()

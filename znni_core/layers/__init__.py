@@ -34,7 +34,7 @@ from .fft import (
     pruned_rfftn,
     save_wisdom,
 )
-from . import tuning
+from . import tuning, vector_width
 from .pointwise import conv_pointwise_chain
 from .fft_gemm import FFTGemmConv, fft_gemm_kernel_bytes, fft_gemm_memory, fft_gemm_sizes, fft_gemm_transform_shape
 from .pool import (

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import os
 
+import numba
+
 from . import vector_width
 
-#: where this process's vector width came from (``user``, ``env``, ``measured`` or ``llvm``):
-#: set before numba's import, as numba reads ``NUMBA_CPU_FEATURES`` when it first compiles
-VECTOR_WIDTH_SOURCE = vector_width.apply()
-
-import numba  # noqa: E402  (after the vector width is set)
-
-numba.config.reload_config()  # numba may have been imported first (``from numba.core import ...``)
+# the environment's NUMBA_ settings first (numba may have been imported before this module), then
+# the vector width on numba's config: numba keeps a value set there until a NUMBA_ variable
+# changes, and fixes its target at the first compile
+numba.config.reload_config()
+#: where this process's vector width came from (``user``, ``env``, ``measured``, ``default`` or
+#: ``llvm``: :mod:`.vector_width`)
+VECTOR_WIDTH_SOURCE = vector_width.apply(numba.config)
 
 if os.environ.get("NUMBA_THREADING_LAYER") is None and numba.config.THREADING_LAYER == "default":
     numba.config.THREADING_LAYER = "threadsafe"

@@ -7,7 +7,7 @@ ymm registers although the core has two 512-bit FMA ports; for AMD Zen 4 and Zen
 code.  Which one is faster depends on the kernel and the host (frequency licences, one or two
 512-bit units), so on a host with AVX-512 ``znni warmup`` compiles and times znni's kernels both
 ways (:mod:`znni_core.warmup`) and keeps the faster; every later process on that host compiles
-for it (:func:`apply`, called before numba is imported).  Hosts without AVX-512 have one variant.
+for it (:func:`apply`, before numba compiles anything).  Hosts without AVX-512 have one variant.
 
 Precedence, first wins:
 
@@ -19,7 +19,7 @@ Precedence, first wins:
 The choice changes only how loops are vectorised: every variant computes the same sums
 (``tests/test_vector_width.py`` runs the kernels compiled for 512-bit, 256-bit and AVX2-only
 targets against the reference).  numba keys its cached kernels by the feature string, so the
-variants' caches never mix.  This module imports no numba (it runs before numba's import).
+variants' caches never mix.  This module imports no numba (``layers/_numba.py`` applies it).
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 from ..cachedir import cache_dir
 
-__all__ = ["VARIANTS", "apply", "candidates", "choice_path", "chosen", "features_for", "host_features",
-           "host_key", "record", "target"]
+__all__ = ["VARIANTS", "apply", "candidates", "choice_path", "chosen", "effective", "features_for",
+           "host_features", "host_key", "record", "target"]
 
 #: width -> the tuning flag added to the host's feature string
 VARIANTS = {"512": "-prefer-256-bit", "256": "+prefer-256-bit"}
@@ -146,20 +146,33 @@ def target(environ=None) -> tuple[str, str | None]:
     return "measured", features_for(entry["width"])
 
 
-def apply(environ=None) -> str:
-    """Set ``NUMBA_CPU_FEATURES`` for the width of :func:`target` (before numba compiles
-    anything; numba re-reads its configuration from the environment at every compile).
-    Returns the source of the choice."""
-    env = os.environ if environ is None else environ
-    source, feats = target(env)
-    if feats is not None:
-        env["NUMBA_CPU_FEATURES"] = feats
+#: the feature string :func:`apply` gave numba in this process (None: numba's own)
+APPLIED: str | None = None
+
+
+def apply(config=None, environ=None) -> str:
+    """Give numba's ``config`` (``numba.config``) the features of :func:`target`'s width, before
+    numba compiles anything.  The process's environment is left alone: a Snakemake process that
+    imports znni must not pass a NUMBA_ setting to its other rules; every znni process applies
+    its own.  Returns the source of the choice."""
+    global APPLIED
+    source, feats = target(environ)
+    if feats is not None and config is not None:
+        config.CPU_FEATURES = feats
+        APPLIED = feats
     return source
+
+
+def effective() -> str:
+    """What numba compiles for in this process: the user's ``NUMBA_CPU_NAME``/``FEATURES``, the
+    applied width's features, or the host's (keys the calibration: :func:`plan.timing.machine_key`)."""
+    env = os.environ
+    return f"{env.get('NUMBA_CPU_NAME', '')}|{env.get('NUMBA_CPU_FEATURES') or APPLIED or ''}"
 
 
 def describe() -> str:
     """One line for reports: the width numba compiles for here and why."""
-    feats = os.environ.get("NUMBA_CPU_FEATURES")
+    feats = os.environ.get("NUMBA_CPU_FEATURES") or APPLIED
     entry = chosen()
     if feats is None:
         width = "LLVM's choice for " + host_cpu_name()

@@ -207,6 +207,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         if urllib.parse.urlsplit(self.path).path == f"/events/{VIEWER_TOKEN}":
             return self._events()
+        if urllib.parse.urlsplit(self.path).path == "/favicon.ico":  # every full browser asks: no icon, no error
+            self.send_response(204)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         target = self._target()
         if target is None:
             return self._fail(404, "not found")

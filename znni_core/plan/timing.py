@@ -82,7 +82,7 @@ def machine_key(threads: int) -> str:
     """Keys calibrations and measurements: the model's version, CPU, threads, versions, the BLAS
     core type and the target numba compiles for (the vector width, :mod:`..layers.vector_width`)."""
     blas = os.environ.get("OPENBLAS_CORETYPE", "")
-    target = [os.environ.get("NUMBA_CPU_NAME", ""), os.environ.get("NUMBA_CPU_FEATURES", "")]
+    target = L.vector_width.effective()
     raw = json.dumps([CALIBRATION_VERSION, cpu_model(), threads, versions(), blas, target], sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
