@@ -8,6 +8,8 @@ larger of that and the tracemalloc peak.
 * ``detector``: the real trained synapse detector (seung-lab modelzoo, a padded residual
   U-Net) on its real 18 x 160 x 160 EM sample, one patch: znni ``infer`` vs ONNX Runtime
   and OpenVINO (``INFERENCE_PRECISION_HINT=f32``) on the same ONNX file.
+* ``detector-whole``: the detector on 18 x 320 x 320 of real ISBI EM, the whole volume in one
+  call: znni ``infer`` (2 GiB) vs ONNX Runtime and OpenVINO f32 on the same volume at once.
 * ``detector-blend``: the detector over 18 x 288 x 288 of real ISBI EM, patches of
   18 x 160 x 160 overlapping by 32 in y and x, bump-blended: znni vs the same lattice run
   patch by patch through ONNX Runtime and OpenVINO.
@@ -162,6 +164,15 @@ def build(tmp: Path, threads: int, quick: bool):
         notes = dict(notes, predicted_s=predicted_seconds(net, plan, x.shape[1:]))
         out.append(("detector", "real synapse detector, real EM 18x160x160, one patch", fns, notes))
         if not quick and ISBI.is_file():
+            whole = (18, 320, 320)
+            xw = isbi(whole)
+            runners_w, notes_w = whole_volume_runners(DETECTOR, whole, threads, tmp)
+            fns = {"znni": lambda n=net: znni_core.infer(n, xw, memory_budget=2 * 2**30)}
+            fns.update({k: (lambda f=f: f(xw)) for k, f in runners_w.items()})
+            plan = autotune(net, memory_budget=2 * 2**30, input_shape=whole)
+            out.append(("detector-whole", "synapse detector on ISBI EM 18x320x320, the whole volume in one call "
+                        "(znni: infer with 2 GiB, as a user calls it)", fns,
+                        dict(notes_w, predicted_s=predicted_seconds(net, plan, whole))))
             xb = isbi((18, 288, 288))
             plan = autotune(net, memory_budget=budget, patch_shape=(18, 160, 160), overlap=(0, 32, 32),
                             input_shape=xb.shape[1:])
@@ -208,6 +219,55 @@ def build(tmp: Path, threads: int, quick: bool):
     return out
 
 
+def whole_volume_runners(path, shape, threads, tmp: Path):
+    """ONNX Runtime and OpenVINO f32 on a whole volume of ``shape`` in one call: OpenVINO's model
+    reshaped to it, ONNX Runtime on a copy whose spatial dims are symbolic (the file fixes them)."""
+    import onnx
+
+    m = onnx.load(str(path))
+    for io in (m.graph.input[0], m.graph.output[0]):
+        for d, name in zip(io.type.tensor_type.shape.dim[2:], ("z", "y", "x")):
+            d.ClearField("dim_value")
+            d.dim_param = name
+    del m.graph.value_info[:]
+    dyn = tmp / "dynamic.onnx"
+    onnx.save(m, str(dyn))
+    out, notes = {}, {}
+    try:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        sess = ort.InferenceSession(str(dyn), so, providers=["CPUExecutionProvider"])
+        name = sess.get_inputs()[0].name
+        out["onnxruntime"] = lambda x: sess.run(None, {name: x[None]})[0][0]
+    except ImportError:
+        notes["onnxruntime"] = "not installed"
+    try:
+        import openvino as ov
+
+        core = ov.Core()
+        model = core.read_model(str(path))
+        model.reshape([1, 1, *shape])
+        cm = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
+                                               "PERFORMANCE_HINT": "LATENCY"})
+        prec = {op.get_rt_info()["runtimePrecision"].astype(str) for op in cm.get_runtime_model().get_ops()
+                if op.get_rt_info()["layerType"].astype(str) == "Convolution"}
+        if prec != {"f32"}:
+            raise RuntimeError(f"OpenVINO did not run f32 convolutions: {prec}")
+        req = cm.create_infer_request()
+        out["openvino-f32"] = lambda x: req.infer({0: x[None]})[cm.output(0)][0].copy()
+        notes["openvino-f32"] = f"reshaped to the whole volume, Convolution runtimePrecision {sorted(prec)}"
+    except ImportError:
+        notes["openvino-f32"] = "not installed"
+    return out, notes
+
+
+#: seconds of rest before every timed call: runtimes leave worker threads spinning after a call,
+#: and on 2 cores the next tool paid for them (1.5-2.4x)
+PAUSE_S = 0.2
+
+
 def run_case(name, what, fns, notes, rounds):
     from .memwatch import measure
 
@@ -219,6 +279,7 @@ def run_case(name, what, fns, notes, rounds):
         outs[k] = f()
     for _ in range(rounds):
         for k, f in fns.items():
+            time.sleep(PAUSE_S)
             t0 = time.perf_counter()
             f()
             times[k].append(time.perf_counter() - t0)
@@ -248,8 +309,13 @@ def run_case(name, what, fns, notes, rounds):
 
 def render(res: dict) -> str:
     m = res["machine"]
+    host = ""
+    if m.get("host"):
+        from .machine import host_line
+
+        host = f"Host: {host_line(m['host'])}. "
     lines = ["# Graph networks (U-Nets): znni against PyTorch patch inference", "",
-             f"Machine: {m['cpu']}, {m['threads']} threads, fp32. Command: `{res['command']}`. "
+             f"Machine: {m['cpu']}, {m['threads']} threads, fp32. {host}Command: `{res['command']}`. "
              f"Medians of {res['rounds']} interleaved rounds after a warm-up call (planning excluded); "
              "peak memory = RSS rise during one call (znni: tracemalloc peak, numpy reuses freed heap "
              "memory so its RSS barely rises).", "",
@@ -285,7 +351,10 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("ZNNI_CACHE_DIR", tmp)
         built = build(Path(tmp), args.threads, args.quick)
-        res = {"machine": {"cpu": cpu_model(), "threads": args.threads, "python": platform.python_version()},
+        from .machine import host_class
+
+        res = {"machine": {"cpu": cpu_model(), "host": host_class(), "threads": args.threads,
+                           "python": platform.python_version()},
                "command": "python -m benchmarks.unets " + " ".join(argv if argv is not None else sys.argv[1:]),
                "rounds": args.rounds, "cases": {}}
         for name, what, fns, notes in built:
