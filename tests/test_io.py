@@ -274,6 +274,72 @@ def test_zarr_input(tmp_path, fmt):
     assert missing == [key]
 
 
+@pytest.mark.parametrize("channels", [None, 2])
+def test_sharded_zarr_input_names_a_missing_shard_and_a_chunk_its_index_lacks(tmp_path, channels):
+    """A sharded zarr v3 input (shards of 2 x 2 x 2 chunks): one shard file deleted, and one
+    chunk of another shard never stored (all zeros: zarr writes no empty chunk).  Both are
+    refused, each chunk named; with filling, every one is listed and only they read as 0."""
+    import zarr
+
+    path = tmp_path / "em.zarr"
+    lead = () if channels is None else (channels,)
+    arr = np.random.default_rng(0).integers(1, 255, lead + (16, 16, 16), dtype=np.uint8)
+    arr[(Ellipsis, slice(8, 12), slice(0, 4), slice(4, 8))] = 0  # chunk (2, 0, 1): shard (1, 0, 0)
+    z = zarr.create_array(str(path), shape=arr.shape, chunks=lead + (4, 4, 4), shards=lead + (8, 8, 8),
+                          dtype="uint8", fill_value=0)
+    z[:] = arr
+    z.attrs["resolution"] = [40, 8, 8]
+    layer = ZarrLayer(parse_layer_url(str(path)))
+    assert layer.sharded and layer.missing_chunks(Roi((0, 0, 0), (8, 16, 16))) == []
+    meta = z._async_array.metadata
+    key = meta.encode_chunk_key((0,) * len(lead) + (0, 1, 1))  # chunks (0-1, 2-3, 2-3)
+    os.unlink(path / key)
+    with pytest.raises(DataError, match="missing or empty") as e:
+        layer.read(layer.bounds)
+    assert key in str(e.value)
+    got, missing = layer.read(layer.bounds, fill_missing=True)
+    gone = [m for m in missing if "shard missing" in m]
+    assert len(gone) == 8 and all(m.startswith(key + "[") for m in gone)
+    hole = meta.encode_chunk_key((0,) * len(lead) + (1, 0, 0)) + "[" + ",".join(["0"] * len(lead) + ["0", "0", "1"]) + "]"
+    assert sorted(set(missing) - set(gone)) == [hole]
+    expect = arr.copy()
+    expect[(Ellipsis, slice(0, 8), slice(8, 16), slice(8, 16))] = 0
+    assert np.array_equal(got.reshape(expect.shape), expect)
+
+
+def test_sharded_precomputed_input_names_a_missing_shard_and_a_chunk_its_index_lacks(tmp_path):
+    """The same for a sharded precomputed input (cloud-volume fills its absent chunks with 0
+    whatever ``fill_missing`` says): a shard deleted, a chunk left out of another shard."""
+    from znni_core.io.sharding import auto_sharding
+
+    shape, chunk = (16, 64, 64), (8, 16, 16)
+    url = parse_layer_url(f"file://{tmp_path}/em")
+    spec = ScaleSpec("4_4_40", Roi((0, 0, 0), shape), Coordinate(chunk), (40.0, 4.0, 4.0), "uint8", 1,
+                     sharding=auto_sharding(shape, chunk, "uint8", 1, 8 * 16 * 16 * 8, "raw"))
+    create_layer(url, spec, {"owners": [], "processing": [], "sources": []})
+    layer = PrecomputedLayer(url, 0)
+    vol = (np.arange(np.prod(shape)) % 250 + 1).astype(np.uint8).reshape((1,) + shape)
+    shards = {}
+    for idx in layer.grid.chunks_in(layer.bounds):
+        shards.setdefault(layer.shard_name(idx), {})[tuple(idx)] = vol[(slice(None),) + layer.grid.chunk_roi(idx).to_slices()]
+    names = sorted(shards)
+    left_out = sorted(shards[names[1]])[-1]
+    for name, chunks in shards.items():
+        layer.write_shard({i: a for i, a in chunks.items() if not (name == names[1] and i == left_out)})
+    assert layer.missing_chunks(layer.bounds) == [f"{layer.chunk_name(left_out)} (not in shard {names[1]})"]
+    (url.local_path / names[0]).unlink()
+    layer = PrecomputedLayer(url, 0)
+    with pytest.raises(DataError, match="missing or empty") as e:
+        layer.read(layer.bounds)
+    assert names[0] in str(e.value)
+    got, missing = layer.read(layer.bounds, fill_missing=True)
+    assert len(missing) == len(shards[names[0]]) + 1
+    expect = vol.copy()
+    for i in list(shards[names[0]]) + [left_out]:
+        expect[(slice(None),) + layer.grid.chunk_roi(i).to_slices()] = 0
+    assert np.array_equal(got, expect)
+
+
 def test_urls():
     from znni_core.errors import ConfigError
 

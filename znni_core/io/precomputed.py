@@ -226,10 +226,12 @@ class PrecomputedLayer(StoredObjects):
                            lru_bytes=0)
 
     def missing_chunks(self, roi: Roi) -> list[str]:
-        """Names of the stored chunks under ``roi`` that are absent or 0 bytes."""
-        names = [self.chunk_name(i) for i in self.grid.chunks_in(roi)]
+        """Names of the stored chunks under ``roi`` that are absent or 0 bytes; in a sharded layer,
+        those whose shard is absent or empty (``<chunk> (shard <name> missing or empty)``) or
+        whose shard's index does not list them."""
         if self.sharded:
-            return []
+            return self._missing_in_shards(roi)
+        names = [self.chunk_name(i) for i in self.grid.chunks_in(roi)]
         if self.url.is_local:
             root = self.url.local_path
             return [n for n in names
@@ -237,6 +239,38 @@ class PrecomputedLayer(StoredObjects):
                                for s in _ALL_SUFFIXES)]
         sizes = self._s3.sizes(names) if self.url.protocol == "s3" else _cloudfiles(self.url).size(names)
         return [n for n in names if not sizes.get(n)]
+
+    def _object_sizes(self, names: list[str]) -> dict:
+        if self.url.is_local:
+            root = self.url.local_path
+            return {n: ((root / n).stat().st_size if (root / n).is_file() else None) for n in names}
+        return self._s3.sizes(names) if self.url.protocol == "s3" else _cloudfiles(self.url).size(names)
+
+    def _missing_in_shards(self, roi: Roi) -> list[str]:
+        """:meth:`missing_chunks` of a sharded layer: the shards' objects first, then, in the
+        shards that are there, each chunk's entry in its minishard index (cloud-volume's reader)."""
+        from .sharding import chunk_key
+
+        by_shard: dict = {}
+        for idx in self.grid.chunks_in(roi):
+            by_shard.setdefault(self.shard_name(idx), []).append(tuple(idx))
+        sizes = self._object_sizes(sorted(by_shard))
+        out = []
+        present = {}
+        for name, idxs in by_shard.items():
+            if not sizes.get(name):
+                out += [f"{self.chunk_name(i)} (shard {name} missing or empty)" for i in idxs]
+            else:
+                present.update({chunk_key(i, self.grid.grid_shape): i for i in idxs})
+        if present:
+            try:
+                found = self._cv.image.shard_reader().exists(list(present), path=self.key)
+            except Exception as exc:  # an unreadable shard index: its chunks cannot be read either
+                raise DataError(f"input {self.url} mip {self.mip}: the shard index of chunks under {roi} cannot be "
+                                f"read ({type(exc).__name__}: {exc}); repair the input") from exc
+            out += [f"{self.chunk_name(i)} (not in shard {self.shard_name(i)})"
+                    for label, i in present.items() if not found.get(label)]
+        return out
 
     def read(self, roi: Roi, *, fill_missing: bool = False) -> tuple[np.ndarray, list[str]]:
         """``(C, z, y, x)`` array of ``roi`` (inside the bounds) and the chunks filled with zeros.
@@ -252,8 +286,10 @@ class PrecomputedLayer(StoredObjects):
         from cloudvolume.exceptions import EmptyVolumeException
 
         missing = []
-        if fill_missing:
+        if fill_missing or self.sharded:  # cloud-volume fills a sharded layer's absent chunks itself
             missing = self.missing_chunks(roi)
+            if missing and not fill_missing:
+                raise self._missing_error(roi, missing)
         b, e = roi.begin.xyz(), roi.end.xyz()
         cv = self._cv_fill if fill_missing else self._cv
         try:

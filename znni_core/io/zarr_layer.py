@@ -2,8 +2,9 @@
 
 Zarr has no standard for resolution and offset: znni reads ``attributes["resolution"]`` (z, y, x nm)
 and ``attributes["voxel_offset"]`` (z, y, x voxels) when present, else takes them from the config.
-Missing chunks read as the fill value in zarr; znni checks for them first and fails unless
-``input.missing: zero`` is chosen (RELIABILITY T26).
+Missing chunks read as the fill value in zarr; znni checks for them first (chunk files, and in a
+sharded array its shard files and their indexes) and fails unless ``input.missing: zero`` is
+chosen, which records every chunk it filled.
 """
 from __future__ import annotations
 
@@ -12,6 +13,26 @@ import numpy as np
 from ..errors import DataError, InputError
 from ..geometry import ChunkGrid, Coordinate, Roi
 from .paths import LayerURL
+
+
+_EMPTY = (2 ** 64 - 1, 2 ** 64 - 1)  # a shard index's (offset, nbytes) of a chunk not stored
+
+
+def _shard_index(path, size: int, at_end: bool):
+    """A zarr v3 shard's index as ``[(offset, nbytes), ...]`` per chunk (C order), None when the
+    shard's file is absent, empty or shorter than its index."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            total = f.tell()
+            if total < size:
+                return None
+            f.seek(total - size if at_end else 0)
+            raw = f.read(size)
+    except OSError:
+        return None
+    v = np.frombuffer(raw[:size - (size % 16)], "<u8").reshape(-1, 2)
+    return [(int(a), int(b)) for a, b in v]
 
 
 class ZarrLayer:
@@ -41,17 +62,51 @@ class ZarrLayer:
         self.sharded = getattr(self.array, "shards", None) is not None
 
     def missing_chunks(self, roi: Roi) -> list[str]:
-        if self.sharded:
-            return []
+        """The chunks under ``roi`` that are not stored: their file absent or empty, or (sharded)
+        their shard's file absent or empty, or their entry in the shard's index empty (zarr reads
+        all of these as the fill value).  A sharded array's names are ``<shard key>[<chunk in
+        shard>]``."""
         meta = self.array._async_array.metadata
         root = self.url.local_path
+        lead = () if self.array.ndim == 3 else (0,)
+        if self.sharded:
+            return self._missing_in_shards(roi, meta, root, lead)
         out = []
         for idx in self.grid.chunks_in(roi):
-            coords = tuple(idx) if self.array.ndim == 3 else (0,) + tuple(idx)
-            key = meta.encode_chunk_key(coords)
+            key = meta.encode_chunk_key(lead + tuple(idx))
             p = root / key
             if not p.is_file() or p.stat().st_size == 0:
                 out.append(key)
+        return out
+
+    def _missing_in_shards(self, roi, meta, root, lead) -> list[str]:
+        codec = meta.codecs[0]
+        per = tuple(int(s) // int(c) for s, c in zip(self.array.shards, codec.chunk_shape))
+        n_inner = 1
+        for v in per:
+            n_inner *= v
+        crc = any(type(c).__name__ == "Crc32cCodec" for c in codec.index_codecs)
+        size = 16 * n_inner + (4 if crc else 0)
+        at_end = getattr(codec.index_location, "value", str(codec.index_location)) == "end"
+        channel_chunks = range(-(-self.array.shape[0] // int(codec.chunk_shape[0]))) if lead else (None,)
+        out, index = [], {}
+        for idx in self.grid.chunks_in(roi):
+            for cc in channel_chunks:
+                full = tuple(int(i) for i in idx) if cc is None else (cc,) + tuple(int(i) for i in idx)
+                shard = tuple(i // p for i, p in zip(full, per))
+                inner = tuple(i % p for i, p in zip(full, per))
+                key = meta.encode_chunk_key(shard)
+                if key not in index:
+                    index[key] = _shard_index(root / key, size, at_end)
+                name = f"{key}[{','.join(map(str, inner))}]"
+                if index[key] is None:
+                    out.append(name + " (shard missing or empty)")
+                    continue
+                flat = 0
+                for i, p in zip(inner, per):  # C order over the shard's chunks
+                    flat = flat * p + i
+                if index[key][flat] == _EMPTY:
+                    out.append(name)
         return out
 
     def read(self, roi: Roi, *, fill_missing: bool = False) -> tuple[np.ndarray, list[str]]:
