@@ -71,15 +71,34 @@ def lattice_run(fn, x, patch, overlap, blend="bump"):
     return acc / np.einsum("i,j,k->ijk", *(a[2] for a in axes)).astype(np.float32)
 
 
-def onnx_runners(path, threads):
-    """{name: fn((C, z, y, x)) -> (C_out, z, y, x)} for ONNX Runtime and OpenVINO f32 on ``path``."""
+def _symbolic_spatial_dims(path, tmp: Path) -> Path:
+    """A copy of the ONNX file whose input and output spatial dims are symbolic (ONNX Runtime
+    refuses a shape other than the file's fixed one)."""
+    import onnx
+
+    m = onnx.load(str(path))
+    for io in (m.graph.input[0], m.graph.output[0]):
+        for d, name in zip(io.type.tensor_type.shape.dim[2:], ("z", "y", "x")):
+            d.ClearField("dim_value")
+            d.dim_param = name
+    del m.graph.value_info[:]
+    out = tmp / ("dynamic-" + Path(path).name)
+    onnx.save(m, str(out))
+    return out
+
+
+def onnx_runners(path, threads, shape=None, tmp: Path | None = None):
+    """{name: fn((C, z, y, x)) -> (C_out, z, y, x)} for ONNX Runtime and OpenVINO f32 on ``path``;
+    with ``shape`` (z, y, x), on a whole volume of that shape in one call (OpenVINO's model
+    reshaped to it, ONNX Runtime on a copy with symbolic spatial dims, written to ``tmp``)."""
     out, notes = {}, {}
     try:
         import onnxruntime as ort
 
         so = ort.SessionOptions()
         so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        src = path if shape is None else _symbolic_spatial_dims(path, tmp)
+        sess = ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
         name = sess.get_inputs()[0].name
         out["onnxruntime"] = lambda x: sess.run(None, {name: x[None]})[0][0]
     except ImportError:
@@ -87,16 +106,20 @@ def onnx_runners(path, threads):
     try:
         import openvino as ov
 
-        cm = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                                        "INFERENCE_NUM_THREADS": threads,
-                                                        "PERFORMANCE_HINT": "LATENCY"})
+        core = ov.Core()
+        model = core.read_model(str(path))
+        if shape is not None:
+            model.reshape([1, 1, *shape])
+        cm = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
+                                               "PERFORMANCE_HINT": "LATENCY"})
         prec = {op.get_rt_info()["runtimePrecision"].astype(str) for op in cm.get_runtime_model().get_ops()
                 if op.get_rt_info()["layerType"].astype(str) == "Convolution"}
         if prec != {"f32"}:
             raise RuntimeError(f"OpenVINO did not run f32 convolutions: {prec}")
         req = cm.create_infer_request()
         out["openvino-f32"] = lambda x: req.infer({0: x[None]})[cm.output(0)][0].copy()
-        notes["openvino-f32"] = f"Convolution runtimePrecision {sorted(prec)}"
+        notes["openvino-f32"] = ("" if shape is None else "reshaped to the whole volume, ") + \
+            f"Convolution runtimePrecision {sorted(prec)}"
     except ImportError:
         notes["openvino-f32"] = "not installed"
     return out, notes
@@ -166,7 +189,7 @@ def build(tmp: Path, threads: int, quick: bool):
         if not quick and ISBI.is_file():
             whole = (18, 320, 320)
             xw = isbi(whole)
-            runners_w, notes_w = whole_volume_runners(DETECTOR, whole, threads, tmp)
+            runners_w, notes_w = onnx_runners(DETECTOR, threads, whole, tmp)
             fns = {"znni": lambda n=net: znni_core.infer(n, xw, memory_budget=2 * 2**30)}
             fns.update({k: (lambda f=f: f(xw)) for k, f in runners_w.items()})
             plan = autotune(net, memory_budget=2 * 2**30, input_shape=whole)
@@ -217,50 +240,6 @@ def build(tmp: Path, threads: int, quick: bool):
     out.append(("valid-unet", f"generated valid U-Net (2 levels, 3^3 kernels, widths 12-48), ISBI {shape}, exact",
                 fns, {"predicted_s": predicted_seconds(net, plan, shape)}))
     return out
-
-
-def whole_volume_runners(path, shape, threads, tmp: Path):
-    """ONNX Runtime and OpenVINO f32 on a whole volume of ``shape`` in one call: OpenVINO's model
-    reshaped to it, ONNX Runtime on a copy whose spatial dims are symbolic (the file fixes them)."""
-    import onnx
-
-    m = onnx.load(str(path))
-    for io in (m.graph.input[0], m.graph.output[0]):
-        for d, name in zip(io.type.tensor_type.shape.dim[2:], ("z", "y", "x")):
-            d.ClearField("dim_value")
-            d.dim_param = name
-    del m.graph.value_info[:]
-    dyn = tmp / "dynamic.onnx"
-    onnx.save(m, str(dyn))
-    out, notes = {}, {}
-    try:
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-        sess = ort.InferenceSession(str(dyn), so, providers=["CPUExecutionProvider"])
-        name = sess.get_inputs()[0].name
-        out["onnxruntime"] = lambda x: sess.run(None, {name: x[None]})[0][0]
-    except ImportError:
-        notes["onnxruntime"] = "not installed"
-    try:
-        import openvino as ov
-
-        core = ov.Core()
-        model = core.read_model(str(path))
-        model.reshape([1, 1, *shape])
-        cm = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
-                                               "PERFORMANCE_HINT": "LATENCY"})
-        prec = {op.get_rt_info()["runtimePrecision"].astype(str) for op in cm.get_runtime_model().get_ops()
-                if op.get_rt_info()["layerType"].astype(str) == "Convolution"}
-        if prec != {"f32"}:
-            raise RuntimeError(f"OpenVINO did not run f32 convolutions: {prec}")
-        req = cm.create_infer_request()
-        out["openvino-f32"] = lambda x: req.infer({0: x[None]})[cm.output(0)][0].copy()
-        notes["openvino-f32"] = f"reshaped to the whole volume, Convolution runtimePrecision {sorted(prec)}"
-    except ImportError:
-        notes["openvino-f32"] = "not installed"
-    return out, notes
 
 
 #: seconds of rest before every timed call: runtimes leave worker threads spinning after a call,

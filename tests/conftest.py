@@ -73,3 +73,13 @@ def moto_s3(monkeypatch):
     secrets.AWS_CREDENTIALS_CACHE.clear()
     yield f"http://{host}:{port}"
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _default_kernel_parameters():
+    """Each test starts with the default kernel parameters: a plan run by an earlier test puts
+    its host's measured values in force for the process (``layers/tuning.py``)."""
+    from znni_core.layers import tuning
+
+    with tuning.using(tuning.DEFAULTS):
+        yield
