@@ -144,7 +144,8 @@ def test_channels_last_pool_upsample_and_residual_stay_channels_last_and_equal_c
         assert is_channels_last(got)
         np.testing.assert_array_equal(got, max_pool(x, p))
         np.testing.assert_array_equal(got, torch.nn.functional.max_pool3d(torch.from_numpy(x), p).numpy())
-    for p in [(1, 2, 2), (2, 3, 1)]:  # MPF's fragments stay channels last
+    for p in [(1, 2, 2), (2, 2, 2), (2, 3, 1)]:  # MPF's fragments stay channels last (the two windows
+        # written out, and the general loop)
         got = mpf(xc, p)
         assert is_channels_last(got)
         np.testing.assert_array_equal(got, mpf(x, p))

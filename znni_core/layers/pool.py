@@ -223,22 +223,48 @@ def _pool_into(x, p, m, out):
 def _mpf_cl(x, pz, py, px, offs, out):  # pragma: no cover - compiled
     """:func:`mpf` channels last: ``out[n, k, i, j, l] = max over the window at offset
     ``offs[k]`` of ``x`` (N, Z, Y, X, C), a vector of channels per voxel; ``out`` (N, P, mz,
-    my, mx, C)."""
-    N, K, mz, my, mx, C = out.shape
+    my, mx, C) (both C-contiguous).  Windows of 2 x 2 x 2 and 1 x 2 x 2 take their values in
+    one expression, stored once: accumulating into the output (which may alias the input, so
+    every step was stored) ran n337's 16-map MPF of 8 x 63^3 fragments in 55 ms, this 14 ms;
+    48 maps on 4 x 129^3 332 -> 172 ms, (1,2,2) on 4 x 15 x 129^2 24 -> 14 ms.  Flat
+    unsigned offsets (numba checks a signed index for wrap-around)."""
+    N, Z, Y, X, C = x.shape
+    _, K, mz, my, mx, _ = out.shape
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    u = np.uint64
+    C_, sY, sZ, sN = u(C), u(X * C), u(Y * X * C), u(Z * Y * X * C)
+    cube = pz == 2 and py == 2 and px == 2
+    square = pz == 1 and py == 2 and px == 2
     for t in prange(N * mz * my):
         n, i, j = t // (mz * my), (t // my) % mz, t % my
         for k in range(K):
-            z0, y0, x0 = offs[k, 0] + i * pz, offs[k, 1] + j * py, offs[k, 2]
-            dst = out[n, k, i, j]
-            for l in range(mx):
-                o = dst[l]
-                o[:] = x[n, z0, y0, x0 + l * px]
-                for a in range(pz):
-                    for b in range(py):
-                        for c in range(px):
-                            v = x[n, z0 + a, y0 + b, x0 + l * px + c]
-                            for q in range(C):
-                                o[q] = max(o[q], v[q])
+            src0 = u(n) * sN + u(offs[k, 0] + i * pz) * sZ + u(offs[k, 1] + j * py) * sY + u(offs[k, 2]) * C_
+            dst0 = u((((n * K + k) * mz + i) * my + j) * mx) * C_
+            if cube:
+                for l in range(u(mx)):
+                    s, d = src0 + l * u(2) * C_, dst0 + l * C_
+                    for q in range(C_):
+                        a = max(max(xf[s + q], xf[s + C_ + q]), max(xf[s + sY + q], xf[s + sY + C_ + q]))
+                        b = max(max(xf[s + sZ + q], xf[s + sZ + C_ + q]),
+                                max(xf[s + sZ + sY + q], xf[s + sZ + sY + C_ + q]))
+                        of[d + q] = max(a, b)
+            elif square:
+                for l in range(u(mx)):
+                    s, d = src0 + l * u(2) * C_, dst0 + l * C_
+                    for q in range(C_):
+                        of[d + q] = max(max(xf[s + q], xf[s + C_ + q]), max(xf[s + sY + q], xf[s + sY + C_ + q]))
+            else:
+                for l in range(u(mx)):
+                    src, dst = src0 + l * u(px) * C_, dst0 + l * C_
+                    for q in range(C_):
+                        of[dst + q] = xf[src + q]
+                    for a in range(u(pz)):
+                        for b in range(u(py)):
+                            for c in range(u(px)):
+                                s = src + a * sZ + b * sY + c * C_
+                                for q in range(C_):
+                                    of[dst + q] = max(of[dst + q], xf[s + q])
 
 
 def max_pool(x, p):
@@ -268,7 +294,7 @@ def max_pool(x, p):
     xp = get_array_module(x)
     if xp is np and x.dtype == np.float32 and is_channels_last(x):  # channels last stays so: MPF's one offset
         out = arena.empty((x.shape[0], 1) + m + (x.shape[1],), np.float32)
-        _mpf_cl(memory_order(x), p[0], p[1], p[2], np.zeros((1, 3), np.int64), out)
+        _mpf_cl(np.ascontiguousarray(memory_order(x)), p[0], p[1], p[2], np.zeros((1, 3), np.int64), out)
         return out[:, 0].transpose(0, 4, 1, 2, 3)
     if xp is np and x.dtype == np.float32:
         out = arena.empty((x.shape[0], 1, x.shape[1]) + m, np.float32)
@@ -311,7 +337,7 @@ def mpf(x, p):
     offsets = list(itertools.product(range(p[0]), range(p[1]), range(p[2])))
     if xp is np and x.dtype == np.float32 and is_channels_last(x):  # fragments channels last too
         out = arena.empty((n, P) + m + (c,), np.float32)
-        _mpf_cl(memory_order(x), p[0], p[1], p[2], np.asarray(offsets, np.int64), out)
+        _mpf_cl(np.ascontiguousarray(memory_order(x)), p[0], p[1], p[2], np.asarray(offsets, np.int64), out)
         return out.reshape((n * P,) + m + (c,)).transpose(0, 4, 1, 2, 3)
     out = arena.empty((n, P, c) + m, x.dtype, xp=xp)
     if xp is np and x.dtype == np.float32:
