@@ -39,7 +39,7 @@ DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the
 DEVICE_HEADROOM = 512 * 2 ** 20  # device memory left to the CUDA context, library handles and cuFFT plans
 GPU_BUDGET_FRACTION = 0.9  # of the device memory free when planning (after the headroom)
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
-SEARCH_VERSION = 21  # in the plan cache key: bump when the search or time model changes (stale plans)
+SEARCH_VERSION = 22  # in the plan cache key: bump when the search or time model changes (stale plans)
 PLAN_CACHE_ENTRIES = 256  # newest plans kept on disk (one per network x shape x budget x ...)
 PATIENCE = 2  # coarse patches in a row without a gain before a series of growing patches stops
 SLAB_SLICES = 8  # depth of the thin patches tried for networks flat in z (patch_candidates)
@@ -245,6 +245,20 @@ def _rate(net: Network, patch, secs: float, input_shape=None) -> float:
     return math.prod(need) / (patches * secs)
 
 
+def _mpf_reads_channels_last(layers, decisions, i) -> bool:
+    """Whether the executor hands pooling layer ``i`` a channels-last input: the conv before it
+    runs Winograd and the conv after it reads channels last (an untiled Winograd or a 1x1x1 conv;
+    ``exec/engine._reads_channels_last``), through activations and other pooling layers."""
+    convs = [j for j, l in enumerate(layers) if isinstance(l, Conv)]
+    before = [j for j in convs if j < i]
+    after = [j for j in convs if j > i]
+    if not before or not after or before[-1] not in decisions or after[0] not in decisions:
+        return False
+    (prev, _, prev_tile), (nxt, _, nxt_tile) = decisions[before[-1]], decisions[after[0]]
+    pointwise = nxt == "direct-gemm" and math.prod(layers[after[0]].kernel) == 1
+    return prev == "winograd" and not prev_tile and not nxt_tile and (nxt == "winograd" or pointwise)
+
+
 def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=None):
     """Best choices for one (patch, pool modes) candidate; returns (steps, seconds, peak, notes).
 
@@ -385,7 +399,8 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
         else:
             tile = ()
             mode = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)]
-            t = T.estimate_pool(M.nbytes(sm.in_shape), host["cal"] if host else timer.cal, depth_first=mode == "pool")
+            t = T.estimate_pool(M.nbytes(sm.in_shape), host["cal"] if host else timer.cal, depth_first=mode == "pool",
+                                channels_last=_mpf_reads_channels_last(layers, decisions, sm.index))
             prim_name, _, rows = mode.partition(":")
             mbv = int(rows or 0)
             t = (t + CALL_OVERHEAD_S) * reps[sm.index]

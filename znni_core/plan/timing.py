@@ -24,7 +24,7 @@ from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.spec import Conv
 
 F32 = 4
-CALIBRATION_VERSION = 30  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
+CALIBRATION_VERSION = 31  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
 # 14: outputs from an arena, as the executor runs; 15: larger winograd calls;
 # 16: winograd transforms priced per 1D pass; 17: 1x1x1 chains and exp calibrated; 18: winograd blocks of 3 MiB;
 # 19: a winograd cost per tile; 20: written-out 8-point transforms; 21: a cost per transform position;
@@ -33,7 +33,7 @@ CALIBRATION_VERSION = 30  # bump when the models or the calibration change (7-8:
 # 26: the executor's threads keep their own malloc arenas (one arena slowed FFTW 1.5-3x);
 # 27: 1x1x1 chains on register tiles, calibrated at 24 and 48 maps; 28: blocks of 1024 voxels, OpenMP threads
 # that stop spinning soon after numba's parallel kernels; 29: direct-numba groups short rows;
-# 30: kernel parameters (layers/tuning.py) measured first, the rates under them
+# 30: kernel parameters (layers/tuning.py) measured first, the rates under them; 31: MPF channels last
 #: (input, kernel) of the direct-conv calibration, 24 -> 24 maps (its efficiency: the model's reference)
 NUMBA_CALIBRATION_SHAPE = ((34, 34, 34), (3, 3, 3))
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
@@ -266,9 +266,12 @@ def _measure(threads: int) -> dict:
     # rate predicted n337's three MPF layers at 0.04 s where 0.42 s were measured)
     layer_in = rng.standard_normal((1, 16, 100, 100, 100), dtype=np.float32)
     pool = _best_of(lambda: L.mpf(layer_in, (2, 2, 2))) / layer_in.nbytes
+    # ... and channels last (after a Winograd layer): another kernel, 2-4x faster per byte
+    layer_cl = np.ascontiguousarray(layer_in.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)
+    pool_cl = _best_of(lambda: L.mpf(layer_cl, (2, 2, 2))) / layer_cl.nbytes
     return {"gemm_flops": gemm, "numba_flops": numba_rate, "direct_points": direct_points, "fft": rates, "mem_bw": bw,
             "pointwise_points": pointwise, "exp_s_per_value": exp_s,
-            "pool_s_per_byte": pool, "cpu": cpu_model(), "threads": threads}
+            "pool_s_per_byte": pool, "pool_cl_s_per_byte": pool_cl, "cpu": cpu_model(), "threads": threads}
 
 
 # FFT calibration shapes: a 48^3 transform (a typical fragment size), two mixes of
@@ -597,11 +600,13 @@ def estimate_activation(kind: str, shape_bytes: int, cal: dict) -> float:
 DEPTH_FIRST_PASSES = 2.5
 
 
-def estimate_pool(in_bytes: int, cal: dict, depth_first: bool = False) -> float:
-    """A pooling step over an input of ``in_bytes``: MPF at the calibrated MPF rate (a GPU's
-    calibration: 1.5 passes at its bandwidth); depth-first pooling (the filter and every
-    offset's fragment) ``DEPTH_FIRST_PASSES`` times that."""
-    t = in_bytes * cal["pool_s_per_byte"] if "pool_s_per_byte" in cal else estimate_elementwise(in_bytes, cal, 1.5)
+def estimate_pool(in_bytes: int, cal: dict, depth_first: bool = False, channels_last: bool = False) -> float:
+    """A pooling step over an input of ``in_bytes``: MPF at the calibrated MPF rate, channels
+    first or ``channels_last`` (a GPU's calibration: 1.5 passes at its bandwidth); depth-first
+    pooling (the filter and every offset's fragment) ``DEPTH_FIRST_PASSES`` times the
+    channels-first rate."""
+    key = "pool_cl_s_per_byte" if channels_last and not depth_first and "pool_cl_s_per_byte" in cal else "pool_s_per_byte"
+    t = in_bytes * cal[key] if key in cal else estimate_elementwise(in_bytes, cal, 1.5)
     return t * (DEPTH_FIRST_PASSES if depth_first else 1.0)
 
 
