@@ -171,9 +171,13 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
     return cal
 
 
-#: within this fraction of the fastest candidate a parameter keeps its default (noise on a
-#: shared host must not move it)
-TUNING_TIE = 0.03
+#: within this fraction of the fastest candidate a parameter keeps its default: noise on a
+#: shared host must not move it (at 3%, back-to-back calibrations on one Zen 4 host chose
+#: 0.5 MiB Winograd blocks in one and 3 MiB in the next)
+TUNING_TIE = 0.08
+#: timed rounds per candidate, interleaved (every candidate once per round, after a round that
+#: warms them up), the minimum kept: drift of the host's speed hits every candidate alike
+TUNING_ROUNDS = 5
 
 
 def _tuning_cases(threads: int) -> dict:
@@ -206,16 +210,31 @@ def _tuning_cases(threads: int) -> dict:
             "direct.row_group": direct}
 
 
+def _time_once(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def _tune(threads: int) -> tuple[dict, dict]:
-    """Each kernel parameter's candidates timed on its cases (best of 5, summed), one parameter
-    after another under the values already chosen: ``(chosen, {name: [[value, seconds], ...]})``.
-    A candidate replaces the default only when faster by more than :data:`TUNING_TIE`."""
+    """Each kernel parameter's candidates timed on its cases (summed; the minimum of
+    :data:`TUNING_ROUNDS` interleaved rounds), one parameter after another under the values
+    already chosen: ``(chosen, {name: [[value, seconds], ...]})``.  A candidate replaces the
+    default only when faster by more than :data:`TUNING_TIE`."""
     chosen, tried = {}, {}
     for name, cases in _tuning_cases(threads).items():
-        times = {}
-        for value in L.tuning.CANDIDATES[name]:
-            with L.tuning.using({**chosen, name: value}):
-                times[value] = sum(_best_of(make()) for make in cases)
+        values = L.tuning.CANDIDATES[name]
+        calls, rounds = {}, {v: [] for v in values}
+        for r in range(TUNING_ROUNDS + 1):
+            for value in values:
+                with L.tuning.using({**chosen, name: value}):  # built and run under the value
+                    if r == 0:
+                        calls[value] = [make() for make in cases]
+                        for fn in calls[value]:
+                            fn()  # warm-up: buffers, first touch
+                    else:
+                        rounds[value].append(sum(_time_once(fn) for fn in calls[value]))
+        times = {v: min(ts) for v, ts in rounds.items()}
         best = min(times, key=times.get)
         default = L.tuning.DEFAULTS[name]
         chosen[name] = default if times[default] <= (1 + TUNING_TIE) * times[best] else best
