@@ -133,7 +133,8 @@ def host_class() -> dict:
     vec = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
     from znni_core.layers import _numba, vector_width
 
-    return {"vendor": info.get("vendor_id", "?"), "family": info.get("cpu family", "?"), "model": info.get("model", "?"),
+    return {"vendor": info.get("vendor_id", "?"), "family": info.get("cpu family", "?"),
+            "model": info.get("model", "?"),
             "name": info.get("model name", "?"), "flags": vec,
             "vector_width": f"{vector_width.describe()} [{_numba.VECTOR_WIDTH_SOURCE}]"}
 

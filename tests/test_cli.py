@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import typer
 from typer.testing import CliRunner
 
 from znni_core.cli import app, parse_bytes
@@ -18,6 +20,9 @@ def test_parse_bytes():
     assert parse_bytes("2GiB") == 2 * 2 ** 30
     assert parse_bytes("500MB") == 500 * 10 ** 6
     assert parse_bytes("1e6") == 10 ** 6
+    for bad, why in (("1e400", "too large"), ("2 GiBs", "not a size"), ("-", "not a size")):
+        with pytest.raises(typer.BadParameter, match=why):  # a clear error, never an OverflowError
+            parse_bytes(bad)
 
 
 def test_info_plan_infer(tmp_path):

@@ -300,7 +300,8 @@ def test_sharded_zarr_input_names_a_missing_shard_and_a_chunk_its_index_lacks(tm
     got, missing = layer.read(layer.bounds, fill_missing=True)
     gone = [m for m in missing if "shard missing" in m]
     assert len(gone) == 8 and all(m.startswith(key + "[") for m in gone)
-    hole = meta.encode_chunk_key((0,) * len(lead) + (1, 0, 0)) + "[" + ",".join(["0"] * len(lead) + ["0", "0", "1"]) + "]"
+    inner = ",".join(["0"] * len(lead) + ["0", "0", "1"])
+    hole = meta.encode_chunk_key((0,) * len(lead) + (1, 0, 0)) + f"[{inner}]"
     assert sorted(set(missing) - set(gone)) == [hole]
     expect = arr.copy()
     expect[(Ellipsis, slice(0, 8), slice(8, 16), slice(8, 16))] = 0
@@ -321,7 +322,8 @@ def test_sharded_precomputed_input_names_a_missing_shard_and_a_chunk_its_index_l
     vol = (np.arange(np.prod(shape)) % 250 + 1).astype(np.uint8).reshape((1,) + shape)
     shards = {}
     for idx in layer.grid.chunks_in(layer.bounds):
-        shards.setdefault(layer.shard_name(idx), {})[tuple(idx)] = vol[(slice(None),) + layer.grid.chunk_roi(idx).to_slices()]
+        box = (slice(None),) + layer.grid.chunk_roi(idx).to_slices()
+        shards.setdefault(layer.shard_name(idx), {})[tuple(idx)] = vol[box]
     names = sorted(shards)
     left_out = sorted(shards[names[1]])[-1]
     for name, chunks in shards.items():

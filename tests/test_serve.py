@@ -127,6 +127,26 @@ def test_a_browsers_favicon_request_is_answered_without_an_error(served):
     assert not [line for line in logs if "favicon.ico" in line and '" 4' in line], logs
 
 
+@pytest.mark.parametrize("length,status", [("-5", 400), ("x", 400), (str(2 << 20), 413), ("2", 200)])
+def test_the_state_report_is_bounded_and_a_bad_length_is_refused(served, length, status):
+    """The viewer's state POST: a negative length (read() would wait for the client to close,
+    holding a thread) or one that is no number is 400, a huge one 413; a good one is answered."""
+    from znni_core.pipeline.serve import VIEWER_TOKEN
+
+    srv, *_ = served
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    conn.putrequest("POST", f"/state/{VIEWER_TOKEN}")
+    conn.putheader("Host", f"127.0.0.1:{srv.port}")
+    conn.putheader("Content-Length", length)
+    conn.endheaders()
+    if status == 200:
+        conn.send(b"{}")
+    r = conn.getresponse()
+    r.read()
+    conn.close()
+    assert r.status == status
+
+
 def test_refuses_to_serve_a_filesystem_or_a_directory_tree(tmp_path):
     r = CliRunner().invoke(app, ["serve", "/"])
     assert r.exit_code != 0 and "never a whole directory tree" in r.output

@@ -14,5 +14,7 @@ def parse_bytes(text) -> int:
         raise ValueError(f"{text!r} is not a size; use bytes or a unit like 512MiB, 2GiB, 8GB")
     try:
         return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    except OverflowError:  # 1e400 is inf as a float
+        raise ValueError(f"{text!r} is too large a size; use bytes or a unit like 512MiB, 2GiB, 8GB") from None
     except ValueError:
         raise ValueError(f"{text!r} is not a size; use bytes or a unit like 512MiB, 2GiB, 8GB") from None

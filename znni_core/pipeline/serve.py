@@ -165,7 +165,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         # state lives in the browser (the URL), so the report is read, bounded, and dropped.
         if not self._host_ok() or urllib.parse.urlsplit(self.path).path != f"/state/{VIEWER_TOKEN}":
             return self._fail(404 if self._host_ok() else 403, "not found")
-        n = int(self.headers.get("Content-Length") or 0)
+        try:  # a negative length made rfile.read wait for the client to close (a thread held)
+            n = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            return self._fail(400, "Content-Length is not a number")
+        if n < 0:
+            return self._fail(400, "negative Content-Length")
         if n > 1 << 20:
             return self._fail(413, "too large")
         try:
