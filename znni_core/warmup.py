@@ -10,7 +10,7 @@ dispatcher do: measure, choose, compile and cache.
 
 Everything lands in ``$ZNNI_CACHE_DIR`` (default ``~/.cache/znni``): on a cluster, point it at a
 shared directory and run ``znni warmup`` once per node type (``docs/performance.md``); a first
-job that finds nothing there compiles and calibrates itself (about 40 s on 2 cores).
+job that finds nothing there compiles and calibrates itself (about 45 s on 2 cores).
 
 The driver never compiles anything itself: each step runs in a child process
 (``python -m znni_core.warmup --child ...``), so a step's vector width is the one it was given.
