@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# The one command for a lent GPU machine (../shared/GPU.md): what the device is, the gpu-marked
+# One command that checks a GPU machine: what the device is, the gpu-marked
 # tests, the device tests on the real device, the device calibration and the GPU benchmark; logs
 # and JSON under ${OUT:-/tmp/gpu_check}.  The wheels the machine lacks (pyFFTW) travel in .whl/
-# (git-ignored): `run(carry=[".whl"], command="bash scripts/gpu_check.sh", timeout_s=540)`; at most 7
-# files come back (the device tool returns 8).  The first H100 session: tests about 50 s, calibration
-# and benchmark about 90 s, the machine's start 30 s.
+# (git-ignored) when the machine has no package index; about 7 result files. On an H100: tests
+# about 50 s, calibration and benchmark about 90 s.
 # Each stage has its own time limit (seconds): GPU_CHECK_TESTS, GPU_CHECK_BENCH; the benchmark's
 # arguments: GPU_CHECK_BENCH_ARGS; GPU_CHECK_K: a pytest -k expression for both test files.
 set -u
@@ -46,7 +45,7 @@ print(json.dumps({"gpu": gpu, "gpu_s": t1 - t0, "cpu": cpu, "cpu_s": time.perf_c
 PY
 cat "$out/calibration.json"
 # shellcheck disable=SC2086
-# the first H100 session's shapes (about 80 s there): PyTorch's dense n726 at width 80 takes minutes
+# the shapes of the first H100 run (about 80 s there): PyTorch's dense n726 at width 80 takes minutes
 timeout "${GPU_CHECK_BENCH:-240}" python3 -m benchmarks.gpu --out "$out" \
   ${GPU_CHECK_BENCH_ARGS:---nets boundary,n337 --size 128 --rounds 3 --steps} 2>&1 \
   | tee "$out/bench.txt" | tail -20

@@ -237,10 +237,11 @@ class PrecomputedLayer(StoredObjects):
             return [n for n in names
                     if not any((root / (n + s)).is_file() and (root / (n + s)).stat().st_size > 0
                                for s in _ALL_SUFFIXES)]
-        sizes = self._s3.sizes(names) if self.url.protocol == "s3" else _cloudfiles(self.url).size(names)
+        sizes = self._object_sizes(names)
         return [n for n in names if not sizes.get(n)]
 
     def _object_sizes(self, names: list[str]) -> dict:
+        """``{name: bytes or None}`` of stored objects (local files, S3, or cloudfiles for gs)."""
         if self.url.is_local:
             root = self.url.local_path
             return {n: ((root / n).stat().st_size if (root / n).is_file() else None) for n in names}

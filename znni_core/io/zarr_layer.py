@@ -8,6 +8,8 @@ chosen, which records every chunk it filled.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import DataError, InputError
@@ -82,11 +84,8 @@ class ZarrLayer:
     def _missing_in_shards(self, roi, meta, root, lead) -> list[str]:
         codec = meta.codecs[0]
         per = tuple(int(s) // int(c) for s, c in zip(self.array.shards, codec.chunk_shape))
-        n_inner = 1
-        for v in per:
-            n_inner *= v
         crc = any(type(c).__name__ == "Crc32cCodec" for c in codec.index_codecs)
-        size = 16 * n_inner + (4 if crc else 0)
+        size = 16 * math.prod(per) + (4 if crc else 0)
         at_end = getattr(codec.index_location, "value", str(codec.index_location)) == "end"
         channel_chunks = range(-(-self.array.shape[0] // int(codec.chunk_shape[0]))) if lead else (None,)
         out, index = [], {}
@@ -102,10 +101,7 @@ class ZarrLayer:
                 if index[key] is None:
                     out.append(name + " (shard missing or empty)")
                     continue
-                flat = 0
-                for i, p in zip(inner, per):  # C order over the shard's chunks
-                    flat = flat * p + i
-                if index[key][flat] == _EMPTY:
+                if index[key][int(np.ravel_multi_index(inner, per))] == _EMPTY:  # C order over the shard's chunks
                     out.append(name)
         return out
 

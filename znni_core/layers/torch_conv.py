@@ -13,8 +13,8 @@ On an H100 (CuPy 14.2, PyTorch 2.11, CUDA 13; 2026-11-26) this primitive returne
 now and then when CuPy's current stream was the default stream: in the device tests run beside
 other processes on the GPU, and in ``benchmarks/gpu.py`` after PyTorch's own dense run (max
 relative errors 0.04 to 3.8); run alone, and on an explicit stream (GPU + host RAM plans), it
-was exact.  The cause, found after the session in PyTorch's tracker: ``ExternalStream(0)`` is a
-pooled stream, not the null stream (:meth:`TorchConv._stream` maps it now).  Until a GPU session
+was exact.  The cause, found afterwards in PyTorch's tracker: ``ExternalStream(0)`` is a
+pooled stream, not the null stream (:meth:`TorchConv._stream` maps it now).  Until a run on a GPU
 verifies the fix, ``direct-torch`` is no default GPU primitive: it runs when asked for
 (``primitives=``).
 """

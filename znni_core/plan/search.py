@@ -19,6 +19,7 @@ import re
 import numpy as np
 
 from ..errors import MemoryBudgetError, PlanError
+from ..layers import tuning
 from ..net.graph import Graph
 from ..net.spec import Activation, Conv, Network, Pool
 from . import memory as M
@@ -458,8 +459,6 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
         raise PlanError(f"device {device!r} is not one of {DEVICES}")
     if memory_budget is not None and int(memory_budget) <= 0:
         raise PlanError(f"memory budget {memory_budget!r} must be a positive number of bytes")
-    from ..layers import tuning
-
     # the host's kernel parameters (measured with its calibration): the search prices and sizes
     # every primitive under them, and the plan carries them to the executor
     tuned = T.calibrate(max(1, int(threads or default_threads()))).get("tuned") or {}
