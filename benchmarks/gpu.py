@@ -68,7 +68,8 @@ def bench(name, net, x, rounds, smoke, steps=False, cudnn_search=False):
     import torch
 
     import znni_core
-    from znni_core.exec.device import PeakMeter, require_device
+    from znni_core.exec.device import PeakMeter
+    from znni_core.layers.xp import require_device
     from znni_core.plan import autotune
 
     from .runtimes import dense_module, predicted_seconds, step_profile
@@ -195,7 +196,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.smoke:
         os.environ.setdefault("ZNNI_SIMULATED_GPU", "1GiB")
-    from znni_core.exec.device import require_device
+    from znni_core.layers.xp import require_device
     from znni_core.plan.gpu_timing import device_name
 
     xp = require_device("gpu")

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from znni_core.plan.timing import cpu_model  # noqa: F401  (one definition, shared with the planner)
+from znni_core.plan.wisdom import cpu_model  # noqa: F401  (one definition, shared with the planner)
 
 
 def cpu_flags() -> set:

@@ -388,7 +388,7 @@ def main(argv=None):
     from threadpoolctl import threadpool_limits
 
     import znni_core
-    from znni_core.plan.timing import cpu_model
+    from znni_core.plan.wisdom import cpu_model
 
     if not a.keep_cache:  # a fresh plan cache: znni's first call on each shape really plans
         os.environ["ZNNI_CACHE_DIR"] = tempfile.mkdtemp(prefix="znni-bench-cache-")

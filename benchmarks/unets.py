@@ -325,7 +325,7 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=HERE)
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
-    from znni_core.plan.timing import cpu_model
+    from znni_core.plan.wisdom import cpu_model
 
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("ZNNI_CACHE_DIR", tmp)

@@ -60,7 +60,8 @@ def write_case(root: Path, vol: np.ndarray, chunk=(8, 64, 64)) -> Path:
 
     from znni_core.geometry import Coordinate, Roi
     from znni_core.io import ScaleSpec, parse_layer_url
-    from znni_core.io.precomputed import PrecomputedLayer, create_layer
+    from znni_core.io.layers import create_layer
+    from znni_core.io.precomputed import PrecomputedLayer
     from znni_core.net import save_network
     from znni_core.pipeline.config import validate_config
 

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 try:
-    from znni_core.pipeline.jobs import job_marker_path, summary, workflow_schedule
+    from znni_core.pipeline.jobs import job_marker_path, summary
+    from znni_core.pipeline.schedule import workflow_schedule
 except ImportError as exc:
     raise WorkflowError(f"znni is not installed in the environment that runs snakemake ({exc}); "
                         "`make setup` (or `pip install -e .`) in this environment") from None

@@ -1,4 +1,4 @@
-"""The GPU plans on the simulated GPU (exec/simdevice.py): every device code path, the
+"""The GPU plans on the simulated GPU (layers/simdevice.py): every device code path, the
 device memory model, GPU + host RAM and CPU -> GPU plans, against the CPU engine.
 
 ``ZNNI_TEST_DEVICE=cuda`` runs the same tests on the real CUDA device through CuPy
@@ -19,8 +19,9 @@ import pytest
 
 import znni_core
 from znni_core.errors import MemoryBudgetError, PlanError
-from znni_core.exec import simdevice
-from znni_core.exec.device import SIMULATED, PeakMeter, require_device
+from znni_core.layers import simdevice
+from znni_core.exec.device import PeakMeter
+from znni_core.layers.xp import SIMULATED, require_device
 from znni_core.plan import Plan, autotune
 
 from .nets import NETS, make_net

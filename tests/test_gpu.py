@@ -6,7 +6,7 @@ import pytest
 
 import znni_core
 from znni_core.errors import DeviceError
-from znni_core.exec.device import require_device
+from znni_core.layers.xp import require_device
 from znni_core.plan import autotune
 
 from .nets import NETS, make_net

@@ -365,7 +365,7 @@ def test_auto_jobs_are_sized_by_the_predicted_rate_and_fill_the_slots(tmp_path):
     """No measured rate: the plan's time model sizes the jobs; a small volume is spread over the
     jobs Snakemake runs at once, not one job per task; the cached schedule keeps its job ranges
     when a resume runs with another --jobs."""
-    from znni_core.pipeline.jobs import compute_schedule, workflow_schedule
+    from znni_core.pipeline.schedule import compute_schedule, workflow_schedule
 
     cfg = validate_config(base_config(tmp_path, vol=em((12, 40, 40)), task_chunks=[1, 1, 1]))
     whole = compute_schedule(cfg)  # one core's worth: everything in one ~30-minute job
@@ -381,7 +381,7 @@ def test_auto_jobs_are_sized_by_the_predicted_rate_and_fill_the_slots(tmp_path):
     assert capped["num_jobs"] == 2 and "max_jobs=2" in capped["why"], capped
     # no more tasks than slots: a job each, and no plan is made for the rate (it imported the
     # engine into Snakemake's process)
-    import znni_core.pipeline.jobs as J
+    import znni_core.pipeline.schedule as J
 
     planned = []
     real = J.predicted_rate
@@ -401,7 +401,7 @@ def test_auto_jobs_are_sized_by_the_predicted_rate_and_fill_the_slots(tmp_path):
 def test_auto_task_chunks_follow_the_slots_and_the_run_records_the_box(tmp_path):
     """task_chunks: auto gives at least as many tasks as slots on a small volume (never more than
     needed), the schedule records the box, and validate writes the same box into the run."""
-    from znni_core.pipeline.jobs import compute_schedule
+    from znni_core.pipeline.schedule import compute_schedule
 
     cfg = validate_config(base_config(tmp_path, vol=em((12, 40, 40)), task_chunks="auto"))
     one = compute_schedule(cfg, slots=1)

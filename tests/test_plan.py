@@ -9,6 +9,7 @@ import pytest
 import znni_core
 from znni_core.plan import Plan, autotune
 from znni_core.plan import timing as T
+from znni_core.plan import wisdom as W
 
 from .nets import NETS, make_net
 
@@ -198,10 +199,10 @@ def test_infer_keeps_the_kernel_spectra_for_the_next_call(monkeypatch):
 
 
 def test_plan_cache_keeps_the_newest_entries(tmp_path):
-    c = T.JsonCache(tmp_path / "plans.json", max_entries=2)
+    c = W.JsonCache(tmp_path / "plans.json", max_entries=2)
     for k in ("a", "b", "a", "c"):  # re-putting "a" makes it the newest
         c.put(k, {"v": k})
-    assert list(T.JsonCache(tmp_path / "plans.json").data) == ["a", "c"]
+    assert list(W.JsonCache(tmp_path / "plans.json").data) == ["a", "c"]
 
 
 def test_plan_cache_keeps_what_other_processes_wrote(tmp_path):
@@ -212,14 +213,14 @@ def test_plan_cache_keeps_what_other_processes_wrote(tmp_path):
     import sys
 
     path = tmp_path / "plans.json"
-    a, b = T.JsonCache(path), T.JsonCache(path)
+    a, b = W.JsonCache(path), W.JsonCache(path)
     a.put("a", 1)
     b.put("b", 2)
-    code = ("import sys; from znni_core.plan import timing as T; "
-            "T.JsonCache(sys.argv[1]).put('c', 3)")
+    code = ("import sys; from znni_core.plan import wisdom as W; "
+            "W.JsonCache(sys.argv[1]).put('c', 3)")
     subprocess.run([sys.executable, "-c", code, str(path)], check=True)
     a.put("d", 4)
-    assert T.JsonCache(path).data == {"a": 1, "b": 2, "c": 3, "d": 4}
+    assert W.JsonCache(path).data == {"a": 1, "b": 2, "c": 3, "d": 4}
 
 
 def test_plan_cache_parses_an_unchanged_file_once(tmp_path, monkeypatch):
@@ -231,21 +232,21 @@ def test_plan_cache_parses_an_unchanged_file_once(tmp_path, monkeypatch):
     import sys
 
     path = tmp_path / "plans.json"
-    T.JsonCache(path).put("a", 1)
+    W.JsonCache(path).put("a", 1)
     parses, loads = [], json.loads
     monkeypatch.setattr(json, "loads", lambda text: parses.append(1) or loads(text))
-    assert [T.JsonCache(path).get("a") for _ in range(3)] == [1, 1, 1] and len(parses) <= 1
+    assert [W.JsonCache(path).get("a") for _ in range(3)] == [1, 1, 1] and len(parses) <= 1
     before = len(parses)
-    code = "import sys; from znni_core.plan import timing as T; T.JsonCache(sys.argv[1]).put('b', 2)"
+    code = "import sys; from znni_core.plan import wisdom as W; W.JsonCache(sys.argv[1]).put('b', 2)"
     subprocess.run([sys.executable, "-c", code, str(path)], check=True)
-    assert T.JsonCache(path).data == {"a": 1, "b": 2} and len(parses) == before + 1
-    T.JsonCache(path).put("c", 3)  # this process's own write (put reads the file afresh)
-    assert T.JsonCache(path).data == {"a": 1, "b": 2, "c": 3}
+    assert W.JsonCache(path).data == {"a": 1, "b": 2} and len(parses) == before + 1
+    W.JsonCache(path).put("c", 3)  # this process's own write (put reads the file afresh)
+    assert W.JsonCache(path).data == {"a": 1, "b": 2, "c": 3}
     # a file rewritten in place with the same size and mtime is the one case the memo cannot see;
     # writers never do that (they replace the file), and a corrupt file is still only a cache
     path.write_text("{not json")
     os.utime(path, ns=(0, 0))
-    assert T.JsonCache(path).data == {}
+    assert W.JsonCache(path).data == {}
 
 
 def test_one_by_one_convs_never_get_the_numba_loop_unless_forced():

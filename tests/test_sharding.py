@@ -227,7 +227,7 @@ def test_T10_concurrent_identical_shard_writers(tmp_path):
     stop, seen = threading.Event(), []
 
     def reader():
-        from znni_core.io.precomputed import sha256
+        from znni_core.io.store import sha256
 
         while not stop.is_set():
             d = layer.read_object("k/0.shard")

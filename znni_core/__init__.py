@@ -4,10 +4,9 @@
 >>> net = znni_core.load_network("net.onnx")          # doctest: +SKIP
 >>> out = znni_core.infer(net, volume, memory_budget=2**30)   # doctest: +SKIP
 """
-__version__ = "0.1.0"
-
-from .errors import ZnniError  # noqa: E402
-from .net import Network, load_network, save_network  # noqa: E402
+from .errors import ZnniError
+from .net import Network, load_network, save_network
+from .version import __version__
 
 
 def infer(net, x, *, device="cpu", memory_budget=None, plan=None, progress=None, cache=None):

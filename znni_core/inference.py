@@ -6,7 +6,8 @@ import contextlib
 import numpy as np
 
 from .errors import InputError, PlanError
-from .exec.device import device_limits, require_device
+from .exec.device import device_limits
+from .layers.xp import require_device
 from .exec.tiling import graph_extent, run_tiled
 from .layers._numba import njit, prange
 from .net.graph import Graph

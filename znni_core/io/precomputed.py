@@ -13,29 +13,15 @@ not cloudfiles, whose fixed 7-attempt retry of every error cannot be configured.
 """
 from __future__ import annotations
 
-import gzip
-import hashlib
-import json
-import os
 from functools import cached_property
 
 import numpy as np
 
 from ..errors import DataError, InputError
 from ..geometry import ChunkGrid, Roi
-from .atomic import atomic_write, clean_stale_temporaries
 from .info import ScaleSpec, scale_spec, validate_info
 from .paths import LayerURL, check_key
-from .s3 import S3Objects
-
-COMPRESSIONS = ("none", "gzip")
-_SUFFIXES = {"none": "", "gzip": ".gz"}
-_ALL_SUFFIXES = ("", ".gz", ".br", ".zstd", ".xz", ".bz2")
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
+from .store import ALL_SUFFIXES, COMPRESSIONS, StoredObjects, read_json, sha256, write_json
 
 def encode_raw(arr: np.ndarray, dtype: str) -> bytes:
     """(C, z, y, x) array -> precomputed raw bytes (little endian)."""
@@ -43,123 +29,12 @@ def encode_raw(arr: np.ndarray, dtype: str) -> bytes:
 
 
 def decode_raw(data: bytes, dtype: str, shape) -> np.ndarray:
+    """Precomputed raw bytes -> (C, z, y, x) array of ``shape``; a wrong length is a :class:`DataError`."""
     dt = np.dtype(dtype).newbyteorder("<")
     expected = int(np.prod(shape)) * dt.itemsize
     if len(data) != expected:
         raise DataError(f"chunk holds {len(data)} bytes, expected {expected} for shape {tuple(shape)} {dtype}")
     return np.frombuffer(data, dtype=dt).reshape(shape).astype(dtype)
-
-
-def _cloudfiles(url: LayerURL):
-    from cloudfiles import CloudFiles
-
-    return CloudFiles(url.cloudpath(), progress=False)
-
-
-def _s3_bytes(s3: S3Objects, name: str) -> bytes | None:
-    """Decoded body of an object (gzip Content-Encoding undone), or None if absent."""
-    got = s3.get(name)
-    if got is None:
-        return None
-    data, enc = got
-    if enc in ("gzip", "x-gzip"):
-        try:
-            return gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise DataError(f"{s3.where(name)} is stored with gzip encoding but is not valid gzip: {exc}") from exc
-    if enc not in ("", "identity"):
-        raise DataError(f"{s3.where(name)} has Content-Encoding {enc!r}; znni reads raw and gzip objects only")
-    return data
-
-
-def read_json(url: LayerURL, name: str):
-    """A small JSON file of the layer, or None if absent."""
-    if url.is_local:
-        p = url.local_path / name
-        if not p.is_file():
-            return None
-        try:
-            return json.loads(p.read_text())
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{url}/{name} is not valid JSON: {exc}") from exc
-    data = _s3_bytes(S3Objects(url), name) if url.protocol == "s3" else _cloudfiles(url).get(name)
-    if data is None:
-        return None
-    try:
-        return json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{url}/{name} is not valid JSON: {exc}") from exc
-
-
-def write_json(url: LayerURL, name: str, obj, *, exclusive: bool = False) -> bool:
-    data = json.dumps(obj, indent=2, sort_keys=True).encode()
-    if url.is_local:
-        return atomic_write(url.local_path / name, data, exclusive=exclusive)
-    if url.protocol == "s3":
-        s3 = S3Objects(url)
-        if exclusive and s3.exists(name):
-            return False
-        s3.put(name, data, content_type="application/json", cache_control="no-cache")
-        return True
-    cf = _cloudfiles(url)
-    if exclusive and cf.exists(name):
-        return False
-    cf.put(name, data, content_type="application/json", compress=None, cache_control="no-cache")
-    return True
-
-
-class StoredObjects:
-    """Whole objects (shards) of a layer at ``self.url``: written in one piece (temporary file +
-    rename on ``file://``, one PUT on ``s3://``/``gs://``), read, verified, deleted."""
-
-    @cached_property
-    def _s3(self) -> S3Objects:
-        return S3Objects(self.url)
-
-    def write_object(self, name: str, data: bytes) -> None:
-        """Store ``name`` whole: temporary file + rename on ``file://``, one PUT on ``s3://``/``gs://``."""
-        if self.url.is_local:
-            path = self.url.local_path / name
-            try:
-                atomic_write(path, data)
-            except OSError as exc:  # RELIABILITY T6: the previous version stays intact
-                raise DataError(f"{name} of {self.url}: write failed ({exc.strerror or exc}); the previous version, "
-                                "if any, is intact; free space or fix the storage and re-run its task") from exc
-            clean_stale_temporaries(path.parent, os.path.basename(name))
-        elif self.url.protocol == "s3":
-            self._s3.put(name, data, content_type="application/octet-stream", content_encoding=None,
-                         cache_control="no-cache")
-        else:
-            _cloudfiles(self.url).put(name, data, content_type="application/octet-stream", compress=None,
-                                      cache_control="no-cache")
-
-    def read_object(self, name: str) -> bytes | None:
-        if self.url.is_local:
-            path = self.url.local_path / name
-            return path.read_bytes() if path.is_file() else None
-        if self.url.protocol == "s3":
-            return _s3_bytes(self._s3, name)
-        try:
-            return _cloudfiles(self.url).get(name)
-        except Exception as exc:
-            raise DataError(f"{name} of {self.url}: read failed: {type(exc).__name__}: {exc}") from exc
-
-    def verify_object(self, name: str, digest: str) -> None:
-        data = self.read_object(name)
-        if data is None:
-            raise DataError(f"{name} of {self.url} is missing after its write (expected sha256 {digest[:12]}); "
-                            "re-run its task")
-        if sha256(data) != digest:
-            raise DataError(f"{name} of {self.url}: read-back sha256 {sha256(data)[:12]} != written {digest[:12]} "
-                            "(torn or corrupted write); re-run its task")
-
-    def delete_object(self, name: str) -> None:
-        if self.url.is_local:
-            (self.url.local_path / name).unlink(missing_ok=True)
-        elif self.url.protocol == "s3":
-            self._s3.delete(name)
-        else:
-            _cloudfiles(self.url).delete(name)
 
 
 class PrecomputedLayer(StoredObjects):
@@ -232,20 +107,8 @@ class PrecomputedLayer(StoredObjects):
         if self.sharded:
             return self._missing_in_shards(roi)
         names = [self.chunk_name(i) for i in self.grid.chunks_in(roi)]
-        if self.url.is_local:
-            root = self.url.local_path
-            return [n for n in names
-                    if not any((root / (n + s)).is_file() and (root / (n + s)).stat().st_size > 0
-                               for s in _ALL_SUFFIXES)]
-        sizes = self._object_sizes(names)
+        sizes = self.store.sizes(names)
         return [n for n in names if not sizes.get(n)]
-
-    def _object_sizes(self, names: list[str]) -> dict:
-        """``{name: bytes or None}`` of stored objects (local files, S3, or cloudfiles for gs)."""
-        if self.url.is_local:
-            root = self.url.local_path
-            return {n: ((root / n).stat().st_size if (root / n).is_file() else None) for n in names}
-        return self._s3.sizes(names) if self.url.protocol == "s3" else _cloudfiles(self.url).size(names)
 
     def _missing_in_shards(self, roi: Roi) -> list[str]:
         """:meth:`missing_chunks` of a sharded layer: the shards' objects first, then, in the
@@ -255,7 +118,7 @@ class PrecomputedLayer(StoredObjects):
         by_shard: dict = {}
         for idx in self.grid.chunks_in(roi):
             by_shard.setdefault(self.shard_name(idx), []).append(tuple(idx))
-        sizes = self._object_sizes(sorted(by_shard))
+        sizes = self.store.sizes(sorted(by_shard))
         out = []
         present = {}
         for name, idxs in by_shard.items():
@@ -316,7 +179,7 @@ class PrecomputedLayer(StoredObjects):
             try:
                 data = self.read_chunk_bytes(idx)
             except DataError:
-                if any((self.url.local_path / (self.chunk_name(idx) + s)).is_file() for s in _ALL_SUFFIXES[2:]):
+                if any((self.url.local_path / (self.chunk_name(idx) + s)).is_file() for s in ALL_SUFFIXES[2:]):
                     return None
                 raise
             if not data:  # absent or 0 bytes
@@ -355,66 +218,16 @@ class PrecomputedLayer(StoredObjects):
         self._check_chunk(index, arr)
         name = self.chunk_name(index)
         raw = encode_raw(arr, self.dtype)
-        digest = sha256(raw)
-        if self.url.is_local:
-            path = self.url.local_path / (name + _SUFFIXES[compress])
-            data = gzip.compress(raw, compresslevel=6, mtime=0) if compress == "gzip" else raw
-            try:
-                atomic_write(path, data)
-            except OSError as exc:  # disk full, quota, I/O error (RELIABILITY T6): previous version intact
-                raise DataError(f"chunk {name} of {self.url}: write failed ({exc.strerror or exc}); the previous "
-                                "version of the chunk, if any, is intact; free space or fix the storage and "
-                                "re-run its task") from exc
-            for s in _ALL_SUFFIXES:
-                if s != _SUFFIXES[compress]:
-                    (self.url.local_path / (name + s)).unlink(missing_ok=True)
-            clean_stale_temporaries(path.parent, os.path.basename(name))
-        elif self.url.protocol == "s3":
-            # one PUT (Content-MD5 checked by the server); a failure raises StorageError naming the key
-            data = gzip.compress(raw, compresslevel=6, mtime=0) if compress == "gzip" else raw
-            self._s3.put(name, data, content_type="application/octet-stream",
-                         content_encoding="gzip" if compress == "gzip" else None, cache_control="no-cache")
-        else:
-            _cloudfiles(self.url).put(name, raw, content_type="application/octet-stream",
-                                      compress="gzip" if compress == "gzip" else None, cache_control="no-cache")
-        return digest
+        self.store.put(name, raw, compress=compress)  # one representation: the others are removed
+        return sha256(raw)
 
     def read_chunk_bytes(self, index) -> bytes | None:
         """Decoded raw bytes of a stored chunk, or None if absent.  More than one representation is an error."""
-        name = self.chunk_name(index)
-        if self.url.is_local:
-            found = [s for s in _ALL_SUFFIXES if (self.url.local_path / (name + s)).is_file()]
-            if not found:
-                return None
-            if len(found) > 1:
-                raise DataError(f"chunk {name} of {self.url} is stored as {[name + s for s in found]}: readers "
-                                "would pick one by probe order; re-run its task to leave exactly one")
-            data = (self.url.local_path / (name + found[0])).read_bytes()
-            if found[0] == ".gz":
-                try:
-                    data = gzip.decompress(data)
-                except (OSError, EOFError) as exc:
-                    raise DataError(f"chunk {name}.gz of {self.url} is not valid gzip: {exc}") from exc
-            elif found[0] != "":
-                raise DataError(f"chunk {name}{found[0]}: znni only verifies raw and gzip chunks")
-            return data
-        if self.url.protocol == "s3":
-            return _s3_bytes(self._s3, name)  # errors are StorageError / DataError naming the key
-        try:
-            return _cloudfiles(self.url).get(name)
-        except Exception as exc:  # e.g. an MD5 mismatch on the wire (RELIABILITY T8): never silent garbage
-            raise DataError(f"chunk {name} of {self.url}: read failed: {type(exc).__name__}: {exc}") from exc
+        return self.store.get(self.chunk_name(index))
 
     def verify_chunk(self, index, digest: str) -> None:
         """Read back and compare checksums; raise :class:`DataError` naming the chunk."""
-        data = self.read_chunk_bytes(index)
-        name = self.chunk_name(index)
-        if data is None:
-            raise DataError(f"chunk {name} of {self.url} is missing after its write (expected sha256 {digest[:12]})")
-        got = sha256(data)
-        if got != digest:
-            raise DataError(f"chunk {name} of {self.url}: read-back sha256 {got[:12]} != written {digest[:12]} "
-                            "(torn or corrupted write); re-run its task")
+        self.store.verify(self.chunk_name(index), digest)
 
     def read_chunk(self, index) -> np.ndarray | None:
         data = self.read_chunk_bytes(index)
@@ -452,29 +265,14 @@ class PrecomputedLayer(StoredObjects):
         return {"name": name, "sha256": sha256(blob), "nbytes": len(blob), "chunks": digests}
 
     def delete_chunk(self, index) -> None:
-        name = self.chunk_name(index)
-        if self.url.is_local:
-            for s in _ALL_SUFFIXES:
-                (self.url.local_path / (name + s)).unlink(missing_ok=True)
-        elif self.url.protocol == "s3":
-            self._s3.delete(name)
-        else:
-            _cloudfiles(self.url).delete(name)
+        """Remove a chunk in every representation (absent is fine)."""
+        self.store.delete(self.chunk_name(index))
 
 
-def layer_differences(url: LayerURL, specs: list[ScaleSpec]) -> list[str] | None:
-    """What keeps the layer at ``url`` from holding the scales ``specs`` (mip by mip; ``[]``:
-    compatible, and a layer of fewer mips may gain the others); None: there is no layer."""
-    from .info import compare_scale, scale_spec
+def precomputed_differences(url: LayerURL, specs: list[ScaleSpec]) -> list[str] | None:
+    """What keeps the precomputed layer at ``url`` from holding ``specs`` (None: no layer)."""
+    from .info import compare_scale
 
-    if url.format == "zarr":
-        from .zarr_output import stored_spec
-
-        have = [stored_spec(url, s.key) for s in specs]
-        if all(h is None for h in have):
-            return None
-        return [f"mip {k}: {d}" for k, (h, s) in enumerate(zip(have, specs)) if h is not None
-                for d in compare_scale(h, s)]
     info = read_json(url, "info")
     if info is None:
         return None
@@ -483,26 +281,12 @@ def layer_differences(url: LayerURL, specs: list[ScaleSpec]) -> list[str] | None
             for d in compare_scale(scale_spec(info, k, f"layer {url}"), specs[k])]
 
 
-def create_layer(url: LayerURL, specs, provenance: dict) -> str:
-    """Write ``info`` (every scale of ``specs``: mip 0, then a pyramid's mips) and ``provenance``
-    once; return ``created`` or ``exists``.
-
-    An existing layer must match each spec it has (RELIABILITY T18, T22): otherwise
-    :class:`DataError` listing each difference; a layer of fewer scales gains the others.  On
-    ``file://`` the info is created with an exclusive link, so of many simultaneous creators
-    exactly one writes it.
-    """
+def create_precomputed(url: LayerURL, specs: list[ScaleSpec], provenance: dict) -> str:
+    """Write a precomputed layer's ``info`` (checked by the caller) and ``provenance`` once;
+    ``created`` or ``exists``.  On ``file://`` the info is created with an exclusive link, so of
+    many simultaneous creators exactly one writes it; a layer of fewer scales gains the others."""
     from .mips import layer_info
 
-    specs = [specs] if isinstance(specs, ScaleSpec) else list(specs)
-    diffs = layer_differences(url, specs)
-    if diffs:
-        raise DataError(f"output layer {url} exists and does not match the config:\n  - " + "\n  - ".join(diffs)
-                        + "\nChoose a new output path, or delete the layer if it is yours to replace.")
-    if url.format == "zarr":
-        from .zarr_output import create_zarr_output
-
-        return create_zarr_output(url, specs, provenance)
     for spec in specs:
         check_key(spec.key, "output scale key")
     info = layer_info(specs)
@@ -517,15 +301,9 @@ def create_layer(url: LayerURL, specs, provenance: dict) -> str:
     return "created" if created else "exists"
 
 
-def open_output(url: LayerURL, spec: ScaleSpec, mip: int = 0):
-    """Open mip ``mip`` of an output layer that must already exist and match ``spec`` (a worker's
-    check, T18); a zarr output's array is a :class:`~znni_core.io.zarr_output.ZarrOutput`."""
+def open_precomputed_output(url: LayerURL, spec: ScaleSpec, mip: int = 0) -> PrecomputedLayer:
+    """Mip ``mip`` of an existing precomputed output, checked against ``spec``."""
     from .info import compare_scale
-
-    if url.format == "zarr":
-        from .zarr_output import ZarrOutput
-
-        return ZarrOutput(url, spec)
 
     try:
         layer = PrecomputedLayer(url, mip)

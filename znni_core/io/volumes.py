@@ -69,7 +69,7 @@ def write_volume(path: str, y: np.ndarray, *, offset=(0, 0, 0), resolution=(1.0,
     from .manifest import store_chunks
     from .mips import task_chunks_of
     from .paths import parse_layer_url
-    from .precomputed import create_layer, open_output
+    from .layers import create_layer, open_output
     from .zarr_output import zarr_sharding
 
     url = parse_layer_url(path, endpoint=endpoint, what="output")

@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import DataError
 from ..geometry import Coordinate, Roi
 from .info import ScaleSpec, compare_scale
-from .precomputed import StoredObjects, read_json, sha256, write_json
+from .store import StoredObjects, read_json, sha256, write_json
 from .paths import LayerURL
 
 ZARR_SHARDING = "zarr_sharding_indexed"
@@ -99,7 +99,7 @@ def stored_spec(url: LayerURL, key: str = ARRAY) -> ScaleSpec | None:
 
 def create_zarr_output(url: LayerURL, specs: list[ScaleSpec], provenance: dict) -> str:
     """Write the arrays' metadata (one array per mip; checked against ``specs`` by the caller,
-    :func:`~znni_core.io.precomputed.layer_differences`) and the group's; ``created`` or
+    :func:`~znni_core.io.layers.layer_differences`) and the group's; ``created`` or
     ``exists``.  A group of fewer mips gains the others."""
     created = False
     for spec in specs:

@@ -62,6 +62,8 @@ from .xp import cupy_or_none, get_array_module
 
 __all__ = [
     "ACTIVATIONS",
+    "tuning",
+    "vector_width",
     "FFTConv",
     "FFTGemmConv",
     "WinogradConv",

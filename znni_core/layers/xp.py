@@ -7,11 +7,15 @@ comes from it, so CPU-only runs never pay for (or fail on) a CuPy import.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import numpy
 
-__all__ = ["cupy_or_none", "empty_pinned", "get_array_module", "is_numpy"]
+from ..errors import DeviceError
+
+__all__ = ["SIMULATED", "cupy_module", "cupy_or_none", "empty_pinned", "get_array_module", "is_numpy",
+           "require_device"]
 
 _CUPY = None
 _CUPY_TRIED = False
@@ -60,7 +64,7 @@ def get_array_module(x):
     mod = type(x).__module__
     if mod.startswith("cupy") and "cupy" in sys.modules:
         return sys.modules["cupy"]
-    if mod == "znni_core.exec.simdevice":  # the simulated GPU of the tests
+    if mod == "znni_core.layers.simdevice":  # the simulated GPU of the tests
         return sys.modules[mod].module()
     return numpy
 
@@ -75,3 +79,37 @@ def empty_pinned(xp, shape, dtype=numpy.float32):
     ``cupyx.empty_pinned`` on CuPy (CuPy itself has none), the simulated device's own."""
     alloc = getattr(xp, "empty_pinned", None) or importlib.import_module("cupyx").empty_pinned
     return alloc(shape, dtype=dtype)
+
+
+#: set to a size (``2GiB``) to run ``device="gpu"`` on the simulated GPU (layers/simdevice.py): tests only
+SIMULATED = "ZNNI_SIMULATED_GPU"
+
+
+def cupy_module():
+    """Return the ``cupy`` module if a CUDA device is usable, else raise :class:`DeviceError`."""
+    try:
+        import cupy
+    except Exception as exc:  # not installed, or broken CUDA libraries
+        raise DeviceError(f"device 'gpu' needs CuPy ({exc.__class__.__name__}: {exc}); install znni[gpu] "
+                          "(cupy-cuda12x) on a machine with an NVIDIA GPU, or use device='cpu'") from exc
+    try:
+        if not cupy.is_available():
+            raise RuntimeError("cupy.is_available() is False")
+    except Exception as exc:
+        raise DeviceError(f"device 'gpu' requested but no CUDA device is usable here ({exc}); use device='cpu'") from exc
+    return cupy
+
+
+def require_device(device: str):
+    """Validate a device name; returns the array module for it."""
+    if device == "cpu":
+        import numpy
+
+        return numpy
+    if device in ("gpu", "cuda", "cpu+gpu"):  # cpu+gpu: the GPU stage's module
+        if os.environ.get(SIMULATED):
+            from . import simdevice
+
+            return simdevice.module()
+        return cupy_module()
+    raise DeviceError(f"unknown device {device!r}; use 'cpu', 'gpu' or 'cpu+gpu'")

@@ -328,7 +328,7 @@ def _log_estimate(cfg, run, plan) -> None:
     """validate's estimate, at the plan's predicted rate (`znni estimate` measures)."""
     from ..errors import ZnniError
     from .estimate import describe, estimate
-    from .jobs import compute_schedule
+    from .schedule import compute_schedule
 
     try:
         rate = plan.predicted_voxels_per_s

@@ -22,7 +22,7 @@ from ..errors import ConfigError, DataError, InputError, PlanError
 from ..geometry import EDGE_POLICIES, ChunkGrid, Coordinate, Halo, Roi, TaskGrid, output_bounds
 from ..io import ScaleSpec, open_input, parse_layer_url
 from ..io.mips import layer_info, mip_specs
-from ..io.precomputed import layer_differences
+from ..io.layers import layer_differences
 from ..io.sharding import shard_chunks
 from ..io.zarr_output import zarr_sharding
 from ..net.graph import Graph
@@ -88,8 +88,8 @@ def _digest(obj) -> str:
 def versions() -> dict:
     """The versions that shape the output (from metadata: importing cloud-volume, dask and zarr
     to read them cost validate about 1 s)."""
-    from .. import __version__
-    from ..plan.timing import dist_version
+    from ..version import __version__
+    from ..plan.wisdom import dist_version
 
     return {"znni": __version__, "numpy": np.__version__} | {d: dist_version(d) for d in ("cloud-volume", "dask", "zarr")}
 

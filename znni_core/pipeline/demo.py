@@ -11,7 +11,8 @@ import numpy as np
 
 from ..geometry import Coordinate, Roi
 from ..io import ScaleSpec, atomic_write, parse_layer_url
-from ..io.precomputed import PrecomputedLayer, create_layer
+from ..io.layers import create_layer
+from ..io.precomputed import PrecomputedLayer
 
 DEMO_SHAPE = (24, 160, 160)  # z, y, x
 DEMO_RESOLUTION = (40.0, 8.0, 8.0)  # nm, z, y, x (anisotropic like serial-section EM)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..io import atomic_write
-from .jobs import ESTIMATE_FILE
+from .schedule import ESTIMATE_FILE
 
 DIR_FILES_WARN = 10 ** 5
 DAG_JOBS_WARN = 5 * 10 ** 4
@@ -136,7 +136,7 @@ def describe(e: dict) -> str:
 def masked_schedule(cfg: dict, schedule: dict, log=print) -> dict:
     """The schedule counting only the work a mask leaves: live tasks, their jobs, live chunks and
     voxels (the mask is read over the whole region, as the workflow's checkpoint will)."""
-    from .jobs import task_geometry
+    from .schedule import task_geometry
     from .mask import check_mask, open_mask, scan
 
     inp, lay, tasks, _ = task_geometry(cfg, slots=schedule.get("slots"))
@@ -162,7 +162,7 @@ def run_estimate(cfg: dict, *, mem_mb: int | None, threads: int | None, rate: fl
     """``znni estimate``: the schedule, a rate (see module doc), the numbers; a measured rate is saved."""
     from .. import load_network
     from .config import resolve, validate_config
-    from .jobs import compute_schedule
+    from .schedule import compute_schedule
 
     cfg = validate_config(cfg)
     work = Path(cfg["work_dir"])

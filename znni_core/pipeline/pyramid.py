@@ -17,7 +17,6 @@ builds whatever is not done yet, then checks.  Re-runs skip the tasks that verif
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import time
@@ -26,15 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from ..geometry import Coordinate, Halo, Roi, TaskGrid
+from ..geometry import Coordinate, Roi, TaskGrid
 from ..io import atomic_write, open_output, parse_layer_url, store_chunks, write_manifest
-from ..io.mips import task_chunks_of
+from .jobs import run_blocks
+from .schedule import job_range, mip_tasks
 
-__all__ = ["downsample", "mip_tasks", "pyramid_schedule", "run_pyramid_job", "build_pyramid"]
+__all__ = ["downsample", "run_pyramid_job", "build_pyramid"]
 
-# source voxels a pyramid job reads, averages, writes and reads back per second and thread
-# (about 2-4 x 10^7 on this project's 2-core test machine, raw file:// layers): sizes its jobs
-PYRAMID_VOXELS_PER_S = 2e7
 PYRAMID_JOB_FORMAT = "znni-pyramid-job/1"
 RECORD = "pyramid.json"
 
@@ -61,28 +58,6 @@ def downsample(a: np.ndarray, factor, dtype: str) -> np.ndarray:
     if integer:
         return (total // count).astype(dtype)
     return (total / count).astype(dtype)
-
-
-def mip_tasks(spec, task_chunks) -> TaskGrid:
-    """The tasks of one mip: its shards (or boxes of ``task_chunks`` chunks), covering its bounds."""
-    zero = Halo((0, 0, 0), (0, 0, 0))
-    return TaskGrid(spec.grid, task_chunks_of(spec, task_chunks), zero, spec.bounds)
-
-
-def pyramid_schedule(cfg: dict, specs) -> list[dict]:
-    """Per mip 1..N: its tasks and how many a job runs (``jobs.tasks_per_job``, or ``auto`` at
-    :data:`PYRAMID_VOXELS_PER_S`)."""
-    from .jobs import tasks_per_job
-
-    out = []
-    for k, spec in enumerate(specs[1:], start=1):
-        tasks = mip_tasks(spec, cfg["task_chunks"])
-        box = (tasks.task_chunks * spec.chunk_shape).min(spec.bounds.shape)
-        source = int(box.prod()) * int(np.prod(cfg["downsample"]["factor"]))
-        per, why = tasks_per_job(len(tasks), source, cfg["jobs"], PYRAMID_VOXELS_PER_S)
-        out.append({"mip": k, "num_tasks": len(tasks), "tasks_per_job": per, "num_jobs": math.ceil(len(tasks) / per),
-                    "why": why, "objects": len(tasks) if spec.sharding else spec.grid.num_chunks})
-    return out
 
 
 class _Pyramid:
@@ -152,7 +127,6 @@ class _Pyramid:
 def run_pyramid_job(run_file, mip: int, job: int, per_job: int, *, marker=None, log=print) -> dict:
     """Run the tasks of ``job`` of mip ``mip`` (skipping those done and verified); marker last."""
     from .config import load_run
-    from .jobs import job_range, run_blocks
 
     t0 = time.perf_counter()
     run = load_run(run_file)
@@ -175,7 +149,6 @@ def run_pyramid_job(run_file, mip: int, job: int, per_job: int, *, marker=None, 
 def build_pyramid(run: dict, log=print) -> dict:
     """Build what is not done yet of every mip (in order), check every mip's manifests and stored
     objects, then write ``pyramid.json`` (what the report shows) and return it."""
-    from .jobs import run_blocks
 
     t0 = time.perf_counter()
     p = _Pyramid(run)

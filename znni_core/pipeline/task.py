@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import DataError, InputError, NonFiniteError
 from ..geometry import Block, Coordinate, Roi
 from ..io import open_input, open_output, parse_layer_url, read_manifest, store_chunks, write_manifest
-from ..exec.device import require_device
+from ..layers.xp import require_device
 from ..net.graph import Graph
 from .config import load_run, output_spec, run_geometry
 from .mask import live_chunks, open_mask

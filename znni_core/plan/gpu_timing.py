@@ -19,8 +19,11 @@ import time
 import numpy as np
 
 from .. import layers as L
+from ..cachedir import cache_dir
 from ..layers.xp import empty_pinned
 from ..net.spec import Conv
+from . import timing as T
+from .wisdom import JsonCache
 
 F32, C64 = 4, 8
 GPU_CALIBRATION_VERSION = 2
@@ -53,8 +56,6 @@ def _best_of(xp, fn, repeats=3) -> float:
 
 def calibrate_device(xp, *, refresh: bool = False) -> dict:
     """GEMM FLOP/s, memory and host-transfer bytes/s and FFT seconds per ``v log2 v`` on ``xp``'s device."""
-    from .timing import JsonCache, cache_dir
-
     name = device_name(xp)
     cache = JsonCache(cache_dir() / "calibration-gpu.json")
     key = f"{GPU_CALIBRATION_VERSION}|{name}"
@@ -96,9 +97,7 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
             lowered = 0
         return flops / gemm + (x_bytes + y_bytes + lowered) / bw + calls * LAUNCH_S * (1 if math.prod(k) == 1 else 8)
     if primitive == "winograd":
-        from .timing import _winograd_terms
-
-        values, macs, *_ = _winograd_terms(n, cin, cout, in_spatial, k)
+        values, macs, *_ = T.winograd_terms(n, cin, cout, in_spatial, k)
         return 2.0 * macs / gemm + 6 * F32 * values / bw + calls * 12 * LAUNCH_S
     if primitive in ("fft-gemm", "fft-data"):
         tshape = (L.fft_gemm_transform_shape(in_spatial, k) if primitive == "fft-gemm" else L.fft_shape(in_spatial))
@@ -136,8 +135,6 @@ class DeviceMeasurements:
     cached by device name like the CPU's measurements."""
 
     def __init__(self, cal: dict, xp):
-        from .timing import JsonCache, cache_dir
-
         self.xp = xp
         self.cache = JsonCache(cache_dir() / "measure-gpu.json")
         self.prefix = f"{GPU_CALIBRATION_VERSION}|{cal['device']}"

@@ -19,7 +19,7 @@ from ..errors import MemoryBudgetError, PlanError
 from ..layers.resample import linear_index
 from ..net.graph import Graph
 from . import memory as M
-from . import timing as T
+from . import wisdom as W
 from ..layers.epilogue import FUSABLE
 from .plan import CONV_PRIMITIVES, PADS_INPUT, Plan, Rejected, Step, fuses, primitive_supports
 
@@ -159,7 +159,7 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
     need = needed_ranges(graph, shapes, lo, tuple(a + t for a, t in zip(lo, tile)))
     size = {k: (shapes[k][0],) + tuple(b - a for a, b in zip(*r)) for k, r in need.items()}
     tiles = math.prod(-(-o // t) for o, t in zip(out_n, tile))
-    cal = timer.cal
+    cal, model = timer.cal, timer.model
     remaining = graph.consumers()
     live = {graph.input: M.nbytes(shapes[graph.input])}  # the caller's whole patch
     resident = 0
@@ -189,29 +189,29 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
                 pad_b = M.nbytes((src[0],) + part) if part != src[1:] else 0
             resident += res_b
             extra = pad_b + step_b
-            secs += T.estimate_elementwise(pad_b, cal, 2.0) if pad_b else 0.0
+            secs += model.elementwise(pad_b, 2.0) if pad_b else 0.0
         elif node.op == "deconv":
             flops = 2.0 * math.prod(src) * out[0] * math.prod(node["stride"])
-            secs = flops / cal["gemm_flops"] + T.estimate_elementwise(out_b, cal, 3.0)
+            secs = flops / cal["gemm_flops"] + model.elementwise(out_b, 3.0)
             extra, prim = 2 * out_b, "gemm"
         elif node.op == "resize":
             prim = node["mode"]
             extra = out_b * (3 if prim == "linear" else 1)
-            secs = T.estimate_elementwise(out_b, cal, 4.0 if prim == "linear" else 2.0)
+            secs = model.elementwise(out_b, 4.0 if prim == "linear" else 2.0)
         else:
             target = in_place_input(node, remaining, need, graph.input)
-            secs = T.estimate_elementwise(M.nbytes(src) + out_b, cal, 1.0)
+            secs = model.elementwise(M.nbytes(src) + out_b, 1.0)
             if fused or i in skip:  # applied in the pass of the conv or element-wise node before
                 prim, extra, secs = node["act"].kind if node.op == "act" else node.op, 0, 0.0
             elif node.op == "act":
                 prim = node["act"].kind
                 extra = M.act_extra_bytes(prim, (1,) + out) + (0 if target else out_b)
-                secs = T.estimate_activation(prim, out_b, cal)
+                secs = model.activation(prim, out_b)
             elif node.op == "pool":
                 prim = node["kind"]
             elif target:
                 extra = 0
-            if "device" not in cal:  # the CPU executor runs the chain in one pass (exec/graph.py)
+            if model.device == "cpu":  # the CPU executor runs the chain in one pass (exec/graph.py)
                 skip.update(chain_after(graph, i, consumers))
         here = sum(live.values()) + resident + extra
         peak = max(peak, here)
@@ -277,7 +277,6 @@ def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threa
     decides the blending, so it is ``patch_shape``, else the whole input (one patch: exactly the
     network on it), else the shape the file was exported at; the budget never changes it: a
     patch that does not fit whole runs in exact output tiles."""
-    from .search import MAX_PATCH_VOXELS
 
     prims = tuple(p for p in (prims or GRAPH_PRIMITIVES) if p in CONV_PRIMITIVES and p != "fft-stream"
                   and p != "fft-task") or ("direct-gemm",)
@@ -306,9 +305,9 @@ def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threa
                 raise PlanError(f"input shape {tuple(input_shape)} is smaller than the smallest admissible "
                                 f"input {graph.geometry['n_min']} of this network")
         else:
-            edge = round(MAX_PATCH_VOXELS ** (1 / 3) / 2)
+            edge = round(M.MAX_PATCH_VOXELS ** (1 / 3) / 2)
             top = graph.floor_admissible(tuple(max(m, edge) for m in graph.geometry["n_min"]))
-        while math.prod(top) > MAX_PATCH_VOXELS and (nxt := _shrink(graph, top)):
+        while math.prod(top) > M.MAX_PATCH_VOXELS and (nxt := _shrink(graph, top)):
             top = nxt
         candidates, p = [], top
         while p is not None:
@@ -354,7 +353,7 @@ def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threa
         field_of_view=graph.field_of_view, memory_budget=budget, steps=tuple(steps), predicted_seconds=secs,
         predicted_peak_bytes=int(peak), effort=effort, threads=threads, rejected=tuple(rejected[:50]),
         kind=graph.kind, overlap=ov, blend=blend, tile=tile,
-        provenance={"versions": T.versions(), "cpu": T.cpu_model(), "threads": threads,
+        provenance={"versions": W.versions(), "cpu": W.cpu_model(), "threads": threads,
                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "effort": effort, "candidates": len(fits) + len(rejected), "input_shape": input_shape,
                     "grid": graph.grid})

@@ -16,6 +16,7 @@ from ..geometry.blocks import conv_blocks
 from ..net.spec import Activation, Conv, Network, Pool
 
 F32 = 4
+MAX_PATCH_VOXELS = 512 ** 3  # the largest patch the planner considers
 
 
 def nbytes(shape) -> int:

@@ -18,18 +18,24 @@ import re
 
 import numpy as np
 
+from ..cachedir import cache_dir
 from ..errors import MemoryBudgetError, PlanError
 from ..layers import tuning
 from ..net.graph import Graph
 from ..net.spec import Activation, Conv, Network, Pool
 from . import memory as M
+from .memory import MAX_PATCH_VOXELS
+from ..layers.xp import require_device
+from . import gpu_timing as G
 from . import timing as T
+from . import wisdom as W
+from .costs import CpuCostModel, GpuCostModel
+from .graph import autotune_graph
 from .plan import (CONV_PRIMITIVES, CPU_PRIMITIVES, RESIDENT_PRIMITIVES, Plan, Rejected, Step, fuses,
                    primitive_supports)
 
 EFFORTS = ("estimate", "measure", "exhaustive")
 DEFAULT_BUDGET_FRACTION = 0.5  # of the RAM available when planning
-MAX_PATCH_VOXELS = 512 ** 3
 GIB = 2 ** 30
 #: conv primitives of GPU plans: the two whose device memory the model predicts (checked on the
 #: simulated GPU and on an H100); fft-data, winograd and direct-torch (cuDNN through PyTorch: wrong
@@ -160,21 +166,23 @@ def _slab_modes(net: Network, patch, mode_sets) -> list[tuple]:
 
 
 class _Timer:
+    """Prices the search's candidates: the cost model's estimates, or (``effort`` measure and
+    exhaustive) primitives timed on the real shapes; memoised for one search."""
+
     def __init__(self, effort: str, threads: int, cal: dict | None = None, xp=None):
-        self.cal = cal or T.calibrate(threads)
+        self.model = GpuCostModel(cal) if cal else CpuCostModel(T.calibrate(threads))
+        self.cal = self.model.cal
         if effort == "estimate":
             self.meas = None
         elif cal is None:
             self.meas = T.Measurements(threads)
         else:  # a GPU's calibration: timed on the device
-            from .gpu_timing import DeviceMeasurements
-
-            self.meas = DeviceMeasurements(cal, xp)
+            self.meas = G.DeviceMeasurements(cal, xp)
         self.measure_all = effort == "exhaustive"
         self._memo: dict = {}  # (primitive, n, layer, shapes, ...) -> seconds, for this search only
 
     def estimate(self, prim, n, layer, spatial, micro_batch=None) -> float:
-        return T.estimate_conv(prim, n, layer, spatial, self.cal, micro_batch)
+        return self.model.conv(prim, n, layer, spatial, micro_batch)
 
     def layer(self, prim, n, layer, spatial, micro_batch, reps, measure=False, tile=()) -> float:
         """Seconds of a conv step over the whole patch: ``reps`` runs (pooling offsets, slabs),
@@ -189,12 +197,12 @@ class _Timer:
         if len(origins) == 1:
             calls = reps * math.ceil(n / (micro_batch or n))
             return reps * self.conv(prim, n, layer, spatial, micro_batch, measure) + \
-                T.estimate_setup(prim, layer, spatial, self.cal) + calls * CALL_OVERHEAD_S
+                self.model.setup(prim, layer, spatial) + calls * CALL_OVERHEAD_S
         mb = micro_batch or n
-        copy = T.estimate_elementwise(M.nbytes((mb, layer.in_channels) + shape), self.cal, 2.0)
+        copy = self.model.elementwise(M.nbytes((mb, layer.in_channels) + shape), 2.0)
         slow = BLOCK_SLOWDOWN if prim == "fft-gemm" and not measure else 1.0
         per_call = self.conv(prim, mb, layer, shape, mb, measure) * slow + copy + CALL_OVERHEAD_S
-        return reps * math.ceil(n / mb) * len(origins) * per_call + T.estimate_setup(prim, layer, shape, self.cal)
+        return reps * math.ceil(n / mb) * len(origins) * per_call + self.model.setup(prim, layer, shape)
 
     def conv(self, prim, n, layer, spatial, micro_batch, measure=False) -> float:
         """Seconds for ``n`` fragments in micro-batches: measured (scaled per call) or estimated."""
@@ -394,14 +402,15 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
             fused = steps and steps[-1].op == "conv" and fuses(steps[-1].primitive, layer.kind)
             t = 0.0
             if not fused:
-                t = T.estimate_activation(layer.kind, M.nbytes(sm.in_shape), host["cal"] if host else timer.cal)
+                t = (host["model"] if host else timer.model).activation(layer.kind, M.nbytes(sm.in_shape))
                 t = (t + CALL_OVERHEAD_S) * reps[sm.index]
             prim_name, mbv = layer.kind, 0
         else:
             tile = ()
             mode = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)]
-            t = T.estimate_pool(M.nbytes(sm.in_shape), host["cal"] if host else timer.cal, depth_first=mode == "pool",
-                                channels_last=_mpf_reads_channels_last(layers, decisions, sm.index))
+            t = (host["model"] if host else timer.model).pool(
+                M.nbytes(sm.in_shape), depth_first=mode == "pool",
+                channels_last=_mpf_reads_channels_last(layers, decisions, sm.index))
             prim_name, _, rows = mode.partition(":")
             mbv = int(rows or 0)
             t = (t + CALL_OVERHEAD_S) * reps[sm.index]
@@ -409,7 +418,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
         steps.append(Step(sm.index, sm.op, prim_name, sm.in_shape, sm.out_shape, mbv, timer.cal["threads"], t, sm.peak,
                           tile))
     out_vox = math.prod(net.output_shape(patch))
-    total += T.estimate_elementwise(M.nbytes((net.out_channels, out_vox)), timer.cal, 2.0)  # recombine
+    total += timer.model.elementwise(M.nbytes((net.out_channels, out_vox)), 2.0)  # recombine
     total += PATCH_OVERHEAD_S
     if host and host_peak > host["budget"]:
         notes.append(Rejected(f"patch {patch} on GPU + host RAM", f"host tensors need {_fmt(host_peak)} > host budget "
@@ -424,16 +433,14 @@ def _streamed(timer, prim, n, layer, spatial, mb, reps, tile, host_cal) -> float
     pinned buffers overlap the compute (two streams), and the first block's transfer does not.
     The copies are a read and a write of each block at the host's calibrated bandwidth; on
     the H100 they were not priced, and the plans ran 4-6x their prediction."""
-    from . import gpu_timing
-
     compute = timer.layer(prim, n, layer, spatial, mb, reps, tile=tile)
     shape, origins = M.conv_blocks(tuple(spatial), layer.kernel, tile)
     calls = reps * math.ceil(n / (mb or n)) * len(origins)
     one = M.nbytes(((mb or n), layer.in_channels) + shape) + M.nbytes(
         ((mb or n), layer.out_channels) + tuple(s - k + 1 for s, k in zip(shape, layer.kernel)))
-    moved = gpu_timing.transfer_seconds(calls * one, timer.cal, pinned=True)
+    moved = timer.model.transfer(calls * one, pinned=True)
     staged = 2 * calls * one / host_cal["mem_bw"]
-    return max(compute, moved, staged) + gpu_timing.transfer_seconds(one, timer.cal, pinned=True) + 2 * one / host_cal["mem_bw"]
+    return max(compute, moved, staged) + timer.model.transfer(one, pinned=True) + 2 * one / host_cal["mem_bw"]
 
 
 def autotune(net: Network, *, memory_budget: int | None = None, device: str = "cpu", effort: str = "estimate",
@@ -477,7 +484,8 @@ def _autotune(net: Network, *, memory_budget, device, effort, threads, patch_sha
     gpu_cal = host = gpu_xp = None
     if device != "cpu":
         budget, gpu_cal, gpu_xp = _device_budget(memory_budget)
-        host = {"budget": default_budget(), "cal": T.calibrate(threads), "threads": threads}
+        host_cal = T.calibrate(threads)
+        host = {"budget": default_budget(), "cal": host_cal, "model": CpuCostModel(host_cal), "threads": threads}
     else:
         budget = int(memory_budget) if memory_budget is not None else default_budget()
     # on the GPU the same xp code runs on CuPy; numba's CPU kernel and FFTW threads do not apply
@@ -493,7 +501,7 @@ def _autotune(net: Network, *, memory_budget, device, effort, threads, patch_sha
         input_shape = tuple(int(v) for v in input_shape)
         if not graph:
             input_patch(net, input_shape)  # validates
-    cache = T.JsonCache(T.cache_dir() / "plans.json", max_entries=PLAN_CACHE_ENTRIES) if use_cache else None
+    cache = W.JsonCache(cache_dir() / "plans.json", max_entries=PLAN_CACHE_ENTRIES) if use_cache else None
     ckey = (f"{net.digest()}|{budget}|{device}|{placement}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|"
             f"{input_shape}|{SEARCH_VERSION}|{T.machine_key(threads)}" + (f"|{overlap}|{blend}" if graph else "")
             + (f"|{gpu_cal['device']}|{gpu_cal['gemm_flops']:.3g}" if gpu_cal else ""))
@@ -505,8 +513,6 @@ def _autotune(net: Network, *, memory_budget, device, effort, threads, patch_sha
         raise PlanError("cpu+gpu (pipelined) plans are for max-pooling (chain) networks; plan a graph network "
                         "with device 'gpu' or 'cpu'")
     if graph:
-        from .graph import autotune_graph
-
         plan = autotune_graph(net, budget=budget, device=device, effort=effort, threads=threads, timer=timer,
                               prims=primitives or (None if device == "cpu" else prims), patch_shape=patch_shape,
                               input_shape=input_shape, overlap=overlap, blend=blend)
@@ -652,7 +658,7 @@ def _autotune(net: Network, *, memory_budget, device, effort, threads, patch_sha
         field_of_view=net.field_of_view, memory_budget=budget, steps=tuple(steps), predicted_seconds=secs,
         predicted_peak_bytes=int(peak), effort=effort, threads=threads, placement=placement, split=split,
         rejected=tuple(notes) + tuple(rejected[:50]),
-        provenance={"versions": T.versions(), "cpu": T.cpu_model(), "threads": threads,
+        provenance={"versions": W.versions(), "cpu": W.cpu_model(), "threads": threads,
                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "effort": effort, "candidates": evaluated, "input_shape": input_shape,
                     "calibration": {k: timer.cal[k] for k in ("gemm_flops", "numba_flops", "mem_bw")},
@@ -667,9 +673,6 @@ def _device_budget(memory_budget):
     """The device memory budget (bytes), the device's calibration and its array module.  The default is the
     free memory less :data:`DEVICE_HEADROOM`, times :data:`GPU_BUDGET_FRACTION`; a budget
     larger than the device (less the headroom) is refused here, at plan time."""
-    from ..exec.device import require_device
-    from . import gpu_timing
-
     xp = require_device("gpu")
     free, total = (int(v) for v in xp.cuda.runtime.memGetInfo())
     headroom = device_headroom(total)
@@ -681,7 +684,7 @@ def _device_budget(memory_budget):
         budget = int(memory_budget)
     else:
         budget = int(max(0, free - headroom) * GPU_BUDGET_FRACTION)
-    return budget, gpu_timing.calibrate_device(xp), xp
+    return budget, G.calibrate_device(xp), xp
 
 
 def _pipeline(net, patch, modes, budget, timer, prims, host):
@@ -690,8 +693,6 @@ def _pipeline(net, patch, modes, budget, timer, prims, host):
     slower stage is fastest (Caffe con Troll's split by measured speed: both stages are
     timed by their device's calibrated model).  Returns (steps, seconds per patch in
     steady state, device peak, notes, split: the layer index of the first GPU step)."""
-    from . import gpu_timing
-
     cpu_timer = host.setdefault("timer", _Timer("estimate", host["threads"]))
     cpu, _, cpu_peak, _ = _evaluate(net, patch, modes, host["budget"], cpu_timer, CPU_PRIMITIVES)
     gpu, _, _, notes = _evaluate(net, patch, modes, budget, timer, prims)
@@ -703,7 +704,7 @@ def _pipeline(net, patch, modes, budget, timer, prims, host):
         if s.op != "conv":
             continue
         front = sum(x.seconds for x in cpu[:k])
-        back = sum(x.seconds for x in gpu[k:]) + gpu_timing.transfer_seconds(M.nbytes(s.in_shape) + out, timer.cal)
+        back = sum(x.seconds for x in gpu[k:]) + timer.model.transfer(M.nbytes(s.in_shape) + out)
         peak = max(x.bytes for x in gpu[k:])  # the GPU walk from the patch: an upper bound past the split
         if peak <= budget and max(front, back) < best[0]:
             best = (max(front, back) + PATCH_OVERHEAD_S, k, peak)

@@ -6,13 +6,10 @@ thread count and library versions, so a cluster plans once and every node reuses
 """
 from __future__ import annotations
 
-import fcntl
-import functools
 import hashlib
 import json
 import math
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import numpy as np
 
 from .. import layers as L
 from ..cachedir import cache_dir
+from .wisdom import JsonCache, cpu_model, versions
 from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.spec import Conv
 
@@ -41,43 +39,6 @@ DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_con
 
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def dist_version(name: str) -> str | None:
-    """An installed distribution's version from its metadata (None if absent): importing a
-    package to read ``__version__`` costs its import (pyfftw: dask.array and scipy.fftpack, 0.6 s)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
-def versions() -> dict:
-    """Versions in the machine key (a cached plan lookup imports none of these packages); read
-    once per process (the metadata lookups took 6 ms of every ``infer`` call)."""
-    return dict(_versions())
-
-
-@functools.lru_cache(maxsize=1)
-def _versions() -> tuple:
-    import znni_core
-
-    found = {"znni": znni_core.__version__, "numpy": np.__version__, "python": platform.python_version()} | {
-        d: dist_version(d) for d in ("scipy", "pyfftw", "numba")}
-    return tuple(found.items())
-
-
 def machine_key(threads: int) -> str:
     """Keys calibrations and measurements: the model's version, CPU, threads, versions, the BLAS
     core type and the target numba compiles for (the vector width, :mod:`..layers.vector_width`)."""
@@ -97,58 +58,6 @@ def _best_of(fn, repeats=5) -> float:
         fn()
         ts.append(time.perf_counter() - t0)
     return float(min(ts))
-
-
-_PARSED: dict = {}  # path -> ((inode, size, mtime), parsed entries): JsonCache's memo
-
-
-class JsonCache:
-    """A tiny persistent key -> value store (JSON), written atomically.
-
-    Processes share it (a workflow's jobs, test workers): :meth:`put` re-reads the file under an
-    exclusive lock (``<name>.lock``, ``fcntl.flock``) and adds its entry to what is there, so an
-    entry another process wrote since this one read the file is kept, not overwritten by a stale
-    copy."""
-
-    def __init__(self, path: Path, max_entries: int | None = None):
-        self.path, self.max_entries = Path(path), max_entries
-        self.data = self._read(memo=True)
-
-    def _read(self, memo: bool = False) -> dict:
-        """The file's entries.  ``memo``: the process's last parse of it while the file is the
-        same (inode, size, mtime): ``infer`` looks its plan up at every call, and re-parsing the
-        plan cache took 1.6 ms of a 30 ms call.  A writer replaces the file (a new inode), so a
-        stale parse is never returned.  Callers treat what :meth:`get` returns as read-only."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return {}
-        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-        hit = _PARSED.get(self.path)
-        if memo and hit is not None and hit[0] == stamp:
-            return hit[1]
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, json.JSONDecodeError):
-            return {}  # a corrupt cache is only a cache: start over
-        _PARSED[self.path] = (stamp, data)
-        return dict(data)  # put() adds to its own copy, never to the memo
-
-    def get(self, key):
-        return self.data.get(key)
-
-    def put(self, key, value):
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            self.data = self._read()
-            self.data.pop(key, None)
-            self.data[key] = value  # newest last (JSON objects keep their order)
-            if self.max_entries is not None:
-                for old in list(self.data)[: max(0, len(self.data) - self.max_entries)]:
-                    del self.data[old]
-            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.data))
-            os.replace(tmp, self.path)
 
 
 # --------------------------------------------------------------------- calibration
@@ -423,7 +332,7 @@ _WINOGRAD_CAL = {"shape": (16, 64, 64), "kernel": (1, 3, 3), "channels": (16, 64
                  "few_channels": 8, "wide": (1, (16, 256, 256)), "narrow": (256, (4, 13, 13))}
 
 
-def _winograd_terms(n, cin, cout, in_spatial, kernel):
+def winograd_terms(n, cin, cout, in_spatial, kernel):
     """(transformed values, multiply-adds, channel rows, transform positions) of one winograd
     call: ``tiles T (C_in + C_out)``, ``tiles T C_in C_out``, ``tile rows (C_in + C_out)`` (the
     rows are transposed channels last and back, and carry the per-row work of narrow planes)
@@ -464,7 +373,7 @@ def _winograd_rates(threads: int) -> dict:
         x = rng.standard_normal((n,) + shape + (c,), dtype=np.float32).transpose(0, 4, 1, 2, 3)
         conv = L.WinogradConv(w, None, shape, threads=threads)
         conv.keep_buffers = conv.channels_last = True
-        values, macs, rows, positions = _winograd_terms(n, c, c, shape, k)
+        values, macs, rows, positions = winograd_terms(n, c, c, shape, k)
         terms.append((values, rows, positions))
         times.append(max(_best_of(lambda: conv(x), repeats=5) - macs * _loglog(points, c), 0.0))
         conv.release()
@@ -492,13 +401,9 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     """Seconds for a conv layer over ``n`` fragments, called in micro-batches of ``micro_batch``.
 
     ``fft-data`` / ``fft-task`` kernel spectra are resident (built once per run:
-    :func:`estimate_setup`); ``fft-stream`` transforms the kernels in every call.  A GPU's
-    calibration (it names its ``device``) goes to the GPU model (:mod:`.gpu_timing`).
+    :func:`estimate_setup`); ``fft-stream`` transforms the kernels in every call.  The GPU's model
+    is :mod:`.gpu_timing`; :mod:`.costs` puts both behind one interface.
     """
-    if "device" in cal:
-        from . import gpu_timing
-
-        return gpu_timing.estimate_conv(primitive, n, layer, in_spatial, cal, micro_batch)
     out = [s - k + 1 for s, k in zip(in_spatial, layer.kernel)]
     cin, cout = layer.in_channels, layer.out_channels
     flops = 2.0 * n * cin * cout * math.prod(layer.kernel) * math.prod(out)
@@ -532,7 +437,7 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
     calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
     if primitive == "winograd":
         r = cal["fft"]["winograd"]
-        values, macs, rows, positions = _winograd_terms(n, cin, cout, in_spatial, layer.kernel)
+        values, macs, rows, positions = winograd_terms(n, cin, cout, in_spatial, layer.kernel)
         # calibrated on (1,3,3): two 1D transform passes per value each way; a 3D kernel makes three
         # (n337's 3^3 layers: measured 1.5-1.8x the two-pass prediction)
         passes = sum(1 for k in layer.kernel if int(k) > 1) / 2
@@ -576,10 +481,6 @@ def _loglog(points, k) -> float:
 def estimate_setup(primitive: str, layer: Conv, in_spatial, cal: dict) -> float:
     """Seconds to build the resident kernel spectra of ``fft-data`` / ``fft-task`` /
     ``fft-gemm`` (once per run)."""
-    if "device" in cal:
-        from . import gpu_timing
-
-        return gpu_timing.estimate_setup(primitive, layer, in_spatial, cal)
     if primitive == "winograd":
         values = L.winograd_kernel_bytes(layer.in_channels, layer.out_channels, layer.kernel, tuple(in_spatial)) / F32
         return values * cal["fft"]["winograd"]["build_s_per_value"]

@@ -1,0 +1,63 @@
+"""Which format a layer URL names, in one place: open an input, create or open an output.
+
+A URL ending in ``.zarr`` (or ``zarr://``) is a zarr v3 array (:mod:`.zarr_layer` for inputs,
+:mod:`.zarr_output` for outputs); any other is a Neuroglancer precomputed layer
+(:mod:`.precomputed`).  Everything above :mod:`znni_core.io` opens layers through these functions.
+"""
+from __future__ import annotations
+
+from ..errors import ConfigError, DataError
+from .info import ScaleSpec, compare_scale
+from .paths import LayerURL
+from .precomputed import PrecomputedLayer, create_precomputed, open_precomputed_output, precomputed_differences
+from .zarr_layer import ZarrLayer
+from .zarr_output import ZarrOutput, create_zarr_output, stored_spec
+
+
+def open_input(url: LayerURL, mip: int = 0, *, resolution=None, voxel_offset=None):
+    """An input layer (precomputed or zarr) with ``bounds``, ``resolution``, ``dtype``, ``channels``, ``read``."""
+    if url.format == "zarr":
+        if mip:
+            raise ConfigError(f"input {url}: zarr inputs have no mips; set input.mip: 0")
+        if not url.is_local:
+            raise ConfigError(f"input {url}: zarr inputs (and masks) are read from file:// only (zarr outputs may "
+                              "be on s3:// or gs://); copy the array locally or convert it to precomputed")
+        return ZarrLayer(url, resolution=resolution, voxel_offset=voxel_offset)
+    return PrecomputedLayer(url, mip)
+
+
+def layer_differences(url: LayerURL, specs: list[ScaleSpec]) -> list[str] | None:
+    """What keeps the layer at ``url`` from holding the scales ``specs`` (mip by mip; ``[]``:
+    compatible, and a layer of fewer mips may gain the others); None: there is no layer."""
+    if url.format != "zarr":
+        return precomputed_differences(url, specs)
+    have = [stored_spec(url, s.key) for s in specs]
+    if all(h is None for h in have):
+        return None
+    return [f"mip {k}: {d}" for k, (h, s) in enumerate(zip(have, specs)) if h is not None
+            for d in compare_scale(h, s)]
+
+
+def create_layer(url: LayerURL, specs, provenance: dict) -> str:
+    """Write the layer's metadata (every scale of ``specs``: mip 0, then a pyramid's mips) and
+    ``provenance`` once; return ``created`` or ``exists``.
+
+    An existing layer must match each spec it has: otherwise :class:`DataError` listing each
+    difference; a layer of fewer scales gains the others.
+    """
+    specs = [specs] if isinstance(specs, ScaleSpec) else list(specs)
+    diffs = layer_differences(url, specs)
+    if diffs:
+        raise DataError(f"output layer {url} exists and does not match the config:\n  - " + "\n  - ".join(diffs)
+                        + "\nChoose a new output path, or delete the layer if it is yours to replace.")
+    if url.format == "zarr":
+        return create_zarr_output(url, specs, provenance)
+    return create_precomputed(url, specs, provenance)
+
+
+def open_output(url: LayerURL, spec: ScaleSpec, mip: int = 0):
+    """Open mip ``mip`` of an output layer that must already exist and match ``spec`` (a worker's
+    check); a zarr output's array is a :class:`~znni_core.io.zarr_output.ZarrOutput`."""
+    if url.format == "zarr":
+        return ZarrOutput(url, spec)
+    return open_precomputed_output(url, spec, mip)

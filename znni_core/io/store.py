@@ -1,0 +1,290 @@
+"""Object storage under a layer: one interface for ``file://``, ``s3://`` and ``gs://``.
+
+Every read and write of a layer's objects (info, chunks, shards, zarr metadata) goes through an
+:class:`ObjectStore` made by :func:`object_store`:
+
+- :class:`LocalStore` writes atomically (temporary name, fsync, rename: :mod:`.atomic`) and
+  keeps a chunk's gzip encoding as a ``.gz`` suffix, as cloud-volume does on ``file://``;
+- :class:`S3Store` talks to S3 (or any S3 endpoint) through :class:`~.s3.S3Objects`: one PUT
+  per object with Content-MD5, gzip as ``Content-Encoding``;
+- :class:`CloudFilesStore` covers the other protocols (``gs://``) through cloudfiles.
+
+``get`` returns the decoded bytes (a gzip encoding undone) or None when the object is absent;
+an object that is present but unreadable raises :class:`~znni_core.errors.DataError` naming it.
+
+>>> from znni_core.io.paths import parse_layer_url
+>>> import tempfile
+>>> store = object_store(parse_layer_url("file://" + tempfile.mkdtemp(), what="doctest"))
+>>> store.put("a/b", b"bytes", compress="gzip")
+True
+>>> store.get("a/b"), store.get("absent")
+(b'bytes', None)
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from functools import cached_property
+
+from ..errors import DataError
+from .atomic import atomic_write, clean_stale_temporaries
+from .paths import LayerURL
+
+COMPRESSIONS = ("none", "gzip")
+SUFFIXES = {"none": "", "gzip": ".gz"}
+ALL_SUFFIXES = ("", ".gz", ".br", ".zstd", ".xz", ".bz2")
+
+
+def sha256(data: bytes) -> str:
+    """Hex sha256 of ``data``: the digest manifests record for a written chunk or shard."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _gunzip(data: bytes, where: str) -> bytes:
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError) as exc:
+        raise DataError(f"{where} is stored with gzip encoding but is not valid gzip: {exc}") from exc
+
+
+def _gzip(data: bytes) -> bytes:
+    return gzip.compress(data, compresslevel=6, mtime=0)
+
+
+class ObjectStore:
+    """Whole objects under one layer URL; see the module's docstring.  Subclasses implement
+    ``_get``, ``_put``, ``exists``, ``sizes`` and ``delete``."""
+
+    def __init__(self, url: LayerURL):
+        self.url = url
+
+    def where(self, name: str) -> str:
+        """``name`` as a user finds it: ``<layer url>/<name>``."""
+        return f"{self.url}/{name}"
+
+    def get(self, name: str) -> bytes | None:
+        """The object's decoded bytes, or None if absent."""
+        raise NotImplementedError
+
+    def put(self, name: str, data: bytes, *, compress: str = "none", content_type: str = "application/octet-stream",
+            exclusive: bool = False) -> bool:
+        """Store ``name`` whole (``compress="gzip"``: gzip-encoded); with ``exclusive`` only if
+        absent.  Returns False when ``exclusive`` found it present."""
+        if compress not in COMPRESSIONS:
+            raise DataError(f"compression {compress!r} is not one of {COMPRESSIONS}")
+        return self._put(name, data, compress, content_type, exclusive)
+
+    def _put(self, name, data, compress, content_type, exclusive) -> bool:
+        raise NotImplementedError
+
+    def exists(self, name: str) -> bool:
+        """Whether ``name`` is stored (any encoding)."""
+        raise NotImplementedError
+
+    def sizes(self, names: list[str]) -> dict:
+        """``{name: bytes stored, or None if absent}``."""
+        raise NotImplementedError
+
+    def delete(self, name: str) -> None:
+        """Remove ``name`` in every encoding; absent is fine."""
+        raise NotImplementedError
+
+    def get_json(self, name: str):
+        """A small JSON object, or None if absent; invalid JSON is a :class:`DataError`."""
+        data = self.get(name)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{self.where(name)} is not valid JSON: {exc}") from exc
+
+    def put_json(self, name: str, obj, *, exclusive: bool = False) -> bool:
+        """Write ``obj`` as indented JSON (``exclusive``: only if absent; returns whether written)."""
+        data = json.dumps(obj, indent=2, sort_keys=True).encode()
+        return self.put(name, data, content_type="application/json", exclusive=exclusive)
+
+    def verify(self, name: str, digest: str) -> None:
+        """Read ``name`` back and compare its sha256 with ``digest``; a :class:`DataError` naming
+        the object when it is absent or differs (a torn or corrupted write)."""
+        data = self.get(name)
+        if data is None:
+            raise DataError(f"{self.where(name)} is missing after its write (expected sha256 {digest[:12]}); "
+                            "re-run its task")
+        got = sha256(data)
+        if got != digest:
+            raise DataError(f"{self.where(name)}: read-back sha256 {got[:12]} != written {digest[:12]} "
+                            "(torn or corrupted write); re-run its task")
+
+
+class LocalStore(ObjectStore):
+    """``file://``: atomic writes; gzip as a ``.gz`` suffix; exactly one encoding per object."""
+
+    @property
+    def root(self):
+        """The layer's directory."""
+        return self.url.local_path
+
+    def _found(self, name: str) -> list[str]:
+        return [s for s in ALL_SUFFIXES if (self.root / (name + s)).is_file()]
+
+    def get(self, name: str) -> bytes | None:
+        found = self._found(name)
+        if not found:
+            return None
+        if len(found) > 1:
+            raise DataError(f"{self.where(name)} is stored as {[name + s for s in found]}: readers would pick one "
+                            "by probe order; re-run its task to leave exactly one")
+        data = (self.root / (name + found[0])).read_bytes()
+        if found[0] == ".gz":
+            return _gunzip(data, self.where(name + ".gz"))
+        if found[0] != "":
+            raise DataError(f"{self.where(name + found[0])}: znni reads raw and gzip objects only")
+        return data
+
+    def _put(self, name, data, compress, content_type, exclusive) -> bool:
+        path = self.root / (name + SUFFIXES[compress])
+        try:
+            written = atomic_write(path, _gzip(data) if compress == "gzip" else data, exclusive=exclusive)
+        except OSError as exc:  # disk full, quota, I/O error: the previous version stays intact
+            raise DataError(f"{self.where(name)}: write failed ({exc.strerror or exc}); the previous version, if "
+                            "any, is intact; free space or fix the storage and re-run its task") from exc
+        if written:
+            for s in ALL_SUFFIXES:
+                if s != SUFFIXES[compress]:
+                    (self.root / (name + s)).unlink(missing_ok=True)
+            clean_stale_temporaries(path.parent, os.path.basename(name))
+        return written
+
+    def exists(self, name: str) -> bool:
+        return bool(self._found(name))
+
+    def sizes(self, names: list[str]) -> dict:
+        out = {}
+        for n in names:
+            sizes = [(self.root / (n + s)).stat().st_size for s in self._found(n)]
+            out[n] = max(sizes) if sizes else None
+        return out
+
+    def delete(self, name: str) -> None:
+        for s in ALL_SUFFIXES:
+            (self.root / (name + s)).unlink(missing_ok=True)
+
+
+class S3Store(ObjectStore):
+    """``s3://`` (AWS or any endpoint): one PUT with Content-MD5; retries and errors in :mod:`.s3`."""
+
+    @cached_property
+    def _s3(self):
+        from .s3 import S3Objects
+
+        return S3Objects(self.url)
+
+    def where(self, name: str) -> str:
+        return self._s3.where(name)
+
+    def get(self, name: str) -> bytes | None:
+        got = self._s3.get(name)
+        if got is None:
+            return None
+        data, enc = got
+        if enc in ("gzip", "x-gzip"):
+            return _gunzip(data, self.where(name))
+        if enc not in ("", "identity"):
+            raise DataError(f"{self.where(name)} has Content-Encoding {enc!r}; znni reads raw and gzip objects only")
+        return data
+
+    def _put(self, name, data, compress, content_type, exclusive) -> bool:
+        if exclusive and self._s3.exists(name):
+            return False
+        self._s3.put(name, _gzip(data) if compress == "gzip" else data, content_type=content_type,
+                     content_encoding="gzip" if compress == "gzip" else None, cache_control="no-cache")
+        return True
+
+    def exists(self, name: str) -> bool:
+        return self._s3.exists(name)
+
+    def sizes(self, names: list[str]) -> dict:
+        return self._s3.sizes(names)
+
+    def delete(self, name: str) -> None:
+        self._s3.delete(name)
+
+
+class CloudFilesStore(ObjectStore):
+    """``gs://`` and the other protocols cloudfiles speaks (its retries; gzip as Content-Encoding)."""
+
+    @cached_property
+    def _cf(self):
+        from cloudfiles import CloudFiles
+
+        return CloudFiles(self.url.cloudpath(), progress=False)
+
+    def get(self, name: str) -> bytes | None:
+        try:
+            return self._cf.get(name)
+        except Exception as exc:  # e.g. an MD5 mismatch on the wire: never silent garbage
+            raise DataError(f"{self.where(name)}: read failed: {type(exc).__name__}: {exc}") from exc
+
+    def _put(self, name, data, compress, content_type, exclusive) -> bool:
+        if exclusive and self._cf.exists(name):
+            return False
+        self._cf.put(name, data, content_type=content_type, compress="gzip" if compress == "gzip" else None,
+                     cache_control="no-cache")
+        return True
+
+    def exists(self, name: str) -> bool:
+        return bool(self._cf.exists(name))
+
+    def sizes(self, names: list[str]) -> dict:
+        return self._cf.size(names)
+
+    def delete(self, name: str) -> None:
+        self._cf.delete(name)
+
+
+def object_store(url: LayerURL) -> ObjectStore:
+    """The store of ``url``'s protocol: :class:`LocalStore`, :class:`S3Store` or :class:`CloudFilesStore`."""
+    if url.is_local:
+        return LocalStore(url)
+    if url.protocol == "s3":
+        return S3Store(url)
+    return CloudFilesStore(url)
+
+
+def read_json(url: LayerURL, name: str):
+    """A small JSON file of the layer at ``url``, or None if absent."""
+    return object_store(url).get_json(name)
+
+
+def write_json(url: LayerURL, name: str, obj, *, exclusive: bool = False) -> bool:
+    """Write a small JSON file of the layer at ``url`` (``exclusive``: only if absent)."""
+    return object_store(url).put_json(name, obj, exclusive=exclusive)
+
+
+class StoredObjects:
+    """Mixin for a layer at ``self.url`` whose objects (shards) are written whole, read,
+    verified and deleted through its :class:`ObjectStore` (``self.store``)."""
+
+    @cached_property
+    def store(self) -> ObjectStore:
+        """This layer's object store."""
+        return object_store(self.url)
+
+    def write_object(self, name: str, data: bytes) -> None:
+        """Store ``name`` whole: temporary file + rename on ``file://``, one PUT on ``s3://``/``gs://``."""
+        self.store.put(name, data)
+
+    def read_object(self, name: str) -> bytes | None:
+        """The object's bytes, or None if absent."""
+        return self.store.get(name)
+
+    def verify_object(self, name: str, digest: str) -> None:
+        """Read back and compare with ``digest`` (:meth:`ObjectStore.verify`)."""
+        self.store.verify(name, digest)
+
+    def delete_object(self, name: str) -> None:
+        """Remove ``name``; absent is fine."""
+        self.store.delete(name)
