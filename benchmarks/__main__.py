@@ -13,6 +13,7 @@ which halves numpy's float32 GEMM on an AVX-512 CPU.  Unless ``--keep-coretype``
 the benchmark re-executes itself without it (before numpy is imported) and records both
 the original setting and the GEMM rate with it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,12 +22,13 @@ import shlex
 import sys
 from pathlib import Path
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--networks", default="n337,n537,n726,n926", help="comma-separated subset of n337,n537,n726,n926")
     p.add_argument("--width", type=int, default=24, help="hidden maps per layer (paper: 80)")
     p.add_argument("--budget", type=float, default=2.0, help="memory budget of the side-by-side comparison, GiB")
@@ -35,20 +37,37 @@ def parse(argv):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--effort", default="estimate", choices=("estimate", "measure", "exhaustive"))
     p.add_argument("--dense-candidates", type=int, default=1, help="input edges PyTorch dense tries per budget")
-    p.add_argument("--naive-time", type=float, default=4.0,
-                   help="seconds of naive offsets per run before extrapolating to all prod(D) offsets")
-    p.add_argument("--max-patch-seconds", default="40,n537=90",
-                   help="if znni's autotuned plan predicts more seconds per patch, use the autotuner's best "
-                        "smaller cube patch under this cap (bounds the run time; only lowers znni's "
-                        "throughput); 0 = no cap; per network: '40,n537=90'")
+    p.add_argument(
+        "--naive-time",
+        type=float,
+        default=4.0,
+        help="seconds of naive offsets per run before extrapolating to all prod(D) offsets",
+    )
+    p.add_argument(
+        "--max-patch-seconds",
+        default="40,n537=90",
+        help="if znni's autotuned plan predicts more seconds per patch, use the autotuner's best "
+        "smaller cube patch under this cap (bounds the run time; only lowers znni's "
+        "throughput); 0 = no cap; per network: '40,n537=90'",
+    )
     p.add_argument("--no-profile", action="store_true", help="skip the per-layer profile runs")
-    p.add_argument("--quick", action="store_true",
-                   help="fast sanity run: 1 round, 0.25 GiB, no sweep, no profile, output to a temp folder")
-    p.add_argument("--out", default=None, help="folder for results_w<W>.json, sweep_w<W>.png, RESULTS.md "
-                                                "(default: benchmarks/, or a temp folder with --quick)")
-    p.add_argument("--sweep-only", action="store_true",
-                   help="run only the --budgets points (1 round each) for --networks and add them to the "
-                        "sweep of the existing results_w<W>.json in --out, then redraw the plot and RESULTS.md")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="fast sanity run: 1 round, 0.25 GiB, no sweep, no profile, output to a temp folder",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="folder for results_w<W>.json, sweep_w<W>.png, RESULTS.md "
+        "(default: benchmarks/, or a temp folder with --quick)",
+    )
+    p.add_argument(
+        "--sweep-only",
+        action="store_true",
+        help="run only the --budgets points (1 round each) for --networks and add them to the "
+        "sweep of the existing results_w<W>.json in --out, then redraw the plot and RESULTS.md",
+    )
     p.add_argument("--report-only", action="store_true", help="only re-render RESULTS.md and plots from the JSON")
     p.add_argument("--keep-coretype", action="store_true", help="keep OPENBLAS_CORETYPE as set in the environment")
     return p.parse_args(argv)
@@ -78,16 +97,27 @@ def main(argv=None):
     from . import harness, machine, plot, report
 
     cfg = harness.Config(
-        networks=tuple(s for s in args.networks.split(",") if s), width=args.width, budget=int(args.budget * GIB),
+        networks=tuple(s for s in args.networks.split(",") if s),
+        width=args.width,
+        budget=int(args.budget * GIB),
         sweep_budgets=tuple(int(float(b) * GIB) for b in args.budgets.split(",") if b.strip()),
-        repeats=args.repeats, threads=args.threads, effort=args.effort, dense_candidates=args.dense_candidates,
-        naive_time_limit=args.naive_time, profile=not args.no_profile, max_patch_seconds=_caps(args.max_patch_seconds))
+        repeats=args.repeats,
+        threads=args.threads,
+        effort=args.effort,
+        dense_candidates=args.dense_candidates,
+        naive_time_limit=args.naive_time,
+        profile=not args.no_profile,
+        max_patch_seconds=_caps(args.max_patch_seconds),
+    )
     if args.quick:
         cfg.budget = int(0.25 * GIB) if args.budget == 2.0 else cfg.budget
         cfg.sweep_budgets, cfg.repeats, cfg.dense_candidates = (), 1, 1
         cfg.naive_time_limit, cfg.profile, cfg.effort = 1.0, False, "estimate"
-    out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="znni-bench-")) if args.quick
-                                           else Path(__file__).resolve().parent)
+    out = (
+        Path(args.out)
+        if args.out
+        else (Path(tempfile.mkdtemp(prefix="znni-bench-")) if args.quick else Path(__file__).resolve().parent)
+    )
     out.mkdir(parents=True, exist_ok=True)
     cfg.extra["command"] = " ".join(["python -m benchmarks"] + [shlex.quote(a) for a in argv])
 
@@ -102,8 +132,10 @@ def main(argv=None):
     m = machine.describe(measure_haswell=not args.quick)
     if args.sweep_only:
         return sweep_only(cfg, m, jpath, out)
-    harness.log(f"machine: {m['cpu']}, {m['cores']} cores, GEMM {m['gemm_flops'] / 1e9:.0f} GFLOP/s, "
-                f"BLAS {[b['architecture'] for b in m['blas']]}, load {m['loadavg_at_start']}")
+    harness.log(
+        f"machine: {m['cpu']}, {m['cores']} cores, GEMM {m['gemm_flops'] / 1e9:.0f} GFLOP/s, "
+        f"BLAS {[b['architecture'] for b in m['blas']]}, load {m['loadavg_at_start']}"
+    )
     res = harness.run(cfg, m)
     jpath.write_text(json.dumps(res, indent=1, default=str))
     if cfg.sweep_budgets:
@@ -137,8 +169,11 @@ def sweep_only(cfg, m, jpath, out):
                 continue  # the main comparison is that point, with all its rounds
             harness.log(f"{name} sweep: budget {b / GIB:.2f} GiB")
             r = harness.bench_budget(net, cfg, b, res["machine"]["gemm_flops"], 1, do_verify=False, do_profile=False)
-            r["sweep_run"] = {"command": cfg.extra["command"], "loadavg_at_start": m["loadavg_at_start"],
-                              "date": m["date"]}
+            r["sweep_run"] = {
+                "command": cfg.extra["command"],
+                "loadavg_at_start": m["loadavg_at_start"],
+                "date": m["date"],
+            }
             entry["sweep"] = [s for s in entry["sweep"] if s["budget"] != b] + [r]
             jpath.write_text(json.dumps(res, indent=1, default=str))
     res["config"].setdefault("extra", {})["sweep_command"] = cfg.extra["command"]

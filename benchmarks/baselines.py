@@ -12,6 +12,7 @@
 Both keep their memory tight (ReLU in place, dead tensors dropped at once) so the budget
 comparison with znni is fair, and both have a byte model of their own peak.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -40,8 +41,13 @@ def _act(t, layer: Activation):
         return t
     import torch.nn.functional as F
 
-    return {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "softmax": lambda v: torch.softmax(v, dim=1),
-            "leaky_relu": lambda v: F.leaky_relu(v, layer.alpha), "elu": lambda v: F.elu(v, layer.alpha)}[k](t)
+    return {
+        "sigmoid": torch.sigmoid,
+        "tanh": torch.tanh,
+        "softmax": lambda v: torch.softmax(v, dim=1),
+        "leaky_relu": lambda v: F.leaky_relu(v, layer.alpha),
+        "elu": lambda v: F.elu(v, layer.alpha),
+    }[k](t)
 
 
 def dilated_max(t, window, dilation):

@@ -7,6 +7,7 @@ tracemalloc peak.  Usage::
 
     python -m benchmarks.bench_memory [--networks n337,n726] [--widths 24] [--budgets 0.5,2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,20 +46,25 @@ def main(argv=None) -> int:
     ap.add_argument("--widths", default="24")
     ap.add_argument("--budgets", default="0.5", help="GiB, comma separated")
     args = ap.parse_args(argv)
-    print(f"{'net':<6}{'w':>4}{'budget GiB':>11}{'predicted':>11}{'traced':>9}{'RSS growth':>11}  ratio(traced/pred)  patch  modes")
+    print(
+        f"{'net':<6}{'w':>4}{'budget GiB':>11}{'predicted':>11}{'traced':>9}{'RSS growth':>11}  ratio(traced/pred)  patch  modes"
+    )
     for name in args.networks.split(","):
         for width in args.widths.split(","):
             for gib in args.budgets.split(","):
-                r = subprocess.run([sys.executable, "-c", CHILD, name, width, str(float(gib) * 2 ** 30)],
-                                   capture_output=True, text=True)
+                r = subprocess.run(
+                    [sys.executable, "-c", CHILD, name, width, str(float(gib) * 2**30)], capture_output=True, text=True
+                )
                 if r.returncode:
                     print(f"{name} w{width} {gib} GiB failed: {r.stderr.strip().splitlines()[-1:]}")
                     continue
                 d = json.loads(r.stdout.strip().splitlines()[-1])
-                g = 2 ** 30
-                print(f"{name:<6}{width:>4}{float(gib):>11.2f}{d['predicted'] / g:>11.3f}{d['traced'] / g:>9.3f}"
-                      f"{d['rss_growth'] / g:>11.3f}  {d['traced'] / d['predicted']:>6.2f}  {tuple(d['patch'])}  {d['modes']}",
-                      flush=True)
+                g = 2**30
+                print(
+                    f"{name:<6}{width:>4}{float(gib):>11.2f}{d['predicted'] / g:>11.3f}{d['traced'] / g:>9.3f}"
+                    f"{d['rss_growth'] / g:>11.3f}  {d['traced'] / d['predicted']:>6.2f}  {tuple(d['patch'])}  {d['modes']}",
+                    flush=True,
+                )
     return 0
 
 

@@ -8,6 +8,7 @@ the call is timed), and each primitive's time relative to torch (>1 = slower).
 Also prints which OpenBLAS core type numpy uses: ``OPENBLAS_CORETYPE=Haswell`` (set
 on these machines) runs float32 GEMM at about half the AVX-512 speed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,16 +33,23 @@ def blas_info():
     try:
         from threadpoolctl import threadpool_info
 
-        info = [f"{d.get('internal_api')}:{d.get('architecture')}:{d.get('num_threads')}t"
-                for d in threadpool_info() if d.get("user_api") == "blas"]
+        info = [
+            f"{d.get('internal_api')}:{d.get('architecture')}:{d.get('num_threads')}t"
+            for d in threadpool_info()
+            if d.get("user_api") == "blas"
+        ]
     except Exception as e:  # noqa: BLE001
         info = [repr(e)]
     return f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} numpy BLAS {info}"
 
 
 CASES = [  # (kernel, width, batch, input edge): runs of about 0.1-2 s on 2 cores
-    (3, 24, 1, 64), (5, 24, 1, 64), (7, 24, 1, 64),
-    (3, 80, 1, 48), (5, 80, 1, 48), (7, 80, 1, 48),
+    (3, 24, 1, 64),
+    (5, 24, 1, 64),
+    (7, 24, 1, 64),
+    (3, 80, 1, 48),
+    (5, 80, 1, 48),
+    (7, 80, 1, 48),
 ]
 
 

@@ -17,6 +17,7 @@ net and kind (``../shared/GPU.md``), and the predicted against the measured devi
 the CPU: checks that this script runs, measures nothing (CI runs it).
 Run once on an H100: ``benchmarks/GPU-H100.md``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,10 +32,12 @@ from pathlib import Path
 import numpy as np
 
 #: ZNNi on a Titan X + 72-core Xeon, width 80, output voxels/s (paper's comparison table)
-TITAN_X = {"n337": {"gpu": 671_782, "gpu+host": 727_103, "cpu+gpu": 1_059_910},
-           "n537": {"gpu": 29_352, "gpu+host": 147_965, "cpu+gpu": 334_163},
-           "n726": {"gpu": 97_257, "gpu+host": 148_194, "cpu+gpu": 470_166},
-           "n926": {"gpu": 35_051, "gpu+host": 104_946, "cpu+gpu": 375_295}}
+TITAN_X = {
+    "n337": {"gpu": 671_782, "gpu+host": 727_103, "cpu+gpu": 1_059_910},
+    "n537": {"gpu": 29_352, "gpu+host": 147_965, "cpu+gpu": 334_163},
+    "n726": {"gpu": 97_257, "gpu+host": 148_194, "cpu+gpu": 470_166},
+    "n926": {"gpu": 35_051, "gpu+host": 104_946, "cpu+gpu": 375_295},
+}
 KINDS = {"gpu": ("gpu", ""), "gpu+host": ("gpu", "gpu+host"), "cpu+gpu": ("cpu+gpu", None)}
 
 
@@ -88,12 +91,19 @@ def bench(name, net, x, rounds, smoke, steps=False, cudnn_search=False):
     for kind, (device, placement) in KINDS.items():
         try:
             if kind == "gpu+host":  # a budget the GPU-only plan does not fit: it must stream
-                budget = max(2 ** 20, plans["gpu"].predicted_peak_bytes // 4) if "gpu" in plans else None
-                plans[kind] = autotune(net, device=device, memory_budget=budget, input_shape=x.shape[1:],
-                                       placement=placement, use_cache=False)
+                budget = max(2**20, plans["gpu"].predicted_peak_bytes // 4) if "gpu" in plans else None
+                plans[kind] = autotune(
+                    net,
+                    device=device,
+                    memory_budget=budget,
+                    input_shape=x.shape[1:],
+                    placement=placement,
+                    use_cache=False,
+                )
             else:
-                plans[kind] = autotune(net, device=device, input_shape=x.shape[1:], placement=placement,
-                                       use_cache=False)
+                plans[kind] = autotune(
+                    net, device=device, input_shape=x.shape[1:], placement=placement, use_cache=False
+                )
         except Exception as exc:  # a kind that does not fit this net: say so, go on
             row["kinds"][kind] = {"error": f"{type(exc).__name__}: {exc}"}
         _log(name, kind, "planned:", plans[kind].describe().splitlines()[1] if kind in plans else row["kinds"][kind])
@@ -145,23 +155,35 @@ def bench(name, net, x, rounds, smoke, steps=False, cudnn_search=False):
         s = statistics.median(times[kind])
         titan = TITAN_X.get(name, {}).get(kind)
         row["kinds"][kind] = {
-            "seconds": s, "voxels_per_s": out_vox / s, "vs_pytorch": torch_s / s,
+            "seconds": s,
+            "voxels_per_s": out_vox / s,
+            "vs_pytorch": torch_s / s,
             "vs_titan_x": (out_vox / s) / titan if titan else None,
-            "predicted_s": predicted_seconds(plan, net, x.shape[1:]), "patch": list(plan.patch_shape),
-            "predicted_peak": plan.predicted_peak_bytes, "measured_peak": peaks[kind],
+            "predicted_s": predicted_seconds(plan, net, x.shape[1:]),
+            "patch": list(plan.patch_shape),
+            "predicted_peak": plan.predicted_peak_bytes,
+            "measured_peak": peaks[kind],
             "max_rel_err_vs_pytorch": outs[kind],
-            "budget": plan.memory_budget, "split": plan.split, "placement": plan.placement,
-            "primitives": sorted({st.primitive for st in plan.steps if st.op == "conv"})}
+            "budget": plan.memory_budget,
+            "split": plan.split,
+            "placement": plan.placement,
+            "primitives": sorted({st.primitive for st in plan.steps if st.op == "conv"}),
+        }
         if kind in profiles:
             row["kinds"][kind]["steps"] = profiles[kind]
     return row
 
 
 def render(res) -> str:
-    lines = [f"# znni on {res['device']} against PyTorch CUDA dense (fp32, TF32 off)", "",
-             f"`{res['command']}`, {res['date']}; medians of {res['rounds']} rounds.", "",
-             "| net | kind | voxels/s | vs PyTorch | vs ZNNi Titan X | predicted / measured s | "
-             "predicted / measured peak (MB) | max rel. err. vs PyTorch |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# znni on {res['device']} against PyTorch CUDA dense (fp32, TF32 off)",
+        "",
+        f"`{res['command']}`, {res['date']}; medians of {res['rounds']} rounds.",
+        "",
+        "| net | kind | voxels/s | vs PyTorch | vs ZNNi Titan X | predicted / measured s | "
+        "predicted / measured peak (MB) | max rel. err. vs PyTorch |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row in res["rows"]:
         if "error" in row:
             lines.append(f"| {row['net']} | - | - | - | - | - | - | {row['error'][:80]} |")
@@ -170,10 +192,12 @@ def render(res) -> str:
                 lines.append(f"| {row['net']} | {kind} | - | - | - | - | - | {k['error'][:80]} |")
                 continue
             vt = f"{k['vs_titan_x']:.1f}x" if k["vs_titan_x"] else "-"
-            lines.append(f"| {row['net']} | {kind} | {k['voxels_per_s']:,.0f} | {k['vs_pytorch']:.2f}x | {vt} | "
-                         f"{k['predicted_s']:.3g} / {k['seconds']:.3g} | "
-                         f"{k['predicted_peak'] / 1e6:,.0f} / {k['measured_peak'] / 1e6:,.0f} | "
-                         f"{k['max_rel_err_vs_pytorch']:.1e} |")
+            lines.append(
+                f"| {row['net']} | {kind} | {k['voxels_per_s']:,.0f} | {k['vs_pytorch']:.2f}x | {vt} | "
+                f"{k['predicted_s']:.3g} / {k['seconds']:.3g} | "
+                f"{k['predicted_peak'] / 1e6:,.0f} / {k['measured_peak'] / 1e6:,.0f} | "
+                f"{k['max_rel_err_vs_pytorch']:.1e} |"
+            )
     from .runtimes import render_steps
 
     for row in res["rows"]:
@@ -189,8 +213,12 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the simulated GPU (CI)")
     ap.add_argument("--nets", default="", help="comma-separated subset (n337,n537,n726,n926,boundary)")
-    ap.add_argument("--size", type=int, default=320, help="output edge of the ZNNi nets' input (boundary: 32 x "
-                    "1024 x 1024 at 320, scaled in y, x)")
+    ap.add_argument(
+        "--size",
+        type=int,
+        default=320,
+        help="output edge of the ZNNi nets' input (boundary: 32 x 1024 x 1024 at 320, scaled in y, x)",
+    )
     ap.add_argument("--steps", action="store_true", help="also time each step on its own (one more run per kind)")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN search its algorithms (slow first run)")
     a = ap.parse_args(argv)
@@ -207,14 +235,20 @@ def main(argv=None):
         todo = sorted((c for c in todo if c[0] in order), key=lambda c: order.index(c[0]))
     for name, net, shape in todo:
         try:
-            rows.append(bench(name, net, _input(net, shape, a.smoke, a.size), a.rounds, a.smoke, a.steps,
-                              a.cudnn_benchmark))
+            rows.append(
+                bench(name, net, _input(net, shape, a.smoke, a.size), a.rounds, a.smoke, a.steps, a.cudnn_benchmark)
+            )
         except Exception as exc:  # PyTorch out of memory, say: report it, go on with the next net
             rows.append({"net": name, "kinds": {}, "error": f"{type(exc).__name__}: {exc}"})
         print(json.dumps(rows[-1]), flush=True)
-    res = {"device": device_name(xp), "host": platform.node(), "rounds": a.rounds, "rows": rows,
-           "command": "python -m benchmarks.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "date": time.strftime("%Y-%m-%d")}
+    res = {
+        "device": device_name(xp),
+        "host": platform.node(),
+        "rounds": a.rounds,
+        "rows": rows,
+        "command": "python -m benchmarks.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"),
+    }
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / ("gpu-smoke.json" if a.smoke else "gpu.json")).write_text(json.dumps(res, indent=1))
     (a.out / ("GPU-smoke.md" if a.smoke else "GPU.md")).write_text(render(res))

@@ -16,6 +16,7 @@ Per network, in one process:
 Everything is plain data (dicts) so :mod:`benchmarks.report` can render it and it can be
 saved as JSON.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,7 +31,7 @@ from .baselines import TorchDense, TorchNaive
 from .memwatch import measure
 from .nets import direct_flops_per_voxel, make_network
 
-GIB = 2 ** 30
+GIB = 2**30
 VERIFY_TOL = 1e-4
 
 
@@ -121,8 +122,14 @@ class ZnniRunner:
             m = (plan.patch_shape[0] - f + 1) // d
             best, quickest = None, None
             while m >= 1:
-                p = autotune(net, memory_budget=budget, device="cpu", effort="estimate", threads=threads,
-                             patch_shape=(f - 1 + m * d,) * 3)
+                p = autotune(
+                    net,
+                    memory_budget=budget,
+                    device="cpu",
+                    effort="estimate",
+                    threads=threads,
+                    patch_shape=(f - 1 + m * d,) * 3,
+                )
                 if quickest is None or p.predicted_seconds < quickest.predicted_seconds:
                     quickest = p
                 if p.predicted_seconds <= max_patch_seconds:
@@ -133,13 +140,24 @@ class ZnniRunner:
                 m -= 1
             best = best or quickest  # nothing under the cap: the quickest patch the tuner found
             if best is not None:
-                self.capped = {"uncapped_patch": list(plan.patch_shape),
-                               "uncapped_predicted_voxels_per_s": plan.predicted_voxels_per_s,
-                               "uncapped_predicted_seconds": plan.predicted_seconds,
-                               "max_patch_seconds": max_patch_seconds}
-                plan = best if effort == "estimate" else autotune(
-                    net, memory_budget=budget, device="cpu", effort=effort, threads=threads,
-                    patch_shape=best.patch_shape)
+                self.capped = {
+                    "uncapped_patch": list(plan.patch_shape),
+                    "uncapped_predicted_voxels_per_s": plan.predicted_voxels_per_s,
+                    "uncapped_predicted_seconds": plan.predicted_seconds,
+                    "max_patch_seconds": max_patch_seconds,
+                }
+                plan = (
+                    best
+                    if effort == "estimate"
+                    else autotune(
+                        net,
+                        memory_budget=budget,
+                        device="cpu",
+                        effort=effort,
+                        threads=threads,
+                        patch_shape=best.patch_shape,
+                    )
+                )
         self.plan = plan
         self.plan_seconds = time.perf_counter() - t0
         self.x = _input((net.in_channels,) + tuple(self.plan.patch_shape))
@@ -174,14 +192,37 @@ class ZnniRunner:
         for s in self.plan.steps:
             if s.op == "conv":
                 # a conv after a depth-first pool is called once per offset: predicted covers all
-                rows.append({"layer": s.index, "op": "conv", "primitive": s.primitive, "in": list(s.in_shape),
-                             "measured_s": acc.get(s.index, 0.0), "predicted_s": s.seconds})
+                rows.append(
+                    {
+                        "layer": s.index,
+                        "op": "conv",
+                        "primitive": s.primitive,
+                        "in": list(s.in_shape),
+                        "measured_s": acc.get(s.index, 0.0),
+                        "predicted_s": s.seconds,
+                    }
+                )
                 conv_sum += acc.get(s.index, 0.0)
-        rows.append({"layer": "-", "op": "pool/act/recombine/copies", "primitive": "",
-                     "in": [], "measured_s": total - conv_sum,
-                     "predicted_s": self.plan.predicted_seconds - sum(s.seconds for s in self.plan.steps if s.op == "conv")})
-        rows.append({"layer": "total", "op": "", "primitive": "", "in": [], "measured_s": total,
-                     "predicted_s": self.plan.predicted_seconds})
+        rows.append(
+            {
+                "layer": "-",
+                "op": "pool/act/recombine/copies",
+                "primitive": "",
+                "in": [],
+                "measured_s": total - conv_sum,
+                "predicted_s": self.plan.predicted_seconds - sum(s.seconds for s in self.plan.steps if s.op == "conv"),
+            }
+        )
+        rows.append(
+            {
+                "layer": "total",
+                "op": "",
+                "primitive": "",
+                "in": [],
+                "measured_s": total,
+                "predicted_s": self.plan.predicted_seconds,
+            }
+        )
         self.last_profile = rows
         return rows
 
@@ -210,20 +251,27 @@ def verify(net, zr: ZnniRunner | None, dense: TorchDense, naive: TorchNaive) -> 
         errs.append(_rel_err(y[sl], ref_n[sl]))
     out["naive_vs_dense_max_rel_err"] = max(errs)
     out["naive_offsets_checked"] = done
-    out["ok"] = (out.get("znni_vs_dense_max_rel_err", float("inf")) <= VERIFY_TOL
-                 and out["naive_vs_dense_max_rel_err"] <= VERIFY_TOL)
+    out["ok"] = (
+        out.get("znni_vs_dense_max_rel_err", float("inf")) <= VERIFY_TOL
+        and out["naive_vs_dense_max_rel_err"] <= VERIFY_TOL
+    )
     return out
 
 
 def _summ(times, peaks, out_voxels, flops_per_voxel, gemm):
     med = statistics.median(times)
     vps = out_voxels / med
-    return {"seconds": times, "median_s": med, "voxels_per_s": vps, "peak_bytes": max(peaks),
-            "out_voxels": out_voxels, "gemm_fraction": flops_per_voxel * vps / gemm if gemm else None}
+    return {
+        "seconds": times,
+        "median_s": med,
+        "voxels_per_s": vps,
+        "peak_bytes": max(peaks),
+        "out_voxels": out_voxels,
+        "gemm_fraction": flops_per_voxel * vps / gemm if gemm else None,
+    }
 
 
-def bench_budget(net, cfg: Config, budget: int, gemm: float, repeats: int, do_verify: bool,
-                 do_profile: bool) -> dict:
+def bench_budget(net, cfg: Config, budget: int, gemm: float, repeats: int, do_verify: bool, do_profile: bool) -> dict:
     """All three methods at one memory budget."""
     flops = direct_flops_per_voxel(net)
     res: dict = {"budget": budget, "repeats": repeats}
@@ -236,15 +284,21 @@ def bench_budget(net, cfg: Config, budget: int, gemm: float, repeats: int, do_ve
         if isinstance(cap, dict):
             cap = cap.get(net.name.split("-w")[0], cap.get("*"))
         zr = ZnniRunner(net, budget, cfg.effort, cfg.threads, cap)
-        res["znni_plan"] = {"patch_shape": list(zr.plan.patch_shape), "output_shape": list(zr.plan.output_shape),
-                            "pool_modes": list(zr.plan.pool_modes),
-                            "primitives": [s.primitive for s in zr.plan.steps if s.op == "conv"],
-                            "predicted_voxels_per_s": zr.plan.predicted_voxels_per_s,
-                            "predicted_peak_bytes": zr.plan.predicted_peak_bytes,
-                            "plan_seconds": zr.plan_seconds, "describe": zr.plan.describe(max_rejected=4),
-                            "capped": zr.capped}
-        log(f"  znni plan: patch {zr.plan.patch_shape} pools {zr.plan.pool_modes} "
-            f"predicted {zr.plan.predicted_voxels_per_s:,.0f} vox/s (planned in {zr.plan_seconds:.1f}s)")
+        res["znni_plan"] = {
+            "patch_shape": list(zr.plan.patch_shape),
+            "output_shape": list(zr.plan.output_shape),
+            "pool_modes": list(zr.plan.pool_modes),
+            "primitives": [s.primitive for s in zr.plan.steps if s.op == "conv"],
+            "predicted_voxels_per_s": zr.plan.predicted_voxels_per_s,
+            "predicted_peak_bytes": zr.plan.predicted_peak_bytes,
+            "plan_seconds": zr.plan_seconds,
+            "describe": zr.plan.describe(max_rejected=4),
+            "capped": zr.capped,
+        }
+        log(
+            f"  znni plan: patch {zr.plan.patch_shape} pools {zr.plan.pool_modes} "
+            f"predicted {zr.plan.predicted_voxels_per_s:,.0f} vox/s (planned in {zr.plan_seconds:.1f}s)"
+        )
     except Exception as exc:
         res["znni_error"] = f"{exc.__class__.__name__}: {exc}"
         res["znni_traceback"] = traceback.format_exc(limit=6)
@@ -264,7 +318,11 @@ def bench_budget(net, cfg: Config, budget: int, gemm: float, repeats: int, do_ve
     res["dense_candidates"] = edges
     res["naive_edge"] = n_naive
 
-    runs: dict[str, dict] = {"znni": {"t": [], "p": []}, "dense": {"t": [], "p": []}, "naive": {"t": [], "p": [], "done": []}}
+    runs: dict[str, dict] = {
+        "znni": {"t": [], "p": []},
+        "dense": {"t": [], "p": []},
+        "naive": {"t": [], "p": [], "done": []},
+    }
     dense_trials = {}
     # warm-up (FFT plans, numba compile, page faults), reported, not counted; in the sweep (one
     # round) only when the plan predicts a short run, else the single timed run is also the first
@@ -291,14 +349,24 @@ def bench_budget(net, cfg: Config, budget: int, gemm: float, repeats: int, do_ve
                 edges.remove(n)
                 continue
             vps = y[0].size / dt
-            dense_trials[n] = {"seconds": dt, "peak_bytes": pk, "voxels_per_s": vps, "model_bytes": dense.peak_bytes(n),
-                               "profile": prof}
-            log(f"  dense edge {n}: {dt:.1f}s {vps:,.0f} vox/s peak +{pk / GIB:.2f} GiB "
-                f"(model {dense.peak_bytes(n) / GIB:.2f})")
+            dense_trials[n] = {
+                "seconds": dt,
+                "peak_bytes": pk,
+                "voxels_per_s": vps,
+                "model_bytes": dense.peak_bytes(n),
+                "profile": prof,
+            }
+            log(
+                f"  dense edge {n}: {dt:.1f}s {vps:,.0f} vox/s peak +{pk / GIB:.2f} GiB "
+                f"(model {dense.peak_bytes(n) / GIB:.2f})"
+            )
             ratio = max(ratio, pk / dense.peak_bytes(n))
             del y
-        fitting = [n for n in edges if n in dense_trials and "peak_bytes" in dense_trials[n]
-                   and dense_trials[n]["peak_bytes"] <= budget]
+        fitting = [
+            n
+            for n in edges
+            if n in dense_trials and "peak_bytes" in dense_trials[n] and dense_trials[n]["peak_bytes"] <= budget
+        ]
         if fitting:
             dense_edge = max(fitting, key=lambda n: dense_trials[n]["voxels_per_s"])
         else:  # all over budget: re-derive edges with the measured ratio
@@ -320,7 +388,7 @@ def bench_budget(net, cfg: Config, budget: int, gemm: float, repeats: int, do_ve
     if x_naive is not None:
         methods.append("naive")
     for r in range(repeats):
-        order = methods[r % len(methods):] + methods[:r % len(methods)] if methods else []
+        order = methods[r % len(methods) :] + methods[: r % len(methods)] if methods else []
         for m in order:
             if m == "znni":
                 # round 0 is the profiled run (the wrapper only reads a clock around each conv call)
@@ -339,8 +407,9 @@ def bench_budget(net, cfg: Config, budget: int, gemm: float, repeats: int, do_ve
     if runs["znni"]["t"]:
         res["znni"] = _summ(runs["znni"]["t"], runs["znni"]["p"], zr.out_voxels, flops, gemm)
     if runs["dense"]["t"]:
-        res["dense"] = _summ(runs["dense"]["t"], runs["dense"]["p"], (dense_edge - max(net.field_of_view) + 1) ** 3,
-                             flops, gemm)
+        res["dense"] = _summ(
+            runs["dense"]["t"], runs["dense"]["p"], (dense_edge - max(net.field_of_view) + 1) ** 3, flops, gemm
+        )
         res["dense"]["input_edge"] = dense_edge
     if runs["naive"]["t"]:
         ov = math.prod(naive.out_shape((n_naive,) * 3))
@@ -367,11 +436,18 @@ def bench_budget(net, cfg: Config, budget: int, gemm: float, repeats: int, do_ve
 def bench_network(name_or_net, cfg: Config, gemm: float) -> dict:
     net = make_network(name_or_net, cfg.width, cfg.seed) if isinstance(name_or_net, str) else name_or_net
     name = name_or_net if isinstance(name_or_net, str) else net.name
-    log(f"{name} width {cfg.width}: FoV {net.field_of_view}, D {net.pooling_product}, "
-        f"{direct_flops_per_voxel(net) / 1e6:.2f} MFLOP/voxel")
-    out = {"network": name, "width": cfg.width, "field_of_view": list(net.field_of_view),
-           "pooling_product": list(net.pooling_product), "flops_per_voxel": direct_flops_per_voxel(net),
-           "architecture": net.describe()}
+    log(
+        f"{name} width {cfg.width}: FoV {net.field_of_view}, D {net.pooling_product}, "
+        f"{direct_flops_per_voxel(net) / 1e6:.2f} MFLOP/voxel"
+    )
+    out = {
+        "network": name,
+        "width": cfg.width,
+        "field_of_view": list(net.field_of_view),
+        "pooling_product": list(net.pooling_product),
+        "flops_per_voxel": direct_flops_per_voxel(net),
+        "architecture": net.describe(),
+    }
     t0 = time.perf_counter()
     log(f"  main comparison at budget {cfg.budget / GIB:.2f} GiB")
     out["main"] = bench_budget(net, cfg, cfg.budget, gemm, cfg.repeats, do_verify=True, do_profile=cfg.profile)
@@ -391,8 +467,11 @@ def run(cfg: Config, machine: dict) -> dict:
 
     torch.set_num_threads(cfg.threads)
     gemm = machine["gemm_flops"]
-    results = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
-               "machine": machine, "networks": []}
+    results = {
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
+        "machine": machine,
+        "networks": [],
+    }
     for name in cfg.networks:
         results["networks"].append(bench_network(name, cfg, gemm))
     results["machine"]["loadavg_at_end"] = [round(v, 2) for v in __import__("os").getloadavg()]

@@ -1,4 +1,5 @@
 """What machine, what libraries, what BLAS kernel, and how fast its float32 GEMM is."""
+
 from __future__ import annotations
 
 import datetime
@@ -50,7 +51,7 @@ def gemm_flops(n: int = 2048, repeats: int = 5) -> float:
         t0 = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - t0)
-    return 2.0 * n ** 3 / best
+    return 2.0 * n**3 / best
 
 
 def gemm_flops_with_coretype(coretype: str | None, n: int = 2048) -> float | None:
@@ -61,8 +62,14 @@ def gemm_flops_with_coretype(coretype: str | None, n: int = 2048) -> float | Non
         env["OPENBLAS_CORETYPE"] = coretype
     code = f"from benchmarks.machine import gemm_flops; print(gemm_flops({n}))"
     try:
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                           cwd=str(Path(__file__).resolve().parent.parent))
+        r = subprocess.run(
+            [sys.executable, "-c", code],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=str(Path(__file__).resolve().parent.parent),
+        )
         return float(r.stdout.strip().splitlines()[-1])
     except Exception:
         return None
@@ -81,8 +88,13 @@ def versions() -> dict:
 
 def git_head() -> str:
     try:
-        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                           cwd=str(Path(__file__).resolve().parent.parent))
+        r = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=str(Path(__file__).resolve().parent.parent),
+        )
         return r.stdout.strip()
     except Exception:
         return "?"
@@ -97,8 +109,8 @@ def describe(measure_haswell: bool = True) -> dict:
         "cpu": cpu_model(),
         "avx512": "avx512f" in cpu_flags(),
         "cores": usable_cores(),
-        "ram_gib": round(psutil.virtual_memory().total / 2 ** 30, 1),
-        "ram_available_gib": round(psutil.virtual_memory().available / 2 ** 30, 1),
+        "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "ram_available_gib": round(psutil.virtual_memory().available / 2**30, 1),
         "loadavg_at_start": [round(v, 2) for v in load],
         "platform": platform.platform(),
         "versions": versions(),
@@ -133,12 +145,18 @@ def host_class() -> dict:
     vec = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
     from znni_core.layers import _numba, vector_width
 
-    return {"vendor": info.get("vendor_id", "?"), "family": info.get("cpu family", "?"),
-            "model": info.get("model", "?"),
-            "name": info.get("model name", "?"), "flags": vec,
-            "vector_width": f"{vector_width.describe()} [{_numba.VECTOR_WIDTH_SOURCE}]"}
+    return {
+        "vendor": info.get("vendor_id", "?"),
+        "family": info.get("cpu family", "?"),
+        "model": info.get("model", "?"),
+        "name": info.get("model name", "?"),
+        "flags": vec,
+        "vector_width": f"{vector_width.describe()} [{_numba.VECTOR_WIDTH_SOURCE}]",
+    }
 
 
 def host_line(h: dict) -> str:
-    return (f"{h['vendor']} family {h['family']} model {h['model']} ({h['name']}), flags {' '.join(h['flags'])}; "
-            f"znni's kernels: {h['vector_width']}")
+    return (
+        f"{h['vendor']} family {h['family']} model {h['model']} ({h['name']}), flags {' '.join(h['flags'])}; "
+        f"znni's kernels: {h['vector_width']}"
+    )

@@ -6,6 +6,7 @@ interpreter, the libraries and arrays alive before the call do not count), sampl
 ``interval`` seconds (2 ms default) and read once more at the end.  Allocations that live
 shorter than the interval can be missed; large buffers live much longer than that.
 """
+
 from __future__ import annotations
 
 import threading

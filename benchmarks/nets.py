@@ -13,6 +13,7 @@ layers, C conv layers, the repository's files are named ``PKC``):
 ReLU after every conv except the last.  Weights are He-scaled (std sqrt(2 / fan_in)) and seeded,
 biases small, so activations stay O(1) through the net.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,7 +40,7 @@ def make_network(name: str, width: int = 24, seed: int = 0, out_maps: int = 3) -
     layers, c = [], 1
     for i in range(n_convs):
         c_out = out_maps if i == n_convs - 1 else width
-        fan_in = c * k ** 3
+        fan_in = c * k**3
         w = (rng.standard_normal((c_out, c, k, k, k)) * math.sqrt(2.0 / fan_in)).astype(np.float32)
         b = (rng.standard_normal(c_out) * 0.05).astype(np.float32)
         layers.append(Conv(w, b, name=f"conv{i + 1}"))
@@ -48,8 +49,11 @@ def make_network(name: str, width: int = 24, seed: int = 0, out_maps: int = 3) -
             layers.append(Activation("relu", name=f"relu{i + 1}"))
         if i < n_pools:
             layers.append(Pool((2, 2, 2), name=f"pool{i + 1}"))
-    return Network(tuple(layers), name=f"{name}-w{width}",
-                   metadata={"source": "ZNNi Table III (seung-lab/ZNNi networks/)", "width": width, "seed": seed})
+    return Network(
+        tuple(layers),
+        name=f"{name}-w{width}",
+        metadata={"source": "ZNNi Table III (seung-lab/ZNNi networks/)", "width": width, "seed": seed},
+    )
 
 
 def direct_flops_per_voxel(net: Network) -> float:
@@ -58,8 +62,9 @@ def direct_flops_per_voxel(net: Network) -> float:
     Each conv layer contributes ``2 C_in C_out k^3``: what a dense (dilated or MPF) direct
     convolution does per output voxel on an unbounded volume.
     """
-    return float(sum(2 * l.in_channels * l.out_channels * math.prod(l.kernel)
-                     for l in net.layers if isinstance(l, Conv)))
+    return float(
+        sum(2 * l.in_channels * l.out_channels * math.prod(l.kernel) for l in net.layers if isinstance(l, Conv))
+    )
 
 
 def make_boundary_network(seed: int = 0) -> Network:
@@ -71,8 +76,14 @@ def make_boundary_network(seed: int = 0) -> Network:
     voxel.  Random He-scaled weights (the architecture, not the trained values, sets the speed).
     """
     rng = np.random.default_rng([seed, 4])
-    spec = [((1, 4, 4), 48, True), ((1, 5, 5), 48, True), ((1, 4, 4), 48, True), ((1, 4, 4), 48, True),
-            ((1, 3, 3), 200, False), ((1, 1, 1), 1, False)]
+    spec = [
+        ((1, 4, 4), 48, True),
+        ((1, 5, 5), 48, True),
+        ((1, 4, 4), 48, True),
+        ((1, 4, 4), 48, True),
+        ((1, 3, 3), 200, False),
+        ((1, 1, 1), 1, False),
+    ]
     layers, c = [], 1
     for i, (k, c_out, pool) in enumerate(spec):
         w = (rng.standard_normal((c_out, c) + k) * math.sqrt(2.0 / (c * math.prod(k)))).astype(np.float32)

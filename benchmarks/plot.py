@@ -1,12 +1,15 @@
 """Throughput vs memory budget, one panel per network, one line per method (like ZNNi Fig. 5/7)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
-GIB = 2 ** 30
-METHODS = (("znni", "znni (autotuned plan)", "tab:red", "o"),
-           ("dense", "PyTorch dense dilated", "tab:blue", "s"),
-           ("naive", "PyTorch naive all-offsets", "tab:gray", "^"))
+GIB = 2**30
+METHODS = (
+    ("znni", "znni (autotuned plan)", "tab:red", "o"),
+    ("dense", "PyTorch dense dilated", "tab:blue", "s"),
+    ("naive", "PyTorch naive all-offsets", "tab:gray", "^"),
+)
 
 
 def sweep_plot(results: dict, path: Path) -> Path:
@@ -31,11 +34,13 @@ def sweep_plot(results: dict, path: Path) -> Path:
         ax.set_ylabel("output voxels / s")
         ax.set_title(f"{nres['network']} (width {nres['width']})")
         ax.grid(True, which="both", alpha=0.3)
-    for ax in list(axes.flat)[len(nets):]:
+    for ax in list(axes.flat)[len(nets) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=8, loc="best")
     m = results["machine"]
-    fig.suptitle(f"Dense inference throughput vs memory - {m['cpu']}, {results['config']['threads']} threads", fontsize=10)
+    fig.suptitle(
+        f"Dense inference throughput vs memory - {m['cpu']}, {results['config']['threads']} threads", fontsize=10
+    )
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -1,10 +1,11 @@
 """Render ``results_w*.json`` into ``RESULTS.md`` (tables, plots, profiles, notes)."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-GIB = 2 ** 30
+GIB = 2**30
 # issue 5, width 24, same budget: znni / PyTorch dense and znni / naive
 TARGETS_DENSE = {"n337": 1.2, "n537": 4.0, "n726": 8.0, "n926": 20.0}
 TARGET_NAIVE = 50.0
@@ -31,11 +32,13 @@ def _plan_short(p):
 
 
 def machine_section(m: dict, cfg: dict, command: str) -> list[str]:
-    blas = "; ".join(f"{b['internal_api']} {b['version']} ({b['architecture']}, {b['num_threads']} threads)"
-                     for b in m["blas"])
+    blas = "; ".join(
+        f"{b['internal_api']} {b['version']} ({b['architecture']}, {b['num_threads']} threads)" for b in m["blas"]
+    )
     v = m["versions"]
     lines = [
-        "## Machine and software", "",
+        "## Machine and software",
+        "",
         f"* date (UTC): {m['date']}; git HEAD `{m['git_head']}`",
         f"* CPU: {m['cpu']} (AVX-512: {'yes' if m['avx512'] else 'no'}), {m['cores']} usable cores, "
         f"{m['ram_gib']} GiB RAM ({m['ram_available_gib']} GiB available at start)",
@@ -48,11 +51,20 @@ def machine_section(m: dict, cfg: dict, command: str) -> list[str]:
         f"`{m['openblas_coretype_original']}`; while measuring: `{m['openblas_coretype_env']}`",
         f"* measured float32 GEMM peak (numpy, 2048^3, {cfg['threads']} threads): "
         f"**{m['gemm_flops'] / 1e9:.0f} GFLOP/s**"
-        + (f" (with `OPENBLAS_CORETYPE=Haswell`: {m['gemm_flops_haswell'] / 1e9:.0f} GFLOP/s)"
-           if m.get("gemm_flops_haswell") else ""),
+        + (
+            f" (with `OPENBLAS_CORETYPE=Haswell`: {m['gemm_flops_haswell'] / 1e9:.0f} GFLOP/s)"
+            if m.get("gemm_flops_haswell")
+            else ""
+        ),
         f"* PyTorch: `torch.set_num_threads({cfg['threads']})`, inference mode, float32; znni plan threads "
         f"{cfg['threads']}, autotuner effort `{cfg['effort']}`",
-        "", "Command:", "", "```", command, "```", "",
+        "",
+        "Command:",
+        "",
+        "```",
+        command,
+        "```",
+        "",
     ]
     return lines
 
@@ -61,13 +73,17 @@ def width_section(res: dict, png: str | None) -> list[str]:
     cfg = res["config"]
     w = cfg["width"]
     budget = cfg["budget"]
-    L = [f"## Width {w}: side by side at a {budget / GIB:g} GiB budget", "",
-         f"Median of {cfg['repeats']} interleaved rounds (order rotated per round). "
-         "Output voxels/s of the dense output; peak = measured RSS rise during the call; "
-         "GEMM fraction = direct-conv FLOPs per output voxel x voxels/s / measured GEMM FLOP/s.", "",
-         "| network | znni vox/s | znni peak GiB | GEMM frac | PyTorch dense vox/s (input edge) | dense peak GiB "
-         "| naive vox/s (input edge, offsets timed) | naive peak GiB | znni / dense (target) | znni / naive (target 50) |",
-         "|---|---|---|---|---|---|---|---|---|---|"]
+    L = [
+        f"## Width {w}: side by side at a {budget / GIB:g} GiB budget",
+        "",
+        f"Median of {cfg['repeats']} interleaved rounds (order rotated per round). "
+        "Output voxels/s of the dense output; peak = measured RSS rise during the call; "
+        "GEMM fraction = direct-conv FLOPs per output voxel x voxels/s / measured GEMM FLOP/s.",
+        "",
+        "| network | znni vox/s | znni peak GiB | GEMM frac | PyTorch dense vox/s (input edge) | dense peak GiB "
+        "| naive vox/s (input edge, offsets timed) | naive peak GiB | znni / dense (target) | znni / naive (target 50) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for n in res["networks"]:
         r = n["main"]
         z, d, nv = r.get("znni"), r.get("dense"), r.get("naive")
@@ -85,16 +101,27 @@ def width_section(res: dict, png: str | None) -> list[str]:
         naive_off = "-"
         if nv:
             runs = nv["offsets_run"]
-            naive_off = (f"{_k(nv['voxels_per_s'])} ({nv['input_edge']}, {min(runs)}-{max(runs)} of {nv['offsets_total']}"
-                         f"{', extrapolated' if nv['extrapolated'] else ''})")
-        L.append(f"| {n['network']} | {_k(z and z['voxels_per_s'])} | {_g(z and z['peak_bytes'])} | "
-                 f"{(z['gemm_fraction'] if z else float('nan')):.3f} | "
-                 f"{_k(d and d['voxels_per_s'])} ({d['input_edge'] if d else '-'}) | {_g(d and d['peak_bytes'])} | "
-                 f"{naive_off} | {_g(nv and nv['peak_bytes'])} | {ratio('ratio_vs_dense', tgt)} | "
-                 f"{ratio('ratio_vs_naive', TARGET_NAIVE if w == 24 else None)} |")
-    L += ["", "GEMM fraction of the baselines: " + "; ".join(
-        f"{n['network']} dense {n['main']['dense']['gemm_fraction']:.3f}, naive {n['main']['naive']['gemm_fraction']:.4f}"
-        for n in res["networks"] if "dense" in n["main"] and "naive" in n["main"]), ""]
+            naive_off = (
+                f"{_k(nv['voxels_per_s'])} ({nv['input_edge']}, {min(runs)}-{max(runs)} of {nv['offsets_total']}"
+                f"{', extrapolated' if nv['extrapolated'] else ''})"
+            )
+        L.append(
+            f"| {n['network']} | {_k(z and z['voxels_per_s'])} | {_g(z and z['peak_bytes'])} | "
+            f"{(z['gemm_fraction'] if z else float('nan')):.3f} | "
+            f"{_k(d and d['voxels_per_s'])} ({d['input_edge'] if d else '-'}) | {_g(d and d['peak_bytes'])} | "
+            f"{naive_off} | {_g(nv and nv['peak_bytes'])} | {ratio('ratio_vs_dense', tgt)} | "
+            f"{ratio('ratio_vs_naive', TARGET_NAIVE if w == 24 else None)} |"
+        )
+    L += [
+        "",
+        "GEMM fraction of the baselines: "
+        + "; ".join(
+            f"{n['network']} dense {n['main']['dense']['gemm_fraction']:.3f}, naive {n['main']['naive']['gemm_fraction']:.4f}"
+            for n in res["networks"]
+            if "dense" in n["main"] and "naive" in n["main"]
+        ),
+        "",
+    ]
 
     # plans
     L += ["### Plans chosen", ""]
@@ -104,62 +131,94 @@ def width_section(res: dict, png: str | None) -> list[str]:
             p = r["znni_plan"]
             if p.get("capped"):
                 c = p["capped"]
-                L += [f"**{n['network']}** (time-capped: the uncapped plan's patch {tuple(c['uncapped_patch'])} "
-                      f"predicts {c['uncapped_predicted_seconds']:.0f} s per patch, "
-                      f"{_k(c['uncapped_predicted_voxels_per_s'])} vox/s; the benchmark used the autotuner's best "
-                      f"patch under {c['max_patch_seconds']:g} s predicted)", ""]
-            L += [f"**{n['network']}**: {_plan_short(p)}; predicted {_k(p['predicted_voxels_per_s'])} vox/s, "
-                  f"{_g(p['predicted_peak_bytes'])} GiB; planned in {p['plan_seconds']:.1f} s; "
-                  f"first (cold) run {r.get('znni_cold_s', float('nan')):.2f} s.", "",
-                  "<details><summary>plan.describe()</summary>", "", "```", p["describe"], "```", "</details>", ""]
+                L += [
+                    f"**{n['network']}** (time-capped: the uncapped plan's patch {tuple(c['uncapped_patch'])} "
+                    f"predicts {c['uncapped_predicted_seconds']:.0f} s per patch, "
+                    f"{_k(c['uncapped_predicted_voxels_per_s'])} vox/s; the benchmark used the autotuner's best "
+                    f"patch under {c['max_patch_seconds']:g} s predicted)",
+                    "",
+                ]
+            L += [
+                f"**{n['network']}**: {_plan_short(p)}; predicted {_k(p['predicted_voxels_per_s'])} vox/s, "
+                f"{_g(p['predicted_peak_bytes'])} GiB; planned in {p['plan_seconds']:.1f} s; "
+                f"first (cold) run {r.get('znni_cold_s', float('nan')):.2f} s.",
+                "",
+                "<details><summary>plan.describe()</summary>",
+                "",
+                "```",
+                p["describe"],
+                "```",
+                "</details>",
+                "",
+            ]
         else:
             L += [f"**{n['network']}**: no znni plan - {r.get('znni_error', '?')}", ""]
 
     # verification
-    L += ["### Correctness (checked before timing)", "",
-          "| network | input | znni vs PyTorch dense, max rel err | naive vs dense (offsets) | ok |", "|---|---|---|---|---|"]
+    L += [
+        "### Correctness (checked before timing)",
+        "",
+        "| network | input | znni vs PyTorch dense, max rel err | naive vs dense (offsets) | ok |",
+        "|---|---|---|---|---|",
+    ]
     for n in res["networks"]:
         v = n["main"].get("verify", {})
         ze = v.get("znni_vs_dense_max_rel_err")
-        L.append(f"| {n['network']} | {tuple(v.get('input_shape', []))} | "
-                 f"{'%.2e' % ze if ze is not None else v.get('znni_error', '-')} | "
-                 f"{v.get('naive_vs_dense_max_rel_err', float('nan')):.2e} ({v.get('naive_offsets_checked')}) | "
-                 f"{'yes' if v.get('ok') else 'NO'} |")
+        L.append(
+            f"| {n['network']} | {tuple(v.get('input_shape', []))} | "
+            f"{'%.2e' % ze if ze is not None else v.get('znni_error', '-')} | "
+            f"{v.get('naive_vs_dense_max_rel_err', float('nan')):.2e} ({v.get('naive_offsets_checked')}) | "
+            f"{'yes' if v.get('ok') else 'NO'} |"
+        )
     L.append("")
 
     # dense size search
     L += ["### PyTorch dense: input edges tried under the budget", ""]
     for n in res["networks"]:
         tr = n["main"].get("dense_trials", {})
-        cells = [f"{e}: {_k(t.get('voxels_per_s'))} vox/s, {_g(t.get('peak_bytes'))} GiB" if "seconds" in t else f"{e}: {t.get('error')}"
-                 for e, t in tr.items()]
-        L.append(f"* {n['network']}: " + ("; ".join(cells) if cells else "nothing fits the budget") +
-                 f" -> chosen {n['main'].get('dense_edge')}")
+        cells = [
+            f"{e}: {_k(t.get('voxels_per_s'))} vox/s, {_g(t.get('peak_bytes'))} GiB"
+            if "seconds" in t
+            else f"{e}: {t.get('error')}"
+            for e, t in tr.items()
+        ]
+        L.append(
+            f"* {n['network']}: "
+            + ("; ".join(cells) if cells else "nothing fits the budget")
+            + f" -> chosen {n['main'].get('dense_edge')}"
+        )
     L.append("")
 
     # sweep
-    L += ["### Budget sweep", "",
-          "One timed run per method and budget, except the main budget (its rounds, as above). "
-          "Same harness: znni autotuned at each budget, PyTorch dense at its largest fitting edge, naive "
-          "extrapolated from the offsets timed."]
+    L += [
+        "### Budget sweep",
+        "",
+        "One timed run per method and budget, except the main budget (its rounds, as above). "
+        "Same harness: znni autotuned at each budget, PyTorch dense at its largest fitting edge, naive "
+        "extrapolated from the offsets timed.",
+    ]
     if cfg.get("extra", {}).get("sweep_command"):
         L += ["", f"Sweep command: `{cfg['extra']['sweep_command']}`"]
     L.append("")
     if png:
         L += [f"![throughput vs memory, width {w}]({png})", ""]
-    L += ["| network | budget GiB | znni vox/s (patch) | dense vox/s (edge) | naive vox/s (edge) | znni/dense | znni/naive |",
-          "|---|---|---|---|---|---|---|"]
+    L += [
+        "| network | budget GiB | znni vox/s (patch) | dense vox/s (edge) | naive vox/s (edge) | znni/dense | znni/naive |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for n in res["networks"]:
         for r in sorted(n["sweep"], key=lambda r: r["budget"]):
             z, d, nv = r.get("znni"), r.get("dense"), r.get("naive")
             pz = tuple(r["znni_plan"]["patch_shape"]) if "znni_plan" in r else "-"
             if z and not r.get("znni_warmed_up"):
                 pz = f"{pz}, cold"
-            L.append(f"| {n['network']} | {r['budget'] / GIB:g} | {_k(z and z['voxels_per_s'])} ({pz}) | "
-                     f"{_k(d and d['voxels_per_s']) if d else 'does not fit'} ({d['input_edge'] if d else '-'}) | "
-                     f"{_k(nv and nv['voxels_per_s'])} ({nv['input_edge'] if nv else '-'}) | "
-                     f"{'%.2fx' % r['ratio_vs_dense'] if 'ratio_vs_dense' in r else '-'} | "
-                     f"{'%.1fx' % r['ratio_vs_naive'] if 'ratio_vs_naive' in r else '-'} |")
+            L.append(
+                f"| {n['network']} | {r['budget'] / GIB:g} | {_k(z and z['voxels_per_s'])} ({pz}) | "
+                f"{_k(d and d['voxels_per_s']) if d else 'does not fit'} ({d['input_edge'] if d else '-'}) | "
+                f"{_k(nv and nv['voxels_per_s'])} ({nv['input_edge'] if nv else '-'}) | "
+                f"{'%.2fx' % r['ratio_vs_dense'] if 'ratio_vs_dense' in r else '-'} | "
+                f"{'%.1fx' % r['ratio_vs_naive'] if 'ratio_vs_naive' in r else '-'} |"
+            )
     L += ["", "Sweep points marked *cold* timed znni's first run (no warm-up: its plan predicted a long run).", ""]
 
     # profiles
@@ -167,17 +226,27 @@ def width_section(res: dict, png: str | None) -> list[str]:
     for n in res["networks"]:
         r = n["main"]
         if "znni_profile" in r:
-            L += [f"**{n['network']} znni** (conv steps timed by wrapping the executor's conv call; "
-                  "predicted = the plan's time model)", "",
-                  "| layer | op | primitive | in (N,C,z,y,x) | measured s | predicted s |", "|---|---|---|---|---|---|"]
+            L += [
+                f"**{n['network']} znni** (conv steps timed by wrapping the executor's conv call; "
+                "predicted = the plan's time model)",
+                "",
+                "| layer | op | primitive | in (N,C,z,y,x) | measured s | predicted s |",
+                "|---|---|---|---|---|---|",
+            ]
             for row in r["znni_profile"]:
-                L.append(f"| {row['layer']} | {row['op']} | {row['primitive']} | {tuple(row['in']) if row['in'] else ''} | "
-                         f"{row['measured_s']:.3f} | {row['predicted_s']:.3f} |")
+                L.append(
+                    f"| {row['layer']} | {row['op']} | {row['primitive']} | {tuple(row['in']) if row['in'] else ''} | "
+                    f"{row['measured_s']:.3f} | {row['predicted_s']:.3f} |"
+                )
             L.append("")
         if "dense_profile" in r:
             tot = sum(x["seconds"] for x in r["dense_profile"])
-            L += [f"**{n['network']} PyTorch dense** (input edge {r.get('dense_edge')}, total {tot:.2f} s)", "",
-                  "| op | input (C,z,y,x) | seconds | share |", "|---|---|---|---|"]
+            L += [
+                f"**{n['network']} PyTorch dense** (input edge {r.get('dense_edge')}, total {tot:.2f} s)",
+                "",
+                "| op | input (C,z,y,x) | seconds | share |",
+                "|---|---|---|---|",
+            ]
             for row in r["dense_profile"]:
                 L.append(f"| {row['op']} | {tuple(row['in'])} | {row['seconds']:.3f} | {row['seconds'] / tot:.0%} |")
             L.append("")
@@ -188,21 +257,29 @@ def write_report(out_dir: Path, command_by_width: dict | None = None) -> Path:
     out_dir = Path(out_dir)
     files = sorted(out_dir.glob("results_w*.json"), key=lambda p: int(p.stem.split("_w")[1]))
     results = [json.loads(p.read_text()) for p in files]
-    L = ["# znni vs PyTorch CPU: dense sliding-window inference on the ZNNi networks", "",
-         "Generated by `python -m benchmarks` (see `benchmarks/report.py`) from "
-         + ", ".join(f"`{p.name}`" for p in files) + "; hand-written notes at the end (`benchmarks/NOTES.md`).", "",
-         "Networks: ZNNi Table III (Zlateski, Lee, Seung, *ZNNi: Maximizing the Inference Throughput of 3D "
-         "Convolutional Networks on CPUs and GPUs*, SC16, arXiv:1606.05688), architectures taken from the "
-         "authors' network files `networks/337.znni`, `357.znni`, `276.znni`, `296.znni` in "
-         "github.com/seung-lab/ZNNi (see `benchmarks/nets.py`); random He-scaled weights, seed 0; "
-         "ReLU after every conv except the last; 1 input, 3 output maps.", ""]
+    L = [
+        "# znni vs PyTorch CPU: dense sliding-window inference on the ZNNi networks",
+        "",
+        "Generated by `python -m benchmarks` (see `benchmarks/report.py`) from "
+        + ", ".join(f"`{p.name}`" for p in files)
+        + "; hand-written notes at the end (`benchmarks/NOTES.md`).",
+        "",
+        "Networks: ZNNi Table III (Zlateski, Lee, Seung, *ZNNi: Maximizing the Inference Throughput of 3D "
+        "Convolutional Networks on CPUs and GPUs*, SC16, arXiv:1606.05688), architectures taken from the "
+        "authors' network files `networks/337.znni`, `357.znni`, `276.znni`, `296.znni` in "
+        "github.com/seung-lab/ZNNi (see `benchmarks/nets.py`); random He-scaled weights, seed 0; "
+        "ReLU after every conv except the last; 1 input, 3 output maps.",
+        "",
+    ]
     L += ["| network | layers | field of view | D | direct MFLOP / output voxel (width 24) |", "|---|---|---|---|---|"]
     from .nets import ARCH, direct_flops_per_voxel, make_network
 
     for name, (k, p, c) in ARCH.items():
         net = make_network(name, 24)
-        L.append(f"| {name} | {c} x conv {k}^3, 2^3 max-pool after the first {p} | {net.field_of_view[0]} | "
-                 f"{net.pooling_product[0]} | {direct_flops_per_voxel(net) / 1e6:.2f} |")
+        L.append(
+            f"| {name} | {c} x conv {k}^3, 2^3 max-pool after the first {p} | {net.field_of_view[0]} | "
+            f"{net.pooling_product[0]} | {direct_flops_per_voxel(net) / 1e6:.2f} |"
+        )
     L.append("")
     if results:
         cmd = results[0]["config"].get("extra", {}).get("command", "python -m benchmarks")
@@ -211,8 +288,11 @@ def write_report(out_dir: Path, command_by_width: dict | None = None) -> Path:
         w = res["config"]["width"]
         png = f"sweep_w{w}.png" if (out_dir / f"sweep_w{w}.png").exists() else None
         if res["config"].get("extra", {}).get("command"):
-            L += [f"Width {w} command: `{res['config']['extra']['command']}`, machine load at start "
-                  f"{res['machine']['loadavg_at_start']}, at end {res['machine'].get('loadavg_at_end')}.", ""]
+            L += [
+                f"Width {w} command: `{res['config']['extra']['command']}`, machine load at start "
+                f"{res['machine']['loadavg_at_start']}, at end {res['machine'].get('loadavg_at_end')}.",
+                "",
+            ]
         L += width_section(res, png)
     notes = out_dir / "NOTES.md"
     if notes.exists():

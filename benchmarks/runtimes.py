@@ -20,6 +20,7 @@ FLOPs / time) against the float32 sgemm peak measured in the same process.
 Install the baselines with ``pip install -e '.[bench]' torch==2.13.0``.  Results go to
 ``benchmarks/RUNTIMES.md`` and ``runtimes.json`` (or ``--out``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,17 +84,25 @@ def dense_module(net: Network, two_d: bool = False):
                             x = y
                 else:
                     kind, alpha = op[1], op[2]
-                    x = {"relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
-                         "softmax": lambda v: torch.softmax(v, dim=1),
-                         "leaky_relu": lambda v: F.leaky_relu(v, alpha), "elu": lambda v: F.elu(v, alpha)}[kind](x)
+                    x = {
+                        "relu": torch.relu,
+                        "sigmoid": torch.sigmoid,
+                        "tanh": torch.tanh,
+                        "softmax": lambda v: torch.softmax(v, dim=1),
+                        "leaky_relu": lambda v: F.leaky_relu(v, alpha),
+                        "elu": lambda v: F.elu(v, alpha),
+                    }[kind](x)
             return x
 
     return Dense().eval()
 
 
 def is_2d(net: Network) -> bool:
-    return all((l.kernel[0] == 1) if isinstance(l, Conv) else (l.window[0] == 1)
-               for l in net.layers if isinstance(l, (Conv, Pool)))
+    return all(
+        (l.kernel[0] == 1) if isinstance(l, Conv) else (l.window[0] == 1)
+        for l in net.layers
+        if isinstance(l, (Conv, Pool))
+    )
 
 
 def _torch_run(module, t):
@@ -118,8 +127,15 @@ class Baselines:
             if form == "3d":
                 self.fns["pytorch"] = lambda m=mod, t=torch.from_numpy(xin): _torch_run(m, t)
             path = tmp / f"{net.name}-{form}.onnx"
-            torch.onnx.export(mod, torch.from_numpy(xin), str(path), opset_version=17, dynamo=False,
-                              input_names=["x"], output_names=["y"])
+            torch.onnx.export(
+                mod,
+                torch.from_numpy(xin),
+                str(path),
+                opset_version=17,
+                dynamo=False,
+                input_names=["x"],
+                output_names=["y"],
+            )
             self._ort(path, xin, two_d, f"onnxruntime-{form}", threads)
             self._openvino(path, xin, two_d, f"openvino-f32-{form}", threads)
 
@@ -150,10 +166,16 @@ class Baselines:
             self.notes[name] = "not installed"
             return
         core = ov.Core()
-        cm = core.compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
-                                                   "PERFORMANCE_HINT": "LATENCY"})
-        precisions = {op.get_rt_info()["runtimePrecision"].astype(str) for op in cm.get_runtime_model().get_ops()
-                      if op.get_rt_info()["layerType"].astype(str) == "Convolution"}
+        cm = core.compile_model(
+            str(path),
+            "CPU",
+            {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"},
+        )
+        precisions = {
+            op.get_rt_info()["runtimePrecision"].astype(str)
+            for op in cm.get_runtime_model().get_ops()
+            if op.get_rt_info()["layerType"].astype(str) == "Convolution"
+        }
         self.notes[name] = f"Convolution runtimePrecision {sorted(precisions)}"
         if precisions != {"f32"}:
             raise RuntimeError(f"OpenVINO did not run f32 convolutions: {precisions}")
@@ -174,7 +196,7 @@ def sgemm_peak(threads: int) -> float:
             t0 = time.perf_counter()
             np.matmul(a, a, out=c)
             ts.append(time.perf_counter() - t0)
-    return 2 * 2048 ** 3 / min(ts)
+    return 2 * 2048**3 / min(ts)
 
 
 def direct_flops(net: Network, out_shape) -> float:
@@ -218,20 +240,34 @@ def step_profile(net, x, plan) -> list:
     with profiled() as seconds:
         znni_core.infer(net, x, device=plan.device, plan=plan)
     k = patches(plan, net, x.shape[1:])
-    return [{"step": st.index, "op": st.op, "primitive": st.primitive, "in": list(st.in_shape),
-             "predicted_s": st.seconds * k, "measured_s": seconds.get(st.index)}
-            for st in plan.steps if st.op != "act"]
+    return [
+        {
+            "step": st.index,
+            "op": st.op,
+            "primitive": st.primitive,
+            "in": list(st.in_shape),
+            "predicted_s": st.seconds * k,
+            "measured_s": seconds.get(st.index),
+        }
+        for st in plan.steps
+        if st.op != "act"
+    ]
 
 
 def render_steps(title: str, steps) -> list:
     """Markdown lines of a :func:`step_profile`."""
-    lines = ["", f"{title}: each step on its own (seconds over the input; a 1x1x1 chain is charged to its "
-             "first step)", "", "| step | op | primitive | in (N,C,z,y,x) | predicted | measured |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"{title}: each step on its own (seconds over the input; a 1x1x1 chain is charged to its first step)",
+        "",
+        "| step | op | primitive | in (N,C,z,y,x) | predicted | measured |",
+        "|---|---|---|---|---|---|",
+    ]
     for st in steps:
         m = "-" if st["measured_s"] is None else f"{st['measured_s']:.3g}"
-        lines.append(f"| {st['step']} | {st['op']} | {st['primitive']} | {tuple(st['in'])} | "
-                     f"{st['predicted_s']:.3g} | {m} |")
+        lines.append(
+            f"| {st['step']} | {st['op']} | {st['primitive']} | {tuple(st['in'])} | {st['predicted_s']:.3g} | {m} |"
+        )
     return lines
 
 
@@ -255,25 +291,35 @@ def bench_case(name, net, x, budget, threads, rounds, tmp):
         outs.setdefault(k, f())
     names = list(fns)
     for r in range(rounds):  # the order rotates: no tool always runs right after the same other
-        for k in names[r % len(names):] + names[:r % len(names)]:
+        for k in names[r % len(names) :] + names[: r % len(names)]:
             t, _ = timed(fns[k])
             times[k].append(t)
     ref = outs["pytorch"] if "pytorch" in outs else y_znni
     out_vox = math.prod(y_znni.shape[1:])
     med = {k: statistics.median(v) for k, v in times.items()}
     fl = direct_flops(net, y_znni.shape[1:])
-    row = {"case": name, "input": list(x.shape), "output": list(y_znni.shape), "budget_gib": budget / 2 ** 30,
-           "znni_first_call_s": first, "median_s": med, "all_s": times,
-           "voxels_per_s": {k: out_vox / v for k, v in med.items()},
-           "gflops_direct": {k: fl / v / 1e9 for k, v in med.items()},
-           "max_abs_err_vs_pytorch": {k: float(np.abs(outs[k] - ref).max()) for k in outs},
-           "notes": base.notes}
+    row = {
+        "case": name,
+        "input": list(x.shape),
+        "output": list(y_znni.shape),
+        "budget_gib": budget / 2**30,
+        "znni_first_call_s": first,
+        "median_s": med,
+        "all_s": times,
+        "voxels_per_s": {k: out_vox / v for k, v in med.items()},
+        "gflops_direct": {k: fl / v / 1e9 for k, v in med.items()},
+        "max_abs_err_vs_pytorch": {k: float(np.abs(outs[k] - ref).max()) for k in outs},
+        "notes": base.notes,
+    }
     from znni_core.plan import autotune
 
     plan = autotune(net, memory_budget=budget, input_shape=x.shape[1:])
-    row["znni_plan"] = {"patch": list(plan.patch_shape), "pools": list(plan.pool_modes),
-                        "primitives": [s.primitive for s in plan.steps if s.op == "conv"],
-                        "candidates": plan.provenance.get("candidates")}
+    row["znni_plan"] = {
+        "patch": list(plan.patch_shape),
+        "pools": list(plan.pool_modes),
+        "primitives": [s.primitive for s in plan.steps if s.op == "conv"],
+        "candidates": plan.provenance.get("candidates"),
+    }
     row["znni_predicted_s"] = predicted_seconds(plan, net, x.shape[1:])
     row["znni_steps"] = step_profile(net, x, plan)
     strongest = min((k for k in med if k != "znni"), key=med.get, default=None)
@@ -317,12 +363,16 @@ def cases(quick: bool, wide: bool = False):
         edge = edge if not quick else 16
         shape = tuple(f + edge - 1 for f in net.field_of_view)
         yield f"{arch} width 24, output {edge}^3", net, rng.random((1,) + shape, dtype=np.float32)
-    for arch, edge in ((("n337", 24), ("n726", 16)) if wide else ()):  # the issue's other width
+    for arch, edge in (("n337", 24), ("n726", 16)) if wide else ():  # the issue's other width
         net = make_network(arch, width=80)
         shape = tuple(f + edge - 1 for f in net.field_of_view)
         yield f"{arch} width 80, output {edge}^3", net, rng.random((1,) + shape, dtype=np.float32)
-    for kind, shape, width in (("2d", (16, 256, 256), 48), ("3d", (40, 96, 96), 48), ("1x1", (32, 128, 128), 48),
-                               ("1x1", (32, 128, 128), 24)):
+    for kind, shape, width in (
+        ("2d", (16, 256, 256), 48),
+        ("3d", (40, 96, 96), 48),
+        ("1x1", (32, 128, 128), 48),
+        ("1x1", (32, 128, 128), 24),
+    ):
         if quick:
             shape = tuple(max(3, s // 4) for s in shape)
         net = make_stack(kind, width=width)
@@ -330,11 +380,16 @@ def cases(quick: bool, wide: bool = False):
 
 
 def render(res: dict) -> str:
-    lines = ["# znni against the runtimes a lab could pick instead", "",
-             f"Machine: {res['cpu']} ({res['threads']} threads), {res['platform']}; float32 sgemm peak "
-             f"{res['sgemm_gflops']:.0f} GFLOP/s (numpy 2048^3, same process; each case's own run: `eff`).  Command: `{res['command']}`.", "",
-             "Medians of interleaved rounds (seconds); dense output voxels/s; `x` = the tool's time / znni's "
-             "(> 1: znni faster).  `eff` = direct-convolution FLOP/s / sgemm peak.", ""]
+    lines = [
+        "# znni against the runtimes a lab could pick instead",
+        "",
+        f"Machine: {res['cpu']} ({res['threads']} threads), {res['platform']}; float32 sgemm peak "
+        f"{res['sgemm_gflops']:.0f} GFLOP/s (numpy 2048^3, same process; each case's own run: `eff`).  Command: `{res['command']}`.",
+        "",
+        "Medians of interleaved rounds (seconds); dense output voxels/s; `x` = the tool's time / znni's "
+        "(> 1: znni faster).  `eff` = direct-convolution FLOP/s / sgemm peak.",
+        "",
+    ]
     if res.get("host"):
         from .machine import host_line
 
@@ -342,26 +397,34 @@ def render(res: dict) -> str:
     for r in res["rows"]:
         lines.append(f"## {r['case']}")
         lines.append("")
-        lines.append(f"input {tuple(r['input'])}, output {tuple(r['output'])}, znni budget {r['budget_gib']:.1f} GiB; "
-                     f"znni's first call on this shape (plans it) {r['znni_first_call_s']:.2f} s; plan: patch "
-                     f"{tuple(r['znni_plan']['patch'])}, pools {r['znni_plan']['pools']}, "
-                     f"{r['znni_plan']['candidates']} candidates")
+        lines.append(
+            f"input {tuple(r['input'])}, output {tuple(r['output'])}, znni budget {r['budget_gib']:.1f} GiB; "
+            f"znni's first call on this shape (plans it) {r['znni_first_call_s']:.2f} s; plan: patch "
+            f"{tuple(r['znni_plan']['patch'])}, pools {r['znni_plan']['pools']}, "
+            f"{r['znni_plan']['candidates']} candidates"
+        )
         lines.append("")
         lines.append("| tool | median s | voxels/s | x (tool / znni) | eff | max abs err vs PyTorch |")
         lines.append("|---|---|---|---|---|---|")
         for k, v in sorted(r["median_s"].items(), key=lambda kv: kv[1]):
             eff = r["gflops_direct"][k] * 1e9 / r.get("sgemm_flops", res["sgemm_flops"])
-            lines.append(f"| {k} | {v:.3f} | {r['voxels_per_s'][k]:,.0f} | {v / r['median_s']['znni']:.2f} | "
-                         f"{eff:.0%} | {r['max_abs_err_vs_pytorch'].get(k, float('nan')):.1e} |")
+            lines.append(
+                f"| {k} | {v:.3f} | {r['voxels_per_s'][k]:,.0f} | {v / r['median_s']['znni']:.2f} | "
+                f"{eff:.0%} | {r['max_abs_err_vs_pytorch'].get(k, float('nan')):.1e} |"
+            )
         if r.get("znni_predicted_s"):
             err = r["znni_predicted_s"] / r["median_s"]["znni"] - 1
             lines.append("")
-            lines.append(f"time model: predicted {r['znni_predicted_s']:.2f} s for znni, measured "
-                         f"{r['median_s']['znni']:.2f} s ({err:+.0%})")
+            lines.append(
+                f"time model: predicted {r['znni_predicted_s']:.2f} s for znni, measured "
+                f"{r['median_s']['znni']:.2f} s ({err:+.0%})"
+            )
         if r.get("strongest"):
             verdict = "faster" if r["znni_vs_strongest"] >= 1 else "SLOWER"
             lines.append("")
-            lines.append(f"znni vs the strongest baseline ({r['strongest']}): {r['znni_vs_strongest']:.2f}x ({verdict})")
+            lines.append(
+                f"znni vs the strongest baseline ({r['strongest']}): {r['znni_vs_strongest']:.2f}x ({verdict})"
+            )
         for k, n in r["notes"].items():
             lines.append(f"- {k}: {n}")
         if r.get("znni_steps"):
@@ -371,19 +434,31 @@ def render(res: dict) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.runtimes", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.runtimes", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--budget", type=float, default=2.0, help="znni's memory budget, GiB")
     p.add_argument("--only", default="", help="run only cases whose name contains this")
-    p.add_argument("--wide", action="store_true", help="also n337 and n726 at width 80 (about 20 minutes: the baselines take 50-70 s a call on n726)")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="also n337 and n726 at width 80 (about 20 minutes: the baselines take 50-70 s a call on n726)",
+    )
     p.add_argument("--quick", action="store_true", help="small shapes, 1 round (a smoke test)")
-    p.add_argument("--nets", default="", help="instead of the default cases: ZNNi nets at other widths and "
-                   "output sizes, arch:width:edge,... (e.g. n337:16:48,n537:40:16)")
+    p.add_argument(
+        "--nets",
+        default="",
+        help="instead of the default cases: ZNNi nets at other widths and "
+        "output sizes, arch:width:edge,... (e.g. n337:16:48,n537:40:16)",
+    )
     p.add_argument("--out", default=None, help="folder for RUNTIMES.md and runtimes.json (default benchmarks/)")
-    p.add_argument("--keep-cache", action="store_true",
-                   help="use $ZNNI_CACHE_DIR as is (default: a fresh one, so plans and calibration are not stale)")
+    p.add_argument(
+        "--keep-cache",
+        action="store_true",
+        help="use $ZNNI_CACHE_DIR as is (default: a fresh one, so plans and calibration are not stale)",
+    )
     a = p.parse_args(argv)
     from threadpoolctl import threadpool_limits
 
@@ -398,15 +473,23 @@ def main(argv=None):
     peak = sgemm_peak(a.threads)
     from .machine import host_class
 
-    res = {"cpu": cpu_model(), "host": host_class(), "threads": a.threads, "platform": platform.platform(), "sgemm_flops": peak,
-           "sgemm_gflops": peak / 1e9, "command": "python -m benchmarks.runtimes " + " ".join(argv or sys.argv[1:]),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": []}
+    res = {
+        "cpu": cpu_model(),
+        "host": host_class(),
+        "threads": a.threads,
+        "platform": platform.platform(),
+        "sgemm_flops": peak,
+        "sgemm_gflops": peak / 1e9,
+        "command": "python -m benchmarks.runtimes " + " ".join(argv or sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "rows": [],
+    }
     with tempfile.TemporaryDirectory() as tmp, threadpool_limits(a.threads):
-        for name, net, x in (znni_cases(a.nets) if a.nets else cases(a.quick, a.wide)):
+        for name, net, x in znni_cases(a.nets) if a.nets else cases(a.quick, a.wide):
             if a.only and a.only not in name:
                 continue
             print(f"== {name}", flush=True)
-            row = bench_case(name, net, x, int(a.budget * 2 ** 30), a.threads, rounds, Path(tmp))
+            row = bench_case(name, net, x, int(a.budget * 2**30), a.threads, rounds, Path(tmp))
             row["sgemm_flops"] = peak  # the roof of this run (a re-run case keeps its own)
             print(json.dumps({k: row[k] for k in ("median_s", "znni_first_call_s")}, default=float), flush=True)
             res["rows"].append(row)
@@ -418,8 +501,9 @@ def main(argv=None):
     if a.only and (out / "runtimes.json").is_file():  # keep the other cases of the last full run
         old = json.loads((out / "runtimes.json").read_text())
         fresh = {r["case"] for r in res["rows"]}
-        res["rows"] = [r if r["case"] not in fresh else next(n for n in res["rows"] if n["case"] == r["case"])
-                       for r in old["rows"]] + [r for r in res["rows"] if r["case"] not in {o["case"] for o in old["rows"]}]
+        res["rows"] = [
+            r if r["case"] not in fresh else next(n for n in res["rows"] if n["case"] == r["case"]) for r in old["rows"]
+        ] + [r for r in res["rows"] if r["case"] not in {o["case"] for o in old["rows"]}]
         res["command"] = f"{old['command']}; then {res['command']} (re-ran those cases)"
     (out / "runtimes.json").write_text(json.dumps(res, indent=1, default=float))
     (out / "RUNTIMES.md").write_text(render(res))

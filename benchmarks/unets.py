@@ -23,6 +23,7 @@ larger of that and the tracemalloc peak.
 ``pip install -e '.[bench]' torch==2.13.0 monai``; results to ``benchmarks/UNETS.md`` and
 ``unets.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -110,16 +111,23 @@ def onnx_runners(path, threads, shape=None, tmp: Path | None = None):
         model = core.read_model(str(path))
         if shape is not None:
             model.reshape([1, 1, *shape])
-        cm = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
-                                               "PERFORMANCE_HINT": "LATENCY"})
-        prec = {op.get_rt_info()["runtimePrecision"].astype(str) for op in cm.get_runtime_model().get_ops()
-                if op.get_rt_info()["layerType"].astype(str) == "Convolution"}
+        cm = core.compile_model(
+            model,
+            "CPU",
+            {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"},
+        )
+        prec = {
+            op.get_rt_info()["runtimePrecision"].astype(str)
+            for op in cm.get_runtime_model().get_ops()
+            if op.get_rt_info()["layerType"].astype(str) == "Convolution"
+        }
         if prec != {"f32"}:
             raise RuntimeError(f"OpenVINO did not run f32 convolutions: {prec}")
         req = cm.create_infer_request()
         out["openvino-f32"] = lambda x: req.infer({0: x[None]})[cm.output(0)][0].copy()
-        notes["openvino-f32"] = ("" if shape is None else "reshaped to the whole volume, ") + \
-            f"Convolution runtimePrecision {sorted(prec)}"
+        notes["openvino-f32"] = (
+            "" if shape is None else "reshaped to the whole volume, "
+        ) + f"Convolution runtimePrecision {sorted(prec)}"
     except ImportError:
         notes["openvino-f32"] = "not installed"
     return out, notes
@@ -132,8 +140,21 @@ def torch_padded_unet():
     from tests.unets import UNet, randomise_bn
 
     torch.manual_seed(0)
-    return randomise_bn(UNet(valid=False, depth=3, kernel=(3, 3, 3), pool=(1, 2, 2), width=16, bn=True,
-                             up="nearest", merge="add", act="elu", c_out=3), 0)
+    return randomise_bn(
+        UNet(
+            valid=False,
+            depth=3,
+            kernel=(3, 3, 3),
+            pool=(1, 2, 2),
+            width=16,
+            bn=True,
+            up="nearest",
+            merge="add",
+            act="elu",
+            c_out=3,
+        ),
+        0,
+    )
 
 
 def torch_valid_unet():
@@ -162,6 +183,7 @@ def torch_fn(model):
     def fn(x):
         with torch.no_grad():
             return model(torch.from_numpy(x[None])).numpy()[0]
+
     return fn
 
 
@@ -193,16 +215,29 @@ def build(tmp: Path, threads: int, quick: bool):
             fns = {"znni": lambda n=net: znni_core.infer(n, xw, memory_budget=2 * 2**30)}
             fns.update({k: (lambda f=f: f(xw)) for k, f in runners_w.items()})
             plan = autotune(net, memory_budget=2 * 2**30, input_shape=whole)
-            out.append(("detector-whole", "synapse detector on ISBI EM 18x320x320, the whole volume in one call "
-                        "(znni: infer with 2 GiB, as a user calls it)", fns,
-                        dict(notes_w, predicted_s=predicted_seconds(net, plan, whole))))
+            out.append(
+                (
+                    "detector-whole",
+                    "synapse detector on ISBI EM 18x320x320, the whole volume in one call "
+                    "(znni: infer with 2 GiB, as a user calls it)",
+                    fns,
+                    dict(notes_w, predicted_s=predicted_seconds(net, plan, whole)),
+                )
+            )
             xb = isbi((18, 288, 288))
-            plan = autotune(net, memory_budget=budget, patch_shape=(18, 160, 160), overlap=(0, 32, 32),
-                            input_shape=xb.shape[1:])
+            plan = autotune(
+                net, memory_budget=budget, patch_shape=(18, 160, 160), overlap=(0, 32, 32), input_shape=xb.shape[1:]
+            )
             fns = {"znni": lambda n=net, p=plan: znni_core.infer(n, xb, plan=p)}
             fns.update({k: (lambda f=f: lattice_run(f, xb, (18, 160, 160), (0, 32, 32))) for k, f in runners.items()})
-            out.append(("detector-blend", "synapse detector, ISBI EM 18x288x288, patches 18x160x160 overlap "
-                        "(0,32,32), bump", fns, dict(notes, predicted_s=predicted_seconds(net, plan, xb.shape[1:]))))
+            out.append(
+                (
+                    "detector-blend",
+                    "synapse detector, ISBI EM 18x288x288, patches 18x160x160 overlap (0,32,32), bump",
+                    fns,
+                    dict(notes, predicted_s=predicted_seconds(net, plan, xb.shape[1:])),
+                )
+            )
     model = torch_padded_unet()
     patch = (16, 128, 128)
     path = export(model, tmp / "padded.onnx", patch)
@@ -210,8 +245,10 @@ def build(tmp: Path, threads: int, quick: bool):
     xp = isbi((16, 256, 256) if not quick else (16, 128, 192))
     plan = autotune(net, memory_budget=budget, patch_shape=patch, overlap=(0, 32, 32), input_shape=xp.shape[1:])
     tf = torch_fn(model)  # every closure below binds its own net and plan (the names are reused)
-    fns = {"znni": lambda n=net, p=plan: znni_core.infer(n, xp, plan=p),
-           "pytorch": lambda: lattice_run(tf, xp, patch, (0, 32, 32))}
+    fns = {
+        "znni": lambda n=net, p=plan: znni_core.infer(n, xp, plan=p),
+        "pytorch": lambda: lattice_run(tf, xp, patch, (0, 32, 32)),
+    }
     notes = {}
     try:
         import torch
@@ -222,13 +259,21 @@ def build(tmp: Path, threads: int, quick: bool):
         def monai(m=model):
             with torch.no_grad():
                 return sliding_window_inference(t, patch, 1, m, overlap=0.25, mode="gaussian").numpy()[0]
+
         fns["monai-gaussian"] = monai
         notes["monai-gaussian"] = "MONAI sliding_window_inference, overlap 0.25, gaussian (its own lattice)"
     except ImportError:
         notes["monai-gaussian"] = "not installed"
     notes["predicted_s"] = predicted_seconds(net, plan, xp.shape[1:])
-    out.append(("padded-unet", f"generated padded U-Net (3 levels, widths 16-128, BN, ELU), ISBI {xp.shape[1:]}, "
-                "patches 16x128x128 overlap (0,32,32), bump", fns, notes))
+    out.append(
+        (
+            "padded-unet",
+            f"generated padded U-Net (3 levels, widths 16-128, BN, ELU), ISBI {xp.shape[1:]}, "
+            "patches 16x128x128 overlap (0,32,32), bump",
+            fns,
+            notes,
+        )
+    )
     model = torch_valid_unet()
     exported = tuple(admissible(model, a, lo) for a, lo in enumerate((8, 64, 64)))
     net = znni_core.load_network(export(model, tmp / "valid.onnx", exported))
@@ -237,8 +282,14 @@ def build(tmp: Path, threads: int, quick: bool):
     tv = torch_fn(model)
     fns = {"znni": lambda n=net: znni_core.infer(n, xv, memory_budget=budget), "pytorch": lambda: tv(xv)}
     plan = autotune(net, memory_budget=budget, input_shape=shape)  # the plan infer makes (cached)
-    out.append(("valid-unet", f"generated valid U-Net (2 levels, 3^3 kernels, widths 12-48), ISBI {shape}, exact",
-                fns, {"predicted_s": predicted_seconds(net, plan, shape)}))
+    out.append(
+        (
+            "valid-unet",
+            f"generated valid U-Net (2 levels, 3^3 kernels, widths 12-48), ISBI {shape}, exact",
+            fns,
+            {"predicted_s": predicted_seconds(net, plan, shape)},
+        )
+    )
     return out
 
 
@@ -278,8 +329,12 @@ def run_case(name, what, fns, notes, rounds):
     res = {"what": what, "notes": notes, "tools": {}, "znni_predicted_s": predicted}
     for k in fns:
         err = float(np.abs(outs[k] - ref).max()) if ref is not None and outs[k].shape == ref.shape else None
-        res["tools"][k] = {"median_s": statistics.median(times[k]), "times_s": times[k], "peak_rss_mib": mem[k] / 2**20,
-                           "max_abs_diff_vs_ref": err}
+        res["tools"][k] = {
+            "median_s": statistics.median(times[k]),
+            "times_s": times[k],
+            "peak_rss_mib": mem[k] / 2**20,
+            "max_abs_diff_vs_ref": err,
+        }
     med = {k: v["median_s"] for k, v in res["tools"].items()}
     others = [v for k, v in med.items() if k != "znni" and not k.startswith("monai")]
     res["znni_speedup_vs_strongest"] = min(others) / med["znni"] if others else None
@@ -293,26 +348,34 @@ def render(res: dict) -> str:
         from .machine import host_line
 
         host = f"Host: {host_line(m['host'])}. "
-    lines = ["# Graph networks (U-Nets): znni against PyTorch patch inference", "",
-             f"Machine: {m['cpu']}, {m['threads']} threads, fp32. {host}Command: `{res['command']}`. "
-             f"Medians of {res['rounds']} interleaved rounds after a warm-up call (planning excluded); "
-             "peak memory = RSS rise during one call (znni: tracemalloc peak, numpy reuses freed heap "
-             "memory so its RSS barely rises).", "",
-             "| case | tool | median s | tool s / znni s (> 1: znni faster) | peak MiB | max abs diff vs reference |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "# Graph networks (U-Nets): znni against PyTorch patch inference",
+        "",
+        f"Machine: {m['cpu']}, {m['threads']} threads, fp32. {host}Command: `{res['command']}`. "
+        f"Medians of {res['rounds']} interleaved rounds after a warm-up call (planning excluded); "
+        "peak memory = RSS rise during one call (znni: tracemalloc peak, numpy reuses freed heap "
+        "memory so its RSS barely rises).",
+        "",
+        "| case | tool | median s | tool s / znni s (> 1: znni faster) | peak MiB | max abs diff vs reference |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, c in res["cases"].items():
         zn = c["tools"]["znni"]["median_s"]
         for tool, t in c["tools"].items():
             diff = "" if t["max_abs_diff_vs_ref"] is None else f"{t['max_abs_diff_vs_ref']:.1e}"
-            lines.append(f"| {name} | {tool} | {t['median_s']:.3f} | {t['median_s'] / zn:.2f}x | "
-                         f"{t['peak_rss_mib']:.0f} | {diff} |")
+            lines.append(
+                f"| {name} | {tool} | {t['median_s']:.3f} | {t['median_s'] / zn:.2f}x | "
+                f"{t['peak_rss_mib']:.0f} | {diff} |"
+            )
     lines.append("")
     for name, c in res["cases"].items():
         lines.append(f"* **{name}**: {c['what']}." + "".join(f" {k}: {v}." for k, v in c["notes"].items()))
         if c.get("znni_predicted_s"):
             zn = c["tools"]["znni"]["median_s"]
-            lines.append(f"  Time model: predicted {c['znni_predicted_s']:.2f} s for znni, measured {zn:.2f} s "
-                         f"({c['znni_predicted_s'] / zn - 1:+.0%}).")
+            lines.append(
+                f"  Time model: predicted {c['znni_predicted_s']:.2f} s for znni, measured {zn:.2f} s "
+                f"({c['znni_predicted_s'] / zn - 1:+.0%})."
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -332,10 +395,17 @@ def main(argv=None):
         built = build(Path(tmp), args.threads, args.quick)
         from .machine import host_class
 
-        res = {"machine": {"cpu": cpu_model(), "host": host_class(), "threads": args.threads,
-                           "python": platform.python_version()},
-               "command": "python -m benchmarks.unets " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "rounds": args.rounds, "cases": {}}
+        res = {
+            "machine": {
+                "cpu": cpu_model(),
+                "host": host_class(),
+                "threads": args.threads,
+                "python": platform.python_version(),
+            },
+            "command": "python -m benchmarks.unets " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "rounds": args.rounds,
+            "cases": {},
+        }
         for name, what, fns, notes in built:
             if args.only and name not in args.only.split(","):
                 continue

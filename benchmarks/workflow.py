@@ -15,6 +15,7 @@ class of network, 2 cores:
 Prints wall times, the throughput ratio (in-process time / workflow time: issue 15 asks
 >= 0.7 on 2 cores) and the output's agreement with the in-process result.  Writes ``workflow.json`` to ``--out``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,14 +77,16 @@ def write_case(root: Path, vol: np.ndarray, chunk=(8, 64, 64)) -> Path:
         roi = layer.grid.chunk_roi(idx)
         layer.write_chunk(idx, np.ascontiguousarray(vol[None][(slice(None),) + roi.to_slices()]))
     save_network(make_boundary_network(), root / "net.yaml")
-    cfg = validate_config({
-        "work_dir": str(root / "work"),
-        "input": {"path": str(url), "mip": 0, "dtype": "uint8"},
-        "network": {"path": str(root / "net.yaml")},
-        "normalize": {"scale": 1 / 255, "shift": 0.0},
-        "output": {"path": "file://" + str(root / "out"), "dtype": "float32", "chunk_size": list(chunk)},
-        "edge": "valid",
-    })
+    cfg = validate_config(
+        {
+            "work_dir": str(root / "work"),
+            "input": {"path": str(url), "mip": 0, "dtype": "uint8"},
+            "network": {"path": str(root / "net.yaml")},
+            "normalize": {"scale": 1 / 255, "shift": 0.0},
+            "output": {"path": "file://" + str(root / "out"), "dtype": "float32", "chunk_size": list(chunk)},
+            "edge": "valid",
+        }
+    )
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -111,8 +114,21 @@ def in_process(root: Path, rounds: int):
 
 def workflow(root: Path, cfg: Path, env) -> tuple[float, str]:
     t0 = time.perf_counter()
-    p = subprocess.run(["snakemake", "--profile", str(REPO / "profiles" / "local"), "--configfile", str(cfg),
-                        "--directory", str(root)], cwd=REPO, env=env, capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            "snakemake",
+            "--profile",
+            str(REPO / "profiles" / "local"),
+            "--configfile",
+            str(cfg),
+            "--directory",
+            str(root),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     dt = time.perf_counter() - t0
     if p.returncode:
         sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
@@ -141,23 +157,30 @@ def main(argv=None):
     for d in ("work", "out", ".snakemake"):
         shutil.rmtree(root / d, ignore_errors=True)
     wf, log = workflow(root, cfg, env)  # a new run with the caches warm
+    from znni_core.geometry import Roi
     from znni_core.io import parse_layer_url
     from znni_core.io.precomputed import PrecomputedLayer
-
-    from znni_core.geometry import Roi
 
     out = PrecomputedLayer(parse_layer_url("file://" + str(root / "out")), 0)
     region = Roi.from_dict(json.loads((root / "work" / "run.json").read_text())["region"])
     got = out.read(region)[0]  # (C, z, y, x); the layer is chunk-aligned: 0 below the region
     err = float(np.abs(got - y).max()) if got.shape == y.shape else None
     med = float(np.median(times))
-    res = {"volume": list(vol.shape), "source": source, "cpu": platform.processor() or platform.machine(),
-           "in_process_s": times, "in_process_median_s": med, "workflow_first_s": cold, "workflow_s": wf,
-           "throughput_ratio": med / wf,
-           "max_abs_diff": err, "output_shape": list(got.shape),
-           "jobs": len(re.findall(r"rule infer_job", log)),
-           "tasks": json.loads((root / "work" / "run.json").read_text())["num_tasks"], "command": "python -m benchmarks.workflow " + " ".join(
-               argv if argv is not None else sys.argv[1:])}
+    res = {
+        "volume": list(vol.shape),
+        "source": source,
+        "cpu": platform.processor() or platform.machine(),
+        "in_process_s": times,
+        "in_process_median_s": med,
+        "workflow_first_s": cold,
+        "workflow_s": wf,
+        "throughput_ratio": med / wf,
+        "max_abs_diff": err,
+        "output_shape": list(got.shape),
+        "jobs": len(re.findall(r"rule infer_job", log)),
+        "tasks": json.loads((root / "work" / "run.json").read_text())["num_tasks"],
+        "command": "python -m benchmarks.workflow " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
     (a.out / "workflow.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))
     return res

@@ -1,4 +1,5 @@
 """Test-wide settings: isolated caches, numba threading layer, the gpu/slurm markers."""
+
 from __future__ import annotations
 
 import os
@@ -62,8 +63,12 @@ def moto_s3(monkeypatch):
     import urllib.request
 
     urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).read()
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(k, v)
     import boto3
 

@@ -15,6 +15,7 @@ Fault spec (``ZNNI_FAULT``, also the ``fault`` argument): ``point[:task[:arg]]``
 :data:`POINTS`; ``task`` restricts it to one task id (``*`` = any); ``arg`` is the chunk count for
 ``after-chunk``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,11 +36,13 @@ ZNNI = str(BIN / "znni")
 SNAKEMAKE = str(BIN / "snakemake")
 INJECT_DIR = Path(__file__).resolve().parent / "faults_inject"
 
-POINTS = ("compute",        # kill while the task computes (before any write)
-          "after-chunk",    # kill after the N-th chunk write of the task (some chunks written)
-          "before-manifest",  # kill after the last chunk was written and verified, before the manifest
-          "fail",           # raise (a task that always fails)
-          "nan")            # make the engine produce NaN (T20)
+POINTS = (
+    "compute",  # kill while the task computes (before any write)
+    "after-chunk",  # kill after the N-th chunk write of the task (some chunks written)
+    "before-manifest",  # kill after the last chunk was written and verified, before the manifest
+    "fail",  # raise (a task that always fails)
+    "nan",
+)  # make the engine produce NaN (T20)
 
 # Small but real: FOV (5, 10, 10) demo network, 8 single-chunk tasks by default.
 SHAPE = (16, 64, 64)
@@ -52,15 +55,24 @@ class Case:
     root: Path
 
     @property
-    def data(self) -> Path: return self.root / "data"
+    def data(self) -> Path:
+        return self.root / "data"
+
     @property
-    def config(self) -> Path: return self.root / "config.yaml"
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
     @property
-    def work(self) -> Path: return self.root / "work"
+    def work(self) -> Path:
+        return self.root / "work"
+
     @property
-    def out(self) -> Path: return self.root / "out"
+    def out(self) -> Path:
+        return self.root / "out"
+
     @property
-    def run_file(self) -> Path: return self.work / "run.json"
+    def run_file(self) -> Path:
+        return self.work / "run.json"
 
     def manifest(self, task: int) -> Path:
         return self.work / "manifests" / f"{task // 10_000:04d}" / f"{task:06d}.json"
@@ -74,8 +86,12 @@ class Case:
     def copy(self, dest: Path) -> "Case":
         """A copy with every path rewritten (config, run.json, layer info); mtimes kept."""
         shutil.copytree(self.root, dest, symlinks=True, ignore=shutil.ignore_patterns("*.lock", "locks"))
-        for f in [dest / "config.yaml", *dest.glob("work/*.json"), *dest.glob("work/manifests/*/*.json"),
-                  *dest.glob(".snakemake/metadata/*")]:
+        for f in [
+            dest / "config.yaml",
+            *dest.glob("work/*.json"),
+            *dest.glob("work/manifests/*/*.json"),
+            *dest.glob(".snakemake/metadata/*"),
+        ]:
             if f.is_file():
                 st = f.stat()
                 f.write_text(f.read_text().replace(str(self.root), str(dest)))
@@ -95,8 +111,14 @@ def make_case(root: Path, *, shape=SHAPE, chunk=CHUNK, task_chunks=TASK, seed=0,
     write_demo(case.data, shape=shape, seed=seed, chunk=chunk)
     if net is not None:
         save_network(net, case.data / "net.yaml")
-    write_demo_config(case.config, case.data, work_dir=case.work, output="file://" + str(case.out),
-                      task_chunks=task_chunks, chunk=chunk)
+    write_demo_config(
+        case.config,
+        case.data,
+        work_dir=case.work,
+        output="file://" + str(case.out),
+        task_chunks=task_chunks,
+        chunk=chunk,
+    )
     overrides.setdefault("jobs__tasks_per_job", 1)
     if overrides:
         cfg = yaml.safe_load(case.config.read_text())
@@ -111,8 +133,7 @@ def make_case(root: Path, *, shape=SHAPE, chunk=CHUNK, task_chunks=TASK, seed=0,
 
 
 def znni(*args, env=None, timeout=120, check=False) -> subprocess.CompletedProcess:
-    p = subprocess.run([ZNNI, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                       env=env or job_env())
+    p = subprocess.run([ZNNI, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env or job_env())
     if check and p.returncode != 0:
         raise AssertionError(f"znni {args} failed ({p.returncode}):\n{p.stderr[-3000:]}")
     return p
@@ -120,8 +141,17 @@ def znni(*args, env=None, timeout=120, check=False) -> subprocess.CompletedProce
 
 def prepare(case: Case, mem_mb: int = 2000) -> Case:
     """validate (plan, then the output layer, once) + tasks, as the workflow's first rules do."""
-    znni("validate", case.config, "--mem-mb", mem_mb, "--threads", 1, "--layer-marker", case.work / "layer.json",
-         check=True)
+    znni(
+        "validate",
+        case.config,
+        "--mem-mb",
+        mem_mb,
+        "--threads",
+        1,
+        "--layer-marker",
+        case.work / "layer.json",
+        check=True,
+    )
     znni("tasks", case.run_file, "--output", case.work / "tasks.json", check=True)
     return case
 
@@ -146,7 +176,8 @@ def assert_same_chunks(got: dict[str, bytes], want: dict[str, bytes], what: str 
     differ = sorted(k for k in set(want) & set(got) if got[k] != want[k])
     assert not (missing or extra or differ), (
         f"{what}: layer differs from the uninterrupted run: missing {missing[:5]}, extra {extra[:5]}, "
-        f"different bytes {differ[:5]}")
+        f"different bytes {differ[:5]}"
+    )
 
 
 def digest(b: bytes) -> str:
@@ -181,18 +212,40 @@ def _profile_args(profile: str) -> list[str]:
 
 
 def snakemake(case: Case, *args, profile="profiles/local", env=None, timeout=300) -> subprocess.CompletedProcess:
-    cmd = ["timeout", "-k", "10", str(timeout), SNAKEMAKE, "-s", str(REPO / "workflow" / "Snakefile"),
-           "--directory", str(case.root), "--configfile", str(case.config),
-           *_profile_args(profile), *map(str, args)]
+    cmd = [
+        "timeout",
+        "-k",
+        "10",
+        str(timeout),
+        SNAKEMAKE,
+        "-s",
+        str(REPO / "workflow" / "Snakefile"),
+        "--directory",
+        str(case.root),
+        "--configfile",
+        str(case.config),
+        *_profile_args(profile),
+        *map(str, args),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, env=env or job_env(), cwd=case.root)
 
 
 def start_snakemake(case: Case, *args, profile="profiles/local", env=None, log: Path | None = None):
-    cmd = [SNAKEMAKE, "-s", str(REPO / "workflow" / "Snakefile"), "--directory", str(case.root),
-           "--configfile", str(case.config), *_profile_args(profile), *map(str, args)]
+    cmd = [
+        SNAKEMAKE,
+        "-s",
+        str(REPO / "workflow" / "Snakefile"),
+        "--directory",
+        str(case.root),
+        "--configfile",
+        str(case.config),
+        *_profile_args(profile),
+        *map(str, args),
+    ]
     f = open(log or case.root / "snakemake.out", "ab")
-    return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env or job_env(), cwd=case.root,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, stdout=f, stderr=subprocess.STDOUT, env=env or job_env(), cwd=case.root, start_new_session=True
+    )
 
 
 # ---- forked task runs -----------------------------------------------------------------------------
@@ -225,7 +278,6 @@ def _child(run_file: str, task: int, fault: str | None) -> None:
     logging.disable(logging.CRITICAL)
     sys.path.insert(0, str(INJECT_DIR))
     import znni_core.pipeline.task as T
-
     from tests.faults_inject import sitecustomize as inj
 
     if fault:
@@ -235,7 +287,7 @@ def _child(run_file: str, task: int, fault: str | None) -> None:
 
 @dataclass
 class ProcResult:
-    exitcode: int          # negative: killed by that signal
+    exitcode: int  # negative: killed by that signal
     seconds: float
 
     @property
@@ -243,8 +295,9 @@ class ProcResult:
         return self.exitcode == -signal.SIGKILL
 
 
-def run_task_proc(case: Case, task: int, *, fault: str | None = None, kill_after: float | None = None,
-                  timeout: float = 120) -> ProcResult:
+def run_task_proc(
+    case: Case, task: int, *, fault: str | None = None, kill_after: float | None = None, timeout: float = 120
+) -> ProcResult:
     """Run one task in a forked process; SIGKILL it after ``kill_after`` s (if still running)."""
     p = _ctx().Process(target=_child, args=(str(case.run_file), task, fault))
     t0 = time.perf_counter()

@@ -1,4 +1,5 @@
 """Small random networks for the engine tests (seeded, He-scaled weights)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,11 +29,37 @@ def make_net(layout, c_in=1, seed=0, bias=True):
 
 
 NETS = {
-    "iso2pool": [("conv", 3, 3), ("act", "relu"), ("pool", 2), ("conv", 4, 3), ("act", "elu", 0.7), ("pool", 2),
-                 ("conv", 2, 2), ("act", "sigmoid")],
-    "aniso": [("conv", 3, (1, 3, 3)), ("act", "leaky_relu", 0.1), ("pool", (1, 2, 2)), ("conv", 4, (2, 3, 2)),
-              ("act", "tanh"), ("pool", (1, 3, 2)), ("conv", 3, (1, 2, 2)), ("act", "softmax")],
+    "iso2pool": [
+        ("conv", 3, 3),
+        ("act", "relu"),
+        ("pool", 2),
+        ("conv", 4, 3),
+        ("act", "elu", 0.7),
+        ("pool", 2),
+        ("conv", 2, 2),
+        ("act", "sigmoid"),
+    ],
+    "aniso": [
+        ("conv", 3, (1, 3, 3)),
+        ("act", "leaky_relu", 0.1),
+        ("pool", (1, 2, 2)),
+        ("conv", 4, (2, 3, 2)),
+        ("act", "tanh"),
+        ("pool", (1, 3, 2)),
+        ("conv", 3, (1, 2, 2)),
+        ("act", "softmax"),
+    ],
     "nopool": [("conv", 4, 3), ("act", "elu", 1.0), ("conv", 2, (2, 1, 3))],
-    "deep": [("conv", 2, 2), ("act", "relu"), ("pool", 2), ("conv", 3, 2), ("act", "relu"), ("pool", (2, 1, 2)),
-             ("conv", 3, 2), ("act", "relu"), ("pool", (1, 2, 1)), ("conv", 2, 1)],
+    "deep": [
+        ("conv", 2, 2),
+        ("act", "relu"),
+        ("pool", 2),
+        ("conv", 3, 2),
+        ("act", "relu"),
+        ("pool", (2, 1, 2)),
+        ("conv", 3, 2),
+        ("act", "relu"),
+        ("pool", (1, 2, 1)),
+        ("conv", 2, 1),
+    ],
 }

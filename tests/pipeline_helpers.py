@@ -1,4 +1,5 @@
 """Small volumes, networks and runs for the pipeline and workflow tests (seeded, in tmp_path)."""
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,9 @@ def write_volume(path: Path, vol: np.ndarray, chunk=(4, 16, 16), dtype=None, res
     """A precomputed layer at ``path`` holding ``vol`` ((z, y, x) or (c, z, y, x))."""
     vol = vol[None] if vol.ndim == 3 else vol
     url = parse_layer_url("file://" + str(path))
-    spec = ScaleSpec("k", Roi((0, 0, 0), vol.shape[1:]), Coordinate(chunk), resolution, dtype or str(vol.dtype),
-                     vol.shape[0])
+    spec = ScaleSpec(
+        "k", Roi((0, 0, 0), vol.shape[1:]), Coordinate(chunk), resolution, dtype or str(vol.dtype), vol.shape[0]
+    )
     create_layer(url, spec, {"description": "", "owners": [], "processing": [], "sources": []})
     layer = PrecomputedLayer(url, 0)
     for idx in layer.grid.chunks_in(layer.bounds):
@@ -61,8 +63,11 @@ def base_config(tmp_path: Path, *, vol=None, layout=None, seed=0, **over) -> dic
 def layer_files(url: str) -> dict:
     """{relative path: bytes} of every chunk file of a local layer."""
     root = Path(url.replace("file://", ""))
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name not in ("info", "provenance")}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in ("info", "provenance")
+    }
 
 
 def subprocess_env(tmp_cache: Path) -> dict:

@@ -6,6 +6,7 @@
 * :func:`torch_dense` is PyTorch's dense formulation: pooling as a stride-1 max
   filter, later layers dilated by the product of earlier pooling windows.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -43,14 +44,14 @@ def naive_window(net, w):
             y = np.zeros((layer.out_channels, oz, oy, ox))
             W = layer.weight.astype(np.float64)
             for a, b, c in itertools.product(range(kz), range(ky), range(kx)):
-                y += np.einsum("oi,izyx->ozyx", W[:, :, a, b, c], x[:, a:a + oz, b:b + oy, c:c + ox])
+                y += np.einsum("oi,izyx->ozyx", W[:, :, a, b, c], x[:, a : a + oz, b : b + oy, c : c + ox])
             if layer.bias is not None:
                 y += layer.bias[:, None, None, None]
             x = y
         elif isinstance(layer, Pool):
             pz, py, px = layer.window
             c, z, yy, xx = x.shape
-            x = x[:, :z // pz * pz, :yy // py * py, :xx // px * px]
+            x = x[:, : z // pz * pz, : yy // py * py, : xx // px * px]
             x = x.reshape(c, z // pz, pz, yy // py, py, xx // px, px).max(axis=(2, 4, 6))
         else:
             x = _act(x, layer)
@@ -68,7 +69,7 @@ def naive_dense(net, x, positions=None):
         positions = list(itertools.product(*(range(o) for o in out_shape)))
     vals = {}
     for p in positions:
-        win = x[:, p[0]:p[0] + f[0], p[1]:p[1] + f[1], p[2]:p[2] + f[2]]
+        win = x[:, p[0] : p[0] + f[0], p[1] : p[1] + f[1], p[2] : p[2] + f[2]]
         vals[tuple(p)] = naive_window(net, win)
     return vals
 
@@ -91,9 +92,15 @@ def torch_dense(net, x):
                 d = tuple(a * b for a, b in zip(d, layer.window))
             else:
                 k, a = layer.kind, layer.alpha
-                t = {"relu": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "identity": lambda v: v,
-                     "softmax": lambda v: torch.softmax(v, dim=1),
-                     "leaky_relu": lambda v: F.leaky_relu(v, a), "elu": lambda v: F.elu(v, a)}[k](t)
+                t = {
+                    "relu": F.relu,
+                    "sigmoid": torch.sigmoid,
+                    "tanh": torch.tanh,
+                    "identity": lambda v: v,
+                    "softmax": lambda v: torch.softmax(v, dim=1),
+                    "leaky_relu": lambda v: F.leaky_relu(v, a),
+                    "elu": lambda v: F.elu(v, a),
+                }[k](t)
     return t[0].numpy()
 
 

@@ -11,6 +11,7 @@ Actions: ``503`` / ``500`` / ``403`` (an S3 XML error, request not forwarded), `
 connection is closed without an answer), ``corrupt`` (forwarded; one byte of the response body,
 or of a PUT body, is flipped: headers such as ETag are left as they were).
 """
+
 from __future__ import annotations
 
 import http.client
@@ -18,9 +19,11 @@ import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-_ERR = {"503": (503, "SlowDown", "Please reduce your request rate."),
-        "500": (500, "InternalError", "We encountered an internal error. Please try again."),
-        "403": (403, "AccessDenied", "Access Denied")}
+_ERR = {
+    "503": (503, "SlowDown", "Please reduce your request rate."),
+    "500": (500, "InternalError", "We encountered an internal error. Please try again."),
+    "403": (403, "AccessDenied", "Access Denied"),
+}
 
 
 class _Rule:
@@ -68,8 +71,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if action in _ERR:
             code, name, msg = _ERR[action]
-            data = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{name}</Code><Message>{msg}</Message>'
-                    f"<RequestId>znni-test</RequestId></Error>").encode()
+            data = (
+                f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{name}</Code><Message>{msg}</Message>'
+                f"<RequestId>znni-test</RequestId></Error>"
+            ).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/xml")
             self.send_header("Content-Length", str(len(data)))
@@ -104,14 +109,14 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _flip(b: bytes) -> bytes:
     i = len(b) // 2
-    return b[:i] + bytes([b[i] ^ 0x5A]) + b[i + 1:]
+    return b[:i] + bytes([b[i] ^ 0x5A]) + b[i + 1 :]
 
 
 class S3Faults:
     def __init__(self, bucket: str = "znni"):
         self.bucket = bucket
         self.log: list[tuple[str, str, str]] = []
-        self.access_keys: list[str | None] = []   # the access key id that signed each request of ``log``
+        self.access_keys: list[str | None] = []  # the access key id that signed each request of ``log``
         self._rules: list[_Rule] = []
         self._lock = threading.Lock()
 
@@ -154,16 +159,18 @@ class S3Faults:
         urllib.request.urlopen(urllib.request.Request(f"{self.direct}/moto-api/reset", method="POST")).read()
         import boto3
 
-        boto3.client("s3", endpoint_url=self.direct, region_name="us-east-1", aws_access_key_id="x",
-                     aws_secret_access_key="x").create_bucket(Bucket=self.bucket)
+        boto3.client(
+            "s3", endpoint_url=self.direct, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+        ).create_bucket(Bucket=self.bucket)
         return self
 
     def objects(self) -> dict[str, bytes]:
         """Every stored object (key -> bytes), read directly from moto."""
         import boto3
 
-        c = boto3.client("s3", endpoint_url=self.direct, region_name="us-east-1", aws_access_key_id="x",
-                         aws_secret_access_key="x")
+        c = boto3.client(
+            "s3", endpoint_url=self.direct, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+        )
         out = {}
         for o in c.list_objects_v2(Bucket=self.bucket).get("Contents", []):
             out[o["Key"]] = c.get_object(Bucket=self.bucket, Key=o["Key"])["Body"].read()

@@ -4,6 +4,7 @@ It checks the plumbing: the ZNNi networks build, both PyTorch baselines agree wi
 other and with znni, the harness times all three methods at two budgets, and the JSON,
 plot and RESULTS.md are written.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ from benchmarks.baselines import TorchDense, TorchNaive  # noqa: E402
 from benchmarks.nets import ARCH, direct_flops_per_voxel, make_network  # noqa: E402
 from tests.nets import make_net  # noqa: E402
 
-MB = 2 ** 20
+MB = 2**20
 
 
 def test_znni_networks_geometry():
@@ -26,7 +27,7 @@ def test_znni_networks_geometry():
     for name, (k, pools, convs) in ARCH.items():
         net = make_network(name, width=4)
         assert net.field_of_view == (fov[name],) * 3
-        assert net.pooling_product == (2 ** pools,) * 3
+        assert net.pooling_product == (2**pools,) * 3
         assert sum(1 for l in net.layers if type(l).__name__ == "Conv") == convs
         assert net.out_channels == 3 and net.in_channels == 1
     assert direct_flops_per_voxel(make_network("n337", 24)) == 2 * 27 * (24 + 5 * 24 * 24 + 24 * 3)
@@ -34,11 +35,22 @@ def test_znni_networks_geometry():
 
 def test_baselines_agree_on_a_small_net():
     torch.set_num_threads(2)
-    net = make_net([("conv", 3, 3), ("act", "relu"), ("pool", 2), ("conv", 3, 2), ("act", "relu"),
-                    ("pool", (1, 2, 2)), ("conv", 2, 2)], seed=3)
+    net = make_net(
+        [
+            ("conv", 3, 3),
+            ("act", "relu"),
+            ("pool", 2),
+            ("conv", 3, 2),
+            ("act", "relu"),
+            ("pool", (1, 2, 2)),
+            ("conv", 2, 2),
+        ],
+        seed=3,
+    )
     f, d = net.field_of_view, net.pooling_product
-    x = np.random.default_rng(0).standard_normal((1,) + tuple(ff - 1 + 2 * dd for ff, dd in zip(f, d)),
-                                                 dtype=np.float32)
+    x = np.random.default_rng(0).standard_normal(
+        (1,) + tuple(ff - 1 + 2 * dd for ff, dd in zip(f, d)), dtype=np.float32
+    )
     dense = TorchDense(net).run(x)
     naive, _, done = TorchNaive(net).run(x)
     assert done == np.prod(d)
@@ -47,10 +59,21 @@ def test_baselines_agree_on_a_small_net():
 
 def test_harness_smoke(tmp_path):
     torch.set_num_threads(2)
-    net = make_net([("conv", 3, 3), ("act", "relu"), ("pool", 2), ("conv", 4, 3), ("act", "relu"),
-                    ("pool", 2), ("conv", 3, 2)], seed=1)
-    cfg = harness.Config(networks=(), width=4, budget=48 * MB, sweep_budgets=(32 * MB, 48 * MB), repeats=2,
-                         effort="estimate", dense_candidates=1, naive_time_limit=0.2, profile=True)
+    net = make_net(
+        [("conv", 3, 3), ("act", "relu"), ("pool", 2), ("conv", 4, 3), ("act", "relu"), ("pool", 2), ("conv", 3, 2)],
+        seed=1,
+    )
+    cfg = harness.Config(
+        networks=(),
+        width=4,
+        budget=48 * MB,
+        sweep_budgets=(32 * MB, 48 * MB),
+        repeats=2,
+        effort="estimate",
+        dense_candidates=1,
+        naive_time_limit=0.2,
+        profile=True,
+    )
     m = machine.describe(measure_haswell=False)
     res = harness.bench_network(net, cfg, m["gemm_flops"])
     main = res["main"]
@@ -71,10 +94,9 @@ def test_harness_smoke(tmp_path):
 def test_runtime_baselines_dense_forms_equal_znni(tmp_path):
     """The dense formulation every runtime baseline runs (3D, and 2D with z as the batch)
     computes what znni computes, and the ONNX export of it runs where a runtime is installed."""
+    import znni_core
     from benchmarks.nets import make_boundary_network
     from benchmarks.runtimes import Baselines, dense_module, is_2d
-
-    import znni_core
 
     net = make_boundary_network()
     assert net.field_of_view == (1, 95, 95) and net.pooling_product == (1, 16, 16) and is_2d(net)

@@ -1,4 +1,5 @@
 """The engine CLI: znni info | plan | infer, end to end in subprocess-free typer runs."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,9 +18,9 @@ runner = CliRunner()
 
 
 def test_parse_bytes():
-    assert parse_bytes("2GiB") == 2 * 2 ** 30
-    assert parse_bytes("500MB") == 500 * 10 ** 6
-    assert parse_bytes("1e6") == 10 ** 6
+    assert parse_bytes("2GiB") == 2 * 2**30
+    assert parse_bytes("500MB") == 500 * 10**6
+    assert parse_bytes("1e6") == 10**6
     for bad, why in (("1e400", "too large"), ("2 GiBs", "not a size"), ("-", "not a size")):
         with pytest.raises(typer.BadParameter, match=why):  # a clear error, never an OverflowError
             parse_bytes(bad)
@@ -34,11 +35,22 @@ def test_info_plan_infer(tmp_path):
     assert r.exit_code == 0, r.output
     assert "rejected alternatives" in r.output and "primitive" in r.output
     plan = Plan.load(tmp_path / "plan.json")
-    assert plan.memory_budget == 64 * 2 ** 20
+    assert plan.memory_budget == 64 * 2**20
     vol = np.random.default_rng(0).integers(0, 255, size=(30, 31, 29), dtype=np.uint8)
     np.save(tmp_path / "vol.npy", vol)
-    r = runner.invoke(app, ["infer", str(path), str(tmp_path / "vol.npy"), str(tmp_path / "out.npy"),
-                            "--plan", str(tmp_path / "plan.json"), "--scale", str(1 / 255)])
+    r = runner.invoke(
+        app,
+        [
+            "infer",
+            str(path),
+            str(tmp_path / "vol.npy"),
+            str(tmp_path / "out.npy"),
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--scale",
+            str(1 / 255),
+        ],
+    )
     assert r.exit_code == 0, r.output
     out = np.load(tmp_path / "out.npy")
     ref = torch_dense(net, vol.astype(np.float32) * np.float32(1 / 255))
@@ -74,8 +86,25 @@ def test_infer_reads_a_layer_region_and_writes_layers_over_it(tmp_path):
     ref = torch_dense(net, crop)
     at = tuple(int(o + h) for o, h in zip(off, net_halo(net).low))
     for out in (tmp_path / "out", tmp_path / "out.zarr"):
-        r = runner.invoke(app, ["infer", str(path), layer, str(out), "--offset", "2,5,3", "--shape", "26,33,31",
-                                "--scale", str(1 / 255), "--shift", "-0.5", "--chunk", "8,16,16"])
+        r = runner.invoke(
+            app,
+            [
+                "infer",
+                str(path),
+                layer,
+                str(out),
+                "--offset",
+                "2,5,3",
+                "--shape",
+                "26,33,31",
+                "--scale",
+                str(1 / 255),
+                "--shift",
+                "-0.5",
+                "--chunk",
+                "8,16,16",
+            ],
+        )
         assert r.exit_code == 0, r.output
         if out.suffix == ".zarr":
             a = zarr.open_array(str(out / "0"), mode="r")
@@ -86,8 +115,21 @@ def test_infer_reads_a_layer_region_and_writes_layers_over_it(tmp_path):
             got, got_at = lay.read(lay.bounds)[0], tuple(lay.bounds.offset)
             assert tuple(lay.resolution) == tuple(RES)
         assert got_at == at and max_rel_err(got, ref) <= 1e-4
-    r = runner.invoke(app, ["infer", str(path), layer, str(tmp_path / "o.npy"), "--offset", "2,5,3",
-                            "--shape", "40,33,31", "--scale", "1"])
+    r = runner.invoke(
+        app,
+        [
+            "infer",
+            str(path),
+            layer,
+            str(tmp_path / "o.npy"),
+            "--offset",
+            "2,5,3",
+            "--shape",
+            "40,33,31",
+            "--scale",
+            "1",
+        ],
+    )
     assert r.exit_code == 2 and "not inside" in r.output and "(30, 44, 40)" in r.output
 
 

@@ -9,6 +9,7 @@ The simulated device is numpy behind CuPy's rules (a distinct array type, no imp
 host/device mixing, single-precision FFTs, a capped pool that counts its peak), so these
 tests fail on what would fail first on a GPU: a weight left on the host, an allocation
 the memory model did not predict.  Speed is not simulated."""
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,8 @@ import pytest
 
 import znni_core
 from znni_core.errors import MemoryBudgetError, PlanError
-from znni_core.layers import simdevice
 from znni_core.exec.device import PeakMeter
+from znni_core.layers import simdevice
 from znni_core.layers.xp import SIMULATED, require_device
 from znni_core.plan import Plan, autotune
 
@@ -46,7 +47,7 @@ def gpu(monkeypatch):
         assert not getattr(xp, "simulated", False)
         return xp
     monkeypatch.setenv(SIMULATED, "1GiB")
-    xp = simdevice.module(2 ** 30)
+    xp = simdevice.module(2**30)
     assert require_device("gpu") is xp
     return xp
 
@@ -70,8 +71,15 @@ def test_every_primitive_and_pool_mode_on_the_device_equals_the_cpu(gpu, name, p
     ref = znni_core.infer(net, x)
     modes = [None] + ([("pool",) * len(net.pools)] if net.pools else [])
     for m in modes:
-        plan = autotune(net, device="gpu", memory_budget=2 ** 28, primitives=(prim,), patch_shape=x.shape[1:],
-                        pool_modes=m, use_cache=False)
+        plan = autotune(
+            net,
+            device="gpu",
+            memory_budget=2**28,
+            primitives=(prim,),
+            patch_shape=x.shape[1:],
+            pool_modes=m,
+            use_cache=False,
+        )
         assert plan.device == "gpu" and plan.placement == ""
         out = znni_core.infer(net, x, device="gpu", plan=plan)
         assert isinstance(out, np.ndarray)
@@ -84,18 +92,21 @@ def test_device_peak_is_within_25_percent_of_the_plan(gpu, name):
     plan's predicted peak (the patch, kernel transforms, every layer's tensors and workspaces)."""
     net = make_net(NETS[name], seed=3)
     x = _input(net, extra=6)
-    pool = gpu.get_default_memory_pool()
-    for budget in (2 ** 28, 2 ** 24):
-        plan = autotune(net, device="gpu", memory_budget=budget, input_shape=x.shape[1:], use_cache=False,
-                        primitives=GPU_ONLY)  # the defaults
+    for budget in (2**28, 2**24):
+        plan = autotune(
+            net, device="gpu", memory_budget=budget, input_shape=x.shape[1:], use_cache=False, primitives=GPU_ONLY
+        )  # the defaults
         assert plan.placement == ""
         znni_core.release_cache()
         with PeakMeter(gpu) as meter:
             znni_core.infer(net, x, device="gpu", plan=plan)
         measured = meter.peak
         assert measured <= plan.memory_budget
-        assert 0.75 * plan.predicted_peak_bytes <= measured <= 1.25 * plan.predicted_peak_bytes, \
-            (budget, measured, plan.predicted_peak_bytes)
+        assert 0.75 * plan.predicted_peak_bytes <= measured <= 1.25 * plan.predicted_peak_bytes, (
+            budget,
+            measured,
+            plan.predicted_peak_bytes,
+        )
 
 
 def test_gpu_plus_host_ram_plan_streams_layers_larger_than_the_device(gpu):
@@ -134,11 +145,14 @@ def test_gpu_plus_host_plan_fits_whatever_the_timings_prefer(gpu, monkeypatch, p
     def streamed(timer, prim, n, layer, spatial, mb, reps, tile, host_cal):
         t = real(timer, prim, n, layer, spatial, mb, reps, tile, host_cal)
         size = math.prod(spatial if not tile else tile) * (mb or n)
-        return {"large": 1.0 / size, "small": size, "resident": 1.0 if prim in S.RESIDENT_PRIMITIVES else 2.0}[prefer] * t
+        return {"large": 1.0 / size, "small": size, "resident": 1.0 if prim in S.RESIDENT_PRIMITIVES else 2.0}[
+            prefer
+        ] * t
 
     monkeypatch.setattr(S, "_streamed", streamed)
-    plan = autotune(net, device="gpu", memory_budget=budget, patch_shape=x.shape[1:], use_cache=False,
-                    placement="gpu+host")
+    plan = autotune(
+        net, device="gpu", memory_budget=budget, patch_shape=x.shape[1:], use_cache=False, placement="gpu+host"
+    )
     assert plan.placement == "gpu+host" and plan.predicted_peak_bytes <= budget
 
 
@@ -156,7 +170,7 @@ def test_cpu_to_gpu_pipeline_splits_and_equals_the_cpu(gpu):
     """cpu+gpu: the layers before the split run on the CPU (numpy arrays), the rest on the
     device, over several patches (the two stages overlapped by a worker thread)."""
     net = make_net(NETS["iso2pool"], seed=5)
-    plan = autotune(net, device="cpu+gpu", memory_budget=2 ** 26, patch_shape=_input(net).shape[1:], use_cache=False)
+    plan = autotune(net, device="cpu+gpu", memory_budget=2**26, patch_shape=_input(net).shape[1:], use_cache=False)
     assert plan.device == "cpu+gpu" and plan.placement == "cpu+gpu"
     assert plan.split in {s.index for s in plan.steps if s.op == "conv"}
     assert all(m == "mpf" for m in plan.pool_modes)
@@ -173,7 +187,7 @@ def test_cpu_to_gpu_pipeline_splits_and_equals_the_cpu(gpu):
         p = dataclasses.replace(plan, split=split, steps=portable)  # direct-gemm runs on either side
         assert rel(znni_core.infer(net, x, device="cpu+gpu", plan=p), znni_core.infer(net, x)) <= TOL
     with pytest.raises(PlanError, match="MPF"):
-        autotune(net, device="cpu+gpu", memory_budget=2 ** 26, pool_modes=("pool", "mpf"), use_cache=False)
+        autotune(net, device="cpu+gpu", memory_budget=2**26, pool_modes=("pool", "mpf"), use_cache=False)
 
 
 def test_pipeline_split_follows_the_stage_rates(gpu, monkeypatch):
@@ -187,11 +201,15 @@ def test_pipeline_split_follows_the_stage_rates(gpu, monkeypatch):
     convs = [i for i, l in enumerate(net.layers) if type(l).__name__ == "Conv"]
     splits = {}
     for factor in (1e5, 1e-5):
-        cal = dict(real, **{k: real[k] * factor for k in ("gemm_flops", "mem_bw")},  # not the link's rate
-                   fft_s_per_vlogv=real["fft_s_per_vlogv"] / factor)
+        cal = dict(
+            real,
+            **{k: real[k] * factor for k in ("gemm_flops", "mem_bw")},  # not the link's rate
+            fft_s_per_vlogv=real["fft_s_per_vlogv"] / factor,
+        )
         monkeypatch.setattr(gpu_timing, "calibrate_device", lambda xp, cal=cal, **kw: cal)
-        splits[factor] = autotune(net, device="cpu+gpu", memory_budget=2 ** 28, patch_shape=(93, 93, 93),
-                                  use_cache=False).split
+        splits[factor] = autotune(
+            net, device="cpu+gpu", memory_budget=2**28, patch_shape=(93, 93, 93), use_cache=False
+        ).split
     assert splits[1e5] == convs[0]
     assert splits[1e-5] == convs[-1]
 
@@ -238,7 +256,7 @@ def test_out_of_memory_mid_run_is_a_budget_error_not_a_crash(gpu, monkeypatch):
 
     net = make_net(NETS["iso2pool"], seed=6)
     x = _input(net)
-    plan = autotune(net, device="gpu", memory_budget=2 ** 26, patch_shape=x.shape[1:], use_cache=False)
+    plan = autotune(net, device="gpu", memory_budget=2**26, patch_shape=x.shape[1:], use_cache=False)
     lying = dataclasses.replace(plan, memory_budget=1000)  # a plan whose budget the run cannot keep
     with pytest.raises(MemoryBudgetError, match="ran out of memory"):
         znni_core.infer(net, x, device="gpu", plan=lying)
@@ -256,7 +274,7 @@ def test_unet_graph_on_the_device_equals_the_cpu(gpu, tmp_path, valid):
     shape = tuple(admissible(model, a, lo) for a, lo in enumerate((8, 28, 28)))
     net = znni_core.load_network(export(model, tmp_path / "u.onnx", shape))
     x = np.random.default_rng(2).standard_normal((1,) + shape).astype(np.float32)
-    plan = autotune(net, device="gpu", memory_budget=2 ** 27, patch_shape=shape, use_cache=False)
+    plan = autotune(net, device="gpu", memory_budget=2**27, patch_shape=shape, use_cache=False)
     out = znni_core.infer(net, x, device="gpu", plan=plan)
     assert rel(out, znni_core.infer(net, x)) <= TOL
 
@@ -274,12 +292,36 @@ def test_cli_plans_and_runs_every_device_kind(gpu, tmp_path):
     ref = znni_core.infer(net, x)
     runner = CliRunner()
     for device in ("gpu", "cpu+gpu"):
-        r = runner.invoke(app, ["plan", str(path), "--device", device, "--memory", "64MiB", "--input-shape",
-                                ",".join(map(str, x.shape[1:])), "-o", str(tmp_path / f"{device}.json")])
+        r = runner.invoke(
+            app,
+            [
+                "plan",
+                str(path),
+                "--device",
+                device,
+                "--memory",
+                "64MiB",
+                "--input-shape",
+                ",".join(map(str, x.shape[1:])),
+                "-o",
+                str(tmp_path / f"{device}.json"),
+            ],
+        )
         assert r.exit_code == 0, r.output
         assert f"on {device}" in r.output
-        r = runner.invoke(app, ["infer", str(path), str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), "--device", device,
-                                "--plan", str(tmp_path / f"{device}.json")])
+        r = runner.invoke(
+            app,
+            [
+                "infer",
+                str(path),
+                str(tmp_path / "x.npy"),
+                str(tmp_path / "y.npy"),
+                "--device",
+                device,
+                "--plan",
+                str(tmp_path / f"{device}.json"),
+            ],
+        )
         assert r.exit_code == 0, r.output
         assert rel(np.load(tmp_path / "y.npy"), ref) <= TOL
     too_much = 2 * int(gpu.cuda.runtime.memGetInfo()[1])
@@ -362,8 +404,7 @@ def test_measure_effort_times_options_on_the_device(gpu, monkeypatch):
     monkeypatch.setattr(gpu_timing.DeviceMeasurements, "conv", counted)
     net = make_net(NETS["aniso"], seed=8)
     x = _input(net)
-    plan = autotune(net, device="gpu", memory_budget=2 ** 26, effort="measure", input_shape=x.shape[1:],
-                    use_cache=False)
+    plan = autotune(net, device="gpu", memory_budget=2**26, effort="measure", input_shape=x.shape[1:], use_cache=False)
     assert calls and set(calls) <= {"direct-gemm", "fft-gemm"}  # the defaults
     assert rel(znni_core.infer(net, x, device="gpu", plan=plan), znni_core.infer(net, x)) <= TOL
 

@@ -3,6 +3,7 @@
 References: the definition applied window by window (``tests/reference.py``) and
 PyTorch's dilated dense formulation.  Tolerance: max relative error <= 1e-4 (float32).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -35,7 +36,9 @@ def test_default_infer_matches_torch_and_naive(name):
     x = _input(net, (5, 7, 6))
     out = znni_core.infer(net, x)
     ref = torch_dense(net, x)
-    assert out.shape == ref.shape == (net.out_channels,) + tuple(n - f + 1 for n, f in zip(x.shape[1:], net.field_of_view))
+    assert (
+        out.shape == ref.shape == (net.out_channels,) + tuple(n - f + 1 for n, f in zip(x.shape[1:], net.field_of_view))
+    )
     assert max_rel_err(out, ref) <= TOL
     rng = np.random.default_rng(3)
     pos = [tuple(int(rng.integers(0, s)) for s in out.shape[1:]) for _ in range(12)]
@@ -52,7 +55,7 @@ def test_every_primitive_and_pool_mode(name, prim):
     combos = list(itertools.product(("mpf", "pool"), repeat=len(net.pools)))
     combos += [("slab:1",) + c[1:] for c in combos[:2]] + [("slab:5",) + combos[-1][1:]]
     for modes in combos:
-        plan = autotune(net, memory_budget=2 ** 30, primitives=(prim,), pool_modes=modes)
+        plan = autotune(net, memory_budget=2**30, primitives=(prim,), pool_modes=modes)
         assert all(s.primitive == prim for s in plan.steps if s.op == "conv")
         assert plan.pool_modes == modes
         assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL, modes
@@ -64,10 +67,10 @@ def test_micro_batches_and_small_patches_are_exact():
     ref = torch_dense(net, x)
     # smallest legal patch: many tiles, last ones shifted back
     d, f = net.pooling_product, net.field_of_view
-    plan = autotune(net, memory_budget=2 ** 30, patch_shape=tuple(a + b - 1 for a, b in zip(d, f)))
+    plan = autotune(net, memory_budget=2**30, patch_shape=tuple(a + b - 1 for a, b in zip(d, f)))
     assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL
     # force micro-batching by editing a plan's steps (the executor must honour them)
-    plan = autotune(net, memory_budget=2 ** 30, pool_modes=("mpf",) * 3, primitives=("fft-data",))
+    plan = autotune(net, memory_budget=2**30, pool_modes=("mpf",) * 3, primitives=("fft-data",))
     steps = tuple(s.__class__(**{**s.__dict__, "micro_batch": 3 if s.op == "conv" else 0}) for s in plan.steps)
     mb_plan = Plan.from_dict({**plan.to_dict(), "steps": [s.__dict__ for s in steps]})
     assert max_rel_err(znni_core.infer(net, x, plan=mb_plan), ref) <= TOL
@@ -77,7 +80,7 @@ def test_small_budget_stays_exact_and_fits():
     net = make_net(NETS["iso2pool"], seed=11)
     x = _input(net, (20, 20, 20))
     ref = torch_dense(net, x)
-    for budget in (2 ** 20, 4 * 2 ** 20, 64 * 2 ** 20):
+    for budget in (2**20, 4 * 2**20, 64 * 2**20):
         plan = autotune(net, memory_budget=budget)
         assert plan.predicted_peak_bytes <= budget
         assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL
@@ -91,7 +94,7 @@ def test_budget_too_small_is_a_clear_error():
 
 def test_plan_json_round_trip_and_describe():
     net = make_net(NETS["aniso"], c_in=2)
-    plan = autotune(net, memory_budget=2 ** 28)
+    plan = autotune(net, memory_budget=2**28)
     again = Plan.from_json(plan.to_json())
     assert again == plan and again.digest() == plan.digest()
     text = plan.describe()
@@ -105,12 +108,15 @@ def test_field_of_view_formula():
     assert net.field_of_view == (1 + 0 + 0 + 1 + 0 + 0, 1 + 2 + 1 + 4 + 4 + 6, 1 + 2 + 1 + 2 + 2 + 4)
 
 
-@pytest.mark.parametrize("bad,match", [
-    (lambda x: x.astype(np.uint8), "dtype"),
-    (lambda x: x[:, :3], "field of view"),
-    (lambda x: np.concatenate([x, x]), "channel"),
-    (lambda x: np.where(x > 2, np.nan, x).astype(np.float32), "NaN"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (lambda x: x.astype(np.uint8), "dtype"),
+        (lambda x: x[:, :3], "field of view"),
+        (lambda x: np.concatenate([x, x]), "channel"),
+        (lambda x: np.where(x > 2, np.nan, x).astype(np.float32), "NaN"),
+    ],
+)
 def test_bad_input_is_a_clear_error(bad, match):
     net = make_net(NETS["iso2pool"])
     x = _input(net, (2, 2, 2))
@@ -118,8 +124,9 @@ def test_bad_input_is_a_clear_error(bad, match):
         znni_core.infer(net, bad(x))
 
 
-@pytest.mark.parametrize("value,dtype", [(np.inf, np.float32), (-np.inf, np.float32), (np.nan, np.float32),
-                                         (1e39, np.float64)])
+@pytest.mark.parametrize(
+    "value,dtype", [(np.inf, np.float32), (-np.inf, np.float32), (np.nan, np.float32), (1e39, np.float64)]
+)
 def test_non_finite_input_names_its_first_z_slice(value, dtype):
     """Every non-finite value is refused, a float64 one beyond float32's range too (it would
     become inf), and the error names the first z-slice holding one."""
@@ -133,7 +140,7 @@ def test_non_finite_input_names_its_first_z_slice(value, dtype):
 
 def test_plan_for_another_network_is_refused():
     a, b = make_net(NETS["nopool"], seed=1), make_net(NETS["nopool"], seed=2)
-    plan = autotune(a, memory_budget=2 ** 26)
+    plan = autotune(a, memory_budget=2**26)
     with pytest.raises(PlanError, match="another network"):
         znni_core.infer(b, _input(b, (1, 1, 1)), plan=plan)
 
@@ -159,7 +166,7 @@ def test_fft_kernel_spectra_built_once_per_run(monkeypatch):
     n_conv = sum(1 for l in net.layers if isinstance(l, Conv))
     for modes in (("pool", "pool"), ("slab:1", "pool")):
         built.clear()
-        plan = autotune(net, memory_budget=2 ** 30, primitives=("fft-task",), pool_modes=modes, patch_shape=patch)
+        plan = autotune(net, memory_budget=2**30, primitives=("fft-task",), pool_modes=modes, patch_shape=patch)
         assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL
         assert built == ["task"] * n_conv, modes
     # a cache dict kept across calls (the pipeline's Dask blocks): built once for all of them
@@ -168,11 +175,13 @@ def test_fft_kernel_spectra_built_once_per_run(monkeypatch):
     for _ in range(2):
         assert max_rel_err(znni_core.infer(net, x, plan=plan, cache=cache), ref) <= TOL
     assert built == ["task"] * n_conv
-    small = x[:, :patch[0], :patch[1], :patch[2]]  # one smaller tile: rebuilt, replacing (never adding)
+    small = x[:, : patch[0], : patch[1], : patch[2]]  # one smaller tile: rebuilt, replacing (never adding)
     znni_core.infer(net, small[:, :-1] if small.shape[1] > f[0] else small, plan=plan, cache=cache)
     assert len([k for k in next(iter(cache.values())) if k != "arena"]) == n_conv and len(cache) == 1
     built.clear()
-    plan = autotune(net, memory_budget=2 ** 30, primitives=("fft-stream",), pool_modes=("pool", "pool"), patch_shape=patch)
+    plan = autotune(
+        net, memory_budget=2**30, primitives=("fft-stream",), pool_modes=("pool", "pool"), patch_shape=patch
+    )
     assert max_rel_err(znni_core.infer(net, x, plan=plan), ref) <= TOL
     assert len(built) > n_conv and set(built) == {"stream"}
 
@@ -184,7 +193,7 @@ def test_conv_in_blocks_is_exact(prim):
     net = make_net(NETS["aniso"], c_in=2, seed=17)
     x = _input(net, (7, 11, 5), seed=4)
     ref = torch_dense(net, x)
-    plan = autotune(net, memory_budget=2 ** 30, primitives=(prim,), pool_modes=("mpf",) * len(net.pools))
+    plan = autotune(net, memory_budget=2**30, primitives=(prim,), pool_modes=("mpf",) * len(net.pools))
     for shrink in ((1, 1, 1), (3, 2, 4)):
         steps = []
         for s in plan.steps:
@@ -209,8 +218,13 @@ def test_blocked_conv_memory_matches_model():
     rng = np.random.default_rng(0)
     layer = Conv(rng.standard_normal((8, 6, 5, 5, 5), dtype=np.float32), np.zeros(8, np.float32))
     x = rng.standard_normal((3, 6, 70, 66, 61), dtype=np.float32)
-    for prim, tile, mb in (("fft-task", (32, 32, 32), 0), ("fft-stream", (48, 32, 61), 2), ("fft-data", (), 1),
-                           ("fft-gemm", (48, 48, 48), 0), ("fft-gemm", (), 2)):
+    for prim, tile, mb in (
+        ("fft-task", (32, 32, 32), 0),
+        ("fft-stream", (48, 32, 61), 2),
+        ("fft-data", (), 1),
+        ("fft-gemm", (48, 48, 48), 0),
+        ("fft-gemm", (), 2),
+    ):
         step = Step(0, "conv", prim, x.shape, (), mb, 2, tile=tile)
         engine._run_conv(step, layer, x, np, {})  # warm-up: numba compilation, FFTW plans
         tracemalloc.start()
@@ -220,7 +234,7 @@ def test_blocked_conv_memory_matches_model():
         tracemalloc.stop()
         shape = M.conv_blocks(x.shape[2:], layer.kernel, tile)[0]
         pred = M.conv_step_bytes(prim, 3, mb, layer, x.shape[2:], tile, 2) + M.resident_bytes(prim, layer, shape)
-        assert abs(peak - pred) <= 0.2 * pred, (prim, tile, peak / 2 ** 20, pred / 2 ** 20)
+        assert abs(peak - pred) <= 0.2 * pred, (prim, tile, peak / 2**20, pred / 2**20)
         del y, convs
 
 
@@ -230,14 +244,19 @@ def test_monotone_activations_move_after_pooling():
     from znni_core.plan.plan import Step
 
     w = np.ones((1, 1, 1, 1, 1), np.float32)
-    for act, swapped in ((Activation("relu"), True), (Activation("elu", alpha=0.5), True),
-                         (Activation("leaky_relu", alpha=-0.2), False), (Activation("softmax"), False)):
+    for act, swapped in (
+        (Activation("relu"), True),
+        (Activation("elu", alpha=0.5), True),
+        (Activation("leaky_relu", alpha=-0.2), False),
+        (Activation("softmax"), False),
+    ):
         layers = (Conv(w), act, Pool((2, 2, 2)))
         steps = tuple(Step(i, op, "x", (), ()) for i, op in enumerate(("conv", "act", "pool")))
         got = [s.op for s in pool_before_activation(steps, layers)]
         assert got == (["conv", "pool", "act"] if swapped else ["conv", "act", "pool"]), act.kind
     # exactness of the swap itself: max-pool of f(x) == f(max-pool of x) for a non-decreasing f
     from znni_core.layers import apply_activation, max_pool
+
     x = np.random.default_rng(3).standard_normal((1, 2, 6, 6, 6)).astype(np.float32)
     for kind, alpha in (("relu", 0.0), ("elu", 1.0), ("sigmoid", 0.0), ("tanh", 0.0), ("leaky_relu", 0.1)):
         a = max_pool(apply_activation(x.copy(), kind, alpha), (2, 2, 2))
@@ -254,19 +273,37 @@ def test_activations_after_a_conv_run_in_the_conv_output_pass():
     from znni_core.plan.plan import Step
 
     w = np.ones((1, 1, 1, 3, 3), np.float32)
-    for prim, act, fused in (("winograd", "relu", True), ("fft-gemm", "relu", True), ("direct-gemm", "relu", True),
-                             ("direct-numba", "relu", True), ("fft-data", "relu", False), ("winograd", "elu", True),
-                             ("direct-gemm", "leaky_relu", True), ("winograd", "sigmoid", False),
-                             ("winograd", "identity", False)):
+    for prim, act, fused in (
+        ("winograd", "relu", True),
+        ("fft-gemm", "relu", True),
+        ("direct-gemm", "relu", True),
+        ("direct-numba", "relu", True),
+        ("fft-data", "relu", False),
+        ("winograd", "elu", True),
+        ("direct-gemm", "leaky_relu", True),
+        ("winograd", "sigmoid", False),
+        ("winograd", "identity", False),
+    ):
         layers = (Conv(w), Activation(act, 0.3), Conv(w))
         steps = (Step(0, "conv", prim, (), ()), Step(1, "act", act, (), ()), Step(2, "conv", prim, (), ()))
         got = fuse_activations(steps, layers)
         assert [s.op for s in got] == (["conv", "conv"] if fused else ["conv", "act", "conv"]), (prim, act)
         assert getattr(got[0], "fused", "") == (act if fused else "") and getattr(got[-1], "fused", "") == ""
         assert getattr(got[0], "alpha", 0.3 if fused else 0.0) == (0.3 if fused else 0.0)
-    net = make_net([("conv", 5, (1, 3, 3)), ("act", "elu", 0.7), ("pool", (1, 2, 2)), ("conv", 4, (1, 4, 4)),
-                    ("act", "leaky_relu", 0.2), ("conv", 3, 1), ("act", "relu"), ("conv", 2, 3), ("act", "sigmoid")],
-                   seed=5)
+    net = make_net(
+        [
+            ("conv", 5, (1, 3, 3)),
+            ("act", "elu", 0.7),
+            ("pool", (1, 2, 2)),
+            ("conv", 4, (1, 4, 4)),
+            ("act", "leaky_relu", 0.2),
+            ("conv", 3, 1),
+            ("act", "relu"),
+            ("conv", 2, 3),
+            ("act", "sigmoid"),
+        ],
+        seed=5,
+    )
     rng = np.random.default_rng(6)
     x = rng.standard_normal((1,) + tuple(f + e for f, e in zip(net.field_of_view, (4, 8, 6)))).astype(np.float32)
     ref = torch_dense(net, x)
@@ -290,10 +327,17 @@ def test_activations_after_a_conv_run_in_the_conv_output_pass():
 @pytest.mark.parametrize("act", [("relu", 0.0), ("leaky_relu", 0.1), ("elu", 0.8)])
 @pytest.mark.parametrize("kernel", [(1, 1, 1), (1, 3, 3), (3, 3, 3), (1, 5, 5)])
 def test_fused_activation_in_each_primitive_equals_the_reference(kernel, act):
-    from znni_core.layers import (FFTGemmConv, WinogradConv, apply_activation, conv_direct_gemm, conv_direct_numba,
-                                  winograd_supports)
+    from znni_core.layers import (
+        FFTGemmConv,
+        WinogradConv,
+        apply_activation,
+        conv_direct_gemm,
+        conv_direct_numba,
+        winograd_supports,
+    )
 
     from .test_layers_conv import reference, rel_err
+
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 6, 7, 20, 19)).astype(np.float32)
     w = rng.standard_normal((5, 6) + kernel).astype(np.float32)
@@ -302,7 +346,7 @@ def test_fused_activation_in_each_primitive_equals_the_reference(kernel, act):
     ref = apply_activation(plain.astype(np.float64), *act).astype(np.float32)  # numpy's exp, float64
     assert (plain < 0).mean() > 0.2 and not np.allclose(ref, plain)  # the activation matters
     big = np.full((2, 5, 9, 30, 30), 7.0, np.float32)
-    dst = big[:, :, 1:1 + 8 - kernel[0], 2:2 + 21 - kernel[1], 3:3 + 20 - kernel[2]]
+    dst = big[:, :, 1 : 1 + 8 - kernel[0], 2 : 2 + 21 - kernel[1], 3 : 3 + 20 - kernel[2]]
     assert rel_err(conv_direct_gemm(x, w, b, act=act), ref) <= 1e-4
     assert rel_err(np.ascontiguousarray(conv_direct_gemm(x, w, b, act=act, out=dst)), ref) <= 1e-4
     assert rel_err(conv_direct_numba(x, w, b, act=act), ref) <= 1e-4
@@ -325,10 +369,11 @@ def test_output_buffers_are_reused_within_the_budget(monkeypatch):
     from znni_core.exec.engine import kernel_cache, run_patch
     from znni_core.plan import autotune
 
-    net = make_net([("conv", 8, 3), ("act", "relu"), ("pool", 2), ("conv", 12, 3), ("act", "relu"),
-                    ("conv", 2, 3)], seed=4)
+    net = make_net(
+        [("conv", 8, 3), ("act", "relu"), ("pool", 2), ("conv", 12, 3), ("act", "relu"), ("conv", 2, 3)], seed=4
+    )
     x = np.random.default_rng(4).standard_normal((1, 37, 37, 37)).astype(np.float32)
-    plan = autotune(net, memory_budget=96 * 2 ** 20, patch_shape=(37, 37, 37))
+    plan = autotune(net, memory_budget=96 * 2**20, patch_shape=(37, 37, 37))
     monkeypatch.setenv("ZNNI_REUSE_BUFFERS", "0")
     ref = run_patch(plan, net, x)
     monkeypatch.delenv("ZNNI_REUSE_BUFFERS")
@@ -362,20 +407,23 @@ def test_executor_turns_numpy_huge_pages_off_unless_asked(tmp_path):
     import subprocess
     import sys
 
-    code = ("import numpy as np, znni_core\n"
-            "from tests.nets import make_net\n"
-            "net = make_net([('conv', 2, 3), ('act', 'relu')])\n"
-            "before = np._core.multiarray._set_madvise_hugepage(True)\n"
-            "znni_core.infer(net, np.ones((1, 8, 8, 8), np.float32))\n"
-            "print(before, np._core.multiarray._set_madvise_hugepage(True))\n")
+    code = (
+        "import numpy as np, znni_core\n"
+        "from tests.nets import make_net\n"
+        "net = make_net([('conv', 2, 3), ('act', 'relu')])\n"
+        "before = np._core.multiarray._set_madvise_hugepage(True)\n"
+        "znni_core.infer(net, np.ones((1, 8, 8, 8), np.float32))\n"
+        "print(before, np._core.multiarray._set_madvise_hugepage(True))\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "ZNNI_HUGEPAGES"}
     env["ZNNI_CACHE_DIR"] = str(tmp_path)
     root = Path(__file__).resolve().parents[1]
     for value, expected in ((None, "True False"), ("1", "True True")):
         if value is not None:
             env["ZNNI_HUGEPAGES"] = value
-        out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
-                             check=True).stdout.split("\n")[-2]
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, check=True
+        ).stdout.split("\n")[-2]
         assert out == expected, (value, out)
 
 
@@ -417,9 +465,21 @@ def test_winograd_layers_pass_channels_last_through_mpf_and_activations(monkeypa
     from znni_core.layers import WinogradConv
     from znni_core.layers.layout import is_channels_last
 
-    net = make_net([("conv", 4, (1, 3, 3)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 5, (1, 3, 3)),
-                    ("act", "elu", 1.0), ("pool", (1, 2, 2)), ("conv", 3, (2, 3, 3)), ("conv", 2, (1, 3, 3)), ("act", "relu"),
-                    ("conv", 2, 1)], seed=19)
+    net = make_net(
+        [
+            ("conv", 4, (1, 3, 3)),
+            ("act", "relu"),
+            ("pool", (1, 2, 2)),
+            ("conv", 5, (1, 3, 3)),
+            ("act", "elu", 1.0),
+            ("pool", (1, 2, 2)),
+            ("conv", 3, (2, 3, 3)),
+            ("conv", 2, (1, 3, 3)),
+            ("act", "relu"),
+            ("conv", 2, 1),
+        ],
+        seed=19,
+    )
     x = np.random.default_rng(19).standard_normal((1, 5, 45, 45)).astype(np.float32)  # F 26, D 4
     ref = torch_dense(net, x)
     seen = []
@@ -432,10 +492,18 @@ def test_winograd_layers_pass_channels_last_through_mpf_and_activations(monkeypa
 
     monkeypatch.setattr(WinogradConv, "_call_cpu", call)
     # the first conv (one input channel) runs direct-gemm: three Winograd convs
-    for pools, outs, ins in ((("mpf", "mpf"), [True, True, True], [True, True]),
-                             (("mpf", "pool"), [False, True, True], [True, True])):
-        plan = autotune(net, memory_budget=2**30, patch_shape=x.shape[1:], primitives=("winograd",), pool_modes=pools,
-                        use_cache=False)
+    for pools, outs, ins in (
+        (("mpf", "mpf"), [True, True, True], [True, True]),
+        (("mpf", "pool"), [False, True, True], [True, True]),
+    ):
+        plan = autotune(
+            net,
+            memory_budget=2**30,
+            patch_shape=x.shape[1:],
+            primitives=("winograd",),
+            pool_modes=pools,
+            use_cache=False,
+        )
         assert [s.primitive for s in plan.steps if s.op == "pool"] == list(pools)
         seen.clear()
         y = znni_core.infer(net, x, plan=plan)
@@ -457,8 +525,14 @@ def test_profiled_charges_each_step_its_own_seconds():
     net = make_net(NETS["iso2pool"], seed=3)
     x = np.random.default_rng(0).standard_normal((1, 37, 37, 37)).astype(np.float32)
     for modes in (("mpf", "mpf"), ("pool", "mpf"), ("pool", "pool")):
-        plan = autotune(net, memory_budget=2 ** 28, patch_shape=x.shape[1:], pool_modes=modes, use_cache=False,
-                        primitives=("direct-gemm",))
+        plan = autotune(
+            net,
+            memory_budget=2**28,
+            patch_shape=x.shape[1:],
+            pool_modes=modes,
+            use_cache=False,
+            primitives=("direct-gemm",),
+        )
         ref = znni_core.infer(net, x, plan=plan)
         with profiled() as seconds:
             out = znni_core.infer(net, x, plan=plan)

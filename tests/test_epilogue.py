@@ -1,5 +1,6 @@
 """The fused activations of the conv output passes (``layers/epilogue.py``) against float64
 numpy: the arithmetic ``exp``, every code, and the 1x1x1 chain that applies them in cache."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,8 +37,10 @@ def test_exp_neg_is_float32_exact_over_its_range():
     assert np.all(got[:3] == got[:3][0]) and 0 < got[0] < 2e-38
 
 
-@pytest.mark.parametrize("kind,alpha", [("relu", 0.0), ("leaky_relu", 0.01), ("leaky_relu", 1.7), ("elu", 1.0),
-                                        ("elu", 0.3), ("identity", 0.0)])
+@pytest.mark.parametrize(
+    "kind,alpha",
+    [("relu", 0.0), ("leaky_relu", 0.01), ("leaky_relu", 1.7), ("elu", 1.0), ("elu", 0.3), ("identity", 0.0)],
+)
 def test_each_code_equals_apply_activation(kind, alpha):
     rng = np.random.default_rng(1)
     x = np.concatenate([rng.standard_normal(100_000) * 4, [0.0, -0.0, 1e-8, -1e-8, -100.0, 100.0]]).astype(np.float32)
@@ -59,9 +62,14 @@ def test_epilogue_codes_and_refusals():
 def test_pointwise_chain_applies_elu_in_cache():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((1, 6, 5, 40, 41)).astype(np.float32)
-    stages = [(rng.standard_normal((8, 6, 1, 1, 1)).astype(np.float32), rng.standard_normal(8).astype(np.float32),
-               ("elu", 0.6)),
-              (rng.standard_normal((3, 8, 1, 1, 1)).astype(np.float32), None, ("sigmoid", 0.0))]
+    stages = [
+        (
+            rng.standard_normal((8, 6, 1, 1, 1)).astype(np.float32),
+            rng.standard_normal(8).astype(np.float32),
+            ("elu", 0.6),
+        ),
+        (rng.standard_normal((3, 8, 1, 1, 1)).astype(np.float32), None, ("sigmoid", 0.0)),
+    ]
     ref = x.astype(np.float64)
     for w, b, (kind, alpha) in stages:
         ref = np.einsum("oc,nczyx->nozyx", w[:, :, 0, 0, 0].astype(np.float64), ref)
@@ -81,8 +89,9 @@ def test_add_affine_act_equals_three_passes_on_views():
     s, t = rng.standard_normal(5).astype(np.float32), rng.standard_normal(5).astype(np.float32)
     for scale, shift, fused in ((s, t, ("elu", 0.5)), (None, None, ("leaky_relu", 0.1)), (s[:1], None, None)):
         ref = a.astype(np.float64) + b
-        ref = ref * (1.0 if scale is None else scale.reshape(1, -1, 1, 1, 1)) + (0.0 if shift is None else
-                                                                                 shift.reshape(1, -1, 1, 1, 1))
+        ref = ref * (1.0 if scale is None else scale.reshape(1, -1, 1, 1, 1)) + (
+            0.0 if shift is None else shift.reshape(1, -1, 1, 1, 1)
+        )
         ref = apply_activation(ref, *(fused or ("identity", 0.0)))
         assert np.abs(add_affine_act(a, b, scale, shift, fused) - ref).max() <= 1e-6
     into = a.copy()  # in place into an input, and without b: act(s a + t)

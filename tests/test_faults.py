@@ -4,6 +4,7 @@ Timing-dependent cases run over 20 fixed seeds and are marked slow (CI runs them
 ``pytest -m slow``); the clear-error cases are fast and run with ``make test``.
 One plan and one uninterrupted ("golden") layer per module: every trial works on a copy.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,7 +56,7 @@ def test_t1_sigkill_task_then_rerun(base, golden, tmp_path, seed):
     rng = random.Random(seed)
     case = _trial(base, tmp_path, golden["case"])
     task = rng.choice([t["id"] for t in case.tasks()])
-    case.manifest(task).unlink()            # Snakemake removes a job's output before running it
+    case.manifest(task).unlink()  # Snakemake removes a job's output before running it
     before = H.layer_files(case.out)
     # kill at a seeded point of the task's run: anywhere from start-up to just after it ends
     delay = rng.uniform(0.0, 1.2 * golden["seconds"][task])
@@ -103,7 +104,7 @@ def test_t3_kill_before_manifest_then_rerun(base, golden, tmp_path, seed):
         case.manifest(task).unlink()
     r = H.run_task_proc(case, task, fault="before-manifest")
     assert r.killed and not case.manifest(task).exists()
-    assert not H.temporaries(case.out)      # chunk writes themselves completed
+    assert not H.temporaries(case.out)  # chunk writes themselves completed
     r2 = H.run_task_proc(case, task)
     assert r2.exitcode == 0 and H.manifest_ok(case, task) is True
     got = H.layer_files(case.out)
@@ -205,15 +206,14 @@ def test_t9_corrupt_input_chunk_at_rest(base, golden, tmp_path, how):
     chunks = sorted(p for p in (case.data / "em").rglob("*") if p.is_file() and p.name not in ("info", "provenance"))
     victim = chunks[0]
     good = victim.read_bytes()
-    victim.write_bytes({"truncated": good[: len(good) // 2], "zero-bytes": b"",
-                        "extra-bytes": good + b"\0" * 7}[how])
+    victim.write_bytes({"truncated": good[: len(good) // 2], "zero-bytes": b"", "extra-bytes": good + b"\0" * 7}[how])
     # task 0's read ROI starts at the origin: it reads the victim (the chunk at the origin)
     p = H.znni("run-task", case.run_file, "--task", 0, "--no-progress")
     assert p.returncode != 0, "a corrupt input chunk was read silently"
     assert victim.name in p.stderr, p.stderr[-2000:]
     assert "Traceback" not in p.stderr, p.stderr[-2000:]
     assert not case.manifest(0).exists() and H.layer_files(case.out) == {}
-    victim.write_bytes(good)                 # repair, rerun: BI
+    victim.write_bytes(good)  # repair, rerun: BI
     assert H.znni("run-task", case.run_file, "--task", 0, "--no-progress").returncode == 0
     got = H.layer_files(case.out)
     assert len(got) == 1

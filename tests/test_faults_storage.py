@@ -4,6 +4,7 @@ S3 errors), T8 (corrupted transfers), T28d (no credential leaks).
 The cases run with ``make test`` except the end-to-end T7 task (``slow``).  T7's time limits are
 loose upper bounds (a permanent 403 takes one request, about 0.05 s here).
 """
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,9 @@ def _can_mount_tmpfs(tmp_path) -> bool:
         return False
     d = tmp_path / "probe"
     d.mkdir()
-    ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)], capture_output=True).returncode == 0
+    ok = (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)], capture_output=True).returncode == 0
+    )
     if ok:
         subprocess.run(["umount", str(d)], check=True)
     return ok
@@ -79,7 +82,7 @@ def test_t6_disk_full_during_chunk_write(finished, small_disk, tmp_path):
     shutil.copytree(finished.out, case.out, dirs_exist_ok=True)
     task = 3
     case.manifest(task).unlink()
-    filler = _fill(case.out, 2048)           # the chunk (about 21 kB) cannot be written
+    filler = _fill(case.out, 2048)  # the chunk (about 21 kB) cannot be written
     p = H.znni("run-task", case.run_file, "--task", task, "--no-progress")
     assert p.returncode != 0, "a chunk write on a full disk was reported as success"
     err = p.stderr
@@ -154,8 +157,12 @@ def s3(monkeypatch, tmp_path):
     from tests.s3_faults import S3Faults
 
     monkeypatch.delenv("AWS_PROFILE", raising=False)
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(k, v)
     from cloudfiles import secrets
 
@@ -193,7 +200,7 @@ def test_t7_transient_s3_errors_retried(s3, backoff, action):
     for i, idx in enumerate(idxs):
         d = layer.write_chunk(idx, _arr(layer, idx, i))
         layer.verify_chunk(idx, d)
-    assert sum(1 for _, p, a in s3.log if a == action) == 4, s3.log   # the faults did happen
+    assert sum(1 for _, p, a in s3.log if a == action) == 4, s3.log  # the faults did happen
     assert len(backoff) == 4 and all(0 <= w <= MAX_WAIT_S for w in backoff), backoff
     stored = s3.objects()
     for i, idx in enumerate(idxs):
@@ -212,7 +219,7 @@ def test_t7_permanent_403_is_a_clear_error_without_retry_storm(s3, backoff, meth
     s3.rule(method, "/8_8_40/", "403")
     with pytest.raises(StoragePermissionError) as ei:
         d = layer.write_chunk(idx, _arr(layer, idx))
-        layer.verify_chunk(idx, d)   # the digest a task records only after this returns
+        layer.verify_chunk(idx, d)  # the digest a task records only after this returns
     n = s3.requests(method, "/8_8_40/")
     assert n == 1, f"{n} {method}s for a permanent 403 (a retry storm): {s3.log}"
     assert backoff == [], f"waited {backoff} s before giving up on a permanent 403"
@@ -220,7 +227,7 @@ def test_t7_permanent_403_is_a_clear_error_without_retry_storm(s3, backoff, meth
     assert "403" in msg and "AccessDenied" in msg, msg
     assert f"s3://znni/{key}" in msg and s3.endpoint in msg, msg
     assert "credentials" in msg and "bucket policy" in msg and "not retried" in msg, msg
-    assert "testing" not in msg, msg   # the access key id (and secret) of the environment is never shown
+    assert "testing" not in msg, msg  # the access key id (and secret) of the environment is never shown
     if method == "PUT":
         assert key not in s3.objects()
 
@@ -230,7 +237,6 @@ def test_t7_403_in_a_task_fails_cleanly_and_is_not_marked_done(s3, tmp_path):
     """`znni run-task` writing to S3 that answers 403 to every chunk PUT: exit != 0 after one PUT
     (no retry storm), no traceback, the message names the key and the fix, no manifest; after access is restored
     the rerun completes."""
-    import time
 
     import yaml
 
@@ -239,7 +245,7 @@ def test_t7_403_in_a_task_fails_cleanly_and_is_not_marked_done(s3, tmp_path):
     cfg["output"]["path"] = "s3://znni/layers/out"
     cfg["output"]["endpoint_url"] = s3.endpoint
     case.config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    H.prepare(case)                      # info + provenance written through the proxy, no faults yet
+    H.prepare(case)  # info + provenance written through the proxy, no faults yet
     seen = len(s3.log)
     s3.rule("PUT", "/layers/out/", "403")
     p = H.znni("run-task", case.run_file, "--task", 0, "--no-progress")
@@ -288,12 +294,13 @@ def test_t7_s3_credentials_from_a_secrets_file(s3, monkeypatch, tmp_path):
 
     from znni_core.io.paths import s3_alias
 
-    layer = _s3_layer(s3.endpoint)     # info + provenance, signed with the environment's key
+    layer = _s3_layer(s3.endpoint)  # info + provenance, signed with the environment's key
     assert set(s3.access_keys) == {"testing"}, s3.access_keys
     d = tmp_path / "secrets"
     d.mkdir()
     (d / f"{s3_alias(s3.endpoint)}-secret.json").write_text(
-        '{"AWS_ACCESS_KEY_ID": "FROMFILE", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}')
+        '{"AWS_ACCESS_KEY_ID": "FROMFILE", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}'
+    )
     monkeypatch.setattr(secrets, "CLOUD_VOLUME_SECRETS_DIR", str(d))
     from znni_core.io import open_output
 
@@ -335,8 +342,9 @@ def test_t28d_canary_secret_absent_from_logs_metadata_manifests_provenance(tmp_p
     key_id = "AKIA" + uuid.uuid4().hex[:16].upper()
     cvdir = tmp_path / "cv"
     (cvdir / "secrets").mkdir(parents=True)
-    secret = json.dumps({"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": canary,
-                         "AWS_DEFAULT_REGION": "us-east-1"})
+    secret = json.dumps(
+        {"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": canary, "AWS_DEFAULT_REGION": "us-east-1"}
+    )
     with S3Faults() as s3:
         from znni_core.io.paths import s3_alias
 

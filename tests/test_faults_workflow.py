@@ -6,13 +6,14 @@ every kill: no manifest lies, every chunk finished before the kill equals the un
 (NL), and the restart reruns none of the tasks that were done (counted from its log). At the end
 the layer equals the uninterrupted run byte for byte (BI).
 """
+
 from __future__ import annotations
 
 import os
 import random
-import subprocess
 import re
 import signal
+import subprocess
 import time
 
 import psutil
@@ -32,8 +33,7 @@ def _queued_jobs(case) -> list[str]:
     if out.returncode != 0:
         return []
     root = str(case.root)
-    return [line.split("|", 1)[0] for line in out.stdout.splitlines()
-            if line.partition("|")[2].rstrip("/") == root]
+    return [line.split("|", 1)[0] for line in out.stdout.splitlines() if line.partition("|")[2].rstrip("/") == root]
 
 
 def _wait_jobs_gone(case, timeout=120):
@@ -76,11 +76,11 @@ def chained_kills(case, golden_files, *, kills, profile, seed0, delay=(1.0, 8.0)
         p = H.start_snakemake(case, profile=profile, log=log)
         try:
             p.wait(rng.uniform(*delay))
-            assert p.returncode == 0, log.read_text()[-3000:]   # finished before the kill
+            assert p.returncode == 0, log.read_text()[-3000:]  # finished before the kill
         except subprocess.TimeoutExpired:
-            if rng.random() < 0.5:          # a crashed session: main process and its local jobs
+            if rng.random() < 0.5:  # a crashed session: main process and its local jobs
                 os.killpg(p.pid, signal.SIGKILL)
-            else:                           # only the main process (its jobs run on as orphans)
+            else:  # only the main process (its jobs run on as orphans)
                 os.kill(p.pid, signal.SIGKILL)
             p.wait()
             stats["kills"] += 1
@@ -102,7 +102,8 @@ def chained_kills(case, golden_files, *, kills, profile, seed0, delay=(1.0, 8.0)
         stats["rerun"] += len(rerun)
         assert not (rerun & done), f"kill {k}: tasks {sorted(rerun & done)} were done but ran again"
         assert rerun | done == {t["id"] for t in case.tasks()}, (
-            f"kill {k}: done before restart {sorted(done)}, rerun {sorted(rerun)}:\n{text[-3000:]}")
+            f"kill {k}: done before restart {sorted(done)}, rerun {sorted(rerun)}:\n{text[-3000:]}"
+        )
         H.assert_same_chunks(H.layer_files(case.out), golden_files, f"kill {k}: after restart")
         assert not H.temporaries(case.out)
         # give the next kill work to interrupt: forget a seeded few tasks and the report (as

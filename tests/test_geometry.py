@@ -1,4 +1,5 @@
 """Geometry: hand-checkable cases, and RELIABILITY T11 as a property over random geometries."""
+
 from __future__ import annotations
 
 import doctest
@@ -8,8 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import znni_core.geometry as G
-from znni_core.geometry import ChunkGrid, Coordinate, Halo, Roi, create_blocks, output_bounds
-from znni_core.geometry import coordinate, grid, roi
+from znni_core.geometry import ChunkGrid, Coordinate, Halo, Roi, coordinate, create_blocks, grid, output_bounds, roi
 
 
 @pytest.mark.parametrize("mod", [coordinate, roi, grid])

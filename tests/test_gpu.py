@@ -1,4 +1,5 @@
 """The same engine on CuPy (skipped without a CUDA device): GPU output == CPU output == torch."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +19,7 @@ from .reference import max_rel_err, torch_dense
 def test_gpu_matches_torch(prim):
     net = make_net(NETS["aniso"], c_in=2, seed=4)
     x = np.random.default_rng(0).standard_normal((2,) + tuple(f + 9 for f in net.field_of_view)).astype(np.float32)
-    plan = autotune(net, device="gpu", memory_budget=2 ** 30, primitives=(prim,))
+    plan = autotune(net, device="gpu", memory_budget=2**30, primitives=(prim,))
     out = znni_core.infer(net, x, device="gpu", plan=plan)
     assert isinstance(out, np.ndarray)
     assert max_rel_err(out, torch_dense(net, x)) <= 1e-4
@@ -47,13 +48,13 @@ def test_gpu_plan_kinds_match_the_cpu_and_keep_their_memory(device):
     ref = znni_core.infer(net, x)
     from znni_core.exec.device import PeakMeter
 
-    for budget in ((2 ** 28, 8_000_000) if device == "gpu" else (2 ** 28,)):
+    for budget in (2**28, 8_000_000) if device == "gpu" else (2**28,):
         plan = autotune(net, device=device, memory_budget=budget, patch_shape=(93, 93, 93), use_cache=False)
         znni_core.release_cache()
         with PeakMeter(cupy) as meter:
             out = znni_core.infer(net, x, device=device, plan=plan)
         assert max_rel_err(out, ref) <= 1e-4, plan.describe()
-        assert meter.peak <= budget + 2 ** 26, (meter.peak, plan.describe())  # cuFFT plans: at most 64 MiB
+        assert meter.peak <= budget + 2**26, (meter.peak, plan.describe())  # cuFFT plans: at most 64 MiB
         if plan.placement == "":
             assert abs(meter.peak - plan.predicted_peak_bytes) <= 0.25 * plan.predicted_peak_bytes, plan.describe()
 
@@ -70,8 +71,9 @@ def test_direct_torch_is_exact_after_pytorchs_own_work():
     x = np.random.default_rng(0).standard_normal((1,) + tuple(f + 13 for f in net.field_of_view)).astype(np.float32)
     ref = znni_core.infer(net, x)
     module = dense_module(net).cuda()
-    plan = autotune(net, device="gpu", memory_budget=2 ** 28, primitives=("direct-torch",), use_cache=False,
-                    input_shape=x.shape[1:])
+    plan = autotune(
+        net, device="gpu", memory_budget=2**28, primitives=("direct-torch",), use_cache=False, input_shape=x.shape[1:]
+    )
     for _ in range(3):
         with torch.no_grad():
             dense = module(torch.from_numpy(x[None]).cuda())[0].cpu().numpy()

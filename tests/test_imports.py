@@ -9,6 +9,7 @@ Every ``import`` counts, those inside functions too (a lazy import is still a de
 A module may import its own package and any package of a lower rank (except :data:`NEVER`'s);
 two packages of the same rank never import each other.
 """
+
 from __future__ import annotations
 
 import ast
@@ -16,8 +17,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "znni_core"
 
-RANK = {"errors": 0, "units": 0, "version": 0, "cachedir": 0, "geometry": 1, "net": 2, "io": 2, "layers": 3,
-        "plan": 4, "exec": 5, "inference": 6, "": 7, "pipeline": 8, "warmup": 8, "cli": 9}
+RANK = {
+    "errors": 0,
+    "units": 0,
+    "version": 0,
+    "cachedir": 0,
+    "geometry": 1,
+    "net": 2,
+    "io": 2,
+    "layers": 3,
+    "plan": 4,
+    "exec": 5,
+    "inference": 6,
+    "": 7,
+    "pipeline": 8,
+    "warmup": 8,
+    "cli": 9,
+}
 #: lower packages that a package still never imports: primitives know arrays only, and the
 #: planner and the executor never touch storage
 NEVER = {"layers": {"geometry", "net", "io"}, "plan": {"io"}, "exec": {"io"}}
@@ -114,7 +130,11 @@ def test_imports_flow_one_way():
     edges = import_graph(modules())
     unranked = sorted({package(m) for m in edges} - set(RANK))
     assert not unranked, f"packages without a rank in this test: {unranked}"
-    upward = [f"{a} -> {b}" for a, targets in edges.items() for b in sorted(targets)
-              if package(a) != package(b) and (RANK[package(b)] >= RANK[package(a)]
-                                                or package(b) in NEVER.get(package(a), ()))]
+    upward = [
+        f"{a} -> {b}"
+        for a, targets in edges.items()
+        for b in sorted(targets)
+        if package(a) != package(b)
+        and (RANK[package(b)] >= RANK[package(a)] or package(b) in NEVER.get(package(a), ()))
+    ]
     assert not upward, "imports against the flow:\n" + "\n".join(upward)

@@ -1,5 +1,6 @@
 """io: chunk round trips (cloud-volume, tensorstore), atomicity (T2, T10), one representation per chunk
 (T17), unsafe info keys (T28c), zarr input, manifests, s3:// against a loopback moto server."""
+
 from __future__ import annotations
 
 import itertools
@@ -17,14 +18,26 @@ import pytest
 
 from znni_core.errors import DataError
 from znni_core.geometry import Coordinate, Roi
-from znni_core.io import (PrecomputedLayer, ScaleSpec, ZarrLayer, atomic_write, check_key, clean_stale_temporaries,
-                          create_layer, open_output, parse_layer_url, read_manifest, write_manifest)
+from znni_core.io import (
+    PrecomputedLayer,
+    ScaleSpec,
+    ZarrLayer,
+    atomic_write,
+    check_key,
+    clean_stale_temporaries,
+    create_layer,
+    open_output,
+    parse_layer_url,
+    read_manifest,
+    write_manifest,
+)
 
 PROV = {"description": "test", "owners": [], "processing": [], "sources": []}
 
 
-def make_layer(tmp_path, name="out", dtype="float32", channels=2, bounds=Roi((2, 3, 4), (10, 20, 30)),
-               chunk=(4, 8, 16)):
+def make_layer(
+    tmp_path, name="out", dtype="float32", channels=2, bounds=Roi((2, 3, 4), (10, 20, 30)), chunk=(4, 8, 16)
+):
     url = parse_layer_url("file://" + str(tmp_path / name))
     spec = ScaleSpec("8_8_40", bounds, Coordinate(chunk), (40.0, 8.0, 8.0), dtype, channels)
     create_layer(url, spec, PROV)
@@ -48,7 +61,7 @@ def test_roundtrip_cloudvolume_and_tensorstore(tmp_path):
     assert missing == [] and np.array_equal(got, arr)
     t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": str(url).replace("file://", "file://")}).result()
     b, e = layer.bounds.begin.xyz(), layer.bounds.end.xyz()
-    ts_arr = t[b[0]:e[0], b[1]:e[1], b[2]:e[2], :].read().result()  # (x, y, z, c)
+    ts_arr = t[b[0] : e[0], b[1] : e[1], b[2] : e[2], :].read().result()  # (x, y, z, c)
     assert np.array_equal(np.asarray(ts_arr).transpose(3, 2, 1, 0), arr)
     # a sub-box that crosses chunk borders
     r = Roi((5, 9, 17), (3, 7, 9))
@@ -104,9 +117,21 @@ def test_T17_one_representation_per_chunk(tmp_path):
 def test_T28c_unsafe_keys_refused_before_any_write(tmp_path, key):
     layer_dir = tmp_path / "nest" / "layer"
     layer_dir.mkdir(parents=True)
-    info = {"type": "image", "data_type": "uint8", "num_channels": 1,
-            "scales": [{"key": key, "size": [4, 4, 4], "voxel_offset": [0, 0, 0], "chunk_sizes": [[2, 2, 2]],
-                        "resolution": [1, 1, 1], "encoding": "raw"}]}
+    info = {
+        "type": "image",
+        "data_type": "uint8",
+        "num_channels": 1,
+        "scales": [
+            {
+                "key": key,
+                "size": [4, 4, 4],
+                "voxel_offset": [0, 0, 0],
+                "chunk_sizes": [[2, 2, 2]],
+                "resolution": [1, 1, 1],
+                "encoding": "raw",
+            }
+        ],
+    }
     (layer_dir / "info").write_text(json.dumps(info))
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     with pytest.raises(DataError):
@@ -141,7 +166,7 @@ def test_local_raw_reads_equal_cloudvolume(tmp_path):
         r = Roi(lo, shape)
         got, missing = layer.read(r)
         b, e = r.begin.xyz(), r.end.xyz()
-        ref = np.asarray(layer._cv[b[0]:e[0], b[1]:e[1], b[2]:e[2]]).transpose(3, 2, 1, 0)
+        ref = np.asarray(layer._cv[b[0] : e[0], b[1] : e[1], b[2] : e[2]]).transpose(3, 2, 1, 0)
         assert missing == [] and got.dtype == np.uint16 and np.array_equal(got, ref)
         assert np.array_equal(got, arr[(slice(None),) + r.to_slices(layer.bounds.offset)])
     idx = Coordinate(0, 1, 1)
@@ -237,8 +262,13 @@ def test_atomic_write_exclusive_and_stale_cleanup(tmp_path):
 
 
 def test_manifest_roundtrip_and_errors(tmp_path):
-    m = {"task": 3, "chunks": [{"name": "k/0-1_0-1_0-1", "status": "written", "sha256": "ab"}],
-         "plan_digest": "p", "network_digest": "n", "layer": "file:///x"}
+    m = {
+        "task": 3,
+        "chunks": [{"name": "k/0-1_0-1_0-1", "status": "written", "sha256": "ab"}],
+        "plan_digest": "p",
+        "network_digest": "n",
+        "layer": "file:///x",
+    }
     p = write_manifest(tmp_path / "m.json", m)
     assert read_manifest(p)["task"] == 3
     with pytest.raises(DataError, match="missing"):
@@ -285,8 +315,9 @@ def test_sharded_zarr_input_names_a_missing_shard_and_a_chunk_its_index_lacks(tm
     lead = () if channels is None else (channels,)
     arr = np.random.default_rng(0).integers(1, 255, lead + (16, 16, 16), dtype=np.uint8)
     arr[(Ellipsis, slice(8, 12), slice(0, 4), slice(4, 8))] = 0  # chunk (2, 0, 1): shard (1, 0, 0)
-    z = zarr.create_array(str(path), shape=arr.shape, chunks=lead + (4, 4, 4), shards=lead + (8, 8, 8),
-                          dtype="uint8", fill_value=0)
+    z = zarr.create_array(
+        str(path), shape=arr.shape, chunks=lead + (4, 4, 4), shards=lead + (8, 8, 8), dtype="uint8", fill_value=0
+    )
     z[:] = arr
     z.attrs["resolution"] = [40, 8, 8]
     layer = ZarrLayer(parse_layer_url(str(path)))
@@ -315,8 +346,15 @@ def test_sharded_precomputed_input_names_a_missing_shard_and_a_chunk_its_index_l
 
     shape, chunk = (16, 64, 64), (8, 16, 16)
     url = parse_layer_url(f"file://{tmp_path}/em")
-    spec = ScaleSpec("4_4_40", Roi((0, 0, 0), shape), Coordinate(chunk), (40.0, 4.0, 4.0), "uint8", 1,
-                     sharding=auto_sharding(shape, chunk, "uint8", 1, 8 * 16 * 16 * 8, "raw"))
+    spec = ScaleSpec(
+        "4_4_40",
+        Roi((0, 0, 0), shape),
+        Coordinate(chunk),
+        (40.0, 4.0, 4.0),
+        "uint8",
+        1,
+        sharding=auto_sharding(shape, chunk, "uint8", 1, 8 * 16 * 16 * 8, "raw"),
+    )
     create_layer(url, spec, {"owners": [], "processing": [], "sources": []})
     layer = PrecomputedLayer(url, 0)
     vol = (np.arange(np.prod(shape)) % 250 + 1).astype(np.uint8).reshape((1,) + shape)
@@ -373,10 +411,18 @@ def test_s3_sharded_output_one_put_per_shard(moto_s3):
     from znni_core.io.sharding import shard_chunks
 
     url = parse_layer_url("s3://znni/layers/sharded", endpoint=moto_s3)
-    sharding = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 2, "hash": "identity",
-                "minishard_bits": 0, "shard_bits": 3, "minishard_index_encoding": "gzip", "data_encoding": "gzip"}
-    spec = ScaleSpec("8_8_40", Roi((0, 0, 0), (6, 20, 20)), Coordinate(4, 8, 8), (40.0, 8.0, 8.0), "float32", 1,
-                     sharding=sharding)
+    sharding = {
+        "@type": "neuroglancer_uint64_sharded_v1",
+        "preshift_bits": 2,
+        "hash": "identity",
+        "minishard_bits": 0,
+        "shard_bits": 3,
+        "minishard_index_encoding": "gzip",
+        "data_encoding": "gzip",
+    }
+    spec = ScaleSpec(
+        "8_8_40", Roi((0, 0, 0), (6, 20, 20)), Coordinate(4, 8, 8), (40.0, 8.0, 8.0), "float32", 1, sharding=sharding
+    )
     create_layer(url, spec, PROV)
     layer = open_output(url, spec)
     arr = np.random.default_rng(0).random((1, 6, 20, 20)).astype(np.float32)
@@ -384,8 +430,10 @@ def test_s3_sharded_output_one_put_per_shard(moto_s3):
     box = shard_chunks(sharding, grid.grid_shape)
     names = []
     for s in itertools.product(*(range(0, n, b) for n, b in zip(grid.grid_shape, box))):
-        idxs = [Coordinate(i) for i in itertools.product(*(range(a, min(a + b, n)) for a, b, n in
-                                                            zip(s, box, grid.grid_shape)))]
+        idxs = [
+            Coordinate(i)
+            for i in itertools.product(*(range(a, min(a + b, n)) for a, b, n in zip(s, box, grid.grid_shape)))
+        ]
         chunks = {i: np.ascontiguousarray(arr[(slice(None),) + grid.chunk_roi(i).to_slices()]) for i in idxs}
         names.append(layer.write_shard(chunks)["name"])
     got, _ = layer.read(layer.bounds)  # cloud-volume through the endpoint alias

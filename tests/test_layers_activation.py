@@ -1,4 +1,5 @@
 """apply_activation against torch.nn.functional."""
+
 import numpy as np
 import pytest
 import torch

@@ -1,4 +1,5 @@
 """Every convolution path equals scipy.signal.correlate (valid) and torch conv3d."""
+
 import numpy as np
 import pytest
 import scipy.signal
@@ -33,8 +34,10 @@ def reference(x, w, b):
     for i in range(n):
         chans = []
         for o in range(w.shape[0]):
-            acc = sum(scipy.signal.correlate(x[i, c].astype(np.float64), w[o, c].astype(np.float64), mode="valid")
-                      for c in range(ci))
+            acc = sum(
+                scipy.signal.correlate(x[i, c].astype(np.float64), w[o, c].astype(np.float64), mode="valid")
+                for c in range(ci)
+            )
             chans.append(acc + (0.0 if b is None else float(b[o])))
         out.append(chans)
     return np.array(out)
@@ -59,15 +62,22 @@ def all_paths(x, w, b, threads=2):
     yield "fft-gemm-xp", gemm._call_xp(x, (0, 0, 0))  # the GPU's code path, on numpy
     if winograd_supports(w.shape[2:]):
         yield "winograd", WinogradConv(w, b, x.shape[2:], threads=threads)(x)
-    yield "fft-xp", _fft_conv_xp(x, khat, b, fft_shape(x.shape[2:]), tuple(
-        n - q + 1 for n, q in zip(x.shape[2:], w.shape[2:])))
+    yield (
+        "fft-xp",
+        _fft_conv_xp(x, khat, b, fft_shape(x.shape[2:]), tuple(n - q + 1 for n, q in zip(x.shape[2:], w.shape[2:]))),
+    )
 
 
 @settings(max_examples=25, deadline=None)
 @given(
-    n=st.integers(1, 2), ci=st.integers(1, 3), co=st.integers(1, 3),
-    kernel=st.tuples(*[st.integers(1, 4)] * 3), extra=st.tuples(*[st.sampled_from([0, 1, 2, 4, 6, 8])] * 3),
-    bias=st.booleans(), threads=st.integers(1, 3), seed=st.integers(0, 2**16),
+    n=st.integers(1, 2),
+    ci=st.integers(1, 3),
+    co=st.integers(1, 3),
+    kernel=st.tuples(*[st.integers(1, 4)] * 3),
+    extra=st.tuples(*[st.sampled_from([0, 1, 2, 4, 6, 8])] * 3),
+    bias=st.booleans(),
+    threads=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
 )
 def test_all_paths_equal_scipy_correlate(n, ci, co, kernel, extra, bias, threads, seed):
     rng = np.random.default_rng(seed)
@@ -80,14 +90,17 @@ def test_all_paths_equal_scipy_correlate(n, ci, co, kernel, extra, bias, threads
         assert rel_err(y, ref) <= TOL, name
 
 
-@pytest.mark.parametrize("shape,kernel", [((13, 17, 11), (2, 4, 1)), ((20, 9, 16), (3, 3, 3)), ((7, 23, 12), (5, 1, 4))])
+@pytest.mark.parametrize(
+    "shape,kernel", [((13, 17, 11), (2, 4, 1)), ((20, 9, 16), (3, 3, 3)), ((7, 23, 12), (5, 1, 4))]
+)
 def test_all_paths_equal_torch_conv3d(shape, kernel):
     rng = np.random.default_rng(7)
     x = rng.standard_normal((3, 4) + shape).astype(np.float32)
     w = rng.standard_normal((5, 4) + kernel).astype(np.float32)
     b = rng.standard_normal(5).astype(np.float32)
-    ref = torch.nn.functional.conv3d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
-                                     torch.from_numpy(b).double()).numpy()
+    ref = torch.nn.functional.conv3d(
+        torch.from_numpy(x).double(), torch.from_numpy(w).double(), torch.from_numpy(b).double()
+    ).numpy()
     for name, y in all_paths(x, w, b):
         assert rel_err(y, ref) <= TOL, name
 
@@ -102,8 +115,13 @@ def test_numba_written_out_taps_equal_torch_conv3d(kernel):
         x = rng.standard_normal((2, ci, 9, 11, 19)).astype(np.float32)
         w = rng.standard_normal((9, ci) + kernel).astype(np.float32)
         b = rng.standard_normal(9).astype(np.float32)
-        ref = torch.nn.functional.conv3d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
-                                         torch.from_numpy(b).double()).clamp(min=0).numpy()
+        ref = (
+            torch.nn.functional.conv3d(
+                torch.from_numpy(x).double(), torch.from_numpy(w).double(), torch.from_numpy(b).double()
+            )
+            .clamp(min=0)
+            .numpy()
+        )
         assert rel_err(conv_direct_numba(x, w, b, act=("relu", 0.0)), ref) <= TOL, ci
 
 
@@ -112,7 +130,6 @@ def test_numba_grouped_rows_equal_torch_conv3d(monkeypatch, group):
     """Short output rows run ``group`` at a time as one row with gaps (the last group partial when
     7 rows do not divide), 3 output channels (one partial block), kernels taking each path."""
     import znni_core.layers.direct as D
-
     from znni_core.layers import tuning
 
     x_width = 10
@@ -123,8 +140,13 @@ def test_numba_grouped_rows_equal_torch_conv3d(monkeypatch, group):
         w = rng.standard_normal((3, 2) + kernel).astype(np.float32)
         b = rng.standard_normal(3).astype(np.float32)
         assert D._row_group(x.shape[2:], kernel)[0] == min(group, 7)
-        ref = torch.nn.functional.conv3d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
-                                         torch.from_numpy(b).double()).clamp(min=0).numpy()
+        ref = (
+            torch.nn.functional.conv3d(
+                torch.from_numpy(x).double(), torch.from_numpy(w).double(), torch.from_numpy(b).double()
+            )
+            .clamp(min=0)
+            .numpy()
+        )
         assert rel_err(conv_direct_numba(x, w, b, act=("relu", 0.0)), ref) <= TOL, kernel
 
 
@@ -236,15 +258,26 @@ def test_pointwise_chain_equals_torch_layer_by_layer(threads, block):
     x = rng.standard_normal((2, 5, 3, 7, 9)).astype(np.float32)
     widths = [5, 8, 6, 4, 7, 3]
     acts = [("relu", 0.0), ("leaky_relu", 0.1), None, ("elu", 1.0), ("softmax", 0.0)]
-    stages = [(rng.standard_normal((o, i, 1, 1, 1)).astype(np.float32),
-               None if k == 2 else rng.standard_normal(o).astype(np.float32), a)
-              for k, (i, o, a) in enumerate(zip(widths[:-1], widths[1:], acts))]
+    stages = [
+        (
+            rng.standard_normal((o, i, 1, 1, 1)).astype(np.float32),
+            None if k == 2 else rng.standard_normal(o).astype(np.float32),
+            a,
+        )
+        for k, (i, o, a) in enumerate(zip(widths[:-1], widths[1:], acts))
+    ]
     t = torch.from_numpy(x).double()
     for w, b, a in stages:
-        t = torch.nn.functional.conv3d(t, torch.from_numpy(w).double(), None if b is None else torch.from_numpy(b).double())
+        t = torch.nn.functional.conv3d(
+            t, torch.from_numpy(w).double(), None if b is None else torch.from_numpy(b).double()
+        )
         if a is not None:
-            t = {"relu": torch.relu, "leaky_relu": lambda v: torch.nn.functional.leaky_relu(v, 0.1),
-                 "elu": torch.nn.functional.elu, "softmax": lambda v: torch.softmax(v, 1)}[a[0]](t)
+            t = {
+                "relu": torch.relu,
+                "leaky_relu": lambda v: torch.nn.functional.leaky_relu(v, 0.1),
+                "elu": torch.nn.functional.elu,
+                "softmax": lambda v: torch.softmax(v, 1),
+            }[a[0]](t)
     y = conv_pointwise_chain(x, stages, threads=threads, block=block)
     assert y.shape == (2, 3, 3, 7, 9) and y.dtype == np.float32 and y.flags.c_contiguous
     np.testing.assert_allclose(y, t.numpy(), rtol=1e-5, atol=1e-5)
@@ -276,8 +309,14 @@ def _wide_chain(seed=4):
     x = rng.standard_normal((2, 3, 5, 13, 17)).astype(np.float32)
     widths = [3, 24, 48, 15, 200, 7, 1]
     acts = [("relu", 0.0), ("leaky_relu", 0.2), ("elu", 0.7), None, ("relu", 0.0), ("sigmoid", 0.0)]
-    stages = [(rng.standard_normal((o, i, 1, 1, 1)).astype(np.float32) / np.sqrt(i),
-               rng.standard_normal(o).astype(np.float32), a) for i, o, a in zip(widths[:-1], widths[1:], acts)]
+    stages = [
+        (
+            rng.standard_normal((o, i, 1, 1, 1)).astype(np.float32) / np.sqrt(i),
+            rng.standard_normal(o).astype(np.float32),
+            a,
+        )
+        for i, o, a in zip(widths[:-1], widths[1:], acts)
+    ]
     return x, stages
 
 
@@ -308,14 +347,24 @@ def test_pointwise_chain_continues_after_an_activation_it_cannot_fuse():
     x = rng.standard_normal((1, 5, 3, 11, 13)).astype(np.float32)
     acts = [("relu", 0.0), ("sigmoid", 0.0), ("tanh", 0.0), ("relu", 0.0)]
     widths = [5, 16, 9, 24, 3]
-    stages = [(rng.standard_normal((o, i, 1, 1, 1)).astype(np.float32), rng.standard_normal(o).astype(np.float32), a)
-              for i, o, a in zip(widths[:-1], widths[1:], acts)]
+    stages = [
+        (rng.standard_normal((o, i, 1, 1, 1)).astype(np.float32), rng.standard_normal(o).astype(np.float32), a)
+        for i, o, a in zip(widths[:-1], widths[1:], acts)
+    ]
     y = conv_pointwise_chain(x, stages, threads=2, block=64)
     np.testing.assert_allclose(y, _pointwise_reference(x, stages), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("shapes", [((40, 24), (24, 3000)), ((3, 40, 24), (3, 24, 700)), ((40, 24), (2, 24, 3000)),
-                                    ((5, 8, 6), (5, 6, 7)), ((7, 5), (5, 9))])
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((40, 24), (24, 3000)),
+        ((3, 40, 24), (3, 24, 700)),
+        ((40, 24), (2, 24, 3000)),
+        ((5, 8, 6), (5, 6, 7)),
+        ((7, 5), (5, 9)),
+    ],
+)
 def test_run_gemm_splits_over_the_run_threads_with_blas_single_threaded(shapes):
     """Inside a run (``thread_limits``) BLAS is single-threaded (a threaded OpenBLAS call leaves
     its workers spinning into the next step) and ``gemm`` hands each run thread a slab of the
@@ -384,8 +433,11 @@ def test_layer_workers_are_pooled_threads_started_once():
     x = rng.standard_normal((2, 6, 6, 20, 20)).astype(np.float32)
     w = rng.standard_normal((6, 6, 1, 3, 3)).astype(np.float32)
     ref = reference(x, w, None)
-    layers = [WinogradConv(w, None, x.shape[2:], threads=2), FFTGemmConv(w, None, x.shape[2:], threads=2),
-              FFTConv(w, None, x.shape[2:], threads=2, mode="task")]
+    layers = [
+        WinogradConv(w, None, x.shape[2:], threads=2),
+        FFTGemmConv(w, None, x.shape[2:], threads=2),
+        FFTConv(w, None, x.shape[2:], threads=2, mode="task"),
+    ]
     started = []
     real = threading.Thread.start
 
@@ -442,8 +494,9 @@ def test_openmp_threads_stop_spinning_soon_unless_the_user_chose():
     code = "import os, znni_core.layers._numba; print(os.environ.get('GOMP_SPINCOUNT'))"
     base = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     for extra, expect in (({}, "20000"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "None"), ({"GOMP_SPINCOUNT": "5"}, "5")):
-        r = subprocess.run([sys.executable, "-c", code], env={**base, **extra}, capture_output=True, text=True,
-                           check=True)
+        r = subprocess.run(
+            [sys.executable, "-c", code], env={**base, **extra}, capture_output=True, text=True, check=True
+        )
         assert r.stdout.strip() == expect, (extra, r.stdout, r.stderr[-500:])
 
 

@@ -1,6 +1,7 @@
 """Each primitive's memory formula against its measured peak (tracemalloc sees numpy's
 allocations, including pyfftw.empty_aligned; numba kernels here allocate their outputs
 with numpy outside the jit)."""
+
 import tracemalloc
 
 import numpy as np
@@ -32,19 +33,24 @@ def data(n, c, shape, seed=0):
     return np.random.default_rng(seed).standard_normal((n, c) + shape, dtype=np.float32)
 
 
-@pytest.mark.parametrize("n,ci,co,shape,kernel,max_bytes", [
-    (1, 16, 16, (48, 48, 48), (3, 3, 3), None),
-    (2, 8, 24, (30, 40, 36), (2, 4, 1), None),
-    (1, 8, 48, (40, 40, 40), (3, 3, 3), 50_000),  # column blocks
-    (1, 4, 12, (64, 64, 64), (1, 1, 1), 2**30),
-])
+@pytest.mark.parametrize(
+    "n,ci,co,shape,kernel,max_bytes",
+    [
+        (1, 16, 16, (48, 48, 48), (3, 3, 3), None),
+        (2, 8, 24, (30, 40, 36), (2, 4, 1), None),
+        (1, 8, 48, (40, 40, 40), (3, 3, 3), 50_000),  # column blocks
+        (1, 4, 12, (64, 64, 64), (1, 1, 1), 2**30),
+    ],
+)
 def test_gemm_memory(n, ci, co, shape, kernel, max_bytes):
     x, w = data(n, ci, shape), data(co, ci, kernel, 1)
     pred = L.conv_direct_gemm_memory(n, ci, co, shape, kernel, max_bytes)
     check(pred, measured_peak(lambda: L.conv_direct_gemm(x, w, max_bytes=max_bytes)))
 
 
-@pytest.mark.parametrize("n,ci,co,shape,kernel", [(1, 4, 32, (48, 48, 48), (3, 3, 3)), (3, 2, 20, (40, 44, 36), (2, 1, 4))])
+@pytest.mark.parametrize(
+    "n,ci,co,shape,kernel", [(1, 4, 32, (48, 48, 48), (3, 3, 3)), (3, 2, 20, (40, 44, 36), (2, 1, 4))]
+)
 def test_numba_memory(n, ci, co, shape, kernel):
     x, w = data(n, ci, shape), data(co, ci, kernel, 1)
     L.conv_direct_numba(x[:, :, :8, :8, :8], w)  # compile / load outside the measurement
@@ -53,11 +59,14 @@ def test_numba_memory(n, ci, co, shape, kernel):
 
 
 @pytest.mark.parametrize("mode,threads", [("data", 2), ("task", 1), ("task", 3), ("stream", 2)])
-@pytest.mark.parametrize("n,ci,co,shape,kernel", [
-    (2, 8, 8, (60, 62, 63), (5, 5, 5)),
-    (1, 4, 16, (48, 50, 41), (3, 2, 4)),
-    (6, 2, 4, (48, 40, 40), (3, 3, 3)),
-])
+@pytest.mark.parametrize(
+    "n,ci,co,shape,kernel",
+    [
+        (2, 8, 8, (60, 62, 63), (5, 5, 5)),
+        (1, 4, 16, (48, 50, 41), (3, 2, 4)),
+        (6, 2, 4, (48, 40, 40), (3, 3, 3)),
+    ],
+)
 def test_fft_memory_including_kernel_cache(mode, threads, n, ci, co, shape, kernel):
     x, w = data(n, ci, shape), data(co, ci, kernel, 1)
     b = np.ones(co, np.float32)
@@ -89,8 +98,10 @@ def test_pool_memory(n, c, shape, p):
 def test_activation_memory(kind):
     x = data(1, 12, (64, 64, 64))
     shape = x.shape
-    check(L.activation_memory(kind, shape, in_place=False, chunked=True) or 1,
-          measured_peak(lambda: L.apply_activation(x, kind, 0.5)))
+    check(
+        L.activation_memory(kind, shape, in_place=False, chunked=True) or 1,
+        measured_peak(lambda: L.apply_activation(x, kind, 0.5)),
+    )
     if kind in ("elu",):
         # in place on the CPU, chunk by chunk: the temporaries are a chunk per worker, not the array
         peak = measured_peak(lambda: L.apply_activation(x, kind, 0.5, out=x))
@@ -100,11 +111,14 @@ def test_activation_memory(kind):
         check(L.activation_memory(kind, v.shape), measured_peak(lambda: L.apply_activation(v, kind, 0.5, out=v)))
 
 
-@pytest.mark.parametrize("n,ci,co,shape,kernel", [
-    (4, 8, 8, (12, 96, 96), (1, 5, 5)),  # 2D transforms per z slice
-    (64, 8, 16, (6, 30, 30), (1, 3, 3)),  # many small planes: several blocks of items
-    (2, 6, 6, (40, 44, 41), (3, 3, 2)),  # 3D transforms
-])
+@pytest.mark.parametrize(
+    "n,ci,co,shape,kernel",
+    [
+        (4, 8, 8, (12, 96, 96), (1, 5, 5)),  # 2D transforms per z slice
+        (64, 8, 16, (6, 30, 30), (1, 3, 3)),  # many small planes: several blocks of items
+        (2, 6, 6, (40, 44, 41), (3, 3, 2)),  # 3D transforms
+    ],
+)
 def test_fft_gemm_memory_including_kernel_spectra(n, ci, co, shape, kernel):
     x, w = data(n, ci, shape), data(co, ci, kernel, 1)
     L.FFTGemmConv(w, None, shape, threads=2)(x)  # numba kernels loaded, FFTW wisdom

@@ -1,4 +1,5 @@
 """max_pool, MPF, recombine and the dense max filter against brute-force references."""
+
 import itertools
 import math
 
@@ -10,8 +11,15 @@ from hypothesis import strategies as st
 from numpy.lib.stride_tricks import sliding_window_view
 
 from znni_core.errors import InputError
-from znni_core.layers import (conv_direct_gemm, fragment_of_filtered, max_filter_dense, max_filter_inplace, max_pool, mpf,
-                              recombine)
+from znni_core.layers import (
+    conv_direct_gemm,
+    fragment_of_filtered,
+    max_filter_dense,
+    max_filter_inplace,
+    max_pool,
+    mpf,
+    recombine,
+)
 
 windows = st.tuples(*[st.integers(1, 3)] * 3)
 
@@ -43,15 +51,22 @@ def test_max_pool_by_hand_and_shape():
 
 
 @settings(max_examples=40, deadline=None)
-@given(p=windows, n=st.integers(1, 2), c=st.integers(1, 2),
-       extra=st.tuples(*[st.integers(0, 5)] * 3), seed=st.integers(0, 2**16))
+@given(
+    p=windows,
+    n=st.integers(1, 2),
+    c=st.integers(1, 2),
+    extra=st.tuples(*[st.integers(0, 5)] * 3),
+    seed=st.integers(0, 2**16),
+)
 def test_max_pool_and_mpf_equal_dense_then_subsample(p, n, c, extra, seed):
     rng = np.random.default_rng(seed)
     shape = tuple(2 * q + e for q, e in zip(p, extra))
     x = rng.standard_normal((n, c) + shape).astype(np.float32)
     dense = brute_max_filter(x, p)
     mp = max_pool(x, p)
-    np.testing.assert_array_equal(mp, dense[:, :, :: p[0], :: p[1], :: p[2]][(...,) + tuple(slice(0, s) for s in mp.shape[2:])])
+    np.testing.assert_array_equal(
+        mp, dense[:, :, :: p[0], :: p[1], :: p[2]][(...,) + tuple(slice(0, s) for s in mp.shape[2:])]
+    )
     f = mpf(x, p)
     P = math.prod(p)
     m = tuple((s - q + 1) // q for s, q in zip(shape, p))
@@ -88,8 +103,9 @@ def test_recombine_through_a_valid_conv_is_dilated_conv():
     x = rng.standard_normal((1, 2, 12, 14, 16)).astype(np.float32)
     w = rng.standard_normal((3, 2, 2, 3, 2)).astype(np.float32)
     y = recombine(conv_direct_gemm(mpf(x, p), w), [p])
-    dense = torch.nn.functional.conv3d(torch.from_numpy(brute_max_filter(x, p)), torch.from_numpy(w),
-                                       dilation=p).numpy()
+    dense = torch.nn.functional.conv3d(
+        torch.from_numpy(brute_max_filter(x, p)), torch.from_numpy(w), dilation=p
+    ).numpy()
     np.testing.assert_allclose(y, dense[(...,) + tuple(slice(0, s) for s in y.shape[2:])], rtol=1e-5, atol=1e-5)
 
 
@@ -164,7 +180,6 @@ def test_channels_last_pool_upsample_and_residual_stay_channels_last_and_equal_c
     assert not is_channels_last(part) and is_channels_last(as_contiguous(part))
     np.testing.assert_array_equal(as_contiguous(part), x[:, :, 1:5])
     assert is_channels_last(empty_like_layout(xc)) and empty_like_layout(x).flags.c_contiguous
-
 
 
 def test_copy_into_copies_any_strides_in_parallel():

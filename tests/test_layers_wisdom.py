@@ -1,4 +1,5 @@
 """FFTW wisdom round trip, without pickle."""
+
 import json
 
 import numpy as np

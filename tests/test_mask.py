@@ -1,11 +1,13 @@
 """Masks (pipeline/mask.py): which mask voxels lie under an input box, checked against an upsampled
 mask on a common grid; a masked run computes and writes exactly the chunks a non-zero mask voxel
 overlaps, equal to whole-volume inference there; masked tasks and chunks are recorded as such."""
+
 from __future__ import annotations
 
 import json
 import math
 from functools import reduce
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -50,8 +52,12 @@ def test_mask_voxels_under_a_box_equal_the_upsampled_mask(tmp_path, mask_res):
     (tmp_path / "m" / "info").write_text(json.dumps(info))
     for p in (tmp_path / "m" / "k").iterdir():  # rename the chunks to the shifted grid
         (x, y, z) = [tuple(int(v) for v in r.split("-")) for r in p.name.split("_")]
-        p.rename(p.with_name(f"{x[0] + offset[2]}-{x[1] + offset[2]}_{y[0] + offset[1]}-{y[1] + offset[1]}_"
-                             f"{z[0] + offset[0]}-{z[1] + offset[0]}"))
+        p.rename(
+            p.with_name(
+                f"{x[0] + offset[2]}-{x[1] + offset[2]}_{y[0] + offset[1]}-{y[1] + offset[1]}_"
+                f"{z[0] + offset[0]}-{z[1] + offset[0]}"
+            )
+        )
     layer = open_input(parse_layer_url(url))
     assert tuple(layer.bounds.offset) == offset
     mask = Mask(layer, RES)
@@ -108,7 +114,7 @@ def test_masked_run_computes_exactly_the_chunks_the_mask_overlaps(tmp_path):
     per = 2
     for j in range(math.ceil(doc["num_live"] / per)):
         marker = run_job(rf, j, per, doc["num_live"], log=lambda *a: None)
-        assert marker["tasks"] == [tasks[k].id for k in want_live[j * per:(j + 1) * per]]
+        assert marker["tasks"] == [tasks[k].id for k in want_live[j * per : (j + 1) * per]]
     got, layer = read_out(rf)
     ref = reference(cfg, vol)
     partial = 0
@@ -143,8 +149,9 @@ def test_masked_chunk_rerun_and_a_masked_task_run_by_hand(tmp_path):
     rf = prepare(cfg)
     ctx = open_run(rf)
     run = ctx.run
-    masked_k = next(k for k in range(len(ctx.tasks)) if not live_chunks(ctx.mask, ctx.grid, ctx.region,
-                                                                          ctx.tasks[k].chunks))
+    masked_k = next(
+        k for k in range(len(ctx.tasks)) if not live_chunks(ctx.mask, ctx.grid, ctx.region, ctx.tasks[k].chunks)
+    )
     b = ctx.tasks[masked_k]
     man = run_task(rf, b.id, ctx=ctx, **QUIET)  # by hand: recorded, nothing computed or written
     assert {c["status"] for c in man["chunks"]} == {"masked"} and man["voxels"] == 0
@@ -179,7 +186,14 @@ def test_estimate_counts_only_the_live_work(tmp_path):
     from znni_core.pipeline.estimate import run_estimate
 
     cfg, vol, m, mres = _masked_case(tmp_path)
-    whole = run_estimate({k: v for k, v in cfg.items() if k != "mask"}, mem_mb=2000, threads=1, rate=1e5, cores_per_node=2, log=lambda *a: None)
+    whole = run_estimate(
+        {k: v for k, v in cfg.items() if k != "mask"},
+        mem_mb=2000,
+        threads=1,
+        rate=1e5,
+        cores_per_node=2,
+        log=lambda *a: None,
+    )
     e = run_estimate(cfg, mem_mb=2000, threads=1, rate=1e5, cores_per_node=2, log=lambda *a: None)
     rf = prepare(cfg)
     ctx = open_run(rf)

@@ -6,6 +6,7 @@ ran (znni took no default target), the parent's rules kept their prefix and rece
 environment, znni's files are where Snakemake expects them (under the prefix), and the output
 equals a plain znni run of the same config.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,13 +55,22 @@ def _parent(tmp_path: Path, work_dir: str, prefix: str | None, mask: bool = Fals
         m[:, :12, :12] = 1
         cfg["mask"] = {"path": write_volume(tmp_path / "mask", m)}
     (tmp_path / "parent.yaml").write_text(yaml.safe_dump({"znni": cfg}))
-    (tmp_path / "Snakefile").write_text(PARENT.format(
-        snakefile=str(REPO / "workflow" / "Snakefile"),
-        prefix=f"    prefix:\n        {prefix!r}\n" if prefix else ""))
+    (tmp_path / "Snakefile").write_text(
+        PARENT.format(
+            snakefile=str(REPO / "workflow" / "Snakefile"),
+            prefix=f"    prefix:\n        {prefix!r}\n" if prefix else "",
+        )
+    )
     env = subprocess_env(tmp_path)
     env = {k: v for k, v in env.items() if not k.startswith("NUMBA_")}  # what leaks must come from znni
-    p = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "parent.yaml"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "parent.yaml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
     return cfg, p
 
@@ -78,9 +88,24 @@ def _check(tmp_path: Path, cfg: dict, work: Path, p):
     # the same bytes as a plain znni run of this config
     plain = dict(cfg, work_dir=str(tmp_path / "plain_work"), output=dict(cfg["output"], path=str(tmp_path / "plain")))
     (tmp_path / "plain.yaml").write_text(yaml.safe_dump(plain))
-    q = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--profile",
-                        str(REPO / "profiles" / "local"), "--configfile", "plain.yaml"], cwd=tmp_path,
-                       env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=600)
+    q = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(REPO / "workflow" / "Snakefile"),
+            "--profile",
+            str(REPO / "profiles" / "local"),
+            "--configfile",
+            "plain.yaml",
+        ],
+        cwd=tmp_path,
+        env=subprocess_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert q.returncode == 0, q.stderr[-3000:]
     assert layer_files(plain["output"]["path"]) == layer_files(cfg["output"]["path"])
 

@@ -1,4 +1,5 @@
 """Network loading: ONNX from torch.onnx.export(dynamo=False), YAML + safetensors/npz, refusals."""
+
 from __future__ import annotations
 
 import pickle
@@ -28,9 +29,20 @@ def export(model, path, c_in=1, shape=(12, 12, 12)):
 
 def test_onnx_chain_matches_torch_model(tmp_path):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv3d(2, 4, (1, 3, 2)), nn.ELU(0.5), nn.MaxPool3d((1, 2, 2)), nn.Dropout(0.3),
-                          nn.Conv3d(4, 3, (2, 3, 3), bias=False), nn.LeakyReLU(0.2), nn.Identity(),
-                          nn.MaxPool3d((2, 1, 2)), nn.Conv3d(3, 3, 2), nn.Tanh(), nn.Conv3d(3, 2, 1), nn.Softmax(dim=1))
+    model = nn.Sequential(
+        nn.Conv3d(2, 4, (1, 3, 2)),
+        nn.ELU(0.5),
+        nn.MaxPool3d((1, 2, 2)),
+        nn.Dropout(0.3),
+        nn.Conv3d(4, 3, (2, 3, 3), bias=False),
+        nn.LeakyReLU(0.2),
+        nn.Identity(),
+        nn.MaxPool3d((2, 1, 2)),
+        nn.Conv3d(3, 3, 2),
+        nn.Tanh(),
+        nn.Conv3d(3, 2, 1),
+        nn.Softmax(dim=1),
+    )
     net = load_network(export(model, tmp_path / "m.onnx", c_in=2, shape=(10, 20, 20)))
     assert net.in_channels == 2 and net.out_channels == 2
     assert net.field_of_view == (1 + 0 + 0 + 1 + 1 + 1 * 2, 1 + 2 + 1 + 4 + 0 + 2, 1 + 1 + 1 + 4 + 2 + 4)
@@ -40,7 +52,7 @@ def test_onnx_chain_matches_torch_model(tmp_path):
     f = net.field_of_view
     with torch.no_grad():
         for p in [(0, 0, 0), (1, 5, 7), tuple(s - 1 for s in out.shape[1:])]:
-            win = torch.from_numpy(x[:, p[0]:p[0] + f[0], p[1]:p[1] + f[1], p[2]:p[2] + f[2]][None].copy())
+            win = torch.from_numpy(x[:, p[0] : p[0] + f[0], p[1] : p[1] + f[1], p[2] : p[2] + f[2]][None].copy())
             ref = model(win).numpy()[0, :, 0, 0, 0]
             assert max_rel_err(out[(slice(None),) + p], ref) <= 1e-4
     assert max_rel_err(out, torch_dense(net, x)) <= 1e-4
@@ -53,6 +65,7 @@ def test_yaml_round_trip_safetensors_and_npz(tmp_path):
     assert again.digest() == net.digest()
     # npz weights work too
     import yaml
+
     spec = yaml.safe_load(path.read_text())
     arrays = {}
     for i, layer in enumerate(net.layers):
@@ -66,22 +79,28 @@ def test_yaml_round_trip_safetensors_and_npz(tmp_path):
     assert load_network(tmp_path / "n2.yaml").digest() == net.digest()
 
 
-@pytest.mark.parametrize("module,match", [
-    (nn.Conv3d(1, 2, 3, dilation=2), "dilations"),
-    (nn.Sequential(nn.Conv3d(1, 2, 3), nn.MaxPool3d(2, stride=1)), "stride"),
-    (nn.Sequential(nn.Conv3d(1, 4, 3), nn.Conv3d(4, 4, 3, groups=2)), "group"),
-    (nn.Sequential(nn.Conv3d(1, 2, 3), nn.Hardswish()), "HardSwish"),
-])
+@pytest.mark.parametrize(
+    "module,match",
+    [
+        (nn.Conv3d(1, 2, 3, dilation=2), "dilations"),
+        (nn.Sequential(nn.Conv3d(1, 2, 3), nn.MaxPool3d(2, stride=1)), "stride"),
+        (nn.Sequential(nn.Conv3d(1, 4, 3), nn.Conv3d(4, 4, 3, groups=2)), "group"),
+        (nn.Sequential(nn.Conv3d(1, 2, 3), nn.Hardswish()), "HardSwish"),
+    ],
+)
 def test_unsupported_onnx_is_refused_naming_the_node(tmp_path, module, match):
     with pytest.raises(UnsupportedOperatorError, match=match) as err:
         load_network(export(module, tmp_path / "bad.onnx"))
     assert "node" in str(err.value)
 
 
-@pytest.mark.parametrize("module,kind", [
-    (nn.Conv3d(1, 2, 3, padding=1), "padded"),
-    (nn.Sequential(nn.Conv3d(1, 2, 3), nn.AvgPool3d(2), nn.Conv3d(2, 2, 1), nn.Upsample(scale_factor=2)), "valid"),
-])
+@pytest.mark.parametrize(
+    "module,kind",
+    [
+        (nn.Conv3d(1, 2, 3, padding=1), "padded"),
+        (nn.Sequential(nn.Conv3d(1, 2, 3), nn.AvgPool3d(2), nn.Conv3d(2, 2, 1), nn.Upsample(scale_factor=2)), "valid"),
+    ],
+)
 def test_what_a_chain_cannot_run_loads_as_a_graph(tmp_path, module, kind):
     from znni_core.net.graph import Graph
 
@@ -98,6 +117,7 @@ def test_non_finite_weights_refused_at_load(tmp_path):
     net = make_net(NETS["nopool"])
     path = save_network(net, tmp_path / "n.yaml")
     from safetensors.numpy import load_file, save_file
+
     t = load_file(str(tmp_path / "n.safetensors"))
     t["l0.weight"][0, 0, 0, 0, 0] = np.inf
     save_file(t, str(tmp_path / "n.safetensors"))
@@ -130,4 +150,5 @@ def test_channel_mismatch_inside_spec_is_refused():
     with pytest.raises(NetworkError, match="input channels"):
         make_net([("conv", 2, 3), ("conv", 2, 3)]).layers  # fine
         from znni_core.net.spec import Network
+
         Network((Conv(np.ones((2, 1, 3, 3, 3), np.float32)), Conv(np.ones((2, 3, 3, 3, 3), np.float32))))

@@ -1,5 +1,6 @@
 """Pipeline: per-task execution equals the engine on the whole volume; pre-scheduling errors
 (RELIABILITY T21-T24, T26, T27); reruns (T13, T14); concurrent tasks (T12); non-finite output (T20)."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,11 @@ def prepare(cfg, mem_mb=2000):
 
     run, plan = resolve(cfg, mem_mb=mem_mb, threads=1, progress=lambda *a: None)
     path = save_run(run, plan, Path(run["work_dir"]))
-    create_layer(parse_layer_url(run["output"]["url"], endpoint=run["config"]["output"]["endpoint_url"]), output_specs(run),
-                 {"processing": []})
+    create_layer(
+        parse_layer_url(run["output"]["url"], endpoint=run["config"]["output"]["endpoint_url"]),
+        output_specs(run),
+        {"processing": []},
+    )
     return path
 
 
@@ -101,8 +105,7 @@ def test_edge_policies_equal_padded_inference(tmp_path, edge):
 
 def test_uint8_output_and_region(tmp_path):
     vol = em()
-    cfg = base_config(tmp_path, vol=vol, output={"dtype": "uint8"},
-                      region={"offset": [3, 10, 7], "shape": [5, 17, 20]})
+    cfg = base_config(tmp_path, vol=vol, output={"dtype": "uint8"}, region={"offset": [3, 10, 7], "shape": [5, 17, 20]})
     rf = prepare(cfg)
     run_all(rf)
     got, layer = read_out(rf)
@@ -134,6 +137,7 @@ def test_unaligned_output_starts_at_the_region(tmp_path):
 
 # ---- clear errors before scheduling ----------------------------------------------------------
 
+
 def test_T21_wrong_input_dtype(tmp_path):
     cfg = base_config(tmp_path, input={"dtype": "uint16"})
     with pytest.raises(InputError, match="holds uint8 but input.dtype says uint16"):
@@ -162,8 +166,9 @@ def test_T23_resolution_mismatch(tmp_path):
 
 
 def test_T24_task_too_big_for_memory_and_bad_sizes(tmp_path):
-    cfg = base_config(tmp_path, task_chunks=[1, 1, 1], output={"chunk_size": [12, 40, 40]},
-                      plan={"memory_fraction": 0.9})
+    cfg = base_config(
+        tmp_path, task_chunks=[1, 1, 1], output={"chunk_size": [12, 40, 40]}, plan={"memory_fraction": 0.9}
+    )
     with pytest.raises(PlanError, match="task_chunks"):
         resolve(cfg, mem_mb=1, progress=lambda *a: None)
     with pytest.raises(ConfigError, match="chunk_size"):
@@ -214,7 +219,9 @@ def test_T26_missing_input_fails_unless_filling_is_chosen(tmp_path):
     (in2.url.local_path / name).unlink()
     rf2 = prepare(cfg2)
     run_all(rf2)
-    filled = [json.loads(p.read_text())["missing_input_filled"] for p in (tmp_path / "fill/work/manifests").rglob("*.json")]
+    filled = [
+        json.loads(p.read_text())["missing_input_filled"] for p in (tmp_path / "fill/work/manifests").rglob("*.json")
+    ]
     assert any(name in f for f in filled)
     assert name in finalize(rf2, log=lambda *a: None)["missing_input_filled"]
 
@@ -272,6 +279,7 @@ def test_T18_worker_refuses_mismatched_layer(tmp_path):
 
 
 # ---- reruns and concurrency ----------------------------------------------------------------
+
 
 def test_T14_rerun_one_task_or_chunk_changes_only_its_bytes(tmp_path):
     cfg = base_config(tmp_path)
@@ -352,8 +360,14 @@ def test_T12_processes(tmp_path):
     ids = run_all(rf_a)
     rf_b = prepare(base_config(tmp_path / "b", vol=vol))
     env = subprocess_env(tmp_path)
-    procs = [subprocess.Popen([sys.executable, "-m", "znni_core.cli", "run-task", str(rf_b), "--task", str(i),
-                               "--no-progress"], env=env, stderr=subprocess.PIPE) for i in ids]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "znni_core.cli", "run-task", str(rf_b), "--task", str(i), "--no-progress"],
+            env=env,
+            stderr=subprocess.PIPE,
+        )
+        for i in ids
+    ]
     for p in procs:
         assert p.wait(timeout=600) == 0, p.stderr.read().decode()
     assert layer_files(load_run(rf_a)["output"]["url"]) == layer_files(load_run(rf_b)["output"]["url"])
@@ -528,8 +542,9 @@ def test_task_compute_tiles_the_plan_over_a_larger_box_as_one_infer():
     fov = net.field_of_view
     plan = autotune(net, patch_shape=tuple(f + 3 for f in fov), memory_budget=1 << 30, use_cache=False)
     out_shape = tuple(2 * o + 1 for o in plan.output_shape)  # two tiles and a partial third per axis
-    x = np.random.default_rng(0).standard_normal((1,) + tuple(o + f - 1 for o, f in zip(out_shape, fov)),
-                                                 dtype=np.float32)
+    x = np.random.default_rng(0).standard_normal(
+        (1,) + tuple(o + f - 1 for o, f in zip(out_shape, fov)), dtype=np.float32
+    )
     steps = []
     y = compute(net, plan, x, out_shape, progress=steps.append)
     assert y.shape == (net.out_channels,) + out_shape
@@ -543,12 +558,22 @@ def test_a_tasks_plan_may_cut_the_task_into_smaller_patches():
     model says are faster are chosen (a net flat in z pays no halo for them); the plan's rate
     over the task is never below the one-patch plan's."""
     from tests.nets import make_net
+    from znni_core.pipeline.config import task_plan
     from znni_core.plan import autotune
     from znni_core.plan.search import _rate
-    from znni_core.pipeline.config import task_plan
 
-    net = make_net([("conv", 16, (1, 5, 5)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 16, (1, 3, 3)),
-                    ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 1, (1, 3, 3))], seed=4)
+    net = make_net(
+        [
+            ("conv", 16, (1, 5, 5)),
+            ("act", "relu"),
+            ("pool", (1, 2, 2)),
+            ("conv", 16, (1, 3, 3)),
+            ("act", "relu"),
+            ("pool", (1, 2, 2)),
+            ("conv", 1, (1, 3, 3)),
+        ],
+        seed=4,
+    )
     cfg = {"device": "cpu", "plan": {"effort": "estimate"}}
     task = (24, 200, 200)
     read = tuple(t + f - 1 for t, f in zip(task, net.field_of_view))
@@ -557,6 +582,7 @@ def test_a_tasks_plan_may_cut_the_task_into_smaller_patches():
     one = autotune(net, patch_shape=read, memory_budget=budget, threads=1, use_cache=False)
     assert plan.predicted_peak_bytes <= budget
     assert any(s.primitive != "mpf" for s in one.steps if s.op == "pool")  # one patch: MPF does not fit
-    assert _rate(net, plan.patch_shape, plan.predicted_seconds, read) >= \
-        _rate(net, one.patch_shape, one.predicted_seconds, read)
+    assert _rate(net, plan.patch_shape, plan.predicted_seconds, read) >= _rate(
+        net, one.patch_shape, one.predicted_seconds, read
+    )
     assert plan.patch_shape[1:] == read[1:] and plan.patch_shape[0] <= read[0]

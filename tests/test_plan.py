@@ -1,4 +1,5 @@
 """The autotuner: budgets are never exceeded, predictions match measurements, caches work."""
+
 from __future__ import annotations
 
 import tracemalloc
@@ -13,7 +14,7 @@ from znni_core.plan import wisdom as W
 
 from .nets import NETS, make_net
 
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def measured_peak(net, plan):
@@ -31,24 +32,42 @@ def measured_peak(net, plan):
         znni_core.infer(net, x, plan=plan)
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-    spectra = sum(c.kernel_cache_bytes for convs in inference._WARM.values() for c in convs.values()
-                  if hasattr(c, "kernel_cache_bytes"))
+    spectra = sum(
+        c.kernel_cache_bytes
+        for convs in inference._WARM.values()
+        for c in convs.values()
+        if hasattr(c, "kernel_cache_bytes")
+    )
     return peak + spectra + x.nbytes
 
 
-WIDE = [("conv", 8, 3), ("act", "relu"), ("pool", 2), ("conv", 12, 3), ("act", "relu"), ("pool", 2),
-        ("conv", 12, 3), ("act", "relu"), ("conv", 3, 3), ("act", "sigmoid")]
+WIDE = [
+    ("conv", 8, 3),
+    ("act", "relu"),
+    ("pool", 2),
+    ("conv", 12, 3),
+    ("act", "relu"),
+    ("pool", 2),
+    ("conv", 12, 3),
+    ("act", "relu"),
+    ("conv", 3, 3),
+    ("act", "sigmoid"),
+]
 
 
 @pytest.mark.parametrize("prim", ["direct-gemm", "fft-data", "fft-task", "fft-stream", "fft-gemm", "winograd"])
-@pytest.mark.parametrize("modes", [("mpf", "mpf"), ("pool", "mpf"), ("pool", "pool"), ("slab:4", "mpf"), ("slab:2", "pool")])
+@pytest.mark.parametrize(
+    "modes", [("mpf", "mpf"), ("pool", "mpf"), ("pool", "pool"), ("slab:4", "mpf"), ("slab:2", "pool")]
+)
 def test_predicted_peak_matches_measured(prim, modes):
     net = make_net(WIDE, seed=1)
-    plan = autotune(net, memory_budget=2 ** 31, primitives=(prim,), pool_modes=modes, patch_shape=(45, 45, 45))
+    plan = autotune(net, memory_budget=2**31, primitives=(prim,), pool_modes=modes, patch_shape=(45, 45, 45))
     measured = measured_peak(net, plan)
     assert measured <= plan.memory_budget
-    assert abs(measured - plan.predicted_peak_bytes) <= 0.25 * plan.predicted_peak_bytes, \
-        (measured / MIB, plan.predicted_peak_bytes / MIB)
+    assert abs(measured - plan.predicted_peak_bytes) <= 0.25 * plan.predicted_peak_bytes, (
+        measured / MIB,
+        plan.predicted_peak_bytes / MIB,
+    )
 
 
 @pytest.mark.parametrize("budget_mib", [24, 64, 256])
@@ -134,9 +153,9 @@ def test_znni_networks_plan_with_bounded_search_under_every_budget(name):
         shape = tuple(f - 1 + 16 * d for f, d in zip(net.field_of_view, net.pooling_product))
         for gib in (0.5, 2, 8):
             for input_shape in (None, shape):
-                plan = autotune(net, memory_budget=int(gib * 2 ** 30), input_shape=input_shape, use_cache=False)
+                plan = autotune(net, memory_budget=int(gib * 2**30), input_shape=input_shape, use_cache=False)
                 assert plan.provenance["candidates"] <= 300, (net.name, gib, plan.provenance["candidates"])
-                assert plan.predicted_peak_bytes <= gib * 2 ** 30
+                assert plan.predicted_peak_bytes <= gib * 2**30
                 assert Plan.from_json(plan.to_json()) == plan
                 if input_shape is not None:
                     assert all(p <= n for p, n in zip(plan.patch_shape, shape)), (plan.patch_shape, shape)
@@ -148,12 +167,12 @@ def test_patch_never_exceeds_the_input_and_small_input_is_one_patch():
     net = make_net(WIDE, seed=9)
     fov, d = net.field_of_view, net.pooling_product
     x_shape = (fov[0] + 5, fov[1] + 3, fov[2] + 9)  # output not a multiple of D: rounded up once
-    plan = autotune(net, memory_budget=2 ** 31, input_shape=x_shape, use_cache=False)
+    plan = autotune(net, memory_budget=2**31, input_shape=x_shape, use_cache=False)
     cap = input_patch(net, x_shape)
     assert plan.patch_shape == cap  # smaller than one good patch: runs as one patch
     assert all((c - f + 1) % dd == 0 and c - n < dd for c, n, f, dd in zip(cap, x_shape, fov, d))
     with pytest.raises(znni_core.errors.PlanError, match="field of view"):
-        autotune(net, memory_budget=2 ** 31, input_shape=(1, 1, 1))
+        autotune(net, memory_budget=2**31, input_shape=(1, 1, 1))
 
 
 def test_a_patch_short_of_the_input_is_charged_for_the_patches_it_needs():
@@ -187,7 +206,7 @@ def test_infer_keeps_the_kernel_spectra_for_the_next_call(monkeypatch):
     monkeypatch.setattr(engine, "FFTGemmConv", counting)
     net = make_net(WIDE, seed=4)
     x = np.random.default_rng(1).standard_normal((1,) + tuple(f + 3 for f in net.field_of_view)).astype(np.float32)
-    plan = autotune(net, memory_budget=2 ** 31, primitives=("fft-gemm",), input_shape=x.shape[1:], use_cache=False)
+    plan = autotune(net, memory_budget=2**31, primitives=("fft-gemm",), input_shape=x.shape[1:], use_cache=False)
     n_conv = sum(1 for s in plan.steps if s.op == "conv")
     first = znni_core.infer(net, x, plan=plan)
     assert len(built) == n_conv
@@ -216,8 +235,7 @@ def test_plan_cache_keeps_what_other_processes_wrote(tmp_path):
     a, b = W.JsonCache(path), W.JsonCache(path)
     a.put("a", 1)
     b.put("b", 2)
-    code = ("import sys; from znni_core.plan import wisdom as W; "
-            "W.JsonCache(sys.argv[1]).put('c', 3)")
+    code = "import sys; from znni_core.plan import wisdom as W; W.JsonCache(sys.argv[1]).put('c', 3)"
     subprocess.run([sys.executable, "-c", code, str(path)], check=True)
     a.put("d", 4)
     assert W.JsonCache(path).data == {"a": 1, "b": 2, "c": 3, "d": 4}
@@ -279,8 +297,9 @@ def test_a_net_flat_in_z_walks_the_inputs_whole_planes_in_equal_depths():
     assert n_flat >= n_deep + 3  # the planes series (the cube series are alike)
     plan = autotune(flat, memory_budget=2**30, input_shape=shape, use_cache=False)
     whole = autotune(flat, memory_budget=2**30, patch_shape=cap, use_cache=False)
-    assert S._rate(flat, plan.patch_shape, plan.predicted_seconds, shape) >= \
-        S._rate(flat, cap, whole.predicted_seconds, shape)
+    assert S._rate(flat, plan.patch_shape, plan.predicted_seconds, shape) >= S._rate(
+        flat, cap, whole.predicted_seconds, shape
+    )
 
 
 def test_a_net_flat_in_z_plans_thin_slabs_when_the_input_does_not_fit_one_patch(monkeypatch):
@@ -289,8 +308,18 @@ def test_a_net_flat_in_z_plans_thin_slabs_when_the_input_does_not_fit_one_patch(
     that fits one patch walks no slab at all (counted in patches evaluated)."""
     from znni_core.plan import search as S
 
-    net = make_net([("conv", 16, (1, 5, 5)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 16, (1, 5, 5)),
-                    ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 1, (1, 3, 3))], seed=3)
+    net = make_net(
+        [
+            ("conv", 16, (1, 5, 5)),
+            ("act", "relu"),
+            ("pool", (1, 2, 2)),
+            ("conv", 16, (1, 5, 5)),
+            ("act", "relu"),
+            ("pool", (1, 2, 2)),
+            ("conv", 1, (1, 3, 3)),
+        ],
+        seed=3,
+    )
     calls = []
     orig = S.patch_candidates
     monkeypatch.setattr(S, "patch_candidates", lambda *a, **k: calls.append(k.get("slabs", False)) or orig(*a, **k))

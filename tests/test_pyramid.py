@@ -2,6 +2,7 @@
 igneous' pyramid of the same mip 0 (igneous as the independent reference), are read alike by
 cloud-volume and tensorstore, come out identical sharded, unsharded and in zarr, re-run only what
 does not verify, and are refused at plan time when they could not be exact."""
+
 from __future__ import annotations
 
 import itertools
@@ -31,7 +32,7 @@ def naive_downsample(a, f, integer):
     n = [-(-s // k) for s, k in zip(a.shape[1:], f)]
     y = np.zeros((a.shape[0],) + tuple(n))
     for c, i, j, k in itertools.product(range(a.shape[0]), *(range(m) for m in n)):
-        blk = a[c, i * f[0]:(i + 1) * f[0], j * f[1]:(j + 1) * f[1], k * f[2]:(k + 1) * f[2]].astype(np.float64)
+        blk = a[c, i * f[0] : (i + 1) * f[0], j * f[1] : (j + 1) * f[1], k * f[2] : (k + 1) * f[2]].astype(np.float64)
         y[c, i, j, k] = np.floor(blk.mean()) if integer else blk.mean()
     return y
 
@@ -48,8 +49,9 @@ def test_downsample_equals_the_naive_block_mean(shape, f, dtype):
 
 
 def run_pyramid(tmp_path, name="p", mips=2, output=None, **over):
-    cfg = base_config(tmp_path / name, vol=em((12, 70, 70)), output={**OUT, **(output or {})},
-                      downsample={"mips": mips}, **over)
+    cfg = base_config(
+        tmp_path / name, vol=em((12, 70, 70)), output={**OUT, **(output or {})}, downsample={"mips": mips}, **over
+    )
     rf = prepare(cfg)
     run_all(rf)
     return load_run(rf)
@@ -74,9 +76,17 @@ def igneous_pyramid(run, tmp_path, mips):
     shutil.copytree(src / key, dst / key)
     (dst / "info").write_text(json.dumps(info))
     tq = LocalTaskQueue(parallel=1, progress=False)
-    tq.insert(task_creation.create_downsampling_tasks(
-        "file://" + str(dst), mip=0, num_mips=mips, factor=tuple(run["config"]["downsample"]["factor"])[::-1],
-        fill_missing=True, compress=False, delete_black_uploads=False))
+    tq.insert(
+        task_creation.create_downsampling_tasks(
+            "file://" + str(dst),
+            mip=0,
+            num_mips=mips,
+            factor=tuple(run["config"]["downsample"]["factor"])[::-1],
+            fill_missing=True,
+            compress=False,
+            delete_black_uploads=False,
+        )
+    )
     tq.execute(progress=False)
     return parse_layer_url(str(dst))
 
@@ -106,13 +116,18 @@ def test_pyramid_equals_igneous_of_the_same_mip0(plain):
         want = want_layer.read(want_layer.bounds, fill_missing=True)[0]
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
         # and from mip 0 directly: k mips of 2 x 2 are one mean of 2^k x 2^k
-        np.testing.assert_allclose(got, naive_downsample(full, (1, 2 ** k, 2 ** k), False), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got, naive_downsample(full, (1, 2**k, 2**k), False), rtol=1e-5, atol=1e-6)
     # tensorstore reads the same mip 2 from the raw chunks
     mip2 = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 2)
-    t = ts.open({"driver": "neuroglancer_precomputed", "scale_index": 2,
-                 "kvstore": "file://" + str(parse_layer_url(run["output"]["url"]).local_path)}).result()
+    t = ts.open(
+        {
+            "driver": "neuroglancer_precomputed",
+            "scale_index": 2,
+            "kvstore": "file://" + str(parse_layer_url(run["output"]["url"]).local_path),
+        }
+    ).result()
     b, e = mip2.bounds.begin.xyz(), mip2.bounds.end.xyz()
-    arr = np.asarray(t[b[0]:e[0], b[1]:e[1], b[2]:e[2], :].read().result()).transpose(3, 2, 1, 0)
+    arr = np.asarray(t[b[0] : e[0], b[1] : e[1], b[2] : e[2], :].read().result()).transpose(3, 2, 1, 0)
     np.testing.assert_array_equal(arr, read_mip(run, 2)[0])
 
 
@@ -187,8 +202,13 @@ def test_a_pyramid_that_could_not_be_exact_is_refused_when_planned(tmp_path):
     cfg = base_config(tmp_path, vol=em((12, 70, 70)), output={**OUT, "align": False}, downsample={"mips": 1})
     with pytest.raises(ConfigError, match="not a multiple of the factor"):
         prepare(cfg)
-    cfg = base_config(tmp_path, vol=em((12, 70, 70)), output={"chunk_size": [4, 4, 4]}, downsample={"mips": 3},
-                      region={"offset": [4, 12, 12], "shape": [4, 40, 40]})
+    cfg = base_config(
+        tmp_path,
+        vol=em((12, 70, 70)),
+        output={"chunk_size": [4, 4, 4]},
+        downsample={"mips": 3},
+        region={"offset": [4, 12, 12], "shape": [4, 40, 40]},
+    )
     with pytest.raises(ConfigError, match=r"mip 2 starts at \(4, 3, 3\)"):  # mip 1 at (4, 6, 6)
         prepare(cfg)
 

@@ -1,5 +1,6 @@
 """``znni serve``: only a run's layers and the bundled viewer; no listings, nothing outside the
 layers, CORS only for its own viewer, Range requests, compressed chunks; the report's link."""
+
 from __future__ import annotations
 
 import gzip
@@ -65,14 +66,33 @@ def test_serves_layer_files_with_ranges_and_encodings(served):
     assert get(srv, "/layers/out/8_8_40/link_in")[2] == b'{"type": "image"}'
 
 
-@pytest.mark.parametrize("path", [
-    "/etc/hostname", "/etc/passwd", "/", "/layers/", "/layers/out", "/layers/out/", "/layers/out/8_8_40/",
-    "/layers/out/../notes.txt", "/layers/out/%2e%2e/notes.txt", "/layers/out/..%2fnotes.txt",
-    "/layers/out/%2e%2e%2f.cloudvolume/secrets/aws-secret.json", "/layers/out/.hidden",
-    "/layers/out/8_8_40/link_out", "/layers/other/info", "/layers/out/8_8_40/%00", "/..%5c..%5cnotes.txt",
-    "/layers/out//info", "/v/znni/../../etc/passwd", "/v/other/index.html", "/v/znni/%2e%2e/%2e%2e/etc/passwd",
-    "/state/znni", "/events/other",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc/hostname",
+        "/etc/passwd",
+        "/",
+        "/layers/",
+        "/layers/out",
+        "/layers/out/",
+        "/layers/out/8_8_40/",
+        "/layers/out/../notes.txt",
+        "/layers/out/%2e%2e/notes.txt",
+        "/layers/out/..%2fnotes.txt",
+        "/layers/out/%2e%2e%2f.cloudvolume/secrets/aws-secret.json",
+        "/layers/out/.hidden",
+        "/layers/out/8_8_40/link_out",
+        "/layers/other/info",
+        "/layers/out/8_8_40/%00",
+        "/..%5c..%5cnotes.txt",
+        "/layers/out//info",
+        "/v/znni/../../etc/passwd",
+        "/v/other/index.html",
+        "/v/znni/%2e%2e/%2e%2e/etc/passwd",
+        "/state/znni",
+        "/events/other",
+    ],
+)
 def test_nothing_outside_the_layers_is_served(served, path):
     srv, *_ = served
     status, h, body = get(srv, path)
@@ -91,8 +111,9 @@ def test_cors_only_for_its_own_viewer_and_loopback_hosts(served):
     own = f"http://127.0.0.1:{srv.port}"
     status, h, _ = get(srv, "/layers/out/info", {"Origin": own})
     assert h["access-control-allow-origin"] == own
-    status, h, _ = get(srv, "/layers/out/info", {"Origin": own, "Access-Control-Request-Headers": "range"},
-                       method="OPTIONS")
+    status, h, _ = get(
+        srv, "/layers/out/info", {"Origin": own, "Access-Control-Request-Headers": "range"}, method="OPTIONS"
+    )
     assert status == 204 and "Range" in h["access-control-allow-headers"]
     # DNS rebinding: a page on evil.example resolving to 127.0.0.1 sends its own Host
     status, _, body = get(srv, "/layers/out/info", {"Host": f"evil.example:{srv.port}"})
@@ -156,18 +177,30 @@ def test_refuses_to_serve_a_filesystem_or_a_directory_tree(tmp_path):
     assert r.exit_code != 0 and "nothing to serve" in r.output
 
 
-@pytest.mark.parametrize("header,expect", [
-    ("bytes=0-9", (0, 10)), ("bytes=5-", (5, 100)), ("bytes=-10", (90, 100)), ("bytes=90-1000", (90, 100)),
-    ("bytes=100-", "invalid"), ("bytes=9-3", "invalid"), ("bytes=0-1,5-6", None), ("items=0-1", None),
-])
+@pytest.mark.parametrize(
+    "header,expect",
+    [
+        ("bytes=0-9", (0, 10)),
+        ("bytes=5-", (5, 100)),
+        ("bytes=-10", (90, 100)),
+        ("bytes=90-1000", (90, 100)),
+        ("bytes=100-", "invalid"),
+        ("bytes=9-3", "invalid"),
+        ("bytes=0-1,5-6", None),
+        ("items=0-1", None),
+    ],
+)
 def test_range_header_parsing(header, expect):
     assert _parse_range(header, 100) == expect
 
 
 def test_report_link_uses_the_bundled_viewer_and_served_layers():
-    run = {"work_dir": "/w", "region": {"offset": [0, 0, 0], "shape": [8, 8, 8]},
-           "input": {"url": "file:///data/em", "resolution": [40, 4, 4]},
-           "output": {"url": "file:///data/out"}}
+    run = {
+        "work_dir": "/w",
+        "region": {"offset": [0, 0, 0], "shape": [8, 8, 8]},
+        "input": {"url": "file:///data/em", "resolution": [40, 4, 4]},
+        "output": {"url": "file:///data/out"},
+    }
     link, notes = neuroglancer_link(run, "local", 1337)
     assert link.startswith("http://127.0.0.1:1337/v/znni/#!")
     assert "http%3A%2F%2F127.0.0.1%3A1337%2Flayers%2Finput" in link and "%2Flayers%2Foutput" in link

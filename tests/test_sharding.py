@@ -1,6 +1,7 @@
 """Sharded precomputed output: keys and shard boxes against cloud-volume's own code, tasks that
 write whole shards, read back by cloud-volume and tensorstore equal to the unsharded layer,
 verification, a task re-run rewriting only its shard, and a petavoxel layer's file count."""
+
 from __future__ import annotations
 
 import itertools
@@ -39,8 +40,12 @@ def test_shard_boxes_hold_exactly_one_shard_each():
     for _ in range(150):
         grid = tuple(int(v) for v in rng.integers(1, 17, 3))
         pre, mini = int(rng.integers(0, 6)), int(rng.integers(0, 3))
-        spec = {"preshift_bits": pre, "minishard_bits": mini, "hash": "identity",
-                "shard_bits": max(0, sum(_bits(n) for n in grid) - pre - mini)}
+        spec = {
+            "preshift_bits": pre,
+            "minishard_bits": mini,
+            "hash": "identity",
+            "shard_bits": max(0, sum(_bits(n) for n in grid) - pre - mini),
+        }
         box = shard_chunks(spec, grid)
         ref = image_shard_shape_from_spec(spec, grid[::-1], (1, 1, 1))[::-1]
         assert tuple(box) == tuple(min(int(r), n) for r, n in zip(ref, grid))
@@ -52,8 +57,15 @@ def test_shard_boxes_hold_exactly_one_shard_each():
 
 
 def test_bad_sharding_specs_are_refused():
-    good = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 3, "hash": "identity", "minishard_bits": 1,
-            "shard_bits": 4, "minishard_index_encoding": "gzip", "data_encoding": "raw"}
+    good = {
+        "@type": "neuroglancer_uint64_sharded_v1",
+        "preshift_bits": 3,
+        "hash": "identity",
+        "minishard_bits": 1,
+        "shard_bits": 4,
+        "minishard_index_encoding": "gzip",
+        "data_encoding": "raw",
+    }
     assert check_sharding(good, "x") == good
     with pytest.raises(ConfigError, match="hash: identity"):
         check_sharding({**good, "hash": "murmurhash3_x86_128"}, "output.sharding")
@@ -99,7 +111,7 @@ def test_sharded_output_equals_unsharded_and_is_read_by_cloudvolume_and_tensorst
     kv = "file://" + str(layer.url.local_path)
     t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": kv}).result()
     b, e = layer.bounds.begin.xyz(), layer.bounds.end.xyz()
-    arr = np.asarray(t[b[0]:e[0], b[1]:e[1], b[2]:e[2], :].read().result()).transpose(3, 2, 1, 0)
+    arr = np.asarray(t[b[0] : e[0], b[1] : e[1], b[2] : e[2], :].read().result()).transpose(3, 2, 1, 0)
     region = Roi.from_dict(run["region"])
     assert np.array_equal(arr[(slice(None),) + region.to_slices(layer.bounds.offset)], want)
 
@@ -133,35 +145,50 @@ def test_sharded_tasks_verify_and_rerun_rewrites_only_their_shard(tmp_path):
 
 def test_petavoxel_layer_has_a_bounded_number_of_shards():
     shape = Coordinate((25_000, 200_000, 200_000))
-    out = {"sharding": "auto", "chunk_size": [64, 128, 128], "dtype": "float32", "compression": "none",
-           "shard_bytes": 2 ** 30}
+    out = {
+        "sharding": "auto",
+        "chunk_size": [64, 128, 128],
+        "dtype": "float32",
+        "compression": "none",
+        "shard_bytes": 2**30,
+    }
     spec = output_sharding(out, Roi((0, 0, 0), shape), 1)
     grid = shape.ceil_div(Coordinate(out["chunk_size"]))
     box = shard_chunks(spec, grid)
     shards = grid.ceil_div(box).prod()
-    print(f"petavoxel layer (z, y, x) {tuple(shape)}: {grid.prod():,} chunks -> {shards:,} shard files "
-          f"of {tuple(box)} chunks ({box.prod() * 64 * 128 * 128 * 4 / 2**30:.2f} GiB each)")
-    assert grid.prod() > 9 * 10 ** 8 and shards < 10 ** 7
-    assert box.prod() * 64 * 128 * 128 * 4 <= 2 ** 30
+    print(
+        f"petavoxel layer (z, y, x) {tuple(shape)}: {grid.prod():,} chunks -> {shards:,} shard files "
+        f"of {tuple(box)} chunks ({box.prod() * 64 * 128 * 128 * 4 / 2**30:.2f} GiB each)"
+    )
+    assert grid.prod() > 9 * 10**8 and shards < 10**7
+    assert box.prod() * 64 * 128 * 128 * 4 <= 2**30
     assert output_sharding({**out, "sharding": "auto"}, Roi((0, 0, 0), (64, 512, 512)), 1) is None  # few chunks
-    assert auto_sharding(shape, out["chunk_size"], "float32", 1, 2 ** 30, "raw")["hash"] == "identity"
+    assert auto_sharding(shape, out["chunk_size"], "float32", 1, 2**30, "raw")["hash"] == "identity"
     # its pyramid (5 mips of 1 x 2 x 2): every mip sharded, all of them fewer files than mip 0 again
     from znni_core.io import ScaleSpec
     from znni_core.io.mips import mip_specs, task_chunks_of
 
-    s0 = ScaleSpec("8_8_40", Roi((0, 0, 0), shape), Coordinate(out["chunk_size"]), (40.0, 8.0, 8.0), "float32", 1,
-                   sharding=spec)
+    s0 = ScaleSpec(
+        "8_8_40", Roi((0, 0, 0), shape), Coordinate(out["chunk_size"]), (40.0, 8.0, 8.0), "float32", 1, sharding=spec
+    )
     counts = []
-    for k, s in enumerate(mip_specs(s0, 5, (1, 2, 2), shard_bytes=2 ** 30)):
-        assert s.sharding and (k == 0 or s.bounds.shape[1] == -(-shape[1] // 2 ** k))
+    for k, s in enumerate(mip_specs(s0, 5, (1, 2, 2), shard_bytes=2**30)):
+        assert s.sharding and (k == 0 or s.bounds.shape[1] == -(-shape[1] // 2**k))
         counts.append(int(s.grid.grid_shape.ceil_div(task_chunks_of(s, (1, 1, 1))).prod()))
     print(f"pyramid mips 0-5: {counts} shard files")
     assert counts[0] == shards and sum(counts[1:]) < shards
 
 
 # ---- RELIABILITY cases redone for shards -------------------------------------------------------------
-SPEC1 = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 2, "hash": "identity", "minishard_bits": 0,
-         "shard_bits": 0, "minishard_index_encoding": "gzip", "data_encoding": "raw"}
+SPEC1 = {
+    "@type": "neuroglancer_uint64_sharded_v1",
+    "preshift_bits": 2,
+    "hash": "identity",
+    "minishard_bits": 0,
+    "shard_bits": 0,
+    "minishard_index_encoding": "gzip",
+    "data_encoding": "raw",
+}
 
 
 def one_shard_layer(tmp_path, chunk=(32, 64, 64)):
@@ -169,15 +196,24 @@ def one_shard_layer(tmp_path, chunk=(32, 64, 64)):
     from znni_core.io import ScaleSpec, create_layer, open_output
 
     url = parse_layer_url("file://" + str(tmp_path / "l"))
-    spec = ScaleSpec("k", Roi((0, 0, 0), (chunk[0], 2 * chunk[1], 2 * chunk[2])), Coordinate(chunk), (40.0, 8.0, 8.0),
-                     "float32", 1, sharding=SPEC1)
+    spec = ScaleSpec(
+        "k",
+        Roi((0, 0, 0), (chunk[0], 2 * chunk[1], 2 * chunk[2])),
+        Coordinate(chunk),
+        (40.0, 8.0, 8.0),
+        "float32",
+        1,
+        sharding=SPEC1,
+    )
     create_layer(url, spec, {"processing": []})
     return url, open_output(url, spec)
 
 
 def shard_of(layer, value):
-    return {Coordinate(i): np.full((1,) + tuple(layer.grid.chunk_shape), value, np.float32)
-            for i in itertools.product(*map(range, layer.grid.grid_shape))}
+    return {
+        Coordinate(i): np.full((1,) + tuple(layer.grid.chunk_shape), value, np.float32)
+        for i in itertools.product(*map(range, layer.grid.grid_shape))
+    }
 
 
 _SHARD_WRITER = """
@@ -204,8 +240,11 @@ def test_T2_sigkill_during_shard_writes_never_leaves_a_torn_shard(tmp_path):
     url, layer = one_shard_layer(tmp_path)
     rng = np.random.default_rng(7)
     for trial in range(5):
-        p = subprocess.Popen([sys.executable, "-c", _SHARD_WRITER, str(url)], stdout=subprocess.PIPE,
-                             env=dict(os.environ, PYTHONPATH=os.getcwd()))
+        p = subprocess.Popen(
+            [sys.executable, "-c", _SHARD_WRITER, str(url)],
+            stdout=subprocess.PIPE,
+            env=dict(os.environ, PYTHONPATH=os.getcwd()),
+        )
         assert p.stdout.readline().strip() == b"ready"
         time.sleep(float(rng.uniform(0.05, 0.4)))
         p.send_signal(signal.SIGKILL)

@@ -3,12 +3,12 @@
 Skipped where ``sbatch`` is absent. Each test runs `snakemake --profile slurm` semantics through
 the repository's profile (profiles/slurm), with resources overridden per test.
 """
+
 from __future__ import annotations
 
 import os
 import re
 import shutil
-import stat
 import subprocess
 import threading
 import time
@@ -18,8 +18,11 @@ import pytest
 from tests import faults_helpers as H
 from tests.test_faults_workflow import _done_tasks, chained_kills, fresh, golden_files  # noqa: F401
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs SLURM (sbatch on PATH)")]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs SLURM (sbatch on PATH)"),
+]
 KILLS = int(os.environ.get("ZNNI_SLURM_KILLS", "5"))
 SLURM = "profiles/slurm"
 
@@ -61,11 +64,14 @@ def test_t5_oom_timeout_cancel_retried_with_more(fresh, golden_files, tmp_path):
     stop.set()
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]
-    assert re.search(r"SLURM-job '\d+' failed, SLURM status is: '(FAILED|OUT_OF_MEMORY)'", out), "no memory failure seen"
+    assert re.search(r"SLURM-job '\d+' failed, SLURM status is: '(FAILED|OUT_OF_MEMORY)'", out), (
+        "no memory failure seen"
+    )
     assert "SLURM status is: 'TIMEOUT'" in out, "no TIMEOUT seen"
     assert "SLURM status is: 'CANCELLED'" in out, "no CANCELLED seen"
     assert "exceeded memory limit" in "".join(
-        f.read_text() for f in (case.root / ".snakemake" / "slurm_logs").rglob("*.log"))
+        f.read_text() for f in (case.root / ".snakemake" / "slurm_logs").rglob("*.log")
+    )
     assert _done_tasks(case) == {t["id"] for t in case.tasks()}
     H.assert_same_chunks(H.layer_files(case.out), golden_files, "T5 after retries")
 
@@ -79,11 +85,11 @@ def test_t5_unknown_state_counts_only_if_chunk_verifies(fresh, golden_files, tmp
     (fake / "sacct").write_text(
         "#!/bin/bash\n# every job of the run: UNKNOWN\n"
         "name=''; while [ $# -gt 0 ]; do [ \"$1\" = --name ] && name=$2; shift; done\n"
-        "squeue -h --states=all --name \"$name\" -o '%i|UNKNOWN'\n")
+        "squeue -h --states=all --name \"$name\" -o '%i|UNKNOWN'\n"
+    )
     (fake / "sacct").chmod(0o755)
     env = H.fault_env(None, {"PATH": f"{fake}:{H.job_env()['PATH']}"})
-    p = H.snakemake(case, "--slurm-status-command", "sacct", "--latency-wait", "3", profile=SLURM, env=env,
-                    timeout=500)
+    p = H.snakemake(case, "--slurm-status-command", "sacct", "--latency-wait", "3", profile=SLURM, env=env, timeout=500)
     out = p.stdout + p.stderr
     # UNKNOWN arrived while jobs still ran: their manifests were missing -> errors, retried
     assert p.returncode == 0 or "MissingOutputException" in out or "Missing files after" in out, out[-4000:]

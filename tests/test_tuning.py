@@ -1,5 +1,6 @@
 """Kernel parameters measured per host (``layers/tuning.py``): chosen by the calibration, carried
 by the plan, in force while the executor runs it, and exact whatever their values."""
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,23 @@ from znni_core.plan import timing as T
 from .nets import make_net
 from .reference import max_rel_err, torch_dense
 
-NET = [("conv", 12, (1, 3, 3)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 12, (1, 3, 3)), ("act", "relu"),
-       ("conv", 12, (3, 3, 3)), ("act", "relu"), ("conv", 2, (1, 1, 1)), ("act", "sigmoid")]
-ODD = {"winograd.block_bytes": 64 * 2 ** 10, "winograd.large_tile_gain": 0.0, "pointwise.block": 64,
-       "direct.row_group": 128}
+NET = [
+    ("conv", 12, (1, 3, 3)),
+    ("act", "relu"),
+    ("pool", (1, 2, 2)),
+    ("conv", 12, (1, 3, 3)),
+    ("act", "relu"),
+    ("conv", 12, (3, 3, 3)),
+    ("act", "relu"),
+    ("conv", 2, (1, 1, 1)),
+    ("act", "sigmoid"),
+]
+ODD = {
+    "winograd.block_bytes": 64 * 2**10,
+    "winograd.large_tile_gain": 0.0,
+    "pointwise.block": 64,
+    "direct.row_group": 128,
+}
 
 
 def test_tune_keeps_the_default_on_a_tie_and_takes_a_clearly_faster_value(monkeypatch):
@@ -32,7 +46,7 @@ def test_tune_keeps_the_default_on_a_tie_and_takes_a_clearly_faster_value(monkey
     def fake_time_once(fn):
         v = tuning.current()
         seen.append(v)
-        if v["winograd.block_bytes"] == 2 ** 20 and len({s["winograd.large_tile_gain"] for s in seen}) == 1:
+        if v["winograd.block_bytes"] == 2**20 and len({s["winograd.large_tile_gain"] for s in seen}) == 1:
             return 0.8
         if v["winograd.large_tile_gain"] == 0.0:
             return 0.95
@@ -41,13 +55,13 @@ def test_tune_keeps_the_default_on_a_tie_and_takes_a_clearly_faster_value(monkey
         return 1.0
 
     monkeypatch.setattr(T, "_time_once", fake_time_once)
-    monkeypatch.setattr(T, "_tuning_cases", lambda threads: {k: [lambda: (lambda: None)] for k in tuning.DEFAULTS})
+    monkeypatch.setattr(T, "_tuning_cases", lambda threads: {k: [lambda: lambda: None] for k in tuning.DEFAULTS})
     chosen, tried = T._tune(1)
-    assert chosen == dict(tuning.DEFAULTS, **{"winograd.block_bytes": 2 ** 20})
+    assert chosen == dict(tuning.DEFAULTS, **{"winograd.block_bytes": 2**20})
     assert {k: [v for v, _ in t] for k, t in tried.items()} == {k: list(c) for k, c in tuning.CANDIDATES.items()}
     assert len(seen) == T.TUNING_ROUNDS * sum(len(c) for c in tuning.CANDIDATES.values())
     n_block = T.TUNING_ROUNDS * len(tuning.CANDIDATES["winograd.block_bytes"])
-    assert all(s["winograd.block_bytes"] == 2 ** 20 for s in seen[n_block:])
+    assert all(s["winograd.block_bytes"] == 2**20 for s in seen[n_block:])
 
 
 def test_calibration_records_a_value_per_parameter_from_its_candidates():
@@ -65,8 +79,9 @@ def test_the_plan_carries_the_hosts_values_and_the_executor_runs_under_them(monk
     monkeypatch.setattr(T, "calibrate", lambda threads=1, refresh=False: cal)
     net = make_net(NET, c_in=2)
     x = np.random.default_rng(0).standard_normal((2, 6, 41, 43)).astype(np.float32)
-    plan = autotune(net, memory_budget=2 ** 30, threads=2, input_shape=x.shape[1:], use_cache=False,
-                    primitives=("winograd",))
+    plan = autotune(
+        net, memory_budget=2**30, threads=2, input_shape=x.shape[1:], use_cache=False, primitives=("winograd",)
+    )
     assert plan.tuning == ODD and any(s.primitive == "winograd" for s in plan.steps)
     again = Plan.from_json(plan.to_json())
     assert again == plan and again.digest() == plan.digest()
@@ -79,13 +94,28 @@ def test_the_plan_carries_the_hosts_values_and_the_executor_runs_under_them(monk
     assert max_rel_err(y, torch_dense(net, x)) < 1e-4
 
 
-@pytest.mark.parametrize("bad,match", [({"winograd.tile": 1}, "unknown kernel parameters"),
-                                       ({"pointwise.block": -1}, "pointwise.block=-1"),
-                                       ({"direct.row_group": "big"}, "direct.row_group='big'")])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"winograd.tile": 1}, "unknown kernel parameters"),
+        ({"pointwise.block": -1}, "pointwise.block=-1"),
+        ({"direct.row_group": "big"}, "direct.row_group='big'"),
+    ],
+)
 def test_a_plan_with_bad_tuning_is_refused_naming_the_value(bad, match):
-    d = json.loads(Plan(network_digest="x", device="cpu", patch_shape=(1, 1, 1), output_shape=(1, 1, 1),
-                        field_of_view=(1, 1, 1), memory_budget=1, steps=(), predicted_seconds=1.0,
-                        predicted_peak_bytes=1).to_json())
+    d = json.loads(
+        Plan(
+            network_digest="x",
+            device="cpu",
+            patch_shape=(1, 1, 1),
+            output_shape=(1, 1, 1),
+            field_of_view=(1, 1, 1),
+            memory_budget=1,
+            steps=(),
+            predicted_seconds=1.0,
+            predicted_peak_bytes=1,
+        ).to_json()
+    )
     d["tuning"] = bad
     with pytest.raises(PlanError, match=match):
         Plan.from_dict(d)

@@ -6,6 +6,7 @@ the same results (the kernels compiled for 256-bit vectors and for an AVX2-only 
 a process of its own, against float64 references); ``znni warmup`` records the faster width and
 leaves a cache in which a new process compiles nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -119,10 +120,18 @@ _EXACT = textwrap.dedent("""
 
 
 def _run_variant(env_extra, want_vl, want_src, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_FEATURES", "NUMBA_CPU_NAME", "ZNNI_VECTOR_WIDTH")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_FEATURES", "NUMBA_CPU_NAME", "ZNNI_VECTOR_WIDTH")
+    }
     env.update(NUMBA_CACHE_DIR=str(tmp_path / "numba"), ZNNI_CACHE_DIR=str(tmp_path), **env_extra)
-    r = subprocess.run([sys.executable, "-c", _EXACT, str(want_vl), want_src], env=env, capture_output=True,
-                       text=True, timeout=600, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", _EXACT, str(want_vl), want_src],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -137,8 +146,12 @@ def test_kernels_compiled_for_another_width_are_exact(variant, tmp_path):
             pytest.skip("this host has no AVX-512: it has one width, the AVX2 case covers it")
         errs = _run_variant({"ZNNI_VECTOR_WIDTH": "256"}, 8, "env", tmp_path)
     else:
-        errs = _run_variant({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2"},
-                            8, "user", tmp_path)
+        errs = _run_variant(
+            {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2"},
+            8,
+            "user",
+            tmp_path,
+        )
     assert len(errs) == 8
     bad = {k: e for k, e in errs.items() if not e < 1e-4}
     assert not bad, bad
@@ -149,16 +162,26 @@ def test_warmup_records_the_width_and_leaves_nothing_to_compile(tmp_path):
     """``znni warmup`` on a fresh cache: on an AVX-512 host both widths timed on every case and
     the faster recorded; a calibration for the thread count; then a new process running a
     network (as a job does) finds every kernel compiled: it adds no file to numba's cache."""
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_FEATURES", "NUMBA_CPU_NAME", "ZNNI_VECTOR_WIDTH",
-                                                            "NUMBA_CACHE_DIR")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("NUMBA_CPU_FEATURES", "NUMBA_CPU_NAME", "ZNNI_VECTOR_WIDTH", "NUMBA_CACHE_DIR")
+    }
     env["ZNNI_CACHE_DIR"] = str(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "znni_core.cli", "warmup", "-t", "1"], env=env, capture_output=True,
-                       text=True, timeout=900, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "znni_core.cli", "warmup", "-t", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     if AVX512:
         (entry,) = json.loads((tmp_path / "vector_width.json").read_text()).values()
-        assert set(entry["seconds"]) == {"512", "256"} and entry["width"] == min(entry["seconds"],
-                                                                                key=entry["seconds"].get)
+        assert set(entry["seconds"]) == {"512", "256"} and entry["width"] == min(
+            entry["seconds"], key=entry["seconds"].get
+        )
         from znni_core.warmup import WIDTH_CASES
 
         assert all(sorted(c) == sorted(WIDTH_CASES) for c in entry["cases"].values())
@@ -171,7 +194,13 @@ def test_warmup_records_the_width_and_leaves_nothing_to_compile(tmp_path):
         from znni_core.warmup import _compile_and_calibrate
         _compile_and_calibrate([1])
     """)
-    r = subprocess.run([sys.executable, "-c", job], env=dict(env, NUMBA_CACHE_DIR=str(tmp_path / "numba")),
-                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", job],
+        env=dict(env, NUMBA_CACHE_DIR=str(tmp_path / "numba")),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert kernels() == before

@@ -4,6 +4,7 @@ Neuroglancer client loads with no internet, fetches both layers through the serv
 
 Needs the ``playwright`` package (dev extra) and a Chromium binary: ``.ci/run`` installs
 Debian's ``chromium-headless-shell``; elsewhere set ``ZNNI_CHROMIUM`` or install one."""
+
 from __future__ import annotations
 
 import os
@@ -18,7 +19,8 @@ from znni_core.pipeline.finalize import neuroglancer_link
 from znni_core.pipeline.serve import LayerServer
 
 CHROMIUM = os.environ.get("ZNNI_CHROMIUM") or next(
-    (p for p in map(shutil.which, ("chromium-headless-shell", "chromium", "google-chrome")) if p), None)
+    (p for p in map(shutil.which, ("chromium-headless-shell", "chromium", "google-chrome")) if p), None
+)
 playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev extra)")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: apt-get install chromium-headless-shell")
 
@@ -35,24 +37,35 @@ def write_layers(d, kind: str):
 
     x, y, z = np.meshgrid(np.arange(64), np.arange(64), np.arange(8), indexing="ij")
     em = ((np.sin(x / 5) + np.cos(y / 7) + 2) * 60).astype(np.uint8)
-    info = CloudVolume.create_new_info(1, "image", "uint8", "raw", [4, 4, 40], [0, 0, 0], em.shape,
-                                       chunk_size=[32, 32, 8])
+    info = CloudVolume.create_new_info(
+        1, "image", "uint8", "raw", [4, 4, 40], [0, 0, 0], em.shape, chunk_size=[32, 32, 8]
+    )
     cv = CloudVolume(f"file://{d}/em", info=info, progress=False)
     cv.commit_info()
     cv[:, :, :] = em
     out = ((x + y) % 32 < 16).astype(np.float32).T[None]  # (c, z, y, x)
-    sharding = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 1, "hash": "identity",
-                "minishard_bits": 1, "shard_bits": 0, "minishard_index_encoding": "gzip", "data_encoding": "gzip"}
+    sharding = {
+        "@type": "neuroglancer_uint64_sharded_v1",
+        "preshift_bits": 1,
+        "hash": "identity",
+        "minishard_bits": 1,
+        "shard_bits": 0,
+        "minishard_index_encoding": "gzip",
+        "data_encoding": "gzip",
+    }
     name = "out.zarr" if kind == "zarr" else "out"
     url = parse_layer_url(f"file://{d}/{name}")
     key = "0" if kind == "zarr" else "4_4_40"
     sh = {"chunks": None, "sharded": sharding, "zarr": zarr_sharding((1, 2, 2), "none")}[kind]
-    spec = ScaleSpec(key, Roi((0, 0, 0), (8, 64, 64)), Coordinate(8, 32, 32), (40.0, 4.0, 4.0), "float32", 1,
-                     sharding=sh)
+    spec = ScaleSpec(
+        key, Roi((0, 0, 0), (8, 64, 64)), Coordinate(8, 32, 32), (40.0, 4.0, 4.0), "float32", 1, sharding=sh
+    )
     create_layer(url, spec, {"processing": []})
     layer = open_output(url, spec)
-    chunks = {i: np.ascontiguousarray(out[(slice(None),) + layer.grid.chunk_roi(i).to_slices()])
-              for i in layer.grid.chunks_in(layer.bounds)}
+    chunks = {
+        i: np.ascontiguousarray(out[(slice(None),) + layer.grid.chunk_roi(i).to_slices()])
+        for i in layer.grid.chunks_in(layer.bounds)
+    }
     if sh:
         layer.write_shard(chunks)
     else:
@@ -70,13 +83,18 @@ def test_report_link_renders_the_output_in_a_headless_browser(tmp_path, kind):
     data = "/layers/output/0/c/" if kind == "zarr" else "/layers/output/4_4_40/"
     out_url = f"zarr://file://{layers['output']}" if kind == "zarr" else f"file://{layers['output']}"
     with LayerServer(layers, port=0, log=logs.append) as srv:
-        run = {"work_dir": str(tmp_path), "region": {"offset": [0, 0, 0], "shape": [8, 64, 64]},
-               "input": {"url": f"file://{layers['input']}", "resolution": [40, 4, 4]},
-               "output": {"url": out_url}}
+        run = {
+            "work_dir": str(tmp_path),
+            "region": {"offset": [0, 0, 0], "shape": [8, 64, 64]},
+            "input": {"url": f"file://{layers['input']}", "resolution": [40, 4, 4]},
+            "output": {"url": out_url},
+        }
         link, _ = neuroglancer_link(run, "local", srv.port)
         with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM,
-                                        args=["--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader"])
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM,
+                args=["--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader"],
+            )
             page = browser.new_page(viewport={"width": 800, "height": 600})
             page.goto(link)
             deadline = time.monotonic() + 60

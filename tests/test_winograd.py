@@ -4,6 +4,7 @@ in the planner and the engine, with a true memory model.
 References: float64 scipy correlate (``test_layers_conv.reference``), PyTorch conv3d, and the
 engine's window-by-window definition.  Tolerance: max relative error <= 1e-4 (float32).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -27,8 +28,7 @@ from .test_layers_conv import TOL, reference, rel_err
 from .test_layers_memory import check, data, measured_peak
 
 
-@pytest.mark.parametrize("a,r", [(a, r) for a, sizes in ((4, (2, 3)), (6, KERNEL_SIZES[1])) for r in sizes
-                                 if r > 1])
+@pytest.mark.parametrize("a,r", [(a, r) for a, sizes in ((4, (2, 3)), (6, KERNEL_SIZES[1])) for r in sizes if r > 1])
 def test_transform_matrices_compute_the_1d_correlation(a, r):
     """AT[(G g) * (BT d)] == the valid correlation of d with g, for random d and g (float64)."""
     BT, G, AT = toom_cook(a, r)
@@ -38,7 +38,7 @@ def test_transform_matrices_compute_the_1d_correlation(a, r):
     for _ in range(20):
         d, g = rng.standard_normal(a), rng.standard_normal(r)
         y = AT @ ((G @ g) * (BT @ d))
-        assert np.allclose(y, [d[i:i + r] @ g for i in range(m)], rtol=0, atol=1e-12)
+        assert np.allclose(y, [d[i : i + r] @ g for i in range(m)], rtol=0, atol=1e-12)
 
 
 def test_eight_point_bt_rows_scale_the_vandermonde_inverse():
@@ -49,7 +49,7 @@ def test_eight_point_bt_rows_scale_the_vandermonde_inverse():
     pts = _POINTS[8]
     W = np.zeros((8, 8))
     for i, p in enumerate(pts):
-        W[i] = [p ** j for j in range(8)]
+        W[i] = [p**j for j in range(8)]
     W[-1, -1] = 1.0
     ref = np.linalg.inv(W).T
     scale = np.array([row[np.argmax(np.abs(row))] / r[np.argmax(np.abs(row))] for row, r in zip(_BT[8], ref)])
@@ -73,17 +73,19 @@ def test_written_out_transforms_equal_the_matrices(a):
     v = np.zeros(a * vs, np.float32)
     BT = toom_cook(a, 2)[0]
     _bt_rows(a, d, 0, ds, 0, v, 0, vs, 0, L, 1)
-    np.testing.assert_allclose(v.reshape(a, vs)[:, :L], BT @ d.reshape(a, ds)[:, :L].astype(np.float64),
-                               rtol=1e-5, atol=1e-5)
-    for r in (KERNEL_SIZES[2] if a == 8 else KERNEL_SIZES[1] if a == 6 else (1, 2, 3)):
+    np.testing.assert_allclose(
+        v.reshape(a, vs)[:, :L], BT @ d.reshape(a, ds)[:, :L].astype(np.float64), rtol=1e-5, atol=1e-5
+    )
+    for r in KERNEL_SIZES[2] if a == 8 else KERNEL_SIZES[1] if a == 6 else (1, 2, 3):
         if r == 1 or a + 1 - r < 1:
             continue
         AT = toom_cook(a, r)[2]
         m = AT.shape[0]
         y = np.zeros(m * vs, np.float32)
         _at(a, m, d, 0, ds, y, 0, vs, L)
-        np.testing.assert_allclose(y.reshape(m, vs)[:, :L], AT @ d.reshape(a, ds)[:, :L].astype(np.float64),
-                                   rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(
+            y.reshape(m, vs)[:, :L], AT @ d.reshape(a, ds)[:, :L].astype(np.float64), rtol=1e-5, atol=1e-4
+        )
 
 
 @pytest.mark.parametrize("a", [1, 4, 6, 8])
@@ -99,20 +101,25 @@ def test_transform_runs_equal_the_matrix_on_every_run(a):
     want = got.astype(np.float64)
     BT = toom_cook(a, 2)[0] if a > 1 else np.ones((1, 1))
     for b in range(nb):
-        rows = np.array([d[3 + b * dstep + k * ds:][:L] for k in range(a)], np.float64)
+        rows = np.array([d[3 + b * dstep + k * ds :][:L] for k in range(a)], np.float64)
         for k, row in enumerate(BT @ rows):
-            want[2 + b * vstep + k * vs:][:L] = row
+            want[2 + b * vstep + k * vs :][:L] = row
     _bt_rows(a, d, 3, ds, dstep, got, 2, vs, vstep, L, nb)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=30, deadline=None)
 @given(
-    n=st.integers(1, 3), ci=st.integers(1, 5), co=st.integers(1, 5),
+    n=st.integers(1, 3),
+    ci=st.integers(1, 5),
+    co=st.integers(1, 5),
     kernel=st.tuples(*[st.sampled_from(sizes) for sizes in KERNEL_SIZES]).filter(lambda k: max(k) > 1),
     extra=st.tuples(*[st.sampled_from([0, 1, 2, 3, 5, 8, 13])] * 3),
-    bias=st.booleans(), threads=st.integers(1, 3), seed=st.integers(0, 2**16),
-    low=st.tuples(*[st.integers(0, 2)] * 3), high=st.tuples(*[st.integers(0, 2)] * 3),
+    bias=st.booleans(),
+    threads=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+    low=st.tuples(*[st.integers(0, 2)] * 3),
+    high=st.tuples(*[st.integers(0, 2)] * 3),
 )
 def test_winograd_equals_scipy_correlate(n, ci, co, kernel, extra, bias, threads, seed, low, high):
     """Every tiling edge case: outputs of 1..14 per axis (partial last tiles), single channels,
@@ -137,9 +144,17 @@ def test_winograd_equals_scipy_correlate(n, ci, co, kernel, extra, bias, threads
     assert rel_err(conv._call_xp(part, low), ref) <= TOL
 
 
-@pytest.mark.parametrize("shape,kernel,c", [((9, 70, 69), (1, 3, 3), (24, 40)), ((11, 21, 18), (3, 3, 3), (16, 8)),
-                                            ((6, 9, 30), (3, 1, 3), (5, 7)), ((5, 61, 47), (1, 5, 5), (24, 24)),
-                                            ((7, 40, 33), (1, 4, 4), (32, 20)), ((9, 26, 30), (2, 5, 4), (12, 10))])
+@pytest.mark.parametrize(
+    "shape,kernel,c",
+    [
+        ((9, 70, 69), (1, 3, 3), (24, 40)),
+        ((11, 21, 18), (3, 3, 3), (16, 8)),
+        ((6, 9, 30), (3, 1, 3), (5, 7)),
+        ((5, 61, 47), (1, 5, 5), (24, 24)),
+        ((7, 40, 33), (1, 4, 4), (32, 20)),
+        ((9, 26, 30), (2, 5, 4), (12, 10)),
+    ],
+)
 @pytest.mark.parametrize("gain", [0.0, 1.0])
 def test_winograd_equals_torch_conv3d_on_wide_layers(shape, kernel, c, gain):
     """Many channels, several blocks of tile rows (a small block size), trained-like weights; 6-point
@@ -159,8 +174,9 @@ def _check_wide_winograd(W, shape, kernel, c):
     x = rng.standard_normal((2, ci) + shape).astype(np.float32)
     w = (rng.standard_normal((co, ci) + kernel) * np.sqrt(2 / (ci * np.prod(kernel)))).astype(np.float32)
     b = rng.standard_normal(co).astype(np.float32)
-    ref = torch.nn.functional.conv3d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
-                                     torch.from_numpy(b).double()).numpy()
+    ref = torch.nn.functional.conv3d(
+        torch.from_numpy(x).double(), torch.from_numpy(w).double(), torch.from_numpy(b).double()
+    ).numpy()
     conv = WinogradConv(w, b, shape, threads=2)
     rows = 2 * conv.nt[0] * conv.nt[1]
     assert len(range(0, rows, W._blocks(rows, conv.nt[2], conv.T, ci, co, 2)[0])) > 2
@@ -199,22 +215,27 @@ def test_winograd_refuses_what_it_cannot_run():
     with pytest.raises(InputError, match="expected"):  # does not fit at that offset
         conv(np.ones((1, 2, 4, 7, 7), np.float32), low=(0, 2, 0))
     from znni_core.layers import FFTGemmConv
+
     with pytest.raises(InputError, match="no implicit padding"):
-        FFTGemmConv(np.ones((2, 2, 1, 3, 3), np.float32), None, (4, 8, 8))(np.ones((1, 2, 4, 6, 6), np.float32),
-                                                                          low=(0, 1, 1))
+        FFTGemmConv(np.ones((2, 2, 1, 3, 3), np.float32), None, (4, 8, 8))(
+            np.ones((1, 2, 4, 6, 6), np.float32), low=(0, 1, 1)
+        )
     with pytest.raises(InputError, match="bias"):
         WinogradConv(np.ones((2, 2, 1, 3, 3), np.float32), np.ones(3, np.float32), (4, 8, 8))
     with pytest.raises(InputError, match="does not fit"):
         WinogradConv(np.ones((2, 2, 3, 3, 3), np.float32), None, (2, 8, 8))
 
 
-@pytest.mark.parametrize("n,ci,co,shape,kernel", [
-    (1, 16, 16, (8, 96, 96), (1, 3, 3)),  # wide planes: several blocks of tile rows
-    (64, 12, 40, (6, 13, 13), (1, 3, 3)),  # many small planes, more outputs than inputs
-    (1, 8, 8, (48, 64, 64), (3, 3, 3)),  # 3D tiles
-    (16, 24, 24, (6, 30, 30), (1, 4, 4)),  # F(3,4) on MPF-like planes
-    (2, 16, 16, (6, 80, 80), (1, 5, 5)),  # F(2,5)
-])
+@pytest.mark.parametrize(
+    "n,ci,co,shape,kernel",
+    [
+        (1, 16, 16, (8, 96, 96), (1, 3, 3)),  # wide planes: several blocks of tile rows
+        (64, 12, 40, (6, 13, 13), (1, 3, 3)),  # many small planes, more outputs than inputs
+        (1, 8, 8, (48, 64, 64), (3, 3, 3)),  # 3D tiles
+        (16, 24, 24, (6, 30, 30), (1, 4, 4)),  # F(3,4) on MPF-like planes
+        (2, 16, 16, (6, 80, 80), (1, 5, 5)),  # F(2,5)
+    ],
+)
 def test_winograd_memory_including_the_kernel_transform(n, ci, co, shape, kernel):
     x, w = data(n, ci, shape), data(co, ci, kernel, 1)
     WinogradConv(w, None, shape, threads=2)(x)  # numba kernels loaded
@@ -223,12 +244,24 @@ def test_winograd_memory_including_the_kernel_transform(n, ci, co, shape, kernel
         conv = WinogradConv(w, np.ones(co, np.float32), shape, threads=2)
         return conv, conv(x)
 
-    check(L.winograd_memory(n, ci, co, shape, kernel, threads=2) + L.winograd_kernel_bytes(ci, co, kernel, shape),
-          measured_peak(run))
+    check(
+        L.winograd_memory(n, ci, co, shape, kernel, threads=2) + L.winograd_kernel_bytes(ci, co, kernel, shape),
+        measured_peak(run),
+    )
 
 
-NET_3 = [("conv", 6, (1, 3, 3)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 8, 3), ("act", "elu", 0.5),
-         ("pool", 2), ("conv", 5, (3, 1, 3)), ("act", "relu"), ("conv", 2, 1), ("act", "sigmoid")]
+NET_3 = [
+    ("conv", 6, (1, 3, 3)),
+    ("act", "relu"),
+    ("pool", (1, 2, 2)),
+    ("conv", 8, 3),
+    ("act", "elu", 0.5),
+    ("pool", 2),
+    ("conv", 5, (3, 1, 3)),
+    ("act", "relu"),
+    ("conv", 2, 1),
+    ("act", "sigmoid"),
+]
 
 
 def test_winograd_in_plans_every_pool_mode_equals_torch():
@@ -250,7 +283,9 @@ def test_planner_offers_winograd_only_where_it_runs():
     assert primitive_supports("winograd", (1, 3, 3)) and primitive_supports("winograd", (1, 4, 4))
     assert not primitive_supports("winograd", (1, 7, 7)) and primitive_supports("fft-gemm", (1, 7, 7))
     # one channel on a side: outer products, transform-bound (the boundary net's 1 -> 48 layer: 4x direct-numba)
-    assert not primitive_supports("winograd", (1, 3, 3), (1, 48)) and not primitive_supports("winograd", (3, 3, 3), (28, 1))
+    assert not primitive_supports("winograd", (1, 3, 3), (1, 48)) and not primitive_supports(
+        "winograd", (3, 3, 3), (28, 1)
+    )
     assert primitive_supports("winograd", (3, 3, 3), (24, 3)) and primitive_supports("direct-numba", (1, 5, 5), (1, 28))
     net = make_net([("conv", 4, (1, 7, 7)), ("act", "relu"), ("conv", 4, (1, 3, 3))], seed=1)
     plan = autotune(net, memory_budget=2**30, input_shape=(3, 30, 30), primitives=("winograd",), use_cache=False)

@@ -5,6 +5,7 @@ losing half the manifests runs exactly those tasks (T13); `znni run-task` of one
 that task's chunks (T14); a batched job killed inside its tasks resumes task by task (T1);
 tensorstore reads what cloud-volume reads; lint and dry run pass.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,13 +27,26 @@ from znni_core.pipeline.config import load_run
 from .pipeline_helpers import base_config, em, layer_files, subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"),
-             "--profile", str(REPO / "profiles" / "local")]
+SNAKEMAKE = [
+    sys.executable,
+    "-m",
+    "snakemake",
+    "-s",
+    str(REPO / "workflow" / "Snakefile"),
+    "--profile",
+    str(REPO / "profiles" / "local"),
+]
 
 
 def snakemake(cwd, configfile, *args, check=True):
-    p = subprocess.run(SNAKEMAKE + ["--configfile", str(configfile), *args], cwd=cwd, env=subprocess_env(cwd),
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        SNAKEMAKE + ["--configfile", str(configfile), *args],
+        cwd=cwd,
+        env=subprocess_env(cwd),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if check and p.returncode != 0:
         raise AssertionError(f"snakemake failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
     return p
@@ -84,10 +98,11 @@ def test_tensorstore_reads_what_cloudvolume_reads(two_runs):
     _, _, [(cfg, _, _), _] = two_runs
     layer = PrecomputedLayer(parse_layer_url(cfg["output"]["path"]), 0)
     cv, _ = layer.read(layer.bounds)
-    t = ts.open({"driver": "neuroglancer_precomputed",
-                 "kvstore": "file://" + str(Path(cfg["output"]["path"]).resolve())}).result()
+    t = ts.open(
+        {"driver": "neuroglancer_precomputed", "kvstore": "file://" + str(Path(cfg["output"]["path"]).resolve())}
+    ).result()
     b, e = layer.bounds.begin.xyz(), layer.bounds.end.xyz()
-    arr = np.asarray(t[b[0]:e[0], b[1]:e[1], b[2]:e[2], :].read().result()).transpose(3, 2, 1, 0)
+    arr = np.asarray(t[b[0] : e[0], b[1] : e[1], b[2] : e[2], :].read().result()).transpose(3, 2, 1, 0)
     assert np.array_equal(arr, cv)
 
 
@@ -138,8 +153,19 @@ def test_T13_T14_rerun_only_unfinished_or_forced_tasks(two_runs):
     # T14: redo one task as documented: only its chunks are rewritten, the report is refreshed
     target = manifests[1]
     own = {c["name"] for c in json.loads(target.read_text())["chunks"]}
-    r = subprocess.run([str(Path(sys.executable).with_name("znni")), "run-task", str(work / "run.json"), "--task",
-                        str(int(target.stem)), "--no-progress"], env=subprocess_env(tmp), capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("znni")),
+            "run-task",
+            str(work / "run.json"),
+            "--task",
+            str(int(target.stem)),
+            "--no-progress",
+        ],
+        env=subprocess_env(tmp),
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     changed = {k for k in before if (root / k).stat().st_mtime_ns != mt[k]}
     assert changed == own
@@ -159,8 +185,14 @@ def test_T1_batched_job_killed_inside_resumes_task_by_task(two_runs, tmp_path):
     _, vol, [(cfg_a, _, _), _] = two_runs
     cfg, path = write_config(tmp_path, "batched", vol, jobs={"tasks_per_job": 5})
     env = subprocess_env(tmp_path) | {"ZNNI_FAULT": "after-chunk:7:1", "PYTHONPATH": str(INJECT_DIR)}
-    p = subprocess.run(SNAKEMAKE + ["--configfile", str(path), "--retries", "0"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        SNAKEMAKE + ["--configfile", str(path), "--retries", "0"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode != 0
     work = Path(cfg["work_dir"])
     assert json.loads((work / "schedule.json").read_text())["num_jobs"] == 3
@@ -234,8 +266,14 @@ def test_mask_checkpoint_runs_only_live_tasks_and_reports_masked_ones(tmp_path):
     m = np.zeros((3, 10, 10), np.uint8)  # (160, 32, 32) nm voxels: 4x the input's on every axis but z
     m[:, :4, :3] = 1
     mask = write_volume(tmp_path / "mask", m, chunk=(3, 5, 5), resolution=(RES[0] * 4, RES[1] * 4, RES[2] * 4))
-    cfg, path = write_config(tmp_path, "masked", vol, mask={"path": mask}, jobs={"tasks_per_job": 2},
-                             output={"chunk_size": [6, 17, 17], "path": str(tmp_path / "masked" / "out.zarr")})
+    cfg, path = write_config(
+        tmp_path,
+        "masked",
+        vol,
+        mask={"path": mask},
+        jobs={"tasks_per_job": 2},
+        output={"chunk_size": [6, 17, 17], "path": str(tmp_path / "masked" / "out.zarr")},
+    )
     p = snakemake(tmp_path, path)
     work = Path(cfg["work_dir"])
     doc = json.loads((work / "mask_tasks.json").read_text())
@@ -275,9 +313,15 @@ def test_real_synapse_detector_runs_through_the_workflow(tmp_path):
 
     sample = np.load(DETECTOR.parent / "modelzoo_iarpa1_synapse_detection_sample1_reference.npz")["input"]
     vol = np.rint(sample[:6, :48, :40] * 255).astype(np.uint8)  # the real EM, as the uint8 it was stored as
-    cfg, path = write_config(tmp_path, "det", vol, edge="zero", network={"path": str(DETECTOR)},
-                             output={"chunk_size": [6, 24, 20]},
-                             blend={"patch_shape": [6, 24, 24], "overlap": [0, 8, 8]})
+    cfg, path = write_config(
+        tmp_path,
+        "det",
+        vol,
+        edge="zero",
+        network={"path": str(DETECTOR)},
+        output={"chunk_size": [6, 24, 20]},
+        blend={"patch_shape": [6, 24, 24], "overlap": [0, 8, 8]},
+    )
     p = snakemake(tmp_path, path)
     assert "0 not done" in p.stderr
     layer = PrecomputedLayer(parse_layer_url(cfg["output"]["path"]), 0)
@@ -292,8 +336,14 @@ def test_real_synapse_detector_runs_through_the_workflow(tmp_path):
 def test_pyramid_jobs_build_checked_mips_before_the_report(tmp_path):
     from znni_core.pipeline.pyramid import downsample
 
-    cfg, path = write_config(tmp_path, "p", em((12, 40, 40)), downsample={"mips": 2},
-                             output={"chunk_size": [6, 8, 8]}, jobs={"tasks_per_job": 6})
+    cfg, path = write_config(
+        tmp_path,
+        "p",
+        em((12, 40, 40)),
+        downsample={"mips": 2},
+        output={"chunk_size": [6, 8, 8]},
+        jobs={"tasks_per_job": 6},
+    )
     p = snakemake(tmp_path, path)
     log = p.stdout + p.stderr
     assert "pyramid_job" in log and "(Rule: pyramid)" in log

@@ -2,6 +2,7 @@
 read by zarr-python, tensorstore and znni's own zarr input; OME-Zarr metadata; finalize verifies
 shards; a task re-run rewrites only its shard; a mismatched existing array is refused (T18, T17).
 Through Snakemake: tests/test_workflow.py (the masked run writes zarr)."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ def runs(tmp_path_factory):
     vol[:, 18:, :] = 0
     out = {}
     for name, path in (("pre", "out_pre"), ("zarr", "out.zarr")):
-        cfg = base_config(tmp / name, vol=vol, output={"path": str(tmp / name / path), "chunk_size": [4, 8, 8]},
-                          task_chunks=[1, 2, 2])
+        cfg = base_config(
+            tmp / name, vol=vol, output={"path": str(tmp / name / path), "chunk_size": [4, 8, 8]}, task_chunks=[1, 2, 2]
+        )
         rf = prepare(cfg)
         run_all(rf)
         out[name] = (cfg, rf, finalize(rf, log=lambda *a: None))
@@ -119,7 +121,6 @@ def test_mismatched_zarr_output_and_unsupported_options_are_refused(runs, tmp_pa
         prepare(none)
 
 
-
 def test_zarr_output_and_pyramid_on_s3_equal_the_local_run(runs, moto_s3, tmp_path):
     """zarr output on a loopback S3 (moto): one PUT per shard, the same voxels as the local zarr
     run, read by znni and by tensorstore's s3 driver from the stored objects; a pyramid on it too."""
@@ -152,8 +153,18 @@ def test_zarr_output_and_pyramid_on_s3_equal_the_local_run(runs, moto_s3, tmp_pa
     ms = [json.loads(p.read_text()) for p in sorted((tmp_path / "work" / "manifests").glob("0*/*.json"))]
     assert shards == sorted("runs/out.zarr/" + m["shard"]["name"] for m in ms if m["shard"]["status"] == "written")
     assert "runs/out.zarr/zarr.json" in keys and "runs/out.zarr/1/zarr.json" in keys
-    t = ts.open({"driver": "zarr3", "kvstore": {"driver": "s3", "bucket": "znni", "path": "runs/out.zarr/1/",
-                                                "endpoint": moto_s3, "aws_region": "us-east-1"}}).result()
+    t = ts.open(
+        {
+            "driver": "zarr3",
+            "kvstore": {
+                "driver": "s3",
+                "bucket": "znni",
+                "path": "runs/out.zarr/1/",
+                "endpoint": moto_s3,
+                "aws_region": "us-east-1",
+            },
+        }
+    ).result()
     from znni_core.pipeline.pyramid import downsample
 
     np.testing.assert_array_equal(np.asarray(t.read().result()), downsample(mip0, (1, 2, 2), "float32"))

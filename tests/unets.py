@@ -6,6 +6,7 @@ zero-padded U-Net (RSUNet / PyTorch Connectomics style).  Options: depth, kernel
 anisotropic pooling, widths, nearest / transposed-convolution / trilinear upsampling,
 BatchNorm, concatenation or addition skips, strided-convolution downsampling.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -17,12 +18,26 @@ from torch import nn
 
 def _crop(x, like):
     o = [(a - b) // 2 for a, b in zip(x.shape[2:], like.shape[2:])]
-    return x[:, :, o[0]:o[0] + like.shape[2], o[1]:o[1] + like.shape[3], o[2]:o[2] + like.shape[4]]
+    return x[:, :, o[0] : o[0] + like.shape[2], o[1] : o[1] + like.shape[3], o[2] : o[2] + like.shape[4]]
 
 
 class UNet(nn.Module):
-    def __init__(self, *, valid=True, depth=2, kernel=(3, 3, 3), pool=(1, 2, 2), width=4, c_in=1, c_out=2,
-                 up="nearest", bn=False, merge="concat", down="maxpool", act="relu"):
+    def __init__(
+        self,
+        *,
+        valid=True,
+        depth=2,
+        kernel=(3, 3, 3),
+        pool=(1, 2, 2),
+        width=4,
+        c_in=1,
+        c_out=2,
+        up="nearest",
+        bn=False,
+        merge="concat",
+        down="maxpool",
+        act="relu",
+    ):
         super().__init__()
         self.valid, self.merge, self.depth = valid, merge, depth
         pad = tuple(0 if valid else k // 2 for k in kernel)
@@ -34,7 +49,7 @@ class UNet(nn.Module):
                 layers.append(nn.BatchNorm3d(co))
             return nn.Sequential(*layers, acts[act](), nn.Conv3d(co, co, kernel, padding=pad), acts[act]())
 
-        widths = [width * 2 ** i for i in range(depth + 1)]
+        widths = [width * 2**i for i in range(depth + 1)]
         self.enc = nn.ModuleList([block(c_in if i == 0 else widths[i - 1], widths[i]) for i in range(depth)])
         if down == "maxpool":
             self.down = nn.ModuleList([nn.MaxPool3d(pool) for _ in range(depth)])
@@ -48,11 +63,15 @@ class UNet(nn.Module):
             else:
                 mode = {"nearest": "nearest", "linear": "trilinear"}[up]
                 kw = {} if mode == "nearest" else {"align_corners": False}
-                ups.append(nn.Sequential(nn.Upsample(scale_factor=pool, mode=mode, **kw),
-                                         nn.Conv3d(widths[i + 1], widths[i], 1)))
+                ups.append(
+                    nn.Sequential(
+                        nn.Upsample(scale_factor=pool, mode=mode, **kw), nn.Conv3d(widths[i + 1], widths[i], 1)
+                    )
+                )
         self.ups = nn.ModuleList(ups)
-        self.dec = nn.ModuleList([block(widths[i] * (2 if merge == "concat" else 1), widths[i])
-                                  for i in reversed(range(depth))])
+        self.dec = nn.ModuleList(
+            [block(widths[i] * (2 if merge == "concat" else 1), widths[i]) for i in reversed(range(depth))]
+        )
         self.head = nn.Sequential(nn.Conv3d(widths[0], c_out, 1), nn.Sigmoid())
 
     def forward(self, x):
@@ -98,7 +117,7 @@ def admissible(model: UNet, axis: int, at_least: int) -> int:
     """The smallest input length >= ``at_least`` on ``axis`` that ``model`` runs on without
     flooring (an independent walk of the architecture, not znni's geometry)."""
     k = model.enc[0][0].kernel_size[axis]
-    p = (model.down[0].kernel_size if isinstance(model.down[0], nn.MaxPool3d) else model.down[0].kernel_size)
+    p = model.down[0].kernel_size if isinstance(model.down[0], nn.MaxPool3d) else model.down[0].kernel_size
     p = p[axis] if isinstance(p, tuple) else p
     shrink = 0 if not model.valid else 2 * (k - 1)
     for n in range(at_least, at_least + 4096):

@@ -4,6 +4,7 @@
 >>> net = znni_core.load_network("net.onnx")          # doctest: +SKIP
 >>> out = znni_core.infer(net, volume, memory_budget=2**30)   # doctest: +SKIP
 """
+
 from .errors import ZnniError
 from .net import Network, load_network, save_network
 from .version import __version__

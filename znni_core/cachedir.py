@@ -5,6 +5,7 @@ the host and (in the workflow, and for ``znni warmup``) numba's compiled kernels
 point it at a shared file system: every node then finds what one node measured and compiled
 (entries are keyed by CPU model and versions, so mixed nodes keep their own).
 """
+
 from __future__ import annotations
 
 import os

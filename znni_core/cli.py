@@ -1,4 +1,5 @@
 """The ``znni`` command line: engine commands here, workflow commands from :mod:`znni_core.pipeline.cli`."""
+
 from __future__ import annotations
 
 import gc
@@ -8,8 +9,12 @@ from typing import Optional
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  help="znni: exact dense sliding-window inference of 3D ConvNets over EM volumes.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="znni: exact dense sliding-window inference of 3D ConvNets over EM volumes.",
+)
+
 
 def parse_bytes(text: str) -> int:
     """``"2GiB"``, ``"500MB"``, ``"1e9"`` -> bytes."""
@@ -43,9 +48,12 @@ def info(net: Path = typer.Argument(..., help="network (.onnx or .yaml)")):
     if isinstance(n, Graph):
         g = n.geometry
         typer.echo(f"kind: {n.describe_kind()} ({len(n.nodes)} nodes)")
-        typer.echo(f"context {n.context}, halo low {low} high {high} (z, y, x); admissible input lengths "
-                   f"{g['n_min']} + k * {n.grid}" + (f"; exported at {n.export_shape}" if n.export_shape else "")
-                   + f"; digest {n.digest()[:16]}")
+        typer.echo(
+            f"context {n.context}, halo low {low} high {high} (z, y, x); admissible input lengths "
+            f"{g['n_min']} + k * {n.grid}"
+            + (f"; exported at {n.export_shape}" if n.export_shape else "")
+            + f"; digest {n.digest()[:16]}"
+        )
         return
     typer.echo("kind: chain (max-pooling fragments): convolutions, max-pooling and activations in a line")
     typer.echo(f"halo low {low} high {high} (z, y, x); pooling product {n.pooling_product}; digest {n.digest()[:16]}")
@@ -54,18 +62,25 @@ def info(net: Path = typer.Argument(..., help="network (.onnx or .yaml)")):
 @app.command()
 def plan(
     net: Path = typer.Argument(..., help="network (.onnx or .yaml)"),
-    memory: str = typer.Option(None, "--memory", "-m", help="memory budget (bytes or 2GiB); default: half the available RAM"),
-    device: str = typer.Option("cpu", help="cpu | gpu (GPU-only, or GPU + host RAM when tensors do not fit) | "
-                                             "cpu+gpu (first layers on the CPU, pipelined)"),
+    memory: str = typer.Option(
+        None, "--memory", "-m", help="memory budget (bytes or 2GiB); default: half the available RAM"
+    ),
+    device: str = typer.Option(
+        "cpu",
+        help="cpu | gpu (GPU-only, or GPU + host RAM when tensors do not fit) | "
+        "cpu+gpu (first layers on the CPU, pipelined)",
+    ),
     effort: str = typer.Option("estimate", help="estimate | measure | exhaustive"),
     threads: Optional[int] = typer.Option(None, help="threads (default: the CPUs this process may use)"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the plan as JSON here"),
     rejected: int = typer.Option(5, help="how many rejected alternatives to print"),
-    input_shape: Optional[str] = typer.Option(None, "--input-shape",
-                                              help="Z,Y,X of the input the plan is for: no patch larger than it"),
+    input_shape: Optional[str] = typer.Option(
+        None, "--input-shape", help="Z,Y,X of the input the plan is for: no patch larger than it"
+    ),
     patch: Optional[str] = typer.Option(None, "--patch", help="Z,Y,X input patch (graph networks; default: searched)"),
-    overlap: Optional[str] = typer.Option(None, "--overlap",
-                                          help="Z,Y,X voxels shared by neighbouring patches (padded graphs)"),
+    overlap: Optional[str] = typer.Option(
+        None, "--overlap", help="Z,Y,X voxels shared by neighbouring patches (padded graphs)"
+    ),
     blend: str = typer.Option("bump", help="bump | gaussian | linear (padded graphs)"),
 ):
     """Autotune and print a plan (ZNNi Table IV style); write it with --output."""
@@ -74,9 +89,17 @@ def plan(
     from .plan import autotune
 
     try:
-        p = autotune(load_network(net), memory_budget=parse_bytes(memory) if memory else None, device=device,
-                     effort=effort, threads=threads, input_shape=_shape3(input_shape, "--input-shape"),
-                     patch_shape=_shape3(patch, "--patch"), overlap=_shape3(overlap, "--overlap"), blend=blend)
+        p = autotune(
+            load_network(net),
+            memory_budget=parse_bytes(memory) if memory else None,
+            device=device,
+            effort=effort,
+            threads=threads,
+            input_shape=_shape3(input_shape, "--input-shape"),
+            patch_shape=_shape3(patch, "--patch"),
+            overlap=_shape3(overlap, "--overlap"),
+            blend=blend,
+        )
     except ZnniError as exc:
         _fail(exc)
     typer.echo(p.describe(max_rejected=rejected))
@@ -102,10 +125,16 @@ def _shape3(text: Optional[str], option: str):
 @app.command("infer")
 def infer_cmd(
     net: Path = typer.Argument(..., help="network (.onnx or .yaml)"),
-    input: str = typer.Argument(..., help="input: .npy / .tif, (z, y, x) or (c, z, y, x); or a layer: precomputed "
-                                "(file://, gs://, s3://, a local directory) or zarr (*.zarr, zarr://...)"),
-    output: str = typer.Argument(..., help="output: .npy / .tif (float32, (c, z, y, x)); or a new layer "
-                                 "(precomputed or zarr), placed over the input's coordinates"),
+    input: str = typer.Argument(
+        ...,
+        help="input: .npy / .tif, (z, y, x) or (c, z, y, x); or a layer: precomputed "
+        "(file://, gs://, s3://, a local directory) or zarr (*.zarr, zarr://...)",
+    ),
+    output: str = typer.Argument(
+        ...,
+        help="output: .npy / .tif (float32, (c, z, y, x)); or a new layer "
+        "(precomputed or zarr), placed over the input's coordinates",
+    ),
     offset: Optional[str] = typer.Option(None, help="region to read: its start Z,Y,X (a layer's absolute voxels)"),
     shape: Optional[str] = typer.Option(None, help="region to read: its size Z,Y,X (default: to the end)"),
     mip: int = typer.Option(0, help="the input layer's mip"),
@@ -113,11 +142,17 @@ def infer_cmd(
     chunk: str = typer.Option("64,64,64", help="an output layer's chunk size Z,Y,X"),
     memory: str = typer.Option(None, "--memory", "-m", help="memory budget (bytes or 2GiB)"),
     plan_path: Optional[Path] = typer.Option(None, "--plan", help="run exactly this plan (from `znni plan`)"),
-    scale: Optional[float] = typer.Option(None, help="multiply the input by this after converting to float32 "
-                                          "(e.g. 0.00392156 for uint8 -> [0, 1]); integer input needs it"),
+    scale: Optional[float] = typer.Option(
+        None,
+        help="multiply the input by this after converting to float32 "
+        "(e.g. 0.00392156 for uint8 -> [0, 1]); integer input needs it",
+    ),
     shift: Optional[float] = typer.Option(None, help="add this after --scale (x * scale + shift), e.g. -0.5 to centre"),
-    device: str = typer.Option("cpu", help="cpu | gpu (GPU-only, or GPU + host RAM when tensors do not fit) | "
-                                             "cpu+gpu (first layers on the CPU, pipelined)"),
+    device: str = typer.Option(
+        "cpu",
+        help="cpu | gpu (GPU-only, or GPU + host RAM when tensors do not fit) | "
+        "cpu+gpu (first layers on the CPU, pipelined)",
+    ),
 ):
     """Dense sliding-window output of NET on an array file or a region of a layer."""
     import numpy as np
@@ -130,8 +165,9 @@ def infer_cmd(
 
     try:
         n = load_network(net)
-        x, roi, res = read_volume(input, offset=_shape3(offset, "--offset"), shape=_shape3(shape, "--shape"),
-                                  mip=mip, endpoint=endpoint_url)
+        x, roi, res = read_volume(
+            input, offset=_shape3(offset, "--offset"), shape=_shape3(shape, "--shape"), mip=mip, endpoint=endpoint_url
+        )
         if scale is not None:
             x = x.astype(np.float32) * np.float32(scale)
         if shift is not None:
@@ -143,8 +179,14 @@ def infer_cmd(
             from .pipeline.config import net_halo
 
             at = at + net_halo(n).low
-        wrote = write_volume(output, y, offset=tuple(at), resolution=res or (1.0, 1.0, 1.0),
-                             chunk=_shape3(chunk, "--chunk"), endpoint=endpoint_url)
+        wrote = write_volume(
+            output,
+            y,
+            offset=tuple(at),
+            resolution=res or (1.0, 1.0, 1.0),
+            chunk=_shape3(chunk, "--chunk"),
+            endpoint=endpoint_url,
+        )
     except (ZnniError, OSError, ValueError) as exc:
         _fail(exc)
     typer.echo(f"wrote {wrote}", err=True)
@@ -152,11 +194,15 @@ def infer_cmd(
 
 @app.command()
 def warmup(
-    threads: list[int] = typer.Option([1], "--threads", "-t",
-                                      help="calibrate for this many threads (repeat for several: -t 1 -t 2); "
-                                      "use the threads your jobs run with"),
-    no_tune: bool = typer.Option(False, "--no-tune", help="keep the vector width recorded (or the default); "
-                                 "only compile and calibrate"),
+    threads: list[int] = typer.Option(
+        [1],
+        "--threads",
+        "-t",
+        help="calibrate for this many threads (repeat for several: -t 1 -t 2); use the threads your jobs run with",
+    ),
+    no_tune: bool = typer.Option(
+        False, "--no-tune", help="keep the vector width recorded (or the default); only compile and calibrate"
+    ),
     refresh: bool = typer.Option(False, "--refresh", help="measure the vector width again"),
 ):
     """Ready this host for jobs: measure the vector width (AVX-512 hosts), compile every kernel,

@@ -3,6 +3,7 @@
 Every error subclasses :class:`ZnniError` *and* the matching built-in, so callers
 can catch either.  Messages state the offending value, why it is refused, and the fix.
 """
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """``infer``: the dense sliding-window output of a network on an array."""
+
 from __future__ import annotations
 
 import contextlib
@@ -7,9 +8,9 @@ import numpy as np
 
 from .errors import InputError, PlanError
 from .exec.device import device_limits
-from .layers.xp import require_device
 from .exec.tiling import graph_extent, run_tiled
 from .layers._numba import njit, prange
+from .layers.xp import require_device
 from .net.graph import Graph
 from .net.spec import Network
 
@@ -19,8 +20,10 @@ def as_input(net: Network, x) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         raise InputError(f"input must be a numpy array, got {type(x).__name__}")
     if x.dtype.kind != "f":
-        raise InputError(f"input dtype is {x.dtype}, expected float32; convert and normalise explicitly "
-                         "(e.g. x.astype(np.float32) / 255) - znni never rescales silently")
+        raise InputError(
+            f"input dtype is {x.dtype}, expected float32; convert and normalise explicitly "
+            "(e.g. x.astype(np.float32) / 255) - znni never rescales silently"
+        )
     if x.ndim == 3:
         x = x[None]
     if x.ndim != 4:
@@ -29,8 +32,10 @@ def as_input(net: Network, x) -> np.ndarray:
         raise InputError(f"input has {x.shape[0]} channel(s) but the network expects {net.in_channels}")
     fov = net.field_of_view
     if any(n < f for n, f in zip(x.shape[1:], fov)):
-        raise InputError(f"input spatial shape {x.shape[1:]} (z, y, x) is smaller than the field of view {fov}; "
-                          "give at least one field of view of context on every axis")
+        raise InputError(
+            f"input spatial shape {x.shape[1:]} (z, y, x) is smaller than the field of view {fov}; "
+            "give at least one field of view of context on every axis"
+        )
     with np.errstate(over="ignore"):  # a float64 value beyond float32's range: inf, refused below
         x = np.ascontiguousarray(x, dtype=np.float32)
     if _non_finite(x.reshape(-1).view(np.uint32)):
@@ -75,8 +80,16 @@ def thread_limits(threads: int):
             numba.set_num_threads(old)
 
 
-def infer(net: Network, x, *, device: str = "cpu", memory_budget: int | None = None, plan=None,
-          progress=None, cache: dict | None = None) -> np.ndarray:
+def infer(
+    net: Network,
+    x,
+    *,
+    device: str = "cpu",
+    memory_budget: int | None = None,
+    plan=None,
+    progress=None,
+    cache: dict | None = None,
+) -> np.ndarray:
     """Dense sliding-window output of ``net`` on ``x``.
 
     ``x`` is ``(C, Z, Y, X)`` or ``(Z, Y, X)`` float32; the result is
@@ -106,8 +119,7 @@ def infer(net: Network, x, *, device: str = "cpu", memory_budget: int | None = N
         graph_extent(net, x.shape[1:])  # names the smallest admissible input when x is below it
     if plan is None:
         # bounded by the work: no patch larger than this input (cached by shape, like FFTW wisdom)
-        plan = autotune(net, memory_budget=memory_budget, device=device, effort="estimate",
-                        input_shape=x.shape[1:])
+        plan = autotune(net, memory_budget=memory_budget, device=device, effort="estimate", input_shape=x.shape[1:])
     elif plan.network_digest != net.digest():
         raise PlanError("the plan was made for another network (digest mismatch); re-run `znni plan`")
     elif plan.device != device:

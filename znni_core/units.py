@@ -1,10 +1,25 @@
 """Sizes as people write them: ``"2GiB"``, ``"500MB"``, ``"1e9"``."""
+
 from __future__ import annotations
 
 import re
 
-_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
-          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "t": 10 ** 12, "tb": 10 ** 12, "tib": 2 ** 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
 
 
 def parse_bytes(text) -> int:

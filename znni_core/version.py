@@ -1,2 +1,3 @@
 """znni's version (also in ``pyproject.toml``)."""
+
 __version__ = "0.1.0"

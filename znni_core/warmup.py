@@ -15,6 +15,7 @@ job that finds nothing there compiles and calibrates itself (about 45 s on 2 cor
 The driver never compiles anything itself: each step runs in a child process
 (``python -m znni_core.warmup --child ...``), so a step's vector width is the one it was given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,10 +33,16 @@ __all__ = ["WIDTH_CASES", "warmup"]
 #: is chosen on their sum, and Winograd's layers (wide planes and MPF fragments) carry about half
 #: of it, as they carry most of a 2D net's or a U-Net's time; then the direct loop of first layers
 #: and of MPF fragments, the 1x1x1 register tiles, max-pooling fragments and ELU
-WIDTH_CASES = ("winograd (1,3,3) 48 maps, 12 x 160^2", "winograd (1,3,3) 48 maps, 256 x 4 x 13^2 fragments",
-               "winograd 3^3 24 maps, 18 x 40^2", "direct 1 -> 48 (1,4,4), 12 x 128^2",
-               "direct 24 -> 24 3^3, 64 x 8^3 fragments", "1x1x1 chain 48 maps x 4, 16 x 64^2",
-               "max-pooling fragments 2^3, 16 x 48^3", "elu, 2^22 values")
+WIDTH_CASES = (
+    "winograd (1,3,3) 48 maps, 12 x 160^2",
+    "winograd (1,3,3) 48 maps, 256 x 4 x 13^2 fragments",
+    "winograd 3^3 24 maps, 18 x 40^2",
+    "direct 1 -> 48 (1,4,4), 12 x 128^2",
+    "direct 24 -> 24 3^3, 64 x 8^3 fragments",
+    "1x1x1 chain 48 maps x 4, 16 x 64^2",
+    "max-pooling fragments 2^3, 16 x 48^3",
+    "elu, 2^22 values",
+)
 
 
 def _width_workload(threads: int) -> dict:
@@ -62,12 +69,17 @@ def _width_workload(threads: int) -> dict:
     xp = x_of(1, 48, 16, 64, 64)
     stages = [(x_of(48, 48, 1, 1, 1), x_of(48), ("relu", 0.0))] * 4
     xm = x_of(1, 16, 48, 48, 48)
-    big = x_of(2 ** 22)
-    calls = (winograd(48, 1, (12, 160, 160), (1, 3, 3)), winograd(48, 256, (4, 13, 13), (1, 3, 3)),
-             winograd(24, 1, (18, 40, 40), (3, 3, 3)),
-             lambda: L.conv_direct_numba(x1, w1), lambda: L.conv_direct_numba(x2, w2),
-             lambda: L.conv_pointwise_chain(xp, stages, threads=threads), lambda: L.mpf(xm, (2, 2, 2)),
-             lambda: L.apply_activation(big, "elu", 1.0, out=big))
+    big = x_of(2**22)
+    calls = (
+        winograd(48, 1, (12, 160, 160), (1, 3, 3)),
+        winograd(48, 256, (4, 13, 13), (1, 3, 3)),
+        winograd(24, 1, (18, 40, 40), (3, 3, 3)),
+        lambda: L.conv_direct_numba(x1, w1),
+        lambda: L.conv_direct_numba(x2, w2),
+        lambda: L.conv_pointwise_chain(xp, stages, threads=threads),
+        lambda: L.mpf(xm, (2, 2, 2)),
+        lambda: L.apply_activation(big, "elu", 1.0, out=big),
+    )
     from .layers._numba import numba
 
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
@@ -93,19 +105,32 @@ def _compile_and_calibrate(threads_list) -> dict:
         layers, c = [], 1
         for i, k in enumerate(kernels):
             c_out = 1 if i == len(kernels) - 1 else width
-            layers += [Conv(rng.standard_normal((c_out, c) + k, dtype=np.float32) * 0.1,
-                            rng.standard_normal(c_out, dtype=np.float32) * 0.1, name=f"c{i}")]
+            layers += [
+                Conv(
+                    rng.standard_normal((c_out, c) + k, dtype=np.float32) * 0.1,
+                    rng.standard_normal(c_out, dtype=np.float32) * 0.1,
+                    name=f"c{i}",
+                )
+            ]
             layers += [Activation("sigmoid" if i == len(kernels) - 1 else "relu", name=f"a{i}")]
             if i < len(pools):
                 layers += [Pool(pools[i], name=f"p{i}")]
             c = c_out
         return Network(tuple(layers), name="warmup")
 
-    nets = ((net([(1, 4, 4), (1, 5, 5), (1, 3, 3), (1, 1, 1)], [(1, 2, 2), (1, 2, 2)]), (6, 60, 60)),
-            (net([(3, 3, 3), (3, 3, 3), (3, 3, 3), (1, 1, 1)], [(2, 2, 2)]), (24, 24, 24)))
+    nets = (
+        (net([(1, 4, 4), (1, 5, 5), (1, 3, 3), (1, 1, 1)], [(1, 2, 2), (1, 2, 2)]), (6, 60, 60)),
+        (net([(3, 3, 3), (3, 3, 3), (3, 3, 3), (1, 1, 1)], [(2, 2, 2)]), (24, 24, 24)),
+    )
     # each conv primitive (with direct-numba where it cannot run a layer), MPF and plain pooling
-    prim_sets = (("winograd", "direct-numba"), ("fft-gemm", "direct-numba"), ("fft-data", "direct-gemm"),
-                 ("fft-task", "direct-numba"), ("fft-stream", "direct-numba"), ("direct-numba",))
+    prim_sets = (
+        ("winograd", "direct-numba"),
+        ("fft-gemm", "direct-numba"),
+        ("fft-data", "direct-gemm"),
+        ("fft-task", "direct-numba"),
+        ("fft-stream", "direct-numba"),
+        ("direct-numba",),
+    )
     for threads in threads_list:
         t0 = time.perf_counter()
         calibrate(int(threads))
@@ -116,8 +141,15 @@ def _compile_and_calibrate(threads_list) -> dict:
             for prims in prim_sets:
                 for modes in (None, ("mpf",) + ("pool",) * (len(n.pools) - 1)):
                     try:
-                        plan = autotune(n, memory_budget=2 ** 30, threads=int(threads), primitives=prims,
-                                        pool_modes=modes, input_shape=shape, use_cache=False)
+                        plan = autotune(
+                            n,
+                            memory_budget=2**30,
+                            threads=int(threads),
+                            primitives=prims,
+                            pool_modes=modes,
+                            input_shape=shape,
+                            use_cache=False,
+                        )
                     except ZnniError:
                         continue  # a combination this network cannot run
                     infer(n, x, plan=plan)
@@ -128,11 +160,11 @@ def _compile_and_calibrate(threads_list) -> dict:
 
 def _child(args, env) -> dict:
     """Run ``python -m znni_core.warmup --child ...`` and return what it printed (JSON)."""
-    r = subprocess.run([sys.executable, "-m", "znni_core.warmup", "--child", *args], env=env,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "znni_core.warmup", "--child", *args], env=env, capture_output=True, text=True
+    )
     if r.returncode != 0:
-        raise RuntimeError(f"znni warmup: the step {' '.join(args)} failed (exit {r.returncode}):\n"
-                           + r.stderr[-3000:])
+        raise RuntimeError(f"znni warmup: the step {' '.join(args)} failed (exit {r.returncode}):\n" + r.stderr[-3000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -166,8 +198,10 @@ def warmup(threads=(1,), *, tune: bool = True, refresh: bool = False, echo=print
     echo(f"compiling and calibrating for {', '.join(str(x) for x in threads)} thread(s) ...")
     report["calibration"] = _child(["compile", ",".join(str(int(x)) for x in threads)], base)
     report["compile_calibrate_s"] = time.perf_counter() - t1
-    echo(f"warm: kernels in {base['NUMBA_CACHE_DIR']}, calibration in {base['ZNNI_CACHE_DIR']} "
-         f"({report['tune_s'] + report['compile_calibrate_s']:.0f} s)")
+    echo(
+        f"warm: kernels in {base['NUMBA_CACHE_DIR']}, calibration in {base['ZNNI_CACHE_DIR']} "
+        f"({report['tune_s'] + report['compile_calibrate_s']:.0f} s)"
+    )
     return report
 
 

@@ -4,6 +4,7 @@
 ``znni_core.pipeline.task`` right after it is imported, so a ``znni run-task`` started by Snakemake
 (locally or through SLURM) kills itself with SIGKILL, or fails, at a chosen point.
 """
+
 import os
 import signal
 import sys
@@ -37,6 +38,7 @@ def patch_task_module(T, spec):
         ti = orig_read(ctx, task_id, **kw)
         if point == "fail" and hit(ti.task_id):
             from znni_core.errors import DataError
+
             raise DataError(f"injected failure of task {ti.task_id} (ZNNI_FAULT={spec})")
         return ti
 
@@ -49,10 +51,12 @@ def patch_task_module(T, spec):
             if not os.path.exists(marker):
                 open(marker, "w").close()
                 import time
+
                 time.sleep(arg)
         if on and point == "hog":  # hold `arg` MB for 4 s (over a job's --mem: OUT_OF_MEMORY)
             import time
-            block = bytearray(arg * 2 ** 20)
+
+            block = bytearray(arg * 2**20)
             for i in range(0, len(block), 4096):
                 block[i] = 1
             time.sleep(4)
@@ -81,6 +85,7 @@ def patch_task_module(T, spec):
                     if state["chunks"] >= arg:
                         _die()
                 return r
+
             out.write_chunk = write_chunk
         return out
 
@@ -115,6 +120,7 @@ if _SPEC and __name__ == "sitecustomize":
                 exec_module(module)
                 for one in _SPEC.split(","):  # several faults: "sleep-once:5:80,hog:2:1200"
                     patch_task_module(module, one)
+
             spec.loader.exec_module = exec_and_patch
             return spec
 

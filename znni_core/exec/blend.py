@@ -19,6 +19,7 @@ only (the volume's corners) keeps its value.  Where one patch covers an axis, it
 weight is 1.  The normaliser is the product of the per-axis sums (the lattice is a
 product of per-axis lattices), so blending needs no second output-sized array.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,7 +49,7 @@ def weights(t: int, kind: str) -> np.ndarray:
         with np.errstate(over="ignore", divide="ignore"):
             w = np.exp(-1.0 / (u * (1 - u)) + 4.0)  # max at u = 1/2 is exp(0) after the shift
     elif kind == "gaussian":
-        w = np.exp(-((u - 0.5) * t) ** 2 / (2 * (t / 8) ** 2))
+        w = np.exp(-(((u - 0.5) * t) ** 2) / (2 * (t / 8) ** 2))
     elif kind == "linear":
         w = 1 - np.abs(2 * u - 1)
     else:
@@ -62,5 +63,5 @@ def axis_plan(n: int, tile: int, overlap: int, kind: str, grid: int = 1):
     w = np.ones(tile) if len(starts) == 1 else weights(tile, kind)
     norm = np.zeros(n)
     for s in starts:
-        norm[s:s + tile] += w
+        norm[s : s + tile] += w
     return starts, w, norm

@@ -1,5 +1,6 @@
 """Running on a device: the memory pool capped at the plan's budget, the peak meter, and the
 claim on a GPU shared by jobs.  Choosing the array module is :func:`znni_core.layers.xp.require_device`."""
+
 from __future__ import annotations
 
 import contextlib
@@ -30,7 +31,8 @@ def device_limits(xp, plan):
         raise MemoryBudgetError(
             f"the GPU ran out of memory running a plan that predicted {plan.predicted_peak_bytes / 1e6:.1f} MB "
             f"within a budget of {plan.memory_budget / 1e6:.1f} MB ({exc}); re-plan with a smaller memory budget "
-            "(--memory) and report the plan (`znni plan`) as a memory-model error") from exc
+            "(--memory) and report the plan (`znni plan`) as a memory-model error"
+        ) from exc
     finally:
         pool.set_limit(size=old)
 

@@ -8,6 +8,7 @@ result), conv layers in micro-batches of fragments.  It never does IO.
 Memory discipline matters: the planner's memory model (``plan/memory.py``) simulates
 exactly this code, so references to dead arrays are dropped as soon as possible.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,15 +23,28 @@ import numpy as np
 
 from ..errors import PlanError
 from ..geometry.blocks import conv_blocks
-from ..plan.memory import slab_geometry
-from ..layers import arena, tuning
+from ..layers import (
+    FFTConv,
+    FFTGemmConv,
+    WinogradConv,
+    apply_activation,
+    arena,
+    conv_direct_gemm,
+    conv_direct_numba,
+    conv_pointwise_chain,
+    gather_fragment,
+    max_filter_inplace,
+    max_pool,
+    mpf,
+    recombine,
+    tuning,
+)
 from ..layers.activation import commutes_with_max
 from ..layers.resident import ResidentConv
-from ..layers import (FFTConv, FFTGemmConv, WinogradConv, apply_activation, conv_direct_gemm, conv_direct_numba,
-                      conv_pointwise_chain, gather_fragment, max_filter_inplace, max_pool, mpf, recombine)
-from ..net.spec import Conv, Network, Pool
-from ..plan.plan import Step, fuses
 from ..layers.xp import get_array_module
+from ..net.spec import Conv, Network, Pool
+from ..plan.memory import slab_geometry
+from ..plan.plan import Step, fuses
 from .stream import stream_blocks
 
 
@@ -48,11 +62,13 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
         if hit is None or hit.in_spatial != shape:
             convs.pop(step.index, None)
             del hit
-            convs[step.index] = (FFTGemmConv(layer.weight, layer.bias, shape, threads=step.threads, xp=xp)
-                                 if prim == "fft-gemm" else
-                                 WinogradConv(layer.weight, layer.bias, shape, threads=step.threads, xp=xp)
-                                 if prim == "winograd" else
-                                 FFTConv(layer.weight, layer.bias, shape, threads=step.threads, mode=prim[4:], xp=xp))
+            convs[step.index] = (
+                FFTGemmConv(layer.weight, layer.bias, shape, threads=step.threads, xp=xp)
+                if prim == "fft-gemm"
+                else WinogradConv(layer.weight, layer.bias, shape, threads=step.threads, xp=xp)
+                if prim == "winograd"
+                else FFTConv(layer.weight, layer.bias, shape, threads=step.threads, mode=prim[4:], xp=xp)
+            )
         fn = convs[step.index]
         if isinstance(fn, ResidentConv):  # set per call: the object is cached across calls and patches
             fn.act = fused_act(step)
@@ -72,8 +88,10 @@ def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
         w, b = layer.weight, layer.bias
     else:  # moved to the device once per run, not per call
         if ("w", step.index) not in convs:
-            convs[("w", step.index)] = (xp.asarray(layer.weight),
-                                        None if layer.bias is None else xp.asarray(layer.bias))
+            convs[("w", step.index)] = (
+                xp.asarray(layer.weight),
+                None if layer.bias is None else xp.asarray(layer.bias),
+            )
         w, b = convs[("w", step.index)]
     if prim == "direct-gemm" and xp is np and math.prod(layer.kernel) == 1:
         # as the chain engine runs 1x1x1 convs (and the time model prices them): blocks in cache,
@@ -100,9 +118,14 @@ def _run_conv(step, layer: Conv, x, xp, convs, channels_last=False):
     if xp is not np and get_array_module(x) is np:  # GPU + host RAM: x lives on the host
         out = np.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), np.float32)
         ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
-        jobs = [((slice(i, i + mb), slice(None)) + tuple(slice(a, a + t) for a, t in zip(o, tile)),
-                 (slice(i, i + mb), slice(None)) + tuple(slice(a, a + b) for a, b in zip(o, ob)))
-                for i in range(0, n, mb) for o in origins]
+        jobs = [
+            (
+                (slice(i, i + mb), slice(None)) + tuple(slice(a, a + t) for a, t in zip(o, tile)),
+                (slice(i, i + mb), slice(None)) + tuple(slice(a, a + b) for a, b in zip(o, ob)),
+            )
+            for i in range(0, n, mb)
+            for o in origins
+        ]
         stream_blocks(fn, x, out, jobs, xp)
         return out
     if mb >= n and tile == spatial:
@@ -160,9 +183,14 @@ def _slab_fragment(steps, layers, k, x, offset, rows, xp, convs):
         j1 = min(j0 + g["rows"], g["frag"][0])
         j0 = j1 - g["rows"]  # the last slab is shifted back: every slab has one shape (one FFT kernel cache)
         z0 = oz + j0 * window[0]
-        pre = _run(steps[:k], layers, 0, x[:, :, z0:z0 + (j1 - j0) * window[0] + ez - 1], xp, convs)
-        sl = (slice(None), slice(None), slice(0, (j1 - j0) * window[0]),
-              slice(oy, oy + my * window[1]), slice(ox, ox + mx * window[2]))
+        pre = _run(steps[:k], layers, 0, x[:, :, z0 : z0 + (j1 - j0) * window[0] + ez - 1], xp, convs)
+        sl = (
+            slice(None),
+            slice(None),
+            slice(0, (j1 - j0) * window[0]),
+            slice(oy, oy + my * window[1]),
+            slice(ox, ox + mx * window[2]),
+        )
         frag[:, :, j0:j1] = max_pool(pre[sl], window)
         del pre
     return frag
@@ -175,8 +203,13 @@ def _pointwise_stages(steps, layers, i, n):
     stages = []
     while i < len(steps):
         s = steps[i]
-        if (s.op != "conv" or s.primitive != "direct-gemm" or math.prod(layers[s.index].kernel) != 1 or s.tile
-                or 0 < s.micro_batch < n):
+        if (
+            s.op != "conv"
+            or s.primitive != "direct-gemm"
+            or math.prod(layers[s.index].kernel) != 1
+            or s.tile
+            or 0 < s.micro_batch < n
+        ):
             break
         conv, act, i = layers[s.index], fused_act(s), i + 1
         if act is None and i < len(steps) and steps[i].op == "act":
@@ -194,8 +227,9 @@ def _reads_channels_last(steps, layers, i) -> bool:
         i += 1
     if i == len(steps) or steps[i].op != "conv" or steps[i].tile or steps[i].micro_batch:
         return False
-    return steps[i].primitive == "winograd" or (steps[i].primitive == "direct-gemm"
-                                                and math.prod(layers[steps[i].index].kernel) == 1)
+    return steps[i].primitive == "winograd" or (
+        steps[i].primitive == "direct-gemm" and math.prod(layers[steps[i].index].kernel) == 1
+    )
 
 
 def _run(steps, layers, i, x, xp, convs):
@@ -300,8 +334,11 @@ def fused_act(step):
 
 def fuse(step, activation) -> FusedStep:
     """The conv ``step`` applying ``activation`` (an Activation layer) in its output pass."""
-    return FusedStep(**{f.name: getattr(step, f.name) for f in dataclasses.fields(Step)},
-                     fused=activation.kind, alpha=float(activation.alpha))
+    return FusedStep(
+        **{f.name: getattr(step, f.name) for f in dataclasses.fields(Step)},
+        fused=activation.kind,
+        alpha=float(activation.alpha),
+    )
 
 
 def fuse_activations(steps, layers) -> tuple:
@@ -311,8 +348,13 @@ def fuse_activations(steps, layers) -> tuple:
     out = []
     for s in steps:
         prev = out[-1] if out else None
-        if (s.op == "act" and prev is not None and prev.op == "conv" and fuses(prev.primitive, layers[s.index].kind)
-                and not getattr(prev, "fused", "")):
+        if (
+            s.op == "act"
+            and prev is not None
+            and prev.op == "conv"
+            and fuses(prev.primitive, layers[s.index].kind)
+            and not getattr(prev, "fused", "")
+        ):
             out[-1] = fuse(prev, layers[s.index])
             continue
         out.append(s)
@@ -364,8 +406,10 @@ def run_back(plan, net: Network, h, *, xp, convs=None):
 def _check_patch(plan, net, x):
     fov, d = net.field_of_view, net.pooling_product
     if any(n < f or (n - f + 1) % dd for n, f, dd in zip(x.shape[1:], fov, d)):
-        raise PlanError(f"patch of shape {tuple(x.shape[1:])}: every axis n needs n >= field of view {fov} "
-                        f"and (n - F + 1) divisible by the pooling product {d}")
+        raise PlanError(
+            f"patch of shape {tuple(x.shape[1:])}: every axis n needs n >= field of view {fov} "
+            f"and (n - F + 1) divisible by the pooling product {d}"
+        )
     if plan.network_digest != net.digest():
         raise PlanError("the plan was made for another network (digest mismatch); re-run `znni plan`")
 
@@ -413,9 +457,19 @@ def _run_patch(plan, net, x, xp, convs):
         window = layers[steps[k].index].window
         offsets = list(itertools.product(*(range(p) for p in window)))
         xb = x[None]
-        y = _gather(1, offsets, lambda off: _run(
-            steps, layers, k + 1, _slab_fragment(steps, layers, k, xb, off, steps[k].micro_batch, xp, convs), xp, convs),
-            xp)
+        y = _gather(
+            1,
+            offsets,
+            lambda off: _run(
+                steps,
+                layers,
+                k + 1,
+                _slab_fragment(steps, layers, k, xb, off, steps[k].micro_batch, xp, convs),
+                xp,
+                convs,
+            ),
+            xp,
+        )
     else:
         y = _run(steps, layers, 0, x[None], xp, convs)
     pools = [l.window for l in layers if isinstance(l, Pool)]

@@ -16,6 +16,7 @@ every tensor only over the range its voxels depend on (``needed_ranges``): zero 
 is applied where a range meets the patch's border and real neighbouring values
 elsewhere, so the tiles together equal the whole patch exactly (halos are recomputed).
 """
+
 from __future__ import annotations
 
 import math
@@ -24,12 +25,11 @@ import numpy as np
 
 from ..errors import PlanError
 from ..layers import apply_activation, arena, max_pool, tuning
-from ..layers.resample import (avg_pool, conv_strided, conv_transpose, interpolate, linear_index, pad,
-                               upsample_nearest)
-from ..net.graph import Graph
 from ..layers.epilogue import add_affine_act
 from ..layers.layout import as_contiguous
+from ..layers.resample import avg_pool, conv_strided, conv_transpose, interpolate, linear_index, pad, upsample_nearest
 from ..layers.xp import get_array_module
+from ..net.graph import Graph
 from ..plan.graph import _in_range, chain_after, conv_window, fuses_next, in_place_input, needed_ranges, tile_starts
 from ..plan.plan import PADS_INPUT
 from .engine import _conv_fn, _run_conv, fuse, plan_arena
@@ -69,8 +69,11 @@ def channels_last_tensors(plan, graph: Graph) -> set:
             readers.setdefault(name, []).append(i)
 
     def keeps(node):
-        return node.op in _KEEPS_LAYOUT and (node.op != "pool" or node["kind"] == "max") and (
-            node.op != "resize" or node["mode"] == "nearest")
+        return (
+            node.op in _KEEPS_LAYOUT
+            and (node.op != "pool" or node["kind"] == "max")
+            and (node.op != "resize" or node["mode"] == "nearest")
+        )
 
     def reads(i):  # reads a channels-last input at speed (a mixed add is checked apart)
         node, step = graph.nodes[i], steps[i]
@@ -79,9 +82,15 @@ def channels_last_tensors(plan, graph: Graph) -> set:
             return (step.primitive == "winograd" or pointwise) and not step.tile and not step.micro_batch
         return keeps(node)
 
-    chosen = {node.output for node, step in zip(graph.nodes, steps)
-              if node.op == "conv" and step.primitive == "winograd" and not step.tile and not step.micro_batch
-              and node.conv.out_channels > 1}
+    chosen = {
+        node.output
+        for node, step in zip(graph.nodes, steps)
+        if node.op == "conv"
+        and step.primitive == "winograd"
+        and not step.tile
+        and not step.micro_batch
+        and node.conv.out_channels > 1
+    }
     while True:
         sources: dict = {}  # channels-last tensor -> the chosen convs it flows from
         for node in graph.nodes:
@@ -95,8 +104,10 @@ def channels_last_tensors(plan, graph: Graph) -> set:
         drop = set()
         for name, src in sources.items():
             bad = name == graph.output or not all(reads(i) for i in readers.get(name, ()))
-            bad = bad or any(graph.nodes[i].op in ("add", "mul") and graph.nodes[i].output not in sources
-                             for i in readers.get(name, ()))  # mixed with a channels-first input
+            bad = bad or any(
+                graph.nodes[i].op in ("add", "mul") and graph.nodes[i].output not in sources
+                for i in readers.get(name, ())
+            )  # mixed with a channels-first input
             if bad:
                 drop |= src
         if not drop:
@@ -127,8 +138,12 @@ def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
             return fn(contiguous(x), low=low)
         x = pad(x, low, high) if any(low) or any(high) else contiguous(x)
         if step.primitive == "strided":
-            return conv_strided(x, _const(xp, node.conv.weight), None if node.conv.bias is None else
-                                _const(xp, node.conv.bias), node["stride"])
+            return conv_strided(
+                x,
+                _const(xp, node.conv.weight),
+                None if node.conv.bias is None else _const(xp, node.conv.bias),
+                node["stride"],
+            )
         return _run_conv(step, node.conv, x, xp, convs, channels_last=cl)
     r = [_in_range(node, ax, a[ax], b[ax], n_in[ax]) for ax in range(3)]
     lo, hi = tuple(v[0] for v in r), tuple(v[1] for v in r)
@@ -141,14 +156,20 @@ def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
                     tables.append(None)
                     continue
                 i0, i1, w = linear_index(n_in[ax], f, node["coord"])
-                tables.append((i0[a[ax]:b[ax]] - lo[ax], i1[a[ax]:b[ax]] - lo[ax], w[a[ax]:b[ax]]))
+                tables.append((i0[a[ax] : b[ax]] - lo[ax], i1[a[ax] : b[ax]] - lo[ax], w[a[ax] : b[ax]]))
             return interpolate(xp.ascontiguousarray(x), tables)
         f = node["stride" if op == "deconv" else "scale"]
-        y = conv_transpose(xp.ascontiguousarray(x), _const(xp, node["weight"]), _const(xp, node["bias"]), f) \
-            if op == "deconv" else upsample_nearest(x, f)
+        y = (
+            conv_transpose(xp.ascontiguousarray(x), _const(xp, node["weight"]), _const(xp, node["bias"]), f)
+            if op == "deconv"
+            else upsample_nearest(x, f)
+        )
         sl = tuple(slice(s - l * ff, s - l * ff + (e - s)) for s, e, l, ff in zip(a, b, lo, f))
-        return y if all(s.start == 0 and s.stop == n for s, n in zip(sl, y.shape[2:])) else \
-            contiguous(y[(slice(None), slice(None)) + sl])
+        return (
+            y
+            if all(s.start == 0 and s.stop == n for s, n in zip(sl, y.shape[2:]))
+            else contiguous(y[(slice(None), slice(None)) + sl])
+        )
     if op == "pool":
         x = _take(env[name], lo, hi)
         return max_pool(x, node["window"]) if node["kind"] == "max" else avg_pool(x, node["window"])
@@ -157,8 +178,12 @@ def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
     if op == "pad":
         raw_lo = tuple(v - p for v, p in zip(a, node["low"]))
         raw_hi = tuple(v - p for v, p in zip(b, node["low"]))
-        return pad(_take(env[name], lo, hi), tuple(c - r for c, r in zip(lo, raw_lo)),
-                   tuple(r - c for c, r in zip(hi, raw_hi)), node["value"])
+        return pad(
+            _take(env[name], lo, hi),
+            tuple(c - r for c, r in zip(lo, raw_lo)),
+            tuple(r - c for c, r in zip(hi, raw_hi)),
+            node["value"],
+        )
     ins = [_take(env[i], a, b) for i in node.inputs]
     if op == "concat":
         return xp.concatenate(ins, axis=1)
@@ -192,10 +217,14 @@ def _chain(node, followers, env, a, b, out):
     ins = [_take(env[i], a, b) for i in node.inputs]
     affine = node if node.op == "affine" else next((f for f in followers if f.op == "affine"), None)
     act = next((f["act"] for f in followers if f.op == "act"), None)
-    return add_affine_act(ins[0], ins[1] if node.op == "add" else None,
-                          None if affine is None else affine["scale"], None if affine is None else affine["shift"],
-                          None if act is None else (act.kind, act.alpha),
-                          out=None if out is None else env[out][0])
+    return add_affine_act(
+        ins[0],
+        ins[1] if node.op == "add" else None,
+        None if affine is None else affine["scale"],
+        None if affine is None else affine["shift"],
+        None if act is None else (act.kind, act.alpha),
+        out=None if out is None else env[out][0],
+    )
 
 
 def _run_range(plan, graph: Graph, x, shapes, lo, hi, xp, convs):
@@ -219,8 +248,18 @@ def _run_range(plan, graph: Graph, x, shapes, lo, hi, xp, convs):
             elif i in chains:
                 y = _chain(node, [graph.nodes[j] for j in chains[i]], env, a, b, target)
             else:
-                y = _node(fuse(step, graph.nodes[i + 1]["act"]) if i in fused else step, node, env, a, b, shapes,
-                          target, xp, convs, node.output in cl)
+                y = _node(
+                    fuse(step, graph.nodes[i + 1]["act"]) if i in fused else step,
+                    node,
+                    env,
+                    a,
+                    b,
+                    shapes,
+                    target,
+                    xp,
+                    convs,
+                    node.output in cl,
+                )
             env[node.output] = (y, a)
             del y
         for name in node.inputs:

@@ -11,6 +11,7 @@ A block's device input and output are kept until the copy back of its result has
 CuPy's pool may hand a freed block to the next allocation while another stream still reads
 it.  At most two blocks' inputs and outputs are alive (``plan.memory.device_call_bytes``).
 """
+
 from __future__ import annotations
 
 import numpy as np

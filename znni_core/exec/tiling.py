@@ -10,6 +10,7 @@
 Each output voxel is computed by exactly one window of the network, so overlapping
 tiles write identical values: the result does not depend on the tiling.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -105,8 +106,10 @@ def graph_extent(net: Graph, shape) -> tuple:
     if net.kind == "valid":
         use = net.floor_admissible(shape)
         if not all(use):
-            raise InputError(f"input shape {tuple(shape)} is smaller than the smallest admissible input "
-                             f"{net.geometry['n_min']} of {net.name} (admissible: n_min + k * {net.grid})")
+            raise InputError(
+                f"input shape {tuple(shape)} is smaller than the smallest admissible input "
+                f"{net.geometry['n_min']} of {net.name} (admissible: n_min + k * {net.grid})"
+            )
         return use
     return net.ceil_admissible(shape)
 
@@ -139,8 +142,9 @@ def graph_window(net: Graph, plan, lo, hi, whole_out=None) -> GraphWindow:
         extent = net.ceil_admissible(tuple(b - a + cc for a, b, cc in zip(a0, hi, c)))
         patch = tuple(min(p, e) for p, e in zip(plan.patch_shape, extent))
         tile = net.output_shape(patch)
-        starts = tuple(tuple(a + s for s in lattice(e - cc, t, 0, gg))
-                       for a, e, cc, t, gg in zip(a0, extent, c, tile, g))
+        starts = tuple(
+            tuple(a + s for s in lattice(e - cc, t, 0, gg)) for a, e, cc, t, gg in zip(a0, extent, c, tile, g)
+        )
         return GraphWindow(tuple(lo), tuple(hi), patch, tile, starts, a0, tuple(a + e for a, e in zip(a0, extent)))
     use = net.ceil_admissible(tuple(o + cc for o, cc in zip(whole_out, c)))
     patch = tuple(min(p, u) for p, u in zip(plan.patch_shape, use))
@@ -148,13 +152,22 @@ def graph_window(net: Graph, plan, lo, hi, whole_out=None) -> GraphWindow:
     overlap = plan.overlap or (0, 0, 0)
     axes = [axis_plan(u - cc, t, v, plan.blend or "bump", gg) for u, cc, t, v, gg in zip(use, c, tile, overlap, g)]
     starts = tuple(tuple(s for s in a[0] if s < b and s + t > l) for a, l, b, t in zip(axes, lo, hi, tile))
-    return GraphWindow(tuple(lo), tuple(hi), patch, tile, starts, tuple(st[0] for st in starts),
-                       tuple(st[-1] + p for st, p in zip(starts, patch)),
-                       tuple(a[1] for a in axes), tuple(a[2][l:b] for a, l, b in zip(axes, lo, hi)))
+    return GraphWindow(
+        tuple(lo),
+        tuple(hi),
+        patch,
+        tile,
+        starts,
+        tuple(st[0] for st in starts),
+        tuple(st[-1] + p for st, p in zip(starts, patch)),
+        tuple(a[1] for a in axes),
+        tuple(a[2][l:b] for a, l, b in zip(axes, lo, hi)),
+    )
 
 
-def run_graph_window(plan, net: Graph, x: np.ndarray, win: GraphWindow, *, xp=np, progress=None,
-                     cache: dict | None = None) -> np.ndarray:
+def run_graph_window(
+    plan, net: Graph, x: np.ndarray, win: GraphWindow, *, xp=np, progress=None, cache: dict | None = None
+) -> np.ndarray:
     """The output over ``[win.lo, win.hi)`` from ``x``, the input over ``[win.in_lo, win.in_hi)``."""
     want = tuple(b - a for a, b in zip(win.in_lo, win.in_hi))
     if tuple(x.shape[1:]) != want:
@@ -176,7 +189,7 @@ def run_graph_window(plan, net: Graph, x: np.ndarray, win: GraphWindow, *, xp=np
         src = (slice(None),) + tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))
         dst = (slice(None),) + tuple(slice(a - l, b - l) for a, b, l in zip(lo, hi, win.lo))
         if blended:
-            w = [ws[a - s:b - s] for ws, a, b, s in zip(win.weights, lo, hi, start)]
+            w = [ws[a - s : b - s] for ws, a, b, s in zip(win.weights, lo, hi, start)]
             result[dst] += y[src] * np.einsum("i,j,k->ijk", *w).astype(np.float32)
         else:
             result[dst] = y[src]
@@ -195,9 +208,12 @@ def run_tiled_graph(plan, net: Graph, x: np.ndarray, *, xp=np, progress=None, ca
     use = graph_extent(net, n)
     if net.kind == "valid":
         if use != n:
-            warnings.warn(f"input shape {n} is not admissible for {net.name} (n_min {net.geometry['n_min']} + k * "
-                          f"grid {net.grid}): the last {tuple(a - b for a, b in zip(n, use))} voxels are not used; "
-                          f"the output covers {use}", stacklevel=3)
+            warnings.warn(
+                f"input shape {n} is not admissible for {net.name} (n_min {net.geometry['n_min']} + k * "
+                f"grid {net.grid}): the last {tuple(a - b for a, b in zip(n, use))} voxels are not used; "
+                f"the output covers {use}",
+                stacklevel=3,
+            )
             x = x[(slice(None),) + tuple(slice(0, u) for u in use)]
         win = graph_window(net, plan, (0, 0, 0), net.output_shape(use))
     else:

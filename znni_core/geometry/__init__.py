@@ -2,10 +2,23 @@
 
 Imports nothing else of znni; every type is immutable.
 """
+
 from .blocks import block_starts, conv_blocks
 from .coordinate import Coordinate, as_coordinate
 from .grid import EDGE_POLICIES, Block, ChunkGrid, Halo, TaskGrid, create_blocks, output_bounds
 from .roi import Roi
 
-__all__ = ["EDGE_POLICIES", "Block", "ChunkGrid", "Coordinate", "Halo", "Roi", "TaskGrid", "as_coordinate", "block_starts",
-           "conv_blocks", "create_blocks", "output_bounds"]
+__all__ = [
+    "EDGE_POLICIES",
+    "Block",
+    "ChunkGrid",
+    "Coordinate",
+    "Halo",
+    "Roi",
+    "TaskGrid",
+    "as_coordinate",
+    "block_starts",
+    "conv_blocks",
+    "create_blocks",
+    "output_bounds",
+]

@@ -7,6 +7,7 @@ Used by the tiler (patches of a plan over an input) and by blocked convolution
              |<- b ->|<- b ->|<- b ->|        |<- b ->|
              0       b       2b              total-b          the last block overlaps the one before
 """
+
 from __future__ import annotations
 
 import functools

@@ -7,6 +7,7 @@ Arithmetic is element-wise; comparison operators are the *tuple* ones, so use
 >>> a + 1, a * (1, 2, 2), a // 4
 (Coordinate(5, 9, 9), Coordinate(4, 16, 16), Coordinate(1, 2, 2))
 """
+
 from __future__ import annotations
 
 import numbers

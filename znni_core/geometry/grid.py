@@ -22,6 +22,7 @@ Edge policies at the border of the input volume (daisy's ``fit`` documents the s
 Tasks are boxes of ``task_chunks`` whole output chunks, so every output chunk has exactly
 one writer; only chunks at the high end of the output bounds are partial.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -69,8 +70,10 @@ def output_bounds(input_bounds: Roi, halo: Halo, edge: str) -> Roi:
         raise ValueError(f"edge policy {edge!r} is not one of {EDGE_POLICIES}")
     if edge == "valid":
         if not (input_bounds.shape - halo.field_of_view).all_ge(0):
-            raise ValueError(f"input bounds {input_bounds} are smaller than the field of view "
-                             f"{tuple(halo.field_of_view)}: no valid output exists; use edge: mirror or zero")
+            raise ValueError(
+                f"input bounds {input_bounds} are smaller than the field of view "
+                f"{tuple(halo.field_of_view)}: no valid output exists; use edge: mirror or zero"
+            )
         return input_bounds.grow(-halo.low, -halo.high)
     return input_bounds
 
@@ -96,8 +99,7 @@ class ChunkGrid:
         object.__setattr__(self, "bounds", bounds)
         object.__setattr__(self, "chunk_shape", cs)
         # plain ints for chunk_box (a finalize names 10^4-10^6 chunks)
-        object.__setattr__(self, "_ints", (tuple(bounds.offset), tuple(cs), tuple(bounds.end),
-                                           tuple(self.grid_shape)))
+        object.__setattr__(self, "_ints", (tuple(bounds.offset), tuple(cs), tuple(bounds.end), tuple(self.grid_shape)))
 
     @property
     def grid_shape(self) -> Coordinate:
@@ -125,10 +127,15 @@ class ChunkGrid:
         """Index of the chunk whose (clipped) Roi is exactly ``roi``; ValueError otherwise."""
         rel = roi.offset - self.bounds.offset
         idx = rel // self.chunk_shape
-        if rel % self.chunk_shape != Coordinate((0,) * roi.dims) or not (
-                idx.all_ge(0) and idx.all_lt(self.grid_shape)) or self.chunk_roi(idx) != roi:
-            raise ValueError(f"{roi!r} is not a chunk of the grid (chunks {tuple(self.chunk_shape)} "
-                             f"from {tuple(self.bounds.offset)}, bounds {self.bounds})")
+        if (
+            rel % self.chunk_shape != Coordinate((0,) * roi.dims)
+            or not (idx.all_ge(0) and idx.all_lt(self.grid_shape))
+            or self.chunk_roi(idx) != roi
+        ):
+            raise ValueError(
+                f"{roi!r} is not a chunk of the grid (chunks {tuple(self.chunk_shape)} "
+                f"from {tuple(self.bounds.offset)}, bounds {self.bounds})"
+            )
         return idx
 
     def chunks_in(self, roi: Roi):
@@ -156,13 +163,21 @@ class Block:
     chunks: tuple  # chunk indices (Coordinate) of the output grid, C order
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "write_roi": self.write_roi.to_dict(), "read_roi": self.read_roi.to_dict(),
-                "chunks": [list(c) for c in self.chunks]}
+        return {
+            "id": self.id,
+            "write_roi": self.write_roi.to_dict(),
+            "read_roi": self.read_roi.to_dict(),
+            "chunks": [list(c) for c in self.chunks],
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Block":
-        return cls(int(d["id"]), Roi.from_dict(d["write_roi"]), Roi.from_dict(d["read_roi"]),
-                   tuple(Coordinate(c) for c in d["chunks"]))
+        return cls(
+            int(d["id"]),
+            Roi.from_dict(d["write_roi"]),
+            Roi.from_dict(d["read_roi"]),
+            tuple(Coordinate(c) for c in d["chunks"]),
+        )
 
 
 class TaskGrid:
@@ -267,8 +282,17 @@ def _axis_pieces(lo: int, hi: int, t: int, origin: int, chunk: int, r0: int, r1:
     return out
 
 
-def choose_task_chunks(grid: ChunkGrid, region: Roi, halo: Halo, slots: int, *, max_voxels: int, fits=None,
-                       task_overhead: int = 1 << 15, per_axis: int = 40) -> Coordinate:
+def choose_task_chunks(
+    grid: ChunkGrid,
+    region: Roi,
+    halo: Halo,
+    slots: int,
+    *,
+    max_voxels: int,
+    fits=None,
+    task_overhead: int = 1 << 15,
+    per_axis: int = 40,
+) -> Coordinate:
     """The task size (chunks per axis) that finishes ``region`` soonest on ``slots`` jobs at once.
 
     A task computes its write box plus the halo, so small tasks repeat context (a 2D-kernel net
@@ -301,8 +325,13 @@ def choose_task_chunks(grid: ChunkGrid, region: Roi, halo: Halo, slots: int, *, 
             cands = sorted({cands[int(i * step)] for i in range(per_axis)} | {cands[-1]})
         stats = []
         for t in cands:
-            w = [v for v in _axis_pieces(int(lo[a]), int(hi[a]), t, int(o[a]), int(cs[a]),
-                                         int(region.begin[a]), int(region.end[a])) if v]
+            w = [
+                v
+                for v in _axis_pieces(
+                    int(lo[a]), int(hi[a]), t, int(o[a]), int(cs[a]), int(region.begin[a]), int(region.end[a])
+                )
+                if v
+            ]
             stats.append((t, len(w), max(w), max(w) + int(ctx[a])))
         axes.append(stats)
     best, best_cost = Coordinate((1,) * region.dims), None

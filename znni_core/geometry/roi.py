@@ -14,6 +14,7 @@ Roi(offset=(-1, -2, -2), shape=(13, 25, 25))
 >>> r.intersect(Roi((5, 5, 5), (10, 10, 10)))
 Roi(offset=(5, 5, 5), shape=(5, 10, 10))
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -131,8 +132,11 @@ class Roi:
 
     def to_slices(self, relative_to=None) -> tuple:
         """numpy slices of this Roi inside an array whose origin sits at ``relative_to`` (default 0)."""
-        origin = Coordinate((0,) * self.dims) if relative_to is None else Coordinate(
-            relative_to.begin if isinstance(relative_to, Roi) else relative_to)
+        origin = (
+            Coordinate((0,) * self.dims)
+            if relative_to is None
+            else Coordinate(relative_to.begin if isinstance(relative_to, Roi) else relative_to)
+        )
         b = self.begin - origin
         if any(v < 0 for v in b):
             raise ValueError(f"{self} starts before the array origin {tuple(origin)}")

@@ -8,6 +8,7 @@ Temporary names are ``.<name>.znni-tmp.<host>.<pid>.<random>``; :func:`clean_sta
 removes those whose writer is dead (same host) so a crash leaves nothing behind after the next
 good run (T6).
 """
+
 from __future__ import annotations
 
 import errno

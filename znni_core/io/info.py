@@ -2,6 +2,7 @@
 
 The info file stores (x, y, z); everything returned from here is (z, y, x).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,21 +35,33 @@ class ScaleSpec:
         return ChunkGrid(self.bounds, self.chunk_shape)
 
     def to_scale(self) -> dict:
-        scale = {"key": self.key, "size": list(self.bounds.shape.xyz()),
-                 "voxel_offset": list(self.bounds.offset.xyz()), "chunk_sizes": [list(self.chunk_shape.xyz())],
-                 "resolution": [float(v) for v in self.resolution[::-1]], "encoding": self.encoding}
+        scale = {
+            "key": self.key,
+            "size": list(self.bounds.shape.xyz()),
+            "voxel_offset": list(self.bounds.offset.xyz()),
+            "chunk_sizes": [list(self.chunk_shape.xyz())],
+            "resolution": [float(v) for v in self.resolution[::-1]],
+            "encoding": self.encoding,
+        }
         if self.sharding:
             scale["sharding"] = dict(self.sharding)
         return scale
 
     def to_info(self) -> dict:
-        return {"type": "image", "data_type": self.dtype, "num_channels": int(self.channels),
-                "scales": [self.to_scale()]}
+        return {
+            "type": "image",
+            "data_type": self.dtype,
+            "num_channels": int(self.channels),
+            "scales": [self.to_scale()],
+        }
 
 
 def _ints(v, n, what, where):
-    if not isinstance(v, (list, tuple)) or len(v) != n or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and float(x) == int(x) for x in v):
+    if (
+        not isinstance(v, (list, tuple))
+        or len(v) != n
+        or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and float(x) == int(x) for x in v)
+    ):
         raise DataError(f"{where}: {what} must be {n} integers, got {v!r}")
     return [int(x) for x in v]
 
@@ -85,8 +98,11 @@ def validate_info(info, where: str) -> dict:
         if any(v < 1 for v in _ints(cs[0], 3, "chunk_sizes[0]", w)):
             raise DataError(f"{w}: chunk sizes must be positive, got {cs[0]}")
         res = s.get("resolution")
-        if not isinstance(res, list) or len(res) != 3 or not all(
-                isinstance(r, (int, float)) and np.isfinite(r) and r > 0 for r in res):
+        if (
+            not isinstance(res, list)
+            or len(res) != 3
+            or not all(isinstance(r, (int, float)) and np.isfinite(r) and r > 0 for r in res)
+        ):
             raise DataError(f"{w}: resolution must be 3 positive numbers, got {res!r}")
         if "sharding" in s and s["sharding"]:
             sh = s["sharding"]
@@ -102,10 +118,16 @@ def scale_spec(info: dict, mip: int, where: str) -> ScaleSpec:
     s = scales[mip]
     size = Coordinate.from_xyz(s["size"])
     off = Coordinate.from_xyz(s.get("voxel_offset", [0, 0, 0]))
-    return ScaleSpec(key=s["key"], bounds=Roi(off, size), chunk_shape=Coordinate.from_xyz(s["chunk_sizes"][0]),
-                     resolution=tuple(float(r) for r in s["resolution"][::-1]), dtype=info["data_type"],
-                     channels=int(info["num_channels"]), encoding=s.get("encoding", "raw"),
-                     sharding=s.get("sharding") or None)
+    return ScaleSpec(
+        key=s["key"],
+        bounds=Roi(off, size),
+        chunk_shape=Coordinate.from_xyz(s["chunk_sizes"][0]),
+        resolution=tuple(float(r) for r in s["resolution"][::-1]),
+        dtype=info["data_type"],
+        channels=int(info["num_channels"]),
+        encoding=s.get("encoding", "raw"),
+        sharding=s.get("sharding") or None,
+    )
 
 
 def compare_scale(existing: ScaleSpec, wanted: ScaleSpec) -> list[str]:
@@ -116,9 +138,13 @@ def compare_scale(existing: ScaleSpec, wanted: ScaleSpec) -> list[str]:
         if a != b:
             diffs.append(f"{name}: layer has {a!r}, config needs {b!r}")
     if existing.bounds != wanted.bounds:
-        diffs.append(f"bounds (voxel_offset/size, z,y,x): layer has {existing.bounds!r}, config needs {wanted.bounds!r}")
+        diffs.append(
+            f"bounds (voxel_offset/size, z,y,x): layer has {existing.bounds!r}, config needs {wanted.bounds!r}"
+        )
     if existing.chunk_shape != wanted.chunk_shape:
-        diffs.append(f"chunk size (z,y,x): layer has {tuple(existing.chunk_shape)}, config needs {tuple(wanted.chunk_shape)}")
+        diffs.append(
+            f"chunk size (z,y,x): layer has {tuple(existing.chunk_shape)}, config needs {tuple(wanted.chunk_shape)}"
+        )
     if (existing.sharding or None) != (wanted.sharding or None):
         diffs.append(f"sharding: layer has {existing.sharding!r}, config needs {wanted.sharding!r}")
     if not np.allclose(existing.resolution, wanted.resolution, rtol=1e-6):

@@ -4,6 +4,7 @@ A URL ending in ``.zarr`` (or ``zarr://``) is a zarr v3 array (:mod:`.zarr_layer
 :mod:`.zarr_output` for outputs); any other is a Neuroglancer precomputed layer
 (:mod:`.precomputed`).  Everything above :mod:`znni_core.io` opens layers through these functions.
 """
+
 from __future__ import annotations
 
 from ..errors import ConfigError, DataError
@@ -20,8 +21,10 @@ def open_input(url: LayerURL, mip: int = 0, *, resolution=None, voxel_offset=Non
         if mip:
             raise ConfigError(f"input {url}: zarr inputs have no mips; set input.mip: 0")
         if not url.is_local:
-            raise ConfigError(f"input {url}: zarr inputs (and masks) are read from file:// only (zarr outputs may "
-                              "be on s3:// or gs://); copy the array locally or convert it to precomputed")
+            raise ConfigError(
+                f"input {url}: zarr inputs (and masks) are read from file:// only (zarr outputs may "
+                "be on s3:// or gs://); copy the array locally or convert it to precomputed"
+            )
         return ZarrLayer(url, resolution=resolution, voxel_offset=voxel_offset)
     return PrecomputedLayer(url, mip)
 
@@ -34,8 +37,7 @@ def layer_differences(url: LayerURL, specs: list[ScaleSpec]) -> list[str] | None
     have = [stored_spec(url, s.key) for s in specs]
     if all(h is None for h in have):
         return None
-    return [f"mip {k}: {d}" for k, (h, s) in enumerate(zip(have, specs)) if h is not None
-            for d in compare_scale(h, s)]
+    return [f"mip {k}: {d}" for k, (h, s) in enumerate(zip(have, specs)) if h is not None for d in compare_scale(h, s)]
 
 
 def create_layer(url: LayerURL, specs, provenance: dict) -> str:
@@ -48,8 +50,11 @@ def create_layer(url: LayerURL, specs, provenance: dict) -> str:
     specs = [specs] if isinstance(specs, ScaleSpec) else list(specs)
     diffs = layer_differences(url, specs)
     if diffs:
-        raise DataError(f"output layer {url} exists and does not match the config:\n  - " + "\n  - ".join(diffs)
-                        + "\nChoose a new output path, or delete the layer if it is yours to replace.")
+        raise DataError(
+            f"output layer {url} exists and does not match the config:\n  - "
+            + "\n  - ".join(diffs)
+            + "\nChoose a new output path, or delete the layer if it is yours to replace."
+        )
     if url.format == "zarr":
         return create_zarr_output(url, specs, provenance)
     return create_precomputed(url, specs, provenance)

@@ -6,6 +6,7 @@ A manifest is JSON: task id and ROIs, one entry per chunk (name, status ``writte
 mask is 0 over), plan and network digests,
 versions, device, timings, and any input chunks filled with zeros.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,10 @@ def write_manifest(path, manifest: dict) -> Path:
     try:
         atomic_write(path, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
     except OSError as exc:  # disk full, I/O error (RELIABILITY T6): no manifest, so the task is not done
-        raise DataError(f"manifest {path}: write failed ({exc.strerror or exc}); the task's chunks are written "
-                        "but it is not marked done; free space or fix the storage and re-run it") from exc
+        raise DataError(
+            f"manifest {path}: write failed ({exc.strerror or exc}); the task's chunks are written "
+            "but it is not marked done; free space or fix the storage and re-run it"
+        ) from exc
     return path
 
 
@@ -39,11 +42,14 @@ def read_manifest(path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"manifest {path} is not valid JSON ({exc}); delete it and re-run its task") from exc
     except OSError as exc:  # a directory, unreadable, I/O error: the done-check failed, not 'done' (T16)
-        raise DataError(f"manifest {path} cannot be read ({exc.strerror or exc}); fix or delete it and "
-                        "re-run its task") from exc
+        raise DataError(
+            f"manifest {path} cannot be read ({exc.strerror or exc}); fix or delete it and re-run its task"
+        ) from exc
     if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
-        raise DataError(f"manifest {path}: format {m.get('format') if isinstance(m, dict) else None!r} "
-                        f"is not {MANIFEST_FORMAT!r}; re-run its task")
+        raise DataError(
+            f"manifest {path}: format {m.get('format') if isinstance(m, dict) else None!r} "
+            f"is not {MANIFEST_FORMAT!r}; re-run its task"
+        )
     for key in ("task", "chunks", "plan_digest", "network_digest", "layer"):
         if key not in m:
             raise DataError(f"manifest {path} lacks {key!r}; re-run its task")
@@ -76,8 +82,15 @@ def store_chunks(out, chunks, encoded: dict, skipped: dict, compress: str, only=
             out.delete_object(name)  # every chunk empty or masked: no shard (readers see 0), no stale one
             shard = {"name": name, "status": "empty"}
         for idx in chunks:
-            entries[idx] = entry(idx, shard=name, **({"status": skipped[idx]} if idx in skipped else {
-                "status": "written", "sha256": digests[tuple(idx)], "nbytes": int(encoded[idx].nbytes)}))
+            entries[idx] = entry(
+                idx,
+                shard=name,
+                **(
+                    {"status": skipped[idx]}
+                    if idx in skipped
+                    else {"status": "written", "sha256": digests[tuple(idx)], "nbytes": int(encoded[idx].nbytes)}
+                ),
+            )
         return entries, shard
     for idx in chunks:
         if only is not None and idx != only:

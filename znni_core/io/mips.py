@@ -14,6 +14,7 @@ mip 0's chunk size and kind of storage: a sharded precomputed layer gets a shard
 (about ``shard_bytes`` a shard), a zarr output one sharded array per mip (arrays ``0``, ``1``, ...)
 with mip 0's chunks per shard; a task of a mip writes one shard (or ``task_chunks`` chunks).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -49,7 +50,8 @@ def mip_specs(spec0: ScaleSpec, mips: int, factor, *, shard_bytes: int) -> list[
             raise ConfigError(
                 f"downsample: mip {k - 1} starts at {tuple(b.offset)} (z, y, x), not a multiple of the factor {tuple(f)}, "
                 f"so mip {k} would average the wrong voxels. Set output.align: true with an output.chunk_size that "
-                f"factor^{int(mips)} divides, or ask for fewer mips")
+                f"factor^{int(mips)} divides, or ask for fewer mips"
+            )
         bounds = Roi.from_bounds(b.begin // f, b.end.ceil_div(f))
         res = tuple(float(r) * v for r, v in zip(below.resolution, f))
         grid_shape = bounds.shape.ceil_div(spec0.chunk_shape)
@@ -59,12 +61,23 @@ def mip_specs(spec0: ScaleSpec, mips: int, factor, *, shard_bytes: int) -> list[
             key = "_".join(f"{v:g}" for v in res[::-1])
             sharding = None
             if spec0.sharding:
-                sharding = check_sharding(auto_sharding(bounds.shape, spec0.chunk_shape, spec0.dtype, spec0.channels,
-                                                        shard_bytes, spec0.sharding.get("data_encoding", "raw")),
-                                          f"the shard spec of mip {k}", grid_shape)
+                sharding = check_sharding(
+                    auto_sharding(
+                        bounds.shape,
+                        spec0.chunk_shape,
+                        spec0.dtype,
+                        spec0.channels,
+                        shard_bytes,
+                        spec0.sharding.get("data_encoding", "raw"),
+                    ),
+                    f"the shard spec of mip {k}",
+                    grid_shape,
+                )
         if key in {s.key for s in specs}:
-            raise ConfigError(f"downsample: mip {k}'s scale key {key!r} is already mip 0's (output.scale_key); "
-                              "choose another output.scale_key")
+            raise ConfigError(
+                f"downsample: mip {k}'s scale key {key!r} is already mip 0's (output.scale_key); "
+                "choose another output.scale_key"
+            )
         specs.append(replace(spec0, key=key, bounds=bounds, resolution=res, sharding=sharding))
     return specs
 

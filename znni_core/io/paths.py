@@ -3,6 +3,7 @@
 Accepted: ``file:///abs/path``, ``gs://bucket/path``, ``s3://bucket/path`` (precomputed),
 ``zarr://`` + any of those, or any path or URL ending in ``.zarr`` (zarr; inputs on ``file://`` only).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -71,13 +72,15 @@ def parse_layer_url(url: str, *, endpoint: str | None = None, what: str = "layer
     for prefix in ("precomputed://", "zarr://", "zarr3://", "zarr2://"):
         if s.startswith(prefix):
             fmt = "zarr" if prefix.startswith("zarr") else "precomputed"
-            s = s[len(prefix):]
+            s = s[len(prefix) :]
     if "://" not in s:
         s = "file://" + os.path.abspath(s)
     proto, rest = s.split("://", 1)
     if proto not in PROTOCOLS:
-        raise ConfigError(f"{what} {url!r}: protocol {proto!r} is not supported; use one of "
-                          f"{', '.join(p + '://' for p in PROTOCOLS)} (optionally prefixed by zarr://)")
+        raise ConfigError(
+            f"{what} {url!r}: protocol {proto!r} is not supported; use one of "
+            f"{', '.join(p + '://' for p in PROTOCOLS)} (optionally prefixed by zarr://)"
+        )
     if proto == "file":
         if not rest.startswith("/"):
             raise ConfigError(f"{what} {url!r}: file:// paths must be absolute (file:///abs/path)")
@@ -98,12 +101,16 @@ def check_key(key, what: str = "key") -> str:
     if not isinstance(key, str) or not key:
         raise DataError(f"{what} {key!r} must be a non-empty string")
     if key.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", key) or "\\" in key or "\x00" in key:
-        raise DataError(f"{what} {key!r} is absolute or has a backslash/NUL: it would write outside the layer; "
-                        "fix the layer's info file")
+        raise DataError(
+            f"{what} {key!r} is absolute or has a backslash/NUL: it would write outside the layer; "
+            "fix the layer's info file"
+        )
     parts = key.split("/")
     if any(p in ("..", ".") for p in parts) or "://" in key:
-        raise DataError(f"{what} {key!r} contains '..', '.' or a URL: it would escape the layer directory; "
-                        "fix the layer's info file")
+        raise DataError(
+            f"{what} {key!r} contains '..', '.' or a URL: it would escape the layer directory; "
+            "fix the layer's info file"
+        )
     if posixpath.normpath(key).startswith(".."):
         raise DataError(f"{what} {key!r} escapes the layer directory")
     return key

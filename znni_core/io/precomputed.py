@@ -11,6 +11,7 @@ On ``s3://`` the chunk, ``info`` and ``provenance`` requests go through :mod:`zn
 (bounded retries of 5xx/throttling/resets, none of 403 and other client errors, RELIABILITY T7),
 not cloudfiles, whose fixed 7-attempt retry of every error cannot be configured.
 """
+
 from __future__ import annotations
 
 from functools import cached_property
@@ -22,6 +23,7 @@ from ..geometry import ChunkGrid, Roi
 from .info import ScaleSpec, scale_spec, validate_info
 from .paths import LayerURL, check_key
 from .store import ALL_SUFFIXES, COMPRESSIONS, StoredObjects, read_json, sha256, write_json
+
 
 def encode_raw(arr: np.ndarray, dtype: str) -> bytes:
     """(C, z, y, x) array -> precomputed raw bytes (little endian)."""
@@ -96,9 +98,18 @@ class PrecomputedLayer(StoredObjects):
     def _open_cv(self, fill_missing: bool):
         from cloudvolume import CloudVolume
 
-        return CloudVolume(self.url.cloudpath(), mip=self.mip, parallel=1, fill_missing=fill_missing,
-                           bounded=True, progress=False, cache=False, info=self.info, green_threads=False,
-                           lru_bytes=0)
+        return CloudVolume(
+            self.url.cloudpath(),
+            mip=self.mip,
+            parallel=1,
+            fill_missing=fill_missing,
+            bounded=True,
+            progress=False,
+            cache=False,
+            info=self.info,
+            green_threads=False,
+            lru_bytes=0,
+        )
 
     def missing_chunks(self, roi: Roi) -> list[str]:
         """Names of the stored chunks under ``roi`` that are absent or 0 bytes; in a sharded layer,
@@ -130,10 +141,15 @@ class PrecomputedLayer(StoredObjects):
             try:
                 found = self._cv.image.shard_reader().exists(list(present), path=self.key)
             except Exception as exc:  # an unreadable shard index: its chunks cannot be read either
-                raise DataError(f"input {self.url} mip {self.mip}: the shard index of chunks under {roi} cannot be "
-                                f"read ({type(exc).__name__}: {exc}); repair the input") from exc
-            out += [f"{self.chunk_name(i)} (not in shard {self.shard_name(i)})"
-                    for label, i in present.items() if not found.get(label)]
+                raise DataError(
+                    f"input {self.url} mip {self.mip}: the shard index of chunks under {roi} cannot be "
+                    f"read ({type(exc).__name__}: {exc}); repair the input"
+                ) from exc
+            out += [
+                f"{self.chunk_name(i)} (not in shard {self.shard_name(i)})"
+                for label, i in present.items()
+                if not found.get(label)
+            ]
         return out
 
     def read(self, roi: Roi, *, fill_missing: bool = False) -> tuple[np.ndarray, list[str]]:
@@ -157,14 +173,16 @@ class PrecomputedLayer(StoredObjects):
         b, e = roi.begin.xyz(), roi.end.xyz()
         cv = self._cv_fill if fill_missing else self._cv
         try:
-            cut = cv[b[0]:e[0], b[1]:e[1], b[2]:e[2]]
+            cut = cv[b[0] : e[0], b[1] : e[1], b[2] : e[2]]
         except EmptyVolumeException:
             raise self._missing_error(roi, self.missing_chunks(roi)) from None
         except DataError:
             raise
         except Exception as exc:  # decoding errors of corrupt chunks
-            raise DataError(f"input {self.url} mip {self.mip}: reading {roi} failed: {type(exc).__name__}: {exc}; "
-                            f"chunks involved: {[self.chunk_name(i) for i in self.grid.chunks_in(roi)][:4]}") from exc
+            raise DataError(
+                f"input {self.url} mip {self.mip}: reading {roi} failed: {type(exc).__name__}: {exc}; "
+                f"chunks involved: {[self.chunk_name(i) for i in self.grid.chunks_in(roi)][:4]}"
+            ) from exc
         arr = np.asarray(cut)  # (x, y, z, c)
         return np.ascontiguousarray(arr.transpose(3, 2, 1, 0)), missing
 
@@ -197,9 +215,11 @@ class PrecomputedLayer(StoredObjects):
         return out, missing
 
     def _missing_error(self, roi: Roi, missing: list) -> DataError:
-        return DataError(f"input {self.url} mip {self.mip}: {len(missing)} chunk(s) under {roi} are missing or empty "
-                         f"(first: {missing[:3]}); repair the input, or set input.missing: zero to fill them with 0 "
-                         "(recorded in the manifests)")
+        return DataError(
+            f"input {self.url} mip {self.mip}: {len(missing)} chunk(s) under {roi} are missing or empty "
+            f"(first: {missing[:3]}); repair the input, or set input.missing: zero to fill them with 0 "
+            "(recorded in the manifests)"
+        )
 
     # ---- writing whole chunks ----------------------------------------------------------
     def _check_chunk(self, index, arr) -> Roi:
@@ -277,8 +297,11 @@ def precomputed_differences(url: LayerURL, specs: list[ScaleSpec]) -> list[str] 
     if info is None:
         return None
     info = validate_info(info, f"layer {url}")
-    return [f"mip {k}: {d}" for k in range(min(len(info["scales"]), len(specs)))
-            for d in compare_scale(scale_spec(info, k, f"layer {url}"), specs[k])]
+    return [
+        f"mip {k}: {d}"
+        for k in range(min(len(info["scales"]), len(specs)))
+        for d in compare_scale(scale_spec(info, k, f"layer {url}"), specs[k])
+    ]
 
 
 def create_precomputed(url: LayerURL, specs: list[ScaleSpec], provenance: dict) -> str:
@@ -295,7 +318,7 @@ def create_precomputed(url: LayerURL, specs: list[ScaleSpec], provenance: dict) 
         existing = read_json(url, "info")
         have = existing["scales"]
         if len(have) < len(specs):  # a pyramid added to an earlier run's layer: one writer (create-layer)
-            write_json(url, "info", {**existing, "scales": have + info["scales"][len(have):]})
+            write_json(url, "info", {**existing, "scales": have + info["scales"][len(have) :]})
     if read_json(url, "provenance") is None:
         write_json(url, "provenance", provenance, exclusive=True)
     return "created" if created else "exists"
@@ -308,8 +331,9 @@ def open_precomputed_output(url: LayerURL, spec: ScaleSpec, mip: int = 0) -> Pre
     try:
         layer = PrecomputedLayer(url, mip)
     except DataError as exc:
-        raise DataError(f"{exc}. The output layer is created by `znni create-layer` (rule create_layer) "
-                        "before any task runs.") from None
+        raise DataError(
+            f"{exc}. The output layer is created by `znni create-layer` (rule create_layer) before any task runs."
+        ) from None
     diffs = compare_scale(layer.spec, spec)
     if diffs:
         raise DataError(f"output layer {url} mip {mip} does not match this run's config:\n  - " + "\n  - ".join(diffs))

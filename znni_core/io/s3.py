@@ -19,6 +19,7 @@ znni's endpoint alias or ``aws``), and otherwise from boto3's default chain (``A
 ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, profiles, instance roles).  Secrets never appear in
 messages.  Inputs are still read through cloud-volume (and so cloudfiles' retries).
 """
+
 from __future__ import annotations
 
 import base64
@@ -32,14 +33,24 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import DataError, StorageError, StoragePermissionError
 from .paths import LayerURL, s3_alias
 
-MAX_ATTEMPTS = 5        # first try included; ZNNI_S3_MAX_ATTEMPTS overrides (1-20)
+MAX_ATTEMPTS = 5  # first try included; ZNNI_S3_MAX_ATTEMPTS overrides (1-20)
 CONNECT_TIMEOUT = 10.0  # seconds, per attempt
-READ_TIMEOUT = 60.0     # seconds without a byte, per attempt
+READ_TIMEOUT = 60.0  # seconds without a byte, per attempt
 ACL = "bucket-owner-full-control"  # what cloudfiles sets on its PUTs
 
-_PERMISSION_CODES = {"403", "AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                     "ExpiredToken", "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled",
-                     "AccountProblem", "InvalidSecurity"}
+_PERMISSION_CODES = {
+    "403",
+    "AccessDenied",
+    "Forbidden",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "AllAccessDisabled",
+    "AccountProblem",
+    "InvalidSecurity",
+}
 _DIGEST_CODES = {"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "XAmzContentChecksumMismatch"}
 _MD5_ETAG = re.compile(r"^[0-9a-fA-F]{32}$")
 
@@ -77,8 +88,9 @@ def _secret_file(bucket: str, service: str) -> dict:
                 with open(p) as f:
                     d = json.load(f)
             except (OSError, ValueError) as exc:
-                raise StoragePermissionError(f"S3 credentials file {p} could not be read ({type(exc).__name__}); "
-                                             "fix or remove it") from None
+                raise StoragePermissionError(
+                    f"S3 credentials file {p} could not be read ({type(exc).__name__}); fix or remove it"
+                ) from None
             if not isinstance(d, dict):
                 raise StoragePermissionError(f"S3 credentials file {p} must hold a JSON object")
             return d
@@ -106,28 +118,45 @@ class S3Objects:
         region = secrets.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
         # the cache key holds a digest of the credentials, never the secret itself
         fp = hashlib.sha256(repr((key_id, secret, token)).encode()).hexdigest()
-        env = tuple(os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                                                 "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"))
-        ck = (os.getpid(), self.url.endpoint, region, fp, hashlib.sha256(repr(env).encode()).hexdigest(),
-              self.attempts)
+        env = tuple(
+            os.environ.get(k)
+            for k in (
+                "AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY",
+                "AWS_SESSION_TOKEN",
+                "AWS_PROFILE",
+                "AWS_ENDPOINT_URL",
+                "AWS_ENDPOINT_URL_S3",
+            )
+        )
+        ck = (os.getpid(), self.url.endpoint, region, fp, hashlib.sha256(repr(env).encode()).hexdigest(), self.attempts)
         with _lock:
             c = _clients.get(ck)
             if c is None:
                 import boto3
                 from botocore.config import Config
 
-                cfg = {"retries": {"mode": "standard", "total_max_attempts": self.attempts},  # first try included
-                       "connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT}
+                cfg = {
+                    "retries": {"mode": "standard", "total_max_attempts": self.attempts},  # first try included
+                    "connect_timeout": CONNECT_TIMEOUT,
+                    "read_timeout": READ_TIMEOUT,
+                }
                 if self.url.endpoint:
                     # S3-compatible servers often lack the trailing-checksum (aws-chunked) uploads that
                     # botocore sends by default; cloudfiles makes the same choice.  Content-MD5 is sent instead.
-                    cfg.update(request_checksum_calculation="when_required",
-                               response_checksum_validation="when_required")
+                    cfg.update(
+                        request_checksum_calculation="when_required", response_checksum_validation="when_required"
+                    )
                 # a fresh session per client: boto3's default session is not thread-safe
                 c = boto3.session.Session().client(
-                    "s3", endpoint_url=self.url.endpoint or None, region_name=region,
-                    aws_access_key_id=key_id, aws_secret_access_key=secret, aws_session_token=token,
-                    config=Config(**cfg))
+                    "s3",
+                    endpoint_url=self.url.endpoint or None,
+                    region_name=region,
+                    aws_access_key_id=key_id,
+                    aws_secret_access_key=secret,
+                    aws_session_token=token,
+                    config=Config(**cfg),
+                )
                 _clients[ck] = c
         return c
 
@@ -141,16 +170,20 @@ class S3Objects:
     # ---- errors --------------------------------------------------------------------------------
     def _error(self, exc: Exception, op: str, name: str) -> Exception:
         """A znni error for a failed request: what, where, why, how many attempts, the fix."""
-        from botocore.exceptions import (BotoCoreError, ClientError, NoCredentialsError,
-                                         PartialCredentialsError)
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
         where = self.where(name)
-        action = {"PUT": "s3:PutObject", "GET": "s3:GetObject", "HEAD": "s3:GetObject (and s3:ListBucket)",
-                  "DELETE": "s3:DeleteObject"}[op]
+        action = {
+            "PUT": "s3:PutObject",
+            "GET": "s3:GetObject",
+            "HEAD": "s3:GetObject (and s3:ListBucket)",
+            "DELETE": "s3:DeleteObject",
+        }[op]
         if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
             return StoragePermissionError(
                 f"{op} {where}: no usable S3 credentials ({type(exc).__name__}); set AWS_ACCESS_KEY_ID and "
-                f"AWS_SECRET_ACCESS_KEY, or write {self.service}-secret.json in the cloud-volume secrets directory")
+                f"AWS_SECRET_ACCESS_KEY, or write {self.service}-secret.json in the cloud-volume secrets directory"
+            )
         if isinstance(exc, ClientError):
             err = exc.response.get("Error", {})
             meta = exc.response.get("ResponseMetadata", {})
@@ -164,23 +197,29 @@ class S3Objects:
                     f"{op} {where} was refused: {what}. This is permanent and was not retried "
                     f"({tries} request). Check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or "
                     f"{self.service}-secret.json in the cloud-volume secrets directory) and the bucket policy: "
-                    f"they must allow {action} on this key; then re-run the task.")
+                    f"they must allow {action} on this key; then re-run the task."
+                )
             if code in _DIGEST_CODES:
                 return DataError(
                     f"{op} {where}: the server's md5/checksum of the uploaded body did not match ({what}): the "
-                    "chunk was corrupted in transit and not stored; re-run its task")
+                    "chunk was corrupted in transit and not stored; re-run its task"
+                )
             if code == "NoSuchBucket":
                 return StorageError(f"{op} {where}: {what}; check the bucket name in the path and endpoint_url")
             if status >= 500 or status == 429 or code in ("SlowDown", "RequestTimeout", "Throttling"):
                 return StorageError(
                     f"{op} {where}: still failing after {tries} attempts with bounded backoff ({what}); the "
-                    "server is unavailable or throttling: re-run the task later")
-            return StorageError(f"{op} {where} was refused: {what}; not retried (a client error); check the path, "
-                                "endpoint_url and the bucket's configuration")
+                    "server is unavailable or throttling: re-run the task later"
+                )
+            return StorageError(
+                f"{op} {where} was refused: {what}; not retried (a client error); check the path, "
+                "endpoint_url and the bucket's configuration"
+            )
         if isinstance(exc, BotoCoreError):
             return StorageError(
                 f"{op} {where}: {type(exc).__name__}: {exc} (after up to {self.attempts} attempts with bounded "
-                "backoff); check that the endpoint is reachable, then re-run the task")
+                "backoff); check that the endpoint is reachable, then re-run the task"
+            )
         return StorageError(f"{op} {where}: {type(exc).__name__}: {exc}")
 
     def _call(self, op: str, name: str, fn, **kw):
@@ -192,11 +231,22 @@ class S3Objects:
             raise self._error(exc, op, name) from exc
 
     # ---- objects ---------------------------------------------------------------------------------
-    def put(self, name: str, data: bytes, *, content_type: str, content_encoding: str | None = None,
-            cache_control: str | None = "no-cache") -> None:
+    def put(
+        self,
+        name: str,
+        data: bytes,
+        *,
+        content_type: str,
+        content_encoding: str | None = None,
+        cache_control: str | None = "no-cache",
+    ) -> None:
         """One PUT of the whole object, with Content-MD5 so the server rejects a body corrupted in transit."""
-        kw = {"Body": data, "ContentType": content_type, "ACL": ACL,
-              "ContentMD5": base64.b64encode(hashlib.md5(data).digest()).decode()}
+        kw = {
+            "Body": data,
+            "ContentType": content_type,
+            "ACL": ACL,
+            "ContentMD5": base64.b64encode(hashlib.md5(data).digest()).decode(),
+        }
         if content_encoding:
             kw["ContentEncoding"] = content_encoding
         if cache_control:
@@ -223,10 +273,13 @@ class S3Objects:
         if _MD5_ETAG.match(etag) and r.get("ServerSideEncryption") != "aws:kms":
             got = hashlib.md5(body).hexdigest()
             if got != etag.lower():
-                raise DataError(f"GET {self.where(name)}: the body's md5 {got} != the server's ETag {etag} "
-                                "(corrupted in transit); retry, or re-run the task that wrote it")
-        enc = ",".join(e.strip() for e in (r.get("ContentEncoding") or "").split(",")
-                       if e.strip() and e.strip() != "aws-chunked")
+                raise DataError(
+                    f"GET {self.where(name)}: the body's md5 {got} != the server's ETag {etag} "
+                    "(corrupted in transit); retry, or re-run the task that wrote it"
+                )
+        enc = ",".join(
+            e.strip() for e in (r.get("ContentEncoding") or "").split(",") if e.strip() and e.strip() != "aws-chunked"
+        )
         return body, enc
 
     def size(self, name: str) -> int | None:

@@ -19,6 +19,7 @@ bytes (indices, minishards), which cloud-volume, tensorstore and Neuroglancer re
     |2 |3 |6 |7 |10|11|   -> shards {0..7} and {8..11}: boxes [0,4) and [4,6) in x
     +--+--+--+--+--+--+
 """
+
 from __future__ import annotations
 
 import math
@@ -59,7 +60,7 @@ def shard_chunks(sharding: dict, grid_shape) -> Coordinate:
             if i < bits[d] and left > 0:
                 take[d] += 1
                 left -= 1
-    return Coordinate(tuple(min(2 ** t, int(n)) for t, n in zip(take, reversed(tuple(grid_shape))))[::-1])
+    return Coordinate(tuple(min(2**t, int(n)) for t, n in zip(take, reversed(tuple(grid_shape))))[::-1])
 
 
 def shard_name(sharding: dict, key: int) -> str:
@@ -72,14 +73,25 @@ def shard_name(sharding: dict, key: int) -> str:
 def check_sharding(sharding: dict, where: str, grid_shape=None) -> dict:
     """A sharding spec znni can write: identity hash (shards are boxes), known encodings, and
     (given the layer's ``grid_shape``) enough bits that no two boxes share a shard file."""
-    want = {"@type", "preshift_bits", "hash", "minishard_bits", "shard_bits", "minishard_index_encoding",
-            "data_encoding"}
+    want = {
+        "@type",
+        "preshift_bits",
+        "hash",
+        "minishard_bits",
+        "shard_bits",
+        "minishard_index_encoding",
+        "data_encoding",
+    }
     if not isinstance(sharding, dict) or set(sharding) - want or sharding.get("@type") != SHARD_TYPE:
-        raise ConfigError(f"{where}: a sharding spec is {{'@type': '{SHARD_TYPE}', preshift_bits, hash, "
-                          f"minishard_bits, shard_bits, minishard_index_encoding, data_encoding}}; got {sharding!r}")
+        raise ConfigError(
+            f"{where}: a sharding spec is {{'@type': '{SHARD_TYPE}', preshift_bits, hash, "
+            f"minishard_bits, shard_bits, minishard_index_encoding, data_encoding}}; got {sharding!r}"
+        )
     if sharding.get("hash") != "identity":
-        raise ConfigError(f"{where}: hash {sharding.get('hash')!r}: znni writes shards as boxes of chunks, which "
-                          "needs hash: identity (murmurhash3 scatters a task's chunks over every shard)")
+        raise ConfigError(
+            f"{where}: hash {sharding.get('hash')!r}: znni writes shards as boxes of chunks, which "
+            "needs hash: identity (murmurhash3 scatters a task's chunks over every shard)"
+        )
     for k in ("preshift_bits", "minishard_bits", "shard_bits"):
         v = sharding.get(k)
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 64:
@@ -91,10 +103,12 @@ def check_sharding(sharding: dict, where: str, grid_shape=None) -> dict:
         need = sum(_bits(int(n)) for n in grid_shape)
         have = sharding["preshift_bits"] + sharding["minishard_bits"] + sharding["shard_bits"]
         if have < need:
-            raise ConfigError(f"{where}: preshift_bits + minishard_bits + shard_bits = {have} < {need}, the bits of "
-                              f"a chunk key in this layer's grid {tuple(int(n) for n in grid_shape)} (z, y, x): "
-                              f"several boxes of chunks would share one shard file; raise shard_bits to "
-                              f"{need - have + sharding['shard_bits']}")
+            raise ConfigError(
+                f"{where}: preshift_bits + minishard_bits + shard_bits = {have} < {need}, the bits of "
+                f"a chunk key in this layer's grid {tuple(int(n) for n in grid_shape)} (z, y, x): "
+                f"several boxes of chunks would share one shard file; raise shard_bits to "
+                f"{need - have + sharding['shard_bits']}"
+            )
     return {"minishard_index_encoding": "raw", "data_encoding": "raw", **sharding}
 
 
@@ -104,9 +118,14 @@ def auto_sharding(shape_zyx, chunk_zyx, dtype: str, channels: int, shard_bytes: 
     from cloudvolume.datasource.precomputed.sharding import compute_shard_params_for_image
 
     spec = compute_shard_params_for_image(
-        tuple(int(v) for v in reversed(tuple(shape_zyx))), tuple(int(v) for v in reversed(tuple(chunk_zyx))),
-        "raw", dtype, uncompressed_shard_bytesize=max(1, int(shard_bytes) // max(1, int(channels))),
-        data_encoding=data_encoding, minishard_index_encoding="gzip").to_dict()
+        tuple(int(v) for v in reversed(tuple(shape_zyx))),
+        tuple(int(v) for v in reversed(tuple(chunk_zyx))),
+        "raw",
+        dtype,
+        uncompressed_shard_bytesize=max(1, int(shard_bytes) // max(1, int(channels))),
+        data_encoding=data_encoding,
+        minishard_index_encoding="gzip",
+    ).to_dict()
     return {k: (int(v) if k.endswith("_bits") else v) for k, v in spec.items()}
 
 

@@ -20,6 +20,7 @@ True
 >>> store.get("a/b"), store.get("absent")
 (b'bytes', None)
 """
+
 from __future__ import annotations
 
 import gzip
@@ -68,8 +69,15 @@ class ObjectStore:
         """The object's decoded bytes, or None if absent."""
         raise NotImplementedError
 
-    def put(self, name: str, data: bytes, *, compress: str = "none", content_type: str = "application/octet-stream",
-            exclusive: bool = False) -> bool:
+    def put(
+        self,
+        name: str,
+        data: bytes,
+        *,
+        compress: str = "none",
+        content_type: str = "application/octet-stream",
+        exclusive: bool = False,
+    ) -> bool:
         """Store ``name`` whole (``compress="gzip"``: gzip-encoded); with ``exclusive`` only if
         absent.  Returns False when ``exclusive`` found it present."""
         if compress not in COMPRESSIONS:
@@ -111,12 +119,15 @@ class ObjectStore:
         the object when it is absent or differs (a torn or corrupted write)."""
         data = self.get(name)
         if data is None:
-            raise DataError(f"{self.where(name)} is missing after its write (expected sha256 {digest[:12]}); "
-                            "re-run its task")
+            raise DataError(
+                f"{self.where(name)} is missing after its write (expected sha256 {digest[:12]}); re-run its task"
+            )
         got = sha256(data)
         if got != digest:
-            raise DataError(f"{self.where(name)}: read-back sha256 {got[:12]} != written {digest[:12]} "
-                            "(torn or corrupted write); re-run its task")
+            raise DataError(
+                f"{self.where(name)}: read-back sha256 {got[:12]} != written {digest[:12]} "
+                "(torn or corrupted write); re-run its task"
+            )
 
 
 class LocalStore(ObjectStore):
@@ -135,8 +146,10 @@ class LocalStore(ObjectStore):
         if not found:
             return None
         if len(found) > 1:
-            raise DataError(f"{self.where(name)} is stored as {[name + s for s in found]}: readers would pick one "
-                            "by probe order; re-run its task to leave exactly one")
+            raise DataError(
+                f"{self.where(name)} is stored as {[name + s for s in found]}: readers would pick one "
+                "by probe order; re-run its task to leave exactly one"
+            )
         data = (self.root / (name + found[0])).read_bytes()
         if found[0] == ".gz":
             return _gunzip(data, self.where(name + ".gz"))
@@ -149,8 +162,10 @@ class LocalStore(ObjectStore):
         try:
             written = atomic_write(path, _gzip(data) if compress == "gzip" else data, exclusive=exclusive)
         except OSError as exc:  # disk full, quota, I/O error: the previous version stays intact
-            raise DataError(f"{self.where(name)}: write failed ({exc.strerror or exc}); the previous version, if "
-                            "any, is intact; free space or fix the storage and re-run its task") from exc
+            raise DataError(
+                f"{self.where(name)}: write failed ({exc.strerror or exc}); the previous version, if "
+                "any, is intact; free space or fix the storage and re-run its task"
+            ) from exc
         if written:
             for s in ALL_SUFFIXES:
                 if s != SUFFIXES[compress]:
@@ -199,8 +214,13 @@ class S3Store(ObjectStore):
     def _put(self, name, data, compress, content_type, exclusive) -> bool:
         if exclusive and self._s3.exists(name):
             return False
-        self._s3.put(name, _gzip(data) if compress == "gzip" else data, content_type=content_type,
-                     content_encoding="gzip" if compress == "gzip" else None, cache_control="no-cache")
+        self._s3.put(
+            name,
+            _gzip(data) if compress == "gzip" else data,
+            content_type=content_type,
+            content_encoding="gzip" if compress == "gzip" else None,
+            cache_control="no-cache",
+        )
         return True
 
     def exists(self, name: str) -> bool:
@@ -231,8 +251,13 @@ class CloudFilesStore(ObjectStore):
     def _put(self, name, data, compress, content_type, exclusive) -> bool:
         if exclusive and self._cf.exists(name):
             return False
-        self._cf.put(name, data, content_type=content_type, compress="gzip" if compress == "gzip" else None,
-                     cache_control="no-cache")
+        self._cf.put(
+            name,
+            data,
+            content_type=content_type,
+            compress="gzip" if compress == "gzip" else None,
+            cache_control="no-cache",
+        )
         return True
 
     def exists(self, name: str) -> bool:

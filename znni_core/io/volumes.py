@@ -6,6 +6,7 @@ lies in the input's coordinates (the region's offset plus the halo of a valid ne
 overlays the input in Neuroglancer.  Its chunks (or, for zarr, its shards) are written whole,
 atomically, and read back as every znni write is.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -49,13 +50,16 @@ def _region(bounds: Roi, offset, shape, where: str) -> Roi:
     shp = Coordinate(shape) if shape is not None else bounds.end - off
     roi = Roi(off, shp)
     if any(v < 1 for v in shp) or not bounds.contains(roi):
-        raise InputError(f"region offset {tuple(off)} shape {tuple(shp)} (z, y, x) is not inside {where}, whose "
-                         f"bounds are offset {tuple(bounds.offset)} shape {tuple(bounds.shape)}")
+        raise InputError(
+            f"region offset {tuple(off)} shape {tuple(shp)} (z, y, x) is not inside {where}, whose "
+            f"bounds are offset {tuple(bounds.offset)} shape {tuple(bounds.shape)}"
+        )
     return roi
 
 
-def write_volume(path: str, y: np.ndarray, *, offset=(0, 0, 0), resolution=(1.0, 1.0, 1.0), chunk=(64, 64, 64),
-                 endpoint=None) -> str:
+def write_volume(
+    path: str, y: np.ndarray, *, offset=(0, 0, 0), resolution=(1.0, 1.0, 1.0), chunk=(64, 64, 64), endpoint=None
+) -> str:
     """Save ``y`` (c, z, y, x) float32 as an array file, or as a new layer at ``offset``; returns what was written."""
     if is_array_file(path):
         if str(path).endswith(".npy"):
@@ -66,10 +70,10 @@ def write_volume(path: str, y: np.ndarray, *, offset=(0, 0, 0), resolution=(1.0,
             tifffile.imwrite(path, y)
         return f"{path}: {y.shape} float32"
     from .info import ScaleSpec
+    from .layers import create_layer, open_output
     from .manifest import store_chunks
     from .mips import task_chunks_of
     from .paths import parse_layer_url
-    from .layers import create_layer, open_output
     from .zarr_output import zarr_sharding
 
     url = parse_layer_url(path, endpoint=endpoint, what="output")
@@ -77,14 +81,22 @@ def write_volume(path: str, y: np.ndarray, *, offset=(0, 0, 0), resolution=(1.0,
     chunk = Coordinate(chunk).min(bounds.shape)
     zarr = url.format == "zarr"
     per_shard = bounds.shape.ceil_div(chunk).min(Coordinate(8, 8, 8))  # zarr: shards of up to 8^3 chunks
-    spec = ScaleSpec("0" if zarr else "_".join(f"{v:g}" for v in tuple(resolution)[::-1]), bounds, chunk,
-                     tuple(float(v) for v in resolution), "float32", int(y.shape[0]),
-                     sharding=zarr_sharding(per_shard, "none") if zarr else None)
+    spec = ScaleSpec(
+        "0" if zarr else "_".join(f"{v:g}" for v in tuple(resolution)[::-1]),
+        bounds,
+        chunk,
+        tuple(float(v) for v in resolution),
+        "float32",
+        int(y.shape[0]),
+        sharding=zarr_sharding(per_shard, "none") if zarr else None,
+    )
     create_layer(url, spec, {"description": "znni infer", "owners": [], "processing": [], "sources": []})
     out = open_output(url, spec)
     zero = Halo((0, 0, 0), (0, 0, 0))
     for block in TaskGrid(out.grid, task_chunks_of(spec, per_shard), zero):  # whole shards, or boxes of chunks
-        chunks = {i: np.ascontiguousarray(y[(slice(None),) + out.grid.chunk_roi(i).to_slices(bounds.offset)])
-                  for i in block.chunks}
+        chunks = {
+            i: np.ascontiguousarray(y[(slice(None),) + out.grid.chunk_roi(i).to_slices(bounds.offset)])
+            for i in block.chunks
+        }
         store_chunks(out, block.chunks, chunks, {}, "none")
     return f"{url}: {y.shape} float32 at offset {tuple(bounds.offset)} (z, y, x), {out.grid.num_chunks} chunk(s)"

@@ -6,6 +6,7 @@ Missing chunks read as the fill value in zarr; znni checks for them first (chunk
 sharded array its shard files and their indexes) and fails unless ``input.missing: zero`` is
 chosen, which records every chunk it filled.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,7 @@ from ..errors import DataError, InputError
 from ..geometry import ChunkGrid, Coordinate, Roi
 from .paths import LayerURL
 
-
-_EMPTY = (2 ** 64 - 1, 2 ** 64 - 1)  # a shard index's (offset, nbytes) of a chunk not stored
+_EMPTY = (2**64 - 1, 2**64 - 1)  # a shard index's (offset, nbytes) of a chunk not stored
 
 
 def _shard_index(path, size: int, at_end: bool):
@@ -33,7 +33,7 @@ def _shard_index(path, size: int, at_end: bool):
             raw = f.read(size)
     except OSError:
         return None
-    v = np.frombuffer(raw[:size - (size % 16)], "<u8").reshape(-1, 2)
+    v = np.frombuffer(raw[: size - (size % 16)], "<u8").reshape(-1, 2)
     return [(int(a), int(b)) for a, b in v]
 
 
@@ -53,8 +53,10 @@ class ZarrLayer:
         attrs = dict(self.array.attrs)
         res = attrs.get("resolution", resolution)
         if res is None:
-            raise DataError(f"input {url}: no resolution; set input.resolution (z, y, x nm) in the config "
-                            "or a 'resolution' attribute on the array")
+            raise DataError(
+                f"input {url}: no resolution; set input.resolution (z, y, x nm) in the config "
+                "or a 'resolution' attribute on the array"
+            )
         self.resolution = tuple(float(r) for r in res)
         off = Coordinate(attrs.get("voxel_offset", voxel_offset if voxel_offset is not None else (0, 0, 0)))
         self.bounds = Roi(off, shape[-3:])
@@ -110,8 +112,10 @@ class ZarrLayer:
             raise InputError(f"read {roi} is outside the layer bounds {self.bounds} of {self.url}")
         missing = self.missing_chunks(roi)
         if missing and not fill_missing:
-            raise DataError(f"input {self.url}: {len(missing)} chunk(s) under {roi} are missing or empty "
-                            f"(first: {missing[:3]}); repair the input, or set input.missing: zero")
+            raise DataError(
+                f"input {self.url}: {len(missing)} chunk(s) under {roi} are missing or empty "
+                f"(first: {missing[:3]}); repair the input, or set input.missing: zero"
+            )
         sl = roi.to_slices(self.bounds.offset)
         try:
             arr = self.array[(Ellipsis,) + sl]

@@ -20,6 +20,7 @@ task does not give (empty or masked) are absent from the shard and read as 0.  T
 :class:`ScaleSpec` whose ``sharding`` is ``{"@type": "zarr_sharding_indexed", ...}``, so an
 existing array is compared with the run's exactly as a precomputed layer is (T18, T17).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,8 @@ import numpy as np
 from ..errors import DataError
 from ..geometry import Coordinate, Roi
 from .info import ScaleSpec, compare_scale
-from .store import StoredObjects, read_json, sha256, write_json
 from .paths import LayerURL
+from .store import StoredObjects, read_json, sha256, write_json
 
 ZARR_SHARDING = "zarr_sharding_indexed"
 ARRAY = "0"
@@ -51,12 +52,19 @@ def _template(spec: ScaleSpec):
     c = int(spec.channels)
     store = MemoryStore()
     arr = zarr.create_array(
-        store, name=spec.key, shape=(c,) + tuple(spec.bounds.shape), dtype=spec.dtype, fill_value=0,
+        store,
+        name=spec.key,
+        shape=(c,) + tuple(spec.bounds.shape),
+        dtype=spec.dtype,
+        fill_value=0,
         chunks=(c,) + tuple(spec.chunk_shape),
         shards=(c,) + tuple(Coordinate(sh["chunks_per_shard"]) * spec.chunk_shape),
         compressors=[GzipCodec(level=6)] if sh["compression"] == "gzip" else None,
-        dimension_names=["c", "z", "y", "x"], zarr_format=3, config={"write_empty_chunks": True},
-        attributes={"resolution": [float(v) for v in spec.resolution], "voxel_offset": list(spec.bounds.offset)})
+        dimension_names=["c", "z", "y", "x"],
+        zarr_format=3,
+        config={"write_empty_chunks": True},
+        attributes={"resolution": [float(v) for v in spec.resolution], "voxel_offset": list(spec.bounds.offset)},
+    )
     return store, arr
 
 
@@ -68,8 +76,15 @@ def _group_attributes(specs: list[ScaleSpec], name: str) -> dict:
         res = [float(v) for v in spec.resolution]
         # voxel a of a mip covers mip-0 voxels [a f, (a + 1) f): its centre, in mip 0's convention
         shift = [o * r + (r - q) / 2 for o, r, q in zip(spec.bounds.offset, res, r0)]
-        datasets.append({"path": spec.key, "coordinateTransformations": [
-            {"type": "scale", "scale": [1.0] + res}, {"type": "translation", "translation": [0.0] + shift}]})
+        datasets.append(
+            {
+                "path": spec.key,
+                "coordinateTransformations": [
+                    {"type": "scale", "scale": [1.0] + res},
+                    {"type": "translation", "translation": [0.0] + shift},
+                ],
+            }
+        )
     return {"ome": {"version": "0.5", "multiscales": [{"name": name, "axes": axes, "datasets": datasets}]}}
 
 
@@ -83,12 +98,21 @@ def _spec_of(meta: dict, where: str, key: str = ARRAY) -> ScaleSpec:
         gz = any(c["name"] == "gzip" for c in codec["configuration"]["codecs"])
         shape = meta["shape"]
         per = [s // i for s, i in zip(shard[1:], inner[1:])]
-        return ScaleSpec(key, Roi(attrs["voxel_offset"], shape[1:]), Coordinate(inner[1:]),
-                         tuple(float(v) for v in attrs["resolution"]), meta["data_type"], int(shape[0]), "raw",
-                         zarr_sharding(per, "gzip" if gz else "none"))
+        return ScaleSpec(
+            key,
+            Roi(attrs["voxel_offset"], shape[1:]),
+            Coordinate(inner[1:]),
+            tuple(float(v) for v in attrs["resolution"]),
+            meta["data_type"],
+            int(shape[0]),
+            "raw",
+            zarr_sharding(per, "gzip" if gz else "none"),
+        )
     except (KeyError, ValueError, TypeError) as exc:
-        raise DataError(f"{where}: not a znni zarr output array (sharded, with resolution and voxel_offset "
-                        f"attributes): {type(exc).__name__}: {exc}") from None
+        raise DataError(
+            f"{where}: not a znni zarr output array (sharded, with resolution and voxel_offset "
+            f"attributes): {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def stored_spec(url: LayerURL, key: str = ARRAY) -> ScaleSpec | None:
@@ -130,14 +154,19 @@ class ZarrOutput(StoredObjects):
         except OSError as exc:
             raise DataError(f"output {url}: {key}/zarr.json cannot be read ({exc})") from exc
         if stored is None:
-            raise DataError(f"output {url} has no array {key}/zarr.json. The output layer is created by "
-                            "`znni create-layer` (rule create_layer) before any task runs.")
+            raise DataError(
+                f"output {url} has no array {key}/zarr.json. The output layer is created by "
+                "`znni create-layer` (rule create_layer) before any task runs."
+            )
         self.spec = stored
         if spec is not None:
             diffs = compare_scale(self.spec, spec)
             if diffs:
-                raise DataError(f"output layer {url} does not match this run's config:\n  - " + "\n  - ".join(diffs)
-                                + "\nChoose a new output path, or delete the layer if it is yours to replace.")
+                raise DataError(
+                    f"output layer {url} does not match this run's config:\n  - "
+                    + "\n  - ".join(diffs)
+                    + "\nChoose a new output path, or delete the layer if it is yours to replace."
+                )
         self.key = key
         self._mem = self._local = None
 
@@ -174,8 +203,9 @@ class ZarrOutput(StoredObjects):
             roi = self.grid.chunk_roi(idx)
             want = (self.channels,) + tuple(roi.shape)
             if a.shape != want or a.dtype != np.dtype(self.dtype):
-                raise DataError(f"chunk {self.chunk_name(idx)}: array {a.shape} {a.dtype}, the layer holds "
-                                f"{want} {self.dtype}")
+                raise DataError(
+                    f"chunk {self.chunk_name(idx)}: array {a.shape} {a.dtype}, the layer holds {want} {self.dtype}"
+                )
             arr[(slice(None),) + roi.to_slices(self.bounds.offset)] = a
             digests[tuple(idx)] = sha256(np.ascontiguousarray(a).tobytes())
         try:
@@ -215,7 +245,7 @@ class ZarrOutput(StoredObjects):
                 store._store_dict[name] = default_buffer_prototype().buffer.from_bytes(blob)
                 held.append(name)
         got = np.asarray(arr[sl])
-        for name in held[:-self.HELD_SHARDS]:  # the oldest first (dicts keep insertion order)
+        for name in held[: -self.HELD_SHARDS]:  # the oldest first (dicts keep insertion order)
             store._store_dict.pop(name, None)
         return got, []
 

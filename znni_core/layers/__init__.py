@@ -7,12 +7,15 @@ only: no network, plan or IO imports.
 Convolutions (PyTorch ``Conv3d`` semantics: correlation, valid, stride 1):
 :func:`conv_direct_gemm`, :func:`conv_direct_numba`, :class:`FFTConv` /
 :func:`fft_conv`, :class:`FFTGemmConv` (channel sums as per-frequency GEMMs),
-:class:`WinogradConv` (kernels of 1-3 in z, 1-5 in y and x: channel sums as per-position GEMMs).  Pooling: :func:`max_pool`, :func:`mpf`, :func:`recombine`,
+:class:`WinogradConv` (kernels of 1-3 in z, 1-5 in y and x: channel sums as per-position GEMMs).
+Pooling: :func:`max_pool`, :func:`mpf`, :func:`recombine`,
 :func:`max_filter_dense`.  Activations: :func:`apply_activation`.
 
 Every primitive has a ``*_memory`` function predicting the peak bytes a call
 allocates, output included, input excluded.
 """
+
+from . import tuning, vector_width
 from .activation import ACTIVATIONS, activation_memory, apply_activation
 from .direct import (
     conv_direct_gemm,
@@ -34,9 +37,8 @@ from .fft import (
     pruned_rfftn,
     save_wisdom,
 )
-from . import tuning, vector_width
-from .pointwise import conv_pointwise_chain
 from .fft_gemm import FFTGemmConv, fft_gemm_kernel_bytes, fft_gemm_memory, fft_gemm_sizes, fft_gemm_transform_shape
+from .pointwise import conv_pointwise_chain
 from .pool import (
     fragment_of_filtered,
     gather_fragment,

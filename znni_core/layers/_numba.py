@@ -4,6 +4,7 @@ PITFALLS: the default ``workqueue`` threading layer killed the process when
 dask threads called a parallel kernel, so unless the user chose a layer we ask
 for a thread-safe one (``omp`` or ``tbb``) before the first parallel launch.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Element-wise activations and channel softmax, one source for numpy and CuPy."""
+
 from __future__ import annotations
 
 from ..errors import InputError
@@ -58,8 +59,13 @@ def apply_activation(x, kind, alpha=0.0, *, out=None):
     if out is None:
         out = xp.empty_like(x)
     alpha = float(alpha)
-    if (kind in _CHUNKED and xp.__name__ == "numpy" and x.size > 2 * CHUNK and x.flags.c_contiguous
-            and out.flags.c_contiguous):
+    if (
+        kind in _CHUNKED
+        and xp.__name__ == "numpy"
+        and x.size > 2 * CHUNK
+        and x.flags.c_contiguous
+        and out.flags.c_contiguous
+    ):
         # several passes each: run them chunk by chunk in cache, not each over the whole array,
         # on the run's threads (numba's count, which the executor sets to the plan's)
         from ._numba import numba
@@ -71,7 +77,7 @@ def apply_activation(x, kind, alpha=0.0, *, out=None):
 
         def work(k):
             for i in starts[k::workers]:
-                apply_activation(xf[i:i + CHUNK], kind, alpha, out=of[i:i + CHUNK])
+                apply_activation(xf[i : i + CHUNK], kind, alpha, out=of[i : i + CHUNK])
 
         each_worker(work, workers)
         return out

@@ -23,6 +23,7 @@ process) has glibc keep what the process frees for its next allocations: no ``mm
 array, no trimming of the heap's top; the same call then took 6.0 s with 0.02 s of system time,
 its peak RSS 7% higher.  ``release_cache()`` hands the kept memory back (``malloc_trim``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -156,7 +157,7 @@ def retain_freed_memory() -> bool:
     if _RETAINED:
         return _RETAINED[0]
     libc = None if os.environ.get("ZNNI_REUSE_BUFFERS", "1") == "0" else _libc()
-    ok = bool(libc is not None and libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1))
+    ok = bool(libc is not None and libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
     _RETAINED.append(ok)
     return ok
 

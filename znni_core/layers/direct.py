@@ -22,6 +22,7 @@ Two CPU paths:
 Both are CPU-only; ``conv_direct_gemm`` is written against ``xp`` and runs on CuPy
 too (``as_strided`` and ``matmul`` exist there).
 """
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,8 @@ import numpy as np
 
 from ..errors import InputError
 from . import arena, tuning
-from .activation import apply_activation
 from ._numba import njit, prange
+from .activation import apply_activation
 from .epilogue import act_row, epilogue
 from .threads import gemm
 from .xp import get_array_module
@@ -345,15 +346,15 @@ def _conv_numba_kernel(x, w, b, out, X, G, code, alpha):  # pragma: no cover - c
                     plane = x[n, c, z + dz]
                     for dy in range(ky):
                         s = (y0 + dy) * X
-                        row = plane[s:s + L + kx - 1]
+                        row = plane[s : s + L + kx - 1]
                         if kx == 3:  # a row's taps summed in registers: 3 FMAs per store
-                            _taps3(acc, row, w[o0:o0 + _OB, c, dz, dy], L)
+                            _taps3(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
                             continue
                         if kx == 4:
-                            _taps4(acc, row, w[o0:o0 + _OB, c, dz, dy], L)
+                            _taps4(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
                             continue
                         if kx == 5:
-                            _taps5(acc, row, w[o0:o0 + _OB, c, dz, dy], L)
+                            _taps5(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
                             continue
                         for dx in range(kx):
                             w0 = w[o0, c, dz, dy, dx]

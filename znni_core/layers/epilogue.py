@@ -11,6 +11,7 @@ scalar libm call without SVML).
 The reference is :func:`~znni_core.layers.activation.apply_activation`
 (``tests/test_epilogue.py`` checks every primitive against it).
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,10 @@ def epilogue(activation) -> tuple:
 @intrinsic
 def _as_f32(typingctx, bits):  # pragma: no cover - compiled
     """The float32 whose bit pattern is the int32 ``bits`` (a vectorisable bitcast)."""
+
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.FloatType())
+
     return types.float32(types.int32), codegen
 
 
@@ -152,8 +155,9 @@ def add_affine_act(a, b=None, scale=None, shift=None, activation=None, *, out=No
     if all(is_channels_last(v) for v in (a, b2, out)):  # channels last: runs of whole voxels
         flat = lambda v: memory_order(v).reshape(-1)  # noqa: E731
         reps = max(1, 1024 // C)
-        _add_affine_act_cl(flat(a), flat(b2), b is not None, np.tile(s, reps), np.tile(t, reps), code,
-                           np.float32(alpha), flat(out))
+        _add_affine_act_cl(
+            flat(a), flat(b2), b is not None, np.tile(s, reps), np.tile(t, reps), code, np.float32(alpha), flat(out)
+        )
         return out
     _add_affine_act(a, b2, b is not None, s, t, code, np.float32(alpha), out)
     return out

@@ -35,6 +35,7 @@ layers (their kernel spectra) alive across calls of the same shape (pooling
 offsets, slabs, micro-batches, patches); ``"stream"`` is for the layers whose
 spectra would not fit.
 """
+
 from __future__ import annotations
 
 import base64
@@ -46,11 +47,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cachedir import cache_dir
 from ..errors import InputError
 from . import arena
-from .threads import each_worker
-from ..cachedir import cache_dir
 from ._numba import njit, prange
+from .threads import each_worker
 from .xp import get_array_module
 
 __all__ = [
@@ -173,7 +174,11 @@ def _fftw():
 def _plan(a, b, axis, direction, threads, effort):
     # plans are always made before the buffers are filled: MEASURE overwrites them
     return _fftw().FFTW(
-        a, b, axes=(axis,), direction=direction, threads=threads,
+        a,
+        b,
+        axes=(axis,),
+        direction=direction,
+        threads=threads,
         flags=(_EFFORT[effort], "FFTW_DESTROY_INPUT"),
     )
 
@@ -428,8 +433,11 @@ class FFTConv:
         if out is not None and tuple(out.shape) != (x.shape[0], self.c_out) + self.out_spatial:
             raise InputError(f"out has shape {out.shape}; expected {(x.shape[0], self.c_out) + self.out_spatial}")
         if xp is not np or self.mode == "data":
-            y = (_fft_conv_xp(x, self.khat, self.bias, self.fshape, self.out_spatial) if xp is not np
-                 else self._call_data(np.ascontiguousarray(x, dtype=np.float32)))
+            y = (
+                _fft_conv_xp(x, self.khat, self.bias, self.fshape, self.out_spatial)
+                if xp is not np
+                else self._call_data(np.ascontiguousarray(x, dtype=np.float32))
+            )
             if out is None:
                 return y
             out[...] = y
@@ -447,8 +455,7 @@ class FFTConv:
         _run(plans)
         p = _empty_spec(n * self.c_out, fs)
         inv = _inverse_plans(p, self.out_spatial, fs, T, eff)
-        _mac_data(xin.reshape(n, self.c_in, -1), self.khat, p.reshape(n, self.c_out, -1),
-                  _mac_block(n, self.c_in))
+        _mac_data(xin.reshape(n, self.c_in, -1), self.khat, p.reshape(n, self.c_out, -1), _mac_block(n, self.c_in))
         del xin, plans
         _run(inv)
         out = arena.empty((n, self.c_out) + self.out_spatial)

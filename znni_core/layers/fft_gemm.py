@@ -29,6 +29,7 @@ in blocks of a few MiB::
 Written against ``xp`` for the GPU too (:meth:`FFTGemmConv._call_xp`: ``xp.fft`` and
 ``xp.matmul``, no pyfftw, no numba).
 """
+
 from __future__ import annotations
 
 import math
@@ -182,14 +183,14 @@ def _kernel_spectra(w, tshape, threads, xp):
         fft, kw = xp.fft, {}
     step = max(1, 2**20 // (C64 * C * F))  # chunks of about 1 MiB: the build's transient
     for o0 in range(0, O, step):
-        wo = w[o0:o0 + step]
+        wo = w[o0 : o0 + step]
         # pruned: x on the kernel's rows only, then y, then z (each stage zero-pads its axis)
         k = fft.rfft(wo, n=tshape[2], axis=4, **kw)
         k = fft.fft(k, n=tshape[1], axis=3, **kw)
         k = fft.fft(k, n=tshape[0], axis=2, **kw) if tshape[0] > 1 else k
         xp.conjugate(k, out=k)
         k *= 1.0 / math.prod(tshape)
-        khat[:, :, o0:o0 + wo.shape[0]] = k.reshape(wo.shape[0], C, F).transpose(2, 1, 0)
+        khat[:, :, o0 : o0 + wo.shape[0]] = k.reshape(wo.shape[0], C, F).transpose(2, 1, 0)
     return khat
 
 
@@ -288,7 +289,7 @@ class FFTGemmConv(ResidentConv):
 
         def forward(w):
             rin, cin, fwd = sets[w][:3]
-            for b0 in starts[w::len(sets)]:
+            for b0 in starts[w :: len(sets)]:
                 k = min(nb, B - b0)
                 _pad_items(xs, rin[:k], b0, zb)
                 fwd()  # a short last block transforms stale items too: at most one block of waste
@@ -306,7 +307,7 @@ class FFTGemmConv(ResidentConv):
 
         def inverse(w):
             cout, rout, inv = sets[w][3:]
-            for b0 in starts[w::len(sets)]:
+            for b0 in starts[w :: len(sets)]:
                 k = min(nb, B - b0)
                 _from_freq_major(Y, cout[:k].reshape(k, O, F), b0)
                 inv(normalise_idft=False)
@@ -316,4 +317,3 @@ class FFTGemmConv(ResidentConv):
         if not self.keep_buffers:
             self.release()
         return out
-

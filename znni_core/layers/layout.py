@@ -12,6 +12,7 @@ speed (:func:`~znni_core.exec.graph` decides, per tensor).
 >>> x.shape, is_channels_last(x), is_channels_last(np.empty((1, 3, 2, 2, 2), np.float32))
 ((1, 3, 2, 2, 2), True, False)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,16 +20,29 @@ import numpy as np
 from . import arena
 from ._numba import njit, prange
 
-__all__ = ["as_contiguous", "channels_inner", "copy_into", "empty_channels_last", "empty_like_layout",
-           "is_channels_last", "memory_order"]
+__all__ = [
+    "as_contiguous",
+    "channels_inner",
+    "copy_into",
+    "empty_channels_last",
+    "empty_like_layout",
+    "is_channels_last",
+    "memory_order",
+]
 
 
 def copy_into(dst, src) -> None:
     """``dst[...] = src`` for 5-D float32 arrays of any strides, rows copied in parallel (numba):
     a pooling fragment gathered from its strided view, a block staged into a pinned buffer and
     back (GPU + host RAM plans).  numpy's strided copy runs on one thread; other arrays take it."""
-    if (isinstance(dst, np.ndarray) and isinstance(src, np.ndarray) and dst.ndim == 5 and dst.shape == src.shape
-            and dst.dtype == np.float32 and src.dtype == np.float32):
+    if (
+        isinstance(dst, np.ndarray)
+        and isinstance(src, np.ndarray)
+        and dst.ndim == 5
+        and dst.shape == src.shape
+        and dst.dtype == np.float32
+        and src.dtype == np.float32
+    ):
         _copy_rows(src, dst)
     else:
         dst[...] = src
@@ -48,8 +62,13 @@ def _copy_rows(v, out):  # pragma: no cover - compiled
 def is_channels_last(x) -> bool:
     """Whether the 5-D ``x`` is a whole channels-last view (its ``(N, Z, Y, X, C)`` transpose is
     C-contiguous) with more than one channel (one channel is channels-first too)."""
-    return (isinstance(x, np.ndarray) and x.ndim == 5 and x.shape[1] > 1 and not x.flags.c_contiguous
-            and memory_order(x).flags.c_contiguous)
+    return (
+        isinstance(x, np.ndarray)
+        and x.ndim == 5
+        and x.shape[1] > 1
+        and not x.flags.c_contiguous
+        and memory_order(x).flags.c_contiguous
+    )
 
 
 def memory_order(x):

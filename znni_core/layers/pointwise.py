@@ -22,6 +22,7 @@ Reference: ``tests/test_layers_conv.py`` checks it against float64 and PyTorch p
 vector widths) and ``tests/test_epilogue.py`` against
 :func:`~znni_core.layers.activation.apply_activation`.
 """
+
 from __future__ import annotations
 
 import math
@@ -97,8 +98,9 @@ def _tile(ob: int):
             lane0 = ir.Constant(ir.VectorType(ir.IntType(32), VL), [0] * VL)
 
             def splat(s):
-                return builder.shuffle_vector(builder.insert_element(undef, s, ir.Constant(ir.IntType(32), 0)),
-                                              undef, lane0)
+                return builder.shuffle_vector(
+                    builder.insert_element(undef, s, ir.Constant(ir.IntType(32), 0)), undef, lane0
+                )
 
             def vec(base, off):  # the VL floats at base + off as a vector pointer
                 return builder.bitcast(builder.gep(base, [const(off)]), vt.as_pointer())
@@ -111,8 +113,9 @@ def _tile(ob: int):
                 for a in row:
                     builder.store(bk, a)
                 acc.append(row)
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]),
-                                                 f"llvm.fma.v{VL}f32")
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{VL}f32"
+            )
             with cgutils.for_range(builder, c_) as loop:
                 c = loop.index
                 xrow = builder.gep(xd, [builder.add(xo_, builder.mul(c, ldx_))])
@@ -135,8 +138,11 @@ def _tile(ob: int):
                 for j in range(2):
                     v = builder.load(acc[k][j])
                     pos = builder.fcmp_ordered(">", v, zero)
-                    r = builder.select(relu, builder.select(pos, v, zero),
-                                       builder.select(leaky, builder.select(pos, v, builder.fmul(v, slope)), v))
+                    r = builder.select(
+                        relu,
+                        builder.select(pos, v, zero),
+                        builder.select(leaky, builder.select(pos, v, builder.fmul(v, slope)), v),
+                    )
                     s = builder.store(r, vec(yrow, j * VL))
                     s.align = 4
             return context.get_dummy_value()
@@ -270,9 +276,12 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=None):
     c_in = x.shape[1]
     for s, (w, _, _) in enumerate(stages):
         if tuple(w.shape[2:]) != (1, 1, 1) or w.shape[1] != c_in:
-            raise InputError(f"stage {s}: weights {tuple(w.shape)} do not continue a 1x1x1 chain: expected "
-                             f"({w.shape[0]}, {c_in}, 1, 1, 1)")
+            raise InputError(
+                f"stage {s}: weights {tuple(w.shape)} do not continue a 1x1x1 chain: expected "
+                f"({w.shape[0]}, {c_in}, 1, 1, 1)"
+            )
         c_in = w.shape[0]
+
     def unfused(act):  # an activation the tiles do not apply
         return act is not None and act[0] != "identity" and act[0] not in FUSABLE
 
@@ -309,8 +318,13 @@ def _fused(x, stages, threads, block):
     O = dims[-1][1]
     out = arena.empty((N, O) + x.shape[2:])
     xf = (memory_order(x) if cl else x).reshape(-1)
-    args = (np.concatenate(wps), np.concatenate(bs), np.array(dims, np.int64),
-            np.array(codes, np.int64), np.array(alphas, np.float32))
+    args = (
+        np.concatenate(wps),
+        np.concatenate(bs),
+        np.array(dims, np.int64),
+        np.array(codes, np.int64),
+        np.array(alphas, np.float32),
+    )
     jobs = np.array([(n, j0) for n in range(N) for j0 in range(0, P, block)], np.int64).reshape(-1, 2)
     workers = max(1, min(int(threads), len(jobs)))
     wide = max([C] + [d[1] for d in dims])

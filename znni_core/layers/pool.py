@@ -10,6 +10,7 @@ MPF in one dimension, window ``p = 2`` (``m = (n - p + 1) // p``)::
     offset 1     :   [1 2][3 4][5 6][7 8] -> m = 4 values
     recombined   : f0[0] f1[0] f0[1] f1[1] ... = dense stride-1 max filter[:2m]
 """
+
 from __future__ import annotations
 
 import itertools
@@ -105,7 +106,7 @@ def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compil
                         cj = cm[j]
                         cj[:] = row[:L]
                         for s in range(1, p2):
-                            _max_into(cj, row[s:s + L])
+                            _max_into(cj, row[s : s + L])
                 dst = out[n, k, c, i]
                 for j in range(m1):
                     cj = cm[j]
@@ -246,8 +247,9 @@ def _mpf_cl(x, pz, py, px, offs, out):  # pragma: no cover - compiled
                     s, d = src0 + l * u(2) * C_, dst0 + l * C_
                     for q in range(C_):
                         a = max(max(xf[s + q], xf[s + C_ + q]), max(xf[s + sY + q], xf[s + sY + C_ + q]))
-                        b = max(max(xf[s + sZ + q], xf[s + sZ + C_ + q]),
-                                max(xf[s + sZ + sY + q], xf[s + sZ + sY + C_ + q]))
+                        b = max(
+                            max(xf[s + sZ + q], xf[s + sZ + C_ + q]), max(xf[s + sZ + sY + q], xf[s + sZ + sY + C_ + q])
+                        )
                         of[d + q] = max(a, b)
             elif square:
                 for l in range(u(mx)):

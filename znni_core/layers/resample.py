@@ -11,6 +11,7 @@ Semantics are PyTorch's (and ONNX's, as exported by it):
 * :func:`conv_transpose`: ``ConvTranspose3d`` with stride = kernel, no padding: one GEMM.
 * :func:`conv_strided`: ``Conv3d`` with any stride (valid; pad first): strided lowering.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,17 @@ from .layout import empty_channels_last, is_channels_last, memory_order
 from .threads import gemm
 from .xp import get_array_module
 
-__all__ = ["avg_pool", "conv_strided", "conv_strided_memory", "conv_transpose", "interpolate", "linear_index", "pad",
-           "upsample_linear", "upsample_nearest"]
+__all__ = [
+    "avg_pool",
+    "conv_strided",
+    "conv_strided_memory",
+    "conv_transpose",
+    "interpolate",
+    "linear_index",
+    "pad",
+    "upsample_linear",
+    "upsample_nearest",
+]
 
 F32 = 4
 _BLOCK_BYTES = 16 * 2**20
@@ -160,7 +170,7 @@ def avg_pool(x, window):
     m = tuple(s // q for s, q in zip(x.shape[2:], p))
     if min(m) < 1:
         raise InputError(f"input spatial shape {x.shape[2:]} is smaller than the pooling window {p}")
-    v = x[:, :, :m[0] * p[0], :m[1] * p[1], :m[2] * p[2]]
+    v = x[:, :, : m[0] * p[0], : m[1] * p[1], : m[2] * p[2]]
     v = v.reshape(n, c, m[0], p[0], m[1], p[1], m[2], p[2])
     return v.mean(axis=(3, 5, 7), dtype=np.float32)
 
@@ -205,10 +215,12 @@ def conv_strided(x, w, b, stride):
     for i in range(n):
         for z0 in range(0, zo, rows):
             z1 = min(zo, z0 + rows)
-            base = x[i, :, z0 * s[0]:]
+            base = x[i, :, z0 * s[0] :]
             view = xp.lib.stride_tricks.as_strided(
-                base, shape=(ci,) + k + (z1 - z0, yo, xo),
-                strides=(Z * Y * X * e, Y * X * e, X * e, e, s[0] * Y * X * e, s[1] * X * e, s[2] * e))
+                base,
+                shape=(ci,) + k + (z1 - z0, yo, xo),
+                strides=(Z * Y * X * e, Y * X * e, X * e, e, s[0] * Y * X * e, s[1] * X * e, s[2] * e),
+            )
             cols = view.reshape(kk, -1)  # a copy: the gathered windows
             out[i, :, z0:z1] = (gemm if xp is np else xp.matmul)(wm, cols).reshape(co, z1 - z0, yo, xo)
             del cols, view

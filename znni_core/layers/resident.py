@@ -1,6 +1,7 @@
 """What the convolutions with a resident kernel transform share (:class:`FFTGemmConv`,
 :class:`WinogradConv`): argument checks, the call contract (``out=`` of any strides, numpy
 to the CPU path, CuPy to the ``xp`` path) and the per-call buffers kept between calls."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -60,7 +61,9 @@ class ResidentConv:
         (a zero-padded convolution without a padded copy)."""
         xp = get_array_module(x)
         if xp is not self.xp:
-            raise InputError(f"{type(self).__name__} was built for {self.xp.__name__} arrays, got a {xp.__name__} array")
+            raise InputError(
+                f"{type(self).__name__} was built for {self.xp.__name__} arrays, got a {xp.__name__} array"
+            )
         low = (0, 0, 0) if low is None else tuple(int(v) for v in low)
         if any(low) and not self.PADS_INPUT:
             raise InputError(f"{type(self).__name__} takes no implicit padding (low={low})")

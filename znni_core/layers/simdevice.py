@@ -20,6 +20,7 @@ module instead of CuPy.  It behaves like CuPy where that matters to znni:
 Speed means nothing here (it is numpy, single-stream).  Nothing in it is imported
 unless the variable is set.
 """
+
 from __future__ import annotations
 
 import functools
@@ -86,8 +87,9 @@ class Pool:
         with self._lock:
             cap = min(self.capacity, self.limit or self.capacity)
             if self.used + n > cap:
-                raise OutOfMemoryError(f"simulated GPU: out of memory allocating {n:,} bytes "
-                                       f"({self.used:,} in use, limit {cap:,})")
+                raise OutOfMemoryError(
+                    f"simulated GPU: out of memory allocating {n:,} bytes ({self.used:,} in use, limit {cap:,})"
+                )
             self._live[key] = n
             self.used += n
             self.peak = max(self.peak, self.used)
@@ -139,8 +141,10 @@ class DeviceArray(np.ndarray):
         return _dev(r)
 
     def __array_function__(self, func, types_, args, kwargs):
-        raise TypeError(f"numpy.{func.__name__} called on a device array: call it through xp "
-                        "(CuPy refuses implicit conversion to numpy)")
+        raise TypeError(
+            f"numpy.{func.__name__} called on a device array: call it through xp "
+            "(CuPy refuses implicit conversion to numpy)"
+        )
 
     def get(self, stream=None, order="C", out=None, blocking=True):
         """Device to host (CuPy's ``ndarray.get``)."""
@@ -160,6 +164,7 @@ def _wrap(fn, name):
         if any(_host(a) for a in args):
             raise TypeError(f"xp.{name}: a host (numpy) array given to a device function; move it with xp.asarray")
         return _dev(fn(*_strip(args), **{k: _strip(v) for k, v in kw.items()}))
+
     return call
 
 
@@ -266,6 +271,7 @@ def _fft_namespace():
             if _host(x):
                 raise TypeError(f"xp.fft.{fn.__name__}: a host array; move it with xp.asarray")
             return _dev(fn(_strip(x), *a, **kw))
+
         return call
 
     names = ("fft", "ifft", "rfft", "irfft", "fftn", "ifftn", "rfftn", "irfftn", "fft2", "ifft2", "rfft2", "irfft2")
@@ -294,13 +300,31 @@ def module(capacity=None):
         _POOL.capacity = parse_capacity(os.environ.get(ENV, "0"))
     if _MODULE is None:
         cuda = types.SimpleNamespace(
-            runtime=types.SimpleNamespace(memGetInfo=_mem_get_info,
-                                          getDeviceCount=lambda: int(os.environ.get(ENV_COUNT, "1"))),
-            Stream=_Stream, Event=_Event, Device=_Device, get_current_stream=lambda: _Stream(),
-            memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError))
-        _MODULE = _Namespace("znni_simgpu", np, {
-            "asarray": asarray, "array": array, "ascontiguousarray": ascontiguousarray, "asnumpy": asnumpy,
-            "empty_pinned": empty_pinned, "fft": _fft_namespace(), "cuda": cuda, "ndarray": DeviceArray,
-            "get_default_memory_pool": lambda: _POOL, "is_available": lambda: True, "simulated": True,
-            "OutOfMemoryError": OutOfMemoryError})
+            runtime=types.SimpleNamespace(
+                memGetInfo=_mem_get_info, getDeviceCount=lambda: int(os.environ.get(ENV_COUNT, "1"))
+            ),
+            Stream=_Stream,
+            Event=_Event,
+            Device=_Device,
+            get_current_stream=lambda: _Stream(),
+            memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
+        )
+        _MODULE = _Namespace(
+            "znni_simgpu",
+            np,
+            {
+                "asarray": asarray,
+                "array": array,
+                "ascontiguousarray": ascontiguousarray,
+                "asnumpy": asnumpy,
+                "empty_pinned": empty_pinned,
+                "fft": _fft_namespace(),
+                "cuda": cuda,
+                "ndarray": DeviceArray,
+                "get_default_memory_pool": lambda: _POOL,
+                "is_available": lambda: True,
+                "simulated": True,
+                "OutOfMemoryError": OutOfMemoryError,
+            },
+        )
     return _MODULE

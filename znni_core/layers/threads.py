@@ -11,6 +11,7 @@ spinning for about 0.1 s (``2^28`` cycles) before they sleep, and they took the 
 next step's own workers: a valid U-Net's Winograd layers after a 1x1x1 conv ran 1.7-1.8x their
 time alone (47 against 27 ms), the whole patch 0.43 s against 0.33 s with the spin off.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -92,8 +93,9 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     """The process's pool of ``workers`` threads (made once)."""
     with _POOLS_LOCK:
         if workers not in _POOLS:
-            _POOLS[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="znni-worker",
-                                                 initializer=_mark_pooled)
+            _POOLS[workers] = ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix="znni-worker", initializer=_mark_pooled
+            )
         return _POOLS[workers]
 
 

@@ -18,6 +18,7 @@ pooled stream, not the null stream (:meth:`TorchConv._stream` maps it now).  Unt
 verifies the fix, ``direct-torch`` is no default GPU primitive: it runs when asked for
 (``primitives=``).
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -13,6 +13,7 @@ Zen 4 host, each with its candidates.  The parameters change how work is blocked
 a value is made of, except ``winograd.large_tile_gain`` (which tile size a layer runs: both are
 exact to 1e-4, ``tests/test_winograd.py``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,7 @@ __all__ = ["CANDIDATES", "DEFAULTS", "apply", "current", "get", "using"]
 #: name -> default value
 DEFAULTS = {
     # bytes of V and M per block of Winograd tiles (layers/winograd.py)
-    "winograd.block_bytes": 3 * 2 ** 20,
+    "winograd.block_bytes": 3 * 2**20,
     # 8-point tiles where they need at most this fraction of 6-point tiles' transform positions
     # (0: 6-point tiles only)
     "winograd.large_tile_gain": 1.0,
@@ -34,7 +35,7 @@ DEFAULTS = {
 }
 #: name -> the values a calibration times
 CANDIDATES = {
-    "winograd.block_bytes": (2 ** 19, 2 ** 20, 3 * 2 ** 20, 6 * 2 ** 20),
+    "winograd.block_bytes": (2**19, 2**20, 3 * 2**20, 6 * 2**20),
     "winograd.large_tile_gain": (0.0, 1.0),
     "pointwise.block": (512, 1024, 2048),
     "direct.row_group": (256, 512, 1024),

@@ -21,6 +21,7 @@ The choice changes only how loops are vectorised: every variant computes the sam
 targets against the reference).  numba keys its cached kernels by the feature string, so the
 variants' caches never mix.  This module imports no numba (``layers/_numba.py`` applies it).
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,8 +32,19 @@ from importlib.metadata import PackageNotFoundError, version
 
 from ..cachedir import cache_dir
 
-__all__ = ["VARIANTS", "apply", "candidates", "choice_path", "chosen", "effective", "features_for",
-           "host_features", "host_key", "record", "target"]
+__all__ = [
+    "VARIANTS",
+    "apply",
+    "candidates",
+    "choice_path",
+    "chosen",
+    "effective",
+    "features_for",
+    "host_features",
+    "host_key",
+    "record",
+    "target",
+]
 
 #: width -> the tuning flag added to the host's feature string
 VARIANTS = {"512": "-prefer-256-bit", "256": "+prefer-256-bit"}
@@ -132,8 +144,10 @@ def target(environ=None) -> tuple[str, str | None]:
         if want not in VARIANTS:
             import warnings
 
-            warnings.warn(f"ZNNI_VECTOR_WIDTH={want!r} is not one of 512, 256, host, auto: ignored "
-                          "(LLVM's own choice)", stacklevel=2)
+            warnings.warn(
+                f"ZNNI_VECTOR_WIDTH={want!r} is not one of 512, 256, host, auto: ignored (LLVM's own choice)",
+                stacklevel=2,
+            )
             return "llvm", None
         if not candidates():
             return "llvm", None  # one width on this host: nothing to choose

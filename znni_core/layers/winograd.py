@@ -36,6 +36,7 @@ the output's magnitude (``tests/test_winograd.py`` checks 1e-4 against the refer
 Written against ``xp`` for the GPU (:meth:`WinogradConv._call_xp`: strided tile views,
 ``tensordot`` and ``matmul``).
 """
+
 from __future__ import annotations
 
 import math
@@ -44,15 +45,21 @@ import numpy as np
 
 from ..errors import InputError
 from . import arena, tuning
-from .threads import blas_limit, each_worker, gemm
 from ._numba import njit
 from .epilogue import act_row
 from .layout import channels_inner, empty_channels_last, is_channels_last, memory_order
 from .resident import ResidentConv
+from .threads import blas_limit, each_worker, gemm
 from .xp import get_array_module
 
-__all__ = ["WinogradConv", "winograd_kernel_bytes", "winograd_memory", "winograd_sizes", "winograd_supports",
-           "winograd_tiles"]
+__all__ = [
+    "WinogradConv",
+    "winograd_kernel_bytes",
+    "winograd_memory",
+    "winograd_sizes",
+    "winograd_supports",
+    "winograd_tiles",
+]
 
 F32 = 4
 #: V and M of one block of tiles together take about ``winograd.block_bytes`` (:mod:`.tuning`,
@@ -66,19 +73,38 @@ F32 = 4
 # from the identity AT[(G g) * (BT d)] == correlation (solved exactly in float64).  Every
 # kernel size r of an axis uses the same a: F(7 - r, r) in y and x, F(5 - r, r) in z.
 _POINTS = {8: (0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5), 6: (0.0, 1.0, -1.0, 2.0, -2.0), 4: (0.0, 1.0, -1.0)}
-_BT = {6: np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
-                    [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64),
-       4: np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)}
-
+_BT = {
+    6: np.array(
+        [
+            [4, 0, -5, 0, 1, 0],
+            [0, -4, -4, 1, 1, 0],
+            [0, 4, -4, -1, 1, 0],
+            [0, -2, -1, 2, 1, 0],
+            [0, 2, -1, -2, 1, 0],
+            [0, 4, 0, -5, 0, 1],
+        ],
+        np.float64,
+    ),
+    4: np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64),
+}
 
 
 # a = 8: inverse(W)^T's rows scaled to dyadic constants (each row of BT may take any scale: G
 # follows from BT); rows of a pair +-p differ in the sign of the odd columns, which the written-out
 # transform uses (:func:`_bt8`; ``tests/test_winograd.py`` checks the rows against the Vandermonde form)
-_BT[8] = np.array([[1, 0, -21 / 4, 0, 21 / 4, 0, -1, 0], [0, 1, 1, -17 / 4, -17 / 4, 1, 1, 0],
-                   [0, -1, 1, 17 / 4, -17 / 4, -1, 1, 0], [0, 1 / 2, 1 / 4, -5 / 2, -5 / 4, 2, 1, 0],
-                   [0, -1 / 2, 1 / 4, 5 / 2, -5 / 4, -2, 1, 0], [0, 1, 2, -5 / 4, -5 / 2, 1 / 4, 1 / 2, 0],
-                   [0, -1, 2, 5 / 4, -5 / 2, -1 / 4, 1 / 2, 0], [0, -1, 0, 21 / 4, 0, -21 / 4, 0, 1]], np.float64)
+_BT[8] = np.array(
+    [
+        [1, 0, -21 / 4, 0, 21 / 4, 0, -1, 0],
+        [0, 1, 1, -17 / 4, -17 / 4, 1, 1, 0],
+        [0, -1, 1, 17 / 4, -17 / 4, -1, 1, 0],
+        [0, 1 / 2, 1 / 4, -5 / 2, -5 / 4, 2, 1, 0],
+        [0, -1 / 2, 1 / 4, 5 / 2, -5 / 4, -2, 1, 0],
+        [0, 1, 2, -5 / 4, -5 / 2, 1 / 4, 1 / 2, 0],
+        [0, -1, 2, 5 / 4, -5 / 2, -1 / 4, 1 / 2, 0],
+        [0, -1, 0, 21 / 4, 0, -21 / 4, 0, 1],
+    ],
+    np.float64,
+)
 #: a larger tile in y and x (a = 8: F(9 - r, r)) where it needs ``winograd.large_tile_gain``
 #: (:mod:`.tuning`, measured per host) of a = 6's transform positions or fewer.  It costs more per transformed value (a general product)
 #: but does fewer GEMM products per output: faster wherever it needs no more positions
@@ -95,7 +121,7 @@ def toom_cook(a: int, r: int) -> tuple:
     m = a + 1 - r
     AT = np.zeros((m, a))
     for i in range(m):
-        AT[i, :-1] = [p ** i for p in pts]
+        AT[i, :-1] = [p**i for p in pts]
     AT[m - 1, -1] = 1.0
     G = np.zeros((a, r))
     for k in range(r):  # sum_t AT[i, t] G[t, k] BT[t, :] = e_(i + k) for every output i
@@ -133,8 +159,10 @@ def _axis_transforms(kernel, out_spatial):
     every axis)."""
     if not winograd_supports(kernel):
         raise InputError(f"Winograd convolution takes kernels of 1-5 on every axis; got {tuple(kernel)}")
-    return tuple(_ID if int(k) == 1 else toom_cook(_axis_points(axis, int(k), o), int(k))
-                 for axis, (k, o) in enumerate(zip(kernel, out_spatial)))
+    return tuple(
+        _ID if int(k) == 1 else toom_cook(_axis_points(axis, int(k), o), int(k))
+        for axis, (k, o) in enumerate(zip(kernel, out_spatial))
+    )
 
 
 def winograd_tiles(out_spatial, kernel) -> tuple:
@@ -181,8 +209,11 @@ def winograd_memory(n, c_in, c_out, in_spatial, kernel, threads=1) -> int:
     br, workers = _blocks(rows, nt[2], T, c_in, c_out, threads)
     block = F32 * T * (c_in + c_out) * br * nt[2]
     width = nt[2] * ms[2]
-    scratch = F32 * (al[0] * al[1] * (width + al[2] - ms[2]) * c_in + 2 * T * nt[2] * max(c_in, c_out)
-                     + ms[0] * ms[1] * width * c_out)
+    scratch = F32 * (
+        al[0] * al[1] * (width + al[2] - ms[2]) * c_in
+        + 2 * T * nt[2] * max(c_in, c_out)
+        + ms[0] * ms[1] * width * c_out
+    )
     return F32 * int(n) * int(c_out) * math.prod(out) + workers * (block + scratch)
 
 
@@ -245,10 +276,22 @@ def _at8(m, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
     values; the infinity value joins row m - 1.  One loop per m: a branch on m inside the
     loop kept it scalar (9x slower)."""
     u = np.uint64
-    c2, c4, c8, c16, c32, c64 = (np.float32(2.0), np.float32(4.0), np.float32(8.0), np.float32(16.0),
-                                 np.float32(32.0), np.float32(64.0))
-    h1, h2, h3, h4, h5, h6 = (np.float32(0.5), np.float32(0.25), np.float32(0.125), np.float32(0.0625),
-                              np.float32(0.03125), np.float32(0.015625))
+    c2, c4, c8, c16, c32, c64 = (
+        np.float32(2.0),
+        np.float32(4.0),
+        np.float32(8.0),
+        np.float32(16.0),
+        np.float32(32.0),
+        np.float32(64.0),
+    )
+    h1, h2, h3, h4, h5, h6 = (
+        np.float32(0.5),
+        np.float32(0.25),
+        np.float32(0.125),
+        np.float32(0.0625),
+        np.float32(0.03125),
+        np.float32(0.015625),
+    )
     x0, xs, y0, ys = u(x0), u(xs), u(y0), u(ys)
     y2, y3, y4, y5, y6 = u(2) * ys, u(3) * ys, u(4) * ys, u(5) * ys, u(6) * ys
     if m == 4:
@@ -483,15 +526,15 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q, lz, ly, lx, c
                 rb = (i * ay + j) * W * C
                 zz, yy = z0 + i - lz, y0 + j - ly
                 if 0 <= zz < Z and 0 <= yy < Y:
-                    R[rb:rb + lx * C] = 0.0
+                    R[rb : rb + lx * C] = 0.0
                     if cl:
                         src = ((n * Z + zz) * Y + yy) * X * C
-                        R[rb + lx * C:rb + (lx + X) * C] = xf[src:src + X * C]
+                        R[rb + lx * C : rb + (lx + X) * C] = xf[src : src + X * C]
                     else:
                         _to_channels_last(x, n, zz, yy, R, rb + lx * C)
-                    R[rb + (lx + X) * C:rb + W * C] = 0.0
+                    R[rb + (lx + X) * C : rb + W * C] = 0.0
                 else:
-                    R[rb:rb + W * C] = 0.0
+                    R[rb : rb + W * C] = 0.0
         tb = (r - r0) * ntx  # the row's first tile in V
         RC = ntx * C  # P and Q are (az, ay, ax, ntx, C): a point's tiles and channels are one run
         for row in range(az * ay):  # x: per input row, its ntx tiles (mx * C apart in R)
@@ -506,7 +549,9 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q, lz, ly, lx, c
 
 
 @njit(nogil=True, cache=True)
-def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, code, alpha, P, Q, S, cl):  # pragma: no cover - compiled
+def _output_transform(
+    M, out, r0, r1, nty, ntz, ntx, ms, al, bias, code, alpha, P, Q, S, cl
+):  # pragma: no cover - compiled
     """out[n, o, tile (r, i)] = act(AT M[:, tile, o] + bias[o]) (the epilogue, M flat:
     (T, NT, C_out) in C order) for tile rows [r0, r1); outputs past the edge are dropped.  Channels last as in
     :func:`_input_transform`: per tile z (into ``P``), y (into ``Q``), x (into the staged
@@ -531,8 +576,17 @@ def _output_transform(M, out, r0, r1, nty, ntz, ntx, ms, al, bias, code, alpha, 
             if az > 1:
                 for j in range(ay):
                     for bx in range(ax):
-                        _at(az, mz, M, ((j * ax + bx) * NT + tile) * O, ay * ax * NT * O, P, (j * ax + bx) * O,
-                            ay * ax * O, O)
+                        _at(
+                            az,
+                            mz,
+                            M,
+                            ((j * ax + bx) * NT + tile) * O,
+                            ay * ax * NT * O,
+                            P,
+                            (j * ax + bx) * O,
+                            ay * ax * O,
+                            O,
+                        )
                 src, s0, s_z, s_y, s_x = P, 0, ay * ax * O, ax * O, O
             for rz in range(mz):
                 if az > 1:  # P (az, ay, ax, O) and Q (mz, my, ax, O): the ax x O values of a y point are one run
@@ -615,7 +669,8 @@ class WinogradConv(ResidentConv):
         xpad[(slice(None), slice(None)) + tuple(slice(lo, lo + e) for lo, e in zip(low, x.shape[2:]))] = x
         s = xpad.strides
         tiles = xp.lib.stride_tricks.as_strided(
-            xpad, (n, C) + nt + al, s[:2] + tuple(st * m for st, m in zip(s[2:], ms)) + s[2:])
+            xpad, (n, C) + nt + al, s[:2] + tuple(st * m for st, m in zip(s[2:], ms)) + s[2:]
+        )
         v = tiles
         for axis in range(3):  # contract each tile axis with its BT: the new axis goes last
             v = xp.tensordot(v, xp.asarray(self.BT[axis]), axes=([5], [1]))
@@ -651,9 +706,12 @@ class WinogradConv(ResidentConv):
             V = np.empty((self.T, br * ntx, self.c_in), np.float32)  # per position: tiles x channels
             M = np.empty((self.T, br * ntx, self.c_out), np.float32)
             # a tile row's input rows channels last, its two stage buffers, staged output rows
-            scratch = (np.empty(az * ay * (ntx * mx + ax - mx) * self.c_in, np.float32),
-                       np.empty(self.T * ntx * c, np.float32), np.empty(self.T * ntx * c, np.float32),
-                       np.empty(mz * my * ntx * mx * self.c_out, np.float32))
+            scratch = (
+                np.empty(az * ay * (ntx * mx + ax - mx) * self.c_in, np.float32),
+                np.empty(self.T * ntx * c, np.float32),
+                np.empty(self.T * ntx * c, np.float32),
+                np.empty(mz * my * ntx * mx * self.c_out, np.float32),
+            )
             sets.append((V, M, scratch))
         bufs = (br, sets)  # run by the caller and pooled threads (each_worker)
         self._work = (n, bufs)
@@ -666,8 +724,11 @@ class WinogradConv(ResidentConv):
         cl_in = is_channels_last(x) and x.dtype == np.float32
         xs = memory_order(x) if cl_in else np.ascontiguousarray(x, dtype=np.float32)
         if out is None:
-            out = empty_channels_last((n, O) + self.out_spatial) if self.channels_last else \
-                arena.empty((n, O) + self.out_spatial)
+            out = (
+                empty_channels_last((n, O) + self.out_spatial)
+                if self.channels_last
+                else arena.empty((n, O) + self.out_spatial)
+            )
         cl_out = channels_inner(out)  # a channels-last destination, whole or a block of one
         dst = memory_order(out) if cl_out else out
         bias = self.bias if self.bias is not None else np.zeros(O, np.float32)
@@ -680,7 +741,7 @@ class WinogradConv(ResidentConv):
         def work(w):
             V, M, (R, P, Q, S) = sets[w]
             Vf, Mf = V.reshape(-1), M.reshape(-1)
-            for r0, r1 in blocks[w::len(sets)]:
+            for r0, r1 in blocks[w :: len(sets)]:
                 k = (r1 - r0) * ntx
                 _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, R, P, Q, *low, cl_in)
                 product(V[:, :k], self.U, out=M[:, :k])  # T sgemm calls

@@ -4,6 +4,7 @@ CuPy is never imported when this module is imported; :func:`cupy_or_none` import
 it lazily and :func:`get_array_module` only looks at CuPy when the array's type
 comes from it, so CPU-only runs never pay for (or fail on) a CuPy import.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -14,8 +15,7 @@ import numpy
 
 from ..errors import DeviceError
 
-__all__ = ["SIMULATED", "cupy_module", "cupy_or_none", "empty_pinned", "get_array_module", "is_numpy",
-           "require_device"]
+__all__ = ["SIMULATED", "cupy_module", "cupy_or_none", "empty_pinned", "get_array_module", "is_numpy", "require_device"]
 
 _CUPY = None
 _CUPY_TRIED = False
@@ -90,13 +90,17 @@ def cupy_module():
     try:
         import cupy
     except Exception as exc:  # not installed, or broken CUDA libraries
-        raise DeviceError(f"device 'gpu' needs CuPy ({exc.__class__.__name__}: {exc}); install znni[gpu] "
-                          "(cupy-cuda12x) on a machine with an NVIDIA GPU, or use device='cpu'") from exc
+        raise DeviceError(
+            f"device 'gpu' needs CuPy ({exc.__class__.__name__}: {exc}); install znni[gpu] "
+            "(cupy-cuda12x) on a machine with an NVIDIA GPU, or use device='cpu'"
+        ) from exc
     try:
         if not cupy.is_available():
             raise RuntimeError("cupy.is_available() is False")
     except Exception as exc:
-        raise DeviceError(f"device 'gpu' requested but no CUDA device is usable here ({exc}); use device='cpu'") from exc
+        raise DeviceError(
+            f"device 'gpu' requested but no CUDA device is usable here ({exc}); use device='cpu'"
+        ) from exc
     return cupy
 
 

@@ -1,4 +1,5 @@
 """Networks: the layer-chain spec, loaders (ONNX, YAML + safetensors/npz) and the field of view."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,7 +29,8 @@ def load_network(path) -> Network:
         raise NetworkError(
             f"{path}: looks like a pickle/PyTorch checkpoint; znni never unpickles (it can run arbitrary code). "
             "Export the model with torch.onnx.export(model, x, 'net.onnx', dynamo=False), or write a znni YAML "
-            "spec with safetensors weights.")
+            "spec with safetensors weights."
+        )
     if suffix == ".onnx":
         return load_onnx(path)
     if suffix in (".yaml", ".yml"):

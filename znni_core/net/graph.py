@@ -30,6 +30,7 @@ An input length ``n`` is **admissible** when skip connections meet with equal sh
 in a valid graph, every pooling and strided layer divides its input exactly (a padded
 graph floors like PyTorch): ``n = n_min + k g``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -213,7 +214,8 @@ class Graph:
                 raise InputError(
                     f"input length {n} on axis {'zyx'[axis]} is not admissible for {self.name}: node {exc}. "
                     f"Admissible lengths are {self.geometry['n_min'][axis]} + k * {self.grid[axis]}"
-                    f"{f'; nearest {lo} or {hi}' if lo else f'; the smallest is {hi}'}") from None
+                    f"{f'; nearest {lo} or {hi}' if lo else f'; the smallest is {hi}'}"
+                ) from None
         return {t: (self.channels[t],) + tuple(a[t] for a in per_axis) for t in per_axis[0]}
 
     def is_admissible(self, in_shape) -> bool:
@@ -239,12 +241,14 @@ class Graph:
         for axis in range(3):
             step, origin = {self.input: Fraction(1)}, {self.input: Fraction(0)}
             for node in self.nodes:
-                step[node.output], origin[node.output] = _step_origin(node, axis, step[node.inputs[0]],
-                                                                      origin[node.inputs[0]])
+                step[node.output], origin[node.output] = _step_origin(
+                    node, axis, step[node.inputs[0]], origin[node.inputs[0]]
+                )
             if step[self.output] != 1:
                 raise NetworkError(
                     f"{self.name}: the output is at {step[self.output]} input voxels per voxel on axis {'zyx'[axis]}; "
-                    "znni runs networks whose output has the input's resolution")
+                    "znni runs networks whose output has the input's resolution"
+                )
             g = math.lcm(*(s.numerator for s in step.values()))
             first, reason = None, None
             for n in range(1, _MAX_SCAN):
@@ -256,17 +260,22 @@ class Graph:
                 first = (n, out)
                 break
             if first is None:
-                raise NetworkError(f"{self.name}: no input length up to {_MAX_SCAN} is admissible on axis "
-                                   f"{'zyx'[axis]} ({reason})")
+                raise NetworkError(
+                    f"{self.name}: no input length up to {_MAX_SCAN} is admissible on axis {'zyx'[axis]} ({reason})"
+                )
             n0, out0 = first
             try:
                 out1 = self.axis_lengths(axis, n0 + g)[self.output]
             except _Inadmissible as exc:
-                raise NetworkError(f"{self.name}: input lengths {n0} and {n0 + g} are not both admissible on axis "
-                                   f"{'zyx'[axis]} ({exc}); the graph's downsampling is irregular") from None
+                raise NetworkError(
+                    f"{self.name}: input lengths {n0} and {n0 + g} are not both admissible on axis "
+                    f"{'zyx'[axis]} ({exc}); the graph's downsampling is irregular"
+                ) from None
             if out1 - out0 != g:
-                raise NetworkError(f"{self.name}: the output grows by {out1 - out0} when the input grows by {g} on "
-                                   f"axis {'zyx'[axis]}; znni runs networks whose output has the input's resolution")
+                raise NetworkError(
+                    f"{self.name}: the output grows by {out1 - out0} when the input grows by {g} on "
+                    f"axis {'zyx'[axis]}; znni runs networks whose output has the input's resolution"
+                )
             n_min.append(n0)
             grid.append(g)
             context.append(n0 - out0)
@@ -322,11 +331,17 @@ class Graph:
 
     def describe_kind(self) -> str:
         if self.kind == "valid":
-            return (f"valid graph: no padding, so tiles on the grid {self.grid} give exactly the whole-volume output "
-                    f"(context {self.context})")
-        shown = ", ".join(self.padded_by[:3]) + (f" and {len(self.padded_by) - 3} more" if len(self.padded_by) > 3 else "")
-        return (f"padded graph: {shown} make voxels near a patch border depend on the patch, so overlapping patches "
-                "are blended")
+            return (
+                f"valid graph: no padding, so tiles on the grid {self.grid} give exactly the whole-volume output "
+                f"(context {self.context})"
+            )
+        shown = ", ".join(self.padded_by[:3]) + (
+            f" and {len(self.padded_by) - 3} more" if len(self.padded_by) > 3 else ""
+        )
+        return (
+            f"padded graph: {shown} make voxels near a patch border depend on the patch, so overlapping patches "
+            "are blended"
+        )
 
     # ---- identity ---------------------------------------------------------
     def digest(self) -> str:
@@ -355,8 +370,12 @@ class Graph:
         for n in self.nodes:
             if n.op == "conv":
                 c = n.conv
-                extra = "".join([f" stride {n['stride']}" if any(s > 1 for s in n["stride"]) else "",
-                                 f" pads {n['pads']}" if any(map(any, n["pads"])) else ""])
+                extra = "".join(
+                    [
+                        f" stride {n['stride']}" if any(s > 1 for s in n["stride"]) else "",
+                        f" pads {n['pads']}" if any(map(any, n["pads"])) else "",
+                    ]
+                )
                 rows.append(f"{n.name}: conv {c.in_channels}->{c.out_channels} k={c.kernel}{extra}")
             elif n.op == "act":
                 rows.append(f"{n.name}: {n['act'].kind}")

@@ -37,6 +37,7 @@ named tensors and writes one::
 
 YAML is read with ``safe_load`` (no object construction) and npz with ``allow_pickle=False``.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -67,7 +68,9 @@ def _load_weights(path: Path) -> dict[str, np.ndarray]:
     except NetworkError:
         raise
     except Exception as exc:
-        raise NetworkError(f"weights file {path} cannot be read safely ({exc}); object arrays and pickles are refused") from exc
+        raise NetworkError(
+            f"weights file {path} cannot be read safely ({exc}); object arrays and pickles are refused"
+        ) from exc
     raise NetworkError(f"weights file {path}: unsupported format {suffix!r}; use .safetensors or .npz")
 
 
@@ -76,11 +79,15 @@ def load_native(path) -> Network:
     try:
         spec = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise NetworkError(f"{path}: not a safe YAML network spec ({exc.__class__.__name__}: {exc}); "
-                           "tags that construct Python objects are refused") from exc
+        raise NetworkError(
+            f"{path}: not a safe YAML network spec ({exc.__class__.__name__}: {exc}); "
+            "tags that construct Python objects are refused"
+        ) from exc
     if not isinstance(spec, dict) or spec.get("format") != FORMAT:
-        raise NetworkError(f"{path}: expected a mapping with 'format: {FORMAT}', got "
-                           f"{spec.get('format') if isinstance(spec, dict) else type(spec).__name__!r}")
+        raise NetworkError(
+            f"{path}: expected a mapping with 'format: {FORMAT}', got "
+            f"{spec.get('format') if isinstance(spec, dict) else type(spec).__name__!r}"
+        )
     weights = _load_weights(path.parent / str(spec.get("weights", ""))) if spec.get("weights") else {}
     if "nodes" in spec:
         return _load_graph(path, spec, weights)
@@ -96,8 +103,9 @@ def load_native(path) -> Network:
         if kind == "conv":
             key = entry.get("weight")
             if key not in weights:
-                raise NetworkError(f"{path}: layer {i} ({name}) weight key {key!r} not in the weights file "
-                                   f"(has {sorted(weights)[:8]})")
+                raise NetworkError(
+                    f"{path}: layer {i} ({name}) weight key {key!r} not in the weights file (has {sorted(weights)[:8]})"
+                )
             bkey = entry.get("bias")
             if bkey is not None and bkey not in weights:
                 raise NetworkError(f"{path}: layer {i} ({name}) bias key {bkey!r} not in the weights file")
@@ -108,10 +116,12 @@ def load_native(path) -> Network:
             alpha = float(entry.get("alpha", _DEFAULT_ALPHA.get(kind, 0.0)))
             layers.append(Activation(kind, alpha, name=name))
         else:
-            raise NetworkError(f"{path}: layer {i} ({name}) has unsupported type {kind!r}; use conv, maxpool or one of "
-                               f"{ACTIVATIONS}")
-    return Network(tuple(layers), name=str(spec.get("name", path.stem)),
-                   metadata={"source": str(path), "format": FORMAT})
+            raise NetworkError(
+                f"{path}: layer {i} ({name}) has unsupported type {kind!r}; use conv, maxpool or one of {ACTIVATIONS}"
+            )
+    return Network(
+        tuple(layers), name=str(spec.get("name", path.stem)), metadata={"source": str(path), "format": FORMAT}
+    )
 
 
 _ARRAYS = {"conv": ("weight", "bias"), "deconv": ("weight", "bias"), "affine": ("scale", "shift")}
@@ -138,9 +148,11 @@ def _load_graph(path: Path, spec: dict, weights: dict) -> Graph:
         if op == "conv":
             if "weight" not in params:
                 raise NetworkError(f"{path}: node {i} ({name}) needs a weight")
-            params = {"conv": Conv(params.pop("weight"), params.pop("bias", None), name=name),
-                      "stride": params.get("stride", (1, 1, 1)),
-                      "pads": tuple(as_shape3(p, f"{path}: node {name} pads") for p in params.get("pads", [[0] * 3] * 2))}
+            params = {
+                "conv": Conv(params.pop("weight"), params.pop("bias", None), name=name),
+                "stride": params.get("stride", (1, 1, 1)),
+                "pads": tuple(as_shape3(p, f"{path}: node {name} pads") for p in params.get("pads", [[0] * 3] * 2)),
+            }
         elif op == "act":
             kind = str(params.get("kind"))
             params = {"act": Activation(kind, float(params.get("alpha", _DEFAULT_ALPHA.get(kind, 0.0))), name=name)}
@@ -149,9 +161,14 @@ def _load_graph(path: Path, spec: dict, weights: dict) -> Graph:
         nodes.append(Node(op, tuple(entry.get("inputs", ())), str(entry.get("output", name)), name, params))
     if not nodes:
         raise NetworkError(f"{path}: 'nodes' must be a non-empty list")
-    return Graph(tuple(nodes), str(spec.get("input", "input")), str(spec.get("output", nodes[-1].output)),
-                 int(spec.get("in_channels", 1)), name=str(spec.get("name", path.stem)),
-                 metadata={"source": str(path), "format": FORMAT})
+    return Graph(
+        tuple(nodes),
+        str(spec.get("input", "input")),
+        str(spec.get("output", nodes[-1].output)),
+        int(spec.get("in_channels", 1)),
+        name=str(spec.get("name", path.stem)),
+        metadata={"source": str(path), "format": FORMAT},
+    )
 
 
 def _save_graph(net: Graph, path: Path, wpath: Path) -> tuple[dict, dict]:
@@ -177,8 +194,15 @@ def _save_graph(net: Graph, path: Path, wpath: Path) -> tuple[dict, dict]:
             else:
                 entry[key] = float(v) if isinstance(v, float) else v
         entries.append(entry)
-    spec = {"format": FORMAT, "name": net.name, "weights": wpath.name, "input": net.input,
-            "in_channels": int(net.in_channels), "output": net.output, "nodes": entries}
+    spec = {
+        "format": FORMAT,
+        "name": net.name,
+        "weights": wpath.name,
+        "input": net.input,
+        "in_channels": int(net.in_channels),
+        "output": net.output,
+        "nodes": entries,
+    }
     return spec, tensors
 
 

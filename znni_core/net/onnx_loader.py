@@ -9,6 +9,7 @@ Slices are read relative to the shape the file was exported at (a crop of ``a`` 
 at the start and ``b`` at the end stays that crop for any input shape); BatchNorm folds
 into the convolution before it, or becomes a per-channel affine map.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,12 +18,35 @@ from ..errors import NetworkError, UnsupportedOperatorError
 from .graph import PATCH_DEPENDENT, Graph, Node, _axis_len, _Inadmissible
 from .spec import Activation, Conv, Network, Pool
 
-_ACT = {"Relu": "relu", "LeakyRelu": "leaky_relu", "Elu": "elu", "Sigmoid": "sigmoid",
-        "Tanh": "tanh", "Softmax": "softmax", "Identity": "identity", "Dropout": "identity"}
+_ACT = {
+    "Relu": "relu",
+    "LeakyRelu": "leaky_relu",
+    "Elu": "elu",
+    "Sigmoid": "sigmoid",
+    "Tanh": "tanh",
+    "Softmax": "softmax",
+    "Identity": "identity",
+    "Dropout": "identity",
+}
 _DEFAULT_ALPHA = {"LeakyRelu": 0.01, "Elu": 1.0}
 _ARITH = ("Add", "Sub", "Mul", "Div")
-SUPPORTED = ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "Resize", "Upsample", "Slice", "Pad", "Concat",
-             "BatchNormalization", "Constant") + _ARITH + tuple(_ACT)
+SUPPORTED = (
+    (
+        "Conv",
+        "ConvTranspose",
+        "MaxPool",
+        "AveragePool",
+        "Resize",
+        "Upsample",
+        "Slice",
+        "Pad",
+        "Concat",
+        "BatchNormalization",
+        "Constant",
+    )
+    + _ARITH
+    + tuple(_ACT)
+)
 _BIG = 2**62
 
 
@@ -42,8 +66,11 @@ def _refuse(node, why: str):
 
 def _require(node, attrs: dict, key: str, ok, want: str) -> None:
     if key in attrs and not ok(attrs[key]):
-        _refuse(node, f"attribute {key}={attrs[key]!r} is not supported; znni needs {want}. "
-                      "Re-export the model with that setting.")
+        _refuse(
+            node,
+            f"attribute {key}={attrs[key]!r} is not supported; znni needs {want}. "
+            "Re-export the model with that setting.",
+        )
 
 
 def _is_all(v, value) -> bool:
@@ -72,8 +99,9 @@ class _Reader:
         try:
             model = onnx.load(str(path))
         except Exception as exc:  # protobuf decode errors have many types
-            raise NetworkError(f"{path}: not a readable ONNX file ({exc}); export with "
-                               "torch.onnx.export(..., dynamo=False)") from exc
+            raise NetworkError(
+                f"{path}: not a readable ONNX file ({exc}); export with torch.onnx.export(..., dynamo=False)"
+            ) from exc
         self.path, self.graph = path, model.graph
         self.opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
         self.consts = {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
@@ -85,8 +113,7 @@ class _Reader:
             raise NetworkError(f"{path}: graph input has ONNX element type {tt.elem_type}; znni runs float networks")
         dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tt.shape.dim]
         if len(dims) not in (0, 5):
-            raise NetworkError(f"{path}: the input has {len(dims)} dimensions; znni runs 3-D networks "
-                               "(N, C, Z, Y, X)")
+            raise NetworkError(f"{path}: the input has {len(dims)} dimensions; znni runs 3-D networks (N, C, Z, Y, X)")
         self.input = inputs[0].name
         self.in_channels = int(dims[1]) if len(dims) == 5 and dims[1] else None
         self.export_shape = tuple(int(d) for d in dims[2:]) if len(dims) == 5 and all(dims[2:]) else None
@@ -113,8 +140,11 @@ class _Reader:
         if name not in self.consts:
             if optional is None:
                 return None
-            _refuse(node, f"{what} {name!r} is computed in the graph; znni needs a constant. Export with a fixed "
-                          "input shape (no dynamic_axes) so the exporter folds shape arithmetic into constants")
+            _refuse(
+                node,
+                f"{what} {name!r} is computed in the graph; znni needs a constant. Export with a fixed "
+                "input shape (no dynamic_axes) so the exporter folds shape arithmetic into constants",
+            )
         return self.consts[name]
 
     def add(self, op, node, inputs, **params) -> None:
@@ -124,7 +154,8 @@ class _Reader:
         if self.export_shape and all(i in self.shape for i in inputs):
             try:
                 self.shape[new.output] = tuple(
-                    _axis_len(new, a, [self.shape[i][a] for i in inputs], exact=False) for a in range(3))
+                    _axis_len(new, a, [self.shape[i][a] for i in inputs], exact=False) for a in range(3)
+                )
             except _Inadmissible as exc:
                 raise NetworkError(f"{self.path}: at the exported input shape {self.export_shape}: {exc}") from None
         self.nodes.append(new)
@@ -136,15 +167,20 @@ class _Reader:
     def conv(self, node, attrs):
         w = self.consts.get(node.input[1]) if len(node.input) > 1 else None
         if w is None or w.ndim != 5:
-            _refuse(node, f"needs a constant 5-D weight (Conv3d); got {'a computed weight' if w is None else f'{w.ndim}-D'}")
+            _refuse(
+                node, f"needs a constant 5-D weight (Conv3d); got {'a computed weight' if w is None else f'{w.ndim}-D'}"
+            )
         b = self.const(node, 2, "bias", optional=True)
         _require(node, attrs, "dilations", lambda v: _is_all(v, 1), "dilation 1")
         _require(node, attrs, "group", lambda v: int(v) == 1, "groups=1")
         _require(node, attrs, "auto_pad", lambda v: _str(v) in ("NOTSET", "VALID"), "explicit pads (no auto_pad)")
         stride = tuple(int(v) for v in attrs.get("strides", (1, 1, 1)))
         low, high = _pads3(node, attrs.get("pads", [0] * 6))
-        conv = Conv(np.asarray(w, np.float32), None if b is None else np.asarray(b, np.float32),
-                    name=node.name or f"conv{len(self.nodes)}")
+        conv = Conv(
+            np.asarray(w, np.float32),
+            None if b is None else np.asarray(b, np.float32),
+            name=node.name or f"conv{len(self.nodes)}",
+        )
         self.add("conv", node, [node.input[0]], conv=conv, stride=stride, pads=(low, high))
 
     def deconv(self, node, attrs):
@@ -165,8 +201,9 @@ class _Reader:
         bias = np.zeros(w.shape[1], np.float32) if b is None else np.asarray(b, np.float32)
         if not (np.isfinite(w).all() and np.isfinite(bias).all()):
             raise NetworkError(f"{_label(node)}: weight or bias holds NaN/Inf; re-export the network")
-        self.add("deconv", node, [node.input[0]], weight=np.ascontiguousarray(w, np.float32), bias=bias,
-                 stride=tuple(k))
+        self.add(
+            "deconv", node, [node.input[0]], weight=np.ascontiguousarray(w, np.float32), bias=bias, stride=tuple(k)
+        )
 
     def pool(self, node, attrs):
         k = [int(v) for v in attrs.get("kernel_shape", [])]
@@ -194,8 +231,11 @@ class _Reader:
             if (scales is None or scales.size == 0) and sizes is not None and sizes.size == 5:
                 src = self.shape.get(self.data(node.input[0]))
                 if src is None:
-                    _refuse(node, "gives output sizes, not scales, and the input shape is not fixed; export "
-                                  "with nn.Upsample(scale_factor=...)")
+                    _refuse(
+                        node,
+                        "gives output sizes, not scales, and the input shape is not fixed; export "
+                        "with nn.Upsample(scale_factor=...)",
+                    )
                 scales = np.array([1, 1] + [s / n for s, n in zip(sizes[2:], src)])
             mode = _str(attrs.get("mode", "nearest"))
             coord = _str(attrs.get("coordinate_transformation_mode", "half_pixel"))
@@ -208,14 +248,21 @@ class _Reader:
         scale = tuple(int(s) for s in scales[2:])
         if mode == "nearest":
             repeat = (coord == "asymmetric" and nearest == "floor") or (
-                coord in ("half_pixel", "pytorch_half_pixel") and nearest in ("round_prefer_floor", "round_prefer_ceil"))
+                coord in ("half_pixel", "pytorch_half_pixel") and nearest in ("round_prefer_floor", "round_prefer_ceil")
+            )
             if not repeat:
-                _refuse(node, f"nearest resize with coordinate_transformation_mode={coord}, nearest_mode={nearest} "
-                              "is not a plain repetition; export nn.Upsample(mode='nearest')")
+                _refuse(
+                    node,
+                    f"nearest resize with coordinate_transformation_mode={coord}, nearest_mode={nearest} "
+                    "is not a plain repetition; export nn.Upsample(mode='nearest')",
+                )
         elif mode == "linear":
             if coord not in ("half_pixel", "pytorch_half_pixel", "align_corners"):
-                _refuse(node, f"linear resize with coordinate_transformation_mode={coord} is not supported; "
-                              "use align_corners True or False")
+                _refuse(
+                    node,
+                    f"linear resize with coordinate_transformation_mode={coord} is not supported; "
+                    "use align_corners True or False",
+                )
             coord = "align_corners" if coord == "align_corners" else "half_pixel"
         else:
             _refuse(node, f"resize mode {mode!r} is not supported (nearest, linear)")
@@ -231,8 +278,11 @@ class _Reader:
         axes = list(range(len(starts))) if axes is None else [int(a) % 5 for a in axes]
         if steps is not None and any(int(s) != 1 for s in steps):
             if not self.undo_repeat(node, axes, starts, ends, [int(s) for s in steps]):
-                _refuse(node, f"steps {list(steps)}: only step 1 slices (crops) are supported, and strided "
-                              "slices of a nearest upsampling whose factor they divide")
+                _refuse(
+                    node,
+                    f"steps {list(steps)}: only step 1 slices (crops) are supported, and strided "
+                    "slices of a nearest upsampling whose factor they divide",
+                )
             return
         src = self.shape.get(self.data(node.input[0]))
         low, high = [0, 0, 0], [0, 0, 0]
@@ -240,12 +290,17 @@ class _Reader:
             if a < 2:
                 if s == 0 and e >= _BIG // 4:
                     continue
-                _refuse(node, f"slices axis {a} ({'batch' if a == 0 else 'channels'}) [{s}:{e}]; znni crops z, y, x only")
+                _refuse(
+                    node, f"slices axis {a} ({'batch' if a == 0 else 'channels'}) [{s}:{e}]; znni crops z, y, x only"
+                )
             i = a - 2
             if s < 0 or 0 < e < _BIG // 4:
                 if src is None:
-                    _refuse(node, f"crop [{s}:{e}] on axis {a} is absolute and the input shape is not fixed; "
-                                  "export with a fixed input shape")
+                    _refuse(
+                        node,
+                        f"crop [{s}:{e}] on axis {a} is absolute and the input shape is not fixed; "
+                        "export with a fixed input shape",
+                    )
             n = src[i] if src else 0
             low[i] = s if s >= 0 else n + s
             high[i] = 0 if e >= _BIG // 4 else (-e if e < 0 else n - min(e, n))
@@ -263,8 +318,9 @@ class _Reader:
             if a < 2 or s != 0 or e < _BIG // 4 or scale[a - 2] % st:
                 return False
             scale[a - 2] //= st
-        self.nodes[self.nodes.index(prev)] = Node("resize", prev.inputs, prev.output, prev.name,
-                                                  {**prev.params, "scale": tuple(scale)})
+        self.nodes[self.nodes.index(prev)] = Node(
+            "resize", prev.inputs, prev.output, prev.name, {**prev.params, "scale": tuple(scale)}
+        )
         if prev.inputs[0] in self.shape:
             self.shape[prev.output] = tuple(n * f for n, f in zip(self.shape[prev.inputs[0]], scale))
             self.shape[node.output[0]] = self.shape[prev.output]
@@ -322,31 +378,46 @@ class _Reader:
             raise NetworkError(f"{_label(node)}: constants hold NaN/Inf; re-export the network")
         prev = self.producer(self.data(data))
         n = max(scale.size, shift.size)
-        if prev is not None and prev.op == "conv" and self.readers.get(data, 0) == 1 \
-                and n in (1, prev.conv.out_channels):
+        if (
+            prev is not None
+            and prev.op == "conv"
+            and self.readers.get(data, 0) == 1
+            and n in (1, prev.conv.out_channels)
+        ):
             # fold into the convolution before it: W' = s W, b' = s b + t
             conv = prev.conv
             s = np.broadcast_to(scale, (conv.out_channels,))
             t = np.broadcast_to(shift, (conv.out_channels,))
             bias = conv.bias if conv.bias is not None else np.zeros(conv.out_channels, np.float32)
-            folded = Conv((conv.weight.astype(np.float64) * s[:, None, None, None, None]).astype(np.float32),
-                          (bias.astype(np.float64) * s + t).astype(np.float32), name=conv.name)
-            self.nodes[self.nodes.index(prev)] = Node("conv", prev.inputs, prev.output, prev.name,
-                                                      {**prev.params, "conv": folded})
+            folded = Conv(
+                (conv.weight.astype(np.float64) * s[:, None, None, None, None]).astype(np.float32),
+                (bias.astype(np.float64) * s + t).astype(np.float32),
+                name=conv.name,
+            )
+            self.nodes[self.nodes.index(prev)] = Node(
+                "conv", prev.inputs, prev.output, prev.name, {**prev.params, "conv": folded}
+            )
             self.alias[node.output[0]] = self.data(data)
             if prev.output in self.shape:
                 self.shape[node.output[0]] = self.shape[prev.output]
             return
         if n == 1:
             scale, shift = scale.reshape(1), shift.reshape(1)
-        self.add("affine", node, [data], scale=np.broadcast_to(scale, (n,)).astype(np.float32).copy(),
-                 shift=np.broadcast_to(shift, (n,)).astype(np.float32).copy())
+        self.add(
+            "affine",
+            node,
+            [data],
+            scale=np.broadcast_to(scale, (n,)).astype(np.float32).copy(),
+            shift=np.broadcast_to(shift, (n,)).astype(np.float32).copy(),
+        )
 
     def batchnorm(self, node, attrs):
         if int(attrs.get("training_mode", 0)):
             _refuse(node, "training_mode=1; export the model in eval mode (model.eval())")
-        gamma, beta, mean, var = (np.asarray(self.const(node, i, w), np.float64)
-                                  for i, w in ((1, "scale"), (2, "bias"), (3, "mean"), (4, "var")))
+        gamma, beta, mean, var = (
+            np.asarray(self.const(node, i, w), np.float64)
+            for i, w in ((1, "scale"), (2, "bias"), (3, "mean"), (4, "var"))
+        )
         eps = float(attrs.get("epsilon", 1e-5))
         scale = gamma / np.sqrt(var + eps)
         self.affine(node, node.input[0], scale, beta - mean * scale)
@@ -356,8 +427,11 @@ class _Reader:
         if node.op_type == "Softmax":
             axis = int(attrs.get("axis", 1 if self.opset < 13 else -1))
             if axis != 1 or self.opset < 13:
-                _refuse(node, f"softmax over axis {axis} (opset {self.opset}); znni supports Softmax(dim=1) "
-                              "over channels at opset >= 13")
+                _refuse(
+                    node,
+                    f"softmax over axis {axis} (opset {self.opset}); znni supports Softmax(dim=1) "
+                    "over channels at opset >= 13",
+                )
         if node.op_type == "Dropout" and len(node.output) > 1 and node.output[1]:
             _refuse(node, "dropout mask output is not supported")
         if kind == "identity":
@@ -387,8 +461,9 @@ class _Reader:
         import onnx
         from onnx.reference import ReferenceEvaluator
 
-        g = onnx.helper.make_graph([node], "fold", [], [onnx.helper.make_tensor_value_info(o, 0, None)
-                                                        for o in node.output if o])
+        g = onnx.helper.make_graph(
+            [node], "fold", [], [onnx.helper.make_tensor_value_info(o, 0, None) for o in node.output if o]
+        )
         model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", self.opset)])
         try:
             outs = ReferenceEvaluator(model).run(None, {})
@@ -399,15 +474,28 @@ class _Reader:
         return True
 
     def read(self):
-        handlers = {"Conv": self.conv, "ConvTranspose": self.deconv, "MaxPool": self.pool,
-                    "AveragePool": self.pool, "Resize": self.resize, "Upsample": self.resize,
-                    "Slice": self.slice, "Pad": self.pad, "Concat": self.concat, "BatchNormalization": self.batchnorm,
-                    **{k: self.arith for k in _ARITH}, **{k: self.act for k in _ACT}}
+        handlers = {
+            "Conv": self.conv,
+            "ConvTranspose": self.deconv,
+            "MaxPool": self.pool,
+            "AveragePool": self.pool,
+            "Resize": self.resize,
+            "Upsample": self.resize,
+            "Slice": self.slice,
+            "Pad": self.pad,
+            "Concat": self.concat,
+            "BatchNormalization": self.batchnorm,
+            **{k: self.arith for k in _ARITH},
+            **{k: self.act for k in _ACT},
+        }
         for node in self.graph.node:  # the most telling refusal first (GroupNorm exports Reshape first)
             if node.op_type in PATCH_DEPENDENT:
-                _refuse(node, f"operator {node.op_type} {PATCH_DEPENDENT[node.op_type]}, so the output depends on "
-                              "the patch and has no exact sliding-window meaning; znni refuses it. Replace it by "
-                              "BatchNorm (folded at load) or retrain without it")
+                _refuse(
+                    node,
+                    f"operator {node.op_type} {PATCH_DEPENDENT[node.op_type]}, so the output depends on "
+                    "the patch and has no exact sliding-window meaning; znni refuses it. Replace it by "
+                    "BatchNorm (folded at load) or retrain without it",
+                )
         for node in self.graph.node:
             if node.domain not in ("", "ai.onnx"):
                 _refuse(node, f"custom domain {node.domain!r} is not supported")
@@ -456,5 +544,12 @@ def load_onnx(path):
     in_channels = reader.in_channels or (first.in_channels if first is not None else None)
     if in_channels is None:
         raise NetworkError(f"{path}: cannot tell the number of input channels; export with a fixed input shape")
-    return Graph(tuple(reader.nodes), reader.input, output, in_channels, name=reader.graph.name or str(path),
-                 metadata=meta, export_shape=reader.export_shape)
+    return Graph(
+        tuple(reader.nodes),
+        reader.input,
+        output,
+        in_channels,
+        name=reader.graph.name or str(path),
+        metadata=meta,
+        export_shape=reader.export_shape,
+    )

@@ -4,6 +4,7 @@ All shapes are in voxels, axis order (z, y, x).  Weights are float32 numpy array
 of shape ``(C_out, C_in, kz, ky, kx)``; they are correlated (PyTorch ``Conv3d``
 semantics, no kernel flip).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -43,12 +44,16 @@ class Conv:
             raise NetworkError(f"{self.name}: weight must be 5-D (C_out, C_in, kz, ky, kx), got shape {w.shape}")
         if not np.isfinite(w).all():
             bad = int((~np.isfinite(w)).sum())
-            raise NetworkError(f"{self.name}: weight holds {bad} NaN/Inf value(s); the network file is corrupt or was saved mid-divergence - re-export it")
+            raise NetworkError(
+                f"{self.name}: weight holds {bad} NaN/Inf value(s); the network file is corrupt or was saved mid-divergence - re-export it"
+            )
         object.__setattr__(self, "weight", w)
         if self.bias is not None:
             b = np.ascontiguousarray(self.bias, dtype=np.float32).reshape(-1)
             if b.shape != (w.shape[0],):
-                raise NetworkError(f"{self.name}: bias has {b.shape[0]} values but the weight has {w.shape[0]} output channels")
+                raise NetworkError(
+                    f"{self.name}: bias has {b.shape[0]} values but the weight has {w.shape[0]} output channels"
+                )
             if not np.isfinite(b).all():
                 raise NetworkError(f"{self.name}: bias holds NaN/Inf values; re-export the network")
             object.__setattr__(self, "bias", b)
@@ -121,7 +126,8 @@ class Network:
             if isinstance(layer, Conv):
                 if layer.in_channels != channels:
                     raise NetworkError(
-                        f"{layer.name}: expects {layer.in_channels} input channels but the previous layer gives {channels}")
+                        f"{layer.name}: expects {layer.in_channels} input channels but the previous layer gives {channels}"
+                    )
                 channels = layer.out_channels
 
     # ---- geometry -------------------------------------------------------
@@ -194,11 +200,16 @@ class Network:
         rows = []
         for layer in self.layers:
             if isinstance(layer, Conv):
-                rows.append(f"{layer.name}: conv {layer.in_channels}->{layer.out_channels} k={layer.kernel}"
-                            f"{' +bias' if layer.bias is not None else ''}")
+                rows.append(
+                    f"{layer.name}: conv {layer.in_channels}->{layer.out_channels} k={layer.kernel}"
+                    f"{' +bias' if layer.bias is not None else ''}"
+                )
             elif isinstance(layer, Pool):
                 rows.append(f"{layer.name}: maxpool {layer.window}")
             else:
-                rows.append(f"{layer.name}: {layer.kind}" + (f"({layer.alpha:g})" if layer.kind in ("leaky_relu", "elu") else ""))
+                rows.append(
+                    f"{layer.name}: {layer.kind}"
+                    + (f"({layer.alpha:g})" if layer.kind in ("leaky_relu", "elu") else "")
+                )
         rows.append(f"field of view {self.field_of_view}, in {self.in_channels} ch, out {self.out_channels} ch")
         return "\n".join(rows)

@@ -1,5 +1,6 @@
 """Workflow commands of the ``znni`` CLI (validate, create-layer, tasks, run-job, run-task, finalize, status,
 demo-data, serve).  Each Snakemake rule calls exactly one of them."""
+
 from __future__ import annotations
 
 import json
@@ -26,14 +27,21 @@ def register(app: typer.Typer) -> None:
     @app.command("validate")
     def validate_cmd(
         config: Optional[Path] = typer.Argument(None, help="config.yaml (see docs/configuration.md)"),
-        mem_mb: Optional[int] = typer.Option(None, "--mem-mb", help="memory of one infer job in MiB; the plan's "
-                                             "budget is plan.memory_fraction of it"),
-        config_json: Optional[str] = typer.Option(None, "--config-json", help="the config as JSON (used by the "
-                                                  "workflow so --config overrides count); replaces CONFIG's content"),
+        mem_mb: Optional[int] = typer.Option(
+            None, "--mem-mb", help="memory of one infer job in MiB; the plan's budget is plan.memory_fraction of it"
+        ),
+        config_json: Optional[str] = typer.Option(
+            None,
+            "--config-json",
+            help="the config as JSON (used by the workflow so --config overrides count); replaces CONFIG's content",
+        ),
         threads: Optional[int] = typer.Option(None, "--threads", help="threads of one infer job (the plan's)"),
         dry_run: bool = typer.Option(False, "--dry-run", help="check and print the plan; write nothing"),
-        layer_marker: Optional[Path] = typer.Option(None, "--layer-marker", help="also create the output layer "
-                                                    "(as `znni create-layer --marker`) and write this marker"),
+        layer_marker: Optional[Path] = typer.Option(
+            None,
+            "--layer-marker",
+            help="also create the output layer (as `znni create-layer --marker`) and write this marker",
+        ),
     ):
         """Check config, network and layers (everything that can fail before scheduling); write the plan
         (and with --layer-marker create the output layer: the workflow's first job does both)."""
@@ -62,10 +70,12 @@ def register(app: typer.Typer) -> None:
         config: Path = typer.Argument(..., help="config.yaml"),
         mem_mb: int = typer.Option(2000, "--mem-mb", help="memory of one infer job in MiB (as the profile gives it)"),
         threads: int = typer.Option(1, "--threads", help="threads of one infer job"),
-        rate: Optional[float] = typer.Option(None, "--rate", help="output voxels/s of one job on the target "
-                                             "machines (default: measured here)"),
-        cores_per_node: Optional[int] = typer.Option(None, "--cores-per-node", help="for node-hours (default: this "
-                                                     "machine's)"),
+        rate: Optional[float] = typer.Option(
+            None, "--rate", help="output voxels/s of one job on the target machines (default: measured here)"
+        ),
+        cores_per_node: Optional[int] = typer.Option(
+            None, "--cores-per-node", help="for node-hours (default: this machine's)"
+        ),
         as_json: bool = typer.Option(False, "--json", help="print the numbers as JSON"),
     ):
         """Tasks, jobs, chunks, shards, files, output bytes and node/GPU-hours of a run, before it runs."""
@@ -74,21 +84,26 @@ def register(app: typer.Typer) -> None:
         from .estimate import describe, run_estimate
 
         try:
-            e = run_estimate(load_config(config), mem_mb=mem_mb, threads=threads, rate=rate,
-                             cores_per_node=cores_per_node, log=_log)
+            e = run_estimate(
+                load_config(config), mem_mb=mem_mb, threads=threads, rate=rate, cores_per_node=cores_per_node, log=_log
+            )
         except ZnniError as exc:
             _fail(exc)
         typer.echo(json.dumps(e, indent=1) if as_json else describe(e))
 
     @app.command("create-layer")
-    def create_layer_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP),
-                         marker: Optional[Path] = typer.Option(None, help="write this local marker file when done")):
+    def create_layer_cmd(
+        run_file: Path = typer.Argument(..., help=RUN_HELP),
+        marker: Optional[Path] = typer.Option(None, help="write this local marker file when done"),
+    ):
         """Create the output layer's info and provenance once (or check an existing layer matches)."""
         _create_output_layer(run_file, marker)
 
     @app.command("tasks")
-    def tasks_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP),
-                  output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the task list as JSON")):
+    def tasks_cmd(
+        run_file: Path = typer.Argument(..., help=RUN_HELP),
+        output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the task list as JSON"),
+    ):
         """List the tasks: whole output chunks, disjoint, covering the region."""
         from ..errors import ZnniError
         from ..io import atomic_write
@@ -106,13 +121,16 @@ def register(app: typer.Typer) -> None:
             _log(f"{len(tasks)} tasks -> {output}")
         else:
             for t in tasks:
-                typer.echo(f"{t['id']:6d}  write offset {t['write_roi']['offset']} shape {t['write_roi']['shape']}  "
-                           f"{len(t['chunks'])} chunks")
+                typer.echo(
+                    f"{t['id']:6d}  write offset {t['write_roi']['offset']} shape {t['write_roi']['shape']}  "
+                    f"{len(t['chunks'])} chunks"
+                )
 
     @app.command("mask-tasks")
-    def mask_tasks_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP),
-                       output: Optional[Path] = typer.Option(None, "--output", "-o", help="default "
-                                                             "<work_dir>/mask_tasks.json")):
+    def mask_tasks_cmd(
+        run_file: Path = typer.Argument(..., help=RUN_HELP),
+        output: Optional[Path] = typer.Option(None, "--output", "-o", help="default <work_dir>/mask_tasks.json"),
+    ):
         """With a mask: list the tasks a non-zero mask voxel overlaps (the others are masked, never run)."""
         from ..errors import ConfigError, ZnniError
         from ..io import atomic_write
@@ -128,16 +146,25 @@ def register(app: typer.Typer) -> None:
             _fail(exc)
         path = output or mask_tasks_path(ctx.run)
         atomic_write(path, (json.dumps(doc, separators=(",", ":")) + "\n").encode())
-        _log(f"mask: {doc['num_live']:,} of {doc['num_tasks']:,} tasks live ({doc['num_masked']:,} masked), "
-             f"{doc['chunks_live']:,} live chunks, {doc['voxels_live']:,} voxels -> {path}")
+        _log(
+            f"mask: {doc['num_live']:,} of {doc['num_tasks']:,} tasks live ({doc['num_masked']:,} masked), "
+            f"{doc['chunks_live']:,} live chunks, {doc['voxels_live']:,} voxels -> {path}"
+        )
 
     @app.command("run-task")
     def run_task_cmd(
         run_file: Path = typer.Argument(..., help=RUN_HELP),
         task: Optional[int] = typer.Option(None, "--task", "-t", help="task id (see `znni tasks`)"),
-        chunk: Optional[str] = typer.Option(None, "--chunk", "-c", help="one chunk: its name x0-x1_y0-y1_z0-z1 or "
-                                            "index z,y,x; computed with its task, only this chunk is written"),
-        mem_mb: Optional[int] = typer.Option(None, "--mem-mb", help="memory of this job (MiB); checked against the plan"),
+        chunk: Optional[str] = typer.Option(
+            None,
+            "--chunk",
+            "-c",
+            help="one chunk: its name x0-x1_y0-y1_z0-z1 or "
+            "index z,y,x; computed with its task, only this chunk is written",
+        ),
+        mem_mb: Optional[int] = typer.Option(
+            None, "--mem-mb", help="memory of this job (MiB); checked against the plan"
+        ),
         progress: bool = typer.Option(True, help="progress bar over patches"),
     ):
         """Run one task (or rewrite one chunk): read, infer, write whole chunks atomically, verify, manifest."""
@@ -162,13 +189,21 @@ def register(app: typer.Typer) -> None:
     def run_job_cmd(
         run_file: Path = typer.Argument(..., help=RUN_HELP),
         job: int = typer.Option(..., "--job", "-j", help="job number (0, 1, ...)"),
-        tasks_per_job: int = typer.Option(..., "--tasks-per-job", min=1, help="tasks per job (the workflow's schedule)"),
-        num_tasks: Optional[int] = typer.Option(None, "--num-tasks", help="tasks the workflow was scheduled for "
-                                                "(checked against the run)"),
+        tasks_per_job: int = typer.Option(
+            ..., "--tasks-per-job", min=1, help="tasks per job (the workflow's schedule)"
+        ),
+        num_tasks: Optional[int] = typer.Option(
+            None, "--num-tasks", help="tasks the workflow was scheduled for (checked against the run)"
+        ),
         marker: Optional[Path] = typer.Option(None, help="the job's marker (default <work_dir>/jobs/NNNNNN.json)"),
-        mem_mb: Optional[int] = typer.Option(None, "--mem-mb", help="memory of this job (MiB); checked against the plan"),
-        tasks_file: Optional[Path] = typer.Option(None, "--tasks-file", help="with a mask: the live tasks "
-                                                  "(`znni mask-tasks`; default <work_dir>/mask_tasks.json)"),
+        mem_mb: Optional[int] = typer.Option(
+            None, "--mem-mb", help="memory of this job (MiB); checked against the plan"
+        ),
+        tasks_file: Optional[Path] = typer.Option(
+            None,
+            "--tasks-file",
+            help="with a mask: the live tasks (`znni mask-tasks`; default <work_dir>/mask_tasks.json)",
+        ),
     ):
         """Run a job: its range of tasks, skipping those already done and verified; marker last."""
         from ..errors import ZnniError
@@ -181,16 +216,26 @@ def register(app: typer.Typer) -> None:
             overlap = True  # the next task's input and the last task's output beside the running one
             if mem_mb is not None:
                 buffers = _check_mem(run, mem_mb, run_geometry, task_bytes)
-                overlap = run["plan"]["memory_budget"] + 2 * buffers <= mem_mb * 2 ** 20
+                overlap = run["plan"]["memory_budget"] + 2 * buffers <= mem_mb * 2**20
             with claimed_gpu(run["config"]["device"]):  # one job per GPU on a node
-                run_job(run_file, job, tasks_per_job, num_tasks, marker=marker, tasks_file=tasks_file, log=_log,
-                        overlap=overlap)
+                run_job(
+                    run_file,
+                    job,
+                    tasks_per_job,
+                    num_tasks,
+                    marker=marker,
+                    tasks_file=tasks_file,
+                    log=_log,
+                    overlap=overlap,
+                )
         except ZnniError as exc:
             _fail(exc)
 
     @app.command("finalize")
-    def finalize_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP),
-                     verify: Optional[str] = typer.Option(None, help="checksum | exists (default from the config)")):
+    def finalize_cmd(
+        run_file: Path = typer.Argument(..., help=RUN_HELP),
+        verify: Optional[str] = typer.Option(None, help="checksum | exists (default from the config)"),
+    ):
         """Check every manifest and chunk, append provenance, write report, preview and viewer link."""
         from ..errors import ZnniError
         from .finalize import finalize
@@ -207,11 +252,13 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"  note: {n}")
 
     @app.command("pyramid")
-    def pyramid_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP),
-                    mip: Optional[int] = typer.Option(None, help="run one job of this mip (with --job)"),
-                    job: Optional[int] = typer.Option(None, help="the job of --mip to run"),
-                    tasks_per_job: int = typer.Option(1, help="tasks per job of --mip (the schedule's)"),
-                    marker: Optional[Path] = typer.Option(None, help="the job's marker (default <work_dir>/pyramid/)")):
+    def pyramid_cmd(
+        run_file: Path = typer.Argument(..., help=RUN_HELP),
+        mip: Optional[int] = typer.Option(None, help="run one job of this mip (with --job)"),
+        job: Optional[int] = typer.Option(None, help="the job of --mip to run"),
+        tasks_per_job: int = typer.Option(1, help="tasks per job of --mip (the schedule's)"),
+        marker: Optional[Path] = typer.Option(None, help="the job's marker (default <work_dir>/pyramid/)"),
+    ):
         """Mips 1..downsample.mips of the output: with --mip/--job one job of one mip; without, build
         what is not done, check every mip's manifests and objects, and write pyramid.json."""
         from ..errors import ConfigError, ZnniError
@@ -241,31 +288,43 @@ def register(app: typer.Typer) -> None:
         except ZnniError as exc:
             _fail(exc)
         todo = [b.id for b in blocks if not manifest_path(run, b.id).is_file()]
-        typer.echo(f"{len(blocks) - len(todo)} of {len(blocks)} tasks done; not done: {todo[:50]}"
-                   + (" ..." if len(todo) > 50 else ""))
+        typer.echo(
+            f"{len(blocks) - len(todo)} of {len(blocks)} tasks done; not done: {todo[:50]}"
+            + (" ..." if len(todo) > 50 else "")
+        )
 
     @app.command("demo-data")
-    def demo_data_cmd(out_dir: Path = typer.Argument(Path("demo_out"), help="where to put em/, net.yaml, config.yaml"),
-                      seed: int = typer.Option(0, help="random seed of the volume")):
+    def demo_data_cmd(
+        out_dir: Path = typer.Argument(Path("demo_out"), help="where to put em/, net.yaml, config.yaml"),
+        seed: int = typer.Option(0, help="random seed of the volume"),
+    ):
         """Generate the demo: an EM-like precomputed layer, a small network and a config using them."""
         from .demo import write_demo, write_demo_config
 
         out_dir = out_dir.resolve()
         r = write_demo(out_dir, seed=seed)
-        cfg = write_demo_config(out_dir / "config.yaml", out_dir, work_dir=out_dir / "work",
-                                output="file://" + str(out_dir / "output"))
+        cfg = write_demo_config(
+            out_dir / "config.yaml", out_dir, work_dir=out_dir / "work", output="file://" + str(out_dir / "output")
+        )
         _log(f"demo input {r['input']} {r['volume'].shape} uint8; network {r['network']}; config {cfg}")
 
     @app.command("serve")
-    def serve_cmd(run_file: Optional[Path] = typer.Argument(None, help="the run: config.yaml, run.json or its work dir "
-                                                                         "(serves its file:// input and output)"),
-                  layer: list[str] = typer.Option([], help="serve a layer directory: NAME=PATH or PATH (name: its "
-                                                           "basename); repeatable"),
-                  port: int = typer.Option(1337, help="port (0: any free one)"),
-                  host: str = typer.Option("127.0.0.1", help="address to bind; other than loopback exposes the "
-                                                             "layers to the network"),
-                  allow_origin: list[str] = typer.Option([], help="also grant CORS to this origin (a remote "
-                                                                  "Neuroglancer, e.g. https://neuroglancer-demo.appspot.com)")):
+    def serve_cmd(
+        run_file: Optional[Path] = typer.Argument(
+            None, help="the run: config.yaml, run.json or its work dir (serves its file:// input and output)"
+        ),
+        layer: list[str] = typer.Option(
+            [], help="serve a layer directory: NAME=PATH or PATH (name: its basename); repeatable"
+        ),
+        port: int = typer.Option(1337, help="port (0: any free one)"),
+        host: str = typer.Option(
+            "127.0.0.1", help="address to bind; other than loopback exposes the layers to the network"
+        ),
+        allow_origin: list[str] = typer.Option(
+            [],
+            help="also grant CORS to this origin (a remote Neuroglancer, e.g. https://neuroglancer-demo.appspot.com)",
+        ),
+    ):
         """Serve a run's layers and the bundled Neuroglancer client over HTTP (nothing else)."""
         from ..errors import ConfigError, ZnniError
         from .config import load_run
@@ -277,15 +336,19 @@ def register(app: typer.Typer) -> None:
                 if run_file.is_dir():
                     run_file = run_file / "run.json"
                     if not run_file.is_file():
-                        raise ConfigError(f"{run_file} does not exist: znni serve takes a run (config.yaml, run.json "
-                                          "or its work dir) or --layer PATH, never a whole directory tree")
+                        raise ConfigError(
+                            f"{run_file} does not exist: znni serve takes a run (config.yaml, run.json "
+                            "or its work dir) or --layer PATH, never a whole directory tree"
+                        )
                 layers.update(run_layers(load_run(run_file)))
             for spec in layer:
                 name, _, path = spec.partition("=") if "=" in spec else (Path(spec).name, "", spec)
                 layers[name] = Path(path)
             if not layers:
-                raise ConfigError("nothing to serve: give a run (config.yaml, run.json or its work dir) with file:// "
-                                  "layers, or --layer PATH")
+                raise ConfigError(
+                    "nothing to serve: give a run (config.yaml, run.json or its work dir) with file:// "
+                    "layers, or --layer PATH"
+                )
             srv = LayerServer(layers, host=host, port=port, allow_origins=allow_origin, log=_log)
         except (ZnniError, OSError) as exc:
             _fail(exc)
@@ -311,17 +374,33 @@ def _create_output_layer(run_file: Path, marker: Optional[Path]) -> None:
         run = load_run(run_file)
         cfg = run["config"]
         url = parse_layer_url(run["output"]["url"], endpoint=cfg["output"]["endpoint_url"])
-        prov = {"description": f"znni dense inference of {Path(run['network']['path']).name} on {run['input']['url']}",
-                "owners": [], "sources": [run["input"]["url"]],
-                "processing": [{"method": {"task": "znni create-layer", "run_digest": run["digest"]},
-                                "by": "znni", "date": run["created"]}]}
+        prov = {
+            "description": f"znni dense inference of {Path(run['network']['path']).name} on {run['input']['url']}",
+            "owners": [],
+            "sources": [run["input"]["url"]],
+            "processing": [
+                {
+                    "method": {"task": "znni create-layer", "run_digest": run["digest"]},
+                    "by": "znni",
+                    "date": run["created"],
+                }
+            ],
+        }
         state = create_layer(url, output_specs(run), prov)
     except ZnniError as exc:
         _fail(exc)
     _log(f"output layer {url}: {state}")
     if marker:
-        atomic_write(marker, (json.dumps({"layer": str(url), "state": state, "run_digest": run["digest"],
-                                           "info": run["output"]["info"]}, indent=1) + "\n").encode())
+        atomic_write(
+            marker,
+            (
+                json.dumps(
+                    {"layer": str(url), "state": state, "run_digest": run["digest"], "info": run["output"]["info"]},
+                    indent=1,
+                )
+                + "\n"
+            ).encode(),
+        )
 
 
 def _log_estimate(cfg, run, plan) -> None:
@@ -332,15 +411,27 @@ def _log_estimate(cfg, run, plan) -> None:
 
     try:
         rate = plan.predicted_voxels_per_s
-        e = estimate(run["config"], compute_schedule(cfg, rate=rate), rate=rate,
-                     rate_source="the plan's prediction; `znni estimate` measures", threads=plan.threads,
-                     device=plan.device, out_channels=run["network"]["out_channels"])
+        e = estimate(
+            run["config"],
+            compute_schedule(cfg, rate=rate),
+            rate=rate,
+            rate_source="the plan's prediction; `znni estimate` measures",
+            threads=plan.threads,
+            device=plan.device,
+            out_channels=run["network"]["out_channels"],
+        )
     except ZnniError as exc:
         _log(f"no estimate: {exc}")
         return
-    _log("estimate:\n  " + describe(e).replace("\n", "\n  ")
-         + ("\n  (all tasks: the mask is read by the mask_tasks step; `znni estimate` counts only live work)"
-            if run.get("mask") else ""))
+    _log(
+        "estimate:\n  "
+        + describe(e).replace("\n", "\n  ")
+        + (
+            "\n  (all tasks: the mask is read by the mask_tasks step; `znni estimate` counts only live work)"
+            if run.get("mask")
+            else ""
+        )
+    )
 
 
 def _check_mem(run, mem_mb, run_geometry, task_bytes):
@@ -351,10 +442,18 @@ def _check_mem(run, mem_mb, run_geometry, task_bytes):
 
     _, grid, halo, tasks = run_geometry(run)
     biggest = (tasks.task_chunks * grid.chunk_shape).min(grid.bounds.shape)  # a whole task
-    buffers = task_bytes(biggest, halo, run["network"]["in_channels"], run["network"]["out_channels"],
-                         np.dtype(run["input"]["dtype"]).itemsize, np.dtype(run["output"]["info"]["data_type"]).itemsize)
+    buffers = task_bytes(
+        biggest,
+        halo,
+        run["network"]["in_channels"],
+        run["network"]["out_channels"],
+        np.dtype(run["input"]["dtype"]).itemsize,
+        np.dtype(run["output"]["info"]["data_type"]).itemsize,
+    )
     need = buffers + run["plan"]["memory_budget"]
-    if need > mem_mb * 2 ** 20:
-        raise PlanError(f"this job has mem_mb={mem_mb} but a task needs about {need / 2**20:.0f} MiB (plan budget "
-                        f"{run['plan']['memory_budget'] / 2**20:.0f} MiB + task buffers); raise mem_mb or lower task_chunks")
+    if need > mem_mb * 2**20:
+        raise PlanError(
+            f"this job has mem_mb={mem_mb} but a task needs about {need / 2**20:.0f} MiB (plan budget "
+            f"{run['plan']['memory_budget'] / 2**20:.0f} MiB + task buffers); raise mem_mb or lower task_chunks"
+        )
     return buffers

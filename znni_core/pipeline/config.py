@@ -4,6 +4,7 @@
 network and the layers and refuses, before anything is scheduled, every run that cannot succeed
 (RELIABILITY T21-T24, T26, T27): it returns the *run*, a JSON-able dict every later step reads.
 """
+
 from __future__ import annotations
 
 import copy
@@ -21,8 +22,8 @@ import yaml
 from ..errors import ConfigError, DataError, InputError, PlanError
 from ..geometry import EDGE_POLICIES, ChunkGrid, Coordinate, Halo, Roi, TaskGrid, output_bounds
 from ..io import ScaleSpec, open_input, parse_layer_url
-from ..io.mips import layer_info, mip_specs
 from ..io.layers import layer_differences
+from ..io.mips import layer_info, mip_specs
 from ..io.sharding import shard_chunks
 from ..io.zarr_output import zarr_sharding
 from ..net.graph import Graph
@@ -63,8 +64,9 @@ def validate_config(cfg: dict) -> dict:
     errors = sorted(v.iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
         lines = [f"  {'.'.join(str(p) for p in e.absolute_path) or '<top>'}: {e.message}" for e in errors]
-        raise ConfigError("invalid configuration (see config.yaml comments / docs/configuration.md):\n"
-                          + "\n".join(lines))
+        raise ConfigError(
+            "invalid configuration (see config.yaml comments / docs/configuration.md):\n" + "\n".join(lines)
+        )
     # a second pass fills defaults inside objects that were themselves defaulted
     list(v.iter_errors(cfg))
     return cfg
@@ -88,10 +90,12 @@ def _digest(obj) -> str:
 def versions() -> dict:
     """The versions that shape the output (from metadata: importing cloud-volume, dask and zarr
     to read them cost validate about 1 s)."""
-    from ..version import __version__
     from ..plan.wisdom import dist_version
+    from ..version import __version__
 
-    return {"znni": __version__, "numpy": np.__version__} | {d: dist_version(d) for d in ("cloud-volume", "dask", "zarr")}
+    return {"znni": __version__, "numpy": np.__version__} | {
+        d: dist_version(d) for d in ("cloud-volume", "dask", "zarr")
+    }
 
 
 def _roi_doc(r: Roi) -> str:
@@ -134,7 +138,7 @@ def auto_task_chunks(cfg: dict, net, inp, halo: Halo, region: Roi, grid: ChunkGr
     this machine's CPUs), within a job's memory (``choose_task_chunks``)."""
     from ..geometry.grid import choose_task_chunks
 
-    cap = (1 - cfg["plan"]["memory_fraction"]) * JOB_MEM_MB * 2 ** 20 / 2
+    cap = (1 - cfg["plan"]["memory_fraction"]) * JOB_MEM_MB * 2**20 / 2
     in_size, out_size = np.dtype(inp.dtype).itemsize, np.dtype(cfg["output"]["dtype"]).itemsize
 
     def fits(write_shape):
@@ -158,32 +162,46 @@ def layout(cfg: dict, net, inp, halo: Halo, where: str, slots: int | None = None
     else:
         region = Roi(cfg["region"]["offset"], cfg["region"]["shape"])
         if not producible.contains(region):
-            why = ("the region grown by the network's halo " + f"low {tuple(halo.low)} high {tuple(halo.high)}"
-                   if edge == "valid" else "the region")
-            raise InputError(f"region {_roi_doc(region)} is not covered by {where}: {why} must lie inside the "
-                             f"input bounds {_roi_doc(inp.bounds)}; the largest possible region under edge={edge} is "
-                             f"{_roi_doc(producible)} (or use edge: mirror / zero)")
+            why = (
+                "the region grown by the network's halo " + f"low {tuple(halo.low)} high {tuple(halo.high)}"
+                if edge == "valid"
+                else "the region"
+            )
+            raise InputError(
+                f"region {_roi_doc(region)} is not covered by {where}: {why} must lie inside the "
+                f"input bounds {_roi_doc(inp.bounds)}; the largest possible region under edge={edge} is "
+                f"{_roi_doc(producible)} (or use edge: mirror / zero)"
+            )
     if graph and net.kind == "valid" and edge == "valid" and cfg["region"] is None:
         # a valid graph network tiles on its grid: the default region is cut to an admissible input
         # (its last few voxels per axis, fewer than the grid, would need input beyond the bounds)
         use = net.floor_admissible(tuple(region.shape + Coordinate(net.context)))
         if not all(use):
-            raise InputError(f"{where}: the input {_roi_doc(inp.bounds)} is smaller than the smallest admissible input "
-                             f"{net.geometry['n_min']} of the network (edge=valid); use edge: mirror / zero")
+            raise InputError(
+                f"{where}: the input {_roi_doc(inp.bounds)} is smaller than the smallest admissible input "
+                f"{net.geometry['n_min']} of the network (edge=valid); use edge: mirror / zero"
+            )
         region = Roi(region.offset, Coordinate(use) - Coordinate(net.context))
     if edge == "mirror" and not inp.bounds.shape.all_ge(halo.high + 1):
-        raise InputError(f"{where}: edge=mirror needs the input to be larger than the halo {tuple(halo.high)} on "
-                         f"every axis; it is {tuple(inp.bounds.shape)}")
+        raise InputError(
+            f"{where}: edge=mirror needs the input to be larger than the halo {tuple(halo.high)} on "
+            f"every axis; it is {tuple(inp.bounds.shape)}"
+        )
 
     layer_bounds = aligned_bounds(region, cfg["output"]["chunk_size"]) if cfg["output"]["align"] else region
     grid = ChunkGrid(layer_bounds, Coordinate(cfg["output"]["chunk_size"]))
     ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
-    box = (auto_task_chunks(cfg, net, inp, halo, region, grid, slots) if cfg["task_chunks"] == "auto"
-           else Coordinate(cfg["task_chunks"]))
+    box = (
+        auto_task_chunks(cfg, net, inp, halo, region, grid, slots)
+        if cfg["task_chunks"] == "auto"
+        else Coordinate(cfg["task_chunks"])
+    )
     if ou.format == "zarr":  # a zarr output is always sharded: a shard is a task's box of chunks
         if cfg["output"]["sharding"] not in ("auto", "sharded"):
-            raise ConfigError(f"output.sharding {cfg['output']['sharding']!r}: a zarr output ({ou}) is always "
-                              "sharded, one shard per task (task_chunks); use auto, or a precomputed output")
+            raise ConfigError(
+                f"output.sharding {cfg['output']['sharding']!r}: a zarr output ({ou}) is always "
+                "sharded, one shard per task (task_chunks); use auto, or a precomputed output"
+            )
         return Layout(region, layer_bounds, zarr_sharding(box, cfg["output"]["compression"]), box, grid, box)
     sharding = output_sharding(cfg["output"], layer_bounds, net.out_channels)
     # a task writes whole shards: with sharding, a task is one shard's box of chunks
@@ -214,17 +232,23 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     where = f"input {iu} mip {cfg['input']['mip']}"
     # T21: dtype declared in the config must be what the layer holds
     if inp.dtype != cfg["input"]["dtype"]:
-        raise InputError(f"{where} holds {inp.dtype} but input.dtype says {cfg['input']['dtype']}: znni never "
-                         "rescales silently; fix input.dtype and normalize.scale/shift together")
+        raise InputError(
+            f"{where} holds {inp.dtype} but input.dtype says {cfg['input']['dtype']}: znni never "
+            "rescales silently; fix input.dtype and normalize.scale/shift together"
+        )
     # T27: channels
     if inp.channels != net.in_channels:
-        raise InputError(f"{where} has {inp.channels} channel(s) but the network {net_path.name} expects "
-                         f"{net.in_channels}; pick the matching layer or network")
+        raise InputError(
+            f"{where} has {inp.channels} channel(s) but the network {net_path.name} expects "
+            f"{net.in_channels}; pick the matching layer or network"
+        )
     # T23: resolution
     net_res = cfg["network"]["resolution"] or net.metadata.get("resolution")
     if net_res is not None and not np.allclose(tuple(net_res), inp.resolution, rtol=1e-3):
-        raise InputError(f"{where} has resolution {inp.resolution} nm (z, y, x) but the network was trained at "
-                         f"{tuple(float(v) for v in net_res)} nm; choose the input mip with that resolution")
+        raise InputError(
+            f"{where} has resolution {inp.resolution} nm (z, y, x) but the network was trained at "
+            f"{tuple(float(v) for v in net_res)} nm; choose the input mip with that resolution"
+        )
     lay = layout(cfg, net, inp, halo, where)
     region, sharding, tc, grid = lay.region, lay.sharding, lay.task_chunks, lay.grid
     cfg = {**cfg, "task_chunks": list(lay.box)}  # the run records the box ``auto`` chose
@@ -236,29 +260,43 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     # output layer: bounds = region, resolution = input's
     ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
     if cfg["output"]["compression"] == "gzip" and ou.is_local and not sharding:
-        raise ConfigError("output.compression: gzip on a file:// layer names chunks *.gz; tensorstore and other "
-                          "readers then see zeros without an error (PITFALLS). Use compression: none locally.")
+        raise ConfigError(
+            "output.compression: gzip on a file:// layer names chunks *.gz; tensorstore and other "
+            "readers then see zeros without an error (PITFALLS). Use compression: none locally."
+        )
     if ou.is_local and iu.is_local and ou.local_path == iu.local_path:
         raise ConfigError(f"output.path {ou} is the input layer; choose another directory")
     specs = output_scales(cfg, lay, inp.resolution, net.out_channels)
     out_spec = specs[0]
     diffs = layer_differences(ou, specs)  # T21 (dtype), T22 (offset), T24 (grid) against an existing layer
     if diffs:
-        raise DataError(f"output layer {ou} exists and does not match this config:\n  - " + "\n  - ".join(diffs)
-                        + "\nChoose a new output.path, or delete the layer if it is yours to replace.")
+        raise DataError(
+            f"output layer {ou} exists and does not match this config:\n  - "
+            + "\n  - ".join(diffs)
+            + "\nChoose a new output.path, or delete the layer if it is yours to replace."
+        )
 
     # T24: task size vs memory
     task_shape = (tc * out_spec.chunk_shape).min(region.shape)
-    extra = task_bytes(task_shape, halo, net.in_channels, net.out_channels, np.dtype(inp.dtype).itemsize,
-                       np.dtype(out_spec.dtype).itemsize)
+    extra = task_bytes(
+        task_shape,
+        halo,
+        net.in_channels,
+        net.out_channels,
+        np.dtype(inp.dtype).itemsize,
+        np.dtype(out_spec.dtype).itemsize,
+    )
     budget = None
     if mem_mb is not None:
-        budget = int(mem_mb * 2 ** 20 * cfg["plan"]["memory_fraction"])
-        if extra + budget > mem_mb * 2 ** 20:
-            raise PlanError(f"a task of {tuple(tc)} chunks of {tuple(out_spec.chunk_shape)} needs {extra / 2**20:.0f} MiB "
-                            f"for its input and output plus the engine's {budget / 2**20:.0f} MiB, more than the infer "
-                            f"job's mem_mb={mem_mb}; lower " + ("output.shard_bytes (a task is one shard)" if sharding
-                                                                else "task_chunks") + " or output.chunk_size, or raise mem_mb")
+        budget = int(mem_mb * 2**20 * cfg["plan"]["memory_fraction"])
+        if extra + budget > mem_mb * 2**20:
+            raise PlanError(
+                f"a task of {tuple(tc)} chunks of {tuple(out_spec.chunk_shape)} needs {extra / 2**20:.0f} MiB "
+                f"for its input and output plus the engine's {budget / 2**20:.0f} MiB, more than the infer "
+                f"job's mem_mb={mem_mb}; lower "
+                + ("output.shard_bytes (a task is one shard)" if sharding else "task_chunks")
+                + " or output.chunk_size, or raise mem_mb"
+            )
 
     if cfg["device"] != "cpu":  # mem_mb is the job's host RAM; the plan's budget is the device's memory
         from ..units import parse_bytes
@@ -286,7 +324,8 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
                 f"region {_roi_doc(region)}: the valid graph network tiles on its grid {net.grid} and needs input "
                 f"{_roi_doc(read)}, which leaves the input bounds {_roi_doc(inp.bounds)} (edge=valid). Shrink the "
                 f"region so that its shape + {net.context} is admissible (n_min {net.geometry['n_min']} + k * "
-                f"{net.grid}), or use edge: mirror / zero")
+                f"{net.grid}), or use edge: mirror / zero"
+            )
     tasks = TaskGrid(grid, tc, halo, region)
     if not len(tasks):
         raise ConfigError(f"the region {_roi_doc(region)} holds no output voxel")
@@ -295,34 +334,61 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         "format": RUN_FORMAT,
         "config": cfg,
         "work_dir": str(work),
-        "network": {"path": str(net_path), "digest": net.digest(), "field_of_view": list(fov),
-                    "kind": net.kind if graph else "chain",
-                    "halo": {"low": list(halo.low), "high": list(halo.high)},
-                    "in_channels": net.in_channels, "out_channels": net.out_channels},
-        "input": {"url": str(iu), "mip": cfg["input"]["mip"], "bounds": inp.bounds.to_dict(),
-                  "resolution": list(inp.resolution), "dtype": inp.dtype, "channels": inp.channels},
+        "network": {
+            "path": str(net_path),
+            "digest": net.digest(),
+            "field_of_view": list(fov),
+            "kind": net.kind if graph else "chain",
+            "halo": {"low": list(halo.low), "high": list(halo.high)},
+            "in_channels": net.in_channels,
+            "out_channels": net.out_channels,
+        },
+        "input": {
+            "url": str(iu),
+            "mip": cfg["input"]["mip"],
+            "bounds": inp.bounds.to_dict(),
+            "resolution": list(inp.resolution),
+            "dtype": inp.dtype,
+            "channels": inp.channels,
+        },
         "output": {"url": str(ou), "scale": out_spec.to_scale(), "info": layer_info(specs)},
         "region": region.to_dict(),
-        "mask": None if mask is None else {"url": str(mask.url), "mip": mask.mip, "bounds": mask.layer.bounds.to_dict(),
-                                           "resolution": list(mask.layer.resolution)},
+        "mask": None
+        if mask is None
+        else {
+            "url": str(mask.url),
+            "mip": mask.mip,
+            "bounds": mask.layer.bounds.to_dict(),
+            "resolution": list(mask.layer.resolution),
+        },
         "task_chunks": list(tc),
         "num_tasks": len(tasks),
         "num_chunks": grid.num_chunks,
-        "plan": {"path": str(plan_path), "digest": plan.digest(), "patch_shape": list(plan.patch_shape),
-                 "memory_budget": plan.memory_budget},
+        "plan": {
+            "path": str(plan_path),
+            "digest": plan.digest(),
+            "patch_shape": list(plan.patch_shape),
+            "memory_budget": plan.memory_budget,
+        },
         "mem_mb": mem_mb,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
     }
-    run["digest"] = _digest({k: run[k] for k in ("config", "network", "input", "output", "region", "task_chunks")}
-                            | {"plan": run["plan"]["digest"]})
+    run["digest"] = _digest(
+        {k: run[k] for k in ("config", "network", "input", "output", "region", "task_chunks")}
+        | {"plan": run["plan"]["digest"]}
+    )
     progress(f"network {net_path.name}: field of view {tuple(fov)}, halo low {tuple(halo.low)} high {tuple(halo.high)}")
     progress(f"input {iu}: {_roi_doc(inp.bounds)}, {inp.dtype}, {inp.channels} ch, {inp.resolution} nm")
-    progress(f"output {ou}: {_roi_doc(region)}, chunks {tuple(out_spec.chunk_shape)}, {out_spec.dtype}; "
-             f"{grid.num_chunks} chunks in {len(tasks)} tasks of up to {tuple(tc)} chunks")
+    progress(
+        f"output {ou}: {_roi_doc(region)}, chunks {tuple(out_spec.chunk_shape)}, {out_spec.dtype}; "
+        f"{grid.num_chunks} chunks in {len(tasks)} tasks of up to {tuple(tc)} chunks"
+    )
     if mask is not None:
-        progress(f"mask {mask.url} mip {mask.mip}: {_roi_doc(mask.layer.bounds)} at {tuple(mask.layer.resolution)} nm; "
-                 "only chunks it overlaps with non-zero voxels are computed (`znni mask-tasks` lists the tasks)")
+        progress(
+            f"mask {mask.url} mip {mask.mip}: {_roi_doc(mask.layer.bounds)} at {tuple(mask.layer.resolution)} nm; "
+            "only chunks it overlaps with non-zero voxels are computed (`znni mask-tasks` lists the tasks)"
+        )
     return run, plan
 
 
@@ -338,8 +404,14 @@ def task_plan(net, cfg, budget, threads, task_shape, region):
         return _graph_plan(net, cfg, budget, threads, task_shape, region)
     d = Coordinate(net.pooling_product)
     task_patch = tuple(Coordinate(task_shape).ceil_div(d) * d + Coordinate(net.field_of_view) - 1)
-    return autotune(net, input_shape=task_patch, memory_budget=budget, device=cfg["device"],
-                    effort=cfg["plan"]["effort"], threads=threads)
+    return autotune(
+        net,
+        input_shape=task_patch,
+        memory_budget=budget,
+        device=cfg["device"],
+        effort=cfg["plan"]["effort"],
+        threads=threads,
+    )
 
 
 def _graph_plan(net, cfg, budget, threads, task_shape, region):
@@ -349,8 +421,9 @@ def _graph_plan(net, cfg, budget, threads, task_shape, region):
     from ..plan.graph import default_overlap
 
     b = cfg["blend"]
-    kw = dict(memory_budget=budget, device=cfg["device"], effort=cfg["plan"]["effort"], threads=threads,
-              blend=b["mode"])
+    kw = dict(
+        memory_budget=budget, device=cfg["device"], effort=cfg["plan"]["effort"], threads=threads, blend=b["mode"]
+    )
     read = tuple(int(t) + c for t, c in zip(task_shape, net.context))
     plan = autotune(net, input_shape=read, patch_shape=b["patch_shape"], overlap=b["overlap"], **kw)
     if net.kind == "padded" and b["overlap"] is None:
@@ -402,8 +475,14 @@ def output_sharding(out: dict, bounds: Roi, channels: int) -> dict | None:
     chunks = grid.prod()
     if mode == "none" or (mode == "auto" and chunks <= AUTO_SHARD_CHUNKS):
         return None
-    spec = auto_sharding(bounds.shape, out["chunk_size"], out["dtype"], channels, out["shard_bytes"],
-                         "gzip" if out["compression"] == "gzip" else "raw")
+    spec = auto_sharding(
+        bounds.shape,
+        out["chunk_size"],
+        out["dtype"],
+        channels,
+        out["shard_bytes"],
+        "gzip" if out["compression"] == "gzip" else "raw",
+    )
     return check_sharding(spec, "output.sharding: auto", grid)
 
 
@@ -436,11 +515,19 @@ def output_scales(cfg: dict, lay: Layout, resolution, channels: int) -> list[Sca
     ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
     zarr = ou.format == "zarr"
     key = "0" if zarr else cfg["output"]["scale_key"] or "_".join(f"{v:g}" for v in tuple(resolution)[::-1])
-    spec0 = ScaleSpec(key=key, bounds=lay.bounds, chunk_shape=Coordinate(cfg["output"]["chunk_size"]),
-                      resolution=tuple(resolution), dtype=cfg["output"]["dtype"], channels=channels,
-                      encoding=cfg["output"]["encoding"], sharding=lay.sharding)
-    return mip_specs(spec0, cfg["downsample"]["mips"], cfg["downsample"]["factor"],
-                     shard_bytes=cfg["output"]["shard_bytes"])
+    spec0 = ScaleSpec(
+        key=key,
+        bounds=lay.bounds,
+        chunk_shape=Coordinate(cfg["output"]["chunk_size"]),
+        resolution=tuple(resolution),
+        dtype=cfg["output"]["dtype"],
+        channels=channels,
+        encoding=cfg["output"]["encoding"],
+        sharding=lay.sharding,
+    )
+    return mip_specs(
+        spec0, cfg["downsample"]["mips"], cfg["downsample"]["factor"], shard_bytes=cfg["output"]["shard_bytes"]
+    )
 
 
 def output_spec(run: dict, mip: int = 0) -> ScaleSpec:

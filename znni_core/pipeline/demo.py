@@ -3,6 +3,7 @@ precomputed layer, and a small membrane-detecting network with deterministic wei
 
 Everything is generated from a seed on this machine: no network access, no GPU.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -70,9 +71,19 @@ def demo_network():
     w3[0, 0, 1] = 12.0 / 9
     w3[0, 1, 1] = -12.0 / 9
     b3 = np.array([-0.5], np.float32)
-    return Network((Conv(w1, b1, "conv1"), Activation("relu"), Pool((1, 2, 2)), Conv(w2, b2, "conv2"),
-                    Activation("relu"), Conv(w3, b3, "conv3"), Activation("sigmoid")),
-                   name="znni-demo-membranes", metadata={"resolution": list(DEMO_RESOLUTION)})
+    return Network(
+        (
+            Conv(w1, b1, "conv1"),
+            Activation("relu"),
+            Pool((1, 2, 2)),
+            Conv(w2, b2, "conv2"),
+            Activation("relu"),
+            Conv(w3, b3, "conv3"),
+            Activation("sigmoid"),
+        ),
+        name="znni-demo-membranes",
+        metadata={"resolution": list(DEMO_RESOLUTION)},
+    )
 
 
 def write_demo(out_dir, *, shape=DEMO_SHAPE, seed: int = 0, chunk=(8, 64, 64)) -> dict:
@@ -85,8 +96,16 @@ def write_demo(out_dir, *, shape=DEMO_SHAPE, seed: int = 0, chunk=(8, 64, 64)) -
     url = parse_layer_url("file://" + str(out_dir / "em"))
     key = "_".join(f"{v:g}" for v in DEMO_RESOLUTION[::-1])
     spec = ScaleSpec(key, Roi((0, 0, 0), shape), Coordinate(chunk), DEMO_RESOLUTION, "uint8", 1)
-    create_layer(url, spec, {"description": "znni demo: synthetic EM-like volume", "owners": [],
-                             "processing": [{"method": {"task": "znni demo-data", "seed": seed}}], "sources": []})
+    create_layer(
+        url,
+        spec,
+        {
+            "description": "znni demo: synthetic EM-like volume",
+            "owners": [],
+            "processing": [{"method": {"task": "znni demo-data", "seed": seed}}],
+            "sources": [],
+        },
+    )
     layer = PrecomputedLayer(url, 0)
     for idx in layer.grid.chunks_in(layer.bounds):
         roi = layer.grid.chunk_roi(idx)

@@ -6,6 +6,7 @@ one patch of random input on this machine (engine only: reads and writes are ext
 plan's prediction (``validate`` prints that one, to stay quick).  ``znni estimate`` stores a
 measured rate in ``<work_dir>/estimate.json``, which sizes the workflow's jobs (``jobs.minutes``).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,8 @@ import numpy as np
 from ..io import atomic_write
 from .schedule import ESTIMATE_FILE
 
-DIR_FILES_WARN = 10 ** 5
-DAG_JOBS_WARN = 5 * 10 ** 4
+DIR_FILES_WARN = 10**5
+DAG_JOBS_WARN = 5 * 10**4
 
 
 def rate_from_manifests(work, limit: int = 200) -> tuple[float, int] | None:
@@ -54,8 +55,17 @@ def time_plan(net, plan, repeats: int = 2) -> float:
     return float(np.prod(y.shape[1:])) / best
 
 
-def estimate(cfg: dict, schedule: dict, *, rate: float, rate_source: str, threads: int, device: str,
-             out_channels: int, cores_per_node: int | None = None) -> dict:
+def estimate(
+    cfg: dict,
+    schedule: dict,
+    *,
+    rate: float,
+    rate_source: str,
+    threads: int,
+    device: str,
+    out_channels: int,
+    cores_per_node: int | None = None,
+) -> dict:
     """The numbers of a run (see module doc); ``warnings`` lists what would hurt at this scale."""
     out = cfg["output"]
     itemsize = np.dtype(out["dtype"]).itemsize
@@ -67,14 +77,30 @@ def estimate(cfg: dict, schedule: dict, *, rate: float, rate_source: str, thread
     cores = cores_per_node or os.cpu_count() or 1
     pyr = schedule.get("pyramid", [])
     e = {
-        "pyramid": {"mips": len(pyr), "tasks": sum(m["num_tasks"] for m in pyr),
-                    "jobs": sum(m["num_jobs"] for m in pyr), "objects": sum(m["objects"] for m in pyr)},
-        "tasks": tasks, "jobs": jobs, "tasks_per_job": schedule["tasks_per_job"], "jobs_why": schedule["why"],
-        "chunks": schedule["num_chunks"], "shards": tasks if schedule["sharded"] else 0,
-        "output_objects": objects, "manifests": tasks, "manifest_dirs": dirs, "job_logs": 2 * jobs,
-        "output_bytes": voxels * out_channels * itemsize, "voxels": voxels,
-        "voxels_per_second": rate, "rate_source": rate_source, "threads": threads, "device": device,
-        "job_hours": job_hours, "hours_per_job": job_hours / max(jobs, 1),
+        "pyramid": {
+            "mips": len(pyr),
+            "tasks": sum(m["num_tasks"] for m in pyr),
+            "jobs": sum(m["num_jobs"] for m in pyr),
+            "objects": sum(m["objects"] for m in pyr),
+        },
+        "tasks": tasks,
+        "jobs": jobs,
+        "tasks_per_job": schedule["tasks_per_job"],
+        "jobs_why": schedule["why"],
+        "chunks": schedule["num_chunks"],
+        "shards": tasks if schedule["sharded"] else 0,
+        "output_objects": objects,
+        "manifests": tasks,
+        "manifest_dirs": dirs,
+        "job_logs": 2 * jobs,
+        "output_bytes": voxels * out_channels * itemsize,
+        "voxels": voxels,
+        "voxels_per_second": rate,
+        "rate_source": rate_source,
+        "threads": threads,
+        "device": device,
+        "job_hours": job_hours,
+        "hours_per_job": job_hours / max(jobs, 1),
         "masked_tasks": schedule.get("masked_tasks"),
     }
     if device == "gpu":
@@ -85,17 +111,22 @@ def estimate(cfg: dict, schedule: dict, *, rate: float, rate_source: str, thread
     w = []
     if objects > DIR_FILES_WARN:
         what = "shards" if schedule["sharded"] else "chunks"
-        w.append(f"the output scale directory would hold {objects:,} {what} (> {DIR_FILES_WARN:,} files): fine on "
-                 "gs:// or s3://, slow on a file system" + ("" if schedule["sharded"] else
-                                                            "; use output.sharding: sharded"))
+        w.append(
+            f"the output scale directory would hold {objects:,} {what} (> {DIR_FILES_WARN:,} files): fine on "
+            "gs:// or s3://, slow on a file system" + ("" if schedule["sharded"] else "; use output.sharding: sharded")
+        )
     if jobs + e["pyramid"]["jobs"] > DAG_JOBS_WARN:
-        w.append(f"the DAG would have {jobs + e['pyramid']['jobs']:,} jobs (> {DAG_JOBS_WARN:,}): Snakemake needs ~1.3 ms and 18 KB per job "
-                 "at every start; lower jobs.max_jobs or raise jobs.tasks_per_job")
+        w.append(
+            f"the DAG would have {jobs + e['pyramid']['jobs']:,} jobs (> {DAG_JOBS_WARN:,}): Snakemake needs ~1.3 ms and 18 KB per job "
+            "at every start; lower jobs.max_jobs or raise jobs.tasks_per_job"
+        )
     if 2 * jobs > DIR_FILES_WARN:
         w.append(f"{2 * jobs:,} job logs and benchmarks in two directories (> {DIR_FILES_WARN:,} files)")
     if rate and e["hours_per_job"] > 24:
-        w.append(f"a job would compute for {e['hours_per_job']:.0f} h: raise jobs.max_jobs, give a job more threads "
-                 "or GPUs, or split the run by region")
+        w.append(
+            f"a job would compute for {e['hours_per_job']:.0f} h: raise jobs.max_jobs, give a job more threads "
+            "or GPUs, or split the run by region"
+        )
     e["warnings"] = w
     return e
 
@@ -108,7 +139,8 @@ def describe(e: dict) -> str:
             n /= 1000
 
     lines = [
-        f"tasks          {e['tasks']:,}" + (" (one shard each)" if e["shards"] else "")
+        f"tasks          {e['tasks']:,}"
+        + (" (one shard each)" if e["shards"] else "")
         + (f"; {e['masked_tasks']:,} more masked (not counted below)" if e.get("masked_tasks") else ""),
         f"jobs           {e['jobs']:,} of {e['tasks_per_job']} task(s) ({e['jobs_why']})",
         f"chunks         {e['chunks']:,}" + (f" in {e['shards']:,} shards" if e["shards"] else ""),
@@ -118,17 +150,23 @@ def describe(e: dict) -> str:
     ]
     if e["pyramid"]["mips"]:
         p = e["pyramid"]
-        lines.append(f"pyramid        mips 1-{p['mips']}: {p['tasks']:,} tasks in {p['jobs']:,} jobs, {p['objects']:,} "
-                     f"output files/objects + {p['tasks']:,} manifests")
+        lines.append(
+            f"pyramid        mips 1-{p['mips']}: {p['tasks']:,} tasks in {p['jobs']:,} jobs, {p['objects']:,} "
+            f"output files/objects + {p['tasks']:,} manifests"
+        )
     lines += [
         f"rate           {e['voxels_per_second']:,.0f} output voxels/s per job, {e['threads']} thread(s), "
         f"{e['device']} ({e['rate_source']})",
     ]
     if "gpu_hours" in e:
-        lines.append(f"compute        {e['gpu_hours']:,.1f} GPU-hours (one GPU per job); {e['hours_per_job']:,.2f} h per job")
+        lines.append(
+            f"compute        {e['gpu_hours']:,.1f} GPU-hours (one GPU per job); {e['hours_per_job']:,.2f} h per job"
+        )
     else:
-        lines.append(f"compute        {e['job_hours']:,.1f} job-hours = {e['node_hours']:,.1f} node-hours at "
-                     f"{e['cores_per_node']} cores per node; {e['hours_per_job']:,.2f} h per job")
+        lines.append(
+            f"compute        {e['job_hours']:,.1f} job-hours = {e['node_hours']:,.1f} node-hours at "
+            f"{e['cores_per_node']} cores per node; {e['hours_per_job']:,.2f} h per job"
+        )
     lines += [f"WARNING        {w}" for w in e["warnings"]]
     return "\n".join(lines)
 
@@ -136,8 +174,8 @@ def describe(e: dict) -> str:
 def masked_schedule(cfg: dict, schedule: dict, log=print) -> dict:
     """The schedule counting only the work a mask leaves: live tasks, their jobs, live chunks and
     voxels (the mask is read over the whole region, as the workflow's checkpoint will)."""
-    from .schedule import task_geometry
     from .mask import check_mask, open_mask, scan
+    from .schedule import task_geometry
 
     inp, lay, tasks, _ = task_geometry(cfg, slots=schedule.get("slots"))
     mask = open_mask(cfg, inp.resolution)
@@ -145,20 +183,33 @@ def masked_schedule(cfg: dict, schedule: dict, log=print) -> dict:
     log(f"reading the mask {mask.url} over the region ...")
     doc = scan(tasks, mask, log=log)
     per = schedule["tasks_per_job"]
-    return schedule | {"num_tasks": doc["num_live"], "num_jobs": math.ceil(doc["num_live"] / per),
-                       "num_chunks": doc["chunks_live"], "region_voxels": doc["voxels_live"],
-                       "masked_tasks": doc["num_masked"]}
+    return schedule | {
+        "num_tasks": doc["num_live"],
+        "num_jobs": math.ceil(doc["num_live"] / per),
+        "num_chunks": doc["chunks_live"],
+        "region_voxels": doc["voxels_live"],
+        "masked_tasks": doc["num_masked"],
+    }
 
 
 def save_rate(work, e: dict) -> Path:
     path = Path(work) / ESTIMATE_FILE
-    atomic_write(path, (json.dumps({k: e[k] for k in ("voxels_per_second", "rate_source", "threads", "device")}
-                                   | {"time": time.time()}, indent=1) + "\n").encode())
+    atomic_write(
+        path,
+        (
+            json.dumps(
+                {k: e[k] for k in ("voxels_per_second", "rate_source", "threads", "device")} | {"time": time.time()},
+                indent=1,
+            )
+            + "\n"
+        ).encode(),
+    )
     return path
 
 
-def run_estimate(cfg: dict, *, mem_mb: int | None, threads: int | None, rate: float | None,
-                 cores_per_node: int | None, log=print) -> dict:
+def run_estimate(
+    cfg: dict, *, mem_mb: int | None, threads: int | None, rate: float | None, cores_per_node: int | None, log=print
+) -> dict:
     """``znni estimate``: the schedule, a rate (see module doc), the numbers; a measured rate is saved."""
     from .. import load_network
     from .config import resolve, validate_config
@@ -177,13 +228,23 @@ def run_estimate(cfg: dict, *, mem_mb: int | None, threads: int | None, rate: fl
         _, plan = resolve(cfg, mem_mb=mem_mb, threads=threads, progress=lambda *a: None)
         log(f"timing the plan (patch {tuple(plan.patch_shape)}, {plan.threads} thread(s)) on this machine ...")
         rate = time_plan(net, plan)
-        source = (f"the plan timed on one patch here, engine only (predicted {plan.predicted_voxels_per_s:,.0f}); "
-                  "reads and writes add to it")
+        source = (
+            f"the plan timed on one patch here, engine only (predicted {plan.predicted_voxels_per_s:,.0f}); "
+            "reads and writes add to it"
+        )
     schedule = compute_schedule(cfg, rate=rate)  # jobs sized at this rate, as the workflow will once it is saved
     if cfg.get("mask"):
         schedule = masked_schedule(cfg, schedule, log)
-    e = estimate(cfg, schedule, rate=rate, rate_source=source, threads=threads, device=cfg["device"],
-                 out_channels=net.out_channels, cores_per_node=cores_per_node)
+    e = estimate(
+        cfg,
+        schedule,
+        rate=rate,
+        rate_source=source,
+        threads=threads,
+        device=cfg["device"],
+        out_channels=net.out_channels,
+        cores_per_node=cores_per_node,
+    )
     if source != "--rate":
         save_rate(work, e)
     return e

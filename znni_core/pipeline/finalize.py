@@ -3,6 +3,7 @@
 The report (``<work_dir>/report/``): ``summary.json``, ``report.html``, ``preview.png`` (input | output,
 middle z slice of the region) and a Neuroglancer link showing input and output.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -15,8 +16,16 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from ..io import atomic_write, clean_stale_temporaries, open_input, open_output, parse_layer_url, read_json, write_json
-from ..io import read_manifest
+from ..io import (
+    atomic_write,
+    clean_stale_temporaries,
+    open_input,
+    open_output,
+    parse_layer_url,
+    read_json,
+    read_manifest,
+    write_json,
+)
 from .config import load_run, output_spec, run_geometry
 from .mask import load_mask_tasks, positions
 from .task import manifest_path
@@ -47,12 +56,19 @@ def check_task(run: dict, out, block, verify: str, mip: int = 0) -> dict:
         name = out.shard_name(block.chunks[0])
         if sh.get("name") != name:
             raise DataError(f"manifest {mp} names shard {sh.get('name')!r}, task {block.id} owns {name}; re-run it")
-        _check_stored(f"shard {name}", sh, lambda: out.read_object(name),
-                      lambda d: out.verify_object(name, d), verify, block.id)
-    for c in ([] if out.sharded else m["chunks"]):
+        _check_stored(
+            f"shard {name}", sh, lambda: out.read_object(name), lambda d: out.verify_object(name, d), verify, block.id
+        )
+    for c in [] if out.sharded else m["chunks"]:
         idx = tuple(c["index"])
-        _check_stored(f"chunk {c['name']}", c, lambda: out.read_chunk_bytes(idx),
-                      lambda d: out.verify_chunk(idx, d), verify, block.id)
+        _check_stored(
+            f"chunk {c['name']}",
+            c,
+            lambda: out.read_chunk_bytes(idx),
+            lambda d: out.verify_chunk(idx, d),
+            verify,
+            block.id,
+        )
     return m
 
 
@@ -104,7 +120,7 @@ def neuroglancer_link(run: dict, base: str, port: int) -> tuple[str, list[str]]:
             return f"{zarr_scheme if zarr else 'precomputed'}://{server}/layers/{name}"
         if local:
             notes.append(f"the viewer: run `znni serve {work} --port {port}` while viewing")
-        return f"{zarr_scheme}://{url[len('zarr://'):]}" if zarr else "precomputed://" + url
+        return f"{zarr_scheme}://{url[len('zarr://') :]}" if zarr else "precomputed://" + url
 
     region = run["region"]
     center = [o + s / 2 for o, s in zip(region["offset"], region["shape"])][::-1]  # x, y, z
@@ -114,12 +130,21 @@ def neuroglancer_link(run: dict, base: str, port: int) -> tuple[str, list[str]]:
         "position": center,
         "layers": [
             {"type": "image", "source": source("input", run["input"]["url"]), "name": "input"},
-            {"type": "image", "source": source("output", run["output"]["url"], "zarr3"), "name": "znni output", "opacity": 0.6,
-             "shader": "#uicontrol invlerp normalized\nvoid main() { emitRGB(vec3(normalized(), 0.0, 0.0)); }"},
+            {
+                "type": "image",
+                "source": source("output", run["output"]["url"], "zarr3"),
+                "name": "znni output",
+                "opacity": 0.6,
+                "shader": "#uicontrol invlerp normalized\nvoid main() { emitRGB(vec3(normalized(), 0.0, 0.0)); }",
+            },
         ],
         "layout": "4panel",
     }
-    link = (f"{server}/v/{VIEWER_TOKEN}" if local else base.rstrip("/")) + "/#!" + urllib.parse.quote(json.dumps(state, separators=(",", ":")), safe="")
+    link = (
+        (f"{server}/v/{VIEWER_TOKEN}" if local else base.rstrip("/"))
+        + "/#!"
+        + urllib.parse.quote(json.dumps(state, separators=(",", ":")), safe="")
+    )
     return link, sorted(set(notes))
 
 
@@ -139,13 +164,16 @@ def preview(run: dict, out, path: Path) -> Path:
     from ..geometry import Roi
 
     sl = Roi((z, region_off[1], region_off[2]), (1, region_shape[1], region_shape[2]))
-    inp = open_input(parse_layer_url(run["input"]["url"], endpoint=cfg["input"]["endpoint_url"]), run["input"]["mip"],
-                     resolution=cfg["input"]["resolution"])
+    inp = open_input(
+        parse_layer_url(run["input"]["url"], endpoint=cfg["input"]["endpoint_url"]),
+        run["input"]["mip"],
+        resolution=cfg["input"]["resolution"],
+    )
     raw, _ = inp.read(sl.intersect(inp.bounds), fill_missing=True)
     a = raw[0, 0].astype(np.float32)
     outs = np.zeros(tuple(sl.shape)[1:], np.float32)
     _, grid, _, _ = run_geometry(run)
-    for idx in ([] if out.sharded else grid.chunks_in(sl)):
+    for idx in [] if out.sharded else grid.chunks_in(sl):
         c = out.read_chunk(idx)
         if c is None:
             continue
@@ -201,19 +229,33 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     removed = clean_stale_temporaries_in_layer(out_url) if not failed else []
     report_dir = Path(run["work_dir"]) / "report"
     summary = {
-        "tasks": len(results), "done": len(results) - len(failed) - n_masked_tasks, "failed": sorted(failed),
+        "tasks": len(results),
+        "done": len(results) - len(failed) - n_masked_tasks,
+        "failed": sorted(failed),
         "failures": {str(k): v for k, v in sorted(failed.items())},
-        "chunks_written": n_written, "chunks_empty": n_empty, "voxels": voxels,
-        "task_seconds": round(compute_s, 3), "voxels_per_s_per_job": round(voxels / compute_s, 1) if compute_s else 0,
-        "wall_seconds": round(max((m["finished"] for m in manifests.values()), default=0)
-                              - min((m["finished"] - m["timings"]["total_s"] for m in manifests.values()), default=0), 3),
-        "missing_input_filled": filled, "verify": verify, "stale_temporaries_removed": len(removed),
-        "output": str(out_url), "input": run["input"]["url"], "run_digest": run["digest"],
+        "chunks_written": n_written,
+        "chunks_empty": n_empty,
+        "voxels": voxels,
+        "task_seconds": round(compute_s, 3),
+        "voxels_per_s_per_job": round(voxels / compute_s, 1) if compute_s else 0,
+        "wall_seconds": round(
+            max((m["finished"] for m in manifests.values()), default=0)
+            - min((m["finished"] - m["timings"]["total_s"] for m in manifests.values()), default=0),
+            3,
+        ),
+        "missing_input_filled": filled,
+        "verify": verify,
+        "stale_temporaries_removed": len(removed),
+        "output": str(out_url),
+        "input": run["input"]["url"],
+        "run_digest": run["digest"],
     }
     pyramid = Path(run["work_dir"]) / "pyramid.json"
     if cfg["downsample"]["mips"] and pyramid.is_file():  # written by `znni pyramid` after its checks
-        summary["pyramid"] = [f"mip {m['mip']} {m['key']} {tuple(m['size_zyx'])} (z, y, x): {m['tasks']} task(s) verified"
-                              for m in json.loads(pyramid.read_text())["mips"]]
+        summary["pyramid"] = [
+            f"mip {m['mip']} {m['key']} {tuple(m['size_zyx'])} (z, y, x): {m['tasks']} task(s) verified"
+            for m in json.loads(pyramid.read_text())["mips"]
+        ]
     if run.get("mask"):
         summary.update({"mask": run["mask"]["url"], "tasks_masked": n_masked_tasks, "chunks_masked": n_masked})
     if summary["wall_seconds"] > 0:
@@ -221,37 +263,62 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     if failed:
         for t, why in sorted(failed.items()):
             log(f"FAILED task {t}: {why}")
-        log(f"finalize: {len(failed)} of {len(results)} task(s) not done; nothing finalized. "
-            f"Re-run the workflow (only those tasks run) or `znni run-task {run_file} --task ID`.")
+        log(
+            f"finalize: {len(failed)} of {len(results)} task(s) not done; nothing finalized. "
+            f"Re-run the workflow (only those tasks run) or `znni run-task {run_file} --task ID`."
+        )
         raise DataError(f"{len(failed)} task(s) failed or unverified: {sorted(failed)[:20]}")
 
     # provenance: appended once per finalize
     prov = read_json(out_url, "provenance") or {"description": "", "owners": [], "processing": [], "sources": []}
-    prov.setdefault("processing", []).append({
-        "method": {"task": "znni inference", "network": run["network"]["path"],
-                   "network_digest": run["network"]["digest"], "plan_digest": run["plan"]["digest"],
-                   "region": run["region"], "edge": cfg["edge"], "normalize": cfg["normalize"],
-                   "missing_input_filled": filled, "chunks_empty": n_empty,
-                   **({"mask": run["mask"], "tasks_masked": n_masked_tasks, "chunks_masked": n_masked}
-                      if run.get("mask") else {})},
-        "by": "znni", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "versions": run["versions"], "run_digest": run["digest"],
-    })
+    prov.setdefault("processing", []).append(
+        {
+            "method": {
+                "task": "znni inference",
+                "network": run["network"]["path"],
+                "network_digest": run["network"]["digest"],
+                "plan_digest": run["plan"]["digest"],
+                "region": run["region"],
+                "edge": cfg["edge"],
+                "normalize": cfg["normalize"],
+                "missing_input_filled": filled,
+                "chunks_empty": n_empty,
+                **(
+                    {"mask": run["mask"], "tasks_masked": n_masked_tasks, "chunks_masked": n_masked}
+                    if run.get("mask")
+                    else {}
+                ),
+            },
+            "by": "znni",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "versions": run["versions"],
+            "run_digest": run["digest"],
+        }
+    )
     write_json(out_url, "provenance", prov)
 
     report_dir.mkdir(parents=True, exist_ok=True)
     png = preview(run, out, report_dir / "preview.png")
     link, notes = neuroglancer_link(run, cfg["finalize"]["neuroglancer"], cfg["finalize"]["serve_port"])
-    summary.update({"preview": str(png), "neuroglancer": link, "viewer_notes": notes,
-                    "finalize_seconds": round(time.perf_counter() - t0, 3)})
+    summary.update(
+        {
+            "preview": str(png),
+            "neuroglancer": link,
+            "viewer_notes": notes,
+            "finalize_seconds": round(time.perf_counter() - t0, 3),
+        }
+    )
     atomic_write(report_dir / "summary.json", (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
     write_html(report_dir / "report.html", run, summary)
-    log(f"finalize: {summary['done']}/{summary['tasks']} tasks done, 0 failed"
+    log(
+        f"finalize: {summary['done']}/{summary['tasks']} tasks done, 0 failed"
         + (f", {n_masked_tasks} masked (the mask is 0 over them)" if run.get("mask") else "")
         + f"; {n_written} chunks written, {n_empty} empty (skipped, all-zero input)"
-        + (f", {n_masked} masked" if run.get("mask") else "") + "; "
+        + (f", {n_masked} masked" if run.get("mask") else "")
+        + "; "
         f"{voxels:,} voxels, {summary['voxels_per_s_per_job']:,.0f} voxels/s "
-        f"per job" + (f", {summary['voxels_per_s_wall']:,.0f} voxels/s wall" if "voxels_per_s_wall" in summary else ""))
+        f"per job" + (f", {summary['voxels_per_s_wall']:,.0f} voxels/s wall" if "voxels_per_s_wall" in summary else "")
+    )
     return summary
 
 
@@ -265,17 +332,20 @@ def clean_stale_temporaries_in_layer(url) -> list:
 
 
 def write_html(path: Path, run: dict, s: dict) -> None:
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
-                   for k, v in s.items() if k not in ("neuroglancer", "failures"))
+    rows = "".join(
+        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+        for k, v in s.items()
+        if k not in ("neuroglancer", "failures")
+    )
     doc = f"""<!doctype html><meta charset="utf-8"><title>znni report</title>
 <style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}th{{text-align:left;padding-right:1em}}</style>
 <h1>znni run report</h1>
-<p>input <code>{html.escape(run['input']['url'])}</code> &rarr; output <code>{html.escape(run['output']['url'])}</code></p>
-<p><a href="{html.escape(s['neuroglancer'])}">Open input and output in Neuroglancer</a>
-{''.join('<br><small>' + html.escape(n) + '</small>' for n in s['viewer_notes'])}</p>
+<p>input <code>{html.escape(run["input"]["url"])}</code> &rarr; output <code>{html.escape(run["output"]["url"])}</code></p>
+<p><a href="{html.escape(s["neuroglancer"])}">Open input and output in Neuroglancer</a>
+{"".join("<br><small>" + html.escape(n) + "</small>" for n in s["viewer_notes"])}</p>
 <img src="preview.png" alt="input | output" style="max-width:100%">
 <table>{rows}</table>
-<h2>Network</h2><pre>{html.escape(json.dumps(run['network'], indent=1))}</pre>
-<h2>Plan</h2><pre>{html.escape(json.dumps(run['plan'], indent=1))}</pre>
+<h2>Network</h2><pre>{html.escape(json.dumps(run["network"], indent=1))}</pre>
+<h2>Plan</h2><pre>{html.escape(json.dumps(run["plan"], indent=1))}</pre>
 """
     atomic_write(path, doc.encode())

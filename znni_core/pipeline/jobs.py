@@ -5,6 +5,7 @@ A job writes each task's chunks and manifest as a task always did; its own marke
 ``<work_dir>/jobs/NNNNNN.json`` comes last.  A task whose manifest and stored objects check out
 (``finalize.verify``) is skipped, so a killed or retried job redoes only its unfinished tasks.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,18 @@ def job_marker_path(work, job: int) -> Path:
     return Path(work) / "jobs" / f"{job:06d}.json"
 
 
-def run_job(run_file, job: int, per_job: int, num_tasks: int | None = None, *, marker=None, device=None,
-            tasks_file=None, log=print, overlap: bool = True) -> dict:
+def run_job(
+    run_file,
+    job: int,
+    per_job: int,
+    num_tasks: int | None = None,
+    *,
+    marker=None,
+    device=None,
+    tasks_file=None,
+    log=print,
+    overlap: bool = True,
+) -> dict:
     """Run the tasks of ``job``; skip those already done and verified; write the job's marker last.
 
     ``tasks_file``: a run with a mask batches only its live tasks (``mask_tasks.json``).  A task
@@ -48,12 +59,16 @@ def run_job(run_file, job: int, per_job: int, num_tasks: int | None = None, *, m
         order = range(len(ctx.tasks))
     n = len(order)
     if num_tasks is not None and n != num_tasks:
-        raise ConfigError(f"the workflow was scheduled for {num_tasks} tasks but {run_file} has {n}: the schedule is "
-                          f"stale; delete {Path(run['work_dir']) / 'schedule.json'} and run the workflow again")
+        raise ConfigError(
+            f"the workflow was scheduled for {num_tasks} tasks but {run_file} has {n}: the schedule is "
+            f"stale; delete {Path(run['work_dir']) / 'schedule.json'} and run the workflow again"
+        )
     ks = [order[i] for i in job_range(job, per_job, n)]
     if job < 0 or not ks:
-        raise ConfigError(f"job {job} has no task: {n} tasks at {per_job} per job make "
-                          f"{math.ceil(n / per_job)} jobs (0 to {math.ceil(n / per_job) - 1})")
+        raise ConfigError(
+            f"job {job} has no task: {n} tasks at {per_job} per job make "
+            f"{math.ceil(n / per_job)} jobs (0 to {math.ceil(n / per_job) - 1})"
+        )
     verify = run["config"]["finalize"]["verify"]
 
     def done(block):
@@ -62,14 +77,24 @@ def run_job(run_file, job: int, per_job: int, num_tasks: int | None = None, *, m
     todo, skipped = pending_blocks([ctx.tasks[k] for k in ks], done, log)
     ran, failed = run_pipelined(ctx, todo, device=device, log=log, overlap=overlap)
     raise_failed(failed, len(ks), f"job {job}")
-    doc = {"format": JOB_FORMAT, "job": job, "run_digest": run["digest"], "tasks": [ctx.tasks[k].id for k in ks],
-           "ran": ran, "skipped": skipped, "seconds": round(time.perf_counter() - t0, 3), "finished": time.time(),
-           "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    doc = {
+        "format": JOB_FORMAT,
+        "job": job,
+        "run_digest": run["digest"],
+        "tasks": [ctx.tasks[k].id for k in ks],
+        "ran": ran,
+        "skipped": skipped,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "finished": time.time(),
+        "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
     path = Path(marker) if marker else job_marker_path(run["work_dir"], job)
     atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
     vox = sum(r["voxels"] for r in ran)
-    log(f"job {job}: {len(ran)} task(s) run, {len(skipped)} skipped (already done), {vox:,} voxels in "
-        f"{doc['seconds']:.1f} s -> {path}")
+    log(
+        f"job {job}: {len(ran)} task(s) run, {len(skipped)} skipped (already done), {vox:,} voxels in "
+        f"{doc['seconds']:.1f} s -> {path}"
+    )
     return doc
 
 
@@ -93,9 +118,11 @@ def pending_blocks(blocks, check, log=print) -> tuple[list, list]:
 def raise_failed(failed: dict, n: int, what: str) -> None:
     """DataError naming the failed tasks (the others are done: a retry runs only these)."""
     if failed:
-        raise DataError(f"{what}: {len(failed)} of {n} task(s) failed ("
-                        + "; ".join(f"task {t}: {e}" for t, e in list(failed.items())[:3])
-                        + "); the others are done. Re-running it runs only the failed ones.")
+        raise DataError(
+            f"{what}: {len(failed)} of {n} task(s) failed ("
+            + "; ".join(f"task {t}: {e}" for t, e in list(failed.items())[:3])
+            + "); the others are done. Re-running it runs only the failed ones."
+        )
 
 
 def run_blocks(blocks, check, run_one, what: str, log=print) -> tuple[list, list]:
@@ -176,8 +203,12 @@ def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True) 
         except ZnniError as exc:
             log(f"task {ti.task_id} FAILED: {exc}")
             return _Failed(ti.task_id, exc)
-        return {"task": ti.task_id, "voxels": m["voxels"], "seconds": m["timings"]["total_s"],
-                "compute_s": m["timings"]["compute_s"]}
+        return {
+            "task": ti.task_id,
+            "voxels": m["voxels"],
+            "seconds": m["timings"]["total_s"],
+            "compute_s": m["timings"]["compute_s"],
+        }
 
     def token(_):  # a stage's completion without its data: dependents do not keep arrays alive
         return None
@@ -242,5 +273,13 @@ def summary(work, num_tasks: int, per_job: int, started: float) -> dict:
         else:
             skipped += len(m["tasks"])
     not_done = sum(len(job_range(j, per_job, num_tasks)) for j in missing)
-    return {"tasks": num_tasks, "jobs": jobs, "done_now": now, "skipped": skipped, "not_done": not_done,
-            "jobs_not_done": missing, "voxels": voxels, "seconds": seconds}
+    return {
+        "tasks": num_tasks,
+        "jobs": jobs,
+        "done_now": now,
+        "skipped": skipped,
+        "not_done": not_done,
+        "jobs_not_done": missing,
+        "voxels": voxels,
+        "seconds": seconds,
+    }

@@ -15,6 +15,7 @@ Input voxel ``v`` covers ``[v r, (v + 1) r)`` nm at the input's resolution ``r``
 found with exact fractions, so any mip of the mask, coarser or finer than the input, works.
 Outside the mask layer's bounds, and in its missing chunks, the mask is 0.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ from ..geometry import Roi
 
 MASK_FILE = "mask_tasks.json"
 MASK_FORMAT = "znni-mask-tasks/1"
-READ_VOXELS = 2 ** 26  # mask voxels read at once when scanning the tasks
+READ_VOXELS = 2**26  # mask voxels read at once when scanning the tasks
 
 
 class Mask:
@@ -85,7 +86,8 @@ def check_mask(mask: Mask, region: Roi) -> None:
         raise ConfigError(
             f"mask {mask.url} mip {mask.mip} (bounds {mask.layer.bounds}, "
             f"{res} nm) covers none of the region: the region is {box} in mask voxels. Check mask.path and mask.mip "
-            "(the mask's resolution maps it onto the input), or drop the mask")
+            "(the mask's resolution maps it onto the input), or drop the mask"
+        )
 
 
 def live_chunks(mask: Mask, grid, region: Roi, chunks) -> set:
@@ -119,8 +121,11 @@ def scan(tasks, mask: Mask, *, log=None) -> dict:
                 if sub.all():
                     cs = [grid.chunk_roi(i).intersect(region) for i in b.chunks]
                 else:
-                    cs = [c for c in (grid.chunk_roi(i).intersect(region) for i in b.chunks)
-                          if not c.empty and mask.under(arr, box, c).any()]
+                    cs = [
+                        c
+                        for c in (grid.chunk_roi(i).intersect(region) for i in b.chunks)
+                        if not c.empty and mask.under(arr, box, c).any()
+                    ]
                 chunks_live += sum(1 for c in cs if not c.empty)
                 voxels_live += sum(c.size for c in cs)
                 if live and live[-1][1] == k:
@@ -130,9 +135,16 @@ def scan(tasks, mask: Mask, *, log=None) -> dict:
         if log and n > 100 * row and (k0 // row) % 100 == 0:
             log(f"mask: {min(k0 + row, n):,} of {n:,} tasks scanned")
     num_live = sum(b - a for a, b in live)
-    return {"format": MASK_FORMAT, "num_tasks": n, "num_live": num_live, "num_masked": n - num_live,
-            "live": live, "chunks_live": chunks_live, "voxels_live": int(voxels_live),
-            "mask": str(mask.url) if mask.url is not None else None}
+    return {
+        "format": MASK_FORMAT,
+        "num_tasks": n,
+        "num_live": num_live,
+        "num_masked": n - num_live,
+        "live": live,
+        "chunks_live": chunks_live,
+        "voxels_live": int(voxels_live),
+        "mask": str(mask.url) if mask.url is not None else None,
+    }
 
 
 def positions(doc: dict) -> list[int]:
@@ -150,9 +162,13 @@ def load_mask_tasks(run: dict, path=None) -> dict:
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
-        raise ConfigError(f"{path} is missing or unreadable: this run has a mask; run `znni mask-tasks "
-                          f"{Path(run['work_dir']) / 'run.json'}` (the workflow's mask_tasks rule) first") from None
+        raise ConfigError(
+            f"{path} is missing or unreadable: this run has a mask; run `znni mask-tasks "
+            f"{Path(run['work_dir']) / 'run.json'}` (the workflow's mask_tasks rule) first"
+        ) from None
     if doc.get("format") != MASK_FORMAT or doc.get("run_digest") != run["digest"]:
-        raise ConfigError(f"{path} was written for another run (the config or plan changed); run `znni mask-tasks` "
-                          "again (the workflow does when run.json changes)")
+        raise ConfigError(
+            f"{path} was written for another run (the config or plan changed); run `znni mask-tasks` "
+            "again (the workflow does when run.json changes)"
+        )
     return doc

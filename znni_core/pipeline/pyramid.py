@@ -14,6 +14,7 @@ then ``znni pyramid`` (rule ``pyramid``) checks every manifest and stored object
 and writes ``<work_dir>/pyramid.json`` for the report.  Outside the workflow, ``znni pyramid``
 builds whatever is not done yet, then checks.  Re-runs skip the tasks that verify.
 """
+
 from __future__ import annotations
 
 import json
@@ -90,7 +91,8 @@ class _Pyramid:
 
         verify = self.run["config"]["finalize"]["verify"]
         return manifest_path(self.run, block.id, k).is_file() and bool(
-            check_task(self.run, self.layer(k), block, verify, mip=k))
+            check_task(self.run, self.layer(k), block, verify, mip=k)
+        )
 
     def run_task(self, k: int, block) -> dict:
         """Average the box of mip k-1 under ``block``, write its chunks (or shard), then its manifest."""
@@ -111,17 +113,29 @@ class _Pyramid:
         entries, shard = store_chunks(out, block.chunks, encoded, skipped, self.run["config"]["output"]["compression"])
         total = time.perf_counter() - t0
         manifest = {
-            "task": block.id, "mip": k, "run_digest": self.run["digest"], "layer": f"{self.url} mip {k}",
-            "write_roi": w.to_dict(), "chunks": [entries[i] for i in block.chunks],
+            "task": block.id,
+            "mip": k,
+            "run_digest": self.run["digest"],
+            "layer": f"{self.url} mip {k}",
+            "write_roi": w.to_dict(),
+            "chunks": [entries[i] for i in block.chunks],
             "read_roi": Roi.from_bounds(w.begin * self.factor, (w.end * self.factor).min(below.bounds.end)).to_dict(),
             **({"shard": shard} if shard is not None else {}),
-            "plan_digest": self.run["plan"]["digest"], "network_digest": self.run["network"]["digest"],
-            "host": socket.gethostname(), "pid": os.getpid(), "voxels": int(w.shape.prod()),
-            "timings": {"total_s": round(total, 4)}, "finished": time.time(),
+            "plan_digest": self.run["plan"]["digest"],
+            "network_digest": self.run["network"]["digest"],
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "voxels": int(w.shape.prod()),
+            "timings": {"total_s": round(total, 4)},
+            "finished": time.time(),
         }
         write_manifest(manifest_path(self.run, block.id, k), manifest)
-        return {"task": block.id, "voxels": manifest["voxels"], "seconds": manifest["timings"]["total_s"],
-                "written": len(encoded)}
+        return {
+            "task": block.id,
+            "voxels": manifest["voxels"],
+            "seconds": manifest["timings"]["total_s"],
+            "written": len(encoded),
+        }
 
 
 def run_pyramid_job(run_file, mip: int, job: int, per_job: int, *, marker=None, log=print) -> dict:
@@ -135,11 +149,20 @@ def run_pyramid_job(run_file, mip: int, job: int, per_job: int, *, marker=None, 
     ks = list(job_range(job, per_job, len(tasks)))
     if job < 0 or not ks:
         raise DataError(f"mip {mip} job {job} has no task: {len(tasks)} tasks at {per_job} per job")
-    ran, skipped = run_blocks([tasks[k] for k in ks], lambda b: p.done(mip, b), lambda b: p.run_task(mip, b),
-                              f"mip {mip} job {job}", log)
-    doc = {"format": PYRAMID_JOB_FORMAT, "mip": mip, "job": job, "run_digest": run["digest"],
-           "tasks": [tasks[k].id for k in ks], "ran": ran, "skipped": skipped,
-           "seconds": round(time.perf_counter() - t0, 3), "finished": time.time()}
+    ran, skipped = run_blocks(
+        [tasks[k] for k in ks], lambda b: p.done(mip, b), lambda b: p.run_task(mip, b), f"mip {mip} job {job}", log
+    )
+    doc = {
+        "format": PYRAMID_JOB_FORMAT,
+        "mip": mip,
+        "job": job,
+        "run_digest": run["digest"],
+        "tasks": [tasks[k].id for k in ks],
+        "ran": ran,
+        "skipped": skipped,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "finished": time.time(),
+    }
     path = Path(marker) if marker else Path(run["work_dir"]) / "pyramid" / f"mip{mip}" / f"{job:06d}.json"
     atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
     log(f"mip {mip} job {job}: {len(ran)} task(s) run, {len(skipped)} skipped (already done) in {doc['seconds']:.1f} s")
@@ -157,11 +180,22 @@ def build_pyramid(run: dict, log=print) -> dict:
         tasks = p.tasks(k)
         ran, skipped = run_blocks(list(tasks), lambda b: p.done(k, b), lambda b: p.run_task(k, b), f"mip {k}", log)
         spec = p.specs[k]
-        record["mips"].append({"mip": k, "key": spec.key, "size_zyx": list(spec.bounds.shape),
-                               "offset_zyx": list(spec.bounds.offset), "resolution_zyx": list(spec.resolution),
-                               "tasks": len(tasks), "run_now": len(ran), "verified": len(skipped) + len(ran)})
-        log(f"pyramid: mip {k} {spec.key} {tuple(spec.bounds.shape)} (z, y, x): {len(tasks)} task(s), {len(ran)} run "
-            f"now, all verified")
+        record["mips"].append(
+            {
+                "mip": k,
+                "key": spec.key,
+                "size_zyx": list(spec.bounds.shape),
+                "offset_zyx": list(spec.bounds.offset),
+                "resolution_zyx": list(spec.resolution),
+                "tasks": len(tasks),
+                "run_now": len(ran),
+                "verified": len(skipped) + len(ran),
+            }
+        )
+        log(
+            f"pyramid: mip {k} {spec.key} {tuple(spec.bounds.shape)} (z, y, x): {len(tasks)} task(s), {len(ran)} run "
+            f"now, all verified"
+        )
     record["seconds"] = round(time.perf_counter() - t0, 3)
     atomic_write(Path(run["work_dir"]) / RECORD, (json.dumps(record, indent=1) + "\n").encode())
     return record

@@ -17,6 +17,7 @@ for about ``jobs.minutes`` at the measured rate (``jobs.voxels_per_second``, els
 The pyramid's mips are scheduled alike (:func:`pyramid_schedule`).  Running the jobs is
 :mod:`.jobs`; building the pyramid, :mod:`.pyramid`.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,9 @@ ESTIMATE_FILE = "estimate.json"
 PYRAMID_VOXELS_PER_S = 2e7
 
 
-def tasks_per_job(num_tasks: int, task_voxels: int, jobs: dict, rate: float | None,
-                  slots: int | None = None) -> tuple[int, str]:
+def tasks_per_job(
+    num_tasks: int, task_voxels: int, jobs: dict, rate: float | None, slots: int | None = None
+) -> tuple[int, str]:
     """(tasks per job, why) for ``num_tasks`` tasks of up to ``task_voxels`` output voxels.
 
     ``auto``: about ``jobs.minutes`` of compute at ``rate`` (output voxels/s of one job), never
@@ -102,7 +104,7 @@ def predicted_rate(cfg: dict, net, lay) -> float | None:
         except (ZnniError, OSError, ValueError):
             return None
     task_shape = (lay.task_chunks * lay.grid.chunk_shape).min(lay.region.shape)
-    budget = None if cfg["device"] != "cpu" else int(JOB_MEM_MB * 2 ** 20 * cfg["plan"]["memory_fraction"])
+    budget = None if cfg["device"] != "cpu" else int(JOB_MEM_MB * 2**20 * cfg["plan"]["memory_fraction"])
     try:
         return task_plan(net, cfg, budget, 1, task_shape, lay.region).predicted_voxels_per_s
     except ZnniError:
@@ -148,11 +150,21 @@ def compute_schedule(cfg: dict, *, slots: int | None = None, rate: float | None 
     per, why = tasks_per_job(len(tasks), task_voxels, cfg["jobs"], rate, slots)
     if rate and cfg["jobs"]["tasks_per_job"] == "auto":
         why += f" ({source})"
-    return {"format": SCHEDULE_FORMAT, "num_tasks": len(tasks), "tasks_per_job": per, "slots": slots,
-            "num_jobs": math.ceil(len(tasks) / per), "why": why, "task_voxels": int(task_voxels),
-            "task_chunks": list(lay.task_chunks), "task_box": list(lay.box), "num_chunks": lay.grid.num_chunks,
-            "sharded": lay.sharding is not None, "region_voxels": int(lay.region.shape.prod()),
-            "pyramid": pyramid_schedule(cfg | {"task_chunks": list(lay.box)}, specs)}
+    return {
+        "format": SCHEDULE_FORMAT,
+        "num_tasks": len(tasks),
+        "tasks_per_job": per,
+        "slots": slots,
+        "num_jobs": math.ceil(len(tasks) / per),
+        "why": why,
+        "task_voxels": int(task_voxels),
+        "task_chunks": list(lay.task_chunks),
+        "task_box": list(lay.box),
+        "num_chunks": lay.grid.num_chunks,
+        "sharded": lay.sharding is not None,
+        "region_voxels": int(lay.region.shape.prod()),
+        "pyramid": pyramid_schedule(cfg | {"task_chunks": list(lay.box)}, specs),
+    }
 
 
 def schedule_key(cfg: dict) -> dict:
@@ -195,8 +207,6 @@ def job_range(job: int, per_job: int, num_tasks: int) -> range:
     return range(job * per_job, min((job + 1) * per_job, num_tasks))
 
 
-
-
 def mip_tasks(spec, task_chunks) -> TaskGrid:
     """The tasks of one mip: its shards (or boxes of ``task_chunks`` chunks), covering its bounds."""
     zero = Halo((0, 0, 0), (0, 0, 0))
@@ -212,6 +222,14 @@ def pyramid_schedule(cfg: dict, specs) -> list[dict]:
         box = (tasks.task_chunks * spec.chunk_shape).min(spec.bounds.shape)
         source = int(box.prod()) * int(np.prod(cfg["downsample"]["factor"]))
         per, why = tasks_per_job(len(tasks), source, cfg["jobs"], PYRAMID_VOXELS_PER_S)
-        out.append({"mip": k, "num_tasks": len(tasks), "tasks_per_job": per, "num_jobs": math.ceil(len(tasks) / per),
-                    "why": why, "objects": len(tasks) if spec.sharding else spec.grid.num_chunks})
+        out.append(
+            {
+                "mip": k,
+                "num_tasks": len(tasks),
+                "tasks_per_job": per,
+                "num_jobs": math.ceil(len(tasks) / per),
+                "why": why,
+                "objects": len(tasks) if spec.sharding else spec.grid.num_chunks,
+            }
+        )
     return out

@@ -19,6 +19,7 @@ It serves ``Range`` requests (Neuroglancer reads sharded layers by byte ranges) 
 stored compressed as ``<key>.gz`` / ``<key>.br`` (cloud-volume's and igneous' convention)
 with the matching ``Content-Encoding``.
 """
+
 from __future__ import annotations
 
 import http.server
@@ -35,8 +36,14 @@ __all__ = ["VIEWER_TOKEN", "LayerServer", "run_layers", "viewer_dir"]
 
 ZARR_DOTFILES = {".zarray", ".zattrs", ".zgroup", ".zmetadata"}
 ENCODINGS = ((".gz", "gzip"), (".br", "br"))
-MIME = {".html": "text/html; charset=utf-8", ".js": "application/javascript", ".css": "text/css",
-        ".map": "application/json", ".wasm": "application/wasm", ".json": "application/json"}
+MIME = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "application/javascript",
+    ".css": "text/css",
+    ".map": "application/json",
+    ".wasm": "application/wasm",
+    ".json": "application/json",
+}
 VIEWER_TOKEN = "znni"
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
@@ -293,8 +300,9 @@ class LayerServer:
         for name, d in layers.items():
             real = Path(os.path.realpath(d))
             if real == Path(real.anchor):
-                raise ConfigError(f"layer {name or d}: refusing to serve the filesystem root {d}; give the layer "
-                                  "directory")
+                raise ConfigError(
+                    f"layer {name or d}: refusing to serve the filesystem root {d}; give the layer directory"
+                )
             if not real.is_dir():
                 raise ConfigError(f"layer {name}: {d} is not a directory")
             if not _NAME.match(name):
@@ -312,8 +320,9 @@ class LayerServer:
             own.add(f"http://{host}:{self.port}")
         self.origins = own | {o.rstrip("/") for o in allow_origins}
         loopback = host in ("127.0.0.1", "localhost", "::1")
-        self.allowed_hosts = ({f"127.0.0.1:{self.port}", f"localhost:{self.port}", f"[::1]:{self.port}"}
-                              if loopback else None)
+        self.allowed_hosts = (
+            {f"127.0.0.1:{self.port}", f"localhost:{self.port}", f"[::1]:{self.port}"} if loopback else None
+        )
         self._thread = None
         self.stopping = threading.Event()
 

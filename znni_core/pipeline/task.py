@@ -10,6 +10,7 @@ chunks atomically, read them back, then write the manifest (the only thing Snake
       -> per chunk: finite? (else NonFiniteError, nothing written) -> encode -> atomic write
          -> read back + sha256 -> manifest
 """
+
 from __future__ import annotations
 
 import os
@@ -29,7 +30,6 @@ from ..layers.xp import require_device
 from ..net.graph import Graph
 from .config import load_run, output_spec, run_geometry
 from .mask import live_chunks, open_mask
-
 
 MANIFESTS_PER_DIR = 10_000  # manifests/<id // 10^4>/<id>.json: no directory of 10^5+ files at petascale
 
@@ -61,8 +61,10 @@ def gather(inp, read_roi: Roi, edge: str, fill_missing: bool):
         raw, missing = inp.read(read_roi, fill_missing=fill_missing)
         return raw, None, missing
     if edge == "valid":
-        raise InputError(f"read {read_roi} leaves the input bounds {bounds} (edge=valid); this is a bug in "
-                         "task creation or the input layer changed since `znni validate`")
+        raise InputError(
+            f"read {read_roi} leaves the input bounds {bounds} (edge=valid); this is a bug in "
+            "task creation or the input layer changed since `znni validate`"
+        )
     if edge == "zero":
         inner = read_roi.intersect(bounds)
         raw_in, missing = inp.read(inner, fill_missing=fill_missing)
@@ -71,7 +73,10 @@ def gather(inp, read_roi: Roi, edge: str, fill_missing: bool):
         raw[(slice(None),) + sl] = raw_in
         return raw, sl, missing
     # mirror
-    maps = [_reflect(np.arange(b, e), lo, hi) for b, e, lo, hi in zip(read_roi.begin, read_roi.end, bounds.begin, bounds.end)]
+    maps = [
+        _reflect(np.arange(b, e), lo, hi)
+        for b, e, lo, hi in zip(read_roi.begin, read_roi.end, bounds.begin, bounds.end)
+    ]
     hull = Roi.from_bounds([int(m.min()) for m in maps], [int(m.max()) + 1 for m in maps])
     raw_h, missing = inp.read(hull, fill_missing=fill_missing)
     raw = raw_h
@@ -86,8 +91,10 @@ def normalise(raw: np.ndarray, scale: float, shift: float, inner=None) -> np.nda
         x *= np.float32(scale)
         x += np.float32(shift)
     if not np.isfinite(x).all():
-        raise InputError(f"the input becomes NaN/Inf after normalisation (normalize.scale={scale}, shift={shift}, "
-                         f"raw range [{raw.min()}, {raw.max()}]); fix normalize in the config")
+        raise InputError(
+            f"the input becomes NaN/Inf after normalisation (normalize.scale={scale}, shift={shift}, "
+            f"raw range [{raw.min()}, {raw.max()}]); fix normalize in the config"
+        )
     if inner is not None:  # zero padding is 0.0 *after* normalisation
         keep = np.zeros(x.shape[1:], dtype=bool)
         keep[inner] = True
@@ -117,7 +124,8 @@ def compute(net, plan, x: np.ndarray, out_shape, *, device: str = "cpu", progres
         hi = tuple(min(a + t, s) for a, t, s in zip(lo, tile, out_shape))
         sl = tuple(slice(a, b + f - 1) for a, b, f in zip(lo, hi, fov))
         out[(slice(None),) + tuple(slice(a, b) for a, b in zip(lo, hi))] = infer(
-            net, np.ascontiguousarray(x[(slice(None),) + sl]), device=device, plan=plan, cache=cache)
+            net, np.ascontiguousarray(x[(slice(None),) + sl]), device=device, plan=plan, cache=cache
+        )
         if progress is not None:
             progress(1)
 
@@ -147,8 +155,10 @@ def quantise(y: np.ndarray, dtype: str, chunk_name: str) -> np.ndarray:
         return np.ascontiguousarray(y, dtype=np.float32)
     lo, hi = float(y.min()), float(y.max())
     if lo < -1e-6 or hi > 1 + 1e-6:
-        raise DataError(f"chunk {chunk_name}: output dtype uint8 stores probabilities in [0, 1], but the network "
-                        f"gives values in [{lo:.4g}, {hi:.4g}]; use output.dtype: float32 (no silent rescale)")
+        raise DataError(
+            f"chunk {chunk_name}: output dtype uint8 stores probabilities in [0, 1], but the network "
+            f"gives values in [{lo:.4g}, {hi:.4g}]; use output.dtype: float32 (no silent rescale)"
+        )
     return np.rint(np.clip(y, 0.0, 1.0) * 255.0).astype(np.uint8)
 
 
@@ -181,16 +191,19 @@ def open_run(run_file) -> RunContext:
     out = open_output(out_url, output_spec(run))  # T18: the layer must exist and match
     net = load_network(run["network"]["path"])
     if net.digest() != run["network"]["digest"]:
-        raise DataError(f"network {run['network']['path']} changed since `znni validate` (digest mismatch); "
-                        "re-run the workflow from validate (delete the work_dir's run.json)")
+        raise DataError(
+            f"network {run['network']['path']} changed since `znni validate` (digest mismatch); "
+            "re-run the workflow from validate (delete the work_dir's run.json)"
+        )
     plan = Plan.load(run["plan"]["path"])
     if plan.digest() != run["plan"]["digest"]:
         raise DataError(f"plan {run['plan']['path']} changed since `znni validate`; re-run validate")
     in_url = parse_layer_url(run["input"]["url"], endpoint=cfg["input"]["endpoint_url"])
     inp = open_input(in_url, run["input"]["mip"], resolution=cfg["input"]["resolution"])
     if inp.dtype != run["input"]["dtype"] or inp.bounds != Roi.from_dict(run["input"]["bounds"]):
-        raise DataError(f"input {in_url} changed since `znni validate` (dtype {inp.dtype}, bounds {inp.bounds}); "
-                        "re-run validate")
+        raise DataError(
+            f"input {in_url} changed since `znni validate` (dtype {inp.dtype}, bounds {inp.bounds}); re-run validate"
+        )
     mask = open_mask(cfg, inp.resolution) if run.get("mask") else None
     return RunContext(run, region, grid, halo, tasks, out_url, out, net, plan, inp, mask)
 
@@ -217,8 +230,16 @@ class TaskInput:
     t_read: float = 0.0
 
 
-def run_task(run_file, task_id: int | None = None, *, chunk: str | None = None, device: str | None = None,
-             show_progress: bool = True, log=print, ctx: RunContext | None = None) -> dict:
+def run_task(
+    run_file,
+    task_id: int | None = None,
+    *,
+    chunk: str | None = None,
+    device: str | None = None,
+    show_progress: bool = True,
+    log=print,
+    ctx: RunContext | None = None,
+) -> dict:
     """Run one task (or one chunk of it, computed with its whole task so the bytes equal a task run).
 
     Returns the manifest dict.  Writes the manifest only for a whole-task run; a ``chunk`` run updates the
@@ -245,11 +266,15 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
     try:
         block: Block = tasks.by_id(task_id)
     except ValueError:
-        raise InputError(f"task {task_id} does not exist; this run has {len(tasks)} tasks, ids {tasks[0].id} to "
-                         f"{tasks[-1].id} (`znni tasks {Path(run['work_dir']) / 'run.json'}` lists them)") from None
+        raise InputError(
+            f"task {task_id} does not exist; this run has {len(tasks)} tasks, ids {tasks[0].id} to "
+            f"{tasks[-1].id} (`znni tasks {Path(run['work_dir']) / 'run.json'}` lists them)"
+        ) from None
     if chunk_index is not None and out.sharded:
-        log(f"chunk {out.chunk_name(chunk_index)} lies in shard {out.shard_name(chunk_index)}: a shard is written "
-            f"whole, so task {task_id} runs whole")
+        log(
+            f"chunk {out.chunk_name(chunk_index)} lies in shard {out.shard_name(chunk_index)}: a shard is written "
+            f"whole, so task {task_id} runs whole"
+        )
         chunk_index = None
 
     # ---- mask: chunks no non-zero mask voxel overlaps are recorded, not computed ---------------
@@ -288,12 +313,26 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
             if not raw[(slice(None),) + croi.to_slices(block.read_roi.offset)].any():
                 empty.add(idx)
     todo = [i for i in live if i not in empty and (chunk_index is None or i == chunk_index)]
-    return TaskInput(block.id, block, chunk_index, comp, live, masked, empty, todo, missing, raw, inner, window,
-                     extent, t0, time.perf_counter() - t0)
+    return TaskInput(
+        block.id,
+        block,
+        chunk_index,
+        comp,
+        live,
+        masked,
+        empty,
+        todo,
+        missing,
+        raw,
+        inner,
+        window,
+        extent,
+        t0,
+        time.perf_counter() - t0,
+    )
 
 
-def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None,
-                 show_progress: bool = False) -> tuple:
+def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, show_progress: bool = False) -> tuple:
     """Stage 2: ``(output of the task's write box or None, seconds)``; frees the task's input."""
     net, plan, cfg, block = ctx.net, ctx.plan, ctx.run["config"], ti.block
     device = device or cfg["device"]
@@ -319,14 +358,16 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None,
         x = normalise(raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], inner)
         del raw
         bar = None
-        ntiles = int(np.prod([-(-s // t) for s, t in zip(comp.shape,
-                                                         [min(a, b) for a, b in zip(plan.output_shape, comp.shape)])]))
+        ntiles = int(
+            np.prod(
+                [-(-s // t) for s, t in zip(comp.shape, [min(a, b) for a, b in zip(plan.output_shape, comp.shape)])]
+            )
+        )
         if show_progress:
             from tqdm import tqdm
 
             bar = tqdm(total=ntiles, desc=f"task {ti.task_id} patches", unit="patch", leave=False)
-        y = compute(net, plan, x, tuple(comp.shape), device=device,
-                    progress=bar.update if bar is not None else None)
+        y = compute(net, plan, x, tuple(comp.shape), device=device, progress=bar.update if bar is not None else None)
         if bar is not None:
             bar.close()
         del x
@@ -357,7 +398,8 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
         raise NonFiniteError(
             f"task {task_id}: the network produced NaN/Inf in {len(bad)} chunk(s) "
             + ", ".join(f"{n} ({k} voxels)" for n, k in bad[:5])
-            + "; nothing was written for this task. Check input normalisation (normalize.scale/shift) and the weights.")
+            + "; nothing was written for this task. Check input normalisation (normalize.scale/shift) and the weights."
+        )
 
     # ---- write, verify -------------------------------------------------------------------------------
     t_write = time.perf_counter()
@@ -373,8 +415,14 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
         if mpath.is_file():
             m = read_manifest(mpath)
             m["chunks"] = [entries[chunk_index] if c["index"] == list(chunk_index) else c for c in m["chunks"]]
-            m.setdefault("reruns", []).append({"chunk": out.chunk_name(chunk_index), "seconds": round(total, 3),
-                                                "host": socket.gethostname(), "time": time.time()})
+            m.setdefault("reruns", []).append(
+                {
+                    "chunk": out.chunk_name(chunk_index),
+                    "seconds": round(total, 3),
+                    "host": socket.gethostname(),
+                    "time": time.time(),
+                }
+            )
             write_manifest(mpath, m)
         return {"chunks": [entries[chunk_index]]}
     manifest = {
@@ -395,15 +443,21 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
         "voxels": voxels,
         # total: from the start of the read to the manifest (a pipelined job overlaps the stages of
         # neighbouring tasks, so its tasks' totals add up to more than the job's wall time)
-        "timings": {"read_s": round(ti.t_read, 4), "compute_s": round(t_comp, 4), "write_verify_s": round(t_write, 4),
-                    "total_s": round(total, 4)},
+        "timings": {
+            "read_s": round(ti.t_read, 4),
+            "compute_s": round(t_comp, 4),
+            "write_verify_s": round(t_write, 4),
+            "total_s": round(total, 4),
+        },
         "finished": time.time(),
     }
     write_manifest(mpath, manifest)
     n_empty = sum(1 for e in entries.values() if e["status"] == "empty")
-    log(f"task {task_id}: {len(entries) - n_empty - len(ti.masked)} chunk(s) written and verified, {n_empty} empty, "
+    log(
+        f"task {task_id}: {len(entries) - n_empty - len(ti.masked)} chunk(s) written and verified, {n_empty} empty, "
         + (f"{len(ti.masked)} masked, " if ti.masked else "")
-        + f"{voxels:,} voxels in {total:.2f} s ({voxels / max(total, 1e-9):,.0f} voxels/s) -> {mpath}")
+        + f"{voxels:,} voxels in {total:.2f} s ({voxels / max(total, 1e-9):,.0f} voxels/s) -> {mpath}"
+    )
     return manifest
 
 
@@ -414,20 +468,20 @@ def _find_chunk(out, grid, chunk: str):
         for idx in grid.chunks_in(grid.bounds):
             if out.chunk_name(idx).split("/")[-1] == s:
                 return idx
-        raise InputError(f"chunk {chunk!r} is not a chunk of the output grid (names look like "
-                         f"{out.chunk_name(Coordinate(0, 0, 0)).split('/')[-1]})")
+        raise InputError(
+            f"chunk {chunk!r} is not a chunk of the output grid (names look like "
+            f"{out.chunk_name(Coordinate(0, 0, 0)).split('/')[-1]})"
+        )
     try:
         idx = Coordinate(int(v) for v in s.split(","))
         grid.chunk_roi(idx)
     except (ValueError, IndexError):
-        raise InputError(f"chunk {chunk!r}: give a chunk name x0-x1_y0-y1_z0-z1 or an index z,y,x within "
-                         f"{tuple(grid.grid_shape)}") from None
+        raise InputError(
+            f"chunk {chunk!r}: give a chunk name x0-x1_y0-y1_z0-z1 or an index z,y,x within {tuple(grid.grid_shape)}"
+        ) from None
     return idx
 
 
 def task_list(run: dict) -> list[dict]:
     _, _, _, tasks = run_geometry(run)
     return [b.to_dict() for b in tasks]
-
-
-

@@ -13,6 +13,7 @@ it runs on.
 >>> model.device
 'cpu'
 """
+
 from __future__ import annotations
 
 from typing import Protocol

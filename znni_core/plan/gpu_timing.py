@@ -11,6 +11,7 @@ host-to-device rate.  The rates are measured on the device by :func:`calibrate_d
 The model has not been checked against a GPU yet (no device was lent when it was
 written): ``benchmarks/gpu.py`` prints predicted against measured seconds per net.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,7 +65,7 @@ def calibrate_device(xp, *, refresh: bool = False) -> dict:
     small = name == "simulated"  # numpy speed: small shapes keep the calibration short
     n = 512 if small else 4096
     a = xp.asarray(np.random.default_rng(0).standard_normal((n, n), dtype=np.float32))
-    gemm = 2.0 * n ** 3 / _best_of(xp, lambda: xp.matmul(a, a))
+    gemm = 2.0 * n**3 / _best_of(xp, lambda: xp.matmul(a, a))
     big = xp.zeros(2 ** (22 if small else 26), dtype=np.float32)
     bw = 2.0 * big.nbytes / _best_of(xp, lambda: xp.maximum(big, 0, out=big))
     host = np.zeros(big.shape, np.float32)
@@ -74,11 +75,18 @@ def calibrate_device(xp, *, refresh: bool = False) -> dict:
     h2d_pinned = pinned.nbytes / _best_of(xp, lambda: big.set(pinned))  # GPU + host RAM's staged blocks
     e = 32 if small else 64
     vol = xp.zeros((8, e, e, e), dtype=np.float32)
-    v = e ** 3
+    v = e**3
     fft = _best_of(xp, lambda: xp.fft.rfftn(vol, axes=(1, 2, 3))) / (8 * v * math.log2(v))
-    cal = {"device": name, "gemm_flops": gemm, "mem_bw": bw, "h2d_bw": h2d, "h2d_pinned_bw": h2d_pinned,
-           "fft_s_per_vlogv": fft,
-           "numba_flops": gemm, "threads": 1}
+    cal = {
+        "device": name,
+        "gemm_flops": gemm,
+        "mem_bw": bw,
+        "h2d_bw": h2d,
+        "h2d_pinned_bw": h2d_pinned,
+        "fft_s_per_vlogv": fft,
+        "numba_flops": gemm,
+        "threads": 1,
+    }
     cache.put(key, cal)
     return cal
 
@@ -100,7 +108,7 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
         values, macs, *_ = T.winograd_terms(n, cin, cout, in_spatial, k)
         return 2.0 * macs / gemm + 6 * F32 * values / bw + calls * 12 * LAUNCH_S
     if primitive in ("fft-gemm", "fft-data"):
-        tshape = (L.fft_gemm_transform_shape(in_spatial, k) if primitive == "fft-gemm" else L.fft_shape(in_spatial))
+        tshape = L.fft_gemm_transform_shape(in_spatial, k) if primitive == "fft-gemm" else L.fft_shape(in_spatial)
         items, v, f = L.fft_gemm_sizes(n, in_spatial, k) if primitive == "fft-gemm" else (n, math.prod(tshape), None)
         f = f or math.prod(tshape[:2]) * (tshape[2] // 2 + 1)
         vlog = v * math.log2(max(v, 2))
@@ -140,12 +148,15 @@ class DeviceMeasurements:
         self.prefix = f"{GPU_CALIBRATION_VERSION}|{cal['device']}"
 
     def conv(self, primitive: str, n: int, layer: Conv, in_spatial) -> float:
-        key = f"{self.prefix}|{primitive}|{n}|{layer.in_channels}|{layer.out_channels}|{tuple(in_spatial)}|{layer.kernel}"
+        key = (
+            f"{self.prefix}|{primitive}|{n}|{layer.in_channels}|{layer.out_channels}|{tuple(in_spatial)}|{layer.kernel}"
+        )
         if (hit := self.cache.get(key)) is not None:
             return hit
         xp = self.xp
-        x = xp.asarray(np.random.default_rng(0).standard_normal((n, layer.in_channels) + tuple(in_spatial),
-                                                                dtype=np.float32))
+        x = xp.asarray(
+            np.random.default_rng(0).standard_normal((n, layer.in_channels) + tuple(in_spatial), dtype=np.float32)
+        )
         w = xp.asarray(layer.weight)
         b = None if layer.bias is None else xp.asarray(layer.bias)
         sp = tuple(in_spatial)

@@ -9,6 +9,7 @@ the largest admissible one (at most the input) whose peak fits the budget; a val
 graph takes the best predicted throughput among the largest few that fit.  A padded
 graph's patch also decides its blending, so it is fixed by ``patch_shape`` when given.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -16,11 +17,11 @@ import itertools
 import math
 
 from ..errors import MemoryBudgetError, PlanError
+from ..layers.epilogue import FUSABLE
 from ..layers.resample import linear_index
 from ..net.graph import Graph
 from . import memory as M
 from . import wisdom as W
-from ..layers.epilogue import FUSABLE
 from .plan import CONV_PRIMITIVES, PADS_INPUT, Plan, Rejected, Step, fuses, primitive_supports
 
 ELEMENTWISE = ("add", "mul", "affine", "act")
@@ -63,11 +64,15 @@ def chain_after(graph: Graph, i: int, consumers: dict) -> list[int]:
     out, allowed = [], (("affine", "act") if nodes[i].op == "add" else ("act",))
     for j in range(i + 1, len(nodes)):
         prev, nxt = nodes[j - 1], nodes[j]
-        if (nxt.op not in allowed or nxt.inputs != (prev.output,) or consumers[prev.output] != 1
-                or (nxt.op == "act" and nxt["act"].kind not in FUSABLE)):
+        if (
+            nxt.op not in allowed
+            or nxt.inputs != (prev.output,)
+            or consumers[prev.output] != 1
+            or (nxt.op == "act" and nxt["act"].kind not in FUSABLE)
+        ):
             break
         out.append(j)
-        allowed = allowed[allowed.index(nxt.op) + 1:]
+        allowed = allowed[allowed.index(nxt.op) + 1 :]
     return out
 
 
@@ -117,8 +122,10 @@ def needed_ranges(graph: Graph, shapes: dict, lo, hi) -> dict:
 def conv_window(node, a, b):
     """Per axis (raw lo, raw hi): the zero-padded input a conv's output ``[a, b)`` reads."""
     k, s, pl = node.conv.kernel, node["stride"], node["pads"][0]
-    return (tuple(x * st - p for x, st, p in zip(a, s, pl)),
-            tuple((y - 1) * st - p + kk for y, st, p, kk in zip(b, s, pl, k)))
+    return (
+        tuple(x * st - p for x, st, p in zip(a, s, pl)),
+        tuple((y - 1) * st - p + kk for y, st, p, kk in zip(b, s, pl, k)),
+    )
 
 
 def tile_starts(out, tile) -> list[tuple]:
@@ -134,17 +141,28 @@ def _conv_options(node, spatial, prims, timer, threads):
         out = conv_strided_out_shape(spatial, conv.kernel, node["stride"])
         eff = tuple(o + k - 1 for o, k in zip(out, conv.kernel))
         t = timer.estimate("direct-gemm", 1, conv, eff) * 1.5  # gathered, not contiguous, lowering
-        return [(t, "strided", conv_strided_memory(1, conv.in_channels, conv.out_channels, spatial, conv.kernel,
-                                                   node["stride"]), 0)]
+        return [
+            (
+                t,
+                "strided",
+                conv_strided_memory(1, conv.in_channels, conv.out_channels, spatial, conv.kernel, node["stride"]),
+                0,
+            )
+        ]
     opts = []
     # 1x1x1: FFT never pays, and the numba loop's per-row overhead is not in its rate model
     flat = all(k == 1 for k in conv.kernel)
-    usable = [p for p in prims if primitive_supports(p, conv.kernel, (conv.in_channels, conv.out_channels))
-              and not (flat and (p.startswith("fft-") or p == "direct-numba"))]
+    usable = [
+        p
+        for p in prims
+        if primitive_supports(p, conv.kernel, (conv.in_channels, conv.out_channels))
+        and not (flat and (p.startswith("fft-") or p == "direct-numba"))
+    ]
     for prim in usable or ["direct-gemm"]:
         t = timer.layer(prim, 1, conv, spatial, 0, 1)
-        opts.append((t, prim, M.conv_step_bytes(prim, 1, 0, conv, spatial, (), threads),
-                     M.resident_bytes(prim, conv, spatial)))
+        opts.append(
+            (t, prim, M.conv_step_bytes(prim, 1, 0, conv, spatial, (), threads), M.resident_bytes(prim, conv, spatial))
+        )
     return sorted(opts)
 
 
@@ -270,16 +288,29 @@ def _tile_search(graph: Graph, patch, prims, timer, threads, budget, rejected):
         tile = tuple(max(1, int(t * SHRINK)) if i == a else t for i, t in enumerate(tile))
 
 
-def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threads: int, timer, prims=None,
-                   patch_shape=None, input_shape=None, overlap=None, blend: str = "bump") -> Plan:
+def autotune_graph(
+    graph: Graph,
+    *,
+    budget: int,
+    device: str,
+    effort: str,
+    threads: int,
+    timer,
+    prims=None,
+    patch_shape=None,
+    input_shape=None,
+    overlap=None,
+    blend: str = "bump",
+) -> Plan:
     """The plan of a graph network.  A valid graph: the admissible patch (at most the input)
     with the best predicted throughput among the largest that fit.  A padded graph: the patch
     decides the blending, so it is ``patch_shape``, else the whole input (one patch: exactly the
     network on it), else the shape the file was exported at; the budget never changes it: a
     patch that does not fit whole runs in exact output tiles."""
 
-    prims = tuple(p for p in (prims or GRAPH_PRIMITIVES) if p in CONV_PRIMITIVES and p != "fft-stream"
-                  and p != "fft-task") or ("direct-gemm",)
+    prims = tuple(
+        p for p in (prims or GRAPH_PRIMITIVES) if p in CONV_PRIMITIVES and p != "fft-stream" and p != "fft-task"
+    ) or ("direct-gemm",)
     if blend not in BLENDS:
         raise PlanError(f"blend {blend!r} is not one of {BLENDS}")
     tile = ()
@@ -287,8 +318,10 @@ def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threa
         patch_shape = tuple(int(v) for v in patch_shape)
         graph.shapes(patch_shape)  # names the node and the admissible lengths when not admissible
         if graph.kind == "valid" and any(o < g for o, g in zip(graph.output_shape(patch_shape), graph.grid)):
-            raise PlanError(f"patch {patch_shape} gives an output {graph.output_shape(patch_shape)} smaller than "
-                            f"the grid {graph.grid}; tiles could not move on the grid")
+            raise PlanError(
+                f"patch {patch_shape} gives an output {graph.output_shape(patch_shape)} smaller than "
+                f"the grid {graph.grid}; tiles could not move on the grid"
+            )
         candidates = [patch_shape]
     elif graph.kind == "padded":
         if input_shape is not None:
@@ -302,8 +335,10 @@ def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threa
         if input_shape is not None:
             top = graph.floor_admissible(input_shape)
             if not all(top):
-                raise PlanError(f"input shape {tuple(input_shape)} is smaller than the smallest admissible "
-                                f"input {graph.geometry['n_min']} of this network")
+                raise PlanError(
+                    f"input shape {tuple(input_shape)} is smaller than the smallest admissible "
+                    f"input {graph.geometry['n_min']} of this network"
+                )
         else:
             edge = round(M.MAX_PATCH_VOXELS ** (1 / 3) / 2)
             top = graph.floor_admissible(tuple(max(m, edge) for m in graph.geometry["n_min"]))
@@ -323,8 +358,11 @@ def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threa
                 fits.append((vps, patch, steps, secs, peak))
                 break
             need = peak if need is None else min(need, peak)
-            rejected.append(Rejected(f"patch {patch}{' frugal' if frugal else ''}",
-                                     f"needs {_fmt(peak)} > budget {_fmt(budget)}", vps))
+            rejected.append(
+                Rejected(
+                    f"patch {patch}{' frugal' if frugal else ''}", f"needs {_fmt(peak)} > budget {_fmt(budget)}", vps
+                )
+            )
         if fits and len(fits) >= 4:  # a valid graph's throughput is compared over the largest few that fit
             break
     if not fits and graph.kind == "padded" or (patch_shape is not None and not fits):
@@ -336,7 +374,8 @@ def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threa
         raise MemoryBudgetError(
             f"no patch of {graph.name} fits the memory budget of {_fmt(budget)}: the smallest tried, "
             f"{candidates[-1]}, needs {_fmt(need or 0)} whole and more than the budget in the smallest exact tiles. "
-            f"Raise the budget (--memory / mem_mb) to at least {_fmt((need or 0) * 1.1)}")
+            f"Raise the budget (--memory / mem_mb) to at least {_fmt((need or 0) * 1.1)}"
+        )
     fits.sort(key=lambda r: -r[0])
     vps, patch, steps, secs, peak = fits[0]
     for r in fits[1:]:
@@ -349,11 +388,30 @@ def autotune_graph(graph: Graph, *, budget: int, device: str, effort: str, threa
     else:
         ov, blend = (0, 0, 0), ""
     return Plan(
-        network_digest=graph.digest(), device=device, patch_shape=patch, output_shape=graph.output_shape(patch),
-        field_of_view=graph.field_of_view, memory_budget=budget, steps=tuple(steps), predicted_seconds=secs,
-        predicted_peak_bytes=int(peak), effort=effort, threads=threads, rejected=tuple(rejected[:50]),
-        kind=graph.kind, overlap=ov, blend=blend, tile=tile,
-        provenance={"versions": W.versions(), "cpu": W.cpu_model(), "threads": threads,
-                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    "effort": effort, "candidates": len(fits) + len(rejected), "input_shape": input_shape,
-                    "grid": graph.grid})
+        network_digest=graph.digest(),
+        device=device,
+        patch_shape=patch,
+        output_shape=graph.output_shape(patch),
+        field_of_view=graph.field_of_view,
+        memory_budget=budget,
+        steps=tuple(steps),
+        predicted_seconds=secs,
+        predicted_peak_bytes=int(peak),
+        effort=effort,
+        threads=threads,
+        rejected=tuple(rejected[:50]),
+        kind=graph.kind,
+        overlap=ov,
+        blend=blend,
+        tile=tile,
+        provenance={
+            "versions": W.versions(),
+            "cpu": W.cpu_model(),
+            "threads": threads,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "effort": effort,
+            "candidates": len(fits) + len(rejected),
+            "input_shape": input_shape,
+            "grid": graph.grid,
+        },
+    )

@@ -5,6 +5,7 @@ pre-pool tensors held by depth-first pooling, partial results) plus the chosen
 primitive's own peak (its output and workspace, from ``layers``' memory formulas).
 Shapes are ``(N, C, z, y, x)``; bytes are float32.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,7 +17,7 @@ from ..geometry.blocks import conv_blocks
 from ..net.spec import Activation, Conv, Network, Pool
 
 F32 = 4
-MAX_PATCH_VOXELS = 512 ** 3  # the largest patch the planner considers
+MAX_PATCH_VOXELS = 512**3  # the largest patch the planner considers
 
 
 def nbytes(shape) -> int:
@@ -121,8 +122,9 @@ def out_spatial(layer, spatial):
     return tuple(spatial)
 
 
-def walk(net: Network, patch_shape, pool_modes, conv_choice, threads: int = 1,
-         resident: int = 0) -> tuple[list[StepMemory], int]:
+def walk(
+    net: Network, patch_shape, pool_modes, conv_choice, threads: int = 1, resident: int = 0
+) -> tuple[list[StepMemory], int]:
     """Simulate the executor on ``patch_shape``.
 
     ``resident``: bytes held for the whole run on top (the resident FFT kernel spectra of
@@ -242,5 +244,11 @@ def slab_geometry(layers, in_channels: int, k: int, spatial, rows: int) -> dict:
     pre = [n - e + 1 for n, e in zip(spatial, extent)]
     frag = tuple((n - p + 1) // p for n, p in zip(pre, window))
     rows = max(1, min(rows, frag[0]))
-    return {"extent": tuple(extent), "channels": channels, "frag": frag, "rows": rows,
-            "slab_in_z": rows * window[0] + extent[0] - 1, "n_slabs": math.ceil(frag[0] / rows)}
+    return {
+        "extent": tuple(extent),
+        "channels": channels,
+        "frag": frag,
+        "rows": rows,
+        "slab_in_z": rows * window[0] + extent[0] - 1,
+        "n_slabs": math.ceil(frag[0] / rows),
+    }

@@ -3,6 +3,7 @@
 A plan is data: executors take a plan and arrays, nothing else.  It round-trips
 through JSON (``Plan.from_json(plan.to_json()) == plan``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,8 +17,16 @@ from ..layers.epilogue import FUSABLE
 from ..layers.winograd import winograd_supports
 
 PLAN_FORMAT = "znni-plan/1"
-CONV_PRIMITIVES = ("direct-gemm", "direct-numba", "fft-data", "fft-task", "fft-stream", "fft-gemm", "winograd",
-                   "direct-torch")
+CONV_PRIMITIVES = (
+    "direct-gemm",
+    "direct-numba",
+    "fft-data",
+    "fft-task",
+    "fft-stream",
+    "fft-gemm",
+    "winograd",
+    "direct-torch",
+)
 #: the ones that run on the CPU (direct-torch: cuDNN through PyTorch, a GPU primitive)
 CPU_PRIMITIVES = CONV_PRIMITIVES[:-1]
 #: primitives whose kernel transforms (FFT spectra, Winograd's U) stay resident for the whole run (built once)
@@ -33,6 +42,7 @@ def fuses(primitive: str, kind: str) -> bool:
     """Whether a conv run by ``primitive`` applies an activation ``kind`` that directly follows
     it in its own output pass (chain engine, graph executor and both planners ask this)."""
     return primitive in FUSES_ACT and kind in FUSABLE
+
 
 #: primitives that read a zero-padded conv's input in place (``ResidentConv.PADS_INPUT``): a graph's
 #: padded convs make no padded copy for them
@@ -125,7 +135,9 @@ class Plan:
         for name in ("patch_shape", "output_shape", "field_of_view", "overlap", "tile"):
             object.__setattr__(self, name, _tuple(getattr(self, name)))
         object.__setattr__(self, "steps", tuple(s if isinstance(s, Step) else Step(**s) for s in self.steps))
-        object.__setattr__(self, "rejected", tuple(r if isinstance(r, Rejected) else Rejected(**r) for r in self.rejected))
+        object.__setattr__(
+            self, "rejected", tuple(r if isinstance(r, Rejected) else Rejected(**r) for r in self.rejected)
+        )
         if self.format != PLAN_FORMAT:
             raise PlanError(f"plan format {self.format!r} is not {PLAN_FORMAT!r}; re-run `znni plan`")
         try:
@@ -145,8 +157,9 @@ class Plan:
 
     @property
     def pool_modes(self) -> tuple:
-        return tuple(f"slab:{s.micro_batch}" if s.primitive == "slab" else s.primitive
-                     for s in self.steps if s.op == "pool")
+        return tuple(
+            f"slab:{s.micro_batch}" if s.primitive == "slab" else s.primitive for s in self.steps if s.op == "pool"
+        )
 
     # ---- serialisation --------------------------------------------------------
     def to_dict(self) -> dict:
@@ -190,20 +203,27 @@ class Plan:
 
     def digest(self) -> str:
         """Hash of what determines the computation (not the provenance or predictions)."""
-        key = {"net": self.network_digest, "device": self.device, "patch": self.patch_shape,
-               **({"overlap": self.overlap, "blend": self.blend} if self.kind == "padded" else {}),
-               **({"placement": self.placement, "split": self.split} if self.placement else {}),
-               **({"tuning": self.tuning} if self.tuning else {}),
-               "steps": [(s.index, s.op, s.primitive, s.micro_batch, s.threads) for s in self.steps]}
+        key = {
+            "net": self.network_digest,
+            "device": self.device,
+            "patch": self.patch_shape,
+            **({"overlap": self.overlap, "blend": self.blend} if self.kind == "padded" else {}),
+            **({"placement": self.placement, "split": self.split} if self.placement else {}),
+            **({"tuning": self.tuning} if self.tuning else {}),
+            "steps": [(s.index, s.op, s.primitive, s.micro_batch, s.threads) for s in self.steps],
+        }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
     # ---- display ---------------------------------------------------------------
     def describe(self, max_rejected: int = 5) -> str:
-        gib = 2 ** 30
+        gib = 2**30
         lines = [
             f"plan for network {self.network_digest[:12]} on {self.device} ({self.threads} threads), effort {self.effort}"
-            + {"": "", "gpu+host": "; tensors in host RAM, convolutions streamed through the GPU",
-               "cpu+gpu": f"; layers before {self.split} on the CPU, the rest on the GPU, pipelined"}[self.placement],
+            + {
+                "": "",
+                "gpu+host": "; tensors in host RAM, convolutions streamed through the GPU",
+                "cpu+gpu": f"; layers before {self.split} on the CPU, the rest on the GPU, pipelined",
+            }[self.placement],
             f"input patch {self.patch_shape} -> dense output {self.output_shape} (field of view {self.field_of_view})"
             + (f"; {self.kind} graph" if self.kind != "chain" else "")
             + (f", {self.blend} blending over {self.overlap}" if self.kind == "padded" else "")
@@ -216,10 +236,15 @@ class Plan:
         for s in self.steps:
             mb = str(s.micro_batch) if s.op == "conv" and s.micro_batch else ""
             tile = f"  blocks {'x'.join(map(str, s.tile))}" if s.tile else ""
-            lines.append(f"{s.index:>3} {s.op:<6} {s.primitive:<13} {str(s.in_shape):<28} {str(s.out_shape):<28} "
-                         f"{mb:>4} {s.seconds:>9.3g} {s.bytes / gib:>8.3f}{tile}")
+            lines.append(
+                f"{s.index:>3} {s.op:<6} {s.primitive:<13} {str(s.in_shape):<28} {str(s.out_shape):<28} "
+                f"{mb:>4} {s.seconds:>9.3g} {s.bytes / gib:>8.3f}{tile}"
+            )
         if self.rejected:
-            lines += ["", f"rejected alternatives ({len(self.rejected)} in all; top {min(max_rejected, len(self.rejected))}):"]
+            lines += [
+                "",
+                f"rejected alternatives ({len(self.rejected)} in all; top {min(max_rejected, len(self.rejected))}):",
+            ]
             for r in self.rejected[:max_rejected]:
                 lines.append(f"  {r.candidate}: {r.reason}")
         return "\n".join(lines)

@@ -7,6 +7,7 @@ alive at that point (the memory walk of ``plan/memory.py``).  Objective: dense o
 voxels per second = output voxels / sum of step times; constraint: peak <= budget.
 Everything thrown away is kept, with its reason, in ``Plan.rejected``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,29 +22,28 @@ import numpy as np
 from ..cachedir import cache_dir
 from ..errors import MemoryBudgetError, PlanError
 from ..layers import tuning
+from ..layers.xp import require_device
 from ..net.graph import Graph
 from ..net.spec import Activation, Conv, Network, Pool
-from . import memory as M
-from .memory import MAX_PATCH_VOXELS
-from ..layers.xp import require_device
 from . import gpu_timing as G
+from . import memory as M
 from . import timing as T
 from . import wisdom as W
 from .costs import CpuCostModel, GpuCostModel
 from .graph import autotune_graph
-from .plan import (CONV_PRIMITIVES, CPU_PRIMITIVES, RESIDENT_PRIMITIVES, Plan, Rejected, Step, fuses,
-                   primitive_supports)
+from .memory import MAX_PATCH_VOXELS
+from .plan import CONV_PRIMITIVES, CPU_PRIMITIVES, RESIDENT_PRIMITIVES, Plan, Rejected, Step, fuses, primitive_supports
 
 EFFORTS = ("estimate", "measure", "exhaustive")
 DEFAULT_BUDGET_FRACTION = 0.5  # of the RAM available when planning
-GIB = 2 ** 30
+GIB = 2**30
 #: conv primitives of GPU plans: the two whose device memory the model predicts (checked on the
 #: simulated GPU and on an H100); fft-data, winograd and direct-torch (cuDNN through PyTorch: wrong
 #: results now and then on an H100, fixed and not yet verified, layers/torch_conv.py) run on the
 #: device when asked for (``primitives=``)
 GPU_PRIMITIVES = ("direct-gemm", "fft-gemm")
 DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the rest on the GPU, pipelined
-DEVICE_HEADROOM = 512 * 2 ** 20  # device memory left to the CUDA context, library handles and cuFFT plans
+DEVICE_HEADROOM = 512 * 2**20  # device memory left to the CUDA context, library handles and cuFFT plans
 GPU_BUDGET_FRACTION = 0.9  # of the device memory free when planning (after the headroom)
 MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
 SEARCH_VERSION = 22  # in the plan cache key: bump when the search or time model changes (stale plans)
@@ -94,7 +94,9 @@ def input_patch(net: Network, input_shape) -> tuple:
     fov, d = net.field_of_view, net.pooling_product
     bad = [(n, f) for n, f in zip(input_shape, fov) if int(n) < f]
     if len(tuple(input_shape)) != 3 or bad:
-        raise PlanError(f"input shape {tuple(input_shape)} (z, y, x) must be 3 sizes of at least the field of view {fov}")
+        raise PlanError(
+            f"input shape {tuple(input_shape)} (z, y, x) must be 3 sizes of at least the field of view {fov}"
+        )
     return tuple(math.ceil((int(n) - f + 1) / dd) * dd + f - 1 for n, f, dd in zip(input_shape, fov, d))
 
 
@@ -120,8 +122,14 @@ def patch_candidates(net: Network, max_voxels: int, input_shape=None, slabs: boo
     for a in aspects:
         out = []
         for edge in edges:
-            target = (np.array([-a, edge, edge]) if a < 0 else  # a slab of -a slices
-                      np.array([edge / a, edge, edge]) if fov[0] <= fov[1] else np.array([edge, edge / a, edge / a]))
+            target = (
+                np.array([-a, edge, edge])
+                if a < 0
+                # a slab of -a slices
+                else np.array([edge / a, edge, edge])
+                if fov[0] <= fov[1]
+                else np.array([edge, edge / a, edge / a])
+            )
             m = np.maximum(1, np.floor((target - fov + 1) / d)).astype(int)
             shape = m * d + fov - 1
             if cap is not None:
@@ -196,8 +204,11 @@ class _Timer:
         shape, origins = M.conv_blocks(tuple(spatial), layer.kernel, tile)
         if len(origins) == 1:
             calls = reps * math.ceil(n / (micro_batch or n))
-            return reps * self.conv(prim, n, layer, spatial, micro_batch, measure) + \
-                self.model.setup(prim, layer, spatial) + calls * CALL_OVERHEAD_S
+            return (
+                reps * self.conv(prim, n, layer, spatial, micro_batch, measure)
+                + self.model.setup(prim, layer, spatial)
+                + calls * CALL_OVERHEAD_S
+            )
         mb = micro_batch or n
         copy = self.model.elementwise(M.nbytes((mb, layer.in_channels) + shape), 2.0)
         slow = BLOCK_SLOWDOWN if prim == "fft-gemm" and not measure else 1.0
@@ -311,8 +322,9 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
                 return decisions[i]
             layer = layers[i]
             room = budget - (0 if host else live_max[i]) - sum(resident.values()) - squeeze
-            usable = tuple(p for p in primitives if primitive_supports(p, layer.kernel, (layer.in_channels, layer.out_channels))) \
-                or ("direct-gemm",)
+            usable = tuple(
+                p for p in primitives if primitive_supports(p, layer.kernel, (layer.in_channels, layer.out_channels))
+            ) or ("direct-gemm",)
             allowed = tuple(p for p in usable if not (i in no_cache and p in RESIDENT_PRIMITIVES)) or usable
             if _flat_axis(layer.kernel, spatial):
                 # FFTConv transforms every axis: a kernel 1 deep on an axis of extent > 1 (2D
@@ -330,7 +342,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
             if ranked is None:
                 ranked = []
                 for prim in allowed:
-                    for tile in (_fft_tiles(spatial, layer.kernel) if prim.startswith("fft-") or host else [()]):
+                    for tile in _fft_tiles(spatial, layer.kernel) if prim.startswith("fft-") or host else [()]:
                         keep = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
                         for mb in _micro_batches(n):
                             if host:
@@ -350,20 +362,26 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
                 return decisions[i]
             if timer.meas is not None and (measure or timer.measure_all):
                 short = [o for o in est if o[0] <= 3 * est[0][0]][:SHORTLIST]
-                timed = sorted((timer.layer(p, n, layer, spatial, mb, reps[i], True, tile), p, mb, tile)
-                               for _, p, mb, tile in short)
+                timed = sorted(
+                    (timer.layer(p, n, layer, spatial, mb, reps[i], True, tile), p, mb, tile)
+                    for _, p, mb, tile in short
+                )
             else:
                 timed = est
             _, prim, mb, tile = timed[0]
             decisions[i] = (prim, mb, tile)
             resident[i] = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
             best_t = timed[0][0]
-            for p in (() if host else usable):  # faster whole-batch alternatives refused for memory
+            for p in () if host else usable:  # faster whole-batch alternatives refused for memory
                 e = M.conv_primitive_bytes(p, n, layer, spatial, threads) + M.resident_bytes(p, layer, spatial)
                 if e > room:
                     t = timer.layer(p, n, layer, spatial, n, reps[i])
                     if t < best_t:
-                        notes.append(Rejected(f"layer {i} {p} (batch {n})", f"needs {_fmt(live_max[i] + e)} > budget {_fmt(budget)}"))
+                        notes.append(
+                            Rejected(
+                                f"layer {i} {p} (batch {n})", f"needs {_fmt(live_max[i] + e)} > budget {_fmt(budget)}"
+                            )
+                        )
             return decisions[i]
 
         M.walk(net, patch, modes, decide, threads)  # pass 2: choices, layer by layer
@@ -371,9 +389,15 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
         steps_mem, peak = M.walk(net, patch, modes, lambda i, *a: decisions[i], threads, resident=0 if host else held)
         if host:  # the walk is the host's memory; the device holds one call's blocks and the transforms
             host_peak = peak
-            peak = held + max((M.device_call_bytes(p, mb, layers[i], sm.in_shape[2:], tl, threads)
-                               for sm in steps_mem if sm.op == "conv"
-                               for i, (p, mb, tl) in [(sm.index, decisions[sm.index])]), default=0)
+            peak = held + max(
+                (
+                    M.device_call_bytes(p, mb, layers[i], sm.in_shape[2:], tl, threads)
+                    for sm in steps_mem
+                    if sm.op == "conv"
+                    for i, (p, mb, tl) in [(sm.index, decisions[sm.index])]
+                ),
+                default=0,
+            )
         if peak <= budget:
             break
         if squeezes < SQUEEZES and peak <= 1.5 * budget:  # close: choose again, the excess kept free
@@ -391,8 +415,11 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
         if isinstance(layer, Conv):
             prim, mb, tile = decisions[sm.index]
             n = sm.in_shape[0]
-            t = (_streamed(timer, prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], tile, host["cal"]) if host else
-                 timer.layer(prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], measure, tile))
+            t = (
+                _streamed(timer, prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], tile, host["cal"])
+                if host
+                else timer.layer(prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], measure, tile)
+            )
             prim_name, mbv = prim, (0 if mb >= n else mb)
             tile = M.conv_blocks(sm.in_shape[2:], layer.kernel, tile)[0] if tile else ()
         elif isinstance(layer, Activation):
@@ -409,20 +436,27 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
             tile = ()
             mode = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)]
             t = (host["model"] if host else timer.model).pool(
-                M.nbytes(sm.in_shape), depth_first=mode == "pool",
-                channels_last=_mpf_reads_channels_last(layers, decisions, sm.index))
+                M.nbytes(sm.in_shape),
+                depth_first=mode == "pool",
+                channels_last=_mpf_reads_channels_last(layers, decisions, sm.index),
+            )
             prim_name, _, rows = mode.partition(":")
             mbv = int(rows or 0)
             t = (t + CALL_OVERHEAD_S) * reps[sm.index]
         total += t
-        steps.append(Step(sm.index, sm.op, prim_name, sm.in_shape, sm.out_shape, mbv, timer.cal["threads"], t, sm.peak,
-                          tile))
+        steps.append(
+            Step(sm.index, sm.op, prim_name, sm.in_shape, sm.out_shape, mbv, timer.cal["threads"], t, sm.peak, tile)
+        )
     out_vox = math.prod(net.output_shape(patch))
     total += timer.model.elementwise(M.nbytes((net.out_channels, out_vox)), 2.0)  # recombine
     total += PATCH_OVERHEAD_S
     if host and host_peak > host["budget"]:
-        notes.append(Rejected(f"patch {patch} on GPU + host RAM", f"host tensors need {_fmt(host_peak)} > host budget "
-                              f"{_fmt(host['budget'])}"))
+        notes.append(
+            Rejected(
+                f"patch {patch} on GPU + host RAM",
+                f"host tensors need {_fmt(host_peak)} > host budget {_fmt(host['budget'])}",
+            )
+        )
         peak = max(peak, budget + 1)  # does not fit
     return steps, total, peak, notes
 
@@ -437,16 +471,29 @@ def _streamed(timer, prim, n, layer, spatial, mb, reps, tile, host_cal) -> float
     shape, origins = M.conv_blocks(tuple(spatial), layer.kernel, tile)
     calls = reps * math.ceil(n / (mb or n)) * len(origins)
     one = M.nbytes(((mb or n), layer.in_channels) + shape) + M.nbytes(
-        ((mb or n), layer.out_channels) + tuple(s - k + 1 for s, k in zip(shape, layer.kernel)))
+        ((mb or n), layer.out_channels) + tuple(s - k + 1 for s, k in zip(shape, layer.kernel))
+    )
     moved = timer.model.transfer(calls * one, pinned=True)
     staged = 2 * calls * one / host_cal["mem_bw"]
     return max(compute, moved, staged) + timer.model.transfer(one, pinned=True) + 2 * one / host_cal["mem_bw"]
 
 
-def autotune(net: Network, *, memory_budget: int | None = None, device: str = "cpu", effort: str = "estimate",
-             threads: int | None = None, patch_shape=None, primitives=None, pool_modes=None,
-             input_shape=None, use_cache: bool = True, overlap=None, blend: str = "bump",
-             placement: str | None = None) -> Plan:
+def autotune(
+    net: Network,
+    *,
+    memory_budget: int | None = None,
+    device: str = "cpu",
+    effort: str = "estimate",
+    threads: int | None = None,
+    patch_shape=None,
+    primitives=None,
+    pool_modes=None,
+    input_shape=None,
+    use_cache: bool = True,
+    overlap=None,
+    blend: str = "bump",
+    placement: str | None = None,
+) -> Plan:
     """Choose input patch, pool/MPF per pooling layer, primitive and micro-batch per conv layer.
 
     A graph network (:class:`~znni_core.net.graph.Graph`) is planned by
@@ -470,15 +517,40 @@ def autotune(net: Network, *, memory_budget: int | None = None, device: str = "c
     # every primitive under them, and the plan carries them to the executor
     tuned = T.calibrate(max(1, int(threads or default_threads()))).get("tuned") or {}
     with tuning.using(tuned):
-        plan = _autotune(net, memory_budget=memory_budget, device=device, effort=effort, threads=threads,
-                         patch_shape=patch_shape, primitives=primitives, pool_modes=pool_modes,
-                         input_shape=input_shape, use_cache=use_cache, overlap=overlap, blend=blend,
-                         placement=placement)
+        plan = _autotune(
+            net,
+            memory_budget=memory_budget,
+            device=device,
+            effort=effort,
+            threads=threads,
+            patch_shape=patch_shape,
+            primitives=primitives,
+            pool_modes=pool_modes,
+            input_shape=input_shape,
+            use_cache=use_cache,
+            overlap=overlap,
+            blend=blend,
+            placement=placement,
+        )
     return plan if plan.tuning == tuned else dataclasses.replace(plan, tuning=dict(tuned))
 
 
-def _autotune(net: Network, *, memory_budget, device, effort, threads, patch_shape, primitives, pool_modes,
-              input_shape, use_cache, overlap, blend, placement) -> Plan:
+def _autotune(
+    net: Network,
+    *,
+    memory_budget,
+    device,
+    effort,
+    threads,
+    patch_shape,
+    primitives,
+    pool_modes,
+    input_shape,
+    use_cache,
+    overlap,
+    blend,
+    placement,
+) -> Plan:
     """:func:`autotune` under the host's kernel parameters."""
     threads = int(threads or default_threads())
     gpu_cal = host = gpu_xp = None
@@ -502,20 +574,35 @@ def _autotune(net: Network, *, memory_budget, device, effort, threads, patch_sha
         if not graph:
             input_patch(net, input_shape)  # validates
     cache = W.JsonCache(cache_dir() / "plans.json", max_entries=PLAN_CACHE_ENTRIES) if use_cache else None
-    ckey = (f"{net.digest()}|{budget}|{device}|{placement}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|"
-            f"{input_shape}|{SEARCH_VERSION}|{T.machine_key(threads)}" + (f"|{overlap}|{blend}" if graph else "")
-            + (f"|{gpu_cal['device']}|{gpu_cal['gemm_flops']:.3g}" if gpu_cal else ""))
+    ckey = (
+        f"{net.digest()}|{budget}|{device}|{placement}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|"
+        f"{input_shape}|{SEARCH_VERSION}|{T.machine_key(threads)}"
+        + (f"|{overlap}|{blend}" if graph else "")
+        + (f"|{gpu_cal['device']}|{gpu_cal['gemm_flops']:.3g}" if gpu_cal else "")
+    )
     if cache is not None and (hit := cache.get(ckey)):
         return Plan.from_dict(hit)
 
     timer = _Timer(effort, threads, gpu_cal, gpu_xp)
     if graph and device == "cpu+gpu":
-        raise PlanError("cpu+gpu (pipelined) plans are for max-pooling (chain) networks; plan a graph network "
-                        "with device 'gpu' or 'cpu'")
+        raise PlanError(
+            "cpu+gpu (pipelined) plans are for max-pooling (chain) networks; plan a graph network "
+            "with device 'gpu' or 'cpu'"
+        )
     if graph:
-        plan = autotune_graph(net, budget=budget, device=device, effort=effort, threads=threads, timer=timer,
-                              prims=primitives or (None if device == "cpu" else prims), patch_shape=patch_shape,
-                              input_shape=input_shape, overlap=overlap, blend=blend)
+        plan = autotune_graph(
+            net,
+            budget=budget,
+            device=device,
+            effort=effort,
+            threads=threads,
+            timer=timer,
+            prims=primitives or (None if device == "cpu" else prims),
+            patch_shape=patch_shape,
+            input_shape=input_shape,
+            overlap=overlap,
+            blend=blend,
+        )
         if cache is not None:
             cache.put(ckey, plan.to_dict())
         return plan
@@ -524,18 +611,25 @@ def _autotune(net: Network, *, memory_budget, device, effort, threads, patch_sha
         fov, d = net.field_of_view, net.pooling_product
         bad = [(n, f, dd) for n, f, dd in zip(patch_shape, fov, d) if n < f or (n - f + 1) % dd]
         if bad:
-            raise PlanError(f"patch shape {patch_shape}: each axis n needs n >= field of view {fov} and "
-                            f"(n - F + 1) divisible by the pooling product {d}")
+            raise PlanError(
+                f"patch shape {patch_shape}: each axis n needs n >= field of view {fov} and "
+                f"(n - F + 1) divisible by the pooling product {d}"
+            )
         series = [[patch_shape]]
     else:
         series = patch_candidates(net, MAX_PATCH_VOXELS, input_shape)
     mode_sets = pool_mode_candidates(len(net.pools))
     if pool_modes is not None:
         pool_modes = tuple(pool_modes)
-        if len(pool_modes) != len(net.pools) or any(m not in ("mpf", "pool") for m in pool_modes[1:]) or \
-                not (pool_modes[0] in ("mpf", "pool") or re.fullmatch(r"slab:[1-9][0-9]*", pool_modes[0])):
-            raise PlanError(f"pool_modes {pool_modes} must give 'mpf' or 'pool' (first one also 'slab:ROWS') for each of the "
-                            f"{len(net.pools)} pooling layers")
+        if (
+            len(pool_modes) != len(net.pools)
+            or any(m not in ("mpf", "pool") for m in pool_modes[1:])
+            or not (pool_modes[0] in ("mpf", "pool") or re.fullmatch(r"slab:[1-9][0-9]*", pool_modes[0]))
+        ):
+            raise PlanError(
+                f"pool_modes {pool_modes} must give 'mpf' or 'pool' (first one also 'slab:ROWS') for each of the "
+                f"{len(net.pools)} pooling layers"
+            )
         mode_sets = [pool_modes]
 
     if device == "cpu+gpu":  # the pipeline hands MPF fragments from the CPU stage to the GPU stage
@@ -561,7 +655,7 @@ def _autotune(net: Network, *, memory_budget, device, effort, threads, patch_sha
         # MPF/depth-first assignment fits this patch
         # all-depth-first (the least memory) goes first: if even it does not fit, no other
         # MPF/depth-first assignment does, and only the slab modes remain
-        for group in ([mode_sets] if pool_modes is not None else [frugal_first, "slab"]):
+        for group in [mode_sets] if pool_modes is not None else [frugal_first, "slab"]:
             if group == "slab":
                 if best:
                     break
@@ -577,8 +671,9 @@ def _autotune(net: Network, *, memory_budget, device, effort, threads, patch_sha
                     if placement == "cpu+gpu":
                         steps, secs, peak, notes, split = _pipeline(net, patch, modes, budget, timer, prims, host)
                     else:
-                        steps, secs, peak, notes = _evaluate(net, patch, modes, budget, timer, prims,
-                                                             host=host if placement == "gpu+host" else None)
+                        steps, secs, peak, notes = _evaluate(
+                            net, patch, modes, budget, timer, prims, host=host if placement == "gpu+host" else None
+                        )
                     evaluated += 1
                     desc = f"patch {patch} pools {'/'.join(modes) or '-'}" + (f" on {placement}" if placement else "")
                     vps = _rate(net, patch, secs, input_shape)
@@ -633,7 +728,8 @@ def _autotune(net: Network, *, memory_budget, device, effort, threads, patch_sha
         need = smallest_need or M.nbytes((net.in_channels,) + tuple(net.field_of_view)) * 2
         raise MemoryBudgetError(
             f"no plan fits the memory budget of {_fmt(budget)}: the smallest candidate needs {_fmt(need)}. "
-            f"Raise the budget (--memory / mem_mb) to at least {_fmt(need * 1.1)}.")
+            f"Raise the budget (--memory / mem_mb) to at least {_fmt(need * 1.1)}."
+        )
     results.sort(key=lambda r: -r[0])
 
     if effort in ("measure", "exhaustive"):
@@ -650,19 +746,40 @@ def _autotune(net: Network, *, memory_budget, device, effort, threads, patch_sha
 
     vps, patch, modes, steps, secs, peak, notes, placement, split = results[0]
     for r in results[1:]:
-        rejected.append(Rejected(f"patch {r[1]} pools {'/'.join(r[2]) or '-'}" + (f" on {r[7]}" if r[7] else ""),
-                                 f"slower: {r[0]:,.0f} < {vps:,.0f} voxels/s", r[0]))
+        rejected.append(
+            Rejected(
+                f"patch {r[1]} pools {'/'.join(r[2]) or '-'}" + (f" on {r[7]}" if r[7] else ""),
+                f"slower: {r[0]:,.0f} < {vps:,.0f} voxels/s",
+                r[0],
+            )
+        )
     rejected.sort(key=lambda r: -r.voxels_per_s)
     plan = Plan(
-        network_digest=net.digest(), device=device, patch_shape=patch, output_shape=net.output_shape(patch),
-        field_of_view=net.field_of_view, memory_budget=budget, steps=tuple(steps), predicted_seconds=secs,
-        predicted_peak_bytes=int(peak), effort=effort, threads=threads, placement=placement, split=split,
+        network_digest=net.digest(),
+        device=device,
+        patch_shape=patch,
+        output_shape=net.output_shape(patch),
+        field_of_view=net.field_of_view,
+        memory_budget=budget,
+        steps=tuple(steps),
+        predicted_seconds=secs,
+        predicted_peak_bytes=int(peak),
+        effort=effort,
+        threads=threads,
+        placement=placement,
+        split=split,
         rejected=tuple(notes) + tuple(rejected[:50]),
-        provenance={"versions": W.versions(), "cpu": W.cpu_model(), "threads": threads,
-                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    "effort": effort, "candidates": evaluated, "input_shape": input_shape,
-                    "calibration": {k: timer.cal[k] for k in ("gemm_flops", "numba_flops", "mem_bw")},
-                    **({"device": gpu_cal["device"]} if gpu_cal else {})},
+        provenance={
+            "versions": W.versions(),
+            "cpu": W.cpu_model(),
+            "threads": threads,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "effort": effort,
+            "candidates": evaluated,
+            "input_shape": input_shape,
+            "calibration": {k: timer.cal[k] for k in ("gemm_flops", "numba_flops", "mem_bw")},
+            **({"device": gpu_cal["device"]} if gpu_cal else {}),
+        },
     )
     if cache is not None:
         cache.put(ckey, plan.to_dict())
@@ -680,7 +797,8 @@ def _device_budget(memory_budget):
         if int(memory_budget) > total - headroom:
             raise MemoryBudgetError(
                 f"memory budget {_fmt(int(memory_budget))} is more than the GPU holds: {_fmt(total)} less "
-                f"{_fmt(headroom)} for the CUDA context and libraries; give at most {_fmt(total - headroom)}")
+                f"{_fmt(headroom)} for the CUDA context and libraries; give at most {_fmt(total - headroom)}"
+            )
         budget = int(memory_budget)
     else:
         budget = int(max(0, free - headroom) * GPU_BUDGET_FRACTION)

@@ -4,6 +4,7 @@ and ``measure`` (timed on the real shapes, cached on disk like FFTW wisdom).
 Caches live in ``$ZNNI_CACHE_DIR`` (default ``~/.cache/znni``), keyed by CPU model,
 thread count and library versions, so a cluster plans once and every node reuses it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,9 +18,9 @@ import numpy as np
 
 from .. import layers as L
 from ..cachedir import cache_dir
-from .wisdom import JsonCache, cpu_model, versions
 from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.spec import Conv
+from .wisdom import JsonCache, cpu_model, versions
 
 F32 = 4
 CALIBRATION_VERSION = 31  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
@@ -35,8 +36,6 @@ CALIBRATION_VERSION = 31  # bump when the models or the calibration change (7-8:
 #: (input, kernel) of the direct-conv calibration, 24 -> 24 maps (its efficiency: the model's reference)
 NUMBA_CALIBRATION_SHAPE = ((34, 34, 34), (3, 3, 3))
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
-
-
 
 
 def machine_key(threads: int) -> str:
@@ -104,10 +103,14 @@ def _tuning_cases(threads: int) -> dict:
             conv = L.WinogradConv(w, None, spatial, threads=threads)
             conv.keep_buffers = conv.channels_last = True
             return lambda: conv(x)
+
         return make
 
-    wino = [winograd(48, 1, (12, 160, 160), (1, 3, 3)), winograd(48, 256, (4, 13, 13), (1, 3, 3)),
-            winograd(24, 1, (18, 48, 48), (3, 3, 3))]
+    wino = [
+        winograd(48, 1, (12, 160, 160), (1, 3, 3)),
+        winograd(48, 256, (4, 13, 13), (1, 3, 3)),
+        winograd(24, 1, (18, 48, 48), (3, 3, 3)),
+    ]
     chains = []
     for c in (24, 48):
         xp, st = arr(1, c, 16, 64, 64), [(arr(c, c, 1, 1, 1), arr(c), ("relu", 0.0))] * 4
@@ -115,8 +118,12 @@ def _tuning_cases(threads: int) -> dict:
     direct = []
     for x, w in ((arr(64, 24, 10, 10, 10), arr(24, 24, 3, 3, 3)), (arr(64, 48, 4, 17, 17), arr(48, 48, 1, 4, 4))):
         direct.append(lambda x=x, w=w: lambda: L.conv_direct_numba(x, w))
-    return {"winograd.block_bytes": wino, "winograd.large_tile_gain": wino, "pointwise.block": chains,
-            "direct.row_group": direct}
+    return {
+        "winograd.block_bytes": wino,
+        "winograd.large_tile_gain": wino,
+        "pointwise.block": chains,
+        "direct.row_group": direct,
+    }
 
 
 def _time_once(fn) -> float:
@@ -156,15 +163,17 @@ def _measure(threads: int) -> dict:
     # direct convolution (BLAS lowering): effective FLOP/s on a mid-size layer
     x = rng.standard_normal((1, 24) + NUMBA_CALIBRATION_SHAPE[0], dtype=np.float32)
     w = rng.standard_normal((24, 24) + NUMBA_CALIBRATION_SHAPE[1], dtype=np.float32)
-    flops = 2 * 24 * 24 * 27 * 32 ** 3
+    flops = 2 * 24 * 24 * 27 * 32**3
     gemm = flops / _best_of(lambda: L.conv_direct_gemm(x, w))
     numba_rate = flops / _best_of(lambda: L.conv_direct_numba(x, w))
     # a first layer (one input channel): a short reduction (K = 27), far from BLAS peak
     x1 = rng.standard_normal((1, 1, 66, 66, 66), dtype=np.float32)
     w1 = rng.standard_normal((24, 1, 3, 3, 3), dtype=np.float32)
-    flops1 = 2 * 24 * 27 * 64 ** 3
-    direct_points = {"gemm": [[27, flops1 / _best_of(lambda: L.conv_direct_gemm(x1, w1))], [24 * 27, gemm]],
-                     "numba": [[27, flops1 / _best_of(lambda: L.conv_direct_numba(x1, w1))], [24 * 27, numba_rate]]}
+    flops1 = 2 * 24 * 27 * 64**3
+    direct_points = {
+        "gemm": [[27, flops1 / _best_of(lambda: L.conv_direct_gemm(x1, w1))], [24 * 27, gemm]],
+        "numba": [[27, flops1 / _best_of(lambda: L.conv_direct_numba(x1, w1))], [24 * 27, numba_rate]],
+    }
     # 1x1x1 convs run as chains in cache (conv_pointwise_chain): four stages of 24 and of 48 maps
     # on 16 x 128^2 voxels, the input's read and the output's write shared by the four (the
     # block's copies weigh more on narrow stages: 24 maps ran at 0.75x the 48-map rate)
@@ -172,12 +181,13 @@ def _measure(threads: int) -> dict:
     for c in (24, 48):
         xp1 = rng.standard_normal((1, c, 16, 128, 128), dtype=np.float32)
         stages = [(rng.standard_normal((c, c, 1, 1, 1), dtype=np.float32), None, ("relu", 0.0))] * 4
-        pointwise.append([c, 4 * 2 * c * c * xp1[0, 0].size
-                          / _best_of(lambda: L.conv_pointwise_chain(xp1, stages, threads=threads))])
+        pointwise.append(
+            [c, 4 * 2 * c * c * xp1[0, 0].size / _best_of(lambda: L.conv_pointwise_chain(xp1, stages, threads=threads))]
+        )
     rates = _fft_rates(threads)
     rates["gemm"] = _fft_gemm_rates(threads)
     rates["winograd"] = _winograd_rates(threads)
-    big = np.empty(2 ** 24, dtype=np.float32)
+    big = np.empty(2**24, dtype=np.float32)
     bw = big.nbytes * 2 / _best_of(lambda: np.maximum(big, 0, out=big))
     # activations with an exponential (elu, sigmoid, tanh): numpy's exp sets their pace, not memory
     # (a U-Net's elu on 28 x 18 x 160^2: 23 ms, against 7 ms for two passes at memory bandwidth)
@@ -197,15 +207,30 @@ def _measure(threads: int) -> dict:
     # ... and channels last (after a Winograd layer): another kernel, 2-4x faster per byte
     layer_cl = np.ascontiguousarray(layer_in.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)
     pool_cl = _best_of(lambda: L.mpf(layer_cl, (2, 2, 2))) / layer_cl.nbytes
-    return {"gemm_flops": gemm, "numba_flops": numba_rate, "direct_points": direct_points, "fft": rates, "mem_bw": bw,
-            "pointwise_points": pointwise, "exp_s_per_value": exp_s,
-            "pool_s_per_byte": pool, "pool_cl_s_per_byte": pool_cl, "cpu": cpu_model(), "threads": threads}
+    return {
+        "gemm_flops": gemm,
+        "numba_flops": numba_rate,
+        "direct_points": direct_points,
+        "fft": rates,
+        "mem_bw": bw,
+        "pointwise_points": pointwise,
+        "exp_s_per_value": exp_s,
+        "pool_s_per_byte": pool,
+        "pool_cl_s_per_byte": pool_cl,
+        "cpu": cpu_model(),
+        "threads": threads,
+    }
 
 
 # FFT calibration shapes: a 48^3 transform (a typical fragment size), two mixes of
 # transforms vs multiply-adds so the two rates separate, kernel 5^3
-_FFT_CAL = {"size": 48, "kernel": 5, "mixes": ((1, 24), (16, 4)),  # (N, C) with C_in = C_out = C
-            "large": 96, "large_mix": (1, 16)}  # a second size: transforms slow down out of cache
+_FFT_CAL = {
+    "size": 48,
+    "kernel": 5,
+    "mixes": ((1, 24), (16, 4)),  # (N, C) with C_in = C_out = C
+    "large": 96,
+    "large_mix": (1, 16),
+}  # a second size: transforms slow down out of cache
 
 
 def _size_factor(v: float, rates: dict, part: str, mode: str | None = None) -> float:
@@ -229,7 +254,7 @@ def _fft_rates(threads: int) -> dict:
     """
     rng = np.random.default_rng(0)
     m, k = _FFT_CAL["size"], _FFT_CAL["kernel"]
-    v = float(m ** 3)
+    v = float(m**3)
     vlog = v * math.log2(v)
     sp = (m, m, m)
     calls, builds = {}, {}
@@ -262,7 +287,7 @@ def _fft_rates(threads: int) -> dict:
     rates["build_s_per_kernel_vlogv"] = builds[c1] / kern
     # the same model at the large size: its error there is the size factor
     m1, (n, c) = _FFT_CAL["large"], _FFT_CAL["large_mix"]
-    v1 = float(m1 ** 3)
+    v1 = float(m1**3)
     vlog1 = v1 * math.log2(v1)
     x = rng.standard_normal((n, c, m1, m1, m1), dtype=np.float32)
     w = rng.standard_normal((c, c, k, k, k), dtype=np.float32)
@@ -317,8 +342,11 @@ def _fft_gemm_rates(threads: int) -> dict:
     per_t = max(_best_of(lambda: conv(x)) - macs1 * per_mac, 0.0) / tr1
     w2 = rng.standard_normal((c2, c2) + k, dtype=np.float32)
     build = _best_of(lambda: L.FFTGemmConv(w2, None, sp, threads=threads), repeats=2)
-    return {"s_per_transform": per_t, "s_per_mac": per_mac,
-            "build_s_per_value": build / (L.fft_gemm_kernel_bytes(c2, c2, sp, k) / 8)}
+    return {
+        "s_per_transform": per_t,
+        "s_per_mac": per_mac,
+        "build_s_per_value": build / (L.fft_gemm_kernel_bytes(c2, c2, sp, k) / 8),
+    }
 
 
 #: Winograd calibration: (1,3,3) kernels on 16 x 64^2 (64 transform positions); the GEMM rate
@@ -328,8 +356,15 @@ def _fft_gemm_rates(threads: int) -> dict:
 #: fit at 48 maps alone, (1,3,3) layers at 8-28 maps ran 1.3-2.6x their prediction)
 # wide and narrow calls of 0.2 and 0.03 s: at 0.02 and 0.01 s (8 x 128^2, 64 x 4 x 13^2) the
 # per-call costs and the host's noise made the two-point fit 1.5-3x pessimistic per value
-_WINOGRAD_CAL = {"shape": (16, 64, 64), "kernel": (1, 3, 3), "channels": (16, 64), "transform_channels": 48,
-                 "few_channels": 8, "wide": (1, (16, 256, 256)), "narrow": (256, (4, 13, 13))}
+_WINOGRAD_CAL = {
+    "shape": (16, 64, 64),
+    "kernel": (1, 3, 3),
+    "channels": (16, 64),
+    "transform_channels": 48,
+    "few_channels": 8,
+    "wide": (1, (16, 256, 256)),
+    "narrow": (256, (4, 13, 13)),
+}
 
 
 def winograd_terms(n, cin, cout, in_spatial, kernel):
@@ -340,8 +375,12 @@ def winograd_terms(n, cin, cout, in_spatial, kernel):
     tile's 256 positions cost about 4x a (1,3,3) tile's 64, measured 9-18 ns per position both)."""
     T, tiles, nt = L.winograd_sizes(n, in_spatial, kernel)
     rows = tiles // nt[2]
-    return (float(tiles) * T * (cin + cout), float(tiles) * T * cin * cout, float(rows) * (cin + cout),
-            float(tiles) * T)
+    return (
+        float(tiles) * T * (cin + cout),
+        float(tiles) * T * cin * cout,
+        float(rows) * (cin + cout),
+        float(tiles) * T,
+    )
 
 
 def _winograd_rates(threads: int) -> dict:
@@ -393,8 +432,13 @@ def _winograd_rates(threads: int) -> dict:
     c = _WINOGRAD_CAL["channels"][1]
     w2 = rng.standard_normal((c, c) + k, dtype=np.float32)
     build = _best_of(lambda: L.WinogradConv(w2, None, sp, threads=threads), repeats=2)
-    return {"mac_points": points, "s_per_value": per_value, "s_per_row": per_row, "s_per_position": per_position,
-            "build_s_per_value": build / (L.winograd_kernel_bytes(c, c, k, sp) / F32)}
+    return {
+        "mac_points": points,
+        "s_per_value": per_value,
+        "s_per_row": per_row,
+        "s_per_position": per_position,
+        "build_s_per_value": build / (L.winograd_kernel_bytes(c, c, k, sp) / F32),
+    }
 
 
 def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, micro_batch: int | None = None) -> float:
@@ -419,8 +463,9 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
         if primitive == "direct-numba":
             # whole blocks of 4 output channels; short rows run grouped, at a lower rate than the
             # calibration's (n337's 24 -> 3 layer on 512 x 8^3 fragments: 4x below it)
-            eff = (L.direct_numba_efficiency(cout, in_spatial, layer.kernel)
-                   / L.direct_numba_efficiency(24, *NUMBA_CALIBRATION_SHAPE))
+            eff = L.direct_numba_efficiency(cout, in_spatial, layer.kernel) / L.direct_numba_efficiency(
+                24, *NUMBA_CALIBRATION_SHAPE
+            )
             return flops / (_direct_rate("numba", cin * math.prod(layer.kernel), cal) * eff) + out_bytes / cal["mem_bw"]
         if math.prod(layer.kernel) == 1 and "pointwise_points" in cal:
             # run in a chain (conv_pointwise_chain): calibrated at 24 and 48 maps (log-log between,
@@ -432,8 +477,11 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
         # missed thin products: the detector's 28 -> 1 (1,5,5) layer (700 values lowered per
         # voxel) ran 70 ms, modelled 8 ms
         lowered = F32 * n * cin * math.prod(layer.kernel) * math.prod(out)
-        return (flops / _direct_rate("gemm", cin * math.prod(layer.kernel), cal) + (lowered + 2 * out_bytes) / cal["mem_bw"]
-                + n * DIRECT_ITEM_S)
+        return (
+            flops / _direct_rate("gemm", cin * math.prod(layer.kernel), cal)
+            + (lowered + 2 * out_bytes) / cal["mem_bw"]
+            + n * DIRECT_ITEM_S
+        )
     calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
     if primitive == "winograd":
         r = cal["fft"]["winograd"]
@@ -441,9 +489,13 @@ def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, mi
         # calibrated on (1,3,3): two 1D transform passes per value each way; a 3D kernel makes three
         # (n337's 3^3 layers: measured 1.5-1.8x the two-pass prediction)
         passes = sum(1 for k in layer.kernel if int(k) > 1) / 2
-        return (values * r["s_per_value"] * passes + rows * r["s_per_row"] + positions * r["s_per_position"]
-                + macs * _loglog(r["mac_points"], cin)
-                + calls * 1e-4)
+        return (
+            values * r["s_per_value"] * passes
+            + rows * r["s_per_row"]
+            + positions * r["s_per_position"]
+            + macs * _loglog(r["mac_points"], cin)
+            + calls * 1e-4
+        )
     if primitive == "fft-gemm":
         r = cal["fft"]["gemm"]
         tr, macs, items = _fft_gemm_terms(n, cin, cout, in_spatial, layer.kernel)
@@ -525,7 +577,9 @@ def estimate_pool(in_bytes: int, cal: dict, depth_first: bool = False, channels_
     first or ``channels_last`` (a GPU's calibration: 1.5 passes at its bandwidth); depth-first
     pooling (the filter and every offset's fragment) ``DEPTH_FIRST_PASSES`` times the
     channels-first rate."""
-    key = "pool_cl_s_per_byte" if channels_last and not depth_first and "pool_cl_s_per_byte" in cal else "pool_s_per_byte"
+    key = (
+        "pool_cl_s_per_byte" if channels_last and not depth_first and "pool_cl_s_per_byte" in cal else "pool_s_per_byte"
+    )
     t = in_bytes * cal[key] if key in cal else estimate_elementwise(in_bytes, cal, 1.5)
     return t * (DEPTH_FIRST_PASSES if depth_first else 1.0)
 

@@ -1,6 +1,7 @@
 """What a machine's plans, calibrations and measurements are keyed by, and the small JSON files
 they are kept in (like FFTW's wisdom): the CPU model, library versions, and :class:`JsonCache`.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -47,9 +48,9 @@ def versions() -> dict:
 @functools.lru_cache(maxsize=1)
 def _versions() -> tuple:
     found = {"znni": __version__, "numpy": np.__version__, "python": platform.python_version()} | {
-        d: dist_version(d) for d in ("scipy", "pyfftw", "numba")}
+        d: dist_version(d) for d in ("scipy", "pyfftw", "numba")
+    }
     return tuple(found.items())
-
 
 
 _PARSED: dict = {}  # path -> ((inode, size, mtime), parsed entries): JsonCache's memo
