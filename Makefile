@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test bench bench-runtimes clean
+.PHONY: setup demo test lint bench bench-runtimes clean
 
 setup: $(VENV)/.installed
 
@@ -21,9 +21,16 @@ demo: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 
 # Subprocess-heavy tests (Snakemake jobs) need bytecode caching; some machines disable it.
-test: setup
+# First the linter and the formatter's check (ruff, configured in pyproject.toml), then the tests
+# and the docstrings' examples.
+test: setup lint
 	env -u PYTHONDONTWRITEBYTECODE PATH="$(abspath $(VENV))/bin:$$PATH" NUMBA_THREADING_LAYER=threadsafe \
-		$(PY) -m pytest -q -m "not slow and not gpu" -p no:cacheprovider -n 2 --dist loadfile
+		$(PY) -m pytest -q -m "not slow and not gpu" -p no:cacheprovider -n 2 --dist loadfile \
+		tests --doctest-modules znni_core
+
+lint: setup
+	$(VENV)/bin/ruff check znni_core tests benchmarks
+	$(VENV)/bin/ruff format --check znni_core tests benchmarks
 
 bench: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m benchmarks

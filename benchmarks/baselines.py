@@ -3,7 +3,7 @@
 (a) ``TorchDense``: the dense dilated formulation.  Every conv runs at stride 1 with
     dilation = product of the earlier pooling windows; every max-pool becomes a stride-1
     max filter with that dilation, written as separable ``torch.maximum`` passes over
-    shifted views (PITFALLS: 1.35-2x faster than ``MaxPool3d(dilation=...)``).  One pass
+    shifted views (docs/pitfalls.md: 1.35-2x faster than ``MaxPool3d(dilation=...)``).  One pass
     over an input of edge n gives the whole dense output of edge n - F + 1.
 (b) ``TorchNaive``: the all-offsets way.  The ordinary pooled network (stride-p pooling) is
     run once per input offset in [0, D) (D = product of pooling windows), each run giving

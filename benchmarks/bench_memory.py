@@ -1,4 +1,4 @@
-"""Measured vs predicted peak memory of autotuned plans on the ZNNi networks (issue 3).
+"""Measured vs predicted peak memory of autotuned plans on the ZNNi networks.
 
 Each case runs in a fresh subprocess: plan under the budget, one patch through
 ``znni_core.infer``, peak RSS growth (``ru_maxrss`` after minus RSS before the run,

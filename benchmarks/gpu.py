@@ -10,7 +10,7 @@ kind (GPU-only, GPU + host RAM, CPU -> GPU), in one process, interleaved rounds,
   TF32 off) on the whole input, synchronised;
 
 and reports output voxels/s, the ratio to PyTorch and to ZNNi's Titan X figure for the
-net and kind (``../shared/GPU.md``), and the predicted against the measured device peak
+net and kind (``TITAN_X``: the ZNNi paper's table), and the predicted against the measured device peak
 (``PeakMeter``: every block the CuPy pool hands out, cuFFT work areas included).
 
 ``--smoke``: tiny shapes on the simulated GPU (``ZNNI_SIMULATED_GPU``) with PyTorch on

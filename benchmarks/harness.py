@@ -41,6 +41,8 @@ def log(msg: str):
 
 @dataclass
 class Config:
+    """What to benchmark and how: networks, memory budgets in bytes, repeats, threads, tuner effort, caps."""
+
     networks: tuple = ("n337", "n537", "n726", "n926")
     width: int = 24
     budget: int = 2 * GIB  # the side-by-side comparison
@@ -105,6 +107,10 @@ def _edge_naive(net, model: TorchNaive, budget, safety=1.8):
 
 # ---------------------------------------------------------------- znni ---------
 class ZnniRunner:
+    """znni's method: the plan ``autotune`` picks under ``budget`` bytes (optionally capped in seconds per patch)
+    and a random input patch; ``run(x)`` -> the dense output.
+    """
+
     name = "znni"
 
     def __init__(self, net, budget, effort, threads, max_patch_seconds=None):

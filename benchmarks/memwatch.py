@@ -16,6 +16,8 @@ import psutil
 
 
 class PeakRSS:
+    """Context manager sampling the process RSS every ``interval`` seconds; ``extra`` is the peak rise in bytes."""
+
     def __init__(self, interval: float = 0.002):
         self.interval = interval
         self.proc = psutil.Process()

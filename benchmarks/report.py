@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 GIB = 2**30
-# issue 5, width 24, same budget: znni / PyTorch dense and znni / naive
+# speed targets at width 24, same budget: znni / PyTorch dense and znni / naive
 TARGETS_DENSE = {"n337": 1.2, "n537": 4.0, "n726": 8.0, "n926": 20.0}
 TARGET_NAIVE = 50.0
 

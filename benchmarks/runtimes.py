@@ -1,6 +1,6 @@
 """``python -m benchmarks.runtimes``: znni against the runtimes a lab could pick instead.
 
-Case (a) of issue 15: the whole small volume, called as a user calls each tool, in one
+The whole small volume, called as a user calls each tool, in one
 process, interleaved rounds, medians.  Every baseline runs the same dense ("filter
 rarefaction") formulation: each max-pool a stride-1 max filter dilated by the product of the
 earlier pooling windows (separable, ``Max`` over ``Slice``s in ONNX), later convolutions
@@ -363,7 +363,7 @@ def cases(quick: bool, wide: bool = False):
         edge = edge if not quick else 16
         shape = tuple(f + edge - 1 for f in net.field_of_view)
         yield f"{arch} width 24, output {edge}^3", net, rng.random((1,) + shape, dtype=np.float32)
-    for arch, edge in (("n337", 24), ("n726", 16)) if wide else ():  # the issue's other width
+    for arch, edge in (("n337", 24), ("n726", 16)) if wide else ():  # the ZNNi paper's width
         net = make_network(arch, width=80)
         shape = tuple(f + edge - 1 for f in net.field_of_view)
         yield f"{arch} width 80, output {edge}^3", net, rng.random((1,) + shape, dtype=np.float32)
@@ -494,7 +494,7 @@ def main(argv=None):
             print(json.dumps({k: row[k] for k in ("median_s", "znni_first_call_s")}, default=float), flush=True)
             res["rows"].append(row)
             # the baselines' sessions go, and the heap znni keeps (arena.retain_freed_memory) goes
-            # back to the OS: run J was OOM-killed at 24 GB after n726 at width 80
+            # back to the OS: without this a --wide run was OOM-killed at 24 GB after n726 at width 80
             gc.collect()
             znni_core.release_cache()
     out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """``python -m benchmarks.workflow``: the workflow against in-process ``infer`` on one volume.
 
-Issue 15, case (c).  The same volume (real ISBI 2012 EM when ``../shared/data`` is there,
+The same volume (real ISBI 2012 EM when ``../shared/data`` is there,
 else the demo's synthetic EM) as a precomputed ``file://`` layer, the boundary-detector
 class of network, 2 cores:
 
@@ -12,7 +12,7 @@ class of network, 2 cores:
   modules), as every run of the workflow does; the second (reported) finds them; the plan is
   made once per run and every job loads it.
 
-Prints wall times, the throughput ratio (in-process time / workflow time: issue 15 asks
+Prints wall times, the throughput ratio (in-process time / workflow time: the target is
 >= 0.7 on 2 cores) and the output's agreement with the in-process result.  Writes ``workflow.json`` to ``--out``.
 """
 
@@ -138,7 +138,7 @@ def workflow(root: Path, cfg: Path, env) -> tuple[float, str]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="15,320,320", help="Z,Y,X of the volume (default: the issue's)")
+    ap.add_argument("--shape", default="15,320,320", help="Z,Y,X of the volume")
     ap.add_argument("--rounds", type=int, default=3, help="in-process rounds (median)")
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "znni-bench-workflow")
     a = ap.parse_args(argv)

@@ -24,7 +24,7 @@ WORK_DIR = WORK if os.path.isabs(WORK) else os.path.abspath(os.path.join(_PREFIX
 ZNNI_CONFIG = {**config, "work_dir": WORK_DIR}
 STARTED = time.time()
 
-# numba's default threading layer kills the process when called from threads (PITFALLS);
+# numba's default threading layer kills the process when called from threads (docs/pitfalls.md);
 # compiled kernels are cached with znni's other machine caches (calibration, plans), so a new
 # run starts warm too: in the work directory, every run's first jobs compiled again (about 17 s
 # each, both at once, on 2 cores).  numba keys its entries by CPU, so one cache serves a mixed

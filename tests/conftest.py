@@ -6,7 +6,7 @@ import os
 import shutil
 import tempfile
 
-# before anything imports numba (PITFALLS: the default workqueue layer crashes under threads)
+# before anything imports numba (docs/pitfalls.md: the default workqueue layer crashes under threads)
 os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
 _CACHE = tempfile.mkdtemp(prefix="znni-test-cache-")
 os.environ.setdefault("ZNNI_CACHE_DIR", _CACHE)

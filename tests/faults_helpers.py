@@ -1,4 +1,4 @@
-"""Fault-suite harness (RELIABILITY.md): tiny generated cases, fault injection, byte comparison.
+"""Fault-suite harness (docs/reliability.md): tiny generated cases, fault injection, byte comparison.
 
 Three ways to run a task, cheapest first:
 

@@ -1,5 +1,5 @@
 """A loopback S3 (moto) behind a small HTTP proxy that fails or corrupts requests on purpose
-(RELIABILITY T7, T8, T28d).
+(docs/reliability.md, T7, T8, T28d).
 
     with S3Faults() as s3:              # moto on 127.0.0.1:<port>, proxy on 127.0.0.1:<port>
         s3.rule("PUT", "8_8_40/", "503", times=2)   # the first two chunk PUTs answer 503

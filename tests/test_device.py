@@ -145,9 +145,7 @@ def test_gpu_plus_host_plan_fits_whatever_the_timings_prefer(gpu, monkeypatch, p
     def streamed(timer, prim, n, layer, spatial, mb, reps, tile, host_cal):
         t = real(timer, prim, n, layer, spatial, mb, reps, tile, host_cal)
         size = math.prod(spatial if not tile else tile) * (mb or n)
-        return {"large": 1.0 / size, "small": size, "resident": 1.0 if prim in S.RESIDENT_PRIMITIVES else 2.0}[
-            prefer
-        ] * t
+        return {"large": 1.0 / size, "small": size, "resident": 1.0 if S.PRIMITIVES[prim].resident else 2.0}[prefer] * t
 
     monkeypatch.setattr(S, "_streamed", streamed)
     plan = autotune(

@@ -1,4 +1,4 @@
-"""Crash, fault and bad-input cases of RELIABILITY.md on a tiny generated volume.
+"""Crash, fault and bad-input cases of docs/reliability.md on a tiny generated volume.
 
 Timing-dependent cases run over 20 fixed seeds and are marked slow (CI runs them with
 ``pytest -m slow``); the clear-error cases are fast and run with ``make test``.

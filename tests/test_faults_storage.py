@@ -1,4 +1,4 @@
-"""Storage faults of RELIABILITY.md: T6 (disk full during a chunk write), T7 (transient and permanent
+"""Storage faults of docs/reliability.md: T6 (disk full during a chunk write), T7 (transient and permanent
 S3 errors), T8 (corrupted transfers), T28d (no credential leaks).
 
 The cases run with ``make test`` except the end-to-end T7 task (``slow``).  T7's time limits are

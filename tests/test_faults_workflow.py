@@ -1,4 +1,4 @@
-"""Whole-workflow faults (RELIABILITY T4, T15; T4 and T5 on SLURM in test_slurm.py).
+"""Whole-workflow faults (docs/reliability.md, T4, T15; T4 and T5 on SLURM in test_slurm.py).
 
 T4: the Snakemake main process is SIGKILLed at seeded times, again and again within one run, and
 restarted as documented (``--unlock``, then the same command with ``--rerun-incomplete``). After

@@ -1,4 +1,4 @@
-"""Geometry: hand-checkable cases, and RELIABILITY T11 as a property over random geometries."""
+"""Geometry: hand-checkable cases, and docs/reliability.md T11 as a property over random geometries."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def geometries(draw):
 @settings(max_examples=150, deadline=None)
 @given(geometries())
 def test_T11_tasks_disjoint_aligned_covering(geo):
-    """RELIABILITY T11: write ROIs disjoint, chunk-aligned (except the volume edge), covering the bounds."""
+    """docs/reliability.md, T11: write ROIs disjoint, chunk-aligned (except the volume edge), covering the bounds."""
     bounds, chunk, tc, halo = geo
     g = ChunkGrid(bounds, chunk)
     blocks = create_blocks(g, tc, halo)

@@ -1,4 +1,4 @@
-"""znni imported as a Snakemake module by a parent workflow (issue 11, item 6).
+"""znni imported as a Snakemake module by a parent workflow.
 
 The parent defines its own `rule all` (no `default_target`), its own `shell.prefix`, imports znni
 with `prefix:` and a relative `work_dir`, and consumes znni's report. Checked: the parent's target

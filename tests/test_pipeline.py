@@ -1,5 +1,5 @@
 """Pipeline: per-task execution equals the engine on the whole volume; pre-scheduling errors
-(RELIABILITY T21-T24, T26, T27); reruns (T13, T14); concurrent tasks (T12); non-finite output (T20)."""
+(docs/reliability.md, T21-T24, T26, T27); reruns (T13, T14); concurrent tasks (T12); non-finite output (T20)."""
 
 from __future__ import annotations
 

@@ -179,7 +179,7 @@ def test_petavoxel_layer_has_a_bounded_number_of_shards():
     assert counts[0] == shards and sum(counts[1:]) < shards
 
 
-# ---- RELIABILITY cases redone for shards -------------------------------------------------------------
+# ---- docs/reliability.md cases redone for shards ----------------------------------------------------
 SPEC1 = {
     "@type": "neuroglancer_uint64_sharded_v1",
     "preshift_bits": 2,

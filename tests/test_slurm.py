@@ -1,4 +1,4 @@
-"""The workflow on a real SLURM (scripts/slurm/up.sh): T4 and T5 of RELIABILITY.md.
+"""The workflow on a real SLURM (scripts/slurm/up.sh): T4 and T5 of docs/reliability.md.
 
 Skipped where ``sbatch`` is absent. Each test runs `snakemake --profile slurm` semantics through
 the repository's profile (profiles/slurm), with resources overridden per test.

@@ -20,7 +20,7 @@ from znni_core import layers as L
 from znni_core.errors import InputError
 from znni_core.layers.winograd import KERNEL_SIZES, WinogradConv, toom_cook, winograd_supports
 from znni_core.plan import autotune
-from znni_core.plan.plan import primitive_supports
+from znni_core.plan.primitives import primitive
 
 from .nets import make_net
 from .reference import max_rel_err, torch_dense
@@ -280,13 +280,12 @@ def test_winograd_in_plans_every_pool_mode_equals_torch():
 
 
 def test_planner_offers_winograd_only_where_it_runs():
-    assert primitive_supports("winograd", (1, 3, 3)) and primitive_supports("winograd", (1, 4, 4))
-    assert not primitive_supports("winograd", (1, 7, 7)) and primitive_supports("fft-gemm", (1, 7, 7))
+    assert primitive("winograd").supports((1, 3, 3)) and primitive("winograd").supports((1, 4, 4))
+    assert not primitive("winograd").supports((1, 7, 7)) and primitive("fft-gemm").supports((1, 7, 7))
     # one channel on a side: outer products, transform-bound (the boundary net's 1 -> 48 layer: 4x direct-numba)
-    assert not primitive_supports("winograd", (1, 3, 3), (1, 48)) and not primitive_supports(
-        "winograd", (3, 3, 3), (28, 1)
-    )
-    assert primitive_supports("winograd", (3, 3, 3), (24, 3)) and primitive_supports("direct-numba", (1, 5, 5), (1, 28))
+    assert not primitive("winograd").supports((1, 3, 3), (1, 48))
+    assert not primitive("winograd").supports((3, 3, 3), (28, 1))
+    assert primitive("winograd").supports((3, 3, 3), (24, 3)) and primitive("direct-numba").supports((1, 5, 5), (1, 28))
     net = make_net([("conv", 4, (1, 7, 7)), ("act", "relu"), ("conv", 4, (1, 3, 3))], seed=1)
     plan = autotune(net, memory_budget=2**30, input_shape=(3, 30, 30), primitives=("winograd",), use_cache=False)
     assert [s.primitive for s in plan.steps if s.op == "conv"] == ["direct-gemm", "winograd"]

@@ -227,6 +227,7 @@ _register_pipeline()
 
 
 def main() -> None:  # console-script entry point
+    """Run the ``znni`` command line, then freeze the heap so exit skips the last garbage collection."""
     try:
         app()
     finally:

@@ -1,0 +1,1 @@
+"""Execution: a plan run on one patch (chain and graph engines), tiling and blending of patches, devices, streams."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import math
 import os
 import threading
 import time
@@ -25,12 +24,8 @@ from ..errors import PlanError
 from ..geometry.blocks import conv_blocks
 from ..layers import (
     FFTConv,
-    FFTGemmConv,
-    WinogradConv,
     apply_activation,
     arena,
-    conv_direct_gemm,
-    conv_direct_numba,
     conv_pointwise_chain,
     gather_fragment,
     max_filter_inplace,
@@ -45,65 +40,25 @@ from ..layers.xp import get_array_module
 from ..net.spec import Conv, Network, Pool
 from ..plan.memory import slab_geometry
 from ..plan.plan import Step, fuses
+from ..plan.primitives import primitive
 from .stream import stream_blocks
 
 
-def _conv_fn(step, layer: Conv, in_spatial, xp, convs):
-    prim = step.primitive
-    if prim == "fft-stream":  # no kernel cache: cheap to build
-        return FFTConv(layer.weight, layer.bias, in_spatial, threads=step.threads, mode="stream", xp=xp)
-    if prim.startswith("fft-") or prim == "winograd":
-        # kernel spectra resident for the whole run: built on the first call, reused by every
-        # pooling offset, slab, micro-batch and patch of the same shape (the plan counts them)
-        # one entry per step: a tile of another shape (a small input) replaces it, so at most
-        # one set of spectra per step is ever alive, as the memory model assumes
-        shape = tuple(int(v) for v in in_spatial)
-        hit = convs.get(step.index)
-        if hit is None or hit.in_spatial != shape:
-            convs.pop(step.index, None)
-            del hit
-            convs[step.index] = (
-                FFTGemmConv(layer.weight, layer.bias, shape, threads=step.threads, xp=xp)
-                if prim == "fft-gemm"
-                else WinogradConv(layer.weight, layer.bias, shape, threads=step.threads, xp=xp)
-                if prim == "winograd"
-                else FFTConv(layer.weight, layer.bias, shape, threads=step.threads, mode=prim[4:], xp=xp)
-            )
-        fn = convs[step.index]
-        if isinstance(fn, ResidentConv):  # set per call: the object is cached across calls and patches
-            fn.act = fused_act(step)
-        if isinstance(fn, WinogradConv):
-            fn.channels_last = False  # the graph executor sets it where the readers take it
-        return fn
-    act = fused_act(step)
-    if prim == "direct-torch":
-        if ("torch", step.index) not in convs:  # the weights stay on the device for the run
-            from ..layers.torch_conv import TorchConv
-
-            convs[("torch", step.index)] = TorchConv(layer.weight, layer.bias, xp)
-        fn = convs[("torch", step.index)]
-        fn.act = act
-        return fn
-    if xp is np:
-        w, b = layer.weight, layer.bias
-    else:  # moved to the device once per run, not per call
-        if ("w", step.index) not in convs:
-            convs[("w", step.index)] = (
-                xp.asarray(layer.weight),
-                None if layer.bias is None else xp.asarray(layer.bias),
-            )
-        w, b = convs[("w", step.index)]
-    if prim == "direct-gemm" and xp is np and math.prod(layer.kernel) == 1:
-        # as the chain engine runs 1x1x1 convs (and the time model prices them): blocks in cache,
-        # a channels-last input read in place
-        return lambda x: conv_pointwise_chain(x, [(w, b, act)], threads=step.threads)
-    if prim == "direct-gemm":
-        return lambda x: conv_direct_gemm(x, w, b, act=act)
-    if prim == "direct-numba":
-        if xp is not np:
-            raise PlanError("direct-numba is a CPU primitive; re-plan for the GPU")
-        return lambda x: conv_direct_numba(x, w, b, act=act)
-    raise PlanError(f"step {step.index}: unknown convolution primitive {prim!r}")
+def _conv_fn(step, layer: Conv, in_spatial, xp, convs, channels_last=False):
+    """The step's primitive built for ``in_spatial`` inputs (what it keeps for the run, kernel
+    transforms and weights on the device, is found in ``convs`` under the step's index), with
+    the step's fused activation; ``channels_last``: the output written channels last where
+    the primitive can."""
+    return primitive(step.primitive).build(
+        layer,
+        in_spatial,
+        xp=xp,
+        threads=step.threads,
+        act=fused_act(step),
+        channels_last=channels_last,
+        cache=convs,
+        key=step.index,
+    )
 
 
 def _run_conv(step, layer: Conv, x, xp, convs, channels_last=False):
@@ -112,9 +67,7 @@ def _run_conv(step, layer: Conv, x, xp, convs, channels_last=False):
     n, spatial = x.shape[0], tuple(x.shape[2:])
     mb = step.micro_batch or n
     tile, origins = conv_blocks(spatial, layer.kernel, step.tile)
-    fn = _conv_fn(step, layer, tile, xp, convs)
-    if channels_last and isinstance(fn, WinogradConv):
-        fn.channels_last = True
+    fn = _conv_fn(step, layer, tile, xp, convs, channels_last)
     if xp is not np and get_array_module(x) is np:  # GPU + host RAM: x lives on the host
         out = np.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), np.float32)
         ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
@@ -205,8 +158,7 @@ def _pointwise_stages(steps, layers, i, n):
         s = steps[i]
         if (
             s.op != "conv"
-            or s.primitive != "direct-gemm"
-            or math.prod(layers[s.index].kernel) != 1
+            or not primitive(s.primitive).runs_pointwise_chain(layers[s.index].kernel)
             or s.tile
             or 0 < s.micro_batch < n
         ):
@@ -227,9 +179,7 @@ def _reads_channels_last(steps, layers, i) -> bool:
         i += 1
     if i == len(steps) or steps[i].op != "conv" or steps[i].tile or steps[i].micro_batch:
         return False
-    return steps[i].primitive == "winograd" or (
-        steps[i].primitive == "direct-gemm" and math.prod(layers[steps[i].index].kernel) == 1
-    )
+    return primitive(steps[i].primitive).reads_channels_last(layers[steps[i].index].kernel)
 
 
 def _run(steps, layers, i, x, xp, convs):

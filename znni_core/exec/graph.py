@@ -19,8 +19,6 @@ elsewhere, so the tiles together equal the whole patch exactly (halos are recomp
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..errors import PlanError
@@ -31,7 +29,7 @@ from ..layers.resample import avg_pool, conv_strided, conv_transpose, interpolat
 from ..layers.xp import get_array_module
 from ..net.graph import Graph
 from ..plan.graph import _in_range, chain_after, conv_window, fuses_next, in_place_input, needed_ranges, tile_starts
-from ..plan.plan import PADS_INPUT
+from ..plan.primitives import PRIMITIVES
 from .engine import _conv_fn, _run_conv, fuse, plan_arena
 
 
@@ -78,15 +76,20 @@ def channels_last_tensors(plan, graph: Graph) -> set:
     def reads(i):  # reads a channels-last input at speed (a mixed add is checked apart)
         node, step = graph.nodes[i], steps[i]
         if node.op == "conv":  # Winograd, or a 1x1x1 conv (conv_pointwise_chain reads it in place)
-            pointwise = step.primitive == "direct-gemm" and math.prod(node.conv.kernel) == 1
-            return (step.primitive == "winograd" or pointwise) and not step.tile and not step.micro_batch
+            prim = PRIMITIVES.get(step.primitive)
+            return (
+                prim is not None
+                and prim.reads_channels_last(node.conv.kernel)
+                and not step.tile
+                and not step.micro_batch
+            )
         return keeps(node)
 
     chosen = {
         node.output
         for node, step in zip(graph.nodes, steps)
         if node.op == "conv"
-        and step.primitive == "winograd"
+        and getattr(PRIMITIVES.get(step.primitive), "writes_channels_last", False)
         and not step.tile
         and not step.micro_batch
         and node.conv.out_channels > 1
@@ -129,13 +132,11 @@ def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
         x = _take(env[name], clip_lo, clip_hi)
         low = tuple(c - r for c, r in zip(clip_lo, raw_lo))
         high = tuple(r - c for c, r in zip(clip_hi, raw_hi))
-        if (any(low) or any(high)) and step.primitive in PADS_INPUT and not step.tile and get_array_module(x) is xp:
+        pads_input = getattr(PRIMITIVES.get(step.primitive), "pads_input", False)
+        if (any(low) or any(high)) and pads_input and not step.tile and get_array_module(x) is xp:
             # zeros read in place of the padding: no padded copy
             spatial = tuple(r1 - r0 for r0, r1 in zip(raw_lo, raw_hi))
-            fn = _conv_fn(step, node.conv, spatial, xp, convs)
-            if cl:
-                fn.channels_last = True
-            return fn(contiguous(x), low=low)
+            return _conv_fn(step, node.conv, spatial, xp, convs, cl)(contiguous(x), low=low)
         x = pad(x, low, high) if any(low) or any(high) else contiguous(x)
         if step.primitive == "strided":
             return conv_strided(

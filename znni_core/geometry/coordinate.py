@@ -24,6 +24,11 @@ class Coordinate(tuple):
     __slots__ = ()
 
     def __new__(cls, *args):
+        """Build from integers or one iterable of them.
+
+        Raises ``TypeError`` for a value that is not a real number (or is a bool) and ``ValueError`` for
+        a float that is not a whole number.
+        """
         if len(args) == 1 and not isinstance(args[0], numbers.Number):
             args = tuple(args[0])
         vals = []
@@ -38,6 +43,7 @@ class Coordinate(tuple):
 
     @property
     def dims(self) -> int:
+        """The number of entries (3 for volumes)."""
         return len(self)
 
     def _other(self, other) -> tuple:
@@ -81,21 +87,27 @@ class Coordinate(tuple):
         return Coordinate(-(-a // b) for a, b in zip(self, self._other(other)))
 
     def max(self, other) -> "Coordinate":
+        """Element-wise maximum with a number or a vector of the same length."""
         return self._op(other, max)
 
     def min(self, other) -> "Coordinate":
+        """Element-wise minimum with a number or a vector of the same length."""
         return self._op(other, min)
 
     def all_le(self, other) -> bool:
+        """Whether every entry is ``<=`` the matching entry of ``other`` (a number or a vector)."""
         return all(a <= b for a, b in zip(self, self._other(other)))
 
     def all_lt(self, other) -> bool:
+        """Whether every entry is ``<`` the matching entry of ``other`` (a number or a vector)."""
         return all(a < b for a, b in zip(self, self._other(other)))
 
     def all_ge(self, other) -> bool:
+        """Whether every entry is ``>=`` the matching entry of ``other`` (a number or a vector)."""
         return all(a >= b for a, b in zip(self, self._other(other)))
 
     def prod(self) -> int:
+        """The product of the entries (a shape's voxel count; 1 for a 0-d coordinate)."""
         p = 1
         for a in self:
             p *= a
@@ -109,6 +121,7 @@ class Coordinate(tuple):
 
     @classmethod
     def from_xyz(cls, xyz) -> "Coordinate":
+        """The coordinate (z, y, x) of a vector given in cloud-volume's (x, y, z) order."""
         x, y, z = (int(v) for v in xyz)
         return cls(z, y, x)
 

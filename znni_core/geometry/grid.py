@@ -50,6 +50,10 @@ class Halo:
 
     @classmethod
     def from_field_of_view(cls, fov) -> "Halo":
+        """The halo of a field of view ``F`` (z, y, x): ``low = (F - 1) // 2``, ``high = F - 1 - low``.
+
+        Raises ``ValueError`` if ``F`` is below 1 on an axis.
+        """
         f = as_coordinate(fov, 3, "field of view")
         if any(v < 1 for v in f):
             raise ValueError(f"field of view must be >= 1 on every axis, got {tuple(f)}")
@@ -58,9 +62,11 @@ class Halo:
 
     @property
     def field_of_view(self) -> Coordinate:
+        """The field of view ``low + high + 1`` in voxels (z, y, x)."""
         return self.low + self.high + 1
 
     def read_roi(self, write_roi: Roi) -> Roi:
+        """The input ``write_roi`` needs: grown by ``low`` below and ``high`` above."""
         return write_roi.grow(self.low, self.high)
 
 
@@ -103,10 +109,12 @@ class ChunkGrid:
 
     @property
     def grid_shape(self) -> Coordinate:
+        """Chunks per axis (z, y, x), counting partial chunks at the high end."""
         return self.bounds.shape.ceil_div(self.chunk_shape)
 
     @property
     def num_chunks(self) -> int:
+        """The number of chunks in the grid."""
         return self.grid_shape.prod()
 
     def chunk_box(self, index) -> tuple[tuple, tuple]:
@@ -120,6 +128,7 @@ class ChunkGrid:
         return b, tuple(min(v + c, e) for v, c, e in zip(b, cs, end))
 
     def chunk_roi(self, index) -> Roi:
+        """The Roi of chunk ``index`` (z, y, x), clipped to the bounds; IndexError outside the grid."""
         b, e = self.chunk_box(index)
         return Roi(b, tuple(v - u for u, v in zip(b, e)))
 
@@ -163,6 +172,7 @@ class Block:
     chunks: tuple  # chunk indices (Coordinate) of the output grid, C order
 
     def to_dict(self) -> dict:
+        """The block as JSON-able plain data (see :meth:`from_dict`)."""
         return {
             "id": self.id,
             "write_roi": self.write_roi.to_dict(),
@@ -172,6 +182,7 @@ class Block:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Block":
+        """The block that :meth:`to_dict` wrote."""
         return cls(
             int(d["id"]),
             Roi.from_dict(d["write_roi"]),
@@ -261,6 +272,7 @@ class TaskGrid:
         return int((r[0] * self.shape[1] + r[1]) * self.shape[2] + r[2])
 
     def by_id(self, task_id: int) -> Block:
+        """The task with id ``task_id`` (ValueError if it is not a task of this region)."""
         return self[self.index(task_id)]
 
     def owner(self, chunk_index) -> Block:

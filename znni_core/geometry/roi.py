@@ -39,6 +39,7 @@ class Roi:
 
     @classmethod
     def from_bounds(cls, begin, end) -> "Roi":
+        """The Roi ``[begin, end)``; ValueError if ``end`` is below ``begin`` on some axis."""
         begin, end = Coordinate(begin), Coordinate(end)
         if not begin.all_le(end):
             raise ValueError(f"Roi end {tuple(end)} is below its begin {tuple(begin)} on some axis")
@@ -47,22 +48,27 @@ class Roi:
     # ---- derived -----------------------------------------------------------------
     @property
     def begin(self) -> Coordinate:
+        """The first voxel (z, y, x), the same as ``offset``."""
         return self.offset
 
     @property
     def end(self) -> Coordinate:
+        """One past the last voxel, ``offset + shape`` (z, y, x)."""
         return self.offset + self.shape
 
     @property
     def dims(self) -> int:
+        """The number of axes (3 for volumes)."""
         return len(self.offset)
 
     @property
     def size(self) -> int:
+        """The number of voxels."""
         return self.shape.prod()
 
     @property
     def empty(self) -> bool:
+        """True if some ``shape`` entry is 0."""
         return any(s == 0 for s in self.shape)
 
     # ---- relations ---------------------------------------------------------------
@@ -76,9 +82,11 @@ class Roi:
         return self.begin.all_le(c) and c.all_lt(self.end)
 
     def intersects(self, other: "Roi") -> bool:
+        """True if the two boxes share at least one voxel."""
         return not self.intersect(other).empty
 
     def intersect(self, other: "Roi") -> "Roi":
+        """The overlap of the two boxes; empty (some shape entry 0) if they are disjoint."""
         b = self.begin.max(other.begin)
         e = self.end.min(other.end).max(b)
         return Roi(b, e - b)
@@ -93,6 +101,7 @@ class Roi:
 
     # ---- new Rois ----------------------------------------------------------------
     def shift(self, by) -> "Roi":
+        """The same shape moved by ``by`` voxels (a number or a vector)."""
         return Roi(self.offset + by, self.shape)
 
     def grow(self, low, high=None) -> "Roi":
@@ -128,6 +137,7 @@ class Roi:
         return Roi(nb + origin, ne - nb)
 
     def is_aligned(self, grid, offset=0) -> bool:
+        """True if begin and end lie on multiples of ``grid`` (relative to ``offset``)."""
         return self.snap_to_grid(grid, offset, "grow") == self
 
     def to_slices(self, relative_to=None) -> tuple:
@@ -144,10 +154,12 @@ class Roi:
 
     # ---- display / serialisation ------------------------------------------------------
     def to_dict(self) -> dict:
+        """``{"offset": [...], "shape": [...]}`` as plain lists (see :meth:`from_dict`)."""
         return {"offset": list(self.offset), "shape": list(self.shape)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Roi":
+        """The Roi that :meth:`to_dict` wrote."""
         return cls(d["offset"], d["shape"])
 
     def __repr__(self):

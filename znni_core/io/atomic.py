@@ -2,7 +2,7 @@
 
 A chunk is written to a temporary name in the same directory, flushed and fsync'ed, then
 ``os.replace``'d over the final name, and the directory is fsync'ed: a reader sees the old
-bytes or the new bytes, never a torn file, whatever kills the writer (RELIABILITY T2, T10).
+bytes or the new bytes, never a torn file, whatever kills the writer (docs/reliability.md, T2, T10).
 
 Temporary names are ``.<name>.znni-tmp.<host>.<pid>.<random>``; :func:`clean_stale_temporaries`
 removes those whose writer is dead (same host) so a crash leaves nothing behind after the next
@@ -25,10 +25,12 @@ def _host() -> str:
 
 
 def temp_name(path: Path) -> Path:
+    """A fresh temporary name next to ``path``: ``.<name>.znni-tmp.<host>.<pid>.<random>``."""
     return path.with_name(f".{path.name}{TMP_MARK}{_host()}.{os.getpid()}.{secrets.token_hex(4)}")
 
 
 def fsync_dir(directory: Path) -> None:
+    """fsync ``directory`` so a rename in it is durable; does nothing where the OS refuses."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:

@@ -32,9 +32,11 @@ class ScaleSpec:
 
     @property
     def grid(self) -> ChunkGrid:
+        """The chunk grid of this scale: chunks of ``chunk_shape`` (z, y, x) over ``bounds``."""
         return ChunkGrid(self.bounds, self.chunk_shape)
 
     def to_scale(self) -> dict:
+        """This scale as an entry of the info file's ``scales`` (axes in (x, y, z) order)."""
         scale = {
             "key": self.key,
             "size": list(self.bounds.shape.xyz()),
@@ -48,6 +50,7 @@ class ScaleSpec:
         return scale
 
     def to_info(self) -> dict:
+        """A whole image-layer info file with this scale as its only one."""
         return {
             "type": "image",
             "data_type": self.dtype,
@@ -67,7 +70,7 @@ def _ints(v, n, what, where):
 
 
 def validate_info(info, where: str) -> dict:
-    """Structure and safety checks before anything reads or writes the layer (RELIABILITY T28c)."""
+    """Structure and safety checks before anything reads or writes the layer (docs/reliability.md, T28c)."""
     if not isinstance(info, dict):
         raise DataError(f"{where}: info is not a JSON object")
     if info.get("type") not in ("image", "segmentation"):
@@ -112,6 +115,7 @@ def validate_info(info, where: str) -> dict:
 
 
 def scale_spec(info: dict, mip: int, where: str) -> ScaleSpec:
+    """Scale ``mip`` of a validated info file, in (z, y, x); DataError if the layer has no such mip."""
     scales = info["scales"]
     if not isinstance(mip, int) or mip < 0 or mip >= len(scales):
         raise DataError(f"{where}: mip {mip!r} does not exist; the layer has mips 0..{len(scales) - 1}")

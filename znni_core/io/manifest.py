@@ -20,11 +20,15 @@ CHUNK_STATUSES = ("written", "empty", "masked")
 
 
 def write_manifest(path, manifest: dict) -> Path:
+    """Write ``manifest`` (plus its ``format``) atomically as JSON to ``path``; return the path.
+
+    Raises :class:`DataError` if the write fails: the task is then not marked done.
+    """
     manifest = dict(manifest, format=MANIFEST_FORMAT)
     path = Path(path)
     try:
         atomic_write(path, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
-    except OSError as exc:  # disk full, I/O error (RELIABILITY T6): no manifest, so the task is not done
+    except OSError as exc:  # disk full, I/O error (docs/reliability.md, T6): no manifest, so the task is not done
         raise DataError(
             f"manifest {path}: write failed ({exc.strerror or exc}); the task's chunks are written "
             "but it is not marked done; free space or fix the storage and re-run it"

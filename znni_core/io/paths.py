@@ -20,6 +20,8 @@ PROTOCOLS = ("file", "gs", "s3")
 
 @dataclass(frozen=True)
 class LayerURL:
+    """A parsed layer URL: format (``precomputed`` or ``zarr``), protocol, path and optional S3 endpoint."""
+
     format: str  # precomputed | zarr
     protocol: str  # file | gs | s3
     path: str  # file: absolute local path; cloud: bucket/path
@@ -27,10 +29,12 @@ class LayerURL:
 
     @property
     def is_local(self) -> bool:
+        """True for a ``file://`` layer."""
         return self.protocol == "file"
 
     @property
     def local_path(self) -> Path:
+        """The layer's local directory; ValueError for a cloud layer."""
         if not self.is_local:
             raise ValueError(f"{self} is not a local layer")
         return Path(self.path)
@@ -51,7 +55,7 @@ class LayerURL:
 def s3_alias(endpoint: str) -> str:
     """Register (once per process) a cloudfiles alias for an S3-compatible endpoint; return its name.
 
-    ``CloudVolume("s3://http://host:port/...")`` is refused (PITFALLS); an alias works.
+    ``CloudVolume("s3://http://host:port/...")`` is refused (docs/pitfalls.md); an alias works.
     """
     from cloudfiles import paths as cfpaths
 
@@ -97,7 +101,7 @@ def parse_layer_url(url: str, *, endpoint: str | None = None, what: str = "layer
 
 
 def check_key(key, what: str = "key") -> str:
-    """A scale key or chunk path inside a layer: relative, no ``..``, no backslash (RELIABILITY T28c)."""
+    """A scale key or chunk path inside a layer: relative, no ``..``, no backslash (docs/reliability.md, T28c)."""
     if not isinstance(key, str) or not key:
         raise DataError(f"{what} {key!r} must be a non-empty string")
     if key.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", key) or "\\" in key or "\x00" in key:

@@ -1,14 +1,14 @@
 """Neuroglancer precomputed layers: reading through cloud-volume, writing whole chunks ourselves.
 
-Reads use ``CloudVolume(..., parallel=1)`` (PITFALLS: ``parallel>1`` corrupted uploads and
+Reads use ``CloudVolume(..., parallel=1)`` (docs/pitfalls.md: ``parallel>1`` corrupted uploads and
 ignored endpoint aliases).  Writes bypass cloud-volume: one whole output chunk at a time, encoded
 ``raw`` (C order of (c, z, y, x) == Fortran order of cloud-volume's (x, y, z, c)), written
 atomically on ``file://`` (:func:`~znni_core.io.atomic.atomic_write`) or as one object PUT on
 ``gs://``/``s3://``, then read back and checked against its sha256.  A chunk has exactly one
-representation: writing ``name`` removes ``name.gz`` and vice versa (RELIABILITY T17).
+representation: writing ``name`` removes ``name.gz`` and vice versa (docs/reliability.md, T17).
 
 On ``s3://`` the chunk, ``info`` and ``provenance`` requests go through :mod:`znni_core.io.s3`
-(bounded retries of 5xx/throttling/resets, none of 403 and other client errors, RELIABILITY T7),
+(bounded retries of 5xx/throttling/resets, none of 403 and other client errors, docs/reliability.md, T7),
 not cloudfiles, whose fixed 7-attempt retry of every error cannot be configured.
 """
 
@@ -63,22 +63,27 @@ class PrecomputedLayer(StoredObjects):
     # ---- geometry -------------------------------------------------------------------
     @property
     def bounds(self) -> Roi:
+        """The scale's bounds in voxels (z, y, x)."""
         return self.spec.bounds
 
     @property
     def grid(self) -> ChunkGrid:
+        """The scale's chunk grid (z, y, x)."""
         return self.spec.grid
 
     @property
     def dtype(self) -> str:
+        """The layer's data type name, e.g. ``"float32"``."""
         return self.spec.dtype
 
     @property
     def channels(self) -> int:
+        """The number of channels."""
         return self.spec.channels
 
     @property
     def resolution(self) -> tuple:
+        """Voxel size in nm (z, y, x)."""
         return self.spec.resolution
 
     def chunk_name(self, index) -> str:
@@ -250,6 +255,7 @@ class PrecomputedLayer(StoredObjects):
         self.store.verify(self.chunk_name(index), digest)
 
     def read_chunk(self, index) -> np.ndarray | None:
+        """Stored chunk ``index`` as a (C, z, y, x) array, or None if absent; a wrong size is a :class:`DataError`."""
         data = self.read_chunk_bytes(index)
         if data is None:
             return None

@@ -3,7 +3,7 @@
 cloudfiles (under cloud-volume) wraps every ``S3Interface`` call in tenacity ``@retry`` (7 attempts,
 random exponential backoff 0.5-60 s, on *every* exception) on top of boto3's own retries, and offers
 no setting to change that: a permanent 403 was PUT 7 times over 20-60 s before the error surfaced
-(RELIABILITY T7).  The objects znni writes and reads itself on ``s3://`` (output chunks, ``info``,
+(docs/reliability.md, T7).  The objects znni writes and reads itself on ``s3://`` (output chunks, ``info``,
 ``provenance``) therefore go through one boto3 client per endpoint, bucket and credentials:
 
 * botocore's ``standard`` retry mode, :data:`MAX_ATTEMPTS` attempts in all: HTTP 500/502/503/504,
@@ -59,6 +59,10 @@ _lock = threading.Lock()
 
 
 def max_attempts() -> int:
+    """Attempts per S3 request, first included: ``ZNNI_S3_MAX_ATTEMPTS`` or :data:`MAX_ATTEMPTS`.
+
+    Raises :class:`~znni_core.errors.ConfigError` if the variable is set but not an integer from 1 to 20.
+    """
     v = os.environ.get("ZNNI_S3_MAX_ATTEMPTS")
     if not v:
         return MAX_ATTEMPTS
@@ -161,9 +165,11 @@ class S3Objects:
         return c
 
     def key(self, name: str) -> str:
+        """The bucket key of object ``name`` (relative to the layer)."""
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def where(self, name: str) -> str:
+        """``s3://bucket/key`` of object ``name`` (plus the endpoint, if any), for messages."""
         at = f" (endpoint {self.url.endpoint})" if self.url.endpoint else ""
         return f"s3://{self.bucket}/{self.key(name)}{at}"
 
@@ -256,7 +262,7 @@ class S3Objects:
     def get(self, name: str) -> tuple[bytes, str] | None:
         """``(body, content_encoding)`` or None if the object does not exist.
 
-        A body whose md5 differs from a single-part ETag raises :class:`DataError` (RELIABILITY T8).
+        A body whose md5 differs from a single-part ETag raises :class:`DataError` (docs/reliability.md, T8).
         """
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -297,13 +303,16 @@ class S3Objects:
         return int(r.get("ContentLength") or 0)
 
     def sizes(self, names: list[str], threads: int = 8) -> dict[str, int | None]:
+        """``{name: bytes or None}`` for each of ``names`` (HEAD requests on up to ``threads`` threads)."""
         if len(names) <= 1:
             return {n: self.size(n) for n in names}
         with ThreadPoolExecutor(max_workers=min(threads, len(names))) as ex:
             return dict(zip(names, ex.map(self.size, names)))
 
     def exists(self, name: str) -> bool:
+        """True if object ``name`` exists (one HEAD request)."""
         return self.size(name) is not None
 
     def delete(self, name: str) -> None:
+        """DELETE object ``name``; a failed request raises a :class:`~znni_core.errors.StorageError`."""
         self._call("DELETE", name, self.client.delete_object)

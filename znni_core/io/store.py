@@ -142,6 +142,10 @@ class LocalStore(ObjectStore):
         return [s for s in ALL_SUFFIXES if (self.root / (name + s)).is_file()]
 
     def get(self, name: str) -> bytes | None:
+        """The object's bytes (a ``.gz`` file gunzipped), or None if absent.
+
+        A :class:`DataError` if it is stored in more than one encoding, or in one other than raw and gzip.
+        """
         found = self._found(name)
         if not found:
             return None
@@ -174,9 +178,11 @@ class LocalStore(ObjectStore):
         return written
 
     def exists(self, name: str) -> bool:
+        """Whether ``name`` is stored under any suffix."""
         return bool(self._found(name))
 
     def sizes(self, names: list[str]) -> dict:
+        """``{name: bytes on disk, or None if absent}`` (the largest file where several encodings exist)."""
         out = {}
         for n in names:
             sizes = [(self.root / (n + s)).stat().st_size for s in self._found(n)]
@@ -184,6 +190,7 @@ class LocalStore(ObjectStore):
         return out
 
     def delete(self, name: str) -> None:
+        """Remove ``name`` under every suffix; absent is fine."""
         for s in ALL_SUFFIXES:
             (self.root / (name + s)).unlink(missing_ok=True)
 
@@ -198,9 +205,11 @@ class S3Store(ObjectStore):
         return S3Objects(self.url)
 
     def where(self, name: str) -> str:
+        """``s3://bucket/key`` of ``name`` (plus the endpoint, if any)."""
         return self._s3.where(name)
 
     def get(self, name: str) -> bytes | None:
+        """The object's bytes (a gzip Content-Encoding undone), or None if absent; others are a :class:`DataError`."""
         got = self._s3.get(name)
         if got is None:
             return None
@@ -224,12 +233,15 @@ class S3Store(ObjectStore):
         return True
 
     def exists(self, name: str) -> bool:
+        """Whether ``name`` exists (one HEAD request)."""
         return self._s3.exists(name)
 
     def sizes(self, names: list[str]) -> dict:
+        """``{name: bytes stored, or None if absent}`` (HEAD requests)."""
         return self._s3.sizes(names)
 
     def delete(self, name: str) -> None:
+        """DELETE ``name``; a failed request is a :class:`~znni_core.errors.StorageError`."""
         self._s3.delete(name)
 
 
@@ -243,6 +255,7 @@ class CloudFilesStore(ObjectStore):
         return CloudFiles(self.url.cloudpath(), progress=False)
 
     def get(self, name: str) -> bytes | None:
+        """The object's decoded bytes, or None if absent; any failure of cloudfiles is a :class:`DataError`."""
         try:
             return self._cf.get(name)
         except Exception as exc:  # e.g. an MD5 mismatch on the wire: never silent garbage
@@ -261,12 +274,15 @@ class CloudFilesStore(ObjectStore):
         return True
 
     def exists(self, name: str) -> bool:
+        """Whether ``name`` exists, as cloudfiles reports it."""
         return bool(self._cf.exists(name))
 
     def sizes(self, names: list[str]) -> dict:
+        """``{name: bytes stored, or None if absent}``, as cloudfiles reports them."""
         return self._cf.size(names)
 
     def delete(self, name: str) -> None:
+        """Delete ``name`` through cloudfiles."""
         self._cf.delete(name)
 
 

@@ -18,6 +18,7 @@ ARRAY_SUFFIXES = (".npy", ".tif", ".tiff")
 
 
 def is_array_file(path: str) -> bool:
+    """True if ``path`` names an array file (``.npy``, ``.tif``, ``.tiff``, any case) rather than a layer."""
     return str(path).lower().endswith(ARRAY_SUFFIXES)
 
 

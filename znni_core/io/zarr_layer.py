@@ -38,6 +38,13 @@ def _shard_index(path, size: int, at_end: bool):
 
 
 class ZarrLayer:
+    """A local zarr array read as an input layer, geometry in (z, y, x) voxels.
+
+    Resolution and voxel offset come from the array's attributes, else from ``resolution`` /
+    ``voxel_offset``; a :class:`DataError` if the array cannot be opened, is not 3-d or 4-d, or has no
+    resolution.
+    """
+
     def __init__(self, url: LayerURL, *, resolution=None, voxel_offset=None):
         import zarr
 
@@ -108,6 +115,11 @@ class ZarrLayer:
         return out
 
     def read(self, roi: Roi, *, fill_missing: bool = False) -> tuple[np.ndarray, list[str]]:
+        """``(C, z, y, x)`` array of ``roi`` and the names of the missing chunks (read as the fill value).
+
+        An :class:`InputError` if ``roi`` is outside the bounds; missing chunks raise :class:`DataError`
+        unless ``fill_missing``.
+        """
         if not self.bounds.contains(roi):
             raise InputError(f"read {roi} is outside the layer bounds {self.bounds} of {self.url}")
         missing = self.missing_chunks(roi)

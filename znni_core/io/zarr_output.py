@@ -250,4 +250,5 @@ class ZarrOutput(StoredObjects):
         return got, []
 
     def read_chunk(self, index) -> np.ndarray:
+        """Chunk ``index`` as a (C, z, y, x) array (absent chunks read as 0)."""
         return self.read(self.grid.chunk_roi(index))[0]

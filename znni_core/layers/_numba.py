@@ -1,6 +1,6 @@
 """Numba set-up shared by the CPU kernels (import numba only through here).
 
-PITFALLS: the default ``workqueue`` threading layer killed the process when
+docs/pitfalls.md: the default ``workqueue`` threading layer killed the process when
 dask threads called a parallel kernel, so unless the user chose a layer we ask
 for a thread-safe one (``omp`` or ``tbb``) before the first parallel launch.
 """

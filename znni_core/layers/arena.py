@@ -68,6 +68,11 @@ class Arena:
         self.hits = self.misses = 0
 
     def empty(self, shape, dtype=np.float32) -> np.ndarray:
+        """An uninitialised array of ``shape`` and ``dtype``, on a held buffer when one fits.
+
+        Requests under :data:`MIN_BYTES` or over ``cap`` get a plain ``np.empty``; the buffer returns to
+        the arena when the last array viewing it is gone.
+        """
         dtype = np.dtype(dtype)
         shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
         n = math.prod(shape) * dtype.itemsize

@@ -226,6 +226,7 @@ class FFTGemmConv(ResidentConv):
 
     @property
     def kernel_cache_bytes(self) -> int:
+        """Bytes held by the resident kernel spectra."""
         return int(self.khat.nbytes)
 
     # -- any xp (the GPU): whole-batch transforms, transposes by copy

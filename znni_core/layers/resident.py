@@ -4,6 +4,8 @@ to the CPU path, CuPy to the ``xp`` path) and the per-call buffers kept between 
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ..errors import InputError
@@ -50,6 +52,19 @@ class ResidentConv:
     def release(self):
         """Drop the per-call buffers (the kernel transform stays)."""
         self._work = None
+
+    #: whether a call can return its output channels last (:mod:`.layout`; numpy only)
+    WRITES_CHANNELS_LAST = False
+
+    def configured(self, act=None, channels_last: bool = False):
+        """This convolution with a fused activation ``act`` (``(kind, alpha)`` or None) and, where
+        :attr:`WRITES_CHANNELS_LAST`, a channels-last output: a view that shares the kernel
+        transform and has its own per-call buffers."""
+        view = copy.copy(self)
+        view.act, view.keep_buffers, view._work = act, False, None
+        if self.WRITES_CHANNELS_LAST:
+            view.channels_last = bool(channels_last)
+        return view
 
     #: whether the call takes ``low``: an input smaller than ``in_spatial``, zero-padded as it is read
     PADS_INPUT = False

@@ -22,6 +22,7 @@ verifies the fix, ``direct-torch`` is no default GPU primitive: it runs when ask
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 
 import numpy as np
@@ -34,6 +35,7 @@ F32 = 4
 
 
 def torch_available() -> bool:
+    """True if ``import torch`` succeeds."""
     try:
         import torch  # noqa: F401
     except Exception:
@@ -72,7 +74,18 @@ class TorchConv:
             stream = torch.cuda.ExternalStream(ptr, device=self.w.device)
         return torch.cuda.stream(stream)
 
+    def configured(self, act=None):
+        """This convolution with the fused activation ``act``: a view sharing the weights."""
+        view = copy.copy(self)
+        view.act = act
+        return view
+
     def __call__(self, x):
+        """``(N, C_out, z - kz + 1, y - ky + 1, x - kx + 1)`` float32 output of ``x`` (N, C_in, z, y, x).
+
+        An :class:`InputError` if ``x`` is not of the array module the layer was built for, or of the wrong
+        shape.
+        """
         xp = get_array_module(x)
         if xp is not self.xp:
             raise InputError(f"TorchConv was built for {self.xp.__name__} arrays, got a {xp.__name__} array")

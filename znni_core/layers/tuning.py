@@ -51,6 +51,7 @@ def get(name: str):
 
 
 def current() -> dict:
+    """A copy of every parameter's value in force, ``{name: value}``."""
     return dict(_VALUES)
 
 

@@ -99,6 +99,7 @@ def features_for(width: str) -> str:
 
 
 def choice_path():
+    """The JSON file of measured choices, one entry per host: ``vector_width.json`` in the cache directory."""
     return cache_dir(create=False) / CHOICE_FILE
 
 

@@ -639,6 +639,7 @@ class WinogradConv(ResidentConv):
     """
 
     PADS_INPUT = True
+    WRITES_CHANNELS_LAST = True
 
     def __init__(self, w, b, in_spatial, *, threads=1, xp=np):
         w = self._setup(w, b, in_spatial, threads, xp)
@@ -652,11 +653,12 @@ class WinogradConv(ResidentConv):
         u = np.einsum("ai,bj,ek,ocijk->abeco", tr[0][1], tr[1][1], tr[2][1], wh.astype(np.float64), optimize=True)
         self.U = xp.asarray(np.ascontiguousarray(u.reshape(self.T, self.c_in, self.c_out), np.float32))
         #: a call without ``out`` returns a channels-last array (:mod:`.layout`; numpy only);
-        #: set per call like ``act``.  The input may be channels last either way.
+        #: chosen with ``act`` by :meth:`configured`.  The input may be channels last either way.
         self.channels_last = False
 
     @property
     def kernel_cache_bytes(self) -> int:
+        """Bytes held by the resident transformed kernels ``U`` (T, C_in, C_out)."""
         return int(self.U.nbytes)
 
     # -- any xp (the GPU): tiles as a strided view, transforms as tensordots

@@ -1,4 +1,4 @@
-"""Graph networks: U-Nets and other fully convolutional DAGs (DESIGN contract 5).
+"""Graph networks: U-Nets and other fully convolutional DAGs (docs/engine.md, "Graph networks").
 
 A :class:`Graph` is a list of :class:`Node` in topological order; each node reads named
 tensors and writes one.  Tensors are ``(C, z, y, x)``.  Operators (``Node.op``):
@@ -67,6 +67,12 @@ class _Inadmissible(Exception):
 
 @dataclass(frozen=True, eq=False)
 class Node:
+    """One operator of a :class:`Graph`: reads the tensors ``inputs``, writes the tensor ``output``.
+
+    ``params`` holds the operator's parameters (see the module docstring), also read as ``node[key]``;
+    an unknown ``op`` is a :class:`~znni_core.errors.NetworkError`.
+    """
+
     op: str
     inputs: tuple
     output: str
@@ -82,10 +88,12 @@ class Node:
         return self.params[key]
 
     def get(self, key, default=None):
+        """Parameter ``key``, or ``default`` if the node has none."""
         return self.params.get(key, default)
 
     @property
     def conv(self) -> Conv:
+        """The :class:`~.spec.Conv` of a ``conv`` node (KeyError for other operators)."""
         return self.params["conv"]
 
 
@@ -219,6 +227,7 @@ class Graph:
         return {t: (self.channels[t],) + tuple(a[t] for a in per_axis) for t in per_axis[0]}
 
     def is_admissible(self, in_shape) -> bool:
+        """True if every axis of ``in_shape`` (z, y, x) is ``n_min + k * grid`` with k >= 0."""
         return all(n >= m and (n - m) % g == 0 for n, m, g in zip(in_shape, self.geometry["n_min"], self.grid))
 
     def admissible_around(self, axis: int, n: int) -> tuple[int, int]:
@@ -230,13 +239,22 @@ class Graph:
         return m + k * g, m + k * g + (0 if (n - m) % g == 0 else g)
 
     def floor_admissible(self, in_shape) -> Shape3:
+        """Per axis the largest admissible length <= ``in_shape`` (z, y, x), 0 where there is none."""
         return tuple(self.admissible_around(a, n)[0] for a, n in enumerate(in_shape))  # type: ignore[return-value]
 
     def ceil_admissible(self, in_shape) -> Shape3:
+        """Per axis the smallest admissible length >= ``in_shape`` (z, y, x)."""
         return tuple(self.admissible_around(a, n)[1] for a, n in enumerate(in_shape))  # type: ignore[return-value]
 
     @functools.cached_property
     def geometry(self) -> dict:
+        """Per axis (z, y, x): ``{"n_min", "grid", "context", "low"}``, each a 3-tuple.
+
+        ``n_min`` is the smallest admissible input length, ``grid`` the admissible step, ``context`` the
+        voxels the output loses, ``low`` the part of them below the output.  Raises
+        :class:`~znni_core.errors.NetworkError` if the output's resolution differs from the input's, no
+        length below 4096 is admissible, or the downsampling is irregular.
+        """
         n_min, context, grid, low = [], [], [], []
         for axis in range(3):
             step, origin = {self.input: Fraction(1)}, {self.input: Fraction(0)}
@@ -289,6 +307,7 @@ class Graph:
 
     @property
     def context(self) -> Shape3:
+        """Voxels lost per axis (z, y, x): an admissible input ``n`` gives ``n - context`` output voxels."""
         return self.geometry["context"]
 
     @property
@@ -298,18 +317,22 @@ class Graph:
 
     @property
     def halo(self) -> tuple[Shape3, Shape3]:
+        """(low, high) input context around the output per axis (z, y, x); ``low + high = context``."""
         low = self.geometry["low"]
         return low, tuple(c - lo for c, lo in zip(self.context, low))
 
     @property
     def pooling_product(self) -> Shape3:
+        """The translation :attr:`grid`, under the name chain networks use for it."""
         return self.grid
 
     def output_shape(self, in_shape) -> Shape3:
+        """Output shape ``in_shape - context`` (z, y, x); ``in_shape`` is not checked for admissibility."""
         return tuple(int(n) - c for n, c in zip(in_shape, self.context))  # type: ignore[return-value]
 
     @property
     def out_channels(self) -> int:
+        """Channels of the output tensor."""
         return self.channels[self.output]
 
     @functools.cached_property
@@ -327,9 +350,11 @@ class Graph:
 
     @property
     def kind(self) -> str:
+        """``"padded"`` if some node makes the output depend on the patch position, else ``"valid"``."""
         return "padded" if self.padded_by else "valid"
 
     def describe_kind(self) -> str:
+        """One sentence on the graph's kind and what it means for tiling (up to three padding nodes named)."""
         if self.kind == "valid":
             return (
                 f"valid graph: no padding, so tiles on the grid {self.grid} give exactly the whole-volume output "
@@ -345,6 +370,7 @@ class Graph:
 
     # ---- identity ---------------------------------------------------------
     def digest(self) -> str:
+        """A content hash of structure and weights (sha256 hex)."""
         return self._digest
 
     @functools.cached_property
@@ -366,6 +392,7 @@ class Graph:
         return h.hexdigest()
 
     def describe(self) -> str:
+        """One line per node (operator and its non-array parameters), then the channels in and out."""
         rows = []
         for n in self.nodes:
             if n.op == "conv":
@@ -397,6 +424,7 @@ class Graph:
 
 
 def as_shape3(value, what: str) -> Shape3:
+    """``value`` as 3 ints (z, y, x); a :class:`~znni_core.errors.NetworkError` naming ``what`` otherwise."""
     t = tuple(int(v) for v in value)
     if len(t) != 3:
         raise NetworkError(f"{what} must have 3 values (z, y, x), got {value!r}")

@@ -75,6 +75,12 @@ def _load_weights(path: Path) -> dict[str, np.ndarray]:
 
 
 def load_native(path) -> Network:
+    """Load a ``znni-network/1`` YAML spec and its weights: a :class:`Network` (``layers``) or a
+    :class:`~.graph.Graph` (``nodes``).
+
+    A spec that is not safe YAML, lacks the format, or names a missing weight or an unsupported layer
+    is a :class:`NetworkError`.
+    """
     path = Path(path)
     try:
         spec = yaml.safe_load(path.read_text())

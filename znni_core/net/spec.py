@@ -60,14 +60,17 @@ class Conv:
 
     @cached_property  # read hundreds of thousands of times while planning
     def kernel(self) -> Shape3:
+        """Kernel shape (kz, ky, kx)."""
         return tuple(int(v) for v in self.weight.shape[2:])  # type: ignore[return-value]
 
     @cached_property
     def in_channels(self) -> int:
+        """Input channels ``C_in``."""
         return int(self.weight.shape[1])
 
     @cached_property
     def out_channels(self) -> int:
+        """Output channels ``C_out``."""
         return int(self.weight.shape[0])
 
 
@@ -133,14 +136,17 @@ class Network:
     # ---- geometry -------------------------------------------------------
     @property
     def in_channels(self) -> int:
+        """Input channels of the first convolution."""
         return next(l for l in self.layers if isinstance(l, Conv)).in_channels
 
     @property
     def out_channels(self) -> int:
+        """Output channels of the last convolution."""
         return [l for l in self.layers if isinstance(l, Conv)][-1].out_channels
 
     @property
     def pools(self) -> tuple[Pool, ...]:
+        """The pooling layers, in order."""
         return tuple(l for l in self.layers if isinstance(l, Pool))
 
     @property
@@ -197,6 +203,7 @@ class Network:
         return h.hexdigest()
 
     def describe(self) -> str:
+        """One line per layer, then the field of view and the channels in and out."""
         rows = []
         for layer in self.layers:
             if isinstance(layer, Conv):

@@ -2,7 +2,7 @@
 
 :func:`load_config` checks the *form* (schema, defaults filled in); :func:`resolve` opens the
 network and the layers and refuses, before anything is scheduled, every run that cannot succeed
-(RELIABILITY T21-T24, T26, T27): it returns the *run*, a JSON-able dict every later step reads.
+(docs/reliability.md, T21-T24, T26, T27): it returns the *run*, a JSON-able dict every later step reads.
 """
 
 from __future__ import annotations
@@ -73,6 +73,10 @@ def validate_config(cfg: dict) -> dict:
 
 
 def load_config(path) -> dict:
+    """Read a config.yaml and validate it (:func:`validate_config`, defaults filled in).
+
+    A missing file or invalid YAML is a :class:`ConfigError`; an empty file is an empty config.
+    """
     path = Path(path)
     try:
         cfg = yaml.safe_load(path.read_text())
@@ -262,7 +266,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     if cfg["output"]["compression"] == "gzip" and ou.is_local and not sharding:
         raise ConfigError(
             "output.compression: gzip on a file:// layer names chunks *.gz; tensorstore and other "
-            "readers then see zeros without an error (PITFALLS). Use compression: none locally."
+            "readers then see zeros without an error (docs/pitfalls.md). Use compression: none locally."
         )
     if ou.is_local and iu.is_local and ou.local_path == iu.local_path:
         raise ConfigError(f"output.path {ou} is the input layer; choose another directory")
@@ -435,6 +439,7 @@ def _graph_plan(net, cfg, budget, threads, task_shape, region):
 
 
 def save_run(run: dict, plan, work: Path) -> Path:
+    """Save ``plan`` to ``run["plan"]["path"]`` and ``run`` atomically to ``<work>/run.json``; return that path."""
     from ..io import atomic_write
 
     work = Path(work)

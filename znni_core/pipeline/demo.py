@@ -116,6 +116,10 @@ def write_demo(out_dir, *, shape=DEMO_SHAPE, seed: int = 0, chunk=(8, 64, 64)) -
 
 
 def write_demo_config(path, data_dir, *, work_dir, output, task_chunks=(2, 2, 2), chunk=(8, 64, 64)) -> Path:
+    """Write a validated config (every key, defaults included) for the demo data in ``data_dir``; return its path.
+
+    ``chunk`` is the output chunk shape and ``task_chunks`` the task size in chunks, both (z, y, x).
+    """
     import yaml
 
     data_dir = Path(data_dir).resolve()

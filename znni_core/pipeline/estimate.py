@@ -132,6 +132,8 @@ def estimate(
 
 
 def describe(e: dict) -> str:
+    """The estimate ``e`` as aligned text lines (sizes in powers of 1000), its warnings last."""
+
     def b(n):
         for unit in ("B", "KB", "MB", "GB", "TB", "PB", "EB"):
             if n < 1000 or unit == "EB":
@@ -193,6 +195,7 @@ def masked_schedule(cfg: dict, schedule: dict, log=print) -> dict:
 
 
 def save_rate(work, e: dict) -> Path:
+    """Record ``e``'s rate (voxels/s, source, threads, device, time) in ``<work>/estimate.json``; return its path."""
     path = Path(work) / ESTIMATE_FILE
     atomic_write(
         path,

@@ -211,6 +211,13 @@ def preview(run: dict, out, path: Path) -> Path:
 
 
 def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
+    """Check every task's manifest and chunks, then append provenance and write the report; return the summary.
+
+    ``verify`` overrides ``finalize.verify`` of the run's config.  If any task is not done (masked
+    tasks excepted) nothing is written and a :class:`DataError` lists the failed tasks; otherwise the
+    layer's stale temporaries are removed and ``<work_dir>/report/`` gets ``summary.json``,
+    ``report.html`` and ``preview.png``.
+    """
     t0 = time.perf_counter()
     run = load_run(run_file)
     cfg = run["config"]
@@ -323,6 +330,9 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
 
 
 def clean_stale_temporaries_in_layer(url) -> list:
+    """Remove temporaries of dead writers on this host from a local layer's directory and its immediate
+    subdirectories; return the paths removed ([] for a cloud layer).
+    """
     if not url.is_local:
         return []
     removed = []
@@ -332,6 +342,9 @@ def clean_stale_temporaries_in_layer(url) -> list:
 
 
 def write_html(path: Path, run: dict, s: dict) -> None:
+    """Write ``report.html`` (atomically): the summary ``s`` as a table, the Neuroglancer link, the preview,
+    the network and the plan.
+    """
     rows = "".join(
         f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
         for k, v in s.items()

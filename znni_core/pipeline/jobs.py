@@ -23,6 +23,7 @@ JOB_FORMAT = "znni-job/1"
 
 
 def job_marker_path(work, job: int) -> Path:
+    """The marker job ``job`` writes last: ``<work>/jobs/NNNNNN.json`` (six digits)."""
     return Path(work) / "jobs" / f"{job:06d}.json"
 
 

@@ -153,6 +153,7 @@ def positions(doc: dict) -> list[int]:
 
 
 def mask_tasks_path(run: dict) -> Path:
+    """Where the run's live tasks are recorded: ``<work_dir>/mask_tasks.json``."""
     return Path(run["work_dir"]) / MASK_FILE
 
 

@@ -328,9 +328,11 @@ class LayerServer:
 
     @property
     def url(self) -> str:
+        """The server's base URL, ``http://host:port`` (``localhost`` given as ``127.0.0.1``)."""
         return f"http://{'127.0.0.1' if self.host in ('127.0.0.1', 'localhost') else self.host}:{self.port}"
 
     def log(self, line: str):
+        """Pass ``line`` to the ``log`` callable given at construction, if any."""
         if self._log:
             self._log(line)
 
@@ -341,9 +343,11 @@ class LayerServer:
         return self
 
     def serve_forever(self):
+        """Serve in the calling thread until interrupted (``znni serve``: Ctrl-C, then :meth:`close`)."""
         self.httpd.serve_forever()
 
     def close(self):
+        """Stop serving (if started by :meth:`start`) and close the listening socket."""
         self.stopping.set()
         self.httpd.shutdown() if self._thread else None
         self.httpd.server_close()

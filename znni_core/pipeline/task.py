@@ -86,6 +86,10 @@ def gather(inp, read_roi: Roi, edge: str, fill_missing: bool):
 
 
 def normalise(raw: np.ndarray, scale: float, shift: float, inner=None) -> np.ndarray:
+    """``raw * scale + shift`` as float32 (C, z, y, x); voxels outside the slices ``inner`` (z, y, x) are 0.0.
+
+    An :class:`InputError` if the result holds NaN or Inf.
+    """
     x = raw.astype(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         x *= np.float32(scale)
@@ -151,6 +155,10 @@ def graph_read(net, plan, region: Roi, write_roi: Roi, halo):
 
 
 def quantise(y: np.ndarray, dtype: str, chunk_name: str) -> np.ndarray:
+    """``y`` as stored: float32 unchanged, else uint8 ``round(y * 255)``.
+
+    For uint8, values outside [0, 1] (by more than 1e-6) are a :class:`DataError` naming ``chunk_name``.
+    """
     if dtype == "float32":
         return np.ascontiguousarray(y, dtype=np.float32)
     lo, hi = float(y.min()), float(y.max())
@@ -483,5 +491,6 @@ def _find_chunk(out, grid, chunk: str):
 
 
 def task_list(run: dict) -> list[dict]:
+    """Every task of the run in order, as :meth:`~znni_core.geometry.Block.to_dict` data."""
     _, _, _, tasks = run_geometry(run)
     return [b.to_dict() for b in tasks]

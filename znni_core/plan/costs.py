@@ -3,7 +3,8 @@
 The search asks a :class:`CostModel` what a convolution, its one-off kernel build, an
 element-wise pass, an activation, a pooling step and a host-device transfer cost; it never looks
 at which device the model is for.  :class:`CpuCostModel` prices from the machine's calibration
-(:mod:`.timing`), :class:`GpuCostModel` from the device's (:mod:`.gpu_timing`).  A test passes
+(:mod:`.timing`), :class:`GpuCostModel` from the device's (:mod:`.gpu_timing`); a convolution's
+price is its primitive's formula (:mod:`.primitives`).  A test passes
 its own calibration dict to either class, so what a plan test expects does not depend on the host
 it runs on.
 
@@ -21,6 +22,7 @@ from typing import Protocol
 from ..net.spec import Conv
 from . import gpu_timing as G
 from . import timing as T
+from .primitives import primitive as primitive_of
 
 
 class CostModel(Protocol):
@@ -58,11 +60,11 @@ class CpuCostModel:
 
     def conv(self, primitive, n, layer, in_spatial, micro_batch=None) -> float:
         """See :class:`CostModel`."""
-        return T.estimate_conv(primitive, n, layer, in_spatial, self.cal, micro_batch)
+        return primitive_of(primitive).cpu_seconds(self.cal, n, layer, in_spatial, micro_batch)
 
     def setup(self, primitive, layer, in_spatial) -> float:
         """See :class:`CostModel`."""
-        return T.estimate_setup(primitive, layer, in_spatial, self.cal)
+        return primitive_of(primitive).cpu_setup_seconds(self.cal, layer, in_spatial)
 
     def elementwise(self, nbytes, passes=2.0) -> float:
         """See :class:`CostModel`."""
@@ -90,11 +92,11 @@ class GpuCostModel(CpuCostModel):
 
     def conv(self, primitive, n, layer, in_spatial, micro_batch=None) -> float:
         """See :class:`CostModel`."""
-        return G.estimate_conv(primitive, n, layer, in_spatial, self.cal, micro_batch)
+        return primitive_of(primitive).gpu_seconds(self.cal, n, layer, in_spatial, micro_batch)
 
     def setup(self, primitive, layer, in_spatial) -> float:
         """See :class:`CostModel`."""
-        return G.estimate_setup(primitive, layer, in_spatial, self.cal)
+        return primitive_of(primitive).gpu_setup_seconds(self.cal, layer, in_spatial)
 
     def transfer(self, nbytes, pinned=False) -> float:
         """See :class:`CostModel`."""

@@ -19,19 +19,18 @@ import time
 
 import numpy as np
 
-from .. import layers as L
 from ..cachedir import cache_dir
 from ..layers.xp import empty_pinned
 from ..net.spec import Conv
-from . import timing as T
+from .formulas import LAUNCH_S
+from .primitives import primitive
 from .wisdom import JsonCache
 
-F32, C64 = 4, 8
 GPU_CALIBRATION_VERSION = 2
-LAUNCH_S = 1e-5  # one kernel launch and its Python dispatch
 
 
 def device_name(xp) -> str:
+    """The device's name (``simulated`` for the simulated GPU): keys its calibration and measurements."""
     if getattr(xp, "simulated", False):
         return "simulated"
     props = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)
@@ -40,6 +39,7 @@ def device_name(xp) -> str:
 
 
 def synchronize(xp) -> None:
+    """Wait for the device's queued work (before reading a timer)."""
     xp.cuda.Device().synchronize()
 
 
@@ -91,47 +91,6 @@ def calibrate_device(xp, *, refresh: bool = False) -> dict:
     return cal
 
 
-def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, micro_batch: int | None = None) -> float:
-    """Seconds for a conv layer over ``n`` fragments on the device, in micro-batches."""
-    cin, cout, k = layer.in_channels, layer.out_channels, tuple(layer.kernel)
-    out = [s - kk + 1 for s, kk in zip(in_spatial, k)]
-    calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
-    bw, gemm = cal["mem_bw"], cal["gemm_flops"]
-    flops = 2.0 * n * cin * cout * math.prod(k) * math.prod(out)
-    x_bytes, y_bytes = F32 * n * cin * math.prod(in_spatial), F32 * n * cout * math.prod(out)
-    if primitive in ("direct-gemm", "direct-torch"):
-        lowered = 2 * F32 * n * cin * math.prod(k) * math.prod(out)  # im2col written and read
-        if math.prod(k) == 1 or primitive == "direct-torch":
-            lowered = 0
-        return flops / gemm + (x_bytes + y_bytes + lowered) / bw + calls * LAUNCH_S * (1 if math.prod(k) == 1 else 8)
-    if primitive == "winograd":
-        values, macs, *_ = T.winograd_terms(n, cin, cout, in_spatial, k)
-        return 2.0 * macs / gemm + 6 * F32 * values / bw + calls * 12 * LAUNCH_S
-    if primitive in ("fft-gemm", "fft-data"):
-        tshape = L.fft_gemm_transform_shape(in_spatial, k) if primitive == "fft-gemm" else L.fft_shape(in_spatial)
-        items, v, f = L.fft_gemm_sizes(n, in_spatial, k) if primitive == "fft-gemm" else (n, math.prod(tshape), None)
-        f = f or math.prod(tshape[:2]) * (tshape[2] // 2 + 1)
-        vlog = v * math.log2(max(v, 2))
-        transforms = items * (cin + cout) * vlog * cal["fft_s_per_vlogv"]
-        macs = 8.0 * items * cin * cout * f  # complex multiply-adds, as real FLOPs
-        spectra = C64 * items * f * (2 * cin + 3 * cout)  # transposes to and from frequency-major
-        return transforms + macs / gemm + (spectra + x_bytes + 2 * y_bytes) / bw + calls * 10 * LAUNCH_S
-    raise ValueError(f"no GPU time model for primitive {primitive!r}")
-
-
-def estimate_setup(primitive: str, layer: Conv, in_spatial, cal: dict) -> float:
-    """Building resident kernel transforms on the device: a few passes over them."""
-    if primitive == "fft-gemm":
-        b = L.fft_gemm_kernel_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel)
-    elif primitive == "winograd":
-        b = L.winograd_kernel_bytes(layer.in_channels, layer.out_channels, layer.kernel, tuple(in_spatial))
-    elif primitive == "fft-data":
-        b = L.fft_kernel_cache_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial))
-    else:
-        return 0.0
-    return 4.0 * b / cal["mem_bw"] + 1e-3
-
-
 def transfer_seconds(nbytes: int, cal: dict, pinned: bool = False) -> float:
     """Host to device (or back) of ``nbytes``, from pageable or pinned host memory."""
     return nbytes / cal["h2d_pinned_bw" if pinned else "h2d_bw"] + LAUNCH_S
@@ -147,29 +106,16 @@ class DeviceMeasurements:
         self.cache = JsonCache(cache_dir() / "measure-gpu.json")
         self.prefix = f"{GPU_CALIBRATION_VERSION}|{cal['device']}"
 
-    def conv(self, primitive: str, n: int, layer: Conv, in_spatial) -> float:
-        key = (
-            f"{self.prefix}|{primitive}|{n}|{layer.in_channels}|{layer.out_channels}|{tuple(in_spatial)}|{layer.kernel}"
-        )
+    def conv(self, primitive_name: str, n: int, layer: Conv, in_spatial) -> float:
+        """Seconds of one call of ``primitive_name`` on the device (synchronised), cached."""
+        key = f"{self.prefix}|{primitive_name}|{n}|{layer.in_channels}|{layer.out_channels}|{tuple(in_spatial)}|{layer.kernel}"
         if (hit := self.cache.get(key)) is not None:
             return hit
         xp = self.xp
         x = xp.asarray(
             np.random.default_rng(0).standard_normal((n, layer.in_channels) + tuple(in_spatial), dtype=np.float32)
         )
-        w = xp.asarray(layer.weight)
-        b = None if layer.bias is None else xp.asarray(layer.bias)
-        sp = tuple(in_spatial)
-        if primitive == "direct-gemm":
-            fn = lambda v: L.conv_direct_gemm(v, w, b)  # noqa: E731
-        elif primitive == "direct-torch":
-            from ..layers.torch_conv import TorchConv
-
-            fn = TorchConv(w, b, xp)
-        elif primitive in ("fft-gemm", "winograd"):
-            fn = (L.FFTGemmConv if primitive == "fft-gemm" else L.WinogradConv)(w, b, sp, xp=xp)
-        else:
-            fn = L.FFTConv(w, b, sp, mode=primitive[4:], xp=xp)
+        fn = primitive(primitive_name).build(layer, tuple(in_spatial), xp=xp)
         t = _best_of(xp, lambda: fn(x), repeats=2)
         self.cache.put(key, t)
         return t

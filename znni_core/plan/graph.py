@@ -1,5 +1,5 @@
 """Planning a graph network: a memory walk with liveness, a primitive per convolution,
-and the patch (DESIGN contract 5).
+and the patch (docs/engine.md, "Graph networks").
 
 The walk follows ``exec/graph.py`` node by node in topological order: a tensor is alive
 from the node that writes it to its last reader (skip tensors stay counted while the
@@ -12,7 +12,6 @@ graph's patch also decides its blending, so it is fixed by ``patch_shape`` when 
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import math
 
@@ -21,13 +20,13 @@ from ..layers.epilogue import FUSABLE
 from ..layers.resample import linear_index
 from ..net.graph import Graph
 from . import memory as M
-from . import wisdom as W
-from .plan import CONV_PRIMITIVES, PADS_INPUT, Plan, Rejected, Step, fuses, primitive_supports
+from .plan import Plan, Rejected, Step, chosen_plan, fuses
+from .primitives import FALLBACK, PRIMITIVES, names
 
 ELEMENTWISE = ("add", "mul", "affine", "act")
 BLENDS = ("bump", "gaussian", "linear")
 DEFAULT_OVERLAP = 0.25  # of the patch, per axis, for padded graphs (MONAI's default)
-GRAPH_PRIMITIVES = ("direct-gemm", "direct-numba", "fft-data", "winograd")
+GRAPH_PRIMITIVES = names("cpu", graph_default=True)
 SHRINK = 0.88  # each step of the patch search shrinks the longest axis to about this
 
 
@@ -129,6 +128,7 @@ def conv_window(node, a, b):
 
 
 def tile_starts(out, tile) -> list[tuple]:
+    """The origins (z, y, x) of the output tiles of shape ``tile`` covering ``out``, in C order."""
     return list(itertools.product(*(range(0, o, t) for o, t in zip(out, tile))))
 
 
@@ -140,7 +140,7 @@ def _conv_options(node, spatial, prims, timer, threads):
 
         out = conv_strided_out_shape(spatial, conv.kernel, node["stride"])
         eff = tuple(o + k - 1 for o, k in zip(out, conv.kernel))
-        t = timer.estimate("direct-gemm", 1, conv, eff) * 1.5  # gathered, not contiguous, lowering
+        t = timer.estimate(FALLBACK, 1, conv, eff) * 1.5  # gathered, not contiguous, lowering
         return [
             (
                 t,
@@ -150,15 +150,14 @@ def _conv_options(node, spatial, prims, timer, threads):
             )
         ]
     opts = []
-    # 1x1x1: FFT never pays, and the numba loop's per-row overhead is not in its rate model
-    flat = all(k == 1 for k in conv.kernel)
+    pointwise = all(k == 1 for k in conv.kernel)
     usable = [
         p
         for p in prims
-        if primitive_supports(p, conv.kernel, (conv.in_channels, conv.out_channels))
-        and not (flat and (p.startswith("fft-") or p == "direct-numba"))
+        if PRIMITIVES[p].supports(conv.kernel, (conv.in_channels, conv.out_channels))
+        and (PRIMITIVES[p].runs_1x1x1 or not pointwise)
     ]
-    for prim in usable or ["direct-gemm"]:
+    for prim in usable or [FALLBACK]:
         t = timer.layer(prim, 1, conv, spatial, 0, 1)
         opts.append(
             (t, prim, M.conv_step_bytes(prim, 1, 0, conv, spatial, (), threads), M.resident_bytes(prim, conv, spatial))
@@ -201,7 +200,9 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
             if frugal:
                 opts = sorted(opts, key=lambda o: o[2] + o[3])
             secs, prim, step_b, res_b = opts[0]
-            if prim in PADS_INPUT:  # no padded copy: a copy of the input's part only where it is one
+            if getattr(
+                PRIMITIVES.get(prim), "pads_input", False
+            ):  # no padded copy (not `strided`): a copy of the input's part only where it is one
                 n_in = shapes[node.inputs[0]][1:]
                 part = tuple(min(n, h) - max(0, l) for n, l, h in zip(n_in, raw_lo, raw_hi))
                 pad_b = M.nbytes((src[0],) + part) if part != src[1:] else 0
@@ -278,7 +279,7 @@ def _tile_search(graph: Graph, patch, prims, timer, threads, budget, rejected):
     out = graph.output_shape(patch)
     tile = tuple(out)
     while True:
-        steps, secs, peak = walk(graph, patch, ("direct-gemm",), timer, threads, True, tile)
+        steps, secs, peak = walk(graph, patch, (FALLBACK,), timer, threads, True, tile)
         if peak <= budget:
             return steps, secs, peak, tile
         rejected.append(Rejected(f"patch {patch} in tiles {tile}", f"needs {_fmt(peak)} > budget {_fmt(budget)}"))
@@ -308,9 +309,7 @@ def autotune_graph(
     network on it), else the shape the file was exported at; the budget never changes it: a
     patch that does not fit whole runs in exact output tiles."""
 
-    prims = tuple(
-        p for p in (prims or GRAPH_PRIMITIVES) if p in CONV_PRIMITIVES and p != "fft-stream" and p != "fft-task"
-    ) or ("direct-gemm",)
+    prims = tuple(p for p in (prims or GRAPH_PRIMITIVES) if p in PRIMITIVES and PRIMITIVES[p].in_graphs) or (FALLBACK,)
     if blend not in BLENDS:
         raise PlanError(f"blend {blend!r} is not one of {BLENDS}")
     tile = ()
@@ -387,31 +386,22 @@ def autotune_graph(
             raise PlanError(f"overlap {ov} must be 3 values in [0, patch output {out})")
     else:
         ov, blend = (0, 0, 0), ""
-    return Plan(
-        network_digest=graph.digest(),
+    return chosen_plan(
+        graph,
+        patch=patch,
         device=device,
-        patch_shape=patch,
-        output_shape=graph.output_shape(patch),
-        field_of_view=graph.field_of_view,
+        effort=effort,
+        threads=threads,
+        candidates=len(fits) + len(rejected),
+        input_shape=input_shape,
+        provenance={"grid": graph.grid},
         memory_budget=budget,
         steps=tuple(steps),
         predicted_seconds=secs,
         predicted_peak_bytes=int(peak),
-        effort=effort,
-        threads=threads,
         rejected=tuple(rejected[:50]),
         kind=graph.kind,
         overlap=ov,
         blend=blend,
         tile=tile,
-        provenance={
-            "versions": W.versions(),
-            "cpu": W.cpu_model(),
-            "threads": threads,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "effort": effort,
-            "candidates": len(fits) + len(rejected),
-            "input_shape": input_shape,
-            "grid": graph.grid,
-        },
     )

@@ -15,34 +15,20 @@ from dataclasses import dataclass
 from .. import layers as L
 from ..geometry.blocks import conv_blocks
 from ..net.spec import Activation, Conv, Network, Pool
+from .primitives import primitive as primitive_of
 
 F32 = 4
 MAX_PATCH_VOXELS = 512**3  # the largest patch the planner considers
 
 
 def nbytes(shape) -> int:
+    """Bytes of a float32 array of ``shape``."""
     return F32 * math.prod(shape)
 
 
 def conv_primitive_bytes(primitive: str, n: int, layer: Conv, in_spatial, threads: int = 1) -> int:
     """Peak bytes one primitive call allocates (output + workspace, not its input)."""
-    args = (n, layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel)
-    if primitive == "direct-gemm":
-        return int(L.conv_direct_gemm_memory(*args))
-    if primitive == "direct-numba":
-        return int(L.conv_direct_numba_memory(*args))
-    if primitive == "direct-torch":
-        from ..layers.torch_conv import torch_conv_memory
-
-        return int(torch_conv_memory(*args))
-    if primitive == "fft-gemm":
-        return int(L.fft_gemm_memory(*args, threads=threads))
-    if primitive == "winograd":
-        return int(L.winograd_memory(*args, threads=threads))
-    if primitive.startswith("fft-"):
-        # resident kernel spectra are counted once for the whole run: resident_bytes
-        return int(L.fft_conv_memory(*args, mode=primitive[4:], threads=threads, cache=False))
-    raise ValueError(f"unknown convolution primitive {primitive!r}")
+    return primitive_of(primitive).call_bytes(n, layer, tuple(in_spatial), threads)
 
 
 def conv_step_bytes(primitive: str, n: int, mb: int, layer: Conv, spatial, tile=(), threads: int = 1) -> int:
@@ -91,13 +77,7 @@ def resident_bytes(primitive: str, layer: Conv, in_spatial) -> int:
     """Bytes a conv step keeps for the whole run: the kernel spectra of ``fft-data`` /
     ``fft-task`` / ``fft-gemm`` and Winograd's kernel transform (the executor builds them on
     first use and reuses them for every pooling offset, slab, micro-batch and patch)."""
-    if primitive == "winograd":
-        return int(L.winograd_kernel_bytes(layer.in_channels, layer.out_channels, layer.kernel, tuple(in_spatial)))
-    if primitive == "fft-gemm":
-        return int(L.fft_gemm_kernel_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel))
-    if primitive in ("fft-data", "fft-task"):
-        return int(L.fft_kernel_cache_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial)))
-    return 0
+    return primitive_of(primitive).resident_bytes(layer, tuple(in_spatial))
 
 
 def act_extra_bytes(kind: str, shape) -> int:
@@ -107,6 +87,8 @@ def act_extra_bytes(kind: str, shape) -> int:
 
 @dataclass
 class StepMemory:
+    """One step of the memory walk: its shapes and the live bytes at its peak."""
+
     index: int
     op: str
     in_shape: tuple
@@ -115,6 +97,8 @@ class StepMemory:
 
 
 def out_spatial(layer, spatial):
+    """The spatial shape (z, y, x) ``layer`` makes of ``spatial`` (a conv's valid output, a
+    pooling layer's windows, an activation's input)."""
     if isinstance(layer, Conv):
         return tuple(n - k + 1 for n, k in zip(spatial, layer.kernel))
     if isinstance(layer, Pool):

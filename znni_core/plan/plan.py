@@ -6,6 +6,7 @@ through JSON (``Plan.from_json(plan.to_json()) == plan``).
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
@@ -13,59 +14,24 @@ from pathlib import Path
 
 from ..errors import PlanError
 from ..layers import tuning
-from ..layers.epilogue import FUSABLE
-from ..layers.winograd import winograd_supports
+from . import wisdom as W
+from .primitives import PRIMITIVES, names
 
 PLAN_FORMAT = "znni-plan/1"
-CONV_PRIMITIVES = (
-    "direct-gemm",
-    "direct-numba",
-    "fft-data",
-    "fft-task",
-    "fft-stream",
-    "fft-gemm",
-    "winograd",
-    "direct-torch",
-)
+#: every convolution primitive's name (:data:`.primitives.PRIMITIVES`)
+CONV_PRIMITIVES = tuple(PRIMITIVES)
 #: the ones that run on the CPU (direct-torch: cuDNN through PyTorch, a GPU primitive)
-CPU_PRIMITIVES = CONV_PRIMITIVES[:-1]
-#: primitives whose kernel transforms (FFT spectra, Winograd's U) stay resident for the whole run (built once)
-RESIDENT_PRIMITIVES = ("fft-data", "fft-task", "fft-gemm", "winograd")
-
-#: primitives whose output pass applies an activation of ``layers.epilogue.FUSABLE`` (ReLU, leaky
-#: ReLU, ELU) that directly follows them (on data still in cache): the executor fuses it, the
-#: planner charges it nothing
-FUSES_ACT = ("direct-gemm", "direct-numba", "fft-gemm", "winograd", "direct-torch")
-
-
-def fuses(primitive: str, kind: str) -> bool:
-    """Whether a conv run by ``primitive`` applies an activation ``kind`` that directly follows
-    it in its own output pass (chain engine, graph executor and both planners ask this)."""
-    return primitive in FUSES_ACT and kind in FUSABLE
-
-
-#: primitives that read a zero-padded conv's input in place (``ResidentConv.PADS_INPUT``): a graph's
-#: padded convs make no padded copy for them
-PADS_INPUT = ("winograd",)
+CPU_PRIMITIVES = names("cpu")
 POOL_MODES = ("mpf", "pool", "slab")  # mpf: fragments batched; pool: one offset at a time through the rest;
 # slab (first pooling layer only): also the layers before it recomputed per offset in z-slabs (micro_batch = rows)
 
 
-# Winograd's saving is in the per-position channel products; with one channel on a side they are
-# outer products or dot products, and the transforms (more values than the direct loop touches)
-# are the whole cost: the synapse detector's 1 -> 28 (1,5,5) layer ran 90-100 ms in winograd
-# (model: 20 ms), 15-30 ms direct; the boundary net's 1 -> 48 (1,4,4) 231 ms against 56 ms in
-# direct-numba.  n337's 24 -> 3 3^3 layer still gains (152 ms against 238 ms direct-gemm).
-WINOGRAD_MIN_CHANNELS = 2
-
-
-def primitive_supports(primitive: str, kernel, channels=None) -> bool:
-    """Whether the planner considers ``primitive`` for a convolution with this kernel and
-    ``channels`` ``(C_in, C_out)`` when given (``winograd``: 1-5 on every axis, not
-    all 1, and at least WINOGRAD_MIN_CHANNELS on both sides; the others: any)."""
-    if primitive != "winograd":
-        return True
-    return winograd_supports(kernel) and (channels is None or min(channels) >= WINOGRAD_MIN_CHANNELS)
+def fuses(step_primitive: str, kind: str) -> bool:
+    """Whether a step run by ``step_primitive`` (a conv primitive, or any other step's name)
+    applies an activation ``kind`` that directly follows it in its own output pass (chain engine,
+    graph executor and both planners ask this)."""
+    p = PRIMITIVES.get(step_primitive)
+    return p is not None and p.fuses(kind)
 
 
 def _tuple(v):
@@ -104,6 +70,9 @@ class Rejected:
 
 @dataclass(frozen=True)
 class Plan:
+    """What the autotuner chose for one network, patch, device and budget, with its predictions
+    and the candidates it rejected (each with its reason)."""
+
     network_digest: str
     device: str
     patch_shape: tuple  # input patch (z, y, x)
@@ -148,27 +117,32 @@ class Plan:
     # ---- derived ----------------------------------------------------------
     @property
     def output_voxels(self) -> int:
+        """Output voxels of one patch."""
         z, y, x = self.output_shape
         return int(z * y * x)
 
     @property
     def predicted_voxels_per_s(self) -> float:
+        """Output voxels per second the time model predicts (0 when it predicts no time)."""
         return self.output_voxels / self.predicted_seconds if self.predicted_seconds > 0 else 0.0
 
     @property
     def pool_modes(self) -> tuple:
+        """Per pooling layer: ``mpf``, ``pool`` or ``slab:<rows>``."""
         return tuple(
             f"slab:{s.micro_batch}" if s.primitive == "slab" else s.primitive for s in self.steps if s.op == "pool"
         )
 
     # ---- serialisation --------------------------------------------------------
     def to_dict(self) -> dict:
+        """The plan as JSON-able data (with its predicted throughput)."""
         d = asdict(self)
         d["predicted_voxels_per_s"] = self.predicted_voxels_per_s
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
+        """The plan of :meth:`to_dict`'s data; unknown or missing fields are a :class:`PlanError`."""
         names = {f.name for f in fields(cls)}
         unknown = set(d) - names - {"predicted_voxels_per_s"}
         if unknown:
@@ -176,10 +150,12 @@ class Plan:
         return cls(**{k: v for k, v in d.items() if k in names})
 
     def to_json(self) -> str:
+        """The plan as JSON text."""
         return json.dumps(self.to_dict(), indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
+        """The plan of :meth:`to_json`'s text; invalid JSON is a :class:`PlanError`."""
         try:
             d = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -187,6 +163,7 @@ class Plan:
         return cls.from_dict(d)
 
     def save(self, path) -> Path:
+        """Write the plan to ``path`` atomically; returns the path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -196,6 +173,7 @@ class Plan:
 
     @classmethod
     def load(cls, path) -> "Plan":
+        """The plan saved at ``path``; a missing or unreadable file is a :class:`PlanError`."""
         path = Path(path)
         if not path.is_file():
             raise PlanError(f"plan file {path} does not exist; create it with `znni plan`")
@@ -216,6 +194,8 @@ class Plan:
 
     # ---- display ---------------------------------------------------------------
     def describe(self, max_rejected: int = 5) -> str:
+        """The plan as a table (per step: primitive, shapes, micro-batch, seconds, GiB), its
+        predictions and the first ``max_rejected`` rejected candidates with their reasons."""
         gib = 2**30
         lines = [
             f"plan for network {self.network_digest[:12]} on {self.device} ({self.threads} threads), effort {self.effort}"
@@ -248,3 +228,30 @@ class Plan:
             for r in self.rejected[:max_rejected]:
                 lines.append(f"  {r.candidate}: {r.reason}")
         return "\n".join(lines)
+
+
+def chosen_plan(net, *, patch, device, effort, threads, candidates, input_shape, provenance=None, **fields) -> Plan:
+    """The :class:`Plan` of ``net`` (a chain or a graph) at ``patch``: its output shape and
+    field of view from the network, and the provenance every plan records (versions, CPU,
+    threads, date, effort, how many candidates were priced, the input shape) plus
+    ``provenance``; ``fields`` are the plan's other fields (steps, predictions, ...)."""
+    return Plan(
+        network_digest=net.digest(),
+        device=device,
+        patch_shape=patch,
+        output_shape=net.output_shape(patch),
+        field_of_view=net.field_of_view,
+        effort=effort,
+        threads=threads,
+        provenance={
+            "versions": W.versions(),
+            "cpu": W.cpu_model(),
+            "threads": threads,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "effort": effort,
+            "candidates": candidates,
+            "input_shape": input_shape,
+            **(provenance or {}),
+        },
+        **fields,
+    )

@@ -11,7 +11,6 @@ Everything thrown away is kept, with its reason, in ``Plan.rejected``.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import itertools
 import math
 import os
@@ -32,7 +31,8 @@ from . import wisdom as W
 from .costs import CpuCostModel, GpuCostModel
 from .graph import autotune_graph
 from .memory import MAX_PATCH_VOXELS
-from .plan import CONV_PRIMITIVES, CPU_PRIMITIVES, RESIDENT_PRIMITIVES, Plan, Rejected, Step, fuses, primitive_supports
+from .plan import CONV_PRIMITIVES, CPU_PRIMITIVES, Plan, Rejected, Step, chosen_plan, fuses
+from .primitives import FALLBACK, PRIMITIVES, names, primitive
 
 EFFORTS = ("estimate", "measure", "exhaustive")
 DEFAULT_BUDGET_FRACTION = 0.5  # of the RAM available when planning
@@ -41,7 +41,7 @@ GIB = 2**30
 #: simulated GPU and on an H100); fft-data, winograd and direct-torch (cuDNN through PyTorch: wrong
 #: results now and then on an H100, fixed and not yet verified, layers/torch_conv.py) run on the
 #: device when asked for (``primitives=``)
-GPU_PRIMITIVES = ("direct-gemm", "fft-gemm")
+GPU_PRIMITIVES = names("gpu", gpu_default=True)
 DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the rest on the GPU, pipelined
 DEVICE_HEADROOM = 512 * 2**20  # device memory left to the CUDA context, library handles and cuFFT plans
 GPU_BUDGET_FRACTION = 0.9  # of the device memory free when planning (after the headroom)
@@ -56,13 +56,6 @@ SQUEEZES = 3  # re-decisions of a candidate with its excess over the budget kept
 #: fixed costs the rates do not see (Python, dispatch): per primitive call and per patch
 #: (tiny patches of a 1x1x1 stack: 0.08 ms per conv call, 2.8 ms per 8-step patch)
 CALL_OVERHEAD_S = 1e-4
-#: fft-gemm on overlap-save blocks ran this much slower per block than its calibrated
-#: estimate (strided pads and crops, short transforms: boundary net (1,5,5) 48 maps on
-#: 4 x 15 x 133^2, 48^2 blocks 0.075-0.10 s each against 0.054 predicted, 0.9 s in all
-#: against 0.53 s for whole planes, which the model predicts within 15%).  Not applied to
-#: the other FFT primitives: n726's first layer ran faster on 48^3 fft-task blocks
-#: (4.2 s for the net against 4.7-4.9 s with direct-gemm there)
-BLOCK_SLOWDOWN = 1.6
 PATCH_OVERHEAD_S = 1e-3
 
 
@@ -72,12 +65,14 @@ def device_headroom(total: int) -> int:
 
 
 def default_budget() -> int:
+    """The memory budget without one given: :data:`DEFAULT_BUDGET_FRACTION` of the RAM available now."""
     import psutil
 
     return int(psutil.virtual_memory().available * DEFAULT_BUDGET_FRACTION)
 
 
 def default_threads() -> int:
+    """The cores this process may run on (its CPU affinity)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
@@ -155,6 +150,7 @@ def patch_candidates(net: Network, max_voxels: int, input_shape=None, slabs: boo
 
 
 def pool_mode_candidates(n_pools: int) -> list[tuple]:
+    """The pooling-mode combinations the search tries for a net of ``n_pools`` pooling layers."""
     if n_pools <= 2:
         return list(itertools.product(("mpf", "pool"), repeat=n_pools))
     # three or more pooling layers: depth-first on a prefix, MPF after (the ZNNi choices;
@@ -211,7 +207,7 @@ class _Timer:
             )
         mb = micro_batch or n
         copy = self.model.elementwise(M.nbytes((mb, layer.in_channels) + shape), 2.0)
-        slow = BLOCK_SLOWDOWN if prim == "fft-gemm" and not measure else 1.0
+        slow = primitive(prim).block_slowdown if not measure else 1.0
         per_call = self.conv(prim, mb, layer, shape, mb, measure) * slow + copy + CALL_OVERHEAD_S
         return reps * math.ceil(n / mb) * len(origins) * per_call + self.model.setup(prim, layer, shape)
 
@@ -275,8 +271,8 @@ def _mpf_reads_channels_last(layers, decisions, i) -> bool:
     if not before or not after or before[-1] not in decisions or after[0] not in decisions:
         return False
     (prev, _, prev_tile), (nxt, _, nxt_tile) = decisions[before[-1]], decisions[after[0]]
-    pointwise = nxt == "direct-gemm" and math.prod(layers[after[0]].kernel) == 1
-    return prev == "winograd" and not prev_tile and not nxt_tile and (nxt == "winograd" or pointwise)
+    reads = primitive(nxt).reads_channels_last(layers[after[0]].kernel)
+    return primitive(prev).writes_channels_last and not prev_tile and not nxt_tile and reads
 
 
 def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=None):
@@ -293,7 +289,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
 
     def record(i, n, c, spatial, live):
         live_max[i] = max(live_max.get(i, 0), live)
-        return "direct-gemm", 1
+        return FALLBACK, 1
 
     # repeats: steps after a depth-first pool run once per offset
     repeat, reps, mode_iter = 1, {}, iter(modes)
@@ -323,26 +319,24 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
             layer = layers[i]
             room = budget - (0 if host else live_max[i]) - sum(resident.values()) - squeeze
             usable = tuple(
-                p for p in primitives if primitive_supports(p, layer.kernel, (layer.in_channels, layer.out_channels))
-            ) or ("direct-gemm",)
-            allowed = tuple(p for p in usable if not (i in no_cache and p in RESIDENT_PRIMITIVES)) or usable
+                p for p in primitives if PRIMITIVES[p].supports(layer.kernel, (layer.in_channels, layer.out_channels))
+            ) or (FALLBACK,)
+            allowed = tuple(p for p in usable if not (i in no_cache and PRIMITIVES[p].resident)) or usable
             if _flat_axis(layer.kernel, spatial):
                 # FFTConv transforms every axis: a kernel 1 deep on an axis of extent > 1 (2D
                 # kernels in 3D) pays transforms along it for nothing, and the rate model does not
                 # see it (boundary net (1,5,5) layer: fft-task 2.0 s where direct-gemm took 1.0 s);
                 # fft-gemm folds such axes into its batch (2D transforms per z slice)
-                allowed = tuple(p for p in allowed if not p.startswith("fft-") or p == "fft-gemm") or allowed
+                allowed = tuple(p for p in allowed if not PRIMITIVES[p].transforms_all_axes) or allowed
             if math.prod(layer.kernel) == 1:
-                # a 1x1x1 conv is one GEMM with no lowering in direct-gemm; the numba loop nest's
-                # per-row overhead is not in the rate model (boundary net 200 -> 1 on 256 fragments
-                # of 15 x 11^2: 0.08 s against 0.02 s, estimated the other way round)
-                allowed = tuple(p for p in allowed if p != "direct-numba") or allowed
+                # primitives.DirectNumba.runs_1x1x1: its per-row overhead is not in the rate model
+                allowed = tuple(p for p in allowed if PRIMITIVES[p].runs_1x1x1) or allowed
             key = ("ranked", i, n, tuple(spatial), reps[i], allowed, bool(host))
             ranked = timer._memo.get(key)  # every option of this layer by estimated time (shared by candidates)
             if ranked is None:
                 ranked = []
                 for prim in allowed:
-                    for tile in _fft_tiles(spatial, layer.kernel) if prim.startswith("fft-") or host else [()]:
+                    for tile in _fft_tiles(spatial, layer.kernel) if PRIMITIVES[prim].blocked or host else [()]:
                         keep = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
                         for mb in _micro_batches(n):
                             if host:
@@ -565,8 +559,17 @@ def _autotune(
     bad = [p for p in prims if p not in CONV_PRIMITIVES]
     if bad:
         raise PlanError(f"unknown primitives {bad}; choose from {CONV_PRIMITIVES}")
-    if device == "cpu" and "direct-torch" in prims:
-        raise PlanError("direct-torch (cuDNN through PyTorch) is a GPU primitive; plan with device 'gpu'")
+    on = "cpu" if device == "cpu" else "gpu"
+    elsewhere = [p for p in prims if on not in PRIMITIVES[p].devices]
+    if elsewhere:
+        raise PlanError(
+            f"primitives {elsewhere} do not run on the {on.upper()}; choose from {names(on)}"
+            + (
+                "; direct-torch (cuDNN through PyTorch) is a GPU primitive: plan with device 'gpu'"
+                if "direct-torch" in elsewhere
+                else ""
+            )
+        )
 
     graph = isinstance(net, Graph)
     if input_shape is not None:
@@ -754,32 +757,25 @@ def _autotune(
             )
         )
     rejected.sort(key=lambda r: -r.voxels_per_s)
-    plan = Plan(
-        network_digest=net.digest(),
+    plan = chosen_plan(
+        net,
+        patch=patch,
         device=device,
-        patch_shape=patch,
-        output_shape=net.output_shape(patch),
-        field_of_view=net.field_of_view,
+        effort=effort,
+        threads=threads,
+        candidates=evaluated,
+        input_shape=input_shape,
+        provenance={
+            "calibration": {k: timer.cal[k] for k in ("gemm_flops", "numba_flops", "mem_bw")},
+            **({"device": gpu_cal["device"]} if gpu_cal else {}),
+        },
         memory_budget=budget,
         steps=tuple(steps),
         predicted_seconds=secs,
         predicted_peak_bytes=int(peak),
-        effort=effort,
-        threads=threads,
         placement=placement,
         split=split,
         rejected=tuple(notes) + tuple(rejected[:50]),
-        provenance={
-            "versions": W.versions(),
-            "cpu": W.cpu_model(),
-            "threads": threads,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "effort": effort,
-            "candidates": evaluated,
-            "input_shape": input_shape,
-            "calibration": {k: timer.cal[k] for k in ("gemm_flops", "numba_flops", "mem_bw")},
-            **({"device": gpu_cal["device"]} if gpu_cal else {}),
-        },
     )
     if cache is not None:
         cache.put(ckey, plan.to_dict())

@@ -20,6 +20,8 @@ from .. import layers as L
 from ..cachedir import cache_dir
 from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.spec import Conv
+from .formulas import NUMBA_CALIBRATION_SHAPE, fft_gemm_terms, loglog, winograd_terms
+from .primitives import primitive
 from .wisdom import JsonCache, cpu_model, versions
 
 F32 = 4
@@ -33,9 +35,6 @@ CALIBRATION_VERSION = 31  # bump when the models or the calibration change (7-8:
 # 27: 1x1x1 chains on register tiles, calibrated at 24 and 48 maps; 28: blocks of 1024 voxels, OpenMP threads
 # that stop spinning soon after numba's parallel kernels; 29: direct-numba groups short rows;
 # 30: kernel parameters (layers/tuning.py) measured first, the rates under them; 31: MPF channels last
-#: (input, kernel) of the direct-conv calibration, 24 -> 24 maps (its efficiency: the model's reference)
-NUMBA_CALIBRATION_SHAPE = ((34, 34, 34), (3, 3, 3))
-DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see estimate_conv)
 
 
 def machine_key(threads: int) -> str:
@@ -233,17 +232,6 @@ _FFT_CAL = {
 }  # a second size: transforms slow down out of cache
 
 
-def _size_factor(v: float, rates: dict, part: str, mode: str | None = None) -> float:
-    """Slow-down of an FFT term at transform volume ``v`` relative to the calibration size:
-    interpolated in log(v) between the two calibrated sizes (extrapolated up to 1.5x the span; never faster than at the first size)."""
-    sf = rates.get("size")
-    if not sf:
-        return 1.0
-    f = sf[part][mode] if mode else sf[part]
-    e = math.log(v / sf["v0"]) / math.log(sf["v1"] / sf["v0"])
-    return float(f ** min(max(e, 0.0), 1.5))
-
-
 def _fft_rates(threads: int) -> dict:
     """Per-mode rates of :class:`FFTConv` on realistic shapes.
 
@@ -310,20 +298,10 @@ def _fft_rates(threads: int) -> dict:
 
 #: fft-gemm calibration: 2D transforms of 64^2 planes (16 slices), few maps (transforms) and many (products)
 _FFT_GEMM_CAL = {"shape": (16, 64, 64), "kernel": (1, 5, 5), "mixes": ((2, 4), (2, 48))}  # (N, C)
-FFT_GEMM_ROWS = 16  # items per product at and above which the calibrated GEMM rate holds
-_FFT_GEMM_COPY = 6.0  # transposes, padding and cropping, in units of log2(V) per transformed value
-
-
-def _fft_gemm_terms(n, cin, cout, in_spatial, kernel):
-    """(transform work, complex multiply-adds, items) of one fft-gemm call: ``items (C_in +
-    C_out) V (log2 V + copy)``, ``items C_in C_out F`` and the transform items (rows of
-    each frequency's product)."""
-    items, v, f = L.fft_gemm_sizes(n, in_spatial, kernel)
-    return items * (cin + cout) * v * (math.log2(max(v, 2)) + _FFT_GEMM_COPY), float(items) * cin * cout * f, items
 
 
 def _fft_gemm_rates(threads: int) -> dict:
-    """Seconds per unit of :func:`_fft_gemm_terms`: the products timed on their own (a batched
+    """Seconds per unit of :func:`.formulas.fft_gemm_terms`: the products timed on their own (a batched
     ``cgemm`` of the calibration's shape: a clean rate), the rest of a whole call at few maps
     (transforms, transposes, padding) as the transform rate; and per kernel spectrum value built."""
     rng = np.random.default_rng(0)
@@ -338,7 +316,7 @@ def _fft_gemm_rates(threads: int) -> dict:
     w = rng.standard_normal((c1, c1) + k, dtype=np.float32)
     conv = L.FFTGemmConv(w, None, sp, threads=threads)
     conv.keep_buffers = True
-    tr1, macs1, _ = _fft_gemm_terms(n1, c1, c1, sp, k)
+    tr1, macs1, _ = fft_gemm_terms(n1, c1, c1, sp, k)
     per_t = max(_best_of(lambda: conv(x)) - macs1 * per_mac, 0.0) / tr1
     w2 = rng.standard_normal((c2, c2) + k, dtype=np.float32)
     build = _best_of(lambda: L.FFTGemmConv(w2, None, sp, threads=threads), repeats=2)
@@ -365,22 +343,6 @@ _WINOGRAD_CAL = {
     "wide": (1, (16, 256, 256)),
     "narrow": (256, (4, 13, 13)),
 }
-
-
-def winograd_terms(n, cin, cout, in_spatial, kernel):
-    """(transformed values, multiply-adds, channel rows, transform positions) of one winograd
-    call: ``tiles T (C_in + C_out)``, ``tiles T C_in C_out``, ``tile rows (C_in + C_out)`` (the
-    rows are transposed channels last and back, and carry the per-row work of narrow planes)
-    and ``tiles T`` (each position's 1D transforms are calls whatever the channels: a 3^3
-    tile's 256 positions cost about 4x a (1,3,3) tile's 64, measured 9-18 ns per position both)."""
-    T, tiles, nt = L.winograd_sizes(n, in_spatial, kernel)
-    rows = tiles // nt[2]
-    return (
-        float(tiles) * T * (cin + cout),
-        float(tiles) * T * cin * cout,
-        float(rows) * (cin + cout),
-        float(tiles) * T,
-    )
 
 
 def _winograd_rates(threads: int) -> dict:
@@ -414,7 +376,7 @@ def _winograd_rates(threads: int) -> dict:
         conv.keep_buffers = conv.channels_last = True
         values, macs, rows, positions = winograd_terms(n, c, c, shape, k)
         terms.append((values, rows, positions))
-        times.append(max(_best_of(lambda: conv(x), repeats=5) - macs * _loglog(points, c), 0.0))
+        times.append(max(_best_of(lambda: conv(x), repeats=5) - macs * loglog(points, c), 0.0))
         conv.release()
     try:
         per_value, per_row, per_position = (float(v) for v in np.linalg.solve(np.array(terms), np.array(times)))
@@ -441,112 +403,8 @@ def _winograd_rates(threads: int) -> dict:
     }
 
 
-def estimate_conv(primitive: str, n: int, layer: Conv, in_spatial, cal: dict, micro_batch: int | None = None) -> float:
-    """Seconds for a conv layer over ``n`` fragments, called in micro-batches of ``micro_batch``.
-
-    ``fft-data`` / ``fft-task`` kernel spectra are resident (built once per run:
-    :func:`estimate_setup`); ``fft-stream`` transforms the kernels in every call.  The GPU's model
-    is :mod:`.gpu_timing`; :mod:`.costs` puts both behind one interface.
-    """
-    out = [s - k + 1 for s, k in zip(in_spatial, layer.kernel)]
-    cin, cout = layer.in_channels, layer.out_channels
-    flops = 2.0 * n * cin * cout * math.prod(layer.kernel) * math.prod(out)
-    if primitive in ("direct-gemm", "direct-numba"):
-        # the calibrated rates include writing a 25 MB output that stays near the cache; larger
-        # outputs pay their passes at memory bandwidth: direct-gemm writes the lowered block, the
-        # product and the output (3 passes; a 1x1x1 conv: the product in place), the numba loop
-        # the output once.  First layers (C_in = 1) of EM nets: 1 x 15 x 270^2 -> 48 maps (1,4,4)
-        # ran 15 GFLOP/s in direct-gemm against 37 in direct-numba, calibrated 53 and 45 at K = 27.
-        # direct-gemm also loops over the fragments in Python (a matmul call and its lowering per
-        # fragment: 60-80 us each, measured on 256-512 fragments of the boundary net and n337)
-        out_bytes = F32 * n * cout * math.prod(out)
-        if primitive == "direct-numba":
-            # whole blocks of 4 output channels; short rows run grouped, at a lower rate than the
-            # calibration's (n337's 24 -> 3 layer on 512 x 8^3 fragments: 4x below it)
-            eff = L.direct_numba_efficiency(cout, in_spatial, layer.kernel) / L.direct_numba_efficiency(
-                24, *NUMBA_CALIBRATION_SHAPE
-            )
-            return flops / (_direct_rate("numba", cin * math.prod(layer.kernel), cal) * eff) + out_bytes / cal["mem_bw"]
-        if math.prod(layer.kernel) == 1 and "pointwise_points" in cal:
-            # run in a chain (conv_pointwise_chain): calibrated at 24 and 48 maps (log-log between,
-            # clamped outside); memory-bound when the product is thin (200 maps -> 1)
-            rate = _loglog(cal["pointwise_points"], cin)
-            return max(flops / rate, F32 * n * (cin + cout) * math.prod(out) / cal["mem_bw"]) + n * DIRECT_ITEM_S
-        # traffic: the lowered block (C_in x kernel values per output voxel, written then read by
-        # the product), the product and the output.  Counting the lowering as one output's worth
-        # missed thin products: the detector's 28 -> 1 (1,5,5) layer (700 values lowered per
-        # voxel) ran 70 ms, modelled 8 ms
-        lowered = F32 * n * cin * math.prod(layer.kernel) * math.prod(out)
-        return (
-            flops / _direct_rate("gemm", cin * math.prod(layer.kernel), cal)
-            + (lowered + 2 * out_bytes) / cal["mem_bw"]
-            + n * DIRECT_ITEM_S
-        )
-    calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
-    if primitive == "winograd":
-        r = cal["fft"]["winograd"]
-        values, macs, rows, positions = winograd_terms(n, cin, cout, in_spatial, layer.kernel)
-        # calibrated on (1,3,3): two 1D transform passes per value each way; a 3D kernel makes three
-        # (n337's 3^3 layers: measured 1.5-1.8x the two-pass prediction)
-        passes = sum(1 for k in layer.kernel if int(k) > 1) / 2
-        return (
-            values * r["s_per_value"] * passes
-            + rows * r["s_per_row"]
-            + positions * r["s_per_position"]
-            + macs * _loglog(r["mac_points"], cin)
-            + calls * 1e-4
-        )
-    if primitive == "fft-gemm":
-        r = cal["fft"]["gemm"]
-        tr, macs, items = _fft_gemm_terms(n, cin, cout, in_spatial, layer.kernel)
-        # each frequency's product has `items` rows: below FFT_GEMM_ROWS it runs as a matrix-vector
-        # product, memory-bound on the kernel spectra (one item of a 40 x 96^2 3^3 layer: 3x slower
-        # than at the calibrated 16-32 rows), and every call streams all the spectra once
-        short = max(1.0, FFT_GEMM_ROWS / items)
-        stream = calls * L.fft_gemm_kernel_bytes(cin, cout, in_spatial, layer.kernel) / cal["mem_bw"]
-        return tr * r["s_per_transform"] + macs * r["s_per_mac"] * short + stream + (calls - 1) * 1e-4
-    r = cal["fft"][primitive[4:]]
-    v = math.prod(L.fft_shape(in_spatial))
-    vlog = v * math.log2(max(v, 2))
-    mode, rates = primitive[4:], cal["fft"]
-    t = n * (cin + cout) * vlog * r["s_per_vlogv"] + n * cin * cout * (v / 2) * r["s_per_mac"]
-    t *= _size_factor(v, rates, "call", mode)
-    t += (calls - 1) * 1e-4 * (cin + cout)  # every micro-batch pays its own transform set-up
-    if primitive == "fft-stream":
-        t += calls * cin * cout * vlog * r["s_per_kernel_vlogv"] * _size_factor(v, rates, "kernel")
-    return t
-
-
-def _direct_rate(kind: str, k: int, cal: dict) -> float:
-    """FLOP/s of a direct conv with reduction length ``k = C_in * prod(kernel)``."""
-    return _loglog(cal["direct_points"][kind], k)
-
-
-def _loglog(points, k) -> float:
-    """The value at ``k`` between two calibrated points ``[[k0, v0], [k1, v1]]``: log-log
-    interpolation, clamped outside them."""
-    (k0, r0), (k1, r1) = points
-    e = min(max(math.log(max(k, 1) / k0) / math.log(k1 / k0), 0.0), 1.0)
-    return float(r0 * (r1 / r0) ** e)
-
-
-def estimate_setup(primitive: str, layer: Conv, in_spatial, cal: dict) -> float:
-    """Seconds to build the resident kernel spectra of ``fft-data`` / ``fft-task`` /
-    ``fft-gemm`` (once per run)."""
-    if primitive == "winograd":
-        values = L.winograd_kernel_bytes(layer.in_channels, layer.out_channels, layer.kernel, tuple(in_spatial)) / F32
-        return values * cal["fft"]["winograd"]["build_s_per_value"]
-    if primitive == "fft-gemm":
-        values = L.fft_gemm_kernel_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel) / 8
-        return values * cal["fft"]["gemm"]["build_s_per_value"]
-    if primitive not in ("fft-data", "fft-task"):
-        return 0.0
-    v = math.prod(L.fft_shape(in_spatial))
-    rate = cal["fft"]["build_s_per_kernel_vlogv"] * _size_factor(v, cal["fft"], "build")
-    return layer.in_channels * layer.out_channels * v * math.log2(max(v, 2)) * rate
-
-
 def estimate_elementwise(shape_bytes: int, cal: dict, passes: float = 2.0) -> float:
+    """Seconds of ``passes`` passes over ``shape_bytes`` at the calibrated memory bandwidth."""
     return passes * shape_bytes / cal["mem_bw"]
 
 
@@ -592,34 +450,30 @@ class Measurements:
         self.threads = threads
         self.cache = JsonCache(cache_dir() / f"measure-{machine_key(threads)}.json")
 
-    def conv(self, primitive: str, n: int, layer: Conv, in_spatial) -> float:
-        key = f"{primitive}|{n}|{layer.in_channels}|{layer.out_channels}|{tuple(in_spatial)}|{layer.kernel}"
+    def conv(self, primitive_name: str, n: int, layer: Conv, in_spatial) -> float:
+        """Seconds of one call of ``primitive_name`` on ``n`` items of ``in_spatial``, timed once
+        and kept in the machine's measurement cache."""
+        key = f"{primitive_name}|{n}|{layer.in_channels}|{layer.out_channels}|{tuple(in_spatial)}|{layer.kernel}"
         if (hit := self.cache.get(key)) is not None:
             return hit
         rng = np.random.default_rng(0)
         x = rng.standard_normal((n, layer.in_channels) + tuple(in_spatial), dtype=np.float32)
-        w = layer.weight
-        if primitive == "direct-gemm":
-            fn = lambda: L.conv_direct_gemm(x, w, layer.bias)  # noqa: E731
-        elif primitive == "direct-numba":
-            fn = lambda: L.conv_direct_numba(x, w, layer.bias)  # noqa: E731
-        elif primitive in ("fft-gemm", "winograd"):
-            cls = L.FFTGemmConv if primitive == "fft-gemm" else L.WinogradConv
-            conv = cls(w, layer.bias, tuple(in_spatial), threads=self.threads)
-            fn = lambda: conv(x)  # noqa: E731
-        else:  # the call only: resident kernel spectra are built once per run (estimate_setup)
-            conv = L.FFTConv(w, layer.bias, tuple(in_spatial), threads=self.threads, mode=primitive[4:])
-            fn = lambda: conv(x)  # noqa: E731
+        # the call only: resident kernel transforms are built once per run (their setup's price)
+        conv = primitive(primitive_name).build(layer, tuple(in_spatial), threads=self.threads)
+        fn = lambda: conv(x)  # noqa: E731
         t = _best_of(fn, repeats=1)
         self.cache.put(key, t)
         return t
 
     def export(self, path) -> Path:
+        """Write this machine's measurements to ``path`` (to seed another node's cache)."""
         path = Path(path)
         path.write_text(json.dumps({"machine": machine_key(self.threads), "data": self.cache.data}, sort_keys=True))
         return path
 
     def import_(self, path) -> int:
+        """Add the measurements of :meth:`export`'s file when they are of this machine; returns
+        how many (0 for another machine or version)."""
         d = json.loads(Path(path).read_text())
         if d.get("machine") != machine_key(self.threads):
             return 0  # measurements of another machine/version do not apply
