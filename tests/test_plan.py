@@ -342,3 +342,55 @@ def test_a_net_flat_in_z_plans_thin_slabs_when_the_input_does_not_fit_one_patch(
     rate, rate_deep = (S._rate(net, p.patch_shape, p.predicted_seconds, shape) for p in (big, deep))
     # chosen only when faster (the calibration of the machine decides; on this one it is)
     assert rate > rate_deep if big.patch_shape[0] == S.SLAB_SLICES else big.patch_shape == deep.patch_shape
+
+
+def _fixed_model(scale: dict | None = None):
+    """The cost model of a stored calibration (``tests/data``), some primitives' rates scaled."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from znni_core.plan.costs import CpuCostModel
+
+    cal = json.loads((Path(__file__).parent / "data" / "calibration-zen4-2threads.json").read_text())["calibration"]
+    cal = copy.deepcopy(cal)
+    for key, factor in (scale or {}).items():  # "fft.winograd" -> every per-unit time in cal["fft"]["winograd"]
+        part = cal
+        for k in key.split("."):
+            part = part[k]
+        for k, v in part.items():
+            if k.startswith("s_per") or k == "build_s_per_value":
+                part[k] = v * factor
+            elif k == "mac_points":
+                part[k] = [[a, b * factor] for a, b in v]
+    return CpuCostModel(cal)
+
+
+def test_a_given_cost_model_plans_without_the_host(monkeypatch):
+    """With a cost model given, the planner never calibrates this host, and its choices follow the
+    model's rates: Winograd made 100x cheaper takes every layer it supports, made 100x dearer
+    none; the same model gives the same plan twice."""
+    from znni_core.errors import PlanError
+    from znni_core.plan import timing
+
+    def no_host(*a, **kw):
+        raise AssertionError("the host's calibration was used")
+
+    monkeypatch.setattr(timing, "calibrate", no_host)
+    net = make_net([("conv", 8, (1, 3, 3)), ("act", "relu"), ("conv", 8, (3, 3, 3)), ("act", "relu"), ("conv", 2, 1)])
+    shape = (12, 40, 40)
+
+    def convs(model):
+        plan = autotune(net, memory_budget=2**30, input_shape=shape, threads=2, cost_model=model)
+        return [s.primitive for s in plan.steps if s.op == "conv"], plan
+
+    cheap, plan = convs(_fixed_model({"fft.winograd": 0.01}))
+    # 1 -> 8 maps (one input channel) and the 1x1x1 conv are not Winograd's; 8 -> 8 maps 3^3 is,
+    # and it is now by far the cheapest
+    assert cheap[1] == "winograd" and cheap[0] != "winograd" and cheap[2] != "winograd", cheap
+    dear, _ = convs(_fixed_model({"fft.winograd": 100.0}))
+    assert "winograd" not in dear, dear
+    again, plan2 = convs(_fixed_model({"fft.winograd": 0.01}))
+    assert again == cheap and plan2.steps == plan.steps and plan2.patch_shape == plan.patch_shape
+    with pytest.raises(PlanError, match="estimate"):
+        autotune(net, memory_budget=2**30, input_shape=shape, effort="measure", cost_model=_fixed_model())

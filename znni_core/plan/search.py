@@ -28,7 +28,7 @@ from . import gpu_timing as G
 from . import memory as M
 from . import timing as T
 from . import wisdom as W
-from .costs import CpuCostModel, GpuCostModel
+from .costs import CostModel, CpuCostModel, GpuCostModel
 from .graph import autotune_graph
 from .memory import MAX_PATCH_VOXELS
 from .plan import CONV_PRIMITIVES, CPU_PRIMITIVES, Plan, Rejected, Step, chosen_plan, fuses
@@ -173,8 +173,8 @@ class _Timer:
     """Prices the search's candidates: the cost model's estimates, or (``effort`` measure and
     exhaustive) primitives timed on the real shapes; memoised for one search."""
 
-    def __init__(self, effort: str, threads: int, cal: dict | None = None, xp=None):
-        self.model = GpuCostModel(cal) if cal else CpuCostModel(T.calibrate(threads))
+    def __init__(self, effort: str, threads: int, cal: dict | None = None, xp=None, model: CostModel | None = None):
+        self.model = model or (GpuCostModel(cal) if cal else CpuCostModel(T.calibrate(threads)))
         self.cal = self.model.cal
         if effort == "estimate":
             self.meas = None
@@ -487,6 +487,7 @@ def autotune(
     overlap=None,
     blend: str = "bump",
     placement: str | None = None,
+    cost_model: CostModel | None = None,
 ) -> Plan:
     """Choose input patch, pool/MPF per pooling layer, primitive and micro-batch per conv layer.
 
@@ -500,6 +501,10 @@ def autotune(
     Plans are cached on disk by (network, input shape, budget, device, effort, threads,
     machine), like FFTW wisdom.  Raises :class:`MemoryBudgetError` when not even the
     smallest patch fits, naming what it needs.
+
+    ``cost_model``: price the candidates with this model (a :class:`~.costs.CpuCostModel` of a
+    given calibration) instead of this host's calibration: the same plan on any host (tests, a
+    plan made for another machine).  CPU plans by estimate only; no plan cache.
     """
     if effort not in EFFORTS:
         raise PlanError(f"effort {effort!r} is not one of {EFFORTS}")
@@ -509,7 +514,10 @@ def autotune(
         raise PlanError(f"memory budget {memory_budget!r} must be a positive number of bytes")
     # the host's kernel parameters (measured with its calibration): the search prices and sizes
     # every primitive under them, and the plan carries them to the executor
-    tuned = T.calibrate(max(1, int(threads or default_threads()))).get("tuned") or {}
+    if cost_model is not None and (device != "cpu" or effort != "estimate"):
+        raise PlanError(f"a given cost model plans device 'cpu' by effort 'estimate' (got {device!r}, {effort!r})")
+    cal = cost_model.cal if cost_model is not None else T.calibrate(max(1, int(threads or default_threads())))
+    tuned = cal.get("tuned") or {}
     with tuning.using(tuned):
         plan = _autotune(
             net,
@@ -525,6 +533,7 @@ def autotune(
             overlap=overlap,
             blend=blend,
             placement=placement,
+            cost_model=cost_model,
         )
     return plan if plan.tuning == tuned else dataclasses.replace(plan, tuning=dict(tuned))
 
@@ -544,6 +553,7 @@ def _autotune(
     overlap,
     blend,
     placement,
+    cost_model,
 ) -> Plan:
     """:func:`autotune` under the host's kernel parameters."""
     threads = int(threads or default_threads())
@@ -576,6 +586,7 @@ def _autotune(
         input_shape = tuple(int(v) for v in input_shape)
         if not graph:
             input_patch(net, input_shape)  # validates
+    use_cache = use_cache and cost_model is None
     cache = W.JsonCache(cache_dir() / "plans.json", max_entries=PLAN_CACHE_ENTRIES) if use_cache else None
     ckey = (
         f"{net.digest()}|{budget}|{device}|{placement}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|"
@@ -586,7 +597,7 @@ def _autotune(
     if cache is not None and (hit := cache.get(ckey)):
         return Plan.from_dict(hit)
 
-    timer = _Timer(effort, threads, gpu_cal, gpu_xp)
+    timer = _Timer(effort, threads, gpu_cal, gpu_xp, model=cost_model)
     if graph and device == "cpu+gpu":
         raise PlanError(
             "cpu+gpu (pipelined) plans are for max-pooling (chain) networks; plan a graph network "
