@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from .pipeline.cli import fail
+
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
@@ -26,11 +28,6 @@ def parse_bytes(text: str) -> int:
         raise typer.BadParameter(str(exc)) from None
 
 
-def _fail(exc: Exception) -> None:
-    typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(2)
-
-
 @app.command()
 def info(net: Path = typer.Argument(..., help="network (.onnx or .yaml)")):
     """Describe a network: layers, field of view, halo, digest."""
@@ -40,7 +37,7 @@ def info(net: Path = typer.Argument(..., help="network (.onnx or .yaml)")):
     try:
         n = load_network(net)
     except ZnniError as exc:
-        _fail(exc)
+        fail(exc)
     from .net.graph import Graph
 
     typer.echo(n.describe())
@@ -101,7 +98,7 @@ def plan(
             blend=blend,
         )
     except ZnniError as exc:
-        _fail(exc)
+        fail(exc)
     typer.echo(p.describe(max_rejected=rejected))
     if output:
         p.save(output)
@@ -188,7 +185,7 @@ def infer_cmd(
             endpoint=endpoint_url,
         )
     except (ZnniError, OSError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
     typer.echo(f"wrote {wrote}", err=True)
 
 
@@ -210,11 +207,11 @@ def warmup(
     from .warmup import warmup as run
 
     if any(t < 1 for t in threads):
-        _fail(ValueError(f"--threads {min(threads)}: a thread count is 1 or more"))
+        fail(ValueError(f"--threads {min(threads)}: a thread count is 1 or more"), 2)
     try:
         run(tuple(threads), tune=not no_tune, refresh=refresh, echo=lambda m: typer.echo(m, err=True))
     except (RuntimeError, OSError) as exc:
-        _fail(exc)
+        fail(exc)
 
 
 def _register_pipeline() -> None:

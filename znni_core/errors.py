@@ -8,11 +8,20 @@ from __future__ import annotations
 
 
 class ZnniError(Exception):
-    """Base class of every error znni raises on purpose."""
+    """Base class of every error znni raises on purpose.
+
+    ``exit_code``: what the CLI exits with on it: 2 for a wrong input or request (the config, a
+    network, an argument, a plan that cannot fit: fix it and re-run), 1 for a failure while
+    running (stored data missing or corrupt, storage refusing, no device).
+    """
+
+    exit_code = 1
 
 
 class NetworkError(ZnniError, ValueError):
     """A network file or spec is malformed, unsafe or uses something znni does not support."""
+
+    exit_code = 2
 
 
 class UnsupportedOperatorError(NetworkError):
@@ -22,9 +31,13 @@ class UnsupportedOperatorError(NetworkError):
 class InputError(ZnniError, ValueError):
     """An input array does not match what the network or plan expects."""
 
+    exit_code = 2
+
 
 class PlanError(ZnniError, ValueError):
     """No plan satisfies the constraints, or a plan does not fit the network/input."""
+
+    exit_code = 2
 
 
 class MemoryBudgetError(PlanError):
@@ -37,6 +50,8 @@ class DeviceError(ZnniError, RuntimeError):
 
 class ConfigError(ZnniError, ValueError):
     """The workflow configuration is invalid."""
+
+    exit_code = 2
 
 
 class DataError(ZnniError, RuntimeError):

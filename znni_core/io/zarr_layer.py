@@ -37,6 +37,21 @@ def _shard_index(path, size: int, at_end: bool):
     return [(int(a), int(b)) for a, b in v]
 
 
+def _triple(value, what: str, *, integer: bool):
+    """``value`` as 3 finite numbers (z, y, x): integers (an offset) or positive (a resolution);
+    a :class:`DataError` naming ``what`` and the value otherwise."""
+    ok = isinstance(value, (list, tuple)) and len(value) == 3
+    ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+    if ok and integer:
+        ok = all(float(v).is_integer() and abs(v) < 2**53 for v in value)
+    elif ok:
+        ok = all(0 < v < 1e12 for v in value)
+    if not ok:
+        want = "3 integers" if integer else "3 positive numbers (nm)"
+        raise DataError(f"{what} is {value!r}; it must be {want}, in (z, y, x) order")
+    return value
+
+
 class ZarrLayer:
     """A local zarr array read as an input layer, geometry in (z, y, x) voxels.
 
@@ -64,8 +79,11 @@ class ZarrLayer:
                 f"input {url}: no resolution; set input.resolution (z, y, x nm) in the config "
                 "or a 'resolution' attribute on the array"
             )
-        self.resolution = tuple(float(r) for r in res)
-        off = Coordinate(attrs.get("voxel_offset", voxel_offset if voxel_offset is not None else (0, 0, 0)))
+        src = "the array's 'resolution' attribute" if "resolution" in attrs else "input.resolution"
+        self.resolution = tuple(float(r) for r in _triple(res, f"input {url}: {src}", integer=False))
+        off = attrs.get("voxel_offset", voxel_offset if voxel_offset is not None else (0, 0, 0))
+        src = "the array's 'voxel_offset' attribute" if "voxel_offset" in attrs else "the voxel offset"
+        off = Coordinate(int(v) for v in _triple(off, f"input {url}: {src}", integer=True))
         self.bounds = Roi(off, shape[-3:])
         self.dtype = str(self.array.dtype)
         self.chunk_shape = Coordinate(self.array.chunks[-3:])
@@ -82,12 +100,14 @@ class ZarrLayer:
         lead = () if self.array.ndim == 3 else (0,)
         if self.sharded:
             return self._missing_in_shards(roi, meta, root, lead)
+        leads = [()] if self.array.ndim == 3 else [(c,) for c in range(-(-self.array.shape[0] // self.array.chunks[0]))]
         out = []
         for idx in self.grid.chunks_in(roi):
-            key = meta.encode_chunk_key(lead + tuple(idx))
-            p = root / key
-            if not p.is_file() or p.stat().st_size == 0:
-                out.append(key)
+            for lead in leads:  # every chunk of the channel axis
+                key = meta.encode_chunk_key(lead + tuple(idx))
+                p = root / key
+                if not p.is_file() or p.stat().st_size == 0:
+                    out.append(key)
         return out
 
     def _missing_in_shards(self, roi, meta, root, lead) -> list[str]:

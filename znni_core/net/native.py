@@ -74,6 +74,41 @@ def _load_weights(path: Path) -> dict[str, np.ndarray]:
     raise NetworkError(f"weights file {path}: unsupported format {suffix!r}; use .safetensors or .npz")
 
 
+#: what a wrong value in a spec raises inside the layer constructors: reported as a NetworkError
+_BAD_VALUE = (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError)
+
+
+def _short(entry) -> str:
+    """A spec entry for a message: its text, at most 200 characters."""
+    text = repr(entry)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _layer(path: Path, i: int, entry: dict, weights: dict):
+    """Layer ``i`` of a chain spec."""
+    kind = str(entry["type"]).lower()
+    name = str(entry.get("name", f"{kind}{i}"))
+    if kind == "conv":
+        key = entry.get("weight")
+        if key not in weights:
+            raise NetworkError(
+                f"{path}: layer {i} ({name}) weight key {key!r} not in the weights file (has {sorted(weights)[:8]})"
+            )
+        bkey = entry.get("bias")
+        if bkey is not None and bkey not in weights:
+            raise NetworkError(f"{path}: layer {i} ({name}) bias key {bkey!r} not in the weights file")
+        return Conv(weights[key], weights[bkey] if bkey is not None else None, name=name)
+    elif kind in ("maxpool", "pool"):
+        return Pool(entry.get("window"), name=name)
+    elif kind in ACTIVATIONS:
+        alpha = float(entry.get("alpha", _DEFAULT_ALPHA.get(kind, 0.0)))
+        return Activation(kind, alpha, name=name)
+    else:
+        raise NetworkError(
+            f"{path}: layer {i} ({name}) has unsupported type {kind!r}; use conv, maxpool or one of {ACTIVATIONS}"
+        )
+
+
 def load_native(path) -> Network:
     """Load a ``znni-network/1`` YAML spec and its weights: a :class:`Network` (``layers``) or a
     :class:`~.graph.Graph` (``nodes``).
@@ -83,7 +118,9 @@ def load_native(path) -> Network:
     """
     path = Path(path)
     try:
-        spec = yaml.safe_load(path.read_text())
+        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise NetworkError(f"{path}: not a YAML network spec (not UTF-8 text: {exc})") from None
     except yaml.YAMLError as exc:
         raise NetworkError(
             f"{path}: not a safe YAML network spec ({exc.__class__.__name__}: {exc}); "
@@ -96,7 +133,12 @@ def load_native(path) -> Network:
         )
     weights = _load_weights(path.parent / str(spec.get("weights", ""))) if spec.get("weights") else {}
     if "nodes" in spec:
-        return _load_graph(path, spec, weights)
+        if not isinstance(spec["nodes"], list):
+            raise NetworkError(f"{path}: 'nodes' must be a list of mappings, got {_short(spec['nodes'])}")
+        try:
+            return _load_graph(path, spec, weights)
+        except _BAD_VALUE as exc:
+            raise NetworkError(f"{path}: invalid graph spec ({type(exc).__name__}: {exc})") from None
     layers_spec = spec.get("layers")
     if not isinstance(layers_spec, list) or not layers_spec:
         raise NetworkError(f"{path}: 'layers' (a chain) or 'nodes' (a graph) must be a non-empty list")
@@ -104,27 +146,12 @@ def load_native(path) -> Network:
     for i, entry in enumerate(layers_spec):
         if not isinstance(entry, dict) or "type" not in entry:
             raise NetworkError(f"{path}: layer {i} must be a mapping with a 'type', got {entry!r}")
-        kind = str(entry["type"]).lower()
-        name = str(entry.get("name", f"{kind}{i}"))
-        if kind == "conv":
-            key = entry.get("weight")
-            if key not in weights:
-                raise NetworkError(
-                    f"{path}: layer {i} ({name}) weight key {key!r} not in the weights file (has {sorted(weights)[:8]})"
-                )
-            bkey = entry.get("bias")
-            if bkey is not None and bkey not in weights:
-                raise NetworkError(f"{path}: layer {i} ({name}) bias key {bkey!r} not in the weights file")
-            layers.append(Conv(weights[key], weights[bkey] if bkey is not None else None, name=name))
-        elif kind in ("maxpool", "pool"):
-            layers.append(Pool(entry.get("window"), name=name))
-        elif kind in ACTIVATIONS:
-            alpha = float(entry.get("alpha", _DEFAULT_ALPHA.get(kind, 0.0)))
-            layers.append(Activation(kind, alpha, name=name))
-        else:
+        try:
+            layers.append(_layer(path, i, entry, weights))
+        except _BAD_VALUE as exc:
             raise NetworkError(
-                f"{path}: layer {i} ({name}) has unsupported type {kind!r}; use conv, maxpool or one of {ACTIVATIONS}"
-            )
+                f"{path}: layer {i} {_short(entry)}: invalid value ({type(exc).__name__}: {exc})"
+            ) from None
     return Network(
         tuple(layers), name=str(spec.get("name", path.stem)), metadata={"source": str(path), "format": FORMAT}
     )
@@ -134,37 +161,47 @@ _ARRAYS = {"conv": ("weight", "bias"), "deconv": ("weight", "bias"), "affine": (
 _SHAPES = ("stride", "window", "scale", "low", "high")
 
 
+def _node(path: Path, i: int, entry: dict, weights: dict) -> Node:
+    """Node ``i`` of a graph spec."""
+    op, name = str(entry["op"]), str(entry.get("name", f"{entry['op']}{i}"))
+    params = {k: v for k, v in entry.items() if k not in ("op", "name", "inputs", "output")}
+    for key in _ARRAYS.get(op, ()):
+        ref = params.get(key)
+        if ref is None:
+            continue
+        if ref not in weights:
+            raise NetworkError(f"{path}: node {i} ({name}) {key} key {ref!r} is not in the weights file")
+        params[key] = np.asarray(weights[ref], np.float32)
+    for key in _SHAPES:
+        if key in params and not isinstance(params[key], np.ndarray):
+            params[key] = as_shape3(params[key], f"{path}: node {name} {key}")
+    if op == "conv":
+        if "weight" not in params:
+            raise NetworkError(f"{path}: node {i} ({name}) needs a weight")
+        params = {
+            "conv": Conv(params.pop("weight"), params.pop("bias", None), name=name),
+            "stride": params.get("stride", (1, 1, 1)),
+            "pads": tuple(as_shape3(p, f"{path}: node {name} pads") for p in params.get("pads", [[0] * 3] * 2)),
+        }
+    elif op == "act":
+        kind = str(params.get("kind"))
+        params = {"act": Activation(kind, float(params.get("alpha", _DEFAULT_ALPHA.get(kind, 0.0))), name=name)}
+    elif op == "deconv" and params.get("bias") is None:
+        params["bias"] = np.zeros(params["weight"].shape[1], np.float32)
+    return Node(op, tuple(entry.get("inputs", ())), str(entry.get("output", name)), name, params)
+
+
 def _load_graph(path: Path, spec: dict, weights: dict) -> Graph:
     nodes = []
     for i, entry in enumerate(spec["nodes"] or []):
         if not isinstance(entry, dict) or "op" not in entry:
             raise NetworkError(f"{path}: node {i} must be a mapping with an 'op', got {entry!r}")
-        op, name = str(entry["op"]), str(entry.get("name", f"{entry['op']}{i}"))
-        params = {k: v for k, v in entry.items() if k not in ("op", "name", "inputs", "output")}
-        for key in _ARRAYS.get(op, ()):
-            ref = params.get(key)
-            if ref is None:
-                continue
-            if ref not in weights:
-                raise NetworkError(f"{path}: node {i} ({name}) {key} key {ref!r} is not in the weights file")
-            params[key] = np.asarray(weights[ref], np.float32)
-        for key in _SHAPES:
-            if key in params and not isinstance(params[key], np.ndarray):
-                params[key] = as_shape3(params[key], f"{path}: node {name} {key}")
-        if op == "conv":
-            if "weight" not in params:
-                raise NetworkError(f"{path}: node {i} ({name}) needs a weight")
-            params = {
-                "conv": Conv(params.pop("weight"), params.pop("bias", None), name=name),
-                "stride": params.get("stride", (1, 1, 1)),
-                "pads": tuple(as_shape3(p, f"{path}: node {name} pads") for p in params.get("pads", [[0] * 3] * 2)),
-            }
-        elif op == "act":
-            kind = str(params.get("kind"))
-            params = {"act": Activation(kind, float(params.get("alpha", _DEFAULT_ALPHA.get(kind, 0.0))), name=name)}
-        elif op == "deconv" and params.get("bias") is None:
-            params["bias"] = np.zeros(params["weight"].shape[1], np.float32)
-        nodes.append(Node(op, tuple(entry.get("inputs", ())), str(entry.get("output", name)), name, params))
+        try:
+            nodes.append(_node(path, i, entry, weights))
+        except _BAD_VALUE as exc:
+            raise NetworkError(
+                f"{path}: node {i} {_short(entry)}: invalid value ({type(exc).__name__}: {exc})"
+            ) from None
     if not nodes:
         raise NetworkError(f"{path}: 'nodes' must be a non-empty list")
     return Graph(

@@ -12,9 +12,11 @@ import typer
 RUN_HELP = "the run file <work_dir>/run.json written by `znni validate` (or the config.yaml, mapped to it)"
 
 
-def _fail(exc: Exception, code: int = 1):
+def fail(exc: Exception, code: int | None = None):
+    """Print ``error: <message>`` (no traceback) and exit: ``code``, else the error's
+    ``exit_code`` (2: a wrong input or request; 1: a failure while running)."""
     typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(code)
+    raise typer.Exit(code if code is not None else getattr(exc, "exit_code", 1))
 
 
 def _log(msg: str) -> None:
@@ -50,11 +52,11 @@ def register(app: typer.Typer) -> None:
 
         try:
             if config_json is None and config is None:
-                _fail(ValueError("give CONFIG (config.yaml) or --config-json"), 2)
+                fail(ValueError("give CONFIG (config.yaml) or --config-json"), 2)
             cfg = validate_config(json.loads(config_json)) if config_json else load_config(config)
             run, plan = resolve(cfg, mem_mb=mem_mb, threads=threads, progress=_log)
         except ZnniError as exc:
-            _fail(exc)
+            fail(exc)
         _log(plan.describe(max_rejected=3))
         if dry_run:
             _log("dry run: nothing written")
@@ -88,7 +90,7 @@ def register(app: typer.Typer) -> None:
                 load_config(config), mem_mb=mem_mb, threads=threads, rate=rate, cores_per_node=cores_per_node, log=_log
             )
         except ZnniError as exc:
-            _fail(exc)
+            fail(exc)
         typer.echo(json.dumps(e, indent=1) if as_json else describe(e))
 
     @app.command("create-layer")
@@ -114,7 +116,7 @@ def register(app: typer.Typer) -> None:
             run = load_run(run_file)
             tasks = task_list(run)
         except ZnniError as exc:
-            _fail(exc)
+            fail(exc)
         doc = {"run_digest": run["digest"], "num_tasks": len(tasks), "tasks": tasks}
         if output:
             atomic_write(output, (json.dumps(doc, indent=1) + "\n").encode())
@@ -143,7 +145,7 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"{run_file}: the run has no mask (config key `mask`)")
             doc = scan(ctx.tasks, ctx.mask, log=_log) | {"run_digest": ctx.run["digest"]}
         except ZnniError as exc:
-            _fail(exc)
+            fail(exc)
         path = output or mask_tasks_path(ctx.run)
         atomic_write(path, (json.dumps(doc, separators=(",", ":")) + "\n").encode())
         _log(
@@ -174,7 +176,7 @@ def register(app: typer.Typer) -> None:
         from .task import run_task
 
         if (task is None) == (chunk is None):
-            _fail(ValueError("give exactly one of --task or --chunk"), 2)
+            fail(ValueError("give exactly one of --task or --chunk"), 2)
         try:
             run = load_run(run_file)
             if mem_mb is not None:
@@ -182,7 +184,7 @@ def register(app: typer.Typer) -> None:
             with claimed_gpu(run["config"]["device"]):
                 run_task(run_file, task, chunk=chunk, show_progress=progress, log=_log)
         except ZnniError as exc:
-            _fail(exc)
+            fail(exc)
         _log("in a workflow: `snakemake ... --forcerun finalize` re-checks every task and refreshes the report")
 
     @app.command("run-job")
@@ -229,7 +231,7 @@ def register(app: typer.Typer) -> None:
                     overlap=overlap,
                 )
         except ZnniError as exc:
-            _fail(exc)
+            fail(exc)
 
     @app.command("finalize")
     def finalize_cmd(
@@ -243,7 +245,7 @@ def register(app: typer.Typer) -> None:
         try:
             s = finalize(run_file, verify=verify, log=_log)
         except ZnniError as exc:
-            _fail(exc)
+            fail(exc)
         typer.echo(f"output:      {s['output']}")
         typer.echo(f"report:      {Path(s['preview']).with_name('report.html')}")
         typer.echo(f"preview:     {s['preview']}")
@@ -273,7 +275,7 @@ def register(app: typer.Typer) -> None:
             else:
                 build_pyramid(load_run(run_file), log=_log)
         except ZnniError as exc:
-            _fail(exc)
+            fail(exc)
 
     @app.command("status")
     def status_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP)):
@@ -286,7 +288,7 @@ def register(app: typer.Typer) -> None:
             run = load_run(run_file)
             _, _, _, blocks = run_geometry(run)
         except ZnniError as exc:
-            _fail(exc)
+            fail(exc)
         todo = [b.id for b in blocks if not manifest_path(run, b.id).is_file()]
         typer.echo(
             f"{len(blocks) - len(todo)} of {len(blocks)} tasks done; not done: {todo[:50]}"
@@ -351,7 +353,7 @@ def register(app: typer.Typer) -> None:
                 )
             srv = LayerServer(layers, host=host, port=port, allow_origins=allow_origin, log=_log)
         except (ZnniError, OSError) as exc:
-            _fail(exc)
+            fail(exc)
         for name, d in srv.layers.items():
             _log(f"layer {name}: {d} -> {srv.url}/layers/{name}")
         _log(f"viewer: {srv.url}/" if srv.viewer else "viewer: not installed (pip install neuroglancer); layers only")
@@ -388,7 +390,7 @@ def _create_output_layer(run_file: Path, marker: Optional[Path]) -> None:
         }
         state = create_layer(url, output_specs(run), prov)
     except ZnniError as exc:
-        _fail(exc)
+        fail(exc)
     _log(f"output layer {url}: {state}")
     if marker:
         atomic_write(

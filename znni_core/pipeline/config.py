@@ -12,6 +12,7 @@ import datetime
 import functools
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -55,11 +56,28 @@ def _validator():
     return cls(schema())
 
 
+def _non_finite(obj, path="") -> list:
+    """``[(dotted key, value)]`` of the NaN and infinite numbers in a config (YAML reads ``.nan``
+    and ``.inf``; JSON schema bounds never refuse a NaN)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return [(path or "<top>", obj)]
+    if isinstance(obj, dict):
+        return [b for k, v in obj.items() for b in _non_finite(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(obj, list):
+        return [b for i, v in enumerate(obj) for b in _non_finite(v, f"{path}[{i}]")]
+    return []
+
+
 def validate_config(cfg: dict) -> dict:
     """Schema check with defaults filled in; :class:`ConfigError` lists every problem with its key."""
     if not isinstance(cfg, dict):
         raise ConfigError(f"the configuration must be a mapping, got {type(cfg).__name__}")
     cfg = copy.deepcopy(cfg)
+    bad = _non_finite(cfg)
+    if bad:
+        raise ConfigError(
+            "invalid configuration: " + ", ".join(f"{k} is {v}" for k, v in bad) + "; every number must be finite"
+        )
     v = _validator()
     errors = sorted(v.iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:

@@ -1,0 +1,326 @@
+"""Bad input, generated (hypothesis): configs, precomputed ``info`` files, zarr attributes and
+network specs with wrong, huge, negative, NaN, missing or mistyped values.
+
+Each must either be accepted or refused with a :class:`~znni_core.errors.ZnniError` (the CLI's
+clear error, exit 2) whose message names the offending key or value; any other exception is a
+traceback in the CLI and fails the test.  Nothing may be written to the output layer.  Each test
+prints how many cases it ran and how many were refused (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from znni_core.errors import ZnniError
+
+BAD_VALUES = [
+    None,
+    True,
+    -1,
+    0,
+    2**63,
+    10**400,
+    float("nan"),
+    float("inf"),
+    -1e300,
+    "",
+    "x",
+    "1e400",
+    "../../etc",
+    "s3://",
+    [],
+    [1],
+    [-1, 0, 10**12],
+    [1.5, "a", None],
+    {},
+    {"a": 1},
+    "a" * 5000,
+]
+SETTINGS = settings(
+    max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None
+)
+
+
+def _paths(obj, prefix=()):
+    """Every key path of a nested dict (leaves and inner objects)."""
+    out = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.append(prefix + (k,))
+            out += _paths(v, prefix + (k,))
+    return out
+
+
+def _mutate(obj, path, value, delete=False):
+    """A deep copy of ``obj`` with ``path`` set to ``value`` (or deleted)."""
+    obj = copy.deepcopy(obj)
+    d = obj
+    for k in path[:-1]:
+        d = d[k]
+    if delete:
+        d.pop(path[-1], None)
+    else:
+        d[path[-1]] = value
+    return obj
+
+
+def _named(msg: str, path, value) -> bool:
+    """Whether an error message names the key (its dotted path or last part) or the value."""
+    texts = {".".join(map(str, path)), str(path[-1])}
+    if value is not None and not isinstance(value, (dict, list, bool)):
+        texts.add(str(value)[:40])
+    return any(t and t in msg for t in texts)
+
+
+class Tally:
+    """Cases run and refused, printed at the end of a test."""
+
+    def __init__(self, what):
+        self.what, self.ran, self.refused = what, 0, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        print(f"\n{self.what}: {self.ran} cases, {self.refused} refused with a clear error")
+        return False
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from znni_core.pipeline.demo import write_demo, write_demo_config
+
+    d = tmp_path_factory.mktemp("fuzz")
+    write_demo(d / "data", shape=(16, 64, 64), chunk=(8, 32, 32))
+    write_demo_config(
+        d / "c.yaml",
+        d / "data",
+        work_dir=d / "work",
+        output=f"file://{d}/out",
+        task_chunks=(1, 2, 2),
+        chunk=(8, 32, 32),
+    )
+    return d, yaml.safe_load((d / "c.yaml").read_text())
+
+
+CONFIG_KEYS = st.sampled_from(
+    [
+        ("input", "mip"),
+        ("input", "dtype"),
+        ("input", "resolution"),
+        ("input", "missing"),
+        ("input", "endpoint_url"),
+        ("normalize", "scale"),
+        ("normalize", "shift"),
+        ("output", "dtype"),
+        ("output", "chunk_size"),
+        ("output", "encoding"),
+        ("output", "compression"),
+        ("output", "sharding"),
+        ("output", "shard_bytes"),
+        ("output", "scale_key"),
+        ("task_chunks",),
+        ("edge",),
+        ("region",),
+        ("downsample", "mips"),
+        ("downsample", "factor"),
+        ("jobs", "tasks_per_job"),
+        ("jobs", "minutes"),
+        ("jobs", "max_jobs"),
+        ("jobs", "voxels_per_second"),
+        ("device",),
+        ("plan", "effort"),
+        ("plan", "memory_fraction"),
+        ("plan", "gpu_memory"),
+        ("blend", "overlap"),
+        ("blend", "patch_shape"),
+        ("finalize", "serve_port"),
+        ("network", "resolution"),
+    ]
+)
+
+
+def test_fuzzed_configs_are_accepted_or_refused_clearly(demo):
+    from znni_core.pipeline.config import resolve
+
+    d, base = demo
+    with Tally("configs") as tally:
+
+        @SETTINGS
+        @given(path=CONFIG_KEYS, value=st.sampled_from(BAD_VALUES), delete=st.booleans())
+        def case(path, value, delete):
+            cfg = _mutate(base, path, value, delete=delete)
+            tally.ran += 1
+            non_finite = isinstance(value, float) and not math.isfinite(value) and not delete
+            try:
+                resolve(cfg, progress=lambda *a: None)
+                assert not non_finite, f"{path}={value!r} accepted"
+            except ZnniError as exc:
+                tally.refused += 1
+                msg = str(exc)
+                assert msg.strip(), (path, value)
+                assert delete or _named(msg, path, value), f"{path}={value!r}: the message names neither: {msg}"
+            assert not (d / "out").exists(), "resolve wrote the output layer"
+
+        case()
+        assert tally.refused > tally.ran // 3
+
+
+def _info(d):
+    return json.loads((d / "data" / "em" / "info").read_text())
+
+
+def test_fuzzed_info_files_are_accepted_or_refused_clearly(demo, tmp_path):
+    from znni_core.io import PrecomputedLayer, parse_layer_url
+
+    d, _ = demo
+    base = _info(d)
+    layer = tmp_path / "em"
+    layer.mkdir()
+    url = parse_layer_url(f"file://{layer}", what="input")
+    keys = [p for p in _paths(base) if p[0] != "scales"] + [
+        ("scales", 0, k) for k in ("chunk_sizes", "encoding", "key", "resolution", "size", "voxel_offset")
+    ]
+    with Tally("info files") as tally:
+
+        @SETTINGS
+        @given(path=st.sampled_from(keys), value=st.sampled_from(BAD_VALUES), delete=st.booleans())
+        def case(path, value, delete):
+            info = copy.deepcopy(base)
+            target = info
+            for k in path[:-1]:
+                target = target[k]
+            if delete:
+                target.pop(path[-1], None)
+            else:
+                target[path[-1]] = value
+            (layer / "info").write_text(json.dumps(info))  # NaN and Infinity as Python's json writes them
+            tally.ran += 1
+            try:
+                lay = PrecomputedLayer(url)
+                lay.bounds, lay.grid, lay.dtype  # noqa: B018 (the geometry must be usable)
+            except ZnniError as exc:
+                tally.refused += 1
+                assert delete or _named(str(exc), path, value), f"{path}={value!r}: {exc}"
+
+        case()
+        assert tally.refused > tally.ran // 3
+
+
+def test_fuzzed_zarr_attributes_are_accepted_or_refused_clearly(tmp_path):
+    import zarr
+
+    from znni_core.io import ZarrLayer, parse_layer_url
+
+    path = tmp_path / "in.zarr"
+    arr = zarr.create_array(str(path), shape=(8, 16, 16), chunks=(4, 8, 8), dtype="uint8", zarr_format=3)
+    arr[...] = 7
+    arr.attrs.update({"resolution": [40.0, 4.0, 4.0], "voxel_offset": [0, 0, 0]})
+    meta_path = path / "zarr.json"
+    base = json.loads(meta_path.read_text())
+    url = parse_layer_url(f"file://{path}", what="input")
+    with Tally("zarr attributes") as tally:
+
+        @SETTINGS
+        @given(key=st.sampled_from(["resolution", "voxel_offset"]), value=st.sampled_from(BAD_VALUES))
+        def case(key, value):
+            meta = copy.deepcopy(base)
+            meta.setdefault("attributes", {})[key] = value
+            meta_path.write_text(json.dumps(meta))
+            tally.ran += 1
+            try:
+                layer = ZarrLayer(url)
+                layer.bounds, layer.resolution  # noqa: B018
+                if not (isinstance(value, list) and len(value) == 3):
+                    raise AssertionError(f"{key}={value!r} accepted")
+            except ZnniError as exc:
+                tally.refused += 1
+                assert key in str(exc), f"{key}={value!r}: {exc}"
+
+        case()
+        assert tally.refused > tally.ran // 2
+
+
+def test_fuzzed_network_specs_are_accepted_or_refused_clearly(demo, tmp_path):
+    import shutil
+
+    from znni_core import load_network
+
+    d, _ = demo
+    shutil.copy(d / "data" / "net.safetensors", tmp_path / "net.safetensors")
+    base = yaml.safe_load((d / "data" / "net.yaml").read_text())
+    keys = [("format",), ("name",), ("weights",), ("layers",)] + [
+        ("layers", i, k) for i, layer in enumerate(base["layers"]) for k in layer
+    ]
+    with Tally("network specs") as tally:
+
+        @SETTINGS
+        @given(path=st.sampled_from(keys), value=st.sampled_from(BAD_VALUES), delete=st.booleans())
+        def case(path, value, delete):
+            spec = copy.deepcopy(base)
+            target = spec
+            for k in path[:-1]:
+                target = target[k]
+            if delete:
+                target.pop(path[-1], None) if isinstance(target, dict) else None
+            else:
+                target[path[-1]] = value
+            f = tmp_path / "net.yaml"
+            f.write_text(yaml.safe_dump(spec))
+            tally.ran += 1
+            try:
+                net = load_network(f)
+                assert all(math.isfinite(float(np.abs(l.weight).max())) for l in net.layers if hasattr(l, "weight"))
+            except ZnniError as exc:
+                tally.refused += 1
+                assert str(exc).strip()
+
+        case()
+        assert tally.refused > tally.ran // 3
+
+
+def test_fuzzed_network_files_are_refused_clearly(tmp_path):
+    """Truncated, empty and random bytes as an ONNX file or a YAML spec."""
+    from znni_core import load_network
+
+    rng = np.random.default_rng(0)
+    ran = 0
+    for suffix in (".onnx", ".yaml"):
+        for data in (b"", b"\x00" * 10, rng.bytes(200), b"ir_version: 7\n", b"- [a, b\n", b"format: znni-network/1\n"):
+            f = tmp_path / f"net{ran}{suffix}"
+            f.write_bytes(data)
+            ran += 1
+            with pytest.raises(ZnniError) as err:
+                load_network(f)
+            assert f.name in str(err.value) or "network" in str(err.value).lower(), err.value
+    print(f"\nnetwork files: {ran} cases, {ran} refused with a clear error")
+
+
+def test_the_cli_refuses_a_fuzzed_config_with_exit_2_and_no_traceback(demo, tmp_path):
+    """Through the real CLI: a bad value gives exit 2, one message, no traceback."""
+    import subprocess
+    import sys
+
+    d, base = demo
+    for path, value in ((("normalize", "scale"), float("nan")), (("task_chunks",), [0, -1, 10**12])):
+        cfg = _mutate(base, path, value)
+        f = tmp_path / "bad.yaml"
+        f.write_text(yaml.safe_dump(cfg))
+        p = subprocess.run(
+            [sys.executable, "-m", "znni_core.cli", "validate", str(f), "--dry-run"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent.parent,
+        )
+        assert p.returncode == 2, (path, p.returncode, p.stderr[-2000:])
+        assert "Traceback" not in p.stderr + p.stdout, p.stderr[-2000:]
+        assert _named(p.stderr + p.stdout, path, value), p.stderr[-1000:]
