@@ -443,3 +443,21 @@ def test_s3_sharded_output_one_put_per_shard(moto_s3):
     keys = [o["Key"] for o in boto3.client("s3", endpoint_url=moto_s3).list_objects_v2(Bucket="znni")["Contents"]]
     assert sorted(k for k in keys if k.endswith(".shard")) == sorted("layers/sharded/" + n for n in names)
     assert len(set(names)) == len(names) > 1 and not any(k.endswith("-4") for k in keys)
+
+
+def test_s3_exclusive_writes_are_conditional_puts(moto_s3):
+    """Creating a layer's info on S3 is a conditional PUT (If-None-Match: *): of eight creators
+    racing from threads exactly one stores its body, the others are told it exists (no
+    check-then-PUT window)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from znni_core.io.store import object_store
+
+    url = parse_layer_url("s3://znni/layers/race", endpoint=moto_s3)
+    won = list(
+        ThreadPoolExecutor(8).map(lambda i: object_store(url).put_json("info", {"writer": i}, exclusive=True), range(8))
+    )
+    assert won.count(True) == 1, won
+    assert object_store(url).get_json("info") == {"writer": won.index(True)}
+    assert object_store(url).put_json("info", {"writer": 99}) is True  # an unconditional write replaces it
+    assert object_store(url).get_json("info") == {"writer": 99}

@@ -245,8 +245,14 @@ class S3Objects:
         content_type: str,
         content_encoding: str | None = None,
         cache_control: str | None = "no-cache",
-    ) -> None:
-        """One PUT of the whole object, with Content-MD5 so the server rejects a body corrupted in transit."""
+        if_absent: bool = False,
+    ) -> bool:
+        """One PUT of the whole object, with Content-MD5 so the server rejects a body corrupted in
+        transit.  ``if_absent``: a conditional PUT (``If-None-Match: *``): of simultaneous creators
+        exactly one stores it, the others get False (a server without conditional writes ignores
+        the header, and the last writer wins)."""
+        from botocore.exceptions import ClientError
+
         kw = {
             "Body": data,
             "ContentType": content_type,
@@ -257,7 +263,17 @@ class S3Objects:
             kw["ContentEncoding"] = content_encoding
         if cache_control:
             kw["CacheControl"] = cache_control
-        self._call("PUT", name, self.client.put_object, **kw)
+        if if_absent:
+            kw["IfNoneMatch"] = "*"
+        try:
+            self._call("PUT", name, self.client.put_object, **kw)
+        except StorageError as exc:
+            cause = exc.__cause__
+            code = cause.response.get("Error", {}).get("Code") if isinstance(cause, ClientError) else None
+            if if_absent and code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False  # someone else created it first (or is creating it now)
+            raise
+        return True
 
     def get(self, name: str) -> tuple[bytes, str] | None:
         """``(body, content_encoding)`` or None if the object does not exist.

@@ -221,16 +221,15 @@ class S3Store(ObjectStore):
         return data
 
     def _put(self, name, data, compress, content_type, exclusive) -> bool:
-        if exclusive and self._s3.exists(name):
-            return False
-        self._s3.put(
+        # exclusive: a conditional PUT (If-None-Match: *), so of simultaneous creators exactly one wins
+        return self._s3.put(
             name,
             _gzip(data) if compress == "gzip" else data,
             content_type=content_type,
             content_encoding="gzip" if compress == "gzip" else None,
             cache_control="no-cache",
+            if_absent=exclusive,
         )
-        return True
 
     def exists(self, name: str) -> bool:
         """Whether ``name`` exists (one HEAD request)."""
