@@ -232,6 +232,53 @@ def test_t7_permanent_403_is_a_clear_error_without_retry_storm(s3, backoff, meth
         assert key not in s3.objects()
 
 
+def _s3_input(s3):
+    """A raw precomputed input layer on the loopback S3, and its (C, z, y, x) data."""
+    import numpy as np
+
+    layer = _s3_layer(s3.endpoint, "input")
+    data = np.random.default_rng(5).random((1,) + tuple(layer.bounds.shape)).astype(np.float32)
+    for idx in layer.grid.chunks_in(layer.bounds):
+        roi = layer.grid.chunk_roi(idx)
+        layer.write_chunk(idx, np.ascontiguousarray(data[(slice(None),) + roi.to_slices(layer.bounds.offset)]))
+    return layer, data
+
+
+def test_t7_s3_input_reads_through_the_bounded_store(s3, backoff):
+    """An s3:// input is read chunk by chunk through znni's S3 store (not cloudfiles' retries):
+    equal to what was written; a transient 503 on two GETs is retried with bounded waits."""
+    import numpy as np
+
+    from znni_core.io import PrecomputedLayer
+
+    layer, data = _s3_input(s3)
+    inp = PrecomputedLayer(layer.url)
+    s3.rule("GET", "/8_8_40/", "503", times=2)
+    got, missing = inp.read(inp.bounds)
+    np.testing.assert_array_equal(got, data)
+    assert missing == [] and sum(1 for _, _, a in s3.log if a == "503") == 2, s3.log
+    assert len(backoff) == 2 and all(0 <= w <= MAX_WAIT_S for w in backoff), backoff
+
+
+def test_t7_s3_input_403_fails_at_once(s3, backoff):
+    """A permanent 403 on an s3:// input's chunk GET: a StoragePermissionError naming the key after
+    one request per chunk in flight and no wait (cloudfiles retried such a GET seven times)."""
+    from znni_core.errors import StoragePermissionError
+    from znni_core.io import PrecomputedLayer
+
+    layer, _ = _s3_input(s3)
+    inp = PrecomputedLayer(layer.url)
+    before = s3.requests("GET", "/8_8_40/")
+    s3.rule("GET", "/8_8_40/", "403")
+    with pytest.raises(StoragePermissionError) as ei:
+        inp.read(inp.bounds)
+    n = s3.requests("GET", "/8_8_40/") - before
+    chunks = layer.grid.num_chunks
+    assert 1 <= n <= chunks, f"{n} GETs of {chunks} chunks for a permanent 403: {s3.log}"
+    assert backoff == [], backoff
+    assert "403" in str(ei.value) and "s3://znni/layers/input/8_8_40/" in str(ei.value), ei.value
+
+
 @pytest.mark.slow
 def test_t7_403_in_a_task_fails_cleanly_and_is_not_marked_done(s3, tmp_path):
     """`znni run-task` writing to S3 that answers 403 to every chunk PUT: exit != 0 after one PUT

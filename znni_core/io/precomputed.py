@@ -24,6 +24,8 @@ from .info import ScaleSpec, scale_spec, validate_info
 from .paths import LayerURL, check_key
 from .store import ALL_SUFFIXES, COMPRESSIONS, StoredObjects, read_json, sha256, write_json
 
+_OTHER_ENCODING = object()  # a chunk stored in an encoding the raw reader leaves to cloud-volume
+
 
 def encode_raw(arr: np.ndarray, dtype: str) -> bytes:
     """(C, z, y, x) array -> precomputed raw bytes (little endian)."""
@@ -164,8 +166,8 @@ class PrecomputedLayer(StoredObjects):
         """
         if not self.bounds.contains(roi):
             raise InputError(f"read {roi} is outside the layer bounds {self.bounds} of {self.url}")
-        if self.url.is_local and not self.sharded and self.info["scales"][self.mip].get("encoding", "raw") == "raw":
-            got = self._read_local_raw(roi, fill_missing)
+        if self.url.protocol in ("file", "s3") and not self.sharded and self._encoding == "raw":
+            got = self._read_raw(roi, fill_missing)
             if got is not None:
                 return got
         from cloudvolume.exceptions import EmptyVolumeException
@@ -191,20 +193,40 @@ class PrecomputedLayer(StoredObjects):
         arr = np.asarray(cut)  # (x, y, z, c)
         return np.ascontiguousarray(arr.transpose(3, 2, 1, 0)), missing
 
-    def _read_local_raw(self, roi: Roi, fill_missing: bool):
-        """``read`` of a local, unsharded, raw-encoded layer from its chunk files (raw or gzip), as
-        the writers store them: 0.8 s less start-up per process than importing cloud-volume, and
-        no per-chunk overhead of its own.  None (read through cloud-volume) when a chunk is stored
-        another way (brotli, zstd, ...)."""
+    @property
+    def _encoding(self) -> str:
+        return self.info["scales"][self.mip].get("encoding", "raw")
+
+    def _read_raw(self, roi: Roi, fill_missing: bool):
+        """``read`` of an unsharded, raw-encoded layer from its chunk objects (raw or gzip), through
+        the layer's store as the writers store them: on ``file://`` 0.8 s less start-up per process
+        than importing cloud-volume; on ``s3://`` the store's bounded retries, and a permanent
+        refusal (403) fails at once instead of cloudfiles' seven attempts.  None (read through
+        cloud-volume) when a local chunk is stored another way (brotli, zstd, ...)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        idxs = list(self.grid.chunks_in(roi))
+
+        def get(idx):
+            try:
+                return self.read_chunk_bytes(idx)
+            except DataError:
+                if self.url.is_local and any(
+                    (self.url.local_path / (self.chunk_name(idx) + s)).is_file() for s in ALL_SUFFIXES[2:]
+                ):
+                    return _OTHER_ENCODING
+                raise
+
+        if self.url.is_local or len(idxs) < 2:
+            datas = [get(i) for i in idxs]
+        else:  # remote: requests in flight together, as cloud-volume's downloads are
+            with ThreadPoolExecutor(min(8, len(idxs))) as pool:
+                datas = list(pool.map(get, idxs))
+        if any(d is _OTHER_ENCODING for d in datas):
+            return None
         out = np.zeros((self.channels,) + tuple(roi.shape), self.dtype)
         missing = []
-        for idx in self.grid.chunks_in(roi):
-            try:
-                data = self.read_chunk_bytes(idx)
-            except DataError:
-                if any((self.url.local_path / (self.chunk_name(idx) + s)).is_file() for s in ALL_SUFFIXES[2:]):
-                    return None
-                raise
+        for idx, data in zip(idxs, datas):
             if not data:  # absent or 0 bytes
                 missing.append(self.chunk_name(idx))
                 continue
