@@ -318,3 +318,42 @@ def test_T3_sigkill_after_the_shard_write_before_the_manifest_then_rerun(tmp_pat
     assert shards[0].read_bytes() == first and [p for p in case.out.rglob("*.shard")] == shards
     out = open_output(parse_layer_url(run["output"]["url"]), output_spec(run))
     assert check_task(run, out, block, "checksum")["shard"]["name"].endswith(shards[0].name)
+
+
+def test_a_petavoxel_with_the_shipped_config_validates_and_estimates(tmp_path):
+    """10^15 voxels (200k x 200k x 25k, only the input's info exists) with the project's
+    config.yaml: validate resolves it (a plan, no data read) and the schedule and estimate count
+    it; ``output.shard_bytes: auto`` picks shards whose task fits the 2000 MB infer job the shipped
+    profiles give, and says so."""
+    import yaml
+
+    from znni_core import load_network
+    from znni_core.pipeline.config import JOB_MEM_MB, net_halo, resolve, task_bytes
+    from znni_core.pipeline.demo import write_demo
+    from znni_core.pipeline.estimate import describe, estimate
+    from znni_core.pipeline.schedule import compute_schedule
+
+    (tmp_path / "em").mkdir()
+    scale = {"key": "8_8_40", "size": [200000, 200000, 25000], "resolution": [8, 8, 40], "voxel_offset": [0, 0, 0]}
+    info = {"type": "image", "data_type": "uint8", "num_channels": 1, "scales": [scale]}
+    scale.update({"chunk_sizes": [[128, 128, 16]], "encoding": "raw"})
+    (tmp_path / "em" / "info").write_text(json.dumps(info))
+    write_demo(tmp_path / "data", shape=(16, 64, 64), chunk=(8, 32, 32))
+    cfg = yaml.safe_load((Path(__file__).parent.parent / "config.yaml").read_text())
+    cfg["input"]["path"] = f"file://{tmp_path}/em"
+    cfg["network"]["path"] = str(tmp_path / "data" / "net.yaml")
+    cfg["output"]["path"] = f"file://{tmp_path}/out"
+    cfg["work_dir"] = str(tmp_path / "work")
+    notes = []
+    run, plan = resolve(cfg, mem_mb=JOB_MEM_MB, progress=notes.append)
+    assert any("output.shard_bytes auto" in n for n in notes), notes
+    assert not (tmp_path / "out").exists()
+    s = compute_schedule(cfg, rate=1e7)
+    assert s["sharded"] and s["shard_bytes"] < 2**30 and s["region_voxels"] > 10**15 * 0.99, s
+    write = Coordinate(s["task_chunks"]) * Coordinate(cfg["output"]["chunk_size"])
+    need = task_bytes(write, net_halo(load_network(cfg["network"]["path"])), 1, 1, 1, 4)
+    assert need + plan.memory_budget <= JOB_MEM_MB * 2**20, (need, plan.memory_budget)
+    e = estimate(cfg, s, rate=1e7, rate_source="given", threads=1, device="cpu", out_channels=1)
+    text = describe(e)
+    assert "shards of about" in text and "sharding       output.shard_bytes auto" in text, text
+    assert e["tasks"] == s["num_tasks"] > 10**6

@@ -146,6 +146,8 @@ class Layout(NamedTuple):
     task_chunks: Coordinate
     grid: ChunkGrid
     box: Coordinate  # config's task_chunks, ``auto`` resolved (a sharded layer's tasks are its shards)
+    shard_bytes: int = 2**30  # output.shard_bytes, ``auto`` resolved
+    note: str = ""  # what ``auto`` chose and why, for the user
 
 
 # the infer_job rule's default mem_mb: an ``auto`` task's buffers stay within half of what the
@@ -225,10 +227,43 @@ def layout(cfg: dict, net, inp, halo: Halo, where: str, slots: int | None = None
                 "sharded, one shard per task (task_chunks); use auto, or a precomputed output"
             )
         return Layout(region, layer_bounds, zarr_sharding(box, cfg["output"]["compression"]), box, grid, box)
-    sharding = output_sharding(cfg["output"], layer_bounds, net.out_channels)
+    shard_bytes, note = cfg["output"]["shard_bytes"], ""
+    if shard_bytes == "auto":
+        shard_bytes, note = auto_shard_bytes(cfg, net, inp, halo, layer_bounds, grid)
+    sharding = output_sharding(cfg["output"] | {"shard_bytes": shard_bytes}, layer_bounds, net.out_channels)
     # a task writes whole shards: with sharding, a task is one shard's box of chunks
     tc = shard_chunks(sharding, grid.grid_shape) if sharding else box
-    return Layout(region, layer_bounds, sharding, tc, grid, box)
+    return Layout(region, layer_bounds, sharding, tc, grid, box, shard_bytes, note if sharding else "")
+
+
+#: ``output.shard_bytes: auto`` starts here and halves until a task (one shard) fits a job
+MAX_AUTO_SHARD_BYTES = 2**30
+
+
+def auto_shard_bytes(cfg: dict, net, inp, halo: Halo, bounds: Roi, grid: ChunkGrid) -> tuple[int, str]:
+    """``output.shard_bytes: auto``: the largest shard size (at most
+    :data:`MAX_AUTO_SHARD_BYTES`, halving) whose task, one shard with its input and output held
+    in memory (:func:`task_bytes`), fits what the plan leaves of an infer job of
+    :data:`JOB_MEM_MB` (``1 - plan.memory_fraction`` of it, 10% kept free); ``(bytes, note)``."""
+    from ..io.sharding import shard_chunks
+
+    cap = 0.9 * (1 - cfg["plan"]["memory_fraction"]) * JOB_MEM_MB * 2**20
+    in_size, out_size = np.dtype(inp.dtype).itemsize, np.dtype(cfg["output"]["dtype"]).itemsize
+    chunk_bytes = int(np.prod(tuple(grid.chunk_shape))) * net.out_channels * out_size
+    size = MAX_AUTO_SHARD_BYTES
+    while True:
+        spec = output_sharding(cfg["output"] | {"shard_bytes": size, "sharding": "sharded"}, bounds, net.out_channels)
+        write = (shard_chunks(spec, grid.grid_shape) * grid.chunk_shape).min(bounds.shape)
+        need = task_bytes(write, halo, net.in_channels, net.out_channels, in_size, out_size)
+        if need <= cap or size // 2 < chunk_bytes:
+            break
+        size //= 2
+    note = (
+        f"output.shard_bytes auto: shards of about {size / 2**20:.0f} MiB (a task is one shard: "
+        f"{need / 2**20:.0f} MiB of input and output, within an infer job of {JOB_MEM_MB} MB with "
+        f"plan.memory_fraction {cfg['plan']['memory_fraction']:g}); set output.shard_bytes for larger jobs"
+    )
+    return size, note
 
 
 def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None, plan_out=None, progress=print):
@@ -406,6 +441,8 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         f"output {ou}: {_roi_doc(region)}, chunks {tuple(out_spec.chunk_shape)}, {out_spec.dtype}; "
         f"{grid.num_chunks} chunks in {len(tasks)} tasks of up to {tuple(tc)} chunks"
     )
+    if lay.note:
+        progress(lay.note)
     if mask is not None:
         progress(
             f"mask {mask.url} mip {mask.mip}: {_roi_doc(mask.layer.bounds)} at {tuple(mask.layer.resolution)} nm; "
@@ -548,9 +585,7 @@ def output_scales(cfg: dict, lay: Layout, resolution, channels: int) -> list[Sca
         encoding=cfg["output"]["encoding"],
         sharding=lay.sharding,
     )
-    return mip_specs(
-        spec0, cfg["downsample"]["mips"], cfg["downsample"]["factor"], shard_bytes=cfg["output"]["shard_bytes"]
-    )
+    return mip_specs(spec0, cfg["downsample"]["mips"], cfg["downsample"]["factor"], shard_bytes=lay.shard_bytes)
 
 
 def output_spec(run: dict, mip: int = 0) -> ScaleSpec:

@@ -89,6 +89,8 @@ def estimate(
         "jobs_why": schedule["why"],
         "chunks": schedule["num_chunks"],
         "shards": tasks if schedule["sharded"] else 0,
+        "shard_bytes": schedule.get("shard_bytes") if schedule["sharded"] else None,
+        "sharding_note": schedule.get("note", ""),
         "output_objects": objects,
         "manifests": tasks,
         "manifest_dirs": dirs,
@@ -145,7 +147,9 @@ def describe(e: dict) -> str:
         + (" (one shard each)" if e["shards"] else "")
         + (f"; {e['masked_tasks']:,} more masked (not counted below)" if e.get("masked_tasks") else ""),
         f"jobs           {e['jobs']:,} of {e['tasks_per_job']} task(s) ({e['jobs_why']})",
-        f"chunks         {e['chunks']:,}" + (f" in {e['shards']:,} shards" if e["shards"] else ""),
+        f"chunks         {e['chunks']:,}"
+        + (f" in {e['shards']:,} shards of about {b(e['shard_bytes'])}" if e["shards"] and e.get("shard_bytes") else "")
+        + (f" in {e['shards']:,} shards" if e["shards"] and not e.get("shard_bytes") else ""),
         f"files/objects  {e['output_objects']:,} output + {e['manifests']:,} manifests in {e['manifest_dirs']:,} "
         f"dir(s) + {e['job_logs']:,} job logs/benchmarks",
         f"output         {b(e['output_bytes'])} uncompressed ({e['voxels']:,} voxels)",
@@ -169,6 +173,8 @@ def describe(e: dict) -> str:
             f"compute        {e['job_hours']:,.1f} job-hours = {e['node_hours']:,.1f} node-hours at "
             f"{e['cores_per_node']} cores per node; {e['hours_per_job']:,.2f} h per job"
         )
+    if e.get("sharding_note"):
+        lines.append(f"sharding       {e['sharding_note']}")
     lines += [f"WARNING        {w}" for w in e["warnings"]]
     return "\n".join(lines)
 

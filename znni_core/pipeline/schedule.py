@@ -32,7 +32,7 @@ from ..geometry import Halo, TaskGrid
 from ..io import atomic_write
 from ..io.mips import task_chunks_of
 
-SCHEDULE_FORMAT = "znni-schedule/3"
+SCHEDULE_FORMAT = "znni-schedule/4"
 ESTIMATE_FILE = "estimate.json"
 # source voxels a pyramid job reads, averages, writes and reads back per second and thread
 # (about 2-4 x 10^7 on a 2-core machine, raw file:// layers): sizes its jobs
@@ -162,6 +162,8 @@ def compute_schedule(cfg: dict, *, slots: int | None = None, rate: float | None 
         "task_box": list(lay.box),
         "num_chunks": lay.grid.num_chunks,
         "sharded": lay.sharding is not None,
+        "shard_bytes": int(lay.shard_bytes),
+        "note": lay.note,
         "region_voxels": int(lay.region.shape.prod()),
         "pyramid": pyramid_schedule(cfg | {"task_chunks": list(lay.box)}, specs),
     }
