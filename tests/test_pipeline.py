@@ -119,6 +119,29 @@ def test_uint8_output_and_region(tmp_path):
     assert np.abs(got.astype(int) - np.rint(ref[(slice(None),) + sl] * 255).astype(int)).max() <= 1
 
 
+def test_uint8_output_with_scale_and_offset(tmp_path):
+    """``output.scale``/``offset``: stored = round(clip(v * scale + offset, 0, 255)), values outside
+    clipped (not refused); the mapping is in the layer's provenance after finalize; a scale with a
+    float32 output is refused at validate naming the key."""
+    from znni_core.pipeline.finalize import _output_mapping
+
+    vol = em()
+    cfg = base_config(tmp_path, vol=vol, output={"dtype": "uint8"})
+    ref = reference(cfg, vol).astype(np.float64)
+    lo, hi = np.quantile(ref, [0.2, 0.8])  # a fifth of the voxels below 0, a fifth above 255
+    scale, offset = 255.0 / (hi - lo), -lo * 255.0 / (hi - lo)
+    cfg["output"].update(scale=scale, offset=offset)
+    rf = prepare(cfg)
+    run_all(rf)
+    got, _ = read_out(rf)
+    want = np.rint(np.clip(ref * scale + offset, 0, 255))
+    assert got.dtype == np.uint8 and (want == 0).mean() > 0.1 and (want == 255).mean() > 0.1
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+    assert f"{scale:g}" in _output_mapping(load_run(rf)["config"]["output"])
+    with pytest.raises(ConfigError, match="output.scale"):
+        resolve(dict(cfg, output={**cfg["output"], "dtype": "float32"}), progress=lambda *a: None)
+
+
 def test_unaligned_output_starts_at_the_region(tmp_path):
     vol = em()
     cfg = base_config(tmp_path, vol=vol, output={"align": False}, region={"offset": [3, 10, 7], "shape": [5, 17, 20]})

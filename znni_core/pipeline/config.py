@@ -277,6 +277,11 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     from .mask import check_mask, open_mask
 
     cfg = validate_config(cfg)
+    if cfg["output"]["scale"] is not None and cfg["output"]["dtype"] != "uint8":
+        raise ConfigError(
+            f"output.scale {cfg['output']['scale']} maps values to uint8; it has no meaning with output.dtype "
+            f"{cfg['output']['dtype']}: set output.dtype: uint8 or remove output.scale"
+        )
     work = Path(cfg["work_dir"]).resolve()
     net_path = Path(cfg["network"]["path"]).resolve()
     net = load_network(net_path)  # T19: NaN/Inf weights refused here

@@ -31,6 +31,15 @@ from .mask import load_mask_tasks, positions
 from .task import manifest_path
 
 
+def _output_mapping(out: dict) -> str:
+    """How stored output values relate to the network's (recorded in the layer's provenance)."""
+    if out["dtype"] == "float32":
+        return "float32: the network's output"
+    if out.get("scale") is None:
+        return "uint8: round(p * 255), p the network's output in [0, 1]"
+    return f"uint8: round(clip(v * {out['scale']:g} + {out.get('offset', 0):g}, 0, 255)), v the network's output"
+
+
 def _check_stored(what: str, entry: dict, read, check, verify: str, task: int) -> None:
     """One stored object (chunk or shard) against its manifest entry."""
     if entry["status"] in ("empty", "masked"):
@@ -288,6 +297,7 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
                 "region": run["region"],
                 "edge": cfg["edge"],
                 "normalize": cfg["normalize"],
+                "output_mapping": _output_mapping(cfg["output"]),
                 "missing_input_filled": filled,
                 "chunks_empty": n_empty,
                 **(

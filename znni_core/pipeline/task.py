@@ -154,18 +154,25 @@ def graph_read(net, plan, region: Roi, write_roi: Roi, halo):
     return window, read, extent
 
 
-def quantise(y: np.ndarray, dtype: str, chunk_name: str) -> np.ndarray:
-    """``y`` as stored: float32 unchanged, else uint8 ``round(y * 255)``.
+def quantise(y: np.ndarray, dtype: str, chunk_name: str, scale: float | None = None, offset: float = 0.0) -> np.ndarray:
+    """``y`` as stored: float32 unchanged; uint8 ``round(clip(y * scale + offset, 0, 255))`` with a
+    ``scale``, else ``round(y * 255)`` of probabilities, where values outside [0, 1] (by more than
+    1e-6) are a :class:`DataError` naming ``chunk_name``.
 
-    For uint8, values outside [0, 1] (by more than 1e-6) are a :class:`DataError` naming ``chunk_name``.
+    >>> quantise(np.array([-1.0, 0.25, 0.5, 9.0], np.float32), "uint8", "c", scale=100.0, offset=10.0)
+    array([  0,  35,  60, 255], dtype=uint8)
     """
     if dtype == "float32":
         return np.ascontiguousarray(y, dtype=np.float32)
+    if scale is not None:
+        v = y.astype(np.float64) * float(scale) + float(offset)
+        return np.rint(np.clip(v, 0.0, 255.0)).astype(np.uint8)
     lo, hi = float(y.min()), float(y.max())
     if lo < -1e-6 or hi > 1 + 1e-6:
         raise DataError(
             f"chunk {chunk_name}: output dtype uint8 stores probabilities in [0, 1], but the network "
-            f"gives values in [{lo:.4g}, {hi:.4g}]; use output.dtype: float32 (no silent rescale)"
+            f"gives values in [{lo:.4g}, {hi:.4g}]; set output.scale (and output.offset) to map them to 0-255, "
+            "or use output.dtype: float32 (no silent rescale)"
         )
     return np.rint(np.clip(y, 0.0, 1.0) * 255.0).astype(np.uint8)
 
@@ -401,7 +408,9 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
         if not np.isfinite(yc).all():
             bad.append((out.chunk_name(idx), int((~np.isfinite(yc)).sum())))
             continue
-        encoded[idx] = quantise(yc, out.dtype, out.chunk_name(idx))
+        encoded[idx] = quantise(
+            yc, out.dtype, out.chunk_name(idx), cfg["output"].get("scale"), cfg["output"].get("offset", 0.0)
+        )
     if bad:
         raise NonFiniteError(
             f"task {task_id}: the network produced NaN/Inf in {len(bad)} chunk(s) "
