@@ -23,8 +23,7 @@ from .pipeline_helpers import base_config, em, layer_files, subprocess_env, writ
 REPO = Path(__file__).resolve().parents[1]
 
 PARENT = """\
-shell.prefix("echo parent-prefix >> prefix.log; ")
-
+{prefix_before}
 rule all:
     input:
         "consumed.json",
@@ -36,18 +35,21 @@ module znni:
         config["znni"]
 {prefix}
 use rule * from znni as znni_*
-
+{prefix_after}
 rule consume:
     input:
         rules.znni_finalize.output.summary,
     output:
         "consumed.json",
     shell:
-        "env | grep ^NUMBA_ > numba_env.txt || true; cp {{input}} {{output}}"
+        "env | grep -E '^(NUMBA_|GOMP_|OMP_|OPENBLAS_|MKL_)' > numba_env.txt || true; cp {{input}} {{output}}"
 """
+SHELL_PREFIX = 'shell.prefix("echo parent-prefix >> prefix.log; ")\n'
 
 
-def _parent(tmp_path: Path, work_dir: str, prefix: str | None, mask: bool = False):
+def _parent(tmp_path: Path, work_dir: str, prefix: str | None, mask: bool = False, shell_prefix: str = "before"):
+    """Run a parent workflow importing znni (``prefix``: the module's ``prefix:``), its own
+    ``shell.prefix`` set ``before`` or ``after`` the import."""
     cfg = base_config(tmp_path / "data", vol=em((10, 34, 34)))
     cfg["work_dir"] = work_dir
     if mask:  # the mask's checkpoint inside a module (its rule renamed znni_mask_tasks)
@@ -59,6 +61,8 @@ def _parent(tmp_path: Path, work_dir: str, prefix: str | None, mask: bool = Fals
         PARENT.format(
             snakefile=str(REPO / "workflow" / "Snakefile"),
             prefix=f"    prefix:\n        {prefix!r}\n" if prefix else "",
+            prefix_before=SHELL_PREFIX if shell_prefix == "before" else "",
+            prefix_after=SHELL_PREFIX if shell_prefix == "after" else "",
         )
     )
     env = subprocess_env(tmp_path)
@@ -81,7 +85,8 @@ def _check(tmp_path: Path, cfg: dict, work: Path, p):
     assert summary["failed"] == [] and summary["done"] + summary.get("tasks_masked", 0) == summary["tasks"] > 1
     if "mask" in cfg:
         assert 0 < summary["tasks_masked"] < summary["tasks"]
-    assert (tmp_path / "numba_env.txt").read_text() == ""  # znni's NUMBA_ settings stay in znni's rules
+    # znni's thread and numba settings stay in znni's rules, wherever the parent sets its shell.prefix
+    assert (tmp_path / "numba_env.txt").read_text() == ""
     assert "parent-prefix" in (tmp_path / "prefix.log").read_text()  # the parent's prefix still applies
     assert (work / "run.json").is_file() and (work / "schedule.json").is_file()
     assert "(Rule: consume)" in p.stdout + p.stderr
@@ -118,5 +123,5 @@ def test_parent_imports_znni_with_prefix_and_relative_work_dir(tmp_path):
 
 @pytest.mark.slow  # ~60 s
 def test_parent_imports_znni_without_prefix_absolute_work_dir_with_a_mask(tmp_path):
-    cfg, p = _parent(tmp_path, str(tmp_path / "abs_work"), prefix=None, mask=True)
+    cfg, p = _parent(tmp_path, str(tmp_path / "abs_work"), prefix=None, mask=True, shell_prefix="after")
     _check(tmp_path, cfg, tmp_path / "abs_work", p)
