@@ -597,3 +597,54 @@ def test_valid_graph_default_region_is_cut_to_an_admissible_input(tmp_path):
     shape = tuple(run["region"]["shape"])
     assert net.is_admissible(tuple(s + c for s, c in zip(shape, net.context)))
     assert 45 - net.grid[1] < shape[1] + net.context[1] <= 45 and 43 - net.grid[2] < shape[2] + net.context[2] <= 43
+
+
+class _SizedUp(torch.nn.Module):
+    """A padded two-level net that upsamples to the skip's size (``F.interpolate(size=...)``):
+    with dynamic axes, the Resize's sizes come from Shape arithmetic."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv3d(1, 4, 3, padding=1)
+        self.b = torch.nn.Conv3d(4, 4, 3, padding=1)
+        self.c = torch.nn.Conv3d(8, 2, 1)
+
+    def forward(self, x):
+        s = torch.relu(self.a(x))
+        d = torch.relu(self.b(torch.nn.functional.max_pool3d(s, (1, 2, 2))))
+        u = torch.nn.functional.interpolate(d, size=s.shape[2:], mode="nearest")
+        return self.c(torch.cat([s, u], 1))
+
+
+class _HalfCrop(torch.nn.Module):
+    """A crop whose size depends on the input's (half of x): no tiling can reproduce it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv3d(1, 2, 3)
+
+    def forward(self, x):
+        y = self.a(x)
+        return y[..., : y.shape[-1] // 2]
+
+
+def test_dynamic_axes_exports_fold_their_shape_arithmetic(tmp_path):
+    """U-Nets exported with dynamic axes (crops computed from tensor shapes in a valid U-Net, a
+    resize to the skip's size in a padded one) load, and equal PyTorch on an input of another
+    shape than the export's; a crop that depends on the input size is refused naming its node."""
+    pytest.importorskip("onnx")
+    from .unets import UNet, admissible, export, run
+
+    torch.manual_seed(4)
+    valid = UNet(valid=True, depth=2, kernel=(3, 3, 3), pool=(1, 2, 2), width=4)
+    shape = tuple(admissible(valid, a, lo) for a, lo in enumerate((10, 40, 40)))
+    other = tuple(admissible(valid, a, lo) for a, lo in enumerate((shape[0] + 3, shape[1] + 9, shape[2] + 5)))
+    assert other != shape
+    for model, export_at, run_at in ((valid, shape, other), (_SizedUp(), (6, 20, 20), (7, 26, 22))):
+        path = export(model, tmp_path / f"{type(model).__name__}.onnx", export_at, dynamic=True)
+        net = znni_core.load_network(path)
+        x = np.random.default_rng(2).standard_normal((1,) + run_at).astype(np.float32)
+        np.testing.assert_allclose(znni_core.infer(net, x), run(model, x), rtol=1e-4, atol=1e-5)
+    path = export(_HalfCrop(), tmp_path / "half.onnx", (5, 12, 12), dynamic=True)
+    with pytest.raises(NetworkError, match="Slice|shape arithmetic|depend"):
+        znni_core.load_network(path)

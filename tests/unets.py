@@ -101,10 +101,14 @@ def randomise_bn(model, seed=0):
     return model.eval()
 
 
-def export(model, path, shape, c_in=1):
+def export(model, path, shape, c_in=1, dynamic=False):
+    """``model`` as ONNX at input ``shape`` (z, y, x); ``dynamic``: with dynamic batch and
+    spatial axes, as most users export (shape arithmetic stays in the graph)."""
+    axes = {0: "n", 2: "z", 3: "y", 4: "x"}
+    kw = {"input_names": ["x"], "output_names": ["y"], "dynamic_axes": {"x": axes, "y": axes}} if dynamic else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model.eval(), torch.zeros((1, c_in) + tuple(shape)), str(path), dynamo=False)
+        torch.onnx.export(model.eval(), torch.zeros((1, c_in) + tuple(shape)), str(path), dynamo=False, **kw)
     return path
 
 

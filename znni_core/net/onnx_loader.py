@@ -7,7 +7,11 @@ operators is refused with a message naming the node, the operator and the attrib
 
 Slices are read relative to the shape the file was exported at (a crop of ``a`` voxels
 at the start and ``b`` at the end stays that crop for any input shape); BatchNorm folds
-into the convolution before it, or becomes a per-channel affine map.
+into the convolution before it, or becomes a per-channel affine map.  An export with dynamic
+axes whose crops and resize sizes are computed from tensor shapes (``Shape``, ``Gather``,
+``Slice``, ``Cast``, arithmetic) has that arithmetic evaluated at two admissible input shapes;
+it loads when both give the same crops and scales (:func:`_load_dynamic`), and is refused
+naming the node otherwise.
 """
 
 from __future__ import annotations
@@ -91,7 +95,10 @@ def _pads3(node, pads) -> tuple:
 
 
 class _Reader:
-    def __init__(self, path):
+    """One pass over an ONNX graph, building znni's nodes; ``probe``: the (z, y, x) input shape a
+    dynamic-axes export's shape arithmetic is evaluated at (:func:`_load_dynamic`)."""
+
+    def __init__(self, path, probe=None):
         import onnx
         from onnx import numpy_helper
 
@@ -117,6 +124,12 @@ class _Reader:
         self.input = inputs[0].name
         self.in_channels = int(dims[1]) if len(dims) == 5 and dims[1] else None
         self.export_shape = tuple(int(d) for d in dims[2:]) if len(dims) == 5 and all(dims[2:]) else None
+        self.has_shape_ops = any(n.op_type == "Shape" for n in self.graph.node)
+        self.probe = tuple(int(v) for v in probe) if probe is not None else None
+        self.channels: dict[str, int] = {}  # channels of each tensor, for Shape at the probe
+        if self.probe is not None:
+            self.export_shape = self.probe
+            self.channels = _channels(model)
         self.nodes: list[Node] = []
         self.alias: dict[str, str] = {}  # identity-like outputs -> the tensor they stand for
         self.shape: dict[str, tuple] = {}  # spatial shape of each tensor at the export shape
@@ -456,13 +469,21 @@ class _Reader:
                 _refuse(node, f"Constant without a tensor value ({list(attrs)}) is not supported")
             self.consts[node.output[0]] = self.numpy_helper.to_array(attrs["value"])
             return True
+        if node.op_type == "Shape" and self.probe is not None:
+            return self.fold_shape(node)
         if not node.input or any(i and i not in self.consts for i in node.input):
             return False
         import onnx
         from onnx.reference import ReferenceEvaluator
 
         g = onnx.helper.make_graph(
-            [node], "fold", [], [onnx.helper.make_tensor_value_info(o, 0, None) for o in node.output if o]
+            [node],
+            "fold",
+            [],
+            [onnx.helper.make_tensor_value_info(o, 0, None) for o in node.output if o],
+            initializer=[
+                self.numpy_helper.from_array(np.asarray(self.consts[i]), i) for i in dict.fromkeys(node.input) if i
+            ],
         )
         model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", self.opset)])
         try:
@@ -471,6 +492,19 @@ class _Reader:
             _refuse(node, f"could not fold this constant computation ({exc})")
         for name, value in zip([o for o in node.output if o], outs):
             self.consts[name] = np.asarray(value)
+        return True
+
+    def fold_shape(self, node) -> bool:
+        """``Shape`` of a tensor at the probe shape: ``[1, C, z, y, x]`` (then the shape arithmetic
+        after it folds like any constant computation)."""
+        name = node.input[0]
+        spatial, c = self.shape.get(self.data(name)), self.channels.get(name)
+        if spatial is None or c is None:
+            _refuse(node, f"the shape of {name!r} cannot be told from the input shape alone")
+        attrs = _attrs(node)
+        full = np.array([1, c, *spatial], np.int64)
+        start, end = int(attrs.get("start", 0)), attrs.get("end")
+        self.consts[node.output[0]] = full[start : None if end is None else int(end)]
         return True
 
     def read(self):
@@ -510,6 +544,72 @@ class _Reader:
         return self.data(outputs[0])
 
 
+def _channels(model) -> dict:
+    """``{tensor: channels}`` from ONNX's shape inference (channels are static even when the
+    spatial axes of a dynamic-axes export are not)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # a model the inference cannot read: Shape nodes are then refused
+        return {}
+    out = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) == 5 and dims[1].HasField("dim_value"):
+            out[vi.name] = int(dims[1].dim_value)
+    return out
+
+
+#: the input a dynamic-axes export's shape arithmetic is first evaluated at: large enough for
+#: the valid convolutions of deep U-Nets (the admissible shapes are derived from it)
+PROBE = (64, 320, 320)
+
+
+def _params(nodes) -> list:
+    """What of each node depends on shape arithmetic (crops, scales, pads), for comparison."""
+    return [(n.op, n.name, {k: v for k, v in n.params.items() if isinstance(v, tuple)}) for n in nodes]
+
+
+def _load_dynamic(path):
+    """A dynamic-axes export whose crops and resize sizes are computed from tensor shapes: its
+    shape arithmetic is evaluated at two admissible input shapes; where both give the same
+    graph (crops and scales independent of the input size, as in valid U-Nets that crop skips to
+    the decoder's shape) that graph is the network, else the node that differs is named."""
+    first = _Reader(path, PROBE)
+    out = first.read()
+    geometry = Graph(tuple(first.nodes), first.input, out, first.in_channels or 1, name="probe")
+    try:
+        grid = geometry.grid
+        a = geometry.floor_admissible(PROBE)
+        b = geometry.floor_admissible(tuple(v + 2 * g for v, g in zip(PROBE, grid)))
+    except Exception as exc:
+        raise NetworkError(
+            f"{path}: the shape arithmetic of this dynamic-axes export could not be folded ({exc})"
+        ) from None
+    if not all(a) or not all(b) or a == b:
+        raise NetworkError(
+            f"{path}: no admissible input shape near {PROBE} to fold this dynamic-axes export's shape arithmetic "
+            "at; export with a fixed input shape"
+        )
+    readers = []
+    for probe in (a, b):
+        r = _Reader(path, probe)
+        readers.append((r, r.read()))
+    (ra, out_a), (rb, out_b) = readers
+    for (op, name, pa), (_, _, pb) in zip(_params(ra.nodes), _params(rb.nodes)):
+        if pa != pb:
+            raise NetworkError(
+                f"{path}: node {name!r} ({op}): its shape arithmetic gives {pa} at input {a} but {pb} at {b}; "
+                "znni needs crops and scales that do not depend on the input size. Export with a fixed input "
+                "shape (no dynamic_axes)"
+            )
+    if len(ra.nodes) != len(rb.nodes) or out_a != out_b:
+        raise NetworkError(f"{path}: the graph's structure depends on the input size; export with a fixed input shape")
+    ra.export_shape = None  # the file has none: every admissible shape is the network's
+    return ra, out_a
+
+
 def _as_chain(reader: _Reader, output: str, in_channels: int):
     """The graph as a :class:`Network` when it is a plain chain (MPF applies), else None."""
     layers, current = [], reader.input
@@ -533,7 +633,10 @@ def _as_chain(reader: _Reader, output: str, in_channels: int):
 def load_onnx(path):
     """A :class:`Network` (chain) or a :class:`Graph` from an ONNX file."""
     reader = _Reader(path)
-    output = reader.read()
+    if reader.export_shape is None and reader.has_shape_ops:  # dynamic axes with shape arithmetic
+        reader, output = _load_dynamic(path)
+    else:
+        output = reader.read()
     if output == reader.input:
         raise NetworkError(f"{path}: the graph computes nothing (its output is its input)")
     meta = {"source": str(path), "format": "onnx", "opset": reader.opset}
