@@ -351,12 +351,21 @@ def clean_stale_temporaries_in_layer(url) -> list:
     return removed
 
 
+#: what a report row's number is, where its key alone does not say
+_LABELS = {
+    "wall_seconds": "wall_seconds (the first task's start to the last task's end)",
+    "task_seconds": "task_seconds (summed over tasks)",
+    "voxels_per_s_wall": "voxels_per_s_wall (voxels / wall_seconds)",
+    "voxels_per_s_per_job": "voxels_per_s_per_job (voxels / task_seconds)",
+}
+
+
 def write_html(path: Path, run: dict, s: dict) -> None:
     """Write ``report.html`` (atomically): the summary ``s`` as a table, the Neuroglancer link, the preview,
     the network and the plan.
     """
     rows = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+        f"<tr><th>{html.escape(_LABELS.get(k, str(k)))}</th><td>{html.escape(str(v))}</td></tr>"
         for k, v in s.items()
         if k not in ("neuroglancer", "failures")
     )
