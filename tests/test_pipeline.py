@@ -609,3 +609,42 @@ def test_a_tasks_plan_may_cut_the_task_into_smaller_patches():
         net, one.patch_shape, one.predicted_seconds, read
     )
     assert plan.patch_shape[1:] == read[1:] and plan.patch_shape[0] <= read[0]
+
+
+@pytest.mark.parametrize("edge", ["valid", "mirror"])
+def test_verify_recomputes_voxels_from_the_network_and_catches_tampering(tmp_path, edge):
+    """``znni verify``: a finished run passes (stored objects against their manifests, and voxels
+    recomputed from the network's definition, including each task's corners); a chunk changed
+    after the run fails, named, whether or not its manifest's digest was changed with it."""
+    import hashlib
+
+    from znni_core.io import read_manifest
+    from znni_core.pipeline.verify import verify_run
+
+    vol = em()
+    cfg = base_config(tmp_path, vol=vol, edge=edge)
+    rf = prepare(cfg)
+    run_all(rf)
+    rec = verify_run(rf, tasks=3, samples=20, seed=1, log=lambda *a: None)
+    assert rec["checksums"]["passed"] and rec["recomputed"]["passed"], rec
+    assert rec["recomputed"]["voxels"] >= 3 * 8 and rec["recomputed"]["max_deviation"] < 1e-4, rec
+    assert json.loads((Path(cfg["work_dir"]) / "verify.json").read_text()) == rec
+    # tamper: one stored value of task 0's first chunk (a valid chunk, other bytes)
+    run = load_run(rf)
+    mp = manifest_path(run, 0)
+    m = read_manifest(mp)
+    layer = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 0)
+    idx = tuple(m["chunks"][0]["index"])
+    arr = layer.read_chunk(idx)
+    arr[(0,) + tuple(s // 2 for s in arr.shape[1:])] += 0.5
+    layer.write_chunk(idx, arr)
+    with pytest.raises(DataError, match="sha256|checksum|changed"):
+        verify_run(rf, tasks=3, samples=20, seed=1, log=lambda *a: None)
+    # and its manifest rewritten to match: the recomputation still catches it (all tasks, dense sample)
+    m["chunks"][0]["sha256"] = hashlib.sha256(
+        np.ascontiguousarray(arr, dtype=np.dtype("float32").newbyteorder("<")).tobytes()
+    ).hexdigest()
+    mp.write_text(json.dumps(m))
+    n_tasks = len(run_geometry(run)[3])
+    with pytest.raises(DataError, match="the network gives"):
+        verify_run(rf, tasks=n_tasks, samples=4000, seed=1, log=lambda *a: None)

@@ -253,6 +253,25 @@ def register(app: typer.Typer) -> None:
         for n in s["viewer_notes"]:
             typer.echo(f"  note: {n}")
 
+    @app.command("verify")
+    def verify_cmd(
+        run_file: Path = typer.Argument(..., help=RUN_HELP),
+        tasks: int = typer.Option(8, help="tasks whose voxels are recomputed (chain networks)"),
+        samples: int = typer.Option(64, help="random voxels recomputed per task (its corners too)"),
+        seed: int = typer.Option(0, help="the sample's seed (recorded in verify.json)"),
+        exists_only: bool = typer.Option(False, "--exists-only", help="stored objects: existence, not checksums"),
+    ):
+        """Check a finished run: every stored object against its manifest, and a sample of voxels
+        recomputed from the network's definition; writes <work_dir>/verify.json."""
+        from ..errors import ZnniError
+        from .verify import verify_run
+
+        try:
+            verify_run(run_file, tasks=tasks, samples=samples, seed=seed, checksums=not exists_only, log=_log)
+        except ZnniError as exc:
+            fail(exc)
+        typer.echo("verify: passed")
+
     @app.command("pyramid")
     def pyramid_cmd(
         run_file: Path = typer.Argument(..., help=RUN_HELP),

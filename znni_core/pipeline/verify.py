@@ -1,0 +1,174 @@
+"""``znni verify RUN``: check a finished run's output against the network's definition.
+
+Two checks, both independent of how the output was computed:
+
+1. **Stored objects**: every task's manifest and every chunk or shard it records are read back
+   and compared with the recorded sha256 (as ``finalize`` does); a changed, missing or torn
+   object fails.
+2. **Recomputed voxels** (chain networks): in a sample of tasks, output voxels at random
+   positions (a recorded seed) and at each task's corners are computed from the definition --
+   the network applied to the voxel's field of view, with plain strided pooling and a direct
+   convolution written here in numpy (no planner, no MPF, no FFT, no Winograd) -- and compared
+   with what is stored (float32: within ``1e-4`` of the output's scale; uint8: within 1 after
+   the run's mapping).  Graph networks are checked by (1) only.
+
+The result is written to ``<work_dir>/verify.json``; a failure is a
+:class:`~znni_core.errors.DataError` naming the task, the voxel and the two values.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from ..geometry import Coordinate, Roi
+from ..io import atomic_write
+from ..net.graph import Graph
+from ..net.spec import Activation, Conv, Pool
+
+#: float32 outputs: a recomputed voxel may differ by this much times the largest |value| (at least 1)
+TOLERANCE = 1e-4
+
+
+def _act(x: np.ndarray, layer: Activation) -> np.ndarray:
+    """An activation written out in numpy (the definition; float64)."""
+    k, a = layer.kind, float(layer.alpha)
+    if k == "relu":
+        return np.maximum(x, 0)
+    if k == "leaky_relu":
+        return np.where(x > 0, x, a * x)
+    if k == "elu":
+        return np.where(x > 0, x, a * np.expm1(np.minimum(x, 0)))
+    if k == "sigmoid":
+        return 1 / (1 + np.exp(-x))
+    if k == "tanh":
+        return np.tanh(x)
+    if k == "softmax":
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+    return x  # identity
+
+
+def plain_forward(net, x: np.ndarray) -> np.ndarray:
+    """The chain ``net`` on ``x`` ``(K, C, *field_of_view)`` with strided pooling: ``(K, C_out)``,
+    one output voxel per window, in float64.
+
+    >>> from znni_core.net.spec import Conv, Network
+    >>> net = Network((Conv(np.ones((1, 1, 1, 2, 2), np.float32), None),))
+    >>> plain_forward(net, np.arange(4, dtype=np.float32).reshape(1, 1, 1, 2, 2))
+    array([[6.]])
+    """
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    y = x.astype(np.float64)
+    for layer in net.layers:
+        if isinstance(layer, Conv):
+            w = layer.weight.astype(np.float64)  # (C_out, C_in, kz, ky, kx)
+            win = sliding_window_view(y, w.shape[2:], axis=(2, 3, 4))  # (K, C, oz, oy, ox, kz, ky, kx)
+            y = np.einsum("kczyxabd,ocabd->kozyx", win, w, optimize=True)
+            if layer.bias is not None:
+                y += layer.bias.astype(np.float64)[None, :, None, None, None]
+        elif isinstance(layer, Pool):
+            wz, wy, wx = layer.window
+            k, c, z, yy, xx = y.shape
+            y = y[:, :, : z // wz * wz, : yy // wy * wy, : xx // wx * wx]
+            y = y.reshape(k, c, z // wz, wz, yy // wy, wy, xx // wx, wx).max(axis=(3, 5, 7))
+        else:
+            y = _act(y, layer)
+    if y.shape[2:] != (1, 1, 1):
+        raise DataError(f"the network on its field of view gave {y.shape[2:]} voxels, not one")
+    return y[:, :, 0, 0, 0]
+
+
+def _sample(comp: Roi, n: int, rng) -> list[Coordinate]:
+    """``n`` random voxels of ``comp`` plus its eight corners."""
+    b, e = comp.begin, comp.end
+    corners = {tuple(v) for v in np.array(np.meshgrid(*[(lo, hi - 1) for lo, hi in zip(b, e)])).T.reshape(-1, 3)}
+    rand = {tuple(int(rng.integers(lo, hi)) for lo, hi in zip(b, e)) for _ in range(n)}
+    return [Coordinate(p) for p in sorted(corners | rand)]
+
+
+def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, checksums: bool = True, log=print):
+    """Check a finished run (see the module's doc); returns the record written to
+    ``<work_dir>/verify.json`` and raises :class:`DataError` when a check fails."""
+    from .finalize import check_task
+    from .task import normalise, open_run, quantise, read_task
+
+    t0 = time.perf_counter()
+    ctx = open_run(run_file)
+    run, out = ctx.run, ctx.out
+    cfg = run["config"]
+    record = {"run_digest": run["digest"], "seed": seed, "checksums": None, "recomputed": None}
+    done = []
+    for block in ctx.tasks:
+        try:
+            check_task(run, out, block, "checksum" if checksums else "exists")
+            done.append(block.id)
+        except DataError as exc:
+            record["checksums"] = {"passed": False, "task": block.id, "error": str(exc)}
+            _write(run, record)
+            raise DataError(f"verify: task {block.id}: {exc}") from None
+    record["checksums"] = {"passed": True, "tasks": len(done), "mode": "checksum" if checksums else "exists"}
+    log(f"verify: {len(done)} task(s): every manifest and stored object checks out")
+    if isinstance(ctx.net, Graph):
+        record["recomputed"] = {"skipped": "graph network: checked by the stored objects only"}
+        _write(run, record)
+        return record
+    rng = np.random.default_rng(seed)
+    chosen = sorted(rng.choice(done, size=min(tasks, len(done)), replace=False).tolist()) if done else []
+    fov, low = Coordinate(ctx.net.field_of_view), ctx.halo.low
+    worst, n_vox, scale = 0.0, 0, 1.0
+    for tid in chosen:
+        ti = read_task(ctx, tid, log=lambda *a: None)
+        if not ti.todo:
+            continue
+        x = normalise(ti.raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], ti.inner)
+        live = [ctx.grid.chunk_roi(i).intersect(ti.comp) for i in ti.todo]
+        points = [p for p in _sample(ti.comp, samples, rng) if any(r.contains(Roi(p, (1, 1, 1))) for r in live)]
+        if not points:
+            continue
+        origin = ti.block.read_roi.offset
+        wins = np.stack(
+            [x[(slice(None),) + Roi(p - low - origin, fov).to_slices()] for p in points]
+        )  # (K, C, *fov): each voxel's field of view
+        ref = plain_forward(ctx.net, wins)  # (K, C_out)
+        stored = out.read(ti.comp, fill_missing=True)[0]
+        got = np.stack([stored[(slice(None),) + tuple(int(v) for v in p - ti.comp.offset)] for p in points])
+        if out.dtype == "uint8":
+            want = quantise(ref, "uint8", "verify", cfg["output"].get("scale"), cfg["output"].get("offset", 0.0))
+            dev = np.abs(got.astype(np.int64) - want.astype(np.int64))
+            tol = 1.0
+        else:
+            scale = max(scale, float(np.abs(ref).max()))
+            dev, tol = np.abs(got.astype(np.float64) - ref), TOLERANCE * max(1.0, scale)
+        k = int(np.argmax(dev.max(axis=1)))
+        worst, n_vox = max(worst, float(dev.max())), n_vox + len(points)
+        if dev.max() > tol:
+            record["recomputed"] = {"passed": False, "task": tid, "voxel_zyx": list(points[k]), "tolerance": tol}
+            _write(run, record)
+            raise DataError(
+                f"verify: task {tid}: the stored output at voxel {tuple(points[k])} (z, y, x) is {got[k].tolist()} "
+                f"but the network gives {np.round(ref[k], 6).tolist()} there (deviation {dev.max():.3g} > "
+                f"{tol:.3g}); re-run task {tid} (`znni run-task RUN --task {tid}`)"
+            )
+    record["recomputed"] = {
+        "passed": True,
+        "tasks": chosen,
+        "voxels": n_vox,
+        "max_deviation": worst,
+        "tolerance": 1.0 if out.dtype == "uint8" else TOLERANCE * max(1.0, scale),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    log(f"verify: {n_vox} voxel(s) in {len(chosen)} task(s) recomputed from the network: max deviation {worst:.3g}")
+    _write(run, record)
+    return record
+
+
+def _write(run: dict, record: dict) -> Path:
+    path = Path(run["work_dir"]) / "verify.json"
+    atomic_write(path, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+    return path
