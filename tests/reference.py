@@ -1,7 +1,7 @@
 """Independent references for the engine, written for the tests only.
 
-* :func:`naive_window` applies the network to ONE window with plain numpy loops
-  (conv as a sum over kernel offsets, pooling by reshape) - the definition itself.
+* :func:`naive_window` applies the network to ONE window (plain numpy: a direct convolution,
+  pooling by reshape) - the definition itself.
 * :func:`naive_dense` applies it at every (or at sampled) window positions.
 * :func:`torch_dense` is PyTorch's dense formulation: pooling as a stride-1 max
   filter, later layers dilated by the product of earlier pooling windows.
@@ -13,50 +13,16 @@ import itertools
 
 import numpy as np
 
-from znni_core.net.spec import Activation, Conv, Pool
-
-
-def _act(x, layer: Activation):
-    k, a = layer.kind, layer.alpha
-    if k == "relu":
-        return np.maximum(x, 0)
-    if k == "leaky_relu":
-        return np.where(x > 0, x, a * x)
-    if k == "elu":
-        return np.where(x > 0, x, a * np.expm1(np.minimum(x, 0)))
-    if k == "sigmoid":
-        return 1 / (1 + np.exp(-x))
-    if k == "tanh":
-        return np.tanh(x)
-    if k == "softmax":
-        e = np.exp(x - x.max(axis=0, keepdims=True))
-        return e / e.sum(axis=0, keepdims=True)
-    return x
+from znni_core.net.spec import Conv, Pool
 
 
 def naive_window(net, w):
-    """Network output (C_out,) for one window (C, Fz, Fy, Fx), in float64."""
-    x = w.astype(np.float64)
-    for layer in net.layers:
-        if isinstance(layer, Conv):
-            kz, ky, kx = layer.kernel
-            oz, oy, ox = (s - k + 1 for s, k in zip(x.shape[1:], layer.kernel))
-            y = np.zeros((layer.out_channels, oz, oy, ox))
-            W = layer.weight.astype(np.float64)
-            for a, b, c in itertools.product(range(kz), range(ky), range(kx)):
-                y += np.einsum("oi,izyx->ozyx", W[:, :, a, b, c], x[:, a : a + oz, b : b + oy, c : c + ox])
-            if layer.bias is not None:
-                y += layer.bias[:, None, None, None]
-            x = y
-        elif isinstance(layer, Pool):
-            pz, py, px = layer.window
-            c, z, yy, xx = x.shape
-            x = x[:, : z // pz * pz, : yy // py * py, : xx // px * px]
-            x = x.reshape(c, z // pz, pz, yy // py, py, xx // px, px).max(axis=(2, 4, 6))
-        else:
-            x = _act(x, layer)
-    assert x.shape[1:] == (1, 1, 1), x.shape
-    return x[:, 0, 0, 0]
+    """Network output (C_out,) for one window (C, Fz, Fy, Fx), in float64: the definition, as
+    ``znni verify`` computes it (:func:`znni_core.pipeline.verify.plain_forward`, itself checked
+    against PyTorch in ``test_engine.py::test_the_definition_equals_torch``)."""
+    from znni_core.pipeline.verify import plain_forward
+
+    return plain_forward(net, np.asarray(w)[None])[0]
 
 
 def naive_dense(net, x, positions=None):

@@ -544,3 +544,23 @@ def test_profiled_charges_each_step_its_own_seconds():
         with pytest.raises(RuntimeError, match="nest"):
             with profiled():
                 pass
+
+
+def test_the_definition_equals_torch():
+    """``plain_forward`` (the network on its field of view, strided pooling, numpy float64: what
+    ``znni verify`` and the tests' naive reference compute) equals PyTorch's dense output at
+    random windows, for every activation kind."""
+    from znni_core.pipeline.verify import plain_forward
+
+    rng = np.random.default_rng(7)
+    for act in (("relu",), ("leaky_relu", 0.2), ("elu", 0.7), ("sigmoid",), ("tanh",), ("softmax",), ("identity",)):
+        layout = [("conv", 3, (2, 3, 3)), ("act",) + act, ("pool", (1, 2, 2)), ("conv", 2, 2), ("act",) + act]
+        net = make_net(layout, seed=3)
+        fov = net.field_of_view
+        x = rng.standard_normal((1,) + tuple(f + 3 for f in fov)).astype(np.float32)
+        dense = torch_dense(net, x)  # (C_out, 4, 4, 4)
+        pos = [(0, 0, 0), (3, 2, 1), (1, 3, 3)]
+        wins = np.stack([x[:, p[0] : p[0] + fov[0], p[1] : p[1] + fov[1], p[2] : p[2] + fov[2]] for p in pos])
+        got = plain_forward(net, wins)
+        want = np.stack([dense[(slice(None),) + p] for p in pos])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(act))
