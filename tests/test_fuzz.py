@@ -67,7 +67,8 @@ def _mutate(obj, path, value, delete=False):
     for k in path[:-1]:
         d = d[k]
     if delete:
-        d.pop(path[-1], None)
+        if isinstance(d, dict):
+            d.pop(path[-1], None)
     else:
         d[path[-1]] = value
     return obj
@@ -195,14 +196,7 @@ def test_fuzzed_info_files_are_accepted_or_refused_clearly(demo, tmp_path):
         @SETTINGS
         @given(path=st.sampled_from(keys), value=st.sampled_from(BAD_VALUES), delete=st.booleans())
         def case(path, value, delete):
-            info = copy.deepcopy(base)
-            target = info
-            for k in path[:-1]:
-                target = target[k]
-            if delete:
-                target.pop(path[-1], None)
-            else:
-                target[path[-1]] = value
+            info = _mutate(base, path, value, delete=delete)
             (layer / "info").write_text(json.dumps(info))  # NaN and Infinity as Python's json writes them
             tally.ran += 1
             try:
@@ -266,14 +260,7 @@ def test_fuzzed_network_specs_are_accepted_or_refused_clearly(demo, tmp_path):
         @SETTINGS
         @given(path=st.sampled_from(keys), value=st.sampled_from(BAD_VALUES), delete=st.booleans())
         def case(path, value, delete):
-            spec = copy.deepcopy(base)
-            target = spec
-            for k in path[:-1]:
-                target = target[k]
-            if delete:
-                target.pop(path[-1], None) if isinstance(target, dict) else None
-            else:
-                target[path[-1]] = value
+            spec = _mutate(base, path, value, delete=delete)
             f = tmp_path / "net.yaml"
             f.write_text(yaml.safe_dump(spec))
             tally.ran += 1

@@ -84,6 +84,22 @@ def _short(entry) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+def _entries(path: Path, entries: list, what: str, key: str, build, weights: dict) -> list:
+    """``build(path, i, entry, weights)`` for each spec entry; an entry that is not a mapping with
+    ``key``, or whose values the constructors refuse, is a :class:`NetworkError` naming it."""
+    out = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or key not in entry:
+            raise NetworkError(f"{path}: {what} {i} must be a mapping with {key!r}, got {_short(entry)}")
+        try:
+            out.append(build(path, i, entry, weights))
+        except _BAD_VALUE as exc:
+            raise NetworkError(
+                f"{path}: {what} {i} {_short(entry)}: invalid value ({type(exc).__name__}: {exc})"
+            ) from None
+    return out
+
+
 def _layer(path: Path, i: int, entry: dict, weights: dict):
     """Layer ``i`` of a chain spec."""
     kind = str(entry["type"]).lower()
@@ -142,16 +158,7 @@ def load_native(path) -> Network:
     layers_spec = spec.get("layers")
     if not isinstance(layers_spec, list) or not layers_spec:
         raise NetworkError(f"{path}: 'layers' (a chain) or 'nodes' (a graph) must be a non-empty list")
-    layers = []
-    for i, entry in enumerate(layers_spec):
-        if not isinstance(entry, dict) or "type" not in entry:
-            raise NetworkError(f"{path}: layer {i} must be a mapping with a 'type', got {entry!r}")
-        try:
-            layers.append(_layer(path, i, entry, weights))
-        except _BAD_VALUE as exc:
-            raise NetworkError(
-                f"{path}: layer {i} {_short(entry)}: invalid value ({type(exc).__name__}: {exc})"
-            ) from None
+    layers = _entries(path, layers_spec, "layer", "type", _layer, weights)
     return Network(
         tuple(layers), name=str(spec.get("name", path.stem)), metadata={"source": str(path), "format": FORMAT}
     )
@@ -192,16 +199,7 @@ def _node(path: Path, i: int, entry: dict, weights: dict) -> Node:
 
 
 def _load_graph(path: Path, spec: dict, weights: dict) -> Graph:
-    nodes = []
-    for i, entry in enumerate(spec["nodes"] or []):
-        if not isinstance(entry, dict) or "op" not in entry:
-            raise NetworkError(f"{path}: node {i} must be a mapping with an 'op', got {entry!r}")
-        try:
-            nodes.append(_node(path, i, entry, weights))
-        except _BAD_VALUE as exc:
-            raise NetworkError(
-                f"{path}: node {i} {_short(entry)}: invalid value ({type(exc).__name__}: {exc})"
-            ) from None
+    nodes = _entries(path, spec["nodes"] or [], "node", "op", _node, weights)
     if not nodes:
         raise NetworkError(f"{path}: 'nodes' must be a non-empty list")
     return Graph(
