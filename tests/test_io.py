@@ -206,12 +206,15 @@ _WRITER = textwrap.dedent("""
 """)
 
 
-def test_T2_sigkill_during_writes_never_leaves_a_torn_chunk(tmp_path):
+T2_TRIALS = 20  # kills at seeded random moments, every one must leave a whole chunk or none
+
+
+def test_T2_sigkill_during_writes_never_leaves_a_torn_chunk_20_trials(tmp_path):
     url, spec, layer = make_layer(tmp_path, channels=1, bounds=Roi((0, 0, 0), (64, 128, 128)), chunk=(64, 128, 128))
     valid = {np.full((1, 64, 128, 128), v, np.float32).tobytes() for v in (1.0, 2.0)}
     rng = np.random.default_rng(1234)
     env = dict(os.environ, PYTHONPATH=os.getcwd())
-    for trial in range(6):
+    for trial in range(T2_TRIALS):
         p = subprocess.Popen([sys.executable, "-c", _WRITER, str(url)], stdout=subprocess.PIPE, env=env)
         assert p.stdout.readline().strip() == b"ready"
         time.sleep(float(rng.uniform(0.02, 0.3)))
