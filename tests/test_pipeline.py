@@ -22,6 +22,7 @@ from znni_core.pipeline.finalize import finalize
 from znni_core.pipeline.task import manifest_path, run_task
 
 from .pipeline_helpers import base_config, em, layer_files
+from .reference import torch_dense
 
 QUIET = dict(show_progress=False, log=lambda *a: None)
 
@@ -648,3 +649,31 @@ def test_verify_recomputes_voxels_from_the_network_and_catches_tampering(tmp_pat
     n_tasks = len(run_geometry(run)[3])
     with pytest.raises(DataError, match="the network gives"):
         verify_run(rf, tasks=n_tasks, samples=4000, seed=1, log=lambda *a: None)
+
+
+def test_test_time_augmentation_equals_torch_on_every_variant(tmp_path):
+    """``tta: {flips: [y, x], transpose_xy: true}``: the stored output is the mean of the network
+    on the 8 flipped/transposed inputs, each transformed back, as PyTorch computes them; a graph
+    network or a y/x-asymmetric halo with the transpose is refused at validate."""
+    vol = em()
+    layout = [("conv", 2, (1, 3, 3)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 2, (2, 3, 3)), ("act", "tanh")]
+    cfg = base_config(tmp_path, vol=vol, layout=layout, tta={"flips": ["y", "x"], "transpose_xy": True})
+    rf = prepare(cfg)
+    run_all(rf)
+    got, _ = read_out(rf)
+    net = znni_core.load_network(cfg["network"]["path"])
+    x = vol.astype(np.float32)[None] * np.float32(cfg["normalize"]["scale"])
+    outs = []
+    for flips in ((), (2,), (3,), (2, 3)):
+        for transpose in (False, True):
+            xv = np.flip(x, flips) if flips else x
+            xv = xv.swapaxes(2, 3) if transpose else xv
+            y = torch_dense(net, np.ascontiguousarray(xv))
+            y = y.swapaxes(2, 3) if transpose else y
+            outs.append(np.flip(y, flips) if flips else y)
+    ref = np.mean(outs, axis=0)
+    assert not np.allclose(ref, outs[0], atol=1e-3)  # the variants differ: the mean is not the plain output
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    asym = base_config(tmp_path / "asym", vol=vol, layout=[("conv", 1, (1, 2, 3))], tta={"transpose_xy": True})
+    with pytest.raises(ConfigError, match="transpose_xy"):
+        resolve(asym, progress=lambda *a: None)

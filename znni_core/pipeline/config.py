@@ -288,6 +288,17 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     fov = Coordinate(net.field_of_view)
     graph = isinstance(net, Graph)
     halo = net_halo(net)
+    tta = cfg["tta"]
+    if (tta["flips"] or tta["transpose_xy"]) and graph:
+        raise ConfigError(
+            f"tta {tta}: test-time augmentation runs chain networks only ({net_path.name} is a graph network); "
+            "remove tta"
+        )
+    if tta["transpose_xy"] and (halo.low[1] != halo.low[2] or halo.high[1] != halo.high[2]):
+        raise ConfigError(
+            f"tta.transpose_xy: the network's halo differs on y and x (low {tuple(halo.low)}, high "
+            f"{tuple(halo.high)}), so its output on the transposed input does not line up; use flips only"
+        )
 
     iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
     inp = open_input(iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"])

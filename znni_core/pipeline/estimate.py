@@ -223,6 +223,7 @@ def run_estimate(
     from .. import load_network
     from .config import resolve, validate_config
     from .schedule import compute_schedule
+    from .task import tta_variants
 
     cfg = validate_config(cfg)
     work = Path(cfg["work_dir"])
@@ -236,10 +237,11 @@ def run_estimate(
     else:
         _, plan = resolve(cfg, mem_mb=mem_mb, threads=threads, progress=lambda *a: None)
         log(f"timing the plan (patch {tuple(plan.patch_shape)}, {plan.threads} thread(s)) on this machine ...")
-        rate = time_plan(net, plan)
+        variants = len(tta_variants(cfg["tta"]))
+        rate = time_plan(net, plan) / variants
         source = (
             f"the plan timed on one patch here, engine only (predicted {plan.predicted_voxels_per_s:,.0f}); "
-            "reads and writes add to it"
+            "reads and writes add to it" + (f"; {variants} test-time augmentation variants" if variants > 1 else "")
         )
     schedule = compute_schedule(cfg, rate=rate)  # jobs sized at this rate, as the workflow will once it is saved
     if cfg.get("mask"):

@@ -106,7 +106,10 @@ def predicted_rate(cfg: dict, net, lay) -> float | None:
     task_shape = (lay.task_chunks * lay.grid.chunk_shape).min(lay.region.shape)
     budget = None if cfg["device"] != "cpu" else int(JOB_MEM_MB * 2**20 * cfg["plan"]["memory_fraction"])
     try:
-        return task_plan(net, cfg, budget, 1, task_shape, lay.region).predicted_voxels_per_s
+        from .task import tta_variants  # each test-time augmentation variant is a full pass
+
+        plan = task_plan(net, cfg, budget, 1, task_shape, lay.region)
+        return plan.predicted_voxels_per_s / len(tta_variants(cfg["tta"]))
     except ZnniError:
         return None
 

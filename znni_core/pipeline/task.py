@@ -138,6 +138,43 @@ def compute(net, plan, x: np.ndarray, out_shape, *, device: str = "cpu", progres
     return out
 
 
+def tta_variants(tta: dict | None) -> list[tuple[tuple[int, ...], bool]]:
+    """``[(axes to flip, transpose y/x)]`` of ``tta`` (axes of a (C, z, y, x) array), the identity
+    first: every subset of ``flips``, each with and without the transpose when ``transpose_xy``.
+
+    >>> tta_variants({"flips": ["y", "x"], "transpose_xy": False})
+    [((), False), ((3,), False), ((2,), False), ((2, 3), False)]
+    """
+    import itertools
+
+    axes = [{"z": 1, "y": 2, "x": 3}[a] for a in (tta or {}).get("flips", [])]
+    subsets = [
+        tuple(sorted(a for a, on in zip(axes, pick) if on)) for pick in itertools.product((0, 1), repeat=len(axes))
+    ]
+    return [(f, t) for t in ((False, True) if (tta or {}).get("transpose_xy") else (False,)) for f in subsets]
+
+
+def compute_tta(net, plan, x: np.ndarray, out_shape, tta: dict | None, **kw) -> np.ndarray:
+    """:func:`compute` averaged over the variants of ``tta`` (:func:`tta_variants`): the network
+    on each transformed input, its output transformed back (exact per variant; the mean in
+    float64, stored as float32)."""
+    variants = tta_variants(tta)
+    if len(variants) == 1:
+        return compute(net, plan, x, out_shape, **kw)
+    acc = None
+    for flips, transpose in variants:
+        xv = np.flip(x, flips) if flips else x
+        shape = tuple(out_shape)
+        if transpose:
+            xv, shape = xv.swapaxes(2, 3), (shape[0], shape[2], shape[1])
+        y = compute(net, plan, np.ascontiguousarray(xv), shape, **kw)
+        if transpose:
+            y = y.swapaxes(2, 3)
+        y = np.flip(y, flips) if flips else y
+        acc = y.astype(np.float64) if acc is None else acc + y
+    return (acc / len(variants)).astype(np.float32)
+
+
 def graph_read(net, plan, region: Roi, write_roi: Roi, halo):
     """(window, read ROI, extent) of a task of a graph network.  The window's patches are those
     a run of ``infer`` over the whole region's input would use for these voxels; ``extent`` is
@@ -373,7 +410,7 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
         x = normalise(raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], inner)
         del raw
         bar = None
-        ntiles = int(
+        ntiles = len(tta_variants(cfg.get("tta"))) * int(
             np.prod(
                 [-(-s // t) for s, t in zip(comp.shape, [min(a, b) for a, b in zip(plan.output_shape, comp.shape)])]
             )
@@ -382,7 +419,15 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
             from tqdm import tqdm
 
             bar = tqdm(total=ntiles, desc=f"task {ti.task_id} patches", unit="patch", leave=False)
-        y = compute(net, plan, x, tuple(comp.shape), device=device, progress=bar.update if bar is not None else None)
+        y = compute_tta(
+            net,
+            plan,
+            x,
+            tuple(comp.shape),
+            cfg.get("tta"),
+            device=device,
+            progress=bar.update if bar is not None else None,
+        )
         if bar is not None:
             bar.close()
         del x
