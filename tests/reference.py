@@ -18,9 +18,9 @@ from znni_core.net.spec import Conv, Pool
 
 def naive_window(net, w):
     """Network output (C_out,) for one window (C, Fz, Fy, Fx), in float64: the definition, as
-    ``znni verify`` computes it (:func:`znni_core.pipeline.verify.plain_forward`, itself checked
+    ``znni verify`` computes it (:func:`znni_core.net.definition.plain_forward`, itself checked
     against PyTorch in ``test_engine.py::test_the_definition_equals_torch``)."""
-    from znni_core.pipeline.verify import plain_forward
+    from znni_core.net.definition import plain_forward
 
     return plain_forward(net, np.asarray(w)[None])[0]
 

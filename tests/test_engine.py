@@ -550,7 +550,7 @@ def test_the_definition_equals_torch():
     """``plain_forward`` (the network on its field of view, strided pooling, numpy float64: what
     ``znni verify`` and the tests' naive reference compute) equals PyTorch's dense output at
     random windows, for every activation kind."""
-    from znni_core.pipeline.verify import plain_forward
+    from znni_core.net.definition import plain_forward
 
     rng = np.random.default_rng(7)
     for act in (("relu",), ("leaky_relu", 0.2), ("elu", 0.7), ("sigmoid",), ("tanh",), ("softmax",), ("identity",)):

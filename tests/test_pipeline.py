@@ -677,3 +677,26 @@ def test_test_time_augmentation_equals_torch_on_every_variant(tmp_path):
     asym = base_config(tmp_path / "asym", vol=vol, layout=[("conv", 1, (1, 2, 3))], tta={"transpose_xy": True})
     with pytest.raises(ConfigError, match="transpose_xy"):
         resolve(asym, progress=lambda *a: None)
+
+
+def test_each_task_recomputes_sampled_voxels_before_it_is_done(tmp_path, monkeypatch):
+    """``verify_voxels``: a task's manifest records the voxels recomputed from the definition; an
+    engine that computed one sampled voxel wrong fails the task before anything is written."""
+    from znni_core.pipeline import task as T
+
+    cfg = base_config(tmp_path, verify_voxels=40)
+    rf = prepare(cfg)
+    run_task(rf, 0, **QUIET)
+    rec = json.loads(manifest_path(load_run(rf), 0).read_text())["recomputed"]
+    assert rec["voxels"] >= 8 and rec["max_deviation"] <= rec["tolerance"], rec
+    real = T.compute_tta
+
+    def wrong(*a, **kw):
+        y = real(*a, **kw)
+        y[(slice(None),) + (0, 0, 0)] += 0.25  # a corner: always sampled
+        return y
+
+    monkeypatch.setattr(T, "compute_tta", wrong)
+    with pytest.raises(DataError, match="the network gives"):
+        run_task(rf, 1, **QUIET)
+    assert not manifest_path(load_run(rf), 1).exists()

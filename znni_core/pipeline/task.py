@@ -280,6 +280,7 @@ class TaskInput:
     extent: object = None
     t0: float = 0.0
     t_read: float = 0.0
+    recomputed: object = None  # the in-run check of sampled voxels (:func:`check_sample`), for the manifest
 
 
 def run_task(
@@ -384,6 +385,37 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
     )
 
 
+def check_sample(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray, n: int) -> dict:
+    """Recompute ``n`` voxels of the task's output (random, seeded by the task id, plus the
+    computed box's corners) from the network's definition (:func:`znni_core.net.definition.plain_forward`) and
+    compare with ``y``; a :class:`DataError` when one deviates by more than the tolerance (the
+    task is then not marked done).  Returns the record kept in the manifest."""
+    from ..net.definition import TOLERANCE, plain_forward, sample_voxels
+
+    if not np.isfinite(y).all():  # the store stage refuses it, naming the chunks (T20)
+        return {"voxels": 0}
+    comp, low, fov = ti.comp, ctx.halo.low, Coordinate(ctx.net.field_of_view)
+    live = [ctx.grid.chunk_roi(i).intersect(comp) for i in ti.todo]
+    rng = np.random.default_rng([int(ti.task_id), 20261128])
+    points = [p for p in sample_voxels(comp, n, rng) if any(r.contains(Roi(p, (1, 1, 1))) for r in live)]
+    if not points:
+        return {"voxels": 0}
+    origin = ti.block.read_roi.offset
+    wins = np.stack([x[(slice(None),) + Roi(p - low - origin, fov).to_slices()] for p in points])
+    ref = plain_forward(ctx.net, wins)
+    got = np.stack([y[(slice(None),) + tuple(int(v) for v in p - comp.offset)] for p in points]).astype(np.float64)
+    dev = np.abs(got - ref)
+    tol = TOLERANCE * max(1.0, float(np.abs(ref).max()))
+    if dev.max() > tol:
+        k = int(np.argmax(dev.max(axis=1)))
+        raise DataError(
+            f"task {ti.task_id}: the computed output at voxel {tuple(points[k])} (z, y, x) is {got[k].tolist()} but "
+            f"the network gives {np.round(ref[k], 6).tolist()} there (deviation {dev.max():.3g} > {tol:.3g}); "
+            "nothing was written for this task. Report this with the plan (plan.json)"
+        )
+    return {"voxels": len(points), "max_deviation": float(dev.max()), "tolerance": tol}
+
+
 def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, show_progress: bool = False) -> tuple:
     """Stage 2: ``(output of the task's write box or None, seconds)``; frees the task's input."""
     net, plan, cfg, block = ctx.net, ctx.plan, ctx.run["config"], ti.block
@@ -430,6 +462,9 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
         )
         if bar is not None:
             bar.close()
+        n = int(cfg.get("verify_voxels", 0) or 0)
+        if n and not (cfg.get("tta") or {}).get("flips") and not (cfg.get("tta") or {}).get("transpose_xy"):
+            ti.recomputed = check_sample(ctx, ti, x, y, n)
         del x
     if y is not None and comp != block.write_roi:
         full = np.zeros((y.shape[0],) + tuple(block.write_roi.shape), y.dtype)
@@ -498,6 +533,7 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
         "plan_digest": plan.digest(),
         "network_digest": net.digest(),
         "missing_input_filled": ti.missing,
+        **({"recomputed": ti.recomputed} if ti.recomputed else {}),
         "versions": run["versions"] | {"python": platform.python_version()},
         "device": device,
         "host": socket.gethostname(),

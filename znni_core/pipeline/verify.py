@@ -27,69 +27,8 @@ import numpy as np
 from ..errors import DataError
 from ..geometry import Coordinate, Roi
 from ..io import atomic_write
+from ..net.definition import TOLERANCE, plain_forward, sample_voxels
 from ..net.graph import Graph
-from ..net.spec import Activation, Conv, Pool
-
-#: float32 outputs: a recomputed voxel may differ by this much times the largest |value| (at least 1)
-TOLERANCE = 1e-4
-
-
-def _act(x: np.ndarray, layer: Activation) -> np.ndarray:
-    """An activation written out in numpy (the definition; float64)."""
-    k, a = layer.kind, float(layer.alpha)
-    if k == "relu":
-        return np.maximum(x, 0)
-    if k == "leaky_relu":
-        return np.where(x > 0, x, a * x)
-    if k == "elu":
-        return np.where(x > 0, x, a * np.expm1(np.minimum(x, 0)))
-    if k == "sigmoid":
-        return 1 / (1 + np.exp(-x))
-    if k == "tanh":
-        return np.tanh(x)
-    if k == "softmax":
-        e = np.exp(x - x.max(axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
-    return x  # identity
-
-
-def plain_forward(net, x: np.ndarray) -> np.ndarray:
-    """The chain ``net`` on ``x`` ``(K, C, *field_of_view)`` with strided pooling: ``(K, C_out)``,
-    one output voxel per window, in float64.
-
-    >>> from znni_core.net.spec import Conv, Network
-    >>> net = Network((Conv(np.ones((1, 1, 1, 2, 2), np.float32), None),))
-    >>> plain_forward(net, np.arange(4, dtype=np.float32).reshape(1, 1, 1, 2, 2))
-    array([[6.]])
-    """
-    from numpy.lib.stride_tricks import sliding_window_view
-
-    y = x.astype(np.float64)
-    for layer in net.layers:
-        if isinstance(layer, Conv):
-            w = layer.weight.astype(np.float64)  # (C_out, C_in, kz, ky, kx)
-            win = sliding_window_view(y, w.shape[2:], axis=(2, 3, 4))  # (K, C, oz, oy, ox, kz, ky, kx)
-            y = np.einsum("kczyxabd,ocabd->kozyx", win, w, optimize=True)
-            if layer.bias is not None:
-                y += layer.bias.astype(np.float64)[None, :, None, None, None]
-        elif isinstance(layer, Pool):
-            wz, wy, wx = layer.window
-            k, c, z, yy, xx = y.shape
-            y = y[:, :, : z // wz * wz, : yy // wy * wy, : xx // wx * wx]
-            y = y.reshape(k, c, z // wz, wz, yy // wy, wy, xx // wx, wx).max(axis=(3, 5, 7))
-        else:
-            y = _act(y, layer)
-    if y.shape[2:] != (1, 1, 1):
-        raise DataError(f"the network on its field of view gave {y.shape[2:]} voxels, not one")
-    return y[:, :, 0, 0, 0]
-
-
-def _sample(comp: Roi, n: int, rng) -> list[Coordinate]:
-    """``n`` random voxels of ``comp`` plus its eight corners."""
-    b, e = comp.begin, comp.end
-    corners = {tuple(v) for v in np.array(np.meshgrid(*[(lo, hi - 1) for lo, hi in zip(b, e)])).T.reshape(-1, 3)}
-    rand = {tuple(int(rng.integers(lo, hi)) for lo, hi in zip(b, e)) for _ in range(n)}
-    return [Coordinate(p) for p in sorted(corners | rand)]
 
 
 def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, checksums: bool = True, log=print):
@@ -128,7 +67,7 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
             continue
         x = normalise(ti.raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], ti.inner)
         live = [ctx.grid.chunk_roi(i).intersect(ti.comp) for i in ti.todo]
-        points = [p for p in _sample(ti.comp, samples, rng) if any(r.contains(Roi(p, (1, 1, 1))) for r in live)]
+        points = [p for p in sample_voxels(ti.comp, samples, rng) if any(r.contains(Roi(p, (1, 1, 1))) for r in live)]
         if not points:
             continue
         origin = ti.block.read_roi.offset
