@@ -42,16 +42,22 @@ def plain_forward(net, x: np.ndarray) -> np.ndarray:
     >>> plain_forward(net, np.arange(4, dtype=np.float32).reshape(1, 1, 1, 2, 2))
     array([[6.]])
     """
-    from numpy.lib.stride_tricks import sliding_window_view
-
     y = x.astype(np.float64)
     for layer in net.layers:
         if isinstance(layer, Conv):
             w = layer.weight.astype(np.float64)  # (C_out, C_in, kz, ky, kx)
-            win = sliding_window_view(y, w.shape[2:], axis=(2, 3, 4))  # (K, C, oz, oy, ox, kz, ky, kx)
-            y = np.einsum("kczyxabd,ocabd->kozyx", win, w, optimize=True)
+            kz, ky, kx = w.shape[2:]
+            oz, oy, ox = (s - k + 1 for s, k in zip(y.shape[2:], w.shape[2:]))
+            out = np.zeros((y.shape[0], w.shape[0], oz, oy, ox))
+            for a in range(kz):  # a sum over the kernel's offsets: memory of one output, never of windows
+                for b in range(ky):
+                    for c in range(kx):
+                        out += np.einsum(
+                            "oi,kizyx->kozyx", w[:, :, a, b, c], y[:, :, a : a + oz, b : b + oy, c : c + ox]
+                        )
             if layer.bias is not None:
-                y += layer.bias.astype(np.float64)[None, :, None, None, None]
+                out += layer.bias.astype(np.float64)[None, :, None, None, None]
+            y = out
         elif isinstance(layer, Pool):
             wz, wy, wx = layer.window
             k, c, z, yy, xx = y.shape
@@ -64,9 +70,33 @@ def plain_forward(net, x: np.ndarray) -> np.ndarray:
     return y[:, :, 0, 0, 0]
 
 
+def flops_per_voxel(net) -> float:
+    """Floating-point operations of :func:`plain_forward` for one output voxel (its convolutions
+    on the field of view): what recomputing a voxel costs."""
+    shape, total = tuple(net.field_of_view), 0.0
+    for layer in net.layers:
+        if isinstance(layer, Conv):
+            shape = tuple(s - k + 1 for s, k in zip(shape, layer.kernel))
+            total += 2.0 * layer.in_channels * layer.out_channels * float(np.prod(layer.kernel)) * float(np.prod(shape))
+        elif isinstance(layer, Pool):
+            shape = tuple(s // w for s, w in zip(shape, layer.window))
+    return total
+
+
+#: floating-point operations per second :func:`plain_forward` is assumed to run at (numpy, float64,
+#: one core; measured 1-3 x 10^9 on a Zen 4 core): sizes ``verify_voxels: auto``
+DEFINITION_FLOPS = 1e9
+
+
 def sample_voxels(comp: Roi, n: int, rng) -> list[Coordinate]:
-    """``n`` random voxels of ``comp`` plus its eight corners."""
+    """``n`` voxels of ``comp``: its corners first (up to eight), then random ones."""
     b, e = comp.begin, comp.end
-    corners = {tuple(v) for v in np.array(np.meshgrid(*[(lo, hi - 1) for lo, hi in zip(b, e)])).T.reshape(-1, 3)}
-    rand = {tuple(int(rng.integers(lo, hi)) for lo, hi in zip(b, e)) for _ in range(n)}
-    return [Coordinate(p) for p in sorted(corners | rand)]
+    corners = sorted(
+        {tuple(v) for v in np.array(np.meshgrid(*[(lo, hi - 1) for lo, hi in zip(b, e)])).T.reshape(-1, 3)}
+    )
+    picked = corners[:n]
+    while len(picked) < min(n, int(np.prod(tuple(comp.shape)))):
+        p = tuple(int(rng.integers(lo, hi)) for lo, hi in zip(b, e))
+        if p not in picked:
+            picked.append(p)
+    return [Coordinate(p) for p in picked]

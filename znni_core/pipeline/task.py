@@ -385,13 +385,38 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
     )
 
 
-def check_sample(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray, n: int) -> dict:
-    """Recompute ``n`` voxels of the task's output (random, seeded by the task id, plus the
-    computed box's corners) from the network's definition (:func:`znni_core.net.definition.plain_forward`) and
-    compare with ``y``; a :class:`DataError` when one deviates by more than the tolerance (the
-    task is then not marked done).  Returns the record kept in the manifest."""
+#: ``verify_voxels: auto`` spends at most this share of a task's predicted time on its check
+VERIFY_SHARE = 0.02
+
+
+def verify_count(setting, net, plan, voxels: int) -> int:
+    """Voxels a task of ``voxels`` output voxels recomputes: ``setting``, or with ``auto`` as many
+    as :data:`VERIFY_SHARE` of its predicted time pays for (at most 64)."""
+    from ..net.definition import DEFINITION_FLOPS, flops_per_voxel
+
+    if setting != "auto":
+        return int(setting)
+    rate = plan.predicted_voxels_per_s or 0.0
+    per_voxel = flops_per_voxel(net) / DEFINITION_FLOPS
+    if rate <= 0 or per_voxel <= 0:
+        return 0
+    return int(min(64, VERIFY_SHARE * voxels / rate / per_voxel))
+
+
+def check_sample(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray, setting="auto") -> dict:
+    """Recompute voxels of the task's output (:func:`verify_count` of them: its corners, then
+    random ones seeded by the task id) from the network's definition
+    (:func:`znni_core.net.definition.plain_forward`) and compare with ``y``; a :class:`DataError`
+    when one deviates by more than the tolerance (the task is then not marked done).  Returns the
+    record kept in the manifest."""
     from ..net.definition import TOLERANCE, plain_forward, sample_voxels
 
+    n = verify_count(setting, ctx.net, ctx.plan, int(np.prod(tuple(ti.comp.shape))))
+    if n <= 0:
+        return {
+            "voxels": 0,
+            "skipped": f"verify_voxels {setting}: no voxel within {VERIFY_SHARE:.0%} of the task's time",
+        }
     if not np.isfinite(y).all():  # the store stage refuses it, naming the chunks (T20)
         return {"voxels": 0}
     comp, low, fov = ti.comp, ctx.halo.low, Coordinate(ctx.net.field_of_view)
@@ -462,9 +487,9 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
         )
         if bar is not None:
             bar.close()
-        n = int(cfg.get("verify_voxels", 0) or 0)
-        if n and not (cfg.get("tta") or {}).get("flips") and not (cfg.get("tta") or {}).get("transpose_xy"):
-            ti.recomputed = check_sample(ctx, ti, x, y, n)
+        tta = cfg.get("tta") or {}
+        if not tta.get("flips") and not tta.get("transpose_xy"):
+            ti.recomputed = check_sample(ctx, ti, x, y, cfg.get("verify_voxels", "auto"))
         del x
     if y is not None and comp != block.write_roi:
         full = np.zeros((y.shape[0],) + tuple(block.write_roi.shape), y.dtype)
