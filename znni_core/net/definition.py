@@ -91,12 +91,17 @@ DEFINITION_FLOPS = 1e9
 def sample_voxels(comp: Roi, n: int, rng) -> list[Coordinate]:
     """``n`` voxels of ``comp``: its corners first (up to eight), then random ones."""
     b, e = comp.begin, comp.end
+    total = int(np.prod(tuple(comp.shape)))
+    if n >= total:  # every voxel
+        return [Coordinate(p) + b for p in np.ndindex(*tuple(comp.shape))]
     corners = sorted(
         {tuple(v) for v in np.array(np.meshgrid(*[(lo, hi - 1) for lo, hi in zip(b, e)])).T.reshape(-1, 3)}
     )
     picked = corners[:n]
-    while len(picked) < min(n, int(np.prod(tuple(comp.shape)))):
+    seen = set(picked)
+    while len(picked) < n:
         p = tuple(int(rng.integers(lo, hi)) for lo, hi in zip(b, e))
-        if p not in picked:
+        if p not in seen:
+            seen.add(p)
             picked.append(p)
     return [Coordinate(p) for p in picked]

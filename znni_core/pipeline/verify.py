@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import DataError
 from ..geometry import Coordinate, Roi
 from ..io import atomic_write
-from ..net.definition import TOLERANCE, plain_forward, sample_voxels
+from ..net.definition import DEFINITION_FLOPS, TOLERANCE, flops_per_voxel, plain_forward, sample_voxels
 from ..net.graph import Graph
 
 
@@ -60,6 +60,10 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
     rng = np.random.default_rng(seed)
     chosen = sorted(rng.choice(done, size=min(tasks, len(done)), replace=False).tolist()) if done else []
     fov, low = Coordinate(ctx.net.field_of_view), ctx.halo.low
+    guess = len(chosen) * (samples + 8) * flops_per_voxel(ctx.net) / DEFINITION_FLOPS
+    log(
+        f"verify: recomputing up to {len(chosen) * (samples + 8)} voxel(s) in {len(chosen)} task(s), about {guess:.0f} s"
+    )
     worst, n_vox, scale = 0.0, 0, 1.0
     for tid in chosen:
         ti = read_task(ctx, tid, log=lambda *a: None)
@@ -67,7 +71,9 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
             continue
         x = normalise(ti.raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], ti.inner)
         live = [ctx.grid.chunk_roi(i).intersect(ti.comp) for i in ti.todo]
-        points = [p for p in sample_voxels(ti.comp, samples, rng) if any(r.contains(Roi(p, (1, 1, 1))) for r in live)]
+        points = [
+            p for p in sample_voxels(ti.comp, samples + 8, rng) if any(r.contains(Roi(p, (1, 1, 1))) for r in live)
+        ]
         if not points:
             continue
         origin = ti.block.read_roi.offset
