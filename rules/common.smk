@@ -50,7 +50,13 @@ _JOB_THREADS = workflow.resource_settings.overwrite_threads.get("infer_job", 1)
 _JOB_THREADS = getattr(_JOB_THREADS, "value", _JOB_THREADS)  # an int, or a Resource holding one
 if _CORES and _CORES < sys.maxsize and isinstance(_JOB_THREADS, int) and _JOB_THREADS > 1:
     SLOTS = max(1, min(SLOTS, _CORES // _JOB_THREADS))
+_GOMP_BEFORE = os.environ.get("GOMP_SPINCOUNT")
 SCHEDULE = workflow_schedule(ZNNI_CONFIG, SLOTS)
+# planning the schedule may load znni's engine in this (Snakemake's) process, which sets
+# GOMP_SPINCOUNT for its own OpenMP threads: it must not reach the jobs of a parent workflow's
+# rules (znni's own jobs set it again when they load the engine)
+if _GOMP_BEFORE is None:
+    os.environ.pop("GOMP_SPINCOUNT", None)
 # schedule.json is rewritten when the config or the network changes: as validate's input it makes a
 # config change rerun validate under `rerun-triggers: mtime` too
 SCHEDULE_FILE = [] if "error" in SCHEDULE else [f"{WORK}/schedule.json"]

@@ -15,6 +15,7 @@ import itertools
 import math
 import os
 import re
+from typing import NamedTuple
 
 import numpy as np
 
@@ -167,6 +168,26 @@ def _slab_modes(net: Network, patch, mode_sets) -> list[tuple]:
     heights = sorted({max(1, rows_total // 8), max(1, rows_total // 2)})
     rests = sorted({m[1:] for m in mode_sets})
     return [(f"slab:{h}",) + rest for h in heights for rest in rests]
+
+
+class Candidate(NamedTuple):
+    """One priced (patch, pooling modes, placement) of the search: its steps and predictions."""
+
+    voxels_per_s: float  # over the input the plan is for (:func:`_rate`)
+    patch: tuple
+    modes: tuple  # per pooling layer: mpf | pool | slab:ROWS
+    steps: tuple
+    seconds: float  # per patch
+    peak: int  # bytes (the device's for GPU plans)
+    notes: list  # what the walk rejected on the way
+    placement: str  # "" | gpu+host | cpu+gpu
+    split: int  # cpu+gpu: the index of the first GPU step
+
+    def describe(self) -> str:
+        """``patch (z, y, x) pools mpf/pool [on placement]``, as rejected candidates are listed."""
+        return f"patch {self.patch} pools {'/'.join(self.modes) or '-'}" + (
+            f" on {self.placement}" if self.placement else ""
+        )
 
 
 class _Timer:
@@ -696,7 +717,7 @@ def _autotune(
                         smallest_need = peak if smallest_need is None else min(smallest_need, peak)
                     else:
                         fits = True
-                        results.append((vps, patch, modes, steps, secs, peak, notes, placement, split))
+                        results.append(Candidate(vps, patch, modes, steps, secs, peak, notes, placement, split))
                         best = max(best, _rate(net, patch, secs))
         return best
 
@@ -735,7 +756,7 @@ def _autotune(
     whole = input_patch(net, input_shape) if input_shape is not None and patch_shape is None else None
     if whole is not None and whole not in tried and M.nbytes((net.in_channels,) + whole) * 2 <= room:
         try_patch(whole)  # the input in one patch: the walk may have stopped short of it
-    if whole is not None and not any(r[1] == whole for r in results):  # slabs only add patches to a whole input
+    if whole is not None and not any(r.patch == whole for r in results):  # slabs only add patches to a whole input
         for patches in patch_candidates(net, MAX_PATCH_VOXELS, input_shape, slabs=True):
             walk_series(patches)
     if not results:
@@ -744,29 +765,33 @@ def _autotune(
             f"no plan fits the memory budget of {_fmt(budget)}: the smallest candidate needs {_fmt(need)}. "
             f"Raise the budget (--memory / mem_mb) to at least {_fmt(need * 1.1)}."
         )
-    results.sort(key=lambda r: -r[0])
+    results.sort(key=lambda r: -r.voxels_per_s)
 
     if effort in ("measure", "exhaustive"):
         # re-time the best candidates on real shapes (exhaustive: all were measured already);
         # GPU + host RAM and pipelined candidates keep their estimates
-        top = [r for r in (results if effort == "exhaustive" else results[:3]) if not r[7]]
-        results = [r for r in results if r[7] or not any(r is t for t in top)]
+        top = [r for r in (results if effort == "exhaustive" else results[:3]) if not r.placement]
+        results = [r for r in results if r.placement or not any(r is t for t in top)]
         remeasured = []
-        for vps, patch, modes, *_ in top:
-            steps, secs, peak, notes = _evaluate(net, patch, modes, budget, timer, prims, measure=True)
-            remeasured.append((_rate(net, patch, secs, input_shape), patch, modes, steps, secs, peak, notes, "", 0))
-        remeasured.sort(key=lambda r: -r[0])
+        for r in top:
+            steps, secs, peak, notes = _evaluate(net, r.patch, r.modes, budget, timer, prims, measure=True)
+            vps = _rate(net, r.patch, secs, input_shape)
+            remeasured.append(Candidate(vps, r.patch, r.modes, steps, secs, peak, notes, "", 0))
+        remeasured.sort(key=lambda r: -r.voxels_per_s)
         results = remeasured + results  # measured first: an estimate never outranks a measurement
 
-    vps, patch, modes, steps, secs, peak, notes, placement, split = results[0]
+    best = results[0]
+    vps, patch, steps, secs, peak, notes = (
+        best.voxels_per_s,
+        best.patch,
+        best.steps,
+        best.seconds,
+        best.peak,
+        best.notes,
+    )
+    placement, split = best.placement, best.split
     for r in results[1:]:
-        rejected.append(
-            Rejected(
-                f"patch {r[1]} pools {'/'.join(r[2]) or '-'}" + (f" on {r[7]}" if r[7] else ""),
-                f"slower: {r[0]:,.0f} < {vps:,.0f} voxels/s",
-                r[0],
-            )
-        )
+        rejected.append(Rejected(r.describe(), f"slower: {r.voxels_per_s:,.0f} < {vps:,.0f} voxels/s", r.voxels_per_s))
     rejected.sort(key=lambda r: -r.voxels_per_s)
     plan = chosen_plan(
         net,
