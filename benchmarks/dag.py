@@ -5,7 +5,8 @@
 
 Only an ``info`` file describes the input (no chunk exists: a dry run reads none). The network is the
 demo's; the output is float32 in 16x64x64 chunks, sharded (``output.sharding: auto``), so a task
-is one 1 GiB shard and a job runs ``tasks_per_job`` of them (``jobs.max_jobs`` bounds the DAG).
+is one shard (``output.shard_bytes: auto``: sized to fit the shipped 2000 MB job) and a job runs
+``tasks_per_job`` of them (``jobs.max_jobs`` bounds the DAG).
 Prints wall time and peak memory (the child's max RSS) of each phase, the schedule, and the job
 count Snakemake reports.  The target: < 60 s and < 2 GB for both on 2 cores.
 """
