@@ -88,6 +88,16 @@ def test_tasks_equal_whole_volume_inference(tmp_path):
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
     s = finalize(rf, log=lambda *a: None)
     assert s["done"] == len(ids) and not s["failed"] and Path(s["preview"]).is_file()
+    # the report's figures: PNGs that open, each referenced by report.html; the tasks' checks summed
+    from PIL import Image
+
+    report = Path(s["preview"]).parent
+    assert {"timeline.png", "tasks.png"} <= set(s["figures"]) and len(s["figures"]) == 4, s["figures"]
+    html_text = (report / "report.html").read_text()
+    for name in s["figures"]:
+        assert Image.open(report / name).size[0] > 100 and f'src="{name}"' in html_text
+    assert s["recomputed_voxels"] > 0 and s["recomputed_max_deviation"] <= s["recomputed_tolerance"], s
+    assert "primitive" in html_text  # the plan per layer
     prov = json.loads((Path(layer.url.local_path) / "provenance").read_text())
     assert prov["processing"][-1]["method"]["network_digest"] == load_run(rf)["network"]["digest"]
 

@@ -116,3 +116,28 @@ def test_report_link_renders_the_output_in_a_headless_browser(tmp_path, kind):
     red = (rgb[..., 0] - rgb[..., 1] > 60) & (rgb[..., 0] > 120)  # only the output layer's shader draws red
     dark = rgb.max(-1) < 40  # output 0: the input shows through at 40% dimmed
     assert red.mean() > 0.01 and dark.mean() > 0.005, (red.mean(), dark.mean())
+
+
+def test_the_run_report_opens_in_a_headless_browser(tmp_path):
+    """``report.html`` of a finished run, opened from disk in Chromium: every figure loads (a
+    non-zero natural width), the plan per layer and the verification rows are there."""
+    from tests.pipeline_helpers import base_config
+    from tests.test_pipeline import prepare, run_all
+    from znni_core.pipeline.finalize import finalize
+
+    rf = prepare(base_config(tmp_path))
+    run_all(rf)
+    s = finalize(rf, log=lambda *a: None)
+    page_file = os.path.join(os.path.dirname(s["preview"]), "report.html")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto("file://" + page_file)
+            page.wait_for_load_state("load")
+            widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => [i.getAttribute('src'), i.naturalWidth])")
+            text = page.inner_text("body")
+        finally:
+            browser.close()
+    assert len(widths) == 1 + len(s["figures"]) and all(w > 0 for _, w in widths), widths
+    assert "recomputed_voxels" in text and "primitive" in text, text[:2000]

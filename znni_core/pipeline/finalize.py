@@ -1,7 +1,9 @@
 """Finalize a run: check every manifest and chunk, append provenance, write the report.
 
 The report (``<work_dir>/report/``): ``summary.json``, ``report.html``, ``preview.png`` (input | output,
-middle z slice of the region) and a Neuroglancer link showing input and output.
+middle z slice of the region), the figures of :mod:`.report` (timeline, task map, previews at other
+depths), the plan per layer, the tasks' own verification, and a Neuroglancer link showing input and
+output.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..io import (
 )
 from .config import load_run, output_spec, run_geometry
 from .mask import load_mask_tasks, positions
+from .report import verification
 from .task import manifest_path
 
 
@@ -162,14 +165,14 @@ def _origin(url: str) -> str:
     return f"{u.scheme}://{u.netloc}"
 
 
-def preview(run: dict, out, path: Path) -> Path:
-    """PNG: middle z slice of the region, input (left) | output channel 0 (right)."""
+def preview(run: dict, out, path: Path, depth: float = 0.5) -> Path:
+    """PNG: the region's z slice at ``depth`` (0-1) of its extent, input (left) | output channel 0 (right)."""
     from PIL import Image, ImageDraw
 
     cfg = run["config"]
     region_off = run["region"]["offset"]
     region_shape = run["region"]["shape"]
-    z = region_off[0] + region_shape[0] // 2
+    z = region_off[0] + min(region_shape[0] - 1, int(region_shape[0] * depth))
     from ..geometry import Roi
 
     sl = Roi((z, region_off[1], region_off[2]), (1, region_shape[1], region_shape[2]))
@@ -217,6 +220,28 @@ def preview(run: dict, out, path: Path) -> Path:
     img.save(buf)
     buf.replace(path)
     return path
+
+
+def _figures(run: dict, out, results: dict, manifests: dict, report_dir: Path) -> list[str]:
+    """The report's PNGs besides ``preview.png`` (:mod:`.report`): timeline, task map, previews at a
+    quarter and three quarters of the depth (where they differ from the middle)."""
+    from .report import task_map, timeline
+
+    _, _, _, tasks = run_geometry(run)
+    states = {}
+    for t, r in results.items():
+        if r == "masked":
+            states[t] = "masked"
+        elif r == "done":
+            chunks = manifests[t]["chunks"]
+            states[t] = "empty" if chunks and all(c["status"] == "empty" for c in chunks) else "done"
+    names = [timeline(manifests, report_dir / "timeline.png"), task_map(tasks, states, report_dir / "tasks.png")]
+    depth = run["region"]["shape"][0]
+    for f in (0.25, 0.75):
+        if depth > 2:
+            z = run["region"]["offset"][0] + min(depth - 1, int(depth * f))
+            names.append(preview(run, out, report_dir / f"preview_z{z}.png", f).name)
+    return [n for n in names if n]
 
 
 def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
@@ -316,6 +341,8 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
 
     report_dir.mkdir(parents=True, exist_ok=True)
     png = preview(run, out, report_dir / "preview.png")
+    summary.update(verification(manifests))
+    summary["figures"] = _figures(run, out, results, manifests, report_dir)
     link, notes = neuroglancer_link(run, cfg["finalize"]["neuroglancer"], cfg["finalize"]["serve_port"])
     summary.update(
         {
@@ -357,6 +384,7 @@ _LABELS = {
     "task_seconds": "task_seconds (summed over tasks)",
     "voxels_per_s_wall": "voxels_per_s_wall (voxels / wall_seconds)",
     "voxels_per_s_per_job": "voxels_per_s_per_job (voxels / task_seconds)",
+    "recomputed_voxels": "recomputed_voxels (by the tasks' own checks, from the network's definition)",
 }
 
 
@@ -367,8 +395,18 @@ def write_html(path: Path, run: dict, s: dict) -> None:
     rows = "".join(
         f"<tr><th>{html.escape(_LABELS.get(k, str(k)))}</th><td>{html.escape(str(v))}</td></tr>"
         for k, v in s.items()
-        if k not in ("neuroglancer", "failures")
+        if k not in ("neuroglancer", "failures", "figures")
     )
+    figures = "".join(
+        f'<figure><img src="{html.escape(n)}" alt="{html.escape(n)}" style="max-width:100%"></figure>'
+        for n in s.get("figures", [])
+    )
+    try:  # the plan per layer, as `znni plan` prints it
+        from ..plan.plan import Plan
+
+        plan_text = Plan.load(run["plan"]["path"]).describe()
+    except Exception:  # a moved work directory: its record
+        plan_text = json.dumps(run["plan"], indent=1)
     doc = f"""<!doctype html><meta charset="utf-8"><title>znni report</title>
 <style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}th{{text-align:left;padding-right:1em}}</style>
 <h1>znni run report</h1>
@@ -376,8 +414,9 @@ def write_html(path: Path, run: dict, s: dict) -> None:
 <p><a href="{html.escape(s["neuroglancer"])}">Open input and output in Neuroglancer</a>
 {"".join("<br><small>" + html.escape(n) + "</small>" for n in s["viewer_notes"])}</p>
 <img src="preview.png" alt="input | output" style="max-width:100%">
+{figures}
 <table>{rows}</table>
 <h2>Network</h2><pre>{html.escape(json.dumps(run["network"], indent=1))}</pre>
-<h2>Plan</h2><pre>{html.escape(json.dumps(run["plan"], indent=1))}</pre>
+<h2>Plan</h2><pre>{html.escape(plan_text)}</pre>
 """
     atomic_write(path, doc.encode())
