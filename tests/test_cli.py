@@ -152,3 +152,22 @@ def test_the_console_script_freezes_the_heap_before_exit(monkeypatch):
             cli.main()
         assert e.value.code == code
     assert len(frozen) == 2
+
+
+def test_progress_bars_show_on_a_terminal_and_stay_out_of_logs():
+    """Long commands' bars (``znni_core.progress.bar``): a rate and an ETA on a terminal, nothing
+    in a file or a pipe (a job's log)."""
+    import io
+
+    from znni_core.progress import bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, log = Terminal(), io.StringIO()
+    for stream in (tty, log):
+        with bar(4, "verify: stored objects", "task", stream=stream) as b:
+            b.update(4)
+    assert "verify: stored objects" in tty.getvalue() and "/4 [" in tty.getvalue() and "task/s" in tty.getvalue()
+    assert log.getvalue() == ""

@@ -2,7 +2,7 @@
 
 Every ``import`` counts, those inside functions too (a lazy import is still a dependency):
 
-    errors, units, version, cachedir  ->  geometry  ->  net  ->  layers  ->  plan  ->  exec
+    errors, units, version, cachedir, progress  ->  geometry  ->  net  ->  layers  ->  plan  ->  exec
         ->  inference  ->  znni_core (the API)  ->  pipeline, warmup  ->  cli
     io: beside, on geometry only
 
@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent / "znni_core"
 RANK = {
     "errors": 0,
     "units": 0,
+    "progress": 0,
     "version": 0,
     "cachedir": 0,
     "geometry": 1,

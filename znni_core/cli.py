@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from .pipeline.cli import fail
+from .progress import bar
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -170,7 +171,15 @@ def infer_cmd(
         if shift is not None:
             x = x.astype(np.float32) + np.float32(shift)
         p = Plan.load(plan_path) if plan_path else None
-        y = infer(n, x, device=device, memory_budget=parse_bytes(memory) if memory else None, plan=p)
+        with bar(None, f"znni infer {Path(str(input)).name}", "patch") as progress:
+            y = infer(
+                n,
+                x,
+                device=device,
+                memory_budget=parse_bytes(memory) if memory else None,
+                plan=p,
+                progress=progress.update,
+            )
         at = Coordinate(0, 0, 0) if roi is None else roi.offset
         if y.shape[-3:] != x.shape[-3:]:  # a valid network: output voxel 0 lies at the halo's low end
             from .pipeline.config import net_halo

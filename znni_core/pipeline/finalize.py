@@ -28,6 +28,7 @@ from ..io import (
     read_manifest,
     write_json,
 )
+from ..progress import bar
 from .config import load_run, output_spec, run_geometry
 from .mask import load_mask_tasks, positions
 from .report import verification
@@ -93,22 +94,17 @@ def check_manifests(run: dict, out, verify: str, log=print):
     if run.get("mask"):
         doc = load_mask_tasks(run)
         live = set(positions(doc))
-    it = enumerate(tasks)
-    try:
-        from tqdm import tqdm
-
-        it = tqdm(it, desc="finalize: checking tasks", unit="task", leave=False, total=len(tasks))
-    except ImportError:
-        pass
-    for k, b in it:
-        if live is not None and k not in live:
-            results[b.id] = "masked"
-            continue
-        try:
-            manifests[b.id] = check_task(run, out, b, verify)
-            results[b.id] = "done"
-        except DataError as exc:
-            results[b.id] = str(exc)
+    with bar(len(tasks), "finalize: checking tasks", "task") as progress:
+        for k, b in enumerate(tasks):
+            progress.update(1)
+            if live is not None and k not in live:
+                results[b.id] = "masked"
+                continue
+            try:
+                manifests[b.id] = check_task(run, out, b, verify)
+                results[b.id] = "done"
+            except DataError as exc:
+                results[b.id] = str(exc)
     return results, manifests
 
 

@@ -473,9 +473,9 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
             )
         )
         if show_progress:
-            from tqdm import tqdm
+            from ..progress import bar as progress_bar
 
-            bar = tqdm(total=ntiles, desc=f"task {ti.task_id} patches", unit="patch", leave=False)
+            bar = progress_bar(ntiles, f"task {ti.task_id} patches", "patch")
         y = compute_tta(
             net,
             plan,

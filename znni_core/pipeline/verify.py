@@ -29,6 +29,7 @@ from ..geometry import Coordinate, Roi
 from ..io import atomic_write
 from ..net.definition import DEFINITION_FLOPS, TOLERANCE, flops_per_voxel, plain_forward, sample_voxels
 from ..net.graph import Graph
+from ..progress import bar
 
 
 def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, checksums: bool = True, log=print):
@@ -43,14 +44,16 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
     cfg = run["config"]
     record = {"run_digest": run["digest"], "seed": seed, "checksums": None, "recomputed": None}
     done = []
-    for block in ctx.tasks:
-        try:
-            check_task(run, out, block, "checksum" if checksums else "exists")
-            done.append(block.id)
-        except DataError as exc:
-            record["checksums"] = {"passed": False, "task": block.id, "error": str(exc)}
-            _write(run, record)
-            raise DataError(f"verify: task {block.id}: {exc}") from None
+    with bar(len(ctx.tasks), "verify: stored objects", "task") as progress:
+        for block in ctx.tasks:
+            progress.update(1)
+            try:
+                check_task(run, out, block, "checksum" if checksums else "exists")
+                done.append(block.id)
+            except DataError as exc:
+                record["checksums"] = {"passed": False, "task": block.id, "error": str(exc)}
+                _write(run, record)
+                raise DataError(f"verify: task {block.id}: {exc}") from None
     record["checksums"] = {"passed": True, "tasks": len(done), "mode": "checksum" if checksums else "exists"}
     log(f"verify: {len(done)} task(s): every manifest and stored object checks out")
     if isinstance(ctx.net, Graph):
@@ -65,7 +68,9 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
         f"verify: recomputing up to {len(chosen) * (samples + 8)} voxel(s) in {len(chosen)} task(s), about {guess:.0f} s"
     )
     worst, n_vox, scale = 0.0, 0, 1.0
+    progress = bar(len(chosen), "verify: recomputing voxels", "task")
     for tid in chosen:
+        progress.update(1)
         ti = read_task(ctx, tid, log=lambda *a: None)
         if not ti.todo:
             continue
@@ -100,6 +105,7 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
                 f"but the network gives {np.round(ref[k], 6).tolist()} there (deviation {dev.max():.3g} > "
                 f"{tol:.3g}); re-run task {tid} (`znni run-task RUN --task {tid}`)"
             )
+    progress.close()
     record["recomputed"] = {
         "passed": True,
         "tasks": chosen,
