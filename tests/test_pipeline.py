@@ -662,12 +662,15 @@ def test_verify_recomputes_voxels_from_the_network_and_catches_tampering(tmp_pat
 
 
 def test_test_time_augmentation_equals_torch_on_every_variant(tmp_path):
-    """``tta: {flips: [y, x], transpose_xy: true}``: the stored output is the mean of the network
-    on the 8 flipped/transposed inputs, each transformed back, as PyTorch computes them; a graph
-    network or a y/x-asymmetric halo with the transpose is refused at validate."""
+    """``tta: {flips: [y, x], transpose_xy: true, variance: true}``: the stored output is the mean of
+    the network on the 8 flipped/transposed inputs, each transformed back, as PyTorch computes them,
+    then the per-voxel variance across them; a y/x-asymmetric halo with the transpose is refused at
+    validate."""
     vol = em()
     layout = [("conv", 2, (1, 3, 3)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 2, (2, 3, 3)), ("act", "tanh")]
-    cfg = base_config(tmp_path, vol=vol, layout=layout, tta={"flips": ["y", "x"], "transpose_xy": True})
+    cfg = base_config(
+        tmp_path, vol=vol, layout=layout, tta={"flips": ["y", "x"], "transpose_xy": True, "variance": True}
+    )
     rf = prepare(cfg)
     run_all(rf)
     got, _ = read_out(rf)
@@ -683,7 +686,10 @@ def test_test_time_augmentation_equals_torch_on_every_variant(tmp_path):
             outs.append(np.flip(y, flips) if flips else y)
     ref = np.mean(outs, axis=0)
     assert not np.allclose(ref, outs[0], atol=1e-3)  # the variants differ: the mean is not the plain output
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    c = ref.shape[0]
+    assert got.shape[0] == 2 * c  # the mean's channels, then the variances'
+    np.testing.assert_allclose(got[:c], ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[c:], np.var(np.asarray(outs, np.float64), axis=0), rtol=1e-4, atol=1e-7)
     asym = base_config(tmp_path / "asym", vol=vol, layout=[("conv", 1, (1, 2, 3))], tta={"transpose_xy": True})
     with pytest.raises(ConfigError, match="transpose_xy"):
         resolve(asym, progress=lambda *a: None)

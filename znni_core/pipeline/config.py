@@ -131,6 +131,12 @@ def task_bytes(write_shape, halo: Halo, c_in: int, c_out: int, in_itemsize: int,
     return read * c_in * (in_itemsize + 4) + write * c_out * (4 + out_itemsize) * 2
 
 
+def stored_channels(cfg: dict, net) -> int:
+    """Channels of the output layer: the network's, then (``tta.variance``) their variances across
+    the test-time augmentation's variants."""
+    return net.out_channels * (2 if (cfg.get("tta") or {}).get("variance") else 1)
+
+
 def net_halo(net) -> Halo:
     """The context a network needs around its output (a graph's own, or derived from the FoV)."""
     return Halo(*net.halo) if isinstance(net, Graph) else Halo.from_field_of_view(Coordinate(net.field_of_view))
@@ -166,7 +172,7 @@ def auto_task_chunks(cfg: dict, net, inp, halo: Halo, region: Roi, grid: ChunkGr
     in_size, out_size = np.dtype(inp.dtype).itemsize, np.dtype(cfg["output"]["dtype"]).itemsize
 
     def fits(write_shape):
-        return task_bytes(write_shape, halo, net.in_channels, net.out_channels, in_size, out_size) <= cap
+        return task_bytes(write_shape, halo, net.in_channels, stored_channels(cfg, net), in_size, out_size) <= cap
 
     return choose_task_chunks(grid, region, halo, slots or os.cpu_count() or 1, max_voxels=AUTO_TASK_VOXELS, fits=fits)
 
@@ -230,7 +236,7 @@ def layout(cfg: dict, net, inp, halo: Halo, where: str, slots: int | None = None
     shard_bytes, note = cfg["output"]["shard_bytes"], ""
     if shard_bytes == "auto":
         shard_bytes, note = auto_shard_bytes(cfg, net, inp, halo, layer_bounds, grid)
-    sharding = output_sharding(cfg["output"] | {"shard_bytes": shard_bytes}, layer_bounds, net.out_channels)
+    sharding = output_sharding(cfg["output"] | {"shard_bytes": shard_bytes}, layer_bounds, stored_channels(cfg, net))
     # a task writes whole shards: with sharding, a task is one shard's box of chunks
     tc = shard_chunks(sharding, grid.grid_shape) if sharding else box
     return Layout(region, layer_bounds, sharding, tc, grid, box, shard_bytes, note if sharding else "")
@@ -249,12 +255,14 @@ def auto_shard_bytes(cfg: dict, net, inp, halo: Halo, bounds: Roi, grid: ChunkGr
 
     cap = 0.9 * (1 - cfg["plan"]["memory_fraction"]) * JOB_MEM_MB * 2**20
     in_size, out_size = np.dtype(inp.dtype).itemsize, np.dtype(cfg["output"]["dtype"]).itemsize
-    chunk_bytes = int(np.prod(tuple(grid.chunk_shape))) * net.out_channels * out_size
+    chunk_bytes = int(np.prod(tuple(grid.chunk_shape))) * stored_channels(cfg, net) * out_size
     size = MAX_AUTO_SHARD_BYTES
     while True:
-        spec = output_sharding(cfg["output"] | {"shard_bytes": size, "sharding": "sharded"}, bounds, net.out_channels)
+        spec = output_sharding(
+            cfg["output"] | {"shard_bytes": size, "sharding": "sharded"}, bounds, stored_channels(cfg, net)
+        )
         write = (shard_chunks(spec, grid.grid_shape) * grid.chunk_shape).min(bounds.shape)
-        need = task_bytes(write, halo, net.in_channels, net.out_channels, in_size, out_size)
+        need = task_bytes(write, halo, net.in_channels, stored_channels(cfg, net), in_size, out_size)
         if need <= cap or size // 2 < chunk_bytes:
             break
         size //= 2
@@ -289,7 +297,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     graph = isinstance(net, Graph)
     halo = net_halo(net)
     tta = cfg["tta"]
-    if (tta["flips"] or tta["transpose_xy"]) and graph:
+    if (tta["flips"] or tta["transpose_xy"] or tta["variance"]) and graph:
         raise ConfigError(
             f"tta {tta}: test-time augmentation runs chain networks only ({net_path.name} is a graph network); "
             "remove tta"
@@ -339,7 +347,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         )
     if ou.is_local and iu.is_local and ou.local_path == iu.local_path:
         raise ConfigError(f"output.path {ou} is the input layer; choose another directory")
-    specs = output_scales(cfg, lay, inp.resolution, net.out_channels)
+    specs = output_scales(cfg, lay, inp.resolution, stored_channels(cfg, net))
     out_spec = specs[0]
     diffs = layer_differences(ou, specs)  # T21 (dtype), T22 (offset), T24 (grid) against an existing layer
     if diffs:
@@ -355,7 +363,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         task_shape,
         halo,
         net.in_channels,
-        net.out_channels,
+        stored_channels(cfg, net),
         np.dtype(inp.dtype).itemsize,
         np.dtype(out_spec.dtype).itemsize,
     )

@@ -221,7 +221,7 @@ def run_estimate(
 ) -> dict:
     """``znni estimate``: the schedule, a rate (see module doc), the numbers; a measured rate is saved."""
     from .. import load_network
-    from .config import resolve, validate_config
+    from .config import resolve, stored_channels, validate_config
     from .schedule import compute_schedule
     from .task import tta_variants
 
@@ -253,7 +253,7 @@ def run_estimate(
         rate_source=source,
         threads=threads,
         device=cfg["device"],
-        out_channels=net.out_channels,
+        out_channels=stored_channels(cfg, net),
         cores_per_node=cores_per_node,
     )
     if source != "--rate":

@@ -120,14 +120,14 @@ def task_geometry(cfg: dict, net=None, slots: int | None = None):
     for ``task_chunks: auto``)."""
     from .. import load_network
     from ..io import open_input, parse_layer_url
-    from .config import layout, net_halo, output_scales
+    from .config import layout, net_halo, output_scales, stored_channels
 
     net = load_network(Path(cfg["network"]["path"])) if net is None else net
     iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
     inp = open_input(iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"])
     halo = net_halo(net)
     lay = layout(cfg, net, inp, halo, f"input {iu} mip {cfg['input']['mip']}", slots)
-    specs = output_scales(cfg, lay, inp.resolution, net.out_channels)
+    specs = output_scales(cfg, lay, inp.resolution, stored_channels(cfg, net))
     return inp, lay, TaskGrid(lay.grid, lay.task_chunks, halo, lay.region), specs
 
 

@@ -157,11 +157,12 @@ def tta_variants(tta: dict | None) -> list[tuple[tuple[int, ...], bool]]:
 def compute_tta(net, plan, x: np.ndarray, out_shape, tta: dict | None, **kw) -> np.ndarray:
     """:func:`compute` averaged over the variants of ``tta`` (:func:`tta_variants`): the network
     on each transformed input, its output transformed back (exact per variant; the mean in
-    float64, stored as float32)."""
+    float64, stored as float32); with ``tta.variance`` the per-voxel variance across the variants
+    follows as as many more channels."""
     variants = tta_variants(tta)
-    if len(variants) == 1:
+    if len(variants) == 1 and not (tta or {}).get("variance"):
         return compute(net, plan, x, out_shape, **kw)
-    acc = None
+    acc = sq = None
     for flips, transpose in variants:
         xv = np.flip(x, flips) if flips else x
         shape = tuple(out_shape)
@@ -170,9 +171,13 @@ def compute_tta(net, plan, x: np.ndarray, out_shape, tta: dict | None, **kw) -> 
         y = compute(net, plan, np.ascontiguousarray(xv), shape, **kw)
         if transpose:
             y = y.swapaxes(2, 3)
-        y = np.flip(y, flips) if flips else y
-        acc = y.astype(np.float64) if acc is None else acc + y
-    return (acc / len(variants)).astype(np.float32)
+        y = (np.flip(y, flips) if flips else y).astype(np.float64)
+        acc, sq = (y, y * y) if acc is None else (acc + y, sq + y * y)
+    mean = acc / len(variants)
+    if not (tta or {}).get("variance"):
+        return mean.astype(np.float32)
+    var = np.maximum(sq / len(variants) - mean * mean, 0.0)
+    return np.concatenate([mean, var]).astype(np.float32)
 
 
 def graph_read(net, plan, region: Roi, write_roi: Roi, halo):
@@ -488,7 +493,7 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
         if bar is not None:
             bar.close()
         tta = cfg.get("tta") or {}
-        if not tta.get("flips") and not tta.get("transpose_xy"):
+        if not tta.get("flips") and not tta.get("transpose_xy") and not tta.get("variance"):
             ti.recomputed = check_sample(ctx, ti, x, y, cfg.get("verify_voxels", "auto"))
         del x
     if y is not None and comp != block.write_roi:
