@@ -134,7 +134,7 @@ def test_uint8_output_with_scale_and_offset(tmp_path):
     """``output.scale``/``offset``: stored = round(clip(v * scale + offset, 0, 255)), values outside
     clipped (not refused); the mapping is in the layer's provenance after finalize; a scale with a
     float32 output is refused at validate naming the key."""
-    from znni_core.pipeline.finalize import _output_mapping
+    from znni_core.pipeline.finalize import output_mapping
 
     vol = em()
     cfg = base_config(tmp_path, vol=vol, output={"dtype": "uint8"})
@@ -148,7 +148,7 @@ def test_uint8_output_with_scale_and_offset(tmp_path):
     want = np.rint(np.clip(ref * scale + offset, 0, 255))
     assert got.dtype == np.uint8 and (want == 0).mean() > 0.1 and (want == 255).mean() > 0.1
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
-    assert f"{scale:g}" in _output_mapping(load_run(rf)["config"]["output"])
+    assert f"{scale:g}" in output_mapping(load_run(rf)["config"])
     with pytest.raises(ConfigError, match="output.scale"):
         resolve(dict(cfg, output={**cfg["output"], "dtype": "float32"}), progress=lambda *a: None)
 

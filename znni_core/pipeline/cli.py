@@ -390,6 +390,7 @@ def _create_output_layer(run_file: Path, marker: Optional[Path]) -> None:
     from ..errors import ZnniError
     from ..io import atomic_write, create_layer, parse_layer_url
     from .config import load_run, output_specs
+    from .finalize import output_mapping
 
     try:
         run = load_run(run_file)
@@ -401,7 +402,11 @@ def _create_output_layer(run_file: Path, marker: Optional[Path]) -> None:
             "sources": [run["input"]["url"]],
             "processing": [
                 {
-                    "method": {"task": "znni create-layer", "run_digest": run["digest"]},
+                    "method": {
+                        "task": "znni create-layer",
+                        "run_digest": run["digest"],
+                        "output_mapping": output_mapping(cfg),
+                    },
                     "by": "znni",
                     "date": run["created"],
                 }

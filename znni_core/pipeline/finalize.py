@@ -35,13 +35,21 @@ from .report import verification
 from .task import manifest_path
 
 
-def _output_mapping(out: dict) -> str:
-    """How stored output values relate to the network's (recorded in the layer's provenance)."""
+def output_mapping(cfg: dict) -> str:
+    """How the stored values relate to the network's output (recorded in the layer's provenance
+    when it is created and at every finalize): dtype, scale and offset, test-time augmentation."""
+    out, tta = cfg["output"], cfg.get("tta") or {}
     if out["dtype"] == "float32":
-        return "float32: the network's output"
-    if out.get("scale") is None:
-        return "uint8: round(p * 255), p the network's output in [0, 1]"
-    return f"uint8: round(clip(v * {out['scale']:g} + {out.get('offset', 0):g}, 0, 255)), v the network's output"
+        text = "float32: v, the network's output"
+    elif out.get("scale") is None:
+        text = "uint8: round(v * 255), v the network's output in [0, 1]"
+    else:
+        text = f"uint8: round(clip(v * {out['scale']:g} + {out.get('offset', 0):g}, 0, 255)), v the network's output"
+    if tta.get("flips") or tta.get("transpose_xy"):
+        text += f"; v the mean over test-time augmentation (flips {tta.get('flips', [])}, transpose_xy {tta.get('transpose_xy', False)})"
+    if tta.get("variance"):
+        text += "; then the variance across the variants as more channels"
+    return text
 
 
 def _check_stored(what: str, entry: dict, read, check, verify: str, task: int) -> None:
@@ -318,7 +326,7 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
                 "region": run["region"],
                 "edge": cfg["edge"],
                 "normalize": cfg["normalize"],
-                "output_mapping": _output_mapping(cfg["output"]),
+                "output_mapping": output_mapping(cfg),
                 "missing_input_filled": filled,
                 "chunks_empty": n_empty,
                 **(
