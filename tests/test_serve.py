@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import os
+import urllib.request
 
 import pytest
 from typer.testing import CliRunner
@@ -208,3 +209,21 @@ def test_report_link_uses_the_bundled_viewer_and_served_layers():
     link, notes = neuroglancer_link(run, "https://neuroglancer-demo.appspot.com", 1337)
     assert link.startswith("https://neuroglancer-demo.appspot.com/#!")
     assert "--allow-origin https://neuroglancer-demo.appspot.com" in notes[0]
+
+
+def test_serves_on_the_ipv6_loopback(tmp_path):
+    """``--host ::1``: the server binds the IPv6 loopback and its URL brackets the address."""
+    import socket
+
+    try:
+        probe = socket.socket(socket.AF_INET6)
+        probe.bind(("::1", 0))
+        probe.close()
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    (tmp_path / "l").mkdir()
+    (tmp_path / "l" / "info").write_text("{}")
+    with LayerServer({"l": tmp_path / "l"}, host="::1", port=0) as srv:
+        assert srv.url == f"http://[::1]:{srv.port}"
+        with urllib.request.urlopen(f"{srv.url}/layers/l/info") as r:
+            assert r.status == 200 and r.read() == b"{}"

@@ -57,8 +57,14 @@ def read_manifest(path) -> dict:
     for key in ("task", "chunks", "plan_digest", "network_digest", "layer"):
         if key not in m:
             raise DataError(f"manifest {path} lacks {key!r}; re-run its task")
+    if not isinstance(m["chunks"], list):
+        raise DataError(f"manifest {path}: 'chunks' is not a list; re-run its task")
     for c in m["chunks"]:
-        if c.get("status") not in CHUNK_STATUSES or (c["status"] == "written" and not c.get("sha256")):
+        if (
+            not isinstance(c, dict)
+            or c.get("status") not in CHUNK_STATUSES
+            or (c["status"] == "written" and not c.get("sha256"))
+        ):
             raise DataError(f"manifest {path}: chunk entry {c!r} is incomplete; re-run its task")
     return m
 

@@ -125,7 +125,7 @@ def _layer(path: Path, i: int, entry: dict, weights: dict):
         )
 
 
-def load_native(path) -> Network:
+def load_native(path) -> Network | Graph:
     """Load a ``znni-network/1`` YAML spec and its weights: a :class:`Network` (``layers``) or a
     :class:`~.graph.Graph` (``nodes``).
 

@@ -26,6 +26,7 @@ import http.server
 import json
 import os
 import re
+import socket
 import threading
 import urllib.parse
 from pathlib import Path
@@ -289,6 +290,12 @@ def _parse_range(header: str, size: int):
     return lo, hi
 
 
+class _Server6(http.server.ThreadingHTTPServer):
+    """The threading server on an IPv6 address (``::1``, ``::``)."""
+
+    address_family = socket.AF_INET6
+
+
 class LayerServer:
     """Serve ``layers`` (``{name: directory}``) and the viewer on ``host:port`` (0: any free port).
 
@@ -311,13 +318,16 @@ class LayerServer:
         self.viewer = viewer_dir()
         self.viewer_files = set(os.listdir(self.viewer)) if self.viewer else set()
         self._log = log
-        self.httpd = http.server.ThreadingHTTPServer((host, port), _Handler)
+        server = _Server6 if ":" in host else http.server.ThreadingHTTPServer  # an IPv6 literal
+        self.httpd = server((host, port), _Handler)
         self.httpd.owner = self
         self.httpd.daemon_threads = True
         self.host, self.port = host, self.httpd.server_address[1]
         own = {f"http://127.0.0.1:{self.port}", f"http://localhost:{self.port}"}
         if host not in ("127.0.0.1", "localhost", "::1"):
-            own.add(f"http://{host}:{self.port}")
+            own.add(f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}")
+        if host == "::1":
+            own.add(f"http://[::1]:{self.port}")
         self.origins = own | {o.rstrip("/") for o in allow_origins}
         loopback = host in ("127.0.0.1", "localhost", "::1")
         self.allowed_hosts = (
@@ -329,7 +339,8 @@ class LayerServer:
     @property
     def url(self) -> str:
         """The server's base URL, ``http://host:port`` (``localhost`` given as ``127.0.0.1``)."""
-        return f"http://{'127.0.0.1' if self.host in ('127.0.0.1', 'localhost') else self.host}:{self.port}"
+        host = "127.0.0.1" if self.host in ("127.0.0.1", "localhost") else self.host
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     def log(self, line: str):
         """Pass ``line`` to the ``log`` callable given at construction, if any."""
