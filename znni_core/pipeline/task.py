@@ -422,18 +422,18 @@ def check_sample(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray, s
             "voxels": 0,
             "skipped": f"verify_voxels {setting}: no voxel within {VERIFY_SHARE:.0%} of the task's time",
         }
-    if not np.isfinite(y).all():  # the store stage refuses it, naming the chunks (T20)
-        return {"voxels": 0}
     comp, low, fov = ti.comp, ctx.halo.low, Coordinate(ctx.net.field_of_view)
     live = [ctx.grid.chunk_roi(i).intersect(comp) for i in ti.todo]
     rng = np.random.default_rng([int(ti.task_id), 20261128])
     points = [p for p in sample_voxels(comp, n, rng) if any(r.contains(Roi(p, (1, 1, 1))) for r in live)]
     if not points:
         return {"voxels": 0}
+    got = np.stack([y[(slice(None),) + tuple(int(v) for v in p - comp.offset)] for p in points]).astype(np.float64)
+    if not np.isfinite(got).all():  # the store stage refuses the task, naming its chunks (T20)
+        return {"voxels": 0, "skipped": "non-finite output"}
     origin = ti.block.read_roi.offset
     wins = np.stack([x[(slice(None),) + Roi(p - low - origin, fov).to_slices()] for p in points])
     ref = plain_forward(ctx.net, wins)
-    got = np.stack([y[(slice(None),) + tuple(int(v) for v in p - comp.offset)] for p in points]).astype(np.float64)
     dev = np.abs(got - ref)
     tol = TOLERANCE * max(1.0, float(np.abs(ref).max()))
     if dev.max() > tol:
