@@ -169,11 +169,11 @@ def torch_valid_unet():
 
 def predicted_seconds(net, plan, shape) -> float:
     """The time model's seconds for ``infer`` on ``shape``: the plan's per-patch prediction x
-    the patches the tiling runs (``exec/tiling.graph_window`` over the whole output)."""
-    from znni_core.exec.tiling import graph_window
+    the patches the tiling runs (``exec/tiling.window`` over the whole output)."""
+    from znni_core.exec.tiling import window
 
     out = tuple(shape) if net.kind == "padded" else net.output_shape(net.floor_admissible(tuple(shape)))
-    win = graph_window(net, plan, (0, 0, 0), out, whole_out=out)
+    win = window(net, plan, (0, 0, 0), out, whole_out=out)
     return plan.predicted_seconds * math.prod(len(s) for s in win.starts)
 
 

@@ -30,9 +30,7 @@ DETECTOR = MODELS / "modelzoo_iarpa1_synapse_detection.onnx"
 def _tiling_budget(net, shape) -> int:
     """A budget under which the whole input does not fit in one patch but some patch does."""
     whole = autotune(net, memory_budget=2**34, patch_shape=shape, use_cache=False).predicted_peak_bytes
-    small = tuple(
-        n + g * (1 if n == m else 0) for n, m, g in zip(net.geometry["n_min"], net.geometry["n_min"], net.grid)
-    )
+    small = tuple(n + g * (1 if n == m else 0) for n, m, g in zip(net.geometry.n_min, net.geometry.n_min, net.grid))
     least = autotune(net, memory_budget=2**34, patch_shape=small, use_cache=False).predicted_peak_bytes
     return max(int(least * 1.05), whole // 2)
 
@@ -63,7 +61,7 @@ def test_valid_unet_equals_torch_on_the_whole_input_under_any_budget(tmp_path, a
     exported = _shape(model, (1, 1, 1))
     net = znni_core.load_network(export(model, tmp_path / "v.onnx", exported))
     assert isinstance(net, Graph) and net.kind == "valid"
-    assert net.geometry["n_min"] == exported  # the graph's geometry agrees with the architecture
+    assert net.geometry.n_min == exported  # the graph's geometry agrees with the architecture
     # a larger admissible input than the export shape: crops are read relative to the shape
     g = net.grid
     shape = tuple(n + k * gg * 3 for n, k, gg in zip(exported, grow, g))

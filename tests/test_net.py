@@ -152,3 +152,77 @@ def test_channel_mismatch_inside_spec_is_refused():
         from znni_core.net.spec import Network
 
         Network((Conv(np.ones((2, 1, 3, 3, 3), np.float32)), Conv(np.ones((2, 3, 3, 3, 3), np.float32))))
+
+
+# ---- one geometry for chains and graphs ------------------------------------------------------
+
+
+def _as_graph(net):
+    """The pooling-free chain ``net`` as a graph of the same operators."""
+    from znni_core.net.graph import Graph, Node
+    from znni_core.net.spec import Activation
+
+    nodes, current = [], "x"
+    for i, layer in enumerate(net.layers):
+        if isinstance(layer, Conv):
+            params = {"conv": layer, "stride": (1, 1, 1), "pads": ((0, 0, 0), (0, 0, 0))}
+            nodes.append(Node("conv", (current,), f"t{i}", f"n{i}", params))
+        else:
+            assert isinstance(layer, Activation)
+            nodes.append(Node("act", (current,), f"t{i}", f"n{i}", {"act": layer}))
+        current = f"t{i}"
+    return Graph(tuple(nodes), "x", current, net.in_channels)
+
+
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_chain_geometry_is_the_graph_geometry_of_its_operators(name):
+    """A chain's geometry is the one description graphs use: its field of view by the
+    textbook formula, a centred halo, every input of at least F admissible.  Without pooling
+    the same operators loaded as a graph give the very same :class:`NetGeometry`."""
+    from znni_core.geometry import Halo
+    from znni_core.net import AnyNetwork
+
+    net = make_net(NETS[name])
+    f, d = np.ones(3, int), np.ones(3, int)
+    for layer in net.layers:
+        k = getattr(layer, "kernel", None) or getattr(layer, "window", None)
+        if k is not None:
+            f += (np.array(k) - 1) * d
+            if not hasattr(layer, "kernel"):
+                d *= np.array(k)
+    assert net.field_of_view == tuple(f) and net.pooling_product == tuple(d)
+    h = Halo.from_field_of_view(tuple(f))
+    assert net.halo == (tuple(h.low), tuple(h.high)) and net.kind == "chain"
+    assert isinstance(net, AnyNetwork)
+    assert net.is_admissible(tuple(f)) and not net.is_admissible(tuple(f - 1))
+    assert net.floor_admissible(tuple(f - 1)) == (0, 0, 0) and net.ceil_admissible((1, 1, 1)) == tuple(f)
+    flat = make_net([item for item in NETS[name] if item[0] != "pool"])
+    graph = _as_graph(flat)
+    assert isinstance(graph, AnyNetwork) and graph.kind == "valid"
+    assert graph.geometry == flat.geometry
+
+
+def test_one_tiler_covers_a_chain_and_a_graph_the_same_way():
+    """``exec.tiling.window`` cuts a chain's output into tiles of the plan's output (a multiple
+    of the pooling product, the last shifted back) and a pooling-free chain loaded as a graph
+    the same way; ``run_tiled`` gives the same output through the chain engine and the graph
+    executor, equal to PyTorch."""
+    from znni_core.exec.tiling import run_tiled, window
+    from znni_core.plan import autotune
+
+    net = make_net([("conv", 3, 3), ("act", "relu"), ("conv", 2, (1, 3, 3)), ("act", "sigmoid")])
+    graph = _as_graph(net)
+    x = np.random.default_rng(1).standard_normal((1, 13, 29, 31), dtype=np.float32)
+    patch = (9, 12, 12)
+    chain_plan = autotune(net, patch_shape=patch, memory_budget=1 << 30, use_cache=False)
+    graph_plan = autotune(graph, patch_shape=patch, memory_budget=1 << 30, use_cache=False)
+    out = net.output_shape(x.shape[1:])
+    wc, wg = window(net, chain_plan, (0, 0, 0), out), window(graph, graph_plan, (0, 0, 0), out)
+    assert wc.tile == wg.tile == net.output_shape(patch) and wc.starts == wg.starts
+    assert wc.starts == ((0, 4), (0, 8, 16, 17), (0, 8, 16, 19)) and wc.count == 32
+    seen = []
+    yc = run_tiled(chain_plan, net, x, progress=seen.append)
+    yg = run_tiled(graph_plan, graph, x)
+    assert len(seen) == wc.count
+    ref = torch_dense(net, x)
+    assert max_rel_err(yc, ref) < 1e-5 and max_rel_err(yg, ref) < 1e-5

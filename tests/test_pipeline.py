@@ -565,9 +565,9 @@ def test_job_whose_compute_has_a_bug_stops_with_it(tmp_path, monkeypatch):
 
 
 def test_task_compute_tiles_the_plan_over_a_larger_box_as_one_infer():
-    """``task.compute`` cuts a task's box into the plan's output tiles (partial at the high ends),
-    one Dask task each, and equals one ``infer`` over the whole box; it reports one progress
-    step per tile and shares the kernel cache."""
+    """``task.compute`` cuts a task's box into the plan's output tiles (the last one per axis
+    shifted back, so 3 per axis here) and equals one ``infer`` over the whole box; it reports
+    one progress step per patch."""
     from tests.nets import make_net
     from znni_core.pipeline.task import compute
     from znni_core.plan import autotune

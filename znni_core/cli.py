@@ -39,22 +39,15 @@ def info(net: Path = typer.Argument(..., help="network (.onnx or .yaml)")):
         n = load_network(net)
     except ZnniError as exc:
         fail(exc)
-    from .net.graph import Graph
-
     typer.echo(n.describe())
     low, high = n.halo
-    if isinstance(n, Graph):
-        g = n.geometry
-        typer.echo(f"kind: {n.describe_kind()} ({len(n.nodes)} nodes)")
-        typer.echo(
-            f"context {n.context}, halo low {low} high {high} (z, y, x); admissible input lengths "
-            f"{g['n_min']} + k * {n.grid}"
-            + (f"; exported at {n.export_shape}" if n.export_shape else "")
-            + f"; digest {n.digest()[:16]}"
-        )
-        return
-    typer.echo("kind: chain (max-pooling fragments): convolutions, max-pooling and activations in a line")
-    typer.echo(f"halo low {low} high {high} (z, y, x); pooling product {n.pooling_product}; digest {n.digest()[:16]}")
+    typer.echo(f"kind: {n.describe_kind()}")
+    typer.echo(
+        f"context {n.context}, halo low {low} high {high} (z, y, x); admissible input lengths "
+        f"{n.geometry.n_min} + k * {n.grid}"
+        + (f"; exported at {n.export_shape}" if n.export_shape else "")
+        + f"; digest {n.digest()[:16]}"
+    )
 
 
 @app.command()

@@ -8,14 +8,13 @@ import numpy as np
 
 from .errors import InputError, PlanError
 from .exec.device import device_limits
-from .exec.tiling import graph_extent, run_tiled
+from .exec.tiling import input_extent, run_tiled
 from .layers._numba import njit, prange
 from .layers.xp import require_device
-from .net.graph import Graph
-from .net.spec import Network
+from .net.protocol import AnyNetwork
 
 
-def as_input(net: Network, x) -> np.ndarray:
+def as_input(net: AnyNetwork, x) -> np.ndarray:
     """Validate and normalise ``x`` to float32 ``(C, Z, Y, X)`` (no silent rescaling)."""
     if not isinstance(x, np.ndarray):
         raise InputError(f"input must be a numpy array, got {type(x).__name__}")
@@ -81,7 +80,7 @@ def thread_limits(threads: int):
 
 
 def infer(
-    net: Network,
+    net: AnyNetwork,
     x,
     *,
     device: str = "cpu",
@@ -115,8 +114,7 @@ def infer(
 
     xp = require_device(device)
     x = as_input(net, x)
-    if isinstance(net, Graph):
-        graph_extent(net, x.shape[1:])  # names the smallest admissible input when x is below it
+    input_extent(net, x.shape[1:])  # names the smallest admissible input when x is below it
     if plan is None:
         # bounded by the work: no patch larger than this input (cached by shape, like FFTW wisdom)
         plan = autotune(net, memory_budget=memory_budget, device=device, effort="estimate", input_shape=x.shape[1:])

@@ -1,21 +1,37 @@
-"""Networks: the layer-chain spec, loaders (ONNX, YAML + safetensors/npz) and the field of view."""
+"""Networks: chains and graphs behind one protocol, their geometry, and the loaders (ONNX, YAML + safetensors/npz)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import NetworkError
+from .geometry import NetGeometry
+from .graph import Graph
 from .native import load_native, save_network
 from .onnx_loader import load_onnx
+from .protocol import AnyNetwork
 from .spec import Activation, Conv, Layer, Network, Pool
 
-__all__ = ["Activation", "Conv", "Layer", "Network", "Pool", "load_network", "save_network"]
+__all__ = [
+    "Activation",
+    "AnyNetwork",
+    "Conv",
+    "Graph",
+    "Layer",
+    "NetGeometry",
+    "Network",
+    "Pool",
+    "load_network",
+    "save_network",
+]
 
 _PICKLE_SUFFIXES = {".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".bin", ".tar"}
 
 
-def load_network(path) -> Network:
-    """Load a network from ``.onnx`` or a znni YAML spec; pickle checkpoints are refused.
+def load_network(path) -> AnyNetwork:
+    """Load a network from ``.onnx`` or a znni YAML spec: a chain (:class:`Network`) where its operators
+    form a line of convolutions, max-pooling and activations, else a :class:`Graph`; pickle checkpoints
+    are refused.
 
     Raises :class:`~znni_core.errors.NetworkError` naming the file, node or value at fault.
     """

@@ -42,6 +42,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import InputError, NetworkError
+from .geometry import Geometric, NetGeometry
 from .spec import Activation, Conv
 
 Shape3 = tuple[int, int, int]
@@ -152,7 +153,7 @@ def _step_origin(node: Node, axis: int, step: Fraction, origin: Fraction) -> tup
 
 
 @dataclass(frozen=True, eq=False)
-class Graph:
+class Graph(Geometric):
     """A validated DAG; see the module docstring."""
 
     nodes: tuple
@@ -221,34 +222,14 @@ class Graph:
                 lo, hi = self.admissible_around(axis, n)
                 raise InputError(
                     f"input length {n} on axis {'zyx'[axis]} is not admissible for {self.name}: node {exc}. "
-                    f"Admissible lengths are {self.geometry['n_min'][axis]} + k * {self.grid[axis]}"
+                    f"Admissible lengths are {self.geometry.n_min[axis]} + k * {self.grid[axis]}"
                     f"{f'; nearest {lo} or {hi}' if lo else f'; the smallest is {hi}'}"
                 ) from None
         return {t: (self.channels[t],) + tuple(a[t] for a in per_axis) for t in per_axis[0]}
 
-    def is_admissible(self, in_shape) -> bool:
-        """True if every axis of ``in_shape`` (z, y, x) is ``n_min + k * grid`` with k >= 0."""
-        return all(n >= m and (n - m) % g == 0 for n, m, g in zip(in_shape, self.geometry["n_min"], self.grid))
-
-    def admissible_around(self, axis: int, n: int) -> tuple[int, int]:
-        """(largest admissible <= n or 0, smallest admissible >= n) on ``axis``."""
-        m, g = self.geometry["n_min"][axis], self.grid[axis]
-        if n <= m:
-            return (m if n == m else 0), m
-        k = (n - m) // g
-        return m + k * g, m + k * g + (0 if (n - m) % g == 0 else g)
-
-    def floor_admissible(self, in_shape) -> Shape3:
-        """Per axis the largest admissible length <= ``in_shape`` (z, y, x), 0 where there is none."""
-        return tuple(self.admissible_around(a, n)[0] for a, n in enumerate(in_shape))  # type: ignore[return-value]
-
-    def ceil_admissible(self, in_shape) -> Shape3:
-        """Per axis the smallest admissible length >= ``in_shape`` (z, y, x)."""
-        return tuple(self.admissible_around(a, n)[1] for a, n in enumerate(in_shape))  # type: ignore[return-value]
-
     @functools.cached_property
-    def geometry(self) -> dict:
-        """Per axis (z, y, x): ``{"n_min", "grid", "context", "low"}``, each a 3-tuple.
+    def geometry(self) -> NetGeometry:
+        """The admissible input lengths, context and halo (a :class:`~.geometry.NetGeometry`).
 
         ``n_min`` is the smallest admissible input length, ``grid`` the admissible step, ``context`` the
         voxels the output loses, ``low`` the part of them below the output.  Raises
@@ -298,37 +279,12 @@ class Graph:
             grid.append(g)
             context.append(n0 - out0)
             low.append(max(0, min(n0 - out0, math.floor(origin[self.output]))))
-        return {"n_min": tuple(n_min), "grid": tuple(grid), "context": tuple(context), "low": tuple(low)}
-
-    @property
-    def grid(self) -> Shape3:
-        """Translation grid: patches starting on multiples of it see the whole volume's pooling phases."""
-        return self.geometry["grid"]
-
-    @property
-    def context(self) -> Shape3:
-        """Voxels lost per axis (z, y, x): an admissible input ``n`` gives ``n - context`` output voxels."""
-        return self.geometry["context"]
-
-    @property
-    def field_of_view(self) -> Shape3:
-        """``context + 1``: the output of an admissible input ``n`` has ``n - F + 1`` voxels."""
-        return tuple(c + 1 for c in self.context)  # type: ignore[return-value]
-
-    @property
-    def halo(self) -> tuple[Shape3, Shape3]:
-        """(low, high) input context around the output per axis (z, y, x); ``low + high = context``."""
-        low = self.geometry["low"]
-        return low, tuple(c - lo for c, lo in zip(self.context, low))
+        return NetGeometry(tuple(n_min), tuple(grid), tuple(context), tuple(low))  # type: ignore[arg-type]
 
     @property
     def pooling_product(self) -> Shape3:
         """The translation :attr:`grid`, under the name chain networks use for it."""
         return self.grid
-
-    def output_shape(self, in_shape) -> Shape3:
-        """Output shape ``in_shape - context`` (z, y, x); ``in_shape`` is not checked for admissibility."""
-        return tuple(int(n) - c for n, c in zip(in_shape, self.context))  # type: ignore[return-value]
 
     @property
     def out_channels(self) -> int:

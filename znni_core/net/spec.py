@@ -15,6 +15,7 @@ from typing import Union
 import numpy as np
 
 from ..errors import NetworkError
+from .geometry import Geometric, NetGeometry
 
 Shape3 = tuple[int, int, int]
 
@@ -104,7 +105,7 @@ Layer = Union[Conv, Pool, Activation]
 
 
 @dataclass(frozen=True, eq=False)
-class Network:
+class Network(Geometric):
     """A validated chain of layers.
 
     >>> import numpy as np
@@ -149,18 +150,19 @@ class Network:
         """The pooling layers, in order."""
         return tuple(l for l in self.layers if isinstance(l, Pool))
 
-    @property
-    def field_of_view(self) -> Shape3:
-        """``F = 1 + sum (k-1) d + sum_pool (p-1) d``, d = product of earlier pooling windows."""
+    @cached_property
+    def geometry(self) -> NetGeometry:
+        """Any input of at least the field of view is admissible (max-pooling fragments give the
+        dense output); the output is centred on it (a :class:`~.geometry.NetGeometry`)."""
         fov = np.ones(3, dtype=np.int64)
         d = np.ones(3, dtype=np.int64)
-        for layer in self.layers:
+        for layer in self.layers:  # F = 1 + sum (k-1) d + sum_pool (p-1) d, d = product of earlier windows
             if isinstance(layer, Conv):
                 fov += (np.array(layer.kernel) - 1) * d
             elif isinstance(layer, Pool):
                 fov += (np.array(layer.window) - 1) * d
                 d *= np.array(layer.window)
-        return tuple(int(v) for v in fov)  # type: ignore[return-value]
+        return NetGeometry.dense(tuple(int(v) for v in fov))
 
     @property
     def pooling_product(self) -> Shape3:
@@ -170,19 +172,17 @@ class Network:
             d *= np.array(p.window)
         return tuple(int(v) for v in d)  # type: ignore[return-value]
 
-    @property
-    def halo(self) -> tuple[Shape3, Shape3]:
-        """(low, high) input context around an output voxel: low = (F-1)//2, high = F-1-low."""
-        f = self.field_of_view
-        low = tuple((v - 1) // 2 for v in f)
-        high = tuple(v - 1 - lo for v, lo in zip(f, low))
-        return low, high  # type: ignore[return-value]
+    #: a chain is read from its file at any input shape
+    export_shape = None
+    #: how the network is tiled (a graph's is ``"valid"`` or ``"padded"``)
+    kind = "chain"
 
-    def output_shape(self, in_shape) -> Shape3:
-        """Dense output shape for an input patch ``in_shape`` (z, y, x)."""
-        f = self.field_of_view
-        out = tuple(int(n) - fv + 1 for n, fv in zip(in_shape, f))
-        return out  # type: ignore[return-value]
+    def describe_kind(self) -> str:
+        """One sentence on the network's kind and what it means for tiling."""
+        return (
+            f"chain (max-pooling fragments): convolutions, max-pooling and activations in a line; any input of at "
+            f"least the field of view {self.field_of_view} gives dense output (pooling product {self.pooling_product})"
+        )
 
     def digest(self) -> str:
         """A content hash of structure and weights (sha256 hex), stable across loaders."""

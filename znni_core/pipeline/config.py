@@ -27,7 +27,6 @@ from ..io.layers import layer_differences
 from ..io.mips import layer_info, mip_specs
 from ..io.sharding import shard_chunks
 from ..io.zarr_output import zarr_sharding
-from ..net.graph import Graph
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 RUN_FORMAT = "znni-run/1"
@@ -138,8 +137,8 @@ def stored_channels(cfg: dict, net) -> int:
 
 
 def net_halo(net) -> Halo:
-    """The context a network needs around its output (a graph's own, or derived from the FoV)."""
-    return Halo(*net.halo) if isinstance(net, Graph) else Halo.from_field_of_view(Coordinate(net.field_of_view))
+    """The context a network needs around its output (its geometry's halo)."""
+    return Halo(*net.halo)
 
 
 class Layout(NamedTuple):
@@ -180,7 +179,6 @@ def auto_task_chunks(cfg: dict, net, inp, halo: Halo, region: Roi, grid: ChunkGr
 def layout(cfg: dict, net, inp, halo: Halo, where: str, slots: int | None = None) -> Layout:
     """The run's geometry, with the region checks (T22); cheap: no plan, no data read."""
     # T22: region vs what the input can produce
-    graph = isinstance(net, Graph)
     edge = cfg["edge"]
     assert edge in EDGE_POLICIES
     try:
@@ -202,14 +200,14 @@ def layout(cfg: dict, net, inp, halo: Halo, where: str, slots: int | None = None
                 f"input bounds {_roi_doc(inp.bounds)}; the largest possible region under edge={edge} is "
                 f"{_roi_doc(producible)} (or use edge: mirror / zero)"
             )
-    if graph and net.kind == "valid" and edge == "valid" and cfg["region"] is None:
+    if net.kind == "valid" and edge == "valid" and cfg["region"] is None:
         # a valid graph network tiles on its grid: the default region is cut to an admissible input
         # (its last few voxels per axis, fewer than the grid, would need input beyond the bounds)
         use = net.floor_admissible(tuple(region.shape + Coordinate(net.context)))
         if not all(use):
             raise InputError(
                 f"{where}: the input {_roi_doc(inp.bounds)} is smaller than the smallest admissible input "
-                f"{net.geometry['n_min']} of the network (edge=valid); use edge: mirror / zero"
+                f"{net.geometry.n_min} of the network (edge=valid); use edge: mirror / zero"
             )
         region = Roi(region.offset, Coordinate(use) - Coordinate(net.context))
     if edge == "mirror" and not inp.bounds.shape.all_ge(halo.high + 1):
@@ -294,10 +292,9 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     net_path = Path(cfg["network"]["path"]).resolve()
     net = load_network(net_path)  # T19: NaN/Inf weights refused here
     fov = Coordinate(net.field_of_view)
-    graph = isinstance(net, Graph)
     halo = net_halo(net)
     tta = cfg["tta"]
-    if (tta["flips"] or tta["transpose_xy"] or tta["variance"]) and graph:
+    if (tta["flips"] or tta["transpose_xy"] or tta["variance"]) and net.kind != "chain":
         raise ConfigError(
             f"tta {tta}: test-time augmentation runs chain networks only ({net_path.name} is a graph network); "
             "remove tta"
@@ -395,16 +392,16 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
             raise PlanError(f"plan.file is for device {plan.device!r}, the config asks {cfg['device']!r}")
     else:
         plan = task_plan(net, cfg, budget, threads, task_shape, region)
-    if graph and net.kind == "valid" and edge == "valid":
-        from ..exec.tiling import graph_window
+    if net.kind == "valid" and edge == "valid":
+        from ..exec.tiling import window
 
-        win = graph_window(net, plan, (0, 0, 0), tuple(region.shape))
+        win = window(net, plan, (0, 0, 0), tuple(region.shape))
         read = Roi(region.offset - halo.low + Coordinate(win.in_lo), Coordinate(win.in_hi) - Coordinate(win.in_lo))
         if not inp.bounds.contains(read):
             raise InputError(
                 f"region {_roi_doc(region)}: the valid graph network tiles on its grid {net.grid} and needs input "
                 f"{_roi_doc(read)}, which leaves the input bounds {_roi_doc(inp.bounds)} (edge=valid). Shrink the "
-                f"region so that its shape + {net.context} is admissible (n_min {net.geometry['n_min']} + k * "
+                f"region so that its shape + {net.context} is admissible (n_min {net.geometry.n_min} + k * "
                 f"{net.grid}), or use edge: mirror / zero"
             )
     tasks = TaskGrid(grid, tc, halo, region)
@@ -419,7 +416,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
             "path": str(net_path),
             "digest": net.digest(),
             "field_of_view": list(fov),
-            "kind": net.kind if graph else "chain",
+            "kind": net.kind,
             "halo": {"low": list(halo.low), "high": list(halo.high)},
             "in_channels": net.in_channels,
             "out_channels": net.out_channels,
@@ -483,7 +480,7 @@ def task_plan(net, cfg, budget, threads, task_shape, region):
     2 threads at 1 GiB); for a graph network :func:`_graph_plan`."""
     from ..plan import autotune
 
-    if isinstance(net, Graph):
+    if net.kind != "chain":
         return _graph_plan(net, cfg, budget, threads, task_shape, region)
     d = Coordinate(net.pooling_product)
     task_patch = tuple(Coordinate(task_shape).ceil_div(d) * d + Coordinate(net.field_of_view) - 1)

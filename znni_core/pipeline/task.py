@@ -1,12 +1,12 @@
-"""Execute one task: read its read-ROI, split into patches with Dask, run the engine, write whole
+"""Execute one task: read its read-ROI, split into the plan's patches, run the engine, write whole
 chunks atomically, read them back, then write the manifest (the only thing Snakemake sees).
 
 ::
 
     read_roi (input, halo derived from the network)
       -> gather (edge policy: valid | mirror | zero), normalise to float32
-      -> Dask: output tiles of the plan's output shape, each computed from its input window
-         (tile + F - 1: overlap = halo), engine per tile, assembled in place
+      -> the plan's patches over it (``exec/tiling``: each output tile computed from its input
+         window, tile + F - 1 for a chain), engine per patch, assembled in place
       -> per chunk: finite? (else NonFiniteError, nothing written) -> encode -> atomic write
          -> read back + sha256 -> manifest
 """
@@ -27,7 +27,6 @@ from ..errors import DataError, InputError, NonFiniteError
 from ..geometry import Block, Coordinate, Roi
 from ..io import open_input, open_output, parse_layer_url, read_manifest, store_chunks, write_manifest
 from ..layers.xp import require_device
-from ..net.graph import Graph
 from .config import load_run, output_spec, run_geometry
 from .mask import live_chunks, open_mask
 
@@ -107,35 +106,15 @@ def normalise(raw: np.ndarray, scale: float, shift: float, inner=None) -> np.nda
 
 
 def compute(net, plan, x: np.ndarray, out_shape, *, device: str = "cpu", progress=None) -> np.ndarray:
-    """Dense output ``(C_out,) + out_shape`` of ``x`` (input = output + F - 1), by Dask tiles of the
-    plan: one delayed task per output tile (the plan's output shape; partial at the high ends),
-    reading its tile grown by the field of view, run in order (the engine threads inside each) into
-    one output array.  ``dask.delayed``, not ``dask.array``: importing the latter cost every job
-    0.27 s."""
-    import itertools
-
-    import dask
-
+    """Dense output ``(C_out,) + out_shape`` of a chain network on ``x`` (input = output + F - 1):
+    the plan's patches over it (``exec/tiling``), the resident kernel spectra kept for the job's
+    next task.  ``progress(1)`` after each patch."""
     from .. import infer
 
-    fov = net.field_of_view
-    out_shape = tuple(int(s) for s in out_shape)
-    tile = tuple(min(t, s) for t, s in zip(plan.output_shape, out_shape))
-    out = np.empty((net.out_channels,) + out_shape, np.float32)
-    cache: dict = {}  # the plan's resident FFT kernel spectra, built once for every tile
-
-    def one_tile(lo):
-        hi = tuple(min(a + t, s) for a, t, s in zip(lo, tile, out_shape))
-        sl = tuple(slice(a, b + f - 1) for a, b, f in zip(lo, hi, fov))
-        out[(slice(None),) + tuple(slice(a, b) for a, b in zip(lo, hi))] = infer(
-            net, np.ascontiguousarray(x[(slice(None),) + sl]), device=device, plan=plan, cache=cache
-        )
-        if progress is not None:
-            progress(1)
-
-    starts = itertools.product(*(range(0, s, t) for s, t in zip(out_shape, tile)))
-    dask.compute(*[dask.delayed(one_tile)(lo) for lo in starts], scheduler="synchronous")
-    return out
+    y = infer(net, x, device=device, plan=plan, progress=progress)
+    if tuple(y.shape[1:]) != tuple(out_shape):
+        raise InputError(f"the network's output has shape {tuple(y.shape[1:])}, the task's is {tuple(out_shape)}")
+    return y
 
 
 def tta_variants(tta: dict | None) -> list[tuple[tuple[int, ...], bool]]:
@@ -185,15 +164,15 @@ def graph_read(net, plan, region: Roi, write_roi: Roi, halo):
     a run of ``infer`` over the whole region's input would use for these voxels; ``extent`` is
     that whole input (the region grown by the halo): a padded network sees zeros beyond it,
     exactly as ``infer`` pads a volume; a valid one reads through the edge policy."""
-    from ..exec.tiling import graph_window  # the engine loads on first use: finalize needs none of it
+    from ..exec.tiling import window  # the engine loads on first use: finalize needs none of it
 
     lo = tuple(write_roi.offset - region.offset)
     hi = tuple(Coordinate(lo) + write_roi.shape)
-    window = graph_window(net, plan, lo, hi, whole_out=tuple(region.shape))
+    win = window(net, plan, lo, hi, whole_out=tuple(region.shape))
     origin = region.offset - halo.low
-    read = Roi(origin + Coordinate(window.in_lo), Coordinate(window.in_hi) - Coordinate(window.in_lo))
+    read = Roi(origin + Coordinate(win.in_lo), Coordinate(win.in_hi) - Coordinate(win.in_lo))
     extent = halo.read_roi(region) if net.kind == "padded" else read
-    return window, read, extent
+    return win, read, extent
 
 
 def quantise(y: np.ndarray, dtype: str, chunk_name: str, scale: float | None = None, offset: float = 0.0) -> np.ndarray:
@@ -351,7 +330,7 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
     window, extent, raw, inner, missing = None, None, None, None, []
     if not live:
         pass
-    elif isinstance(net, Graph):  # the patches of the network's grid (valid) or blending lattice (padded)
+    elif net.kind != "chain":  # the patches of the network's grid (valid) or blending lattice (padded)
         window, read_roi, extent = graph_read(net, plan, region, comp, halo)
         block = Block(block.id, block.write_roi, read_roi, block.chunks)
         raw, inner, missing = gather(inp, read_roi.intersect(extent), cfg["edge"], fill)
@@ -462,21 +441,19 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
             full = np.zeros((x.shape[0],) + tuple(block.read_roi.shape), np.float32)
             full[(slice(None),) + inside.to_slices(block.read_roi.offset)] = x
             x = full
-        from ..exec.tiling import run_graph_window
+        from ..exec.tiling import run_window
         from ..inference import thread_limits
 
         with thread_limits(plan.threads):
-            y = run_graph_window(plan, net, x, window, xp=require_device(device))
+            y = run_window(plan, net, x, window, xp=require_device(device))
         del x
     elif ti.todo:
         x = normalise(raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], inner)
         del raw
         bar = None
-        ntiles = len(tta_variants(cfg.get("tta"))) * int(
-            np.prod(
-                [-(-s // t) for s, t in zip(comp.shape, [min(a, b) for a, b in zip(plan.output_shape, comp.shape)])]
-            )
-        )
+        from ..exec.tiling import window
+
+        ntiles = len(tta_variants(cfg.get("tta"))) * window(net, plan, (0, 0, 0), tuple(comp.shape)).count
         if show_progress:
             from ..progress import bar as progress_bar
 

@@ -253,7 +253,7 @@ def _fmt(b: float) -> str:
 
 def _shrink(graph: Graph, patch) -> tuple | None:
     """The next smaller admissible patch: the longest axis (relative to its minimum) cut by ~12%."""
-    n_min = graph.geometry["n_min"]
+    n_min = graph.geometry.n_min
     order = sorted(range(3), key=lambda a: -(patch[a] - n_min[a]) / graph.grid[a])
     for a in order:
         if patch[a] <= n_min[a]:
@@ -328,7 +328,7 @@ def autotune_graph(
         elif graph.export_shape and graph.is_admissible(graph.export_shape):
             top = tuple(graph.export_shape)
         else:
-            top = graph.ceil_admissible(tuple(max(m, 64) for m in graph.geometry["n_min"]))
+            top = graph.ceil_admissible(tuple(max(m, 64) for m in graph.geometry.n_min))
         candidates = [top]
     else:
         if input_shape is not None:
@@ -336,11 +336,11 @@ def autotune_graph(
             if not all(top):
                 raise PlanError(
                     f"input shape {tuple(input_shape)} is smaller than the smallest admissible "
-                    f"input {graph.geometry['n_min']} of this network"
+                    f"input {graph.geometry.n_min} of this network"
                 )
         else:
             edge = round(M.MAX_PATCH_VOXELS ** (1 / 3) / 2)
-            top = graph.floor_admissible(tuple(max(m, edge) for m in graph.geometry["n_min"]))
+            top = graph.floor_admissible(tuple(max(m, edge) for m in graph.geometry.n_min))
         while math.prod(top) > M.MAX_PATCH_VOXELS and (nxt := _shrink(graph, top)):
             top = nxt
         candidates, p = [], top

@@ -23,7 +23,7 @@ from ..cachedir import cache_dir
 from ..errors import MemoryBudgetError, PlanError
 from ..layers import tuning
 from ..layers.xp import require_device
-from ..net.graph import Graph
+from ..net.protocol import AnyNetwork
 from ..net.spec import Activation, Conv, Network, Pool
 from . import gpu_timing as G
 from . import memory as M
@@ -494,7 +494,7 @@ def _streamed(timer, prim, n, layer, spatial, mb, reps, tile, host_cal) -> float
 
 
 def autotune(
-    net: Network,
+    net: AnyNetwork,
     *,
     memory_budget: int | None = None,
     device: str = "cpu",
@@ -602,7 +602,7 @@ def _autotune(
             )
         )
 
-    graph = isinstance(net, Graph)
+    graph = net.kind != "chain"
     if input_shape is not None:
         input_shape = tuple(int(v) for v in input_shape)
         if not graph:
