@@ -157,8 +157,8 @@ def test_gpu_plus_host_plan_fits_whatever_the_timings_prefer(gpu, monkeypatch, p
 def _gpu_only(net, x, budget):
     from znni_core.plan import search as S
 
-    cal_budget, cal, _ = S._device_budget(budget)
-    timer = S._Timer("estimate", 1, cal)
+    cal_budget, cal, _ = S.device_budget(budget)
+    timer = S.Pricer("estimate", 1, cal)
     _, _, peak, _ = S._evaluate(net, x.shape[1:], ("pool", "pool"), cal_budget, timer, S.GPU_PRIMITIVES)
     if peak > budget:
         raise MemoryBudgetError("does not fit")

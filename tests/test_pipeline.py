@@ -594,7 +594,7 @@ def test_a_tasks_plan_may_cut_the_task_into_smaller_patches():
     from tests.nets import make_net
     from znni_core.pipeline.config import task_plan
     from znni_core.plan import autotune
-    from znni_core.plan.search import _rate
+    from znni_core.plan.candidates import rate as _rate
 
     net = make_net(
         [

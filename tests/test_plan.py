@@ -162,7 +162,7 @@ def test_znni_networks_plan_with_bounded_search_under_every_budget(name):
 
 
 def test_patch_never_exceeds_the_input_and_small_input_is_one_patch():
-    from znni_core.plan.search import input_patch
+    from znni_core.plan.candidates import input_patch
 
     net = make_net(WIDE, seed=9)
     fov, d = net.field_of_view, net.pooling_product
@@ -178,7 +178,8 @@ def test_patch_never_exceeds_the_input_and_small_input_is_one_patch():
 def test_a_patch_short_of_the_input_is_charged_for_the_patches_it_needs():
     """The search ranks patches by the input's output voxels over the time of every patch
     that covers it: a patch one pooling product short of the input needs two per axis."""
-    from znni_core.plan.search import _rate, input_patch
+    from znni_core.plan.candidates import input_patch
+    from znni_core.plan.candidates import rate as _rate
 
     net = make_net(WIDE, seed=9)
     d = net.pooling_product
@@ -298,7 +299,7 @@ def test_a_net_flat_in_z_walks_the_inputs_whole_planes_in_equal_depths():
     assert n_flat >= n_deep + 3  # the planes series (the cube series are alike)
     plan = autotune(flat, memory_budget=2**30, input_shape=shape, use_cache=False)
     whole = autotune(flat, memory_budget=2**30, patch_shape=cap, use_cache=False)
-    assert S._rate(flat, plan.patch_shape, plan.predicted_seconds, shape) >= S._rate(
+    assert S.rate(flat, plan.patch_shape, plan.predicted_seconds, shape) >= S.rate(
         flat, cap, whole.predicted_seconds, shape
     )
 
@@ -307,6 +308,7 @@ def test_a_net_flat_in_z_plans_thin_slabs_when_the_input_does_not_fit_one_patch(
     """2D kernels and pools: z costs no halo, so on an input too large for one patch the search
     also walks slabs SLAB_SLICES deep (wider in y, x) and picks one when it is faster; an input
     that fits one patch walks no slab at all (counted in patches evaluated)."""
+    from znni_core.plan import candidates as C
     from znni_core.plan import search as S
 
     net = make_net(
@@ -329,7 +331,7 @@ def test_a_net_flat_in_z_plans_thin_slabs_when_the_input_does_not_fit_one_patch(
     assert calls == [False, True], calls
     assert big.predicted_peak_bytes <= budget
     slabs = S.patch_candidates(net, S.MAX_PATCH_VOXELS, (40, 1000, 1000), slabs=True)
-    assert slabs and all(p[0] == S.SLAB_SLICES for series in slabs for p in series)
+    assert slabs and all(p[0] == C.SLAB_SLICES for series in slabs for p in series)
     assert max(p[1] for series in slabs for p in series) >= 1000  # as wide as the input
     calls.clear()
     small = autotune(net, memory_budget=budget, input_shape=(40, 100, 100), use_cache=False)
@@ -337,11 +339,11 @@ def test_a_net_flat_in_z_plans_thin_slabs_when_the_input_does_not_fit_one_patch(
     # the slab is chosen for its rate over the input: without slabs the plan is slower
     monkeypatch.setattr(S, "patch_candidates", lambda *a, **k: [] if k.get("slabs") else orig(*a, **k))
     deep = autotune(net, memory_budget=budget, input_shape=(40, 1000, 1000), use_cache=False)
-    assert deep.patch_shape[0] > S.SLAB_SLICES
+    assert deep.patch_shape[0] > C.SLAB_SLICES
     shape = (40, 1000, 1000)
-    rate, rate_deep = (S._rate(net, p.patch_shape, p.predicted_seconds, shape) for p in (big, deep))
+    rate, rate_deep = (S.rate(net, p.patch_shape, p.predicted_seconds, shape) for p in (big, deep))
     # chosen only when faster (the calibration of the machine decides; on this one it is)
-    assert rate > rate_deep if big.patch_shape[0] == S.SLAB_SLICES else big.patch_shape == deep.patch_shape
+    assert rate > rate_deep if big.patch_shape[0] == C.SLAB_SLICES else big.patch_shape == deep.patch_shape
 
 
 def _fixed_model(scale: dict | None = None):

@@ -1,4 +1,4 @@
-"""Sizes as people write them: ``"2GiB"``, ``"500MB"``, ``"1e9"``."""
+"""Sizes as people write them (``"2GiB"``, ``"500MB"``, ``"1e9"``) and as messages print them."""
 
 from __future__ import annotations
 
@@ -33,3 +33,12 @@ def parse_bytes(text) -> int:
         raise ValueError(f"{text!r} is too large a size; use bytes or a unit like 512MiB, 2GiB, 8GB") from None
     except ValueError:
         raise ValueError(f"{text!r} is not a size; use bytes or a unit like 512MiB, 2GiB, 8GB") from None
+
+
+def format_bytes(b: float) -> str:
+    """A size as messages print it: GiB from a quarter GiB up, else MiB.
+
+    >>> format_bytes(2**30), format_bytes(3 * 2**20)
+    ('1.000 GiB', '3.0 MiB')
+    """
+    return f"{b / 2**30:.3f} GiB" if b >= 2**28 else f"{b / 2**20:.1f} MiB"

@@ -16,7 +16,7 @@ def device_limits(xp, plan):
     headroom the planner left (CUDA context, cuFFT plans): an allocation past it is the
     plan's fault, reported as a :class:`MemoryBudgetError` naming the plan's prediction,
     never a crash with the pool grown into the rest of the device."""
-    from ..plan.search import device_headroom
+    from ..plan.budget import device_headroom
 
     pool = xp.get_default_memory_pool()
     old = pool.get_limit()

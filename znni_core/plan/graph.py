@@ -19,6 +19,7 @@ from ..errors import MemoryBudgetError, PlanError
 from ..layers.epilogue import FUSABLE
 from ..layers.resample import linear_index
 from ..net.graph import Graph
+from ..units import format_bytes
 from . import memory as M
 from .plan import Plan, Rejected, Step, chosen_plan, fuses
 from .primitives import FALLBACK, PRIMITIVES, names
@@ -247,10 +248,6 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
     return steps, total * tiles, peak
 
 
-def _fmt(b: float) -> str:
-    return f"{b / 2**30:.3f} GiB" if b >= 2**28 else f"{b / 2**20:.1f} MiB"
-
-
 def _shrink(graph: Graph, patch) -> tuple | None:
     """The next smaller admissible patch: the longest axis (relative to its minimum) cut by ~12%."""
     n_min = graph.geometry.n_min
@@ -282,7 +279,9 @@ def _tile_search(graph: Graph, patch, prims, timer, threads, budget, rejected):
         steps, secs, peak = walk(graph, patch, (FALLBACK,), timer, threads, True, tile)
         if peak <= budget:
             return steps, secs, peak, tile
-        rejected.append(Rejected(f"patch {patch} in tiles {tile}", f"needs {_fmt(peak)} > budget {_fmt(budget)}"))
+        rejected.append(
+            Rejected(f"patch {patch} in tiles {tile}", f"needs {format_bytes(peak)} > budget {format_bytes(budget)}")
+        )
         a = max(range(3), key=lambda i: tile[i])
         if tile[a] <= 2:
             return None
@@ -359,7 +358,9 @@ def autotune_graph(
             need = peak if need is None else min(need, peak)
             rejected.append(
                 Rejected(
-                    f"patch {patch}{' frugal' if frugal else ''}", f"needs {_fmt(peak)} > budget {_fmt(budget)}", vps
+                    f"patch {patch}{' frugal' if frugal else ''}",
+                    f"needs {format_bytes(peak)} > budget {format_bytes(budget)}",
+                    vps,
                 )
             )
         if fits and len(fits) >= 4:  # a valid graph's throughput is compared over the largest few that fit
@@ -371,9 +372,9 @@ def autotune_graph(
             fits.append((math.prod(graph.output_shape(candidates[0])) / secs, candidates[0], steps, secs, peak))
     if not fits:
         raise MemoryBudgetError(
-            f"no patch of {graph.name} fits the memory budget of {_fmt(budget)}: the smallest tried, "
-            f"{candidates[-1]}, needs {_fmt(need or 0)} whole and more than the budget in the smallest exact tiles. "
-            f"Raise the budget (--memory / mem_mb) to at least {_fmt((need or 0) * 1.1)}"
+            f"no patch of {graph.name} fits the memory budget of {format_bytes(budget)}: the smallest tried, "
+            f"{candidates[-1]}, needs {format_bytes(need or 0)} whole and more than the budget in the smallest exact tiles. "
+            f"Raise the budget (--memory / mem_mb) to at least {format_bytes((need or 0) * 1.1)}"
         )
     fits.sort(key=lambda r: -r[0])
     vps, patch, steps, secs, peak = fits[0]

@@ -70,7 +70,7 @@ class Primitive:
     #: transforms every axis (an FFT): pays for a kernel 1 deep on an axis for nothing; the search
     #: tries it on overlap-save input blocks
     transforms_all_axes = False
-    #: searched on overlap-save input blocks (``plan.search._fft_tiles``)
+    #: searched on overlap-save input blocks (``plan.candidates.fft_tiles``)
     blocked = False
     #: the graph executor runs it
     in_graphs = True

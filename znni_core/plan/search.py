@@ -11,275 +11,50 @@ Everything thrown away is kept, with its reason, in ``Plan.rejected``.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
-import os
 import re
-from typing import NamedTuple
-
-import numpy as np
 
 from ..cachedir import cache_dir
 from ..errors import MemoryBudgetError, PlanError
 from ..layers import tuning
-from ..layers.xp import require_device
 from ..net.protocol import AnyNetwork
 from ..net.spec import Activation, Conv, Network, Pool
-from . import gpu_timing as G
+from ..units import format_bytes
 from . import memory as M
 from . import timing as T
 from . import wisdom as W
-from .costs import CostModel, CpuCostModel, GpuCostModel
+from .budget import default_budget, default_threads, device_budget
+from .candidates import (
+    Candidate,
+    fft_tiles,
+    flat_axis,
+    input_patch,
+    micro_batches,
+    patch_candidates,
+    pool_mode_candidates,
+    rate,
+    slab_modes,
+)
+from .costs import CostModel, CpuCostModel
 from .graph import autotune_graph
 from .memory import MAX_PATCH_VOXELS
 from .plan import CONV_PRIMITIVES, CPU_PRIMITIVES, Plan, Rejected, Step, chosen_plan, fuses
+from .pricing import CALL_OVERHEAD_S, PATCH_OVERHEAD_S, Pricer
 from .primitives import FALLBACK, PRIMITIVES, names, primitive
 
 EFFORTS = ("estimate", "measure", "exhaustive")
-DEFAULT_BUDGET_FRACTION = 0.5  # of the RAM available when planning
-GIB = 2**30
 #: conv primitives of GPU plans: the two whose device memory the model predicts (checked on the
 #: simulated GPU and on an H100); fft-data, winograd and direct-torch (cuDNN through PyTorch: wrong
 #: results now and then on an H100, fixed and not yet verified, layers/torch_conv.py) run on the
 #: device when asked for (``primitives=``)
 GPU_PRIMITIVES = names("gpu", gpu_default=True)
 DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the rest on the GPU, pipelined
-DEVICE_HEADROOM = 512 * 2**20  # device memory left to the CUDA context, library handles and cuFFT plans
-GPU_BUDGET_FRACTION = 0.9  # of the device memory free when planning (after the headroom)
-MAX_MEASURE_SECONDS = 2.0  # longer runs keep their estimate: measuring stays bounded
 SEARCH_VERSION = 22  # in the plan cache key: bump when the search or time model changes (stale plans)
 PLAN_CACHE_ENTRIES = 256  # newest plans kept on disk (one per network x shape x budget x ...)
 PATIENCE = 2  # coarse patches in a row without a gain before a series of growing patches stops
-SLAB_SLICES = 8  # depth of the thin patches tried for networks flat in z (patch_candidates)
 COARSE = 3  # a series is first sampled at every COARSE-th patch, then refined around the best
 SHORTLIST = 3  # per layer, options measured (the best by estimate, within 3x of it)
 SQUEEZES = 3  # re-decisions of a candidate with its excess over the budget kept free (see _evaluate)
-#: fixed costs the rates do not see (Python, dispatch): per primitive call and per patch
-#: (tiny patches of a 1x1x1 stack: 0.08 ms per conv call, 2.8 ms per 8-step patch)
-CALL_OVERHEAD_S = 1e-4
-PATCH_OVERHEAD_S = 1e-3
-
-
-def device_headroom(total: int) -> int:
-    """Device memory no plan may use: :data:`DEVICE_HEADROOM`, at most an eighth of a small device."""
-    return min(DEVICE_HEADROOM, int(total) // 8)
-
-
-def default_budget() -> int:
-    """The memory budget without one given: :data:`DEFAULT_BUDGET_FRACTION` of the RAM available now."""
-    import psutil
-
-    return int(psutil.virtual_memory().available * DEFAULT_BUDGET_FRACTION)
-
-
-def default_threads() -> int:
-    """The cores this process may run on (its CPU affinity)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def _fmt(b: float) -> str:
-    return f"{b / 1e9:.2f} GB" if b >= 1e8 else f"{b / 1e6:.1f} MB"
-
-
-def input_patch(net: Network, input_shape) -> tuple:
-    """The smallest admissible patch covering ``input_shape`` (z, y, x): output per axis
-    rounded up to the pooling product D.  No patch larger than this does useful work."""
-    fov, d = net.field_of_view, net.pooling_product
-    bad = [(n, f) for n, f in zip(input_shape, fov) if int(n) < f]
-    if len(tuple(input_shape)) != 3 or bad:
-        raise PlanError(
-            f"input shape {tuple(input_shape)} (z, y, x) must be 3 sizes of at least the field of view {fov}"
-        )
-    return tuple(math.ceil((int(n) - f + 1) / dd) * dd + f - 1 for n, f, dd in zip(input_shape, fov, d))
-
-
-def patch_candidates(net: Network, max_voxels: int, input_shape=None, slabs: bool = False) -> list[list[tuple]]:
-    """Input patch shapes (output per axis a multiple of the pooling product D), as one
-    ascending series per aspect ratio, so the search can stop a series once it stops
-    improving.  With ``input_shape`` no patch exceeds the input (rounded up to D) and
-    the whole input is a candidate of its own.
-
-    ``slabs``: for a network flat in z (2D kernels and pools), the series of slabs
-    SLAB_SLICES thick instead: z costs such a network no halo, so where a patch of the
-    input's depth must be narrow in y and x (the budget), a thin slab of wide planes
-    wastes less on the y, x halo (the boundary net on 30 x 1024^2 at 2 GiB: 30 x 462^2
-    patches predicted 353k output voxels/s, 8 x 590^2 slabs 410k); empty otherwise."""
-    fov, d = np.array(net.field_of_view), np.array(net.pooling_product)
-    aniso = len(set(net.field_of_view)) > 1 or len(set(net.pooling_product)) > 1
-    edges = sorted({int(round(v)) for v in np.geomspace(max(fov.max(), 8), 2048 if slabs else 1024, 40)})
-    cap = np.array(input_patch(net, input_shape)) if input_shape is not None else None
-    aspects = [1.0, 2.0, 4.0, 8.0] if aniso else [1.0]
-    if slabs:
-        aspects = [-float(SLAB_SLICES)] if fov[0] == 1 and d[0] == 1 and (cap is None or cap[0] > SLAB_SLICES) else []
-    seen, series = set(), []
-    for a in aspects:
-        out = []
-        for edge in edges:
-            target = (
-                np.array([-a, edge, edge])
-                if a < 0
-                # a slab of -a slices
-                else np.array([edge / a, edge, edge])
-                if fov[0] <= fov[1]
-                else np.array([edge, edge / a, edge / a])
-            )
-            m = np.maximum(1, np.floor((target - fov + 1) / d)).astype(int)
-            shape = m * d + fov - 1
-            if cap is not None:
-                shape = np.minimum(shape, cap)
-            shape = tuple(int(v) for v in shape)
-            if shape not in seen and math.prod(shape) * net.in_channels <= max_voxels:
-                seen.add(shape)
-                out.append(shape)
-        if out:
-            series.append(out)
-    if cap is not None and not slabs and fov[0] == 1 and d[0] == 1 and cap[0] > 1:
-        # flat in z: the input's whole planes, its depth in equal parts (z costs no halo; a
-        # 30 x 512^2 input ran as three 10-deep MPF patches in 7.6 s, as one in slab + depth-first pooling 14 s)
-        parts = sorted({-(-int(cap[0]) // k) for k in (2, 3, 4, 6, 8, 12, 16) if k <= cap[0]})
-        planes = [(z, int(cap[1]), int(cap[2])) for z in parts]
-        planes = [p for p in planes if p not in seen and math.prod(p) * net.in_channels <= max_voxels]
-        seen.update(planes)
-        if planes:
-            series.append(planes)
-    if cap is not None and tuple(int(v) for v in cap) not in seen and not slabs:
-        series.append([tuple(int(v) for v in cap)])
-    return series
-
-
-def pool_mode_candidates(n_pools: int) -> list[tuple]:
-    """The pooling-mode combinations the search tries for a net of ``n_pools`` pooling layers."""
-    if n_pools <= 2:
-        return list(itertools.product(("mpf", "pool"), repeat=n_pools))
-    # three or more pooling layers: depth-first on a prefix, MPF after (the ZNNi choices;
-    # the other assignments trade memory the same way and took most of the planning time)
-    return [("pool",) * k + ("mpf",) * (n_pools - k) for k in range(n_pools + 1)]
-
-
-def _slab_modes(net: Network, patch, mode_sets) -> list[tuple]:
-    """Slab variants of the first pooling layer: a few slab heights (fragment rows)."""
-    if not net.pools:
-        return []
-    k = next(i for i, l in enumerate(net.layers) if isinstance(l, Pool))
-    rows_total = M.slab_geometry(net.layers, net.in_channels, k, patch, 1)["frag"][0]
-    heights = sorted({max(1, rows_total // 8), max(1, rows_total // 2)})
-    rests = sorted({m[1:] for m in mode_sets})
-    return [(f"slab:{h}",) + rest for h in heights for rest in rests]
-
-
-class Candidate(NamedTuple):
-    """One priced (patch, pooling modes, placement) of the search: its steps and predictions."""
-
-    voxels_per_s: float  # over the input the plan is for (:func:`_rate`)
-    patch: tuple
-    modes: tuple  # per pooling layer: mpf | pool | slab:ROWS
-    steps: tuple
-    seconds: float  # per patch
-    peak: int  # bytes (the device's for GPU plans)
-    notes: list  # what the walk rejected on the way
-    placement: str  # "" | gpu+host | cpu+gpu
-    split: int  # cpu+gpu: the index of the first GPU step
-
-    def describe(self) -> str:
-        """``patch (z, y, x) pools mpf/pool [on placement]``, as rejected candidates are listed."""
-        return f"patch {self.patch} pools {'/'.join(self.modes) or '-'}" + (
-            f" on {self.placement}" if self.placement else ""
-        )
-
-
-class _Timer:
-    """Prices the search's candidates: the cost model's estimates, or (``effort`` measure and
-    exhaustive) primitives timed on the real shapes; memoised for one search."""
-
-    def __init__(self, effort: str, threads: int, cal: dict | None = None, xp=None, model: CostModel | None = None):
-        self.model = model or (GpuCostModel(cal) if cal else CpuCostModel(T.calibrate(threads)))
-        self.cal = self.model.cal
-        if effort == "estimate":
-            self.meas = None
-        elif cal is None:
-            self.meas = T.Measurements(threads)
-        else:  # a GPU's calibration: timed on the device
-            self.meas = G.DeviceMeasurements(cal, xp)
-        self.measure_all = effort == "exhaustive"
-        self._memo: dict = {}  # (primitive, n, layer, shapes, ...) -> seconds, for this search only
-
-    def estimate(self, prim, n, layer, spatial, micro_batch=None) -> float:
-        return self.model.conv(prim, n, layer, spatial, micro_batch)
-
-    def layer(self, prim, n, layer, spatial, micro_batch, reps, measure=False, tile=()) -> float:
-        """Seconds of a conv step over the whole patch: ``reps`` runs (pooling offsets, slabs),
-        each in micro-batches and input blocks, plus the one-off build of resident kernel spectra."""
-        key = (prim, n, id(layer), tuple(spatial), micro_batch, reps, measure, tuple(tile or ()))
-        if (hit := self._memo.get(key)) is None:
-            hit = self._memo[key] = self._layer(prim, n, layer, spatial, micro_batch, reps, measure, tile)
-        return hit
-
-    def _layer(self, prim, n, layer, spatial, micro_batch, reps, measure, tile) -> float:
-        shape, origins = M.conv_blocks(tuple(spatial), layer.kernel, tile)
-        if len(origins) == 1:
-            calls = reps * math.ceil(n / (micro_batch or n))
-            return (
-                reps * self.conv(prim, n, layer, spatial, micro_batch, measure)
-                + self.model.setup(prim, layer, spatial)
-                + calls * CALL_OVERHEAD_S
-            )
-        mb = micro_batch or n
-        copy = self.model.elementwise(M.nbytes((mb, layer.in_channels) + shape), 2.0)
-        slow = primitive(prim).block_slowdown if not measure else 1.0
-        per_call = self.conv(prim, mb, layer, shape, mb, measure) * slow + copy + CALL_OVERHEAD_S
-        return reps * math.ceil(n / mb) * len(origins) * per_call + self.model.setup(prim, layer, shape)
-
-    def conv(self, prim, n, layer, spatial, micro_batch, measure=False) -> float:
-        """Seconds for ``n`` fragments in micro-batches: measured (scaled per call) or estimated."""
-        mb = micro_batch or n
-        est = self.estimate(prim, n, layer, spatial, mb)
-        if self.meas is not None and (measure or self.measure_all) and est < MAX_MEASURE_SECONDS:
-            return self.meas.conv(prim, mb, layer, spatial) * math.ceil(n / mb)
-        return est
-
-
-FFT_TILE_EDGES = (32, 48, 64, 96, 128)  # overlap-save block edges tried for FFT convolutions
-
-
-def _fft_tiles(spatial, kernel) -> list[tuple]:
-    """Input blocks for an FFT conv: the whole input, or cubes (clipped to the input) whose
-    output is at least the kernel per axis (smaller blocks would be mostly overlap)."""
-    out, spatial = [()], tuple(int(s) for s in spatial)
-    for e in FFT_TILE_EDGES:
-        t = tuple(min(e, s) for s in spatial)
-        if t != spatial and t not in out and all(tt - k + 1 >= k for tt, k in zip(t, kernel)):
-            out.append(t)
-    return out
-
-
-def _flat_axis(kernel, spatial) -> bool:
-    """Whether the kernel is 1 deep along an axis the input extends along."""
-    return any(k == 1 and s > 1 for k, s in zip(kernel, spatial))
-
-
-def _micro_batches(n: int) -> list[int]:
-    out, mb = [], n
-    while mb >= 1:
-        out.append(mb)
-        if mb == 1:
-            break
-        mb = (mb + 1) // 2
-    return out
-
-
-def _rate(net: Network, patch, secs: float, input_shape=None) -> float:
-    """Output voxels per second of a patch plan.  With ``input_shape``: of that input, covered
-    by ``ceil(output / patch output)`` patches per axis (the last one shifted back), so a patch
-    just short of the input is charged for the second patch it needs."""
-    out = net.output_shape(patch)
-    if input_shape is None:
-        return math.prod(out) / secs
-    need = net.output_shape(input_shape)
-    patches = math.prod(-(-n // o) for n, o in zip(need, out))
-    return math.prod(need) / (patches * secs)
 
 
 def _mpf_reads_channels_last(layers, decisions, i) -> bool:
@@ -343,7 +118,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
                 p for p in primitives if PRIMITIVES[p].supports(layer.kernel, (layer.in_channels, layer.out_channels))
             ) or (FALLBACK,)
             allowed = tuple(p for p in usable if not (i in no_cache and PRIMITIVES[p].resident)) or usable
-            if _flat_axis(layer.kernel, spatial):
+            if flat_axis(layer.kernel, spatial):
                 # FFTConv transforms every axis: a kernel 1 deep on an axis of extent > 1 (2D
                 # kernels in 3D) pays transforms along it for nothing, and the rate model does not
                 # see it (boundary net (1,5,5) layer: fft-task 2.0 s where direct-gemm took 1.0 s);
@@ -357,9 +132,9 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
             if ranked is None:
                 ranked = []
                 for prim in allowed:
-                    for tile in _fft_tiles(spatial, layer.kernel) if PRIMITIVES[prim].blocked or host else [()]:
+                    for tile in fft_tiles(spatial, layer.kernel) if PRIMITIVES[prim].blocked or host else [()]:
                         keep = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
-                        for mb in _micro_batches(n):
+                        for mb in micro_batches(n):
                             if host:
                                 need = M.device_call_bytes(prim, mb, layer, spatial, tile, threads) + keep
                                 t = _streamed(timer, prim, n, layer, spatial, mb, reps[i], tile, host["cal"])
@@ -394,7 +169,8 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
                     if t < best_t:
                         notes.append(
                             Rejected(
-                                f"layer {i} {p} (batch {n})", f"needs {_fmt(live_max[i] + e)} > budget {_fmt(budget)}"
+                                f"layer {i} {p} (batch {n})",
+                                f"needs {format_bytes(live_max[i] + e)} > budget {format_bytes(budget)}",
                             )
                         )
             return decisions[i]
@@ -469,7 +245,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
         notes.append(
             Rejected(
                 f"patch {patch} on GPU + host RAM",
-                f"host tensors need {_fmt(host_peak)} > host budget {_fmt(host['budget'])}",
+                f"host tensors need {format_bytes(host_peak)} > host budget {format_bytes(host['budget'])}",
             )
         )
         peak = max(peak, budget + 1)  # does not fit
@@ -560,7 +336,7 @@ def autotune(
 
 
 def _autotune(
-    net: Network,
+    net: AnyNetwork,
     *,
     memory_budget,
     device,
@@ -576,15 +352,72 @@ def _autotune(
     placement,
     cost_model,
 ) -> Plan:
-    """:func:`autotune` under the host's kernel parameters."""
+    """:func:`autotune` under the host's kernel parameters: resolve the request, look the plan up
+    in the cache, else search (a graph's search, or the chain's below)."""
     threads = int(threads or default_threads())
-    gpu_cal = host = gpu_xp = None
-    if device != "cpu":
-        budget, gpu_cal, gpu_xp = _device_budget(memory_budget)
-        host_cal = T.calibrate(threads)
-        host = {"budget": default_budget(), "cal": host_cal, "model": CpuCostModel(host_cal), "threads": threads}
+    budget, gpu_cal, gpu_xp, host = _budgets(device, memory_budget, threads)
+    prims = _primitives(primitives, device)
+    graph = net.kind != "chain"
+    if input_shape is not None:
+        input_shape = tuple(int(v) for v in input_shape)
+        if not graph:
+            input_patch(net, input_shape)  # validates
+    if graph and device == "cpu+gpu":
+        raise PlanError(
+            "cpu+gpu (pipelined) plans are for max-pooling (chain) networks; plan a graph network "
+            "with device 'gpu' or 'cpu'"
+        )
+    use_cache = use_cache and cost_model is None
+    cache = W.JsonCache(cache_dir() / "plans.json", max_entries=PLAN_CACHE_ENTRIES) if use_cache else None
+    ckey = (
+        f"{net.digest()}|{budget}|{device}|{placement}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|"
+        f"{input_shape}|{SEARCH_VERSION}|{T.machine_key(threads)}"
+        + (f"|{overlap}|{blend}" if graph else "")
+        + (f"|{gpu_cal['device']}|{gpu_cal['gemm_flops']:.3g}" if gpu_cal else "")
+    )
+    if cache is not None and (hit := cache.get(ckey)):
+        return Plan.from_dict(hit)
+
+    timer = Pricer(effort, threads, gpu_cal, gpu_xp, model=cost_model)
+    if graph:
+        plan = autotune_graph(
+            net,
+            budget=budget,
+            device=device,
+            effort=effort,
+            threads=threads,
+            timer=timer,
+            prims=primitives or (None if device == "cpu" else prims),
+            patch_shape=patch_shape,
+            input_shape=input_shape,
+            overlap=overlap,
+            blend=blend,
+        )
     else:
-        budget = int(memory_budget) if memory_budget is not None else default_budget()
+        search = _ChainSearch(net, budget, device, timer, prims, host, input_shape, placement)
+        series = _chain_patches(net, patch_shape, input_shape)
+        results = search.run(series, *_chain_modes(net, pool_modes, device), whole=patch_shape is None)
+        if effort in ("measure", "exhaustive"):
+            results = _remeasure(net, results, effort, budget, timer, prims, input_shape)
+        plan = _chosen(net, results, search, device, effort, threads, input_shape, budget, gpu_cal)
+    if cache is not None:
+        cache.put(ckey, plan.to_dict())
+    return plan
+
+
+def _budgets(device, memory_budget, threads) -> tuple:
+    """(budget, the GPU's calibration, its array module, the host's budget and cost model) of a
+    request; the last three None on the CPU."""
+    if device == "cpu":
+        return (int(memory_budget) if memory_budget is not None else default_budget()), None, None, None
+    budget, gpu_cal, gpu_xp = device_budget(memory_budget)
+    host_cal = T.calibrate(threads)
+    host = {"budget": default_budget(), "cal": host_cal, "model": CpuCostModel(host_cal), "threads": threads}
+    return budget, gpu_cal, gpu_xp, host
+
+
+def _primitives(primitives, device) -> tuple:
+    """The conv primitives a search may use on ``device``, the defaults or the caller's (checked)."""
     # on the GPU the same xp code runs on CuPy; numba's CPU kernel and FFTW threads do not apply
     prims = tuple(primitives or (CPU_PRIMITIVES if device == "cpu" else GPU_PRIMITIVES))
     bad = [p for p in prims if p not in CONV_PRIMITIVES]
@@ -601,58 +434,26 @@ def _autotune(
                 else ""
             )
         )
+    return prims
 
-    graph = net.kind != "chain"
-    if input_shape is not None:
-        input_shape = tuple(int(v) for v in input_shape)
-        if not graph:
-            input_patch(net, input_shape)  # validates
-    use_cache = use_cache and cost_model is None
-    cache = W.JsonCache(cache_dir() / "plans.json", max_entries=PLAN_CACHE_ENTRIES) if use_cache else None
-    ckey = (
-        f"{net.digest()}|{budget}|{device}|{placement}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|"
-        f"{input_shape}|{SEARCH_VERSION}|{T.machine_key(threads)}"
-        + (f"|{overlap}|{blend}" if graph else "")
-        + (f"|{gpu_cal['device']}|{gpu_cal['gemm_flops']:.3g}" if gpu_cal else "")
-    )
-    if cache is not None and (hit := cache.get(ckey)):
-        return Plan.from_dict(hit)
 
-    timer = _Timer(effort, threads, gpu_cal, gpu_xp, model=cost_model)
-    if graph and device == "cpu+gpu":
+def _chain_patches(net: Network, patch_shape, input_shape) -> list[list[tuple]]:
+    """The series of patches a chain's search walks: the caller's one patch (checked), or
+    :func:`.candidates.patch_candidates`."""
+    if patch_shape is None:
+        return patch_candidates(net, MAX_PATCH_VOXELS, input_shape)
+    patch_shape = tuple(int(v) for v in patch_shape)
+    fov, d = net.field_of_view, net.pooling_product
+    if any(n < f or (n - f + 1) % dd for n, f, dd in zip(patch_shape, fov, d)):
         raise PlanError(
-            "cpu+gpu (pipelined) plans are for max-pooling (chain) networks; plan a graph network "
-            "with device 'gpu' or 'cpu'"
+            f"patch shape {patch_shape}: each axis n needs n >= field of view {fov} and "
+            f"(n - F + 1) divisible by the pooling product {d}"
         )
-    if graph:
-        plan = autotune_graph(
-            net,
-            budget=budget,
-            device=device,
-            effort=effort,
-            threads=threads,
-            timer=timer,
-            prims=primitives or (None if device == "cpu" else prims),
-            patch_shape=patch_shape,
-            input_shape=input_shape,
-            overlap=overlap,
-            blend=blend,
-        )
-        if cache is not None:
-            cache.put(ckey, plan.to_dict())
-        return plan
-    if patch_shape is not None:
-        patch_shape = tuple(int(v) for v in patch_shape)
-        fov, d = net.field_of_view, net.pooling_product
-        bad = [(n, f, dd) for n, f, dd in zip(patch_shape, fov, d) if n < f or (n - f + 1) % dd]
-        if bad:
-            raise PlanError(
-                f"patch shape {patch_shape}: each axis n needs n >= field of view {fov} and "
-                f"(n - F + 1) divisible by the pooling product {d}"
-            )
-        series = [[patch_shape]]
-    else:
-        series = patch_candidates(net, MAX_PATCH_VOXELS, input_shape)
+    return [[patch_shape]]
+
+
+def _chain_modes(net: Network, pool_modes, device) -> tuple[list, tuple | None]:
+    """(the pooling-mode assignments to try, the caller's fixed one or None)."""
     mode_sets = pool_mode_candidates(len(net.pools))
     if pool_modes is not None:
         pool_modes = tuple(pool_modes)
@@ -666,80 +467,74 @@ def _autotune(
                 f"{len(net.pools)} pooling layers"
             )
         mode_sets = [pool_modes]
-
     if device == "cpu+gpu":  # the pipeline hands MPF fragments from the CPU stage to the GPU stage
         if pool_modes is not None and any(m != "mpf" for m in pool_modes):
             raise PlanError(f"pool_modes {pool_modes}: a cpu+gpu plan runs every pooling layer as MPF")
         mode_sets = [("mpf",) * len(net.pools)]
         pool_modes = mode_sets[0]
-    results, rejected = [], []
-    smallest_need = None
-    evaluated = 0
-    frugal_first = sorted(mode_sets, key=lambda m: -sum(v == "pool" for v in m))
+    return mode_sets, pool_modes
 
-    tried = set()
 
-    def try_patch(patch) -> float:
-        """Evaluate every pool-mode assignment of ``patch``; the best fitting patch's own
-        voxels/s (0: none fits), which grows with the patch (the walk's monotone trend);
-        results are ranked by the rate over the input (:func:`_rate`)."""
-        nonlocal evaluated, smallest_need
-        tried.add(patch)
-        best = 0.0
-        # slab modes recompute the first layers (slower, smaller): tried only when no
-        # MPF/depth-first assignment fits this patch
-        # all-depth-first (the least memory) goes first: if even it does not fit, no other
-        # MPF/depth-first assignment does, and only the slab modes remain
-        for group in [mode_sets] if pool_modes is not None else [frugal_first, "slab"]:
-            if group == "slab":
-                if best:
-                    break
-                group = _slab_modes(net, patch, [frugal_first[0]])
-            for j, modes in enumerate(group):
-                if j == 1 and group is frugal_first and not best:
-                    break
-                fits = False
-                for placement in placements:
-                    if placement == "gpu+host" and fits:
-                        continue  # host RAM is for tensors the device cannot hold
-                    split = 0
-                    if placement == "cpu+gpu":
-                        steps, secs, peak, notes, split = _pipeline(net, patch, modes, budget, timer, prims, host)
-                    else:
-                        steps, secs, peak, notes = _evaluate(
-                            net, patch, modes, budget, timer, prims, host=host if placement == "gpu+host" else None
-                        )
-                    evaluated += 1
-                    desc = f"patch {patch} pools {'/'.join(modes) or '-'}" + (f" on {placement}" if placement else "")
-                    vps = _rate(net, patch, secs, input_shape)
-                    if peak > budget:
-                        rejected.append(Rejected(desc, f"needs {_fmt(peak)} > budget {_fmt(budget)}", vps))
-                        smallest_need = peak if smallest_need is None else min(smallest_need, peak)
-                    else:
-                        fits = True
-                        results.append(Candidate(vps, patch, modes, steps, secs, peak, notes, placement, split))
-                        best = max(best, _rate(net, patch, secs))
-        return best
+class _ChainSearch:
+    """The walk over a chain's candidates: series of growing patches, each patch with its
+    pooling-mode assignments and placements, priced by :func:`_evaluate` (or :func:`_pipeline`);
+    what fits is kept as a :class:`~.candidates.Candidate`, what does not is rejected with its need."""
 
-    # GPU plans: all on the device, or tensors in host RAM streamed through it (ZNNi VI-C), chosen by speed
-    placements = {"cpu": ("",), "gpu": ("", "gpu+host"), "cpu+gpu": ("cpu+gpu",)}[device]
-    if placement is not None:  # one kind only (benchmarks, tests): "" (all on the device) or "gpu+host"
-        if placement not in placements:
-            raise PlanError(f"placement {placement!r} is not one of {placements} for device {device!r}")
-        placements = (placement,)
-    room = host["budget"] if "gpu+host" in placements else budget  # where a patch's tensors may live
+    def __init__(self, net, budget, device, timer, prims, host, input_shape, placement):
+        self.net, self.budget, self.timer, self.prims, self.host = net, budget, timer, prims, host
+        self.input_shape = input_shape
+        self.results: list[Candidate] = []
+        self.rejected: list[Rejected] = []
+        self.smallest_need = None
+        self.evaluated = 0
+        self.tried: set = set()
+        # GPU plans: all on the device, or tensors in host RAM streamed through it (ZNNi VI-C), chosen by speed
+        placements = {"cpu": ("",), "gpu": ("", "gpu+host"), "cpu+gpu": ("cpu+gpu",)}[device]
+        if placement is not None:  # one kind only (benchmarks, tests): "" (all on the device) or "gpu+host"
+            if placement not in placements:
+                raise PlanError(f"placement {placement!r} is not one of {placements} for device {device!r}")
+            placements = (placement,)
+        self.placements = placements
+        self.room = host["budget"] if "gpu+host" in placements else budget  # where a patch's tensors may live
 
-    def walk_series(patches):
-        # coarse to fine along a series of growing patches: every COARSE-th patch until
-        # throughput has fallen PATIENCE times in a row or the input alone no longer fits
-        # (monotone trends), then the neighbours of the best coarse patch
-        patches = [p for p in patches if M.nbytes((net.in_channels,) + p) * 2 <= room]
+    def run(self, series, mode_sets, pool_modes, whole: bool = True) -> list[Candidate]:
+        """Walk every series, then (``whole``) the whole input as one patch and (a net flat in z)
+        its slabs; the fitting candidates, fastest first.  Raises :class:`MemoryBudgetError` if
+        none fits."""
+        net, input_shape = self.net, self.input_shape
+        self.mode_sets, self.pool_modes = mode_sets, pool_modes
+        self.frugal_first = sorted(mode_sets, key=lambda m: -sum(v == "pool" for v in m))
+        for patches in series:
+            self.walk_series(patches)
+        whole = input_patch(net, input_shape) if input_shape is not None and whole else None
+        if whole is not None and whole not in self.tried and self.fits_input(whole):
+            self.try_patch(whole)  # the input in one patch: the walk may have stopped short of it
+        if whole is not None and not any(r.patch == whole for r in self.results):
+            for patches in patch_candidates(net, MAX_PATCH_VOXELS, input_shape, slabs=True):
+                self.walk_series(patches)  # slabs only add patches to a whole input
+        if not self.results:
+            need = self.smallest_need or M.nbytes((net.in_channels,) + tuple(net.field_of_view)) * 2
+            raise MemoryBudgetError(
+                f"no plan fits the memory budget of {format_bytes(self.budget)}: the smallest candidate needs "
+                f"{format_bytes(need)}. Raise the budget (--memory / mem_mb) to at least {format_bytes(need * 1.1)}."
+            )
+        return sorted(self.results, key=lambda r: -r.voxels_per_s)
+
+    def fits_input(self, patch) -> bool:
+        """Whether the patch's input and output alone fit where its tensors live."""
+        return M.nbytes((self.net.in_channels,) + tuple(patch)) * 2 <= self.room
+
+    def walk_series(self, patches) -> None:
+        """Coarse to fine along a series of growing patches: every COARSE-th patch until
+        throughput has fallen PATIENCE times in a row or the input alone no longer fits
+        (monotone trends), then the neighbours of the best coarse patch."""
+        patches = [p for p in patches if self.fits_input(p)]
         if not patches:
             return
         coarse = sorted(set(range(0, len(patches), COARSE)) | {len(patches) - 1})
         seen, best_i, best_vps, worse = {}, None, 0.0, 0
         for i in coarse:
-            seen[i] = try_patch(patches[i])
+            seen[i] = self.try_patch(patches[i])
             if seen[i] > best_vps:
                 best_i, best_vps, worse = i, seen[i], 0
             else:
@@ -749,92 +544,99 @@ def _autotune(
         if best_i is not None:
             for i in range(max(0, best_i - COARSE + 1), min(len(patches), best_i + COARSE)):
                 if i not in seen:
-                    seen[i] = try_patch(patches[i])
+                    seen[i] = self.try_patch(patches[i])
 
-    for patches in series:
-        walk_series(patches)
-    whole = input_patch(net, input_shape) if input_shape is not None and patch_shape is None else None
-    if whole is not None and whole not in tried and M.nbytes((net.in_channels,) + whole) * 2 <= room:
-        try_patch(whole)  # the input in one patch: the walk may have stopped short of it
-    if whole is not None and not any(r.patch == whole for r in results):  # slabs only add patches to a whole input
-        for patches in patch_candidates(net, MAX_PATCH_VOXELS, input_shape, slabs=True):
-            walk_series(patches)
-    if not results:
-        need = smallest_need or M.nbytes((net.in_channels,) + tuple(net.field_of_view)) * 2
-        raise MemoryBudgetError(
-            f"no plan fits the memory budget of {_fmt(budget)}: the smallest candidate needs {_fmt(need)}. "
-            f"Raise the budget (--memory / mem_mb) to at least {_fmt(need * 1.1)}."
-        )
-    results.sort(key=lambda r: -r.voxels_per_s)
+    def try_patch(self, patch) -> float:
+        """Evaluate every pool-mode assignment of ``patch``; the best fitting patch's own
+        voxels/s (0: none fits), which grows with the patch (the walk's monotone trend);
+        results are ranked by the rate over the input (:func:`.candidates.rate`)."""
+        net, budget, input_shape = self.net, self.budget, self.input_shape
+        self.tried.add(patch)
+        best = 0.0
+        # slab modes recompute the first layers (slower, smaller): tried only when no
+        # MPF/depth-first assignment fits this patch
+        # all-depth-first (the least memory) goes first: if even it does not fit, no other
+        # MPF/depth-first assignment does, and only the slab modes remain
+        for group in [self.mode_sets] if self.pool_modes is not None else [self.frugal_first, "slab"]:
+            if group == "slab":
+                if best:
+                    break
+                group = slab_modes(net, patch, [self.frugal_first[0]])
+            for j, modes in enumerate(group):
+                if j == 1 and group is self.frugal_first and not best:
+                    break
+                fits = False
+                for placement in self.placements:
+                    if placement == "gpu+host" and fits:
+                        continue  # host RAM is for tensors the device cannot hold
+                    split = 0
+                    if placement == "cpu+gpu":
+                        steps, secs, peak, notes, split = _pipeline(
+                            net, patch, modes, budget, self.timer, self.prims, self.host
+                        )
+                    else:
+                        host = self.host if placement == "gpu+host" else None
+                        steps, secs, peak, notes = _evaluate(
+                            net, patch, modes, budget, self.timer, self.prims, host=host
+                        )
+                    self.evaluated += 1
+                    desc = f"patch {patch} pools {'/'.join(modes) or '-'}" + (f" on {placement}" if placement else "")
+                    vps = rate(net, patch, secs, input_shape)
+                    if peak > budget:
+                        self.rejected.append(
+                            Rejected(desc, f"needs {format_bytes(peak)} > budget {format_bytes(budget)}", vps)
+                        )
+                        self.smallest_need = peak if self.smallest_need is None else min(self.smallest_need, peak)
+                    else:
+                        fits = True
+                        self.results.append(Candidate(vps, patch, modes, steps, secs, peak, notes, placement, split))
+                        best = max(best, rate(net, patch, secs))
+        return best
 
-    if effort in ("measure", "exhaustive"):
-        # re-time the best candidates on real shapes (exhaustive: all were measured already);
-        # GPU + host RAM and pipelined candidates keep their estimates
-        top = [r for r in (results if effort == "exhaustive" else results[:3]) if not r.placement]
-        results = [r for r in results if r.placement or not any(r is t for t in top)]
-        remeasured = []
-        for r in top:
-            steps, secs, peak, notes = _evaluate(net, r.patch, r.modes, budget, timer, prims, measure=True)
-            vps = _rate(net, r.patch, secs, input_shape)
-            remeasured.append(Candidate(vps, r.patch, r.modes, steps, secs, peak, notes, "", 0))
-        remeasured.sort(key=lambda r: -r.voxels_per_s)
-        results = remeasured + results  # measured first: an estimate never outranks a measurement
 
-    best = results[0]
-    vps, patch, steps, secs, peak, notes = (
-        best.voxels_per_s,
-        best.patch,
-        best.steps,
-        best.seconds,
-        best.peak,
-        best.notes,
-    )
-    placement, split = best.placement, best.split
+def _remeasure(net, results, effort, budget, timer, prims, input_shape) -> list[Candidate]:
+    """Re-time the best candidates on real shapes (exhaustive: all were measured already); GPU +
+    host RAM and pipelined candidates keep their estimates.  Measured first: an estimate never
+    outranks a measurement."""
+    top = [r for r in (results if effort == "exhaustive" else results[:3]) if not r.placement]
+    rest = [r for r in results if r.placement or not any(r is t for t in top)]
+    remeasured = []
+    for r in top:
+        steps, secs, peak, notes = _evaluate(net, r.patch, r.modes, budget, timer, prims, measure=True)
+        vps = rate(net, r.patch, secs, input_shape)
+        remeasured.append(Candidate(vps, r.patch, r.modes, steps, secs, peak, notes, "", 0))
+    remeasured.sort(key=lambda r: -r.voxels_per_s)
+    return remeasured + rest
+
+
+def _chosen(net, results, search: _ChainSearch, device, effort, threads, input_shape, budget, gpu_cal) -> Plan:
+    """The plan of the first candidate, with every other one listed as rejected (slower)."""
+    best, rejected = results[0], list(search.rejected)
     for r in results[1:]:
-        rejected.append(Rejected(r.describe(), f"slower: {r.voxels_per_s:,.0f} < {vps:,.0f} voxels/s", r.voxels_per_s))
+        rejected.append(
+            Rejected(r.describe(), f"slower: {r.voxels_per_s:,.0f} < {best.voxels_per_s:,.0f} voxels/s", r.voxels_per_s)
+        )
     rejected.sort(key=lambda r: -r.voxels_per_s)
-    plan = chosen_plan(
+    return chosen_plan(
         net,
-        patch=patch,
+        patch=best.patch,
         device=device,
         effort=effort,
         threads=threads,
-        candidates=evaluated,
+        candidates=search.evaluated,
         input_shape=input_shape,
         provenance={
-            "calibration": {k: timer.cal[k] for k in ("gemm_flops", "numba_flops", "mem_bw")},
+            "calibration": {k: search.timer.cal[k] for k in ("gemm_flops", "numba_flops", "mem_bw")},
             **({"device": gpu_cal["device"]} if gpu_cal else {}),
         },
         memory_budget=budget,
-        steps=tuple(steps),
-        predicted_seconds=secs,
-        predicted_peak_bytes=int(peak),
-        placement=placement,
-        split=split,
-        rejected=tuple(notes) + tuple(rejected[:50]),
+        steps=tuple(best.steps),
+        predicted_seconds=best.seconds,
+        predicted_peak_bytes=int(best.peak),
+        placement=best.placement,
+        split=best.split,
+        rejected=tuple(best.notes) + tuple(rejected[:50]),
     )
-    if cache is not None:
-        cache.put(ckey, plan.to_dict())
-    return plan
-
-
-def _device_budget(memory_budget):
-    """The device memory budget (bytes), the device's calibration and its array module.  The default is the
-    free memory less :data:`DEVICE_HEADROOM`, times :data:`GPU_BUDGET_FRACTION`; a budget
-    larger than the device (less the headroom) is refused here, at plan time."""
-    xp = require_device("gpu")
-    free, total = (int(v) for v in xp.cuda.runtime.memGetInfo())
-    headroom = device_headroom(total)
-    if memory_budget is not None:
-        if int(memory_budget) > total - headroom:
-            raise MemoryBudgetError(
-                f"memory budget {_fmt(int(memory_budget))} is more than the GPU holds: {_fmt(total)} less "
-                f"{_fmt(headroom)} for the CUDA context and libraries; give at most {_fmt(total - headroom)}"
-            )
-        budget = int(memory_budget)
-    else:
-        budget = int(max(0, free - headroom) * GPU_BUDGET_FRACTION)
-    return budget, G.calibrate_device(xp), xp
 
 
 def _pipeline(net, patch, modes, budget, timer, prims, host):
@@ -843,7 +645,7 @@ def _pipeline(net, patch, modes, budget, timer, prims, host):
     slower stage is fastest (Caffe con Troll's split by measured speed: both stages are
     timed by their device's calibrated model).  Returns (steps, seconds per patch in
     steady state, device peak, notes, split: the layer index of the first GPU step)."""
-    cpu_timer = host.setdefault("timer", _Timer("estimate", host["threads"]))
+    cpu_timer = host.setdefault("timer", Pricer("estimate", host["threads"]))
     cpu, _, cpu_peak, _ = _evaluate(net, patch, modes, host["budget"], cpu_timer, CPU_PRIMITIVES)
     gpu, _, _, notes = _evaluate(net, patch, modes, budget, timer, prims)
     if cpu_peak > host["budget"]:
