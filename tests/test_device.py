@@ -248,9 +248,9 @@ def test_device_budget_is_checked_at_plan_time(gpu):
 def test_out_of_memory_mid_run_is_a_budget_error_not_a_crash(gpu, monkeypatch):
     import dataclasses
 
-    from znni_core.plan import search
+    from znni_core.plan import budget
 
-    monkeypatch.setattr(search, "DEVICE_HEADROOM", 0)
+    monkeypatch.setattr(budget, "DEVICE_HEADROOM", 0)
 
     net = make_net(NETS["iso2pool"], seed=6)
     x = _input(net)

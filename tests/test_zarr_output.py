@@ -121,6 +121,59 @@ def test_mismatched_zarr_output_and_unsupported_options_are_refused(runs, tmp_pa
         prepare(none)
 
 
+def test_float16_zarr_output_is_the_float32_run_rounded_and_verifies(runs, tmp_path):
+    """``output.dtype: float16`` (zarr): every stored value is the float32 run's value rounded to
+    half precision (read by tensorstore), the mapping is in the provenance, its mip 1 is the
+    float mean of mip 0; ``znni verify`` recomputes voxels within float16's rounding and fails on
+    a value changed by more; a precomputed float16 output is refused at validate."""
+    import tensorstore as ts
+
+    from znni_core.pipeline.finalize import output_mapping
+    from znni_core.pipeline.verify import verify_run as verify
+
+    tmp, vol, out = runs
+    cfg32, rf32, _ = out["zarr"]
+    root32 = Path(cfg32["output"]["path"])
+    want = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(root32 / "0")}}).result()
+    want = want.read().result()
+    cfg = json.loads(json.dumps(cfg32))
+    cfg["work_dir"] = str(tmp_path / "w16")
+    cfg["output"].update(path=str(tmp_path / "out16.zarr"), dtype="float16")
+    cfg["downsample"] = {"mips": 1, "factor": [1, 2, 2]}
+    rf = prepare(cfg)
+    run_all(rf)
+    from znni_core.pipeline.pyramid import build_pyramid
+
+    build_pyramid(load_run(rf), log=lambda *a: None)
+    finalize(rf, log=lambda *a: None)
+    root = tmp_path / "out16.zarr"
+    got = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(root / "0")}}).result()
+    assert got.dtype.numpy_dtype == np.float16
+    got = got.read().result()
+    assert got.shape == want.shape and np.array_equal(got, want.astype(np.float16))
+    mip1 = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(root / "1")}}).result().read().result()
+    g = got.astype(np.float64)
+    c, z, y, x = g.shape
+    mean = g[:, :, : y // 2 * 2, : x // 2 * 2].reshape(c, z, y // 2, 2, x // 2, 2).mean(axis=(3, 5))
+    assert np.allclose(mip1[:, :, : y // 2, : x // 2].astype(np.float64), mean, rtol=2**-10, atol=1e-7)
+    assert "float16" in output_mapping(load_run(rf)["config"])
+    record = verify(rf, checksums=False, log=lambda *a: None)
+    assert record["recomputed"]["passed"] and record["recomputed"]["max_deviation"] <= 2**-11
+    # a stored value changed by 1% of the output's scale: the recomputation finds it
+    arr = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(root / "0")}}).result()
+    box = arr[0, :, :, :]
+    flat = np.asarray(box.read().result()).astype(np.float32)
+    flat += 0.01 * float(np.abs(g).max())
+    box.write(flat.astype(np.float16)).result()
+    with pytest.raises(DataError, match="verify: task"):
+        verify(rf, checksums=False, tasks=10**6, log=lambda *a: None)
+    pre = json.loads(json.dumps(cfg))
+    pre["work_dir"] = str(tmp_path / "w16p")
+    pre["output"]["path"] = str(tmp_path / "out16_pre")
+    with pytest.raises(ConfigError, match="float16"):
+        prepare(pre)
+
+
 def test_zarr_output_and_pyramid_on_s3_equal_the_local_run(runs, moto_s3, tmp_path):
     """zarr output on a loopback S3 (moto): one PUT per shard, the same voxels as the local zarr
     run, read by znni and by tensorstore's s3 driver from the stored objects; a pyramid on it too."""

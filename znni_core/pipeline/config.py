@@ -337,6 +337,12 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
 
     # output layer: bounds = region, resolution = input's
     ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
+    if cfg["output"]["dtype"] == "float16" and ou.format != "zarr":
+        raise ConfigError(
+            f"output.dtype float16: a Neuroglancer precomputed layer ({ou}) has no float16 (its types are "
+            "uint8-uint64, int8-int64 and float32); write a zarr output (output.path ending .zarr) or use "
+            "output.dtype: uint8 with output.scale / offset"
+        )
     if cfg["output"]["compression"] == "gzip" and ou.is_local and not sharding:
         raise ConfigError(
             "output.compression: gzip on a file:// layer names chunks *.gz; tensorstore and other "

@@ -41,6 +41,8 @@ def output_mapping(cfg: dict) -> str:
     out, tta = cfg["output"], cfg.get("tta") or {}
     if out["dtype"] == "float32":
         text = "float32: v, the network's output"
+    elif out["dtype"] == "float16":
+        text = "float16: v rounded to half precision, v the network's output"
     elif out.get("scale") is None:
         text = "uint8: round(v * 255), v the network's output in [0, 1]"
     else:

@@ -176,15 +176,26 @@ def graph_read(net, plan, region: Roi, write_roi: Roi, halo):
 
 
 def quantise(y: np.ndarray, dtype: str, chunk_name: str, scale: float | None = None, offset: float = 0.0) -> np.ndarray:
-    """``y`` as stored: float32 unchanged; uint8 ``round(clip(y * scale + offset, 0, 255))`` with a
-    ``scale``, else ``round(y * 255)`` of probabilities, where values outside [0, 1] (by more than
-    1e-6) are a :class:`DataError` naming ``chunk_name``.
+    """``y`` as stored: float32 unchanged; float16 rounded to nearest, where a value beyond
+    float16's range (65504) is a :class:`DataError` naming ``chunk_name``; uint8
+    ``round(clip(y * scale + offset, 0, 255))`` with a ``scale``, else ``round(y * 255)`` of
+    probabilities, where values outside [0, 1] (by more than 1e-6) are a :class:`DataError`.
 
     >>> quantise(np.array([-1.0, 0.25, 0.5, 9.0], np.float32), "uint8", "c", scale=100.0, offset=10.0)
     array([  0,  35,  60, 255], dtype=uint8)
+    >>> quantise(np.array([0.1, 1.0 / 3.0], np.float32), "float16", "c")
+    array([0.1   , 0.3333], dtype=float16)
     """
     if dtype == "float32":
         return np.ascontiguousarray(y, dtype=np.float32)
+    if dtype == "float16":
+        big = float(np.abs(y).max()) if y.size else 0.0
+        if big > float(np.finfo(np.float16).max):
+            raise DataError(
+                f"chunk {chunk_name}: output dtype float16 holds values up to 65504, but the network gives "
+                f"{big:.4g}; use output.dtype: float32 (no silent clipping)"
+            )
+        return np.ascontiguousarray(y, dtype=np.float16)
     if scale is not None:
         v = y.astype(np.float64) * float(scale) + float(offset)
         return np.rint(np.clip(v, 0.0, 255.0)).astype(np.uint8)

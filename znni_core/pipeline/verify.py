@@ -9,7 +9,8 @@ Two checks, both independent of how the output was computed:
    positions (a recorded seed) and at each task's corners are computed from the definition --
    the network applied to the voxel's field of view, with plain strided pooling and a direct
    convolution written here in numpy (no planner, no MPF, no FFT, no Winograd) -- and compared
-   with what is stored (float32: within ``1e-4`` of the output's scale; uint8: within 1 after
+   with what is stored (float32: within ``1e-4`` of the output's scale; float16: also its rounding,
+   2^-11 of the scale; uint8: within 1 after
    the run's mapping).  Graph networks are checked by (1) only.
 
 The result is written to ``<work_dir>/verify.json``; a failure is a
@@ -93,7 +94,7 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
             tol = 1.0
         else:
             scale = max(scale, float(np.abs(ref).max()))
-            dev, tol = np.abs(got.astype(np.float64) - ref), TOLERANCE * max(1.0, scale)
+            dev, tol = np.abs(got.astype(np.float64) - ref), _float_tolerance(out.dtype, scale)
         k = int(np.argmax(dev.max(axis=1)))
         worst, n_vox = max(worst, float(dev.max())), n_vox + len(points)
         if dev.max() > tol:
@@ -110,7 +111,7 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
         "tasks": chosen,
         "voxels": n_vox,
         "max_deviation": worst,
-        "tolerance": 1.0 if out.dtype == "uint8" else TOLERANCE * max(1.0, scale),
+        "tolerance": 1.0 if out.dtype == "uint8" else _float_tolerance(out.dtype, scale),
         "seconds": round(time.perf_counter() - t0, 3),
     }
     log(f"verify: {n_vox} voxel(s) in {len(chosen)} task(s) recomputed from the network: max deviation {worst:.3g}")
@@ -122,3 +123,10 @@ def _write(run: dict, record: dict) -> Path:
     path = Path(run["work_dir"]) / "verify.json"
     atomic_write(path, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
     return path
+
+
+def _float_tolerance(dtype: str, scale: float) -> float:
+    """The deviation a stored float value may show from the recomputed one: the engine's
+    tolerance relative to the output's scale, plus float16's rounding (2^-11 of it)."""
+    tol = TOLERANCE * max(1.0, scale)
+    return tol + (2.0**-11 * scale if dtype == "float16" else 0.0)
