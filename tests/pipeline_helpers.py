@@ -66,7 +66,7 @@ def layer_files(url: str) -> dict:
     return {
         str(p.relative_to(root)): p.read_bytes()
         for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name not in ("info", "provenance")
+        if p.is_file() and p.name not in ("info", "provenance") and "znni-sha256" not in p.parts
     }
 
 

@@ -220,6 +220,78 @@ def test_t9_corrupt_input_chunk_at_rest(base, golden, tmp_path, how):
     H.assert_same_chunks(got, {k: golden["files"][k] for k in got}, f"T9 {how} after repair")
 
 
+@pytest.mark.parametrize("fmt", ["precomputed", "zarr"])
+def test_t9_flipped_byte_in_a_checksummed_input_fails_the_task(tmp_path, fmt):
+    """A byte flipped inside a chunk of an input that carries checksums (a znni output: the sha256
+    index its finalize writes beside precomputed chunks, or the crc32c of each zarr chunk) fails
+    the task that reads it, naming the chunk, and writes nothing; repaired, the rerun is
+    byte-identical. ``input.checksums: required`` refuses, at validate, a raw input that carries
+    none (the EM written by another tool), and with the index deleted a validated run's task
+    refuses to read unverified."""
+    from tests.nets import make_net
+    from tests.pipeline_helpers import base_config, em
+    from tests.test_pipeline import QUIET, prepare, run_all
+    from znni_core.errors import ConfigError, DataError
+    from znni_core.net import save_network
+    from znni_core.pipeline.config import load_run
+    from znni_core.pipeline.finalize import finalize
+    from znni_core.pipeline.task import run_task
+
+    out_a = tmp_path / ("a.zarr" if fmt == "zarr" else "a")
+    cfg_a = base_config(tmp_path / "A", vol=em((12, 48, 48)), output={"path": str(out_a), "chunk_size": [4, 16, 16]})
+    rf_a = prepare(cfg_a)
+    run_all(rf_a)
+    summary = finalize(rf_a, log=lambda *a: None)
+    channels = load_run(rf_a)["network"]["out_channels"]
+    save_network(make_net([("conv", 1, 3), ("act", "sigmoid")], c_in=channels, seed=2), tmp_path / "b.yaml")
+    cfg_b = {
+        "work_dir": str(tmp_path / "B" / "work"),
+        "input": {"path": (f"zarr://file://{out_a}/0" if fmt == "zarr" else f"file://{out_a}"), "dtype": "float32"},
+        "network": {"path": str(tmp_path / "b.yaml")},
+        "normalize": {"scale": 1.0},
+        "output": {"path": str(tmp_path / "B" / ("out.zarr" if fmt == "zarr" else "out")), "chunk_size": [4, 8, 8]},
+        "task_chunks": [1, 2, 2],
+    }
+    rf_b = prepare(cfg_b)
+    run_b = load_run(rf_b)
+    assert run_b["input"]["checksums"] == ("crc32c" if fmt == "zarr" else "sha256")
+    if fmt == "precomputed":
+        index = out_a / load_run(rf_a)["output"]["scale"]["key"] / "znni-sha256" / "index.json"
+        assert summary["checksum_index_chunks"] > 0 and index.is_file()
+    run_task(rf_b, 0, **QUIET)
+    manifest = next((Path(run_b["work_dir"]) / "manifests").rglob("*.json"))
+    good_out = {p: p.read_bytes() for p in (tmp_path / "B").rglob("*") if p.is_file() and "work" not in p.parts}
+    manifest.unlink()
+    # the chunk (precomputed) or shard (zarr) of A at the origin, which task 0 of B reads
+    if fmt == "zarr":
+        victim = next(p for p in sorted((out_a / "0" / "c").rglob("*")) if p.is_file())
+    else:
+        key = load_run(rf_a)["output"]["scale"]["key"]
+        victim = next(p for p in sorted((out_a / key).iterdir()) if p.is_file() and p.name.startswith("0-"))
+    good = victim.read_bytes()
+    flipped = bytearray(good)
+    flipped[len(flipped) // 3] ^= 0x10
+    victim.write_bytes(bytes(flipped))
+    with pytest.raises(DataError, match="changed at rest" if fmt == "precomputed" else "checksum") as ei:
+        run_task(rf_b, 0, **QUIET)
+    if fmt == "precomputed":
+        assert victim.name in str(ei.value)
+    else:
+        assert "that fail on their own: ['0/" in str(ei.value), str(ei.value)
+    assert not manifest.exists()
+    victim.write_bytes(good)
+    run_task(rf_b, 0, **QUIET)
+    again = {p: p.read_bytes() for p in (tmp_path / "B").rglob("*") if p.is_file() and "work" not in p.parts}
+    assert again == good_out
+    if fmt == "precomputed":
+        shutil.rmtree(out_a / key / "znni-sha256")
+        with pytest.raises(ConfigError, match="required"):
+            run_task(rf_b, 0, **QUIET)
+        raw = dict(cfg_a, work_dir=str(tmp_path / "C"), input={**cfg_a["input"], "checksums": "required"})
+        with pytest.raises(ConfigError, match="no checksum"):
+            prepare(raw)
+
+
 # ---- T28a/b: unsafe network files ----------------------------------------------------------------
 def test_t28a_pickle_checkpoint_refused_without_running_payload(tmp_path):
     import pickle

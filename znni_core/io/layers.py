@@ -15,8 +15,17 @@ from .zarr_layer import ZarrLayer
 from .zarr_output import ZarrOutput, create_zarr_output, stored_spec
 
 
-def open_input(url: LayerURL, mip: int = 0, *, resolution=None, voxel_offset=None):
-    """An input layer (precomputed or zarr) with ``bounds``, ``resolution``, ``dtype``, ``channels``, ``read``."""
+def open_input(url: LayerURL, mip: int = 0, *, resolution=None, voxel_offset=None, checksums: str = "auto"):
+    """An input layer (precomputed or zarr) with ``bounds``, ``resolution``, ``dtype``, ``channels``, ``read``.
+
+    ``checksums`` (``auto``, ``required``, ``none``): verify every read where the layer carries
+    checksums (``io/checksums.py``); ``layer.checksums`` says which (``sha256``, ``crc32c``, ``none``)."""
+    layer = _open_input(url, mip, resolution, voxel_offset)
+    layer.use_checksums(checksums)
+    return layer
+
+
+def _open_input(url: LayerURL, mip, resolution, voxel_offset):
     if url.format == "zarr":
         if mip:
             raise ConfigError(f"input {url}: zarr inputs have no mips; set input.mip: 0")

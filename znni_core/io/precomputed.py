@@ -18,7 +18,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..errors import DataError, InputError
+from ..errors import ConfigError, DataError, InputError
 from ..geometry import ChunkGrid, Roi
 from .info import ScaleSpec, scale_spec, validate_info
 from .paths import LayerURL, check_key
@@ -61,6 +61,34 @@ class PrecomputedLayer(StoredObjects):
         self.spec: ScaleSpec = scale_spec(self.info, mip, f"layer {url}")
         self.key = check_key(self.spec.key, f"layer {url} scale key")
         self.sharded = bool(self.info["scales"][mip].get("sharding"))
+        self.checksums = "none"  # what verifies a read: "sha256" (the layer's sidecar index) or "none"
+        self._sums, self._sums_required = None, False
+
+    def use_checksums(self, mode: str) -> str:
+        """Verify reads against the layer's sidecar sha256 index (``io/checksums.py``, written when
+        znni finalized it): ``auto`` where there is one, ``required`` refuses a layer without one
+        or that is not read chunk by chunk (sharded, gs://, another encoding), ``none`` skips."""
+        from .checksums import ChunkSums
+
+        if mode == "none":
+            return "none"
+        by_chunk = self.url.protocol in ("file", "s3") and not self.sharded and self._encoding == "raw"
+        sums = ChunkSums.of(self) if by_chunk else None
+        if sums is None:
+            if mode == "required":
+                why = (
+                    "it has no znni sha256 index"
+                    if by_chunk
+                    else "it is not read chunk by chunk (sharded, gs:// or not raw)"
+                )
+                raise ConfigError(
+                    f"input {self.url}: raw precomputed chunks carry no checksum and {why}; input.checksums "
+                    "is required. Finalize the znni run that wrote it (it records every chunk's sha256), or "
+                    "set input.checksums: auto"
+                )
+            return "none"
+        self._sums, self._sums_required, self.checksums = sums, mode == "required", "sha256"
+        return self.checksums
 
     # ---- geometry -------------------------------------------------------------------
     @property
@@ -170,6 +198,11 @@ class PrecomputedLayer(StoredObjects):
             got = self._read_raw(roi, fill_missing)
             if got is not None:
                 return got
+        if self._sums_required:
+            raise DataError(
+                f"input {self.url} mip {self.mip}: chunks under {roi} are stored in another encoding, which "
+                "cloud-volume decodes without a checksum (input.checksums: required)"
+            )
         from cloudvolume.exceptions import EmptyVolumeException
 
         missing = []
@@ -230,6 +263,8 @@ class PrecomputedLayer(StoredObjects):
             if not data:  # absent or 0 bytes
                 missing.append(self.chunk_name(idx))
                 continue
+            if self._sums is not None:
+                self._sums.check(idx, data, self._sums_required)
             croi = self.grid.chunk_roi(idx)
             try:
                 chunk = decode_raw(data, self.dtype, (self.channels,) + tuple(croi.shape))

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ..errors import DataError, InputError
+from ..errors import ConfigError, DataError, InputError
 from ..geometry import ChunkGrid, Coordinate, Roi
 from .paths import LayerURL
 
@@ -89,6 +89,36 @@ class ZarrLayer:
         self.chunk_shape = Coordinate(self.array.chunks[-3:])
         self.grid = ChunkGrid(self.bounds, self.chunk_shape)
         self.sharded = getattr(self.array, "shards", None) is not None
+        self.checksums = "none"  # what verifies a read: "crc32c" (the array's codec) or "none"
+
+    def use_checksums(self, mode: str) -> str:
+        """Whether reads are verified: zarr-python checks a crc32c codec on every chunk it
+        decodes; ``mode`` ``required`` refuses an array without one (:class:`ConfigError`)."""
+        meta = self.array._async_array.metadata
+        codecs = list(getattr(meta, "codecs", ()) or ())
+        inner = [c for s in codecs for c in (getattr(s, "codecs", ()) or ())]  # a sharded array's chunk codecs
+        names = {type(c).__name__ for c in codecs + inner} | {
+            getattr(c, "codec_id", "") for c in (getattr(self.array, "compressors", ()) or ())
+        }
+        self.checksums = "crc32c" if {"Crc32cCodec", "crc32c"} & names else "none"
+        if mode == "required" and self.checksums == "none":
+            raise ConfigError(
+                f"input {self.url}: the zarr array's chunks carry no checksum (no crc32c codec) and "
+                "input.checksums is required; rewrite the array with a crc32c codec, or set input.checksums: auto"
+            )
+        return self.checksums
+
+    def _failing_chunks(self, roi: Roi) -> str:
+        """``; chunks that fail: [...]``: the chunks under ``roi`` that fail a read on their own."""
+        bad = []
+        for idx in self.grid.chunks_in(roi):
+            try:
+                self.array[(Ellipsis,) + self.grid.chunk_roi(idx).to_slices(self.bounds.offset)]
+            except Exception:
+                bad.append("/".join(map(str, idx)))
+                if len(bad) == 3:
+                    break
+        return f"; chunks (z/y/x grid index) that fail on their own: {bad}" if bad else ""
 
     def missing_chunks(self, roi: Roi) -> list[str]:
         """The chunks under ``roi`` that are not stored: their file absent or empty, or (sharded)
@@ -152,7 +182,9 @@ class ZarrLayer:
         try:
             arr = self.array[(Ellipsis,) + sl]
         except Exception as exc:
-            raise DataError(f"input {self.url}: reading {roi} failed: {type(exc).__name__}: {exc}") from exc
+            raise DataError(
+                f"input {self.url}: reading {roi} failed: {type(exc).__name__}: {exc}{self._failing_chunks(roi)}"
+            ) from exc
         arr = np.asarray(arr)
         if arr.ndim == 3:
             arr = arr[None]

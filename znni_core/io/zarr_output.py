@@ -37,15 +37,21 @@ ZARR_SHARDING = "zarr_sharding_indexed"
 ARRAY = "0"
 
 
-def zarr_sharding(task_chunks, compression: str) -> dict:
-    """The spec's ``sharding`` entry of a zarr output: a shard is ``task_chunks`` chunks."""
-    return {"@type": ZARR_SHARDING, "chunks_per_shard": [int(v) for v in task_chunks], "compression": compression}
+def zarr_sharding(task_chunks, compression: str, crc32c: bool = True) -> dict:
+    """The spec's ``sharding`` entry of a zarr output: a shard is ``task_chunks`` chunks, each
+    ``compression``-ed and (``crc32c``) followed by its crc32c, which readers check."""
+    return {
+        "@type": ZARR_SHARDING,
+        "chunks_per_shard": [int(v) for v in task_chunks],
+        "compression": compression,
+        "crc32c": bool(crc32c),
+    }
 
 
 def _template(spec: ScaleSpec):
     """The array in a fresh in-memory store, with exactly the metadata of the stored one."""
     import zarr
-    from zarr.codecs import GzipCodec
+    from zarr.codecs import Crc32cCodec, GzipCodec
     from zarr.storage import MemoryStore
 
     sh = spec.sharding
@@ -59,7 +65,9 @@ def _template(spec: ScaleSpec):
         fill_value=0,
         chunks=(c,) + tuple(spec.chunk_shape),
         shards=(c,) + tuple(Coordinate(sh["chunks_per_shard"]) * spec.chunk_shape),
-        compressors=[GzipCodec(level=6)] if sh["compression"] == "gzip" else None,
+        # crc32c per chunk: a later run reading this array as its input verifies every chunk
+        compressors=([GzipCodec(level=6)] if sh["compression"] == "gzip" else [])
+        + ([Crc32cCodec()] if sh.get("crc32c") else []),
         dimension_names=["c", "z", "y", "x"],
         zarr_format=3,
         config={"write_empty_chunks": True},
@@ -96,6 +104,7 @@ def _spec_of(meta: dict, where: str, key: str = ARRAY) -> ScaleSpec:
         (codec,) = [c for c in meta["codecs"] if c["name"] == "sharding_indexed"]
         inner = codec["configuration"]["chunk_shape"]
         gz = any(c["name"] == "gzip" for c in codec["configuration"]["codecs"])
+        crc = any(c["name"] == "crc32c" for c in codec["configuration"]["codecs"])
         shape = meta["shape"]
         per = [s // i for s, i in zip(shard[1:], inner[1:])]
         return ScaleSpec(
@@ -106,7 +115,7 @@ def _spec_of(meta: dict, where: str, key: str = ARRAY) -> ScaleSpec:
             meta["data_type"],
             int(shape[0]),
             "raw",
-            zarr_sharding(per, "gzip" if gz else "none"),
+            zarr_sharding(per, "gzip" if gz else "none", crc),
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise DataError(

@@ -306,7 +306,9 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         )
 
     iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
-    inp = open_input(iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"])
+    inp = open_input(
+        iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"], checksums=cfg["input"]["checksums"]
+    )
     where = f"input {iu} mip {cfg['input']['mip']}"
     # T21: dtype declared in the config must be what the layer holds
     if inp.dtype != cfg["input"]["dtype"]:
@@ -434,6 +436,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
             "resolution": list(inp.resolution),
             "dtype": inp.dtype,
             "channels": inp.channels,
+            "checksums": inp.checksums,  # what verifies every read: sha256 | crc32c | none
         },
         "output": {"url": str(ou), "scale": out_spec.to_scale(), "info": layer_info(specs)},
         "region": region.to_dict(),

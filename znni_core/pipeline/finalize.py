@@ -344,6 +344,14 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
         }
     )
     write_json(out_url, "provenance", prov)
+    if out_url.format != "zarr" and not out.sharded:  # so a later run can verify it as its input
+        from ..io.checksums import write_index
+
+        digests = {
+            tuple(c["index"]): c["sha256"] for m in manifests.values() for c in m["chunks"] if c["status"] == "written"
+        }
+        write_index(out, digests)
+        summary["checksum_index_chunks"] = len(digests)
 
     report_dir.mkdir(parents=True, exist_ok=True)
     png = preview(run, out, report_dir / "preview.png")

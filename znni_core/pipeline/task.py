@@ -246,7 +246,10 @@ def open_run(run_file) -> RunContext:
     if plan.digest() != run["plan"]["digest"]:
         raise DataError(f"plan {run['plan']['path']} changed since `znni validate`; re-run validate")
     in_url = parse_layer_url(run["input"]["url"], endpoint=cfg["input"]["endpoint_url"])
-    inp = open_input(in_url, run["input"]["mip"], resolution=cfg["input"]["resolution"])
+    # checksums the input carried at validate must still verify every read (a deleted index too)
+    verified = run["input"].get("checksums", "none") != "none"
+    mode = "required" if verified else cfg["input"].get("checksums", "auto")
+    inp = open_input(in_url, run["input"]["mip"], resolution=cfg["input"]["resolution"], checksums=mode)
     if inp.dtype != run["input"]["dtype"] or inp.bounds != Roi.from_dict(run["input"]["bounds"]):
         raise DataError(
             f"input {in_url} changed since `znni validate` (dtype {inp.dtype}, bounds {inp.bounds}); re-run validate"

@@ -1,0 +1,102 @@
+"""Checksums an input layer carries, so that a byte flipped at rest fails a read instead of
+becoming a wrong voxel.
+
+A raw precomputed chunk carries no checksum of its own. When znni writes a layer (unsharded
+precomputed), ``finalize`` records the sha256 of every chunk it verified in a sidecar index
+beside the chunks::
+
+    <scale key>/znni-sha256/index.json          {"format": "znni-sha256/1", "block": [8, 8, 8]}
+    <scale key>/znni-sha256/<bz>_<by>_<bx>.json {chunk name: sha256 of its raw bytes}, the chunks
+                                                 of grid indices [b * block, (b + 1) * block)
+
+and a later run that reads the layer as its input compares every chunk it reads with it
+(``input.checksums``). zarr arrays carry their own: the crc32c codec, which zarr-python checks
+on every read (znni's zarr outputs write it per chunk).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from ..errors import DataError
+
+INDEX_DIR = "znni-sha256"
+FORMAT = "znni-sha256/1"
+BLOCK = (8, 8, 8)  # chunks per index file (z, y, x): 512 entries, about 50 KB
+MODES = ("auto", "required", "none")
+
+
+def _block(index, block) -> tuple:
+    return tuple(int(i) // b for i, b in zip(index, block))
+
+
+def write_index(layer, digests: dict) -> int:
+    """Write the sidecar index of ``layer`` (a :class:`~.precomputed.PrecomputedLayer`) for
+    ``{chunk grid index: sha256}``: the block files, then ``index.json`` (its presence says the
+    index is whole). Returns the number of block files. One writer: ``finalize``."""
+    blocks: dict = {}
+    for idx, digest in digests.items():
+        blocks.setdefault(_block(idx, BLOCK), {})[layer.chunk_name(idx)] = digest
+    for b, entries in sorted(blocks.items()):
+        name = f"{layer.key}/{INDEX_DIR}/{'_'.join(map(str, b))}.json"
+        layer.write_object(name, json.dumps(dict(sorted(entries.items())), indent=0).encode())
+    head = {"format": FORMAT, "block": list(BLOCK), "chunks": len(digests)}
+    layer.write_object(f"{layer.key}/{INDEX_DIR}/index.json", json.dumps(head).encode())
+    return len(blocks)
+
+
+class ChunkSums:
+    """The sha256 a layer's sidecar index records per chunk (block files read once, on demand)."""
+
+    def __init__(self, layer, head: dict):
+        self.layer, self.block = layer, tuple(int(v) for v in head["block"])
+        self._blocks: dict = {}
+
+    @classmethod
+    def of(cls, layer) -> ChunkSums | None:
+        """The layer's index, or None if it has none; a malformed one is a :class:`DataError`."""
+        data = layer.read_object(f"{layer.key}/{INDEX_DIR}/index.json")
+        if data is None:
+            return None
+        try:
+            head = json.loads(data)
+            ok = head.get("format") == FORMAT and len(head["block"]) == 3 and all(int(v) > 0 for v in head["block"])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            ok = False
+        if not ok:
+            raise DataError(f"input {layer.url}: {layer.key}/{INDEX_DIR}/index.json is not a {FORMAT} index")
+        return cls(layer, head)
+
+    def expected(self, index) -> str | None:
+        """The recorded sha256 of chunk ``index``, or None if the index has no entry for it."""
+        b = _block(index, self.block)
+        if b not in self._blocks:
+            data = self.layer.read_object(f"{self.layer.key}/{INDEX_DIR}/{'_'.join(map(str, b))}.json")
+            try:
+                self._blocks[b] = json.loads(data) if data is not None else {}
+            except ValueError:
+                raise DataError(
+                    f"input {self.layer.url}: checksum index block {'_'.join(map(str, b))}.json is not JSON"
+                ) from None
+        return self._blocks[b].get(self.layer.chunk_name(index))
+
+    def check(self, index, data: bytes, required: bool) -> None:
+        """Compare chunk ``index``'s raw bytes with the recorded sha256: a :class:`DataError` naming
+        the chunk on a mismatch, or (``required``) when none is recorded."""
+        want = self.expected(index)
+        name = self.layer.chunk_name(index)
+        if want is None:
+            if required:
+                raise DataError(
+                    f"input {self.layer.url} mip {self.layer.mip}: chunk {name} has no recorded sha256 "
+                    "(input.checksums: required); re-finalize the run that wrote it, or set input.checksums: auto"
+                )
+            return
+        got = hashlib.sha256(data).hexdigest()
+        if got != want:
+            raise DataError(
+                f"input {self.layer.url} mip {self.layer.mip}: chunk {name} changed at rest: its bytes' sha256 "
+                f"{got[:16]}... differs from {want[:16]}... recorded when znni wrote it; restore the chunk or "
+                "re-run the run that produced it"
+            )
