@@ -530,6 +530,25 @@ def test_pipeline_tasks_equal_whole_volume_infer(tmp_path, valid):
         ref = znni_core.infer(net, vol.astype(np.float32) * np.float32(cfg["normalize"]["scale"]), plan=plan)
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    # znni verify: in every task one patch recomputed alone (direct convolutions), compared with
+    # what is stored where no other patch blends in; a changed stored value is found
+    from znni_core.io import PrecomputedLayer, parse_layer_url, read_manifest
+    from znni_core.pipeline.config import load_run
+    from znni_core.pipeline.task import manifest_path
+    from znni_core.pipeline.verify import verify_run
+
+    rec = verify_run(rf, tasks=len(ids), seed=2, log=lambda *a: None)
+    assert rec["recomputed"]["passed"] and "direct" in rec["recomputed"]["how"], rec
+    assert rec["recomputed"]["voxels"] > 0 and rec["recomputed"]["max_deviation"] < 1e-4, rec
+    run = load_run(rf)
+    layer = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 0)
+    for tid in ids:
+        for c in read_manifest(manifest_path(run, tid))["chunks"]:
+            if c["status"] == "written":
+                arr = layer.read_chunk(tuple(c["index"]))
+                layer.write_chunk(tuple(c["index"]), arr + np.float32(0.25))
+    with pytest.raises(znni_core.errors.DataError, match="the network gives"):
+        verify_run(rf, tasks=len(ids), seed=2, checksums=False, log=lambda *a: None)
 
 
 def test_cli_info_names_the_kind_and_plan_takes_patch_and_overlap(tmp_path):

@@ -439,6 +439,18 @@ def check_sample(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray, s
     return {"voxels": len(points), "max_deviation": float(dev.max()), "tolerance": tol}
 
 
+def window_input(ti: TaskInput, x: np.ndarray) -> np.ndarray:
+    """A graph task's normalised input ``x`` (its read inside the region's input) over the whole of
+    what its window's patches read: zeros beyond the region's input, as ``infer`` pads a volume."""
+    block = ti.block
+    inside = block.read_roi.intersect(ti.extent)
+    if inside == block.read_roi:
+        return x
+    full = np.zeros((x.shape[0],) + tuple(block.read_roi.shape), np.float32)
+    full[(slice(None),) + inside.to_slices(block.read_roi.offset)] = x
+    return full
+
+
 def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, show_progress: bool = False) -> tuple:
     """Stage 2: ``(output of the task's write box or None, seconds)``; frees the task's input."""
     net, plan, cfg, block = ctx.net, ctx.plan, ctx.run["config"], ti.block
@@ -448,13 +460,8 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
     t_comp = time.perf_counter()
     y = None
     if ti.todo and window is not None:
-        x = normalise(raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], inner)
+        x = window_input(ti, normalise(raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], inner))
         del raw
-        inside = block.read_roi.intersect(ti.extent)
-        if inside != block.read_roi:  # beyond the region's input: zeros, as infer pads a whole volume
-            full = np.zeros((x.shape[0],) + tuple(block.read_roi.shape), np.float32)
-            full[(slice(None),) + inside.to_slices(block.read_roi.offset)] = x
-            x = full
         from ..exec.tiling import run_window
         from ..inference import thread_limits
 

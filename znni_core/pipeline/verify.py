@@ -10,8 +10,11 @@ Two checks, both independent of how the output was computed:
    the network applied to the voxel's field of view, with plain strided pooling and a direct
    convolution written here in numpy (no planner, no MPF, no FFT, no Winograd) -- and compared
    with what is stored (float32: within ``1e-4`` of the output's scale; float16: also its rounding,
-   2^-11 of the scale; uint8: within 1 after
-   the run's mapping).  Graph networks are checked by (1) only.
+   2^-11 of the scale; uint8: within 1 after the run's mapping).
+   Graph networks: in each sampled task one of its patches, chosen at random, is computed alone
+   by the graph executor under a plan of direct convolutions (no FFT, no Winograd, no neighbours,
+   no tiling) with the context the run's plan gives it, and every voxel of its tile inside the
+   task's written chunks that no other patch blends into is compared the same way.
 
 The result is written to ``<work_dir>/verify.json``; a failure is a
 :class:`~znni_core.errors.DataError` naming the task, the voxel and the two values.
@@ -36,7 +39,7 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
     """Check a finished run (see the module's doc); returns the record written to
     ``<work_dir>/verify.json`` and raises :class:`DataError` when a check fails."""
     from .finalize import check_task
-    from .task import normalise, open_run, quantise, read_task
+    from .task import normalise, open_run, quantise, read_task, window_input
 
     t0 = time.perf_counter()
     ctx = open_run(run_file)
@@ -56,17 +59,19 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
                 raise DataError(f"verify: task {block.id}: {exc}") from None
     record["checksums"] = {"passed": True, "tasks": len(done), "mode": "checksum" if checksums else "exists"}
     log(f"verify: {len(done)} task(s): every manifest and stored object checks out")
-    if ctx.net.kind != "chain":
-        record["recomputed"] = {"skipped": "graph network: checked by the stored objects only"}
-        _write(run, record)
-        return record
     rng = np.random.default_rng(seed)
     chosen = sorted(rng.choice(done, size=min(tasks, len(done)), replace=False).tolist()) if done else []
-    fov, low = Coordinate(ctx.net.field_of_view), ctx.halo.low
-    guess = len(chosen) * (samples + 8) * flops_per_voxel(ctx.net) / DEFINITION_FLOPS
-    log(
-        f"verify: recomputing up to {len(chosen) * (samples + 8)} voxel(s) in {len(chosen)} task(s), about {guess:.0f} s"
-    )
+    graph = ctx.net.kind != "chain"
+    if graph:
+        ref_plan, how = _reference_plan(ctx)
+        log(f"verify: recomputing one patch alone ({how}) in each of {len(chosen)} task(s)")
+    else:
+        how = "the network's definition (numpy, float64)"
+        guess = len(chosen) * (samples + 8) * flops_per_voxel(ctx.net) / DEFINITION_FLOPS
+        log(
+            f"verify: recomputing up to {len(chosen) * (samples + 8)} voxel(s) in {len(chosen)} task(s), "
+            f"about {guess:.0f} s"
+        )
     worst, n_vox, scale = 0.0, 0, 1.0
     progress = bar(len(chosen), "verify: recomputing voxels", "task")
     for tid in chosen:
@@ -75,19 +80,15 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
         if not ti.todo:
             continue
         x = normalise(ti.raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], ti.inner)
-        live = [ctx.grid.chunk_roi(i).intersect(ti.comp) for i in ti.todo]
-        points = [
-            p for p in sample_voxels(ti.comp, samples + 8, rng) if any(r.contains(Roi(p, (1, 1, 1))) for r in live)
-        ]
-        if not points:
+        if graph:
+            points, ref = _graph_sample(ctx, ti, window_input(ti, x), rng, ref_plan)
+        else:
+            points, ref = _chain_sample(ctx, ti, x, rng, samples)
+        if not len(points):
             continue
-        origin = ti.block.read_roi.offset
-        wins = np.stack(
-            [x[(slice(None),) + Roi(p - low - origin, fov).to_slices()] for p in points]
-        )  # (K, C, *fov): each voxel's field of view
-        ref = plain_forward(ctx.net, wins)  # (K, C_out)
         stored = out.read(ti.comp, fill_missing=True)[0]
-        got = np.stack([stored[(slice(None),) + tuple(int(v) for v in p - ti.comp.offset)] for p in points])
+        rel = points - np.array(tuple(ti.comp.offset))
+        got = stored[:, rel[:, 0], rel[:, 1], rel[:, 2]].T  # (K, C)
         if out.dtype == "uint8":
             want = quantise(ref, "uint8", "verify", cfg["output"].get("scale"), cfg["output"].get("offset", 0.0))
             dev = np.abs(got.astype(np.int64) - want.astype(np.int64))
@@ -98,25 +99,105 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
         k = int(np.argmax(dev.max(axis=1)))
         worst, n_vox = max(worst, float(dev.max())), n_vox + len(points)
         if dev.max() > tol:
-            record["recomputed"] = {"passed": False, "task": tid, "voxel_zyx": list(points[k]), "tolerance": tol}
+            voxel = tuple(int(v) for v in points[k])
+            record["recomputed"] = {"passed": False, "task": tid, "voxel_zyx": list(voxel), "tolerance": tol}
             _write(run, record)
             raise DataError(
-                f"verify: task {tid}: the stored output at voxel {tuple(points[k])} (z, y, x) is {got[k].tolist()} "
+                f"verify: task {tid}: the stored output at voxel {voxel} (z, y, x) is {got[k].tolist()} "
                 f"but the network gives {np.round(ref[k], 6).tolist()} there (deviation {dev.max():.3g} > "
                 f"{tol:.3g}); re-run task {tid} (`znni run-task RUN --task {tid}`)"
             )
     progress.close()
     record["recomputed"] = {
         "passed": True,
+        "how": how,
         "tasks": chosen,
         "voxels": n_vox,
         "max_deviation": worst,
         "tolerance": 1.0 if out.dtype == "uint8" else _float_tolerance(out.dtype, scale),
         "seconds": round(time.perf_counter() - t0, 3),
     }
-    log(f"verify: {n_vox} voxel(s) in {len(chosen)} task(s) recomputed from the network: max deviation {worst:.3g}")
+    log(f"verify: {n_vox} voxel(s) in {len(chosen)} task(s) recomputed ({how}): max deviation {worst:.3g}")
     _write(run, record)
     return record
+
+
+def _chain_sample(ctx, ti, x: np.ndarray, rng, samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """(voxels (K, 3), their output (K, C) from the definition): the task's corners and random
+    voxels of its live chunks, each from its own field of view."""
+    fov, low = Coordinate(ctx.net.field_of_view), ctx.halo.low
+    live = [ctx.grid.chunk_roi(i).intersect(ti.comp) for i in ti.todo]
+    points = [p for p in sample_voxels(ti.comp, samples + 8, rng) if any(r.contains(Roi(p, (1, 1, 1))) for r in live)]
+    if not points:
+        return np.zeros((0, 3), np.int64), np.zeros((0, ctx.net.out_channels))
+    origin = ti.block.read_roi.offset
+    wins = np.stack([x[(slice(None),) + Roi(p - low - origin, fov).to_slices()] for p in points])
+    return np.array([tuple(p) for p in points], np.int64), plain_forward(ctx.net, wins)
+
+
+def _reference_plan(ctx):
+    """(plan, what it is): the run's patch with every convolution direct (no FFT, no Winograd),
+    on the CPU; the run's own plan where that one cannot be made (a primitive the network needs)."""
+    from ..errors import ZnniError
+    from ..plan import autotune
+
+    plan = ctx.plan
+    try:
+        ref = autotune(
+            ctx.net,
+            patch_shape=plan.patch_shape,
+            primitives=("direct-gemm",),
+            device="cpu",
+            effort="estimate",
+            threads=plan.threads,
+            use_cache=False,
+            overlap=plan.overlap,
+            blend=plan.blend or "bump",
+        )
+        return ref, "graph executor, direct convolutions, the patch alone"
+    except ZnniError:
+        return plan, "graph executor, the run's plan, the patch alone"
+
+
+def _graph_sample(ctx, ti, x: np.ndarray, rng, ref_plan) -> tuple[np.ndarray, np.ndarray]:
+    """(voxels (K, 3), their output (K, C)): one of the task's patches, chosen at random, computed
+    alone by ``ref_plan``; the voxels of its tile inside the task's live chunks that no other
+    patch of the lattice covers (a valid graph: the whole tile; a padded graph: not the blended
+    margins, whose value mixes neighbours)."""
+    from ..exec.graph import run_graph_patch
+    from ..inference import thread_limits
+
+    win, region = ti.window, ctx.region
+    empty = np.zeros((0, 3), np.int64), np.zeros((0, ctx.net.out_channels))
+    for _ in range(8):  # a patch whose own voxels meet the task's live chunks
+        pick = [int(rng.integers(len(s))) for s in win.starts]
+        start = tuple(s[i] for s, i in zip(win.starts, pick))
+        lo, hi = list(start), [s + t for s, t in zip(start, win.tile)]
+        if win.weights:  # padded: leave out what a neighbour also covers
+            for a, (s, i) in enumerate(zip(win.starts, pick)):
+                if i > 0:
+                    lo[a] = max(lo[a], s[i - 1] + win.tile[a])
+                if i + 1 < len(s):
+                    hi[a] = min(hi[a], s[i + 1])
+        if any(b <= a for a, b in zip(lo, hi)):
+            continue
+        box = Roi(region.offset + Coordinate(lo), Coordinate(hi) - Coordinate(lo)).intersect(ti.comp)
+        mask = np.zeros(tuple(box.shape), bool) if not box.empty else None
+        if mask is None:
+            continue
+        for i in ti.todo:
+            r = ctx.grid.chunk_roi(i).intersect(box)
+            if not r.empty:
+                mask[r.to_slices(box.offset)] = True
+        if not mask.any():
+            continue
+        src = (slice(None),) + tuple(slice(s - a, s - a + p) for s, a, p in zip(start, win.in_lo, win.patch))
+        with thread_limits(ref_plan.threads):
+            y = run_graph_patch(ref_plan, ctx.net, np.ascontiguousarray(x[src]))
+        points = np.argwhere(mask) + np.array(tuple(box.offset))
+        rel = points - (np.array(tuple(region.offset)) + np.array(start))
+        return points, y[:, rel[:, 0], rel[:, 1], rel[:, 2]].T.astype(np.float64)
+    return empty
 
 
 def _write(run: dict, record: dict) -> Path:
