@@ -1,7 +1,8 @@
 """The run report's figures (static PNGs beside ``report.html``, drawn with matplotlib):
 
-- ``timeline.png``: output voxels done over the run's wall time (every task's finish), and the
-  distribution of task times;
+- ``timeline.png``: output voxels done over the run's wall time (every task's finish), each
+  job's throughput over time (a job: a SLURM job id, else a host and process; a slow node stands
+  out), and the distribution of task times;
 - ``tasks.png``: the tasks over the volume seen from above (y, x): done, masked, or all-empty
   input; each cell shows the state of the tasks stacked in z there;
 - ``preview_z<Z>.png``: input | output at a quarter, half and three quarters of the region's depth.
@@ -58,11 +59,21 @@ def timeline(manifests: dict, path: Path) -> str | None:
     t = np.array([m["finished"] - t0 for m in ms])
     done = np.cumsum([m["voxels"] for m in ms])
     secs = np.array([m["timings"]["total_s"] for m in ms])
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.2))
+    fig, (a, j, b) = plt.subplots(1, 3, figsize=(15, 3.2))
+    fig.subplots_adjust(wspace=0.35)
     a.step(np.r_[0, t], np.r_[0, done], where="post")
     a.set_xlabel("wall seconds since the first task started")
     a.set_ylabel("output voxels done")
     a.set_title(f"{done[-1]:,} voxels in {t[-1]:.1f} s ({done[-1] / max(t[-1], 1e-9):,.0f} voxels/s)")
+    jobs = job_throughput(ms, t0)
+    for name, (tt, vps) in sorted(jobs.items(), key=lambda kv: kv[1][0][0])[:20]:
+        j.plot(tt, vps, marker=".", label=name)
+    j.set_xlabel("wall seconds since the first task started")
+    j.set_ylabel("voxels/s of each task")
+    rates = np.concatenate([v for _, v in jobs.values()])
+    j.set_title(f"{len(jobs)} job(s): task throughput {np.min(rates):,.0f}-{np.max(rates):,.0f} voxels/s")
+    if 1 < len(jobs) <= 8:
+        j.legend(fontsize=7)
     b.hist(secs, bins=min(30, max(5, len(secs) // 2)))
     b.set_xlabel("seconds per task (read, compute, write, verify)")
     b.set_ylabel("tasks")
@@ -70,6 +81,23 @@ def timeline(manifests: dict, path: Path) -> str | None:
     name = _save(fig, path)
     plt.close(fig)
     return name
+
+
+def job_throughput(manifests, t0: float) -> dict:
+    """``{job: (finish times since t0, voxels/s of each task)}``: a job is the task's SLURM job id,
+    else its host and process (one Snakemake job of a local run).
+
+    >>> m = {"finished": 12.0, "voxels": 100, "timings": {"total_s": 2.0}, "host": "n1", "pid": 7}
+    >>> job_throughput([m], 10.0)
+    {'n1:7': ([2.0], [50.0])}
+    """
+    out: dict = {}
+    for m in manifests:
+        name = str(m.get("slurm_job") or f"{m.get('host', '?')}:{m.get('pid', '?')}")
+        tt, vps = out.setdefault(name, ([], []))
+        tt.append(round(m["finished"] - t0, 6))
+        vps.append(m["voxels"] / max(m["timings"]["total_s"], 1e-9))
+    return out
 
 
 def task_map(tasks, states: dict, path: Path) -> str | None:

@@ -566,6 +566,7 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
         "device": device,
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        **({"slurm_job": os.environ["SLURM_JOB_ID"]} if os.environ.get("SLURM_JOB_ID") else {}),
         "voxels": voxels,
         # total: from the start of the read to the manifest (a pipelined job overlaps the stages of
         # neighbouring tasks, so its tasks' totals add up to more than the job's wall time)
