@@ -80,6 +80,28 @@ def moto_s3(monkeypatch):
     server.stop()
 
 
+@pytest.fixture
+def gcs_emulator(monkeypatch):
+    """A loopback Google Cloud Storage server (gcp-storage-emulator, in memory) with a bucket
+    ``znni``; ``STORAGE_EMULATOR_HOST`` points znni's GCS client at it.  Yields its URL."""
+    import socket
+
+    pytest.importorskip("gcp_storage_emulator", reason="the dev extra installs gcp-storage-emulator")
+    from gcp_storage_emulator.server import create_server
+
+    from znni_core.io import gcs
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="znni")
+    server.start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    gcs._clients.pop(f"http://127.0.0.1:{port}", None)
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
 @pytest.fixture(autouse=True)
 def _default_kernel_parameters():
     """Each test starts with the default kernel parameters: a plan run by an earlier test puts

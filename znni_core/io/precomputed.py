@@ -67,19 +67,19 @@ class PrecomputedLayer(StoredObjects):
     def use_checksums(self, mode: str) -> str:
         """Verify reads against the layer's sidecar sha256 index (``io/checksums.py``, written when
         znni finalized it): ``auto`` where there is one, ``required`` refuses a layer without one
-        or that is not read chunk by chunk (sharded, gs://, another encoding), ``none`` skips."""
+        or that is not read chunk by chunk (sharded, another encoding), ``none`` skips."""
         from .checksums import ChunkSums
 
         if mode == "none":
             return "none"
-        by_chunk = self.url.protocol in ("file", "s3") and not self.sharded and self._encoding == "raw"
+        by_chunk = self.url.protocol in ("file", "s3", "gs") and not self.sharded and self._encoding == "raw"
         sums = ChunkSums.of(self) if by_chunk else None
         if sums is None:
             if mode == "required":
                 why = (
                     "it has no znni sha256 index"
                     if by_chunk
-                    else "it is not read chunk by chunk (sharded, gs:// or not raw)"
+                    else "it is not read chunk by chunk (sharded or not raw)"
                 )
                 raise ConfigError(
                     f"input {self.url}: raw precomputed chunks carry no checksum and {why}; input.checksums "
@@ -194,7 +194,7 @@ class PrecomputedLayer(StoredObjects):
         """
         if not self.bounds.contains(roi):
             raise InputError(f"read {roi} is outside the layer bounds {self.bounds} of {self.url}")
-        if self.url.protocol in ("file", "s3") and not self.sharded and self._encoding == "raw":
+        if self.url.protocol in ("file", "s3", "gs") and not self.sharded and self._encoding == "raw":
             got = self._read_raw(roi, fill_missing)
             if got is not None:
                 return got

@@ -28,7 +28,6 @@ import json
 import os
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import DataError, StorageError, StoragePermissionError
 from .paths import LayerURL, s3_alias
@@ -317,17 +316,6 @@ class S3Objects:
         except BotoCoreError as exc:
             raise self._error(exc, "HEAD", name) from exc
         return int(r.get("ContentLength") or 0)
-
-    def sizes(self, names: list[str], threads: int = 8) -> dict[str, int | None]:
-        """``{name: bytes or None}`` for each of ``names`` (HEAD requests on up to ``threads`` threads)."""
-        if len(names) <= 1:
-            return {n: self.size(n) for n in names}
-        with ThreadPoolExecutor(max_workers=min(threads, len(names))) as ex:
-            return dict(zip(names, ex.map(self.size, names)))
-
-    def exists(self, name: str) -> bool:
-        """True if object ``name`` exists (one HEAD request)."""
-        return self.size(name) is not None
 
     def delete(self, name: str) -> None:
         """DELETE object ``name``; a failed request raises a :class:`~znni_core.errors.StorageError`."""

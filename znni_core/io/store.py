@@ -7,7 +7,11 @@ Every read and write of a layer's objects (info, chunks, shards, zarr metadata) 
   keeps a chunk's gzip encoding as a ``.gz`` suffix, as cloud-volume does on ``file://``;
 - :class:`S3Store` talks to S3 (or any S3 endpoint) through :class:`~.s3.S3Objects`: one PUT
   per object with Content-MD5, gzip as ``Content-Encoding``;
-- :class:`CloudFilesStore` covers the other protocols (``gs://``) through cloudfiles.
+- :class:`GcsStore` talks to Google Cloud Storage through :class:`~.gcs.GcsObjects`: one upload
+  per object (conditional for exclusive writes), gzip as ``Content-Encoding``.
+
+Both remote stores retry transient failures a bounded number of times with jittered backoff and
+fail a permanent refusal (403) at its first answer.
 
 ``get`` returns the decoded bytes (a gzip encoding undone) or None when the object is absent;
 an object that is present but unreadable raises :class:`~znni_core.errors.DataError` naming it.
@@ -195,34 +199,62 @@ class LocalStore(ObjectStore):
             (self.root / (name + s)).unlink(missing_ok=True)
 
 
-class S3Store(ObjectStore):
+def _decoded(data: bytes, encoding: str, where: str) -> bytes:
+    """A remote object's bytes with its Content-Encoding (none or gzip) undone."""
+    if encoding in ("gzip", "x-gzip"):
+        return _gunzip(data, where)
+    if encoding not in ("", "identity"):
+        raise DataError(f"{where} has Content-Encoding {encoding!r}; znni reads raw and gzip objects only")
+    return data
+
+
+class _RemoteStore(ObjectStore):
+    """A store whose objects go through a client with ``where``, ``put``, ``get``, ``size`` and
+    ``delete`` (:class:`~.s3.S3Objects`, :class:`~.gcs.GcsObjects`)."""
+
+    @cached_property
+    def _objects(self):
+        raise NotImplementedError
+
+    def where(self, name: str) -> str:
+        """The object's full URL."""
+        return self._objects.where(name)
+
+    def get(self, name: str) -> bytes | None:
+        """The object's bytes (a gzip Content-Encoding undone), or None if absent; others are a :class:`DataError`."""
+        got = self._objects.get(name)
+        return None if got is None else _decoded(got[0], got[1], self.where(name))
+
+    def exists(self, name: str) -> bool:
+        """Whether ``name`` exists (one HEAD request)."""
+        return self._objects.size(name) is not None
+
+    def sizes(self, names: list[str]) -> dict:
+        """``{name: bytes stored, or None if absent}`` (HEAD requests, 8 in flight)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if len(names) < 2:
+            return {n: self._objects.size(n) for n in names}
+        with ThreadPoolExecutor(8) as pool:
+            return dict(zip(names, pool.map(self._objects.size, names)))
+
+    def delete(self, name: str) -> None:
+        """Delete ``name``; a failed request is a :class:`~znni_core.errors.StorageError`."""
+        self._objects.delete(name)
+
+
+class S3Store(_RemoteStore):
     """``s3://`` (AWS or any endpoint): one PUT with Content-MD5; retries and errors in :mod:`.s3`."""
 
     @cached_property
-    def _s3(self):
+    def _objects(self):
         from .s3 import S3Objects
 
         return S3Objects(self.url)
 
-    def where(self, name: str) -> str:
-        """``s3://bucket/key`` of ``name`` (plus the endpoint, if any)."""
-        return self._s3.where(name)
-
-    def get(self, name: str) -> bytes | None:
-        """The object's bytes (a gzip Content-Encoding undone), or None if absent; others are a :class:`DataError`."""
-        got = self._s3.get(name)
-        if got is None:
-            return None
-        data, enc = got
-        if enc in ("gzip", "x-gzip"):
-            return _gunzip(data, self.where(name))
-        if enc not in ("", "identity"):
-            raise DataError(f"{self.where(name)} has Content-Encoding {enc!r}; znni reads raw and gzip objects only")
-        return data
-
     def _put(self, name, data, compress, content_type, exclusive) -> bool:
         # exclusive: a conditional PUT (If-None-Match: *), so of simultaneous creators exactly one wins
-        return self._s3.put(
+        return self._objects.put(
             name,
             _gzip(data) if compress == "gzip" else data,
             content_type=content_type,
@@ -231,67 +263,34 @@ class S3Store(ObjectStore):
             if_absent=exclusive,
         )
 
-    def exists(self, name: str) -> bool:
-        """Whether ``name`` exists (one HEAD request)."""
-        return self._s3.exists(name)
 
-    def sizes(self, names: list[str]) -> dict:
-        """``{name: bytes stored, or None if absent}`` (HEAD requests)."""
-        return self._s3.sizes(names)
-
-    def delete(self, name: str) -> None:
-        """DELETE ``name``; a failed request is a :class:`~znni_core.errors.StorageError`."""
-        self._s3.delete(name)
-
-
-class CloudFilesStore(ObjectStore):
-    """``gs://`` and the other protocols cloudfiles speaks (its retries; gzip as Content-Encoding)."""
+class GcsStore(_RemoteStore):
+    """``gs://``: one upload per object; retries and errors in :mod:`.gcs`."""
 
     @cached_property
-    def _cf(self):
-        from cloudfiles import CloudFiles
+    def _objects(self):
+        from .gcs import GcsObjects
 
-        return CloudFiles(self.url.cloudpath(), progress=False)
-
-    def get(self, name: str) -> bytes | None:
-        """The object's decoded bytes, or None if absent; any failure of cloudfiles is a :class:`DataError`."""
-        try:
-            return self._cf.get(name)
-        except Exception as exc:  # e.g. an MD5 mismatch on the wire: never silent garbage
-            raise DataError(f"{self.where(name)}: read failed: {type(exc).__name__}: {exc}") from exc
+        return GcsObjects(self.url)
 
     def _put(self, name, data, compress, content_type, exclusive) -> bool:
-        if exclusive and self._cf.exists(name):
-            return False
-        self._cf.put(
+        # exclusive: a conditional upload (ifGenerationMatch=0), so of simultaneous creators exactly one wins
+        return self._objects.put(
             name,
-            data,
+            _gzip(data) if compress == "gzip" else data,
             content_type=content_type,
-            compress="gzip" if compress == "gzip" else None,
-            cache_control="no-cache",
+            content_encoding="gzip" if compress == "gzip" else None,
+            exclusive=exclusive,
         )
-        return True
-
-    def exists(self, name: str) -> bool:
-        """Whether ``name`` exists, as cloudfiles reports it."""
-        return bool(self._cf.exists(name))
-
-    def sizes(self, names: list[str]) -> dict:
-        """``{name: bytes stored, or None if absent}``, as cloudfiles reports them."""
-        return self._cf.size(names)
-
-    def delete(self, name: str) -> None:
-        """Delete ``name`` through cloudfiles."""
-        self._cf.delete(name)
 
 
 def object_store(url: LayerURL) -> ObjectStore:
-    """The store of ``url``'s protocol: :class:`LocalStore`, :class:`S3Store` or :class:`CloudFilesStore`."""
+    """The store of ``url``'s protocol: :class:`LocalStore`, :class:`S3Store` or :class:`GcsStore`."""
     if url.is_local:
         return LocalStore(url)
     if url.protocol == "s3":
         return S3Store(url)
-    return CloudFilesStore(url)
+    return GcsStore(url)
 
 
 def read_json(url: LayerURL, name: str):

@@ -1,0 +1,218 @@
+"""znni's own object I/O for ``gs://`` layers: bounded retries of transient errors, none of permanent ones.
+
+cloudfiles (under cloud-volume) retries every Google Cloud Storage call 7 times over up to a
+minute, whatever the error. The objects znni writes and reads itself on ``gs://`` (output chunks
+and shards, ``info``, ``provenance``, raw input chunks) go through the ``google-cloud-storage``
+client with the library's own retries off and this module's instead:
+
+* HTTP 408, 429, 500, 502, 503, 504 and connection errors (reset, refused, timeouts) are retried,
+  :data:`MAX_ATTEMPTS` attempts in all (``ZNNI_GCS_MAX_ATTEMPTS``, 1-20), waiting a jittered
+  exponential backoff (base :data:`BACKOFF_S`, each wait at most :data:`MAX_WAIT_S`);
+* 401 and 403 fail at the first answer as a :class:`~znni_core.errors.StoragePermissionError`,
+  every other client error (400, 404 on a bucket, ...) as a :class:`~znni_core.errors.StorageError`
+  naming the object and the fix; an absent object reads as None;
+* an exclusive write is one conditional upload (``ifGenerationMatch=0``): of simultaneous
+  creators exactly one wins, the others see HTTP 412.
+
+Credentials are looked up as cloudfiles does (``google-secret.json`` in the cloud-volume /
+cloudfiles secrets directory: a service account), else Google's default chain; with
+``STORAGE_EMULATOR_HOST`` set (a local emulator) anonymous credentials are used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+
+from ..errors import ConfigError, StorageError, StoragePermissionError
+from .paths import LayerURL
+
+MAX_ATTEMPTS = 5  # first try included
+BACKOFF_S = 0.1  # first wait; doubles per attempt, jittered (full jitter)
+MAX_WAIT_S = 20.0
+TIMEOUT_S = (10.0, 60.0)  # connect, read: per attempt
+RETRIED = {408, 429, 500, 502, 503, 504}
+
+_clients: dict = {}
+_lock = threading.Lock()
+#: the waits between attempts go through this (tests count and bound them)
+sleep = time.sleep
+
+
+def max_attempts() -> int:
+    """Attempts per request, first included: ``ZNNI_GCS_MAX_ATTEMPTS`` or :data:`MAX_ATTEMPTS`."""
+    v = os.environ.get("ZNNI_GCS_MAX_ATTEMPTS")
+    if not v:
+        return MAX_ATTEMPTS
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 20:
+        raise ConfigError(f"ZNNI_GCS_MAX_ATTEMPTS={v!r} must be an integer from 1 to 20 (attempts per GCS request)")
+    return n
+
+
+def backoff(attempt: int, rng=random) -> float:
+    """The wait before attempt ``attempt + 1`` (attempt 1 is the first): full jitter over an
+    exponential, at most :data:`MAX_WAIT_S`.
+
+    >>> all(0 <= backoff(k) <= min(MAX_WAIT_S, BACKOFF_S * 2 ** (k - 1)) for k in range(1, 12))
+    True
+    """
+    return rng.uniform(0, min(MAX_WAIT_S, BACKOFF_S * 2 ** (attempt - 1)))
+
+
+def _client():
+    """One ``google.cloud.storage.Client`` per process (credentials as cloudfiles finds them)."""
+    with _lock:
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
+        if emulator in _clients:
+            return _clients[emulator]
+        from google.cloud import storage
+
+        if emulator:
+            from google.auth.credentials import AnonymousCredentials
+
+            client = storage.Client(credentials=AnonymousCredentials(), project="znni")
+        else:
+            from cloudfiles.secrets import secretpath
+
+            path = secretpath("google-secret.json")
+            if os.path.exists(path):
+                from google.oauth2 import service_account
+
+                try:
+                    with open(path) as f:
+                        info = json.load(f)
+                    creds = service_account.Credentials.from_service_account_info(info)
+                except (OSError, ValueError, KeyError) as exc:
+                    raise StoragePermissionError(
+                        f"GCS credentials file {path} could not be used ({type(exc).__name__}); fix or remove it"
+                    ) from None
+                client = storage.Client(credentials=creds, project=info.get("project_id"))
+            else:
+                try:
+                    client = storage.Client()
+                except Exception as exc:  # google.auth.exceptions.DefaultCredentialsError and kin
+                    raise StoragePermissionError(
+                        f"no usable Google Cloud credentials ({type(exc).__name__}); write google-secret.json "
+                        "(a service account key) in the cloud-volume secrets directory, or run "
+                        "`gcloud auth application-default login`"
+                    ) from None
+        _clients[emulator] = client
+        return client
+
+
+class GcsObjects:
+    """Objects under one ``gs://bucket/prefix`` layer; names are relative to the layer."""
+
+    def __init__(self, url: LayerURL):
+        if url.protocol != "gs":
+            raise ValueError(f"{url} is not a gs:// layer")
+        self.url = url
+        self.bucket_name, _, self.prefix = url.path.partition("/")
+        self.attempts = max_attempts()
+        self.bucket = _client().bucket(self.bucket_name)
+
+    def key(self, name: str) -> str:
+        """The object key of ``name``."""
+        return f"{self.prefix.rstrip('/')}/{name}" if self.prefix else name
+
+    def where(self, name: str) -> str:
+        """``gs://bucket/key`` of ``name``."""
+        return f"gs://{self.bucket_name}/{self.key(name)}"
+
+    def _call(self, op: str, name: str, fn):
+        """``fn()`` with bounded retries of transient failures; a znni error for the others."""
+        from google.api_core import exceptions as E
+
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return fn()
+            except E.GoogleAPICallError as exc:
+                status = int(getattr(exc, "code", 0) or 0)
+                if status in (401, 403):
+                    raise StoragePermissionError(
+                        f"{op} {self.where(name)} was refused: HTTP {status} ({exc.message}). This is permanent "
+                        "and was not retried (1 request). Check the service account (google-secret.json in the "
+                        "cloud-volume secrets directory) and the bucket's IAM: it must allow this request; "
+                        "then re-run the task."
+                    ) from None
+                if status not in RETRIED:
+                    raise StorageError(
+                        f"{op} {self.where(name)} was refused: HTTP {status} ({exc.message}); not retried (a client "
+                        "error): check the bucket name and path"
+                    ) from None
+                why = f"HTTP {status}"
+            except (ConnectionError, TimeoutError, OSError) as exc:
+                why = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # requests' and urllib3's connection errors
+                if type(exc).__module__.split(".")[0] not in ("requests", "urllib3", "google"):
+                    raise
+                why = f"{type(exc).__name__}: {exc}"
+            if attempt >= self.attempts:
+                raise StorageError(
+                    f"{op} {self.where(name)}: still failing after {attempt} attempts with bounded backoff ({why}); "
+                    "the service is unavailable or throttling: re-run the task later"
+                )
+            sleep(backoff(attempt))
+
+    # ---- objects ---------------------------------------------------------------------------------
+    def put(self, name: str, data: bytes, *, content_type: str, content_encoding: str | None, exclusive: bool) -> bool:
+        """Upload ``data`` whole (``exclusive``: only if absent; returns whether it was written)."""
+        from google.api_core import exceptions as E
+
+        def upload():
+            blob = self.bucket.blob(self.key(name))
+            blob.cache_control = "no-cache"
+            if content_encoding:
+                blob.content_encoding = content_encoding
+            kw = {"if_generation_match": 0} if exclusive else {}
+            try:
+                blob.upload_from_string(data, content_type=content_type, retry=None, timeout=TIMEOUT_S, **kw)
+            except E.PreconditionFailed:
+                return False
+            return True
+
+        return self._call("PUT", name, upload)
+
+    def get(self, name: str) -> tuple[bytes, str] | None:
+        """``(bytes as stored, Content-Encoding)``, or None if absent."""
+        from google.api_core import exceptions as E
+
+        def download():
+            blob = self.bucket.blob(self.key(name))
+            try:
+                data = blob.download_as_bytes(raw_download=True, retry=None, timeout=TIMEOUT_S)
+            except E.NotFound:
+                return None
+            return data, (blob.content_encoding or "")
+
+        return self._call("GET", name, download)
+
+    def size(self, name: str) -> int | None:
+        """Bytes stored under ``name``, or None if absent."""
+
+        def head():
+            blob = self.bucket.get_blob(self.key(name), retry=None, timeout=TIMEOUT_S)
+            return None if blob is None else int(blob.size or 0)
+
+        return self._call("HEAD", name, head)
+
+    def delete(self, name: str) -> None:
+        """Delete ``name``; absent is fine."""
+        from google.api_core import exceptions as E
+
+        def remove():
+            try:
+                self.bucket.blob(self.key(name)).delete(retry=None, timeout=TIMEOUT_S)
+            except E.NotFound:
+                pass
+
+        self._call("DELETE", name, remove)
