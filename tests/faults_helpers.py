@@ -158,12 +158,10 @@ def prepare(case: Case, mem_mb: int = 2000) -> Case:
 
 # ---- bytes --------------------------------------------------------------------------------------
 def layer_files(layer_dir: Path) -> dict[str, bytes]:
-    """Every chunk file of a file:// layer (relative path -> bytes); info/provenance excluded."""
-    out = {}
-    for p in sorted(Path(layer_dir).rglob("*")):
-        if p.is_file() and p.name not in ("info", "provenance"):
-            out[str(p.relative_to(layer_dir))] = p.read_bytes()
-    return out
+    """Every chunk file of a file:// layer (relative path -> bytes): ``pipeline_helpers.layer_files``."""
+    from tests.pipeline_helpers import layer_files as files
+
+    return files(str(layer_dir))
 
 
 def temporaries(layer_dir: Path) -> list[str]:

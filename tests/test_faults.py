@@ -254,7 +254,7 @@ def test_t9_flipped_byte_in_a_checksummed_input_fails_the_task(tmp_path, fmt):
     }
     rf_b = prepare(cfg_b)
     run_b = load_run(rf_b)
-    assert run_b["input"]["checksums"] == ("crc32c" if fmt == "zarr" else "sha256")
+    assert run_b["input_checksums"] == ("crc32c" if fmt == "zarr" else "sha256")
     if fmt == "precomputed":
         index = out_a / load_run(rf_a)["output"]["scale"]["key"] / "znni-sha256" / "index.json"
         assert summary["checksum_index_chunks"] > 0 and index.is_file()

@@ -77,9 +77,7 @@ class PrecomputedLayer(StoredObjects):
         if sums is None:
             if mode == "required":
                 why = (
-                    "it has no znni sha256 index"
-                    if by_chunk
-                    else "it is not read chunk by chunk (sharded or not raw)"
+                    "it has no znni sha256 index" if by_chunk else "it is not read chunk by chunk (sharded or not raw)"
                 )
                 raise ConfigError(
                     f"input {self.url}: raw precomputed chunks carry no checksum and {why}; input.checksums "

@@ -279,7 +279,6 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     plan's budget is ``plan.memory_fraction`` of it).
     """
     from .. import load_network
-    from ..plan.plan import Plan
     from .mask import check_mask, open_mask
 
     cfg = validate_config(cfg)
@@ -288,12 +287,32 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
             f"output.scale {cfg['output']['scale']} maps values to uint8; it has no meaning with output.dtype "
             f"{cfg['output']['dtype']}: set output.dtype: uint8 or remove output.scale"
         )
-    work = Path(cfg["work_dir"]).resolve()
     net_path = Path(cfg["network"]["path"]).resolve()
     net = load_network(net_path)  # T19: NaN/Inf weights refused here
-    fov = Coordinate(net.field_of_view)
     halo = net_halo(net)
-    tta = cfg["tta"]
+    _check_tta(cfg["tta"], net, net_path, halo)
+    iu, inp, where = _checked_input(cfg, net, net_path)
+    lay = layout(cfg, net, inp, halo, where)
+    cfg = {**cfg, "task_chunks": list(lay.box)}  # the run records the box ``auto`` chose
+    mask = open_mask(cfg, inp.resolution)
+    if mask is not None:
+        check_mask(mask, lay.region)
+    ou, specs = _checked_output(cfg, lay, inp, iu, net)
+    task_shape = (lay.task_chunks * specs[0].chunk_shape).min(lay.region.shape)
+    budget = _engine_budget(cfg, mem_mb, lay, halo, net, inp, specs[0], task_shape)
+    plan = _the_plan(cfg, net, budget, threads, task_shape, lay.region)
+    if net.kind == "valid" and cfg["edge"] == "valid":
+        _check_valid_graph_read(net, plan, lay.region, halo, inp)
+    tasks = TaskGrid(lay.grid, lay.task_chunks, halo, lay.region)
+    if not len(tasks):
+        raise ConfigError(f"the region {_roi_doc(lay.region)} holds no output voxel")
+    run = _run_record(cfg, net, net_path, halo, iu, inp, ou, specs, lay, mask, len(tasks), plan, plan_out, mem_mb)
+    _describe(progress, run, net_path, halo, inp, ou, specs[0], lay, mask, len(tasks))
+    return run, plan
+
+
+def _check_tta(tta: dict, net, net_path: Path, halo: Halo) -> None:
+    """Test-time augmentation runs chain networks, and transposes only where the halo allows it."""
     if (tta["flips"] or tta["transpose_xy"] or tta["variance"]) and net.kind != "chain":
         raise ConfigError(
             f"tta {tta}: test-time augmentation runs chain networks only ({net_path.name} is a graph network); "
@@ -305,39 +324,37 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
             f"{tuple(halo.high)}), so its output on the transposed input does not line up; use flips only"
         )
 
+
+def _checked_input(cfg: dict, net, net_path: Path):
+    """(URL, layer, how messages name it) of the input, checked against the config and the network
+    (T21 dtype, T27 channels, T23 resolution)."""
     iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
     inp = open_input(
         iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"], checksums=cfg["input"]["checksums"]
     )
     where = f"input {iu} mip {cfg['input']['mip']}"
-    # T21: dtype declared in the config must be what the layer holds
     if inp.dtype != cfg["input"]["dtype"]:
         raise InputError(
             f"{where} holds {inp.dtype} but input.dtype says {cfg['input']['dtype']}: znni never "
             "rescales silently; fix input.dtype and normalize.scale/shift together"
         )
-    # T27: channels
     if inp.channels != net.in_channels:
         raise InputError(
             f"{where} has {inp.channels} channel(s) but the network {net_path.name} expects "
             f"{net.in_channels}; pick the matching layer or network"
         )
-    # T23: resolution
     net_res = cfg["network"]["resolution"] or net.metadata.get("resolution")
     if net_res is not None and not np.allclose(tuple(net_res), inp.resolution, rtol=1e-3):
         raise InputError(
             f"{where} has resolution {inp.resolution} nm (z, y, x) but the network was trained at "
             f"{tuple(float(v) for v in net_res)} nm; choose the input mip with that resolution"
         )
-    lay = layout(cfg, net, inp, halo, where)
-    region, sharding, tc, grid = lay.region, lay.sharding, lay.task_chunks, lay.grid
-    cfg = {**cfg, "task_chunks": list(lay.box)}  # the run records the box ``auto`` chose
-    edge = cfg["edge"]
-    mask = open_mask(cfg, inp.resolution)
-    if mask is not None:
-        check_mask(mask, region)
+    return iu, inp, where
 
-    # output layer: bounds = region, resolution = input's
+
+def _checked_output(cfg: dict, lay: Layout, inp, iu, net):
+    """(URL, scales) of the output layer (bounds = region, the input's resolution), checked: its
+    format takes the dtype, it is not the input, and an existing layer matches (T21, T22, T24)."""
     ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
     if cfg["output"]["dtype"] == "float16" and ou.format != "zarr":
         raise ConfigError(
@@ -345,7 +362,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
             "uint8-uint64, int8-int64 and float32); write a zarr output (output.path ending .zarr) or use "
             "output.dtype: uint8 with output.scale / offset"
         )
-    if cfg["output"]["compression"] == "gzip" and ou.is_local and not sharding:
+    if cfg["output"]["compression"] == "gzip" and ou.is_local and not lay.sharding:
         raise ConfigError(
             "output.compression: gzip on a file:// layer names chunks *.gz; tensorstore and other "
             "readers then see zeros without an error (docs/pitfalls.md). Use compression: none locally."
@@ -353,17 +370,34 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     if ou.is_local and iu.is_local and ou.local_path == iu.local_path:
         raise ConfigError(f"output.path {ou} is the input layer; choose another directory")
     specs = output_scales(cfg, lay, inp.resolution, stored_channels(cfg, net))
-    out_spec = specs[0]
-    diffs = layer_differences(ou, specs)  # T21 (dtype), T22 (offset), T24 (grid) against an existing layer
+    diffs = layer_differences(ou, specs)
     if diffs:
         raise DataError(
             f"output layer {ou} exists and does not match this config:\n  - "
             + "\n  - ".join(diffs)
             + "\nChoose a new output.path, or delete the layer if it is yours to replace."
         )
+    return ou, specs
 
-    # T24: task size vs memory
-    task_shape = (tc * out_spec.chunk_shape).min(region.shape)
+
+def _engine_budget(cfg: dict, mem_mb, lay: Layout, halo: Halo, net, inp, out_spec, task_shape) -> int | None:
+    """The plan's memory budget: ``plan.memory_fraction`` of the infer job's ``mem_mb``, refused when
+    a task's input and output do not fit beside it (T24); on a GPU, ``plan.gpu_memory``."""
+    budget = None
+    if mem_mb is not None:
+        budget = _host_budget(cfg, mem_mb, lay, halo, net, inp, out_spec, task_shape)
+    if cfg["device"] != "cpu":  # mem_mb is the job's host RAM; the plan's budget is the device's memory
+        from ..units import parse_bytes
+
+        try:
+            budget = parse_bytes(cfg["plan"]["gpu_memory"]) if cfg["plan"]["gpu_memory"] else None
+        except ValueError as exc:
+            raise ConfigError(f"plan.gpu_memory: {exc}") from None
+    return budget
+
+
+def _host_budget(cfg: dict, mem_mb: int, lay: Layout, halo: Halo, net, inp, out_spec, task_shape) -> int:
+    """``plan.memory_fraction`` of ``mem_mb``, refused when a task's input and output do not fit beside it."""
     extra = task_bytes(
         task_shape,
         halo,
@@ -372,49 +406,50 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         np.dtype(inp.dtype).itemsize,
         np.dtype(out_spec.dtype).itemsize,
     )
-    budget = None
-    if mem_mb is not None:
-        budget = int(mem_mb * 2**20 * cfg["plan"]["memory_fraction"])
-        if extra + budget > mem_mb * 2**20:
-            raise PlanError(
-                f"a task of {tuple(tc)} chunks of {tuple(out_spec.chunk_shape)} needs {extra / 2**20:.0f} MiB "
-                f"for its input and output plus the engine's {budget / 2**20:.0f} MiB, more than the infer "
-                f"job's mem_mb={mem_mb}; lower "
-                + ("output.shard_bytes (a task is one shard)" if sharding else "task_chunks")
-                + " or output.chunk_size, or raise mem_mb"
-            )
+    budget = int(mem_mb * 2**20 * cfg["plan"]["memory_fraction"])
+    if extra + budget > mem_mb * 2**20:
+        raise PlanError(
+            f"a task of {tuple(lay.task_chunks)} chunks of {tuple(out_spec.chunk_shape)} needs {extra / 2**20:.0f} MiB "
+            f"for its input and output plus the engine's {budget / 2**20:.0f} MiB, more than the infer "
+            f"job's mem_mb={mem_mb}; lower "
+            + ("output.shard_bytes (a task is one shard)" if lay.sharding else "task_chunks")
+            + " or output.chunk_size, or raise mem_mb"
+        )
+    return budget
 
-    if cfg["device"] != "cpu":  # mem_mb is the job's host RAM; the plan's budget is the device's memory
-        from ..units import parse_bytes
 
-        try:
-            budget = parse_bytes(cfg["plan"]["gpu_memory"]) if cfg["plan"]["gpu_memory"] else None
-        except ValueError as exc:
-            raise ConfigError(f"plan.gpu_memory: {exc}") from None
-    # the plan (once; every task reuses it)
-    if cfg["plan"]["file"]:
-        plan = Plan.load(cfg["plan"]["file"])
-        if plan.network_digest != net.digest():
-            raise PlanError(f"plan.file {cfg['plan']['file']} was made for another network; re-run `znni plan`")
-        if plan.device != cfg["device"]:
-            raise PlanError(f"plan.file is for device {plan.device!r}, the config asks {cfg['device']!r}")
-    else:
-        plan = task_plan(net, cfg, budget, threads, task_shape, region)
-    if net.kind == "valid" and edge == "valid":
-        from ..exec.tiling import window
+def _the_plan(cfg: dict, net, budget, threads, task_shape, region):
+    """The run's plan (once; every task reuses it): ``plan.file``, checked, or autotuned."""
+    from ..plan.plan import Plan
 
-        win = window(net, plan, (0, 0, 0), tuple(region.shape))
-        read = Roi(region.offset - halo.low + Coordinate(win.in_lo), Coordinate(win.in_hi) - Coordinate(win.in_lo))
-        if not inp.bounds.contains(read):
-            raise InputError(
-                f"region {_roi_doc(region)}: the valid graph network tiles on its grid {net.grid} and needs input "
-                f"{_roi_doc(read)}, which leaves the input bounds {_roi_doc(inp.bounds)} (edge=valid). Shrink the "
-                f"region so that its shape + {net.context} is admissible (n_min {net.geometry.n_min} + k * "
-                f"{net.grid}), or use edge: mirror / zero"
-            )
-    tasks = TaskGrid(grid, tc, halo, region)
-    if not len(tasks):
-        raise ConfigError(f"the region {_roi_doc(region)} holds no output voxel")
+    if not cfg["plan"]["file"]:
+        return task_plan(net, cfg, budget, threads, task_shape, region)
+    plan = Plan.load(cfg["plan"]["file"])
+    if plan.network_digest != net.digest():
+        raise PlanError(f"plan.file {cfg['plan']['file']} was made for another network; re-run `znni plan`")
+    if plan.device != cfg["device"]:
+        raise PlanError(f"plan.file is for device {plan.device!r}, the config asks {cfg['device']!r}")
+    return plan
+
+
+def _check_valid_graph_read(net, plan, region: Roi, halo: Halo, inp) -> None:
+    """A valid graph tiles on its grid: with ``edge: valid`` every patch must read inside the input."""
+    from ..exec.tiling import window
+
+    win = window(net, plan, (0, 0, 0), tuple(region.shape))
+    read = Roi(region.offset - halo.low + Coordinate(win.in_lo), Coordinate(win.in_hi) - Coordinate(win.in_lo))
+    if not inp.bounds.contains(read):
+        raise InputError(
+            f"region {_roi_doc(region)}: the valid graph network tiles on its grid {net.grid} and needs input "
+            f"{_roi_doc(read)}, which leaves the input bounds {_roi_doc(inp.bounds)} (edge=valid). Shrink the "
+            f"region so that its shape + {net.context} is admissible (n_min {net.geometry.n_min} + k * "
+            f"{net.grid}), or use edge: mirror / zero"
+        )
+
+
+def _run_record(cfg, net, net_path, halo, iu, inp, ou, specs, lay, mask, num_tasks, plan, plan_out, mem_mb) -> dict:
+    """The run (``run.json``): what every later step reads, with its digest."""
+    work = Path(cfg["work_dir"]).resolve()
     plan_path = Path(plan_out) if plan_out else work / "plan.json"
     run = {
         "format": RUN_FORMAT,
@@ -423,7 +458,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         "network": {
             "path": str(net_path),
             "digest": net.digest(),
-            "field_of_view": list(fov),
+            "field_of_view": list(net.field_of_view),
             "kind": net.kind,
             "halo": {"low": list(halo.low), "high": list(halo.high)},
             "in_channels": net.in_channels,
@@ -436,10 +471,10 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
             "resolution": list(inp.resolution),
             "dtype": inp.dtype,
             "channels": inp.channels,
-            "checksums": inp.checksums,  # what verifies every read: sha256 | crc32c | none
         },
-        "output": {"url": str(ou), "scale": out_spec.to_scale(), "info": layer_info(specs)},
-        "region": region.to_dict(),
+        "input_checksums": inp.checksums,  # what verifies every read: sha256 | crc32c | none
+        "output": {"url": str(ou), "scale": specs[0].to_scale(), "info": layer_info(specs)},
+        "region": lay.region.to_dict(),
         "mask": None
         if mask is None
         else {
@@ -448,9 +483,9 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
             "bounds": mask.layer.bounds.to_dict(),
             "resolution": list(mask.layer.resolution),
         },
-        "task_chunks": list(tc),
-        "num_tasks": len(tasks),
-        "num_chunks": grid.num_chunks,
+        "task_chunks": list(lay.task_chunks),
+        "num_tasks": num_tasks,
+        "num_chunks": lay.grid.num_chunks,
         "plan": {
             "path": str(plan_path),
             "digest": plan.digest(),
@@ -465,11 +500,19 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
         {k: run[k] for k in ("config", "network", "input", "output", "region", "task_chunks")}
         | {"plan": run["plan"]["digest"]}
     )
-    progress(f"network {net_path.name}: field of view {tuple(fov)}, halo low {tuple(halo.low)} high {tuple(halo.high)}")
-    progress(f"input {iu}: {_roi_doc(inp.bounds)}, {inp.dtype}, {inp.channels} ch, {inp.resolution} nm")
+    return run
+
+
+def _describe(progress, run, net_path, halo, inp, ou, out_spec, lay, mask, num_tasks) -> None:
+    """What ``validate`` tells the user about the run it resolved."""
+    fov = tuple(run["network"]["field_of_view"])
+    progress(f"network {net_path.name}: field of view {fov}, halo low {tuple(halo.low)} high {tuple(halo.high)}")
     progress(
-        f"output {ou}: {_roi_doc(region)}, chunks {tuple(out_spec.chunk_shape)}, {out_spec.dtype}; "
-        f"{grid.num_chunks} chunks in {len(tasks)} tasks of up to {tuple(tc)} chunks"
+        f"input {run['input']['url']}: {_roi_doc(inp.bounds)}, {inp.dtype}, {inp.channels} ch, {inp.resolution} nm"
+    )
+    progress(
+        f"output {ou}: {_roi_doc(lay.region)}, chunks {tuple(out_spec.chunk_shape)}, {out_spec.dtype}; "
+        f"{lay.grid.num_chunks} chunks in {num_tasks} tasks of up to {tuple(lay.task_chunks)} chunks"
     )
     if lay.note:
         progress(lay.note)
@@ -478,7 +521,6 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
             f"mask {mask.url} mip {mask.mip}: {_roi_doc(mask.layer.bounds)} at {tuple(mask.layer.resolution)} nm; "
             "only chunks it overlaps with non-zero voxels are computed (`znni mask-tasks` lists the tasks)"
         )
-    return run, plan
 
 
 def task_plan(net, cfg, budget, threads, task_shape, region):

@@ -247,7 +247,7 @@ def open_run(run_file) -> RunContext:
         raise DataError(f"plan {run['plan']['path']} changed since `znni validate`; re-run validate")
     in_url = parse_layer_url(run["input"]["url"], endpoint=cfg["input"]["endpoint_url"])
     # checksums the input carried at validate must still verify every read (a deleted index too)
-    verified = run["input"].get("checksums", "none") != "none"
+    verified = run.get("input_checksums", "none") != "none"
     mode = "required" if verified else cfg["input"].get("checksums", "auto")
     inp = open_input(in_url, run["input"]["mip"], resolution=cfg["input"]["resolution"], checksums=mode)
     if inp.dtype != run["input"]["dtype"] or inp.bounds != Roi.from_dict(run["input"]["bounds"]):
