@@ -71,6 +71,93 @@ def _mpf_reads_channels_last(layers, decisions, i) -> bool:
     return primitive(prev).writes_channels_last and not prev_tile and not nxt_tile and reads
 
 
+def _repeats(net: Network, patch, modes) -> dict:
+    """``{layer index: times it runs per patch}``: the layers after a depth-first pooling layer run
+    once per pooling offset; in slab mode the layers before it, and it, also once per z-slab."""
+    layers = net.layers
+    repeat, reps, mode_iter = 1, {}, iter(modes)
+    for i, layer in enumerate(layers):
+        reps[i] = repeat
+        if isinstance(layer, Pool):
+            mode = next(mode_iter)
+            if mode.startswith("slab"):  # layers before, and this max-pool, run per offset and per z-slab
+                g = M.slab_geometry(layers, net.in_channels, i, patch, int(mode.split(":")[1]))
+                for j in range(i + 1):
+                    reps[j] = math.prod(layer.window) * g["n_slabs"]
+            if mode != "mpf":
+                repeat *= math.prod(layer.window)
+    return reps
+
+
+def _ranked_options(timer: Pricer, i, layer, n, spatial, reps, allowed, host, threads) -> list:
+    """Every (seconds, primitive, micro-batch, input block, bytes) of conv layer ``i`` on ``n``
+    fragments of ``spatial``, fastest first by estimate; memoised per search (shared by candidates)."""
+    key = ("ranked", i, n, tuple(spatial), reps, allowed, bool(host))
+    ranked = timer._memo.get(key)
+    if ranked is not None:
+        return ranked
+    ranked = []
+    for prim in allowed:
+        for tile in fft_tiles(spatial, layer.kernel) if PRIMITIVES[prim].blocked or host else [()]:
+            keep = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
+            for mb in micro_batches(n):
+                if host:
+                    need = M.device_call_bytes(prim, mb, layer, spatial, tile, threads) + keep
+                    t = _streamed(timer, prim, n, layer, spatial, mb, reps, tile, host["cal"])
+                else:
+                    need = M.conv_step_bytes(prim, n, mb, layer, spatial, tile, threads) + keep
+                    t = timer.layer(prim, n, layer, spatial, mb, reps, tile=tile)
+                ranked.append((t, prim, mb, tile, need))
+    ranked.sort(key=lambda o: o[:3])
+    timer._memo[key] = ranked
+    return ranked
+
+
+def _priced_steps(net: Network, modes, steps_mem, decisions, reps, timer: Pricer, host, measure) -> tuple[list, float]:
+    """The plan's steps of one candidate from its memory walk and conv choices, each with its time
+    (a fused activation costs nothing); and their total."""
+    layers = net.layers
+    steps, total = [], 0.0
+    for sm in steps_mem:
+        layer = layers[sm.index]
+        if isinstance(layer, Conv):
+            prim, mb, tile = decisions[sm.index]
+            n = sm.in_shape[0]
+            t = (
+                _streamed(timer, prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], tile, host["cal"])
+                if host
+                else timer.layer(prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], measure, tile)
+            )
+            prim_name, mbv = prim, (0 if mb >= n else mb)
+            tile = M.conv_blocks(sm.in_shape[2:], layer.kernel, tile)[0] if tile else ()
+        elif isinstance(layer, Activation):
+            tile = ()
+            # an activation right after a conv that fuses it costs nothing: the executor applies it
+            # in that conv's output pass (exec/engine.py: fuse_activations)
+            fused = steps and steps[-1].op == "conv" and fuses(steps[-1].primitive, layer.kind)
+            t = 0.0
+            if not fused:
+                t = (host["model"] if host else timer.model).activation(layer.kind, M.nbytes(sm.in_shape))
+                t = (t + CALL_OVERHEAD_S) * reps[sm.index]
+            prim_name, mbv = layer.kind, 0
+        else:
+            tile = ()
+            mode = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)]
+            t = (host["model"] if host else timer.model).pool(
+                M.nbytes(sm.in_shape),
+                depth_first=mode == "pool",
+                channels_last=_mpf_reads_channels_last(layers, decisions, sm.index),
+            )
+            prim_name, _, rows = mode.partition(":")
+            mbv = int(rows or 0)
+            t = (t + CALL_OVERHEAD_S) * reps[sm.index]
+        total += t
+        steps.append(
+            Step(sm.index, sm.op, prim_name, sm.in_shape, sm.out_shape, mbv, timer.cal["threads"], t, sm.peak, tile)
+        )
+    return steps, total
+
+
 def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=None):
     """Best choices for one (patch, pool modes) candidate; returns (steps, seconds, peak, notes).
 
@@ -87,18 +174,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
         live_max[i] = max(live_max.get(i, 0), live)
         return FALLBACK, 1
 
-    # repeats: steps after a depth-first pool run once per offset
-    repeat, reps, mode_iter = 1, {}, iter(modes)
-    for i, layer in enumerate(layers):
-        reps[i] = repeat
-        if isinstance(layer, Pool):
-            mode = next(mode_iter)
-            if mode.startswith("slab"):  # layers before, and this max-pool, run per offset and per z-slab
-                g = M.slab_geometry(layers, net.in_channels, i, patch, int(mode.split(":")[1]))
-                for j in range(i + 1):
-                    reps[j] = math.prod(layer.window) * g["n_slabs"]
-            if mode != "mpf":
-                repeat *= math.prod(layer.window)
+    reps = _repeats(net, patch, modes)
     threads = timer.cal["threads"]
     M.walk(net, patch, modes, record, threads)  # pass 1: what is alive before each conv (shapes only)
     no_cache: set[int] = set()  # layers refused resident kernel spectra (they did not fit)
@@ -127,23 +203,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
             if math.prod(layer.kernel) == 1:
                 # primitives.DirectNumba.runs_1x1x1: its per-row overhead is not in the rate model
                 allowed = tuple(p for p in allowed if PRIMITIVES[p].runs_1x1x1) or allowed
-            key = ("ranked", i, n, tuple(spatial), reps[i], allowed, bool(host))
-            ranked = timer._memo.get(key)  # every option of this layer by estimated time (shared by candidates)
-            if ranked is None:
-                ranked = []
-                for prim in allowed:
-                    for tile in fft_tiles(spatial, layer.kernel) if PRIMITIVES[prim].blocked or host else [()]:
-                        keep = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
-                        for mb in micro_batches(n):
-                            if host:
-                                need = M.device_call_bytes(prim, mb, layer, spatial, tile, threads) + keep
-                                t = _streamed(timer, prim, n, layer, spatial, mb, reps[i], tile, host["cal"])
-                            else:
-                                need = M.conv_step_bytes(prim, n, mb, layer, spatial, tile, threads) + keep
-                                t = timer.layer(prim, n, layer, spatial, mb, reps[i], tile=tile)
-                            ranked.append((t, prim, mb, tile, need))
-                ranked.sort(key=lambda o: o[:3])
-                timer._memo[key] = ranked
+            ranked = _ranked_options(timer, i, layer, n, spatial, reps[i], allowed, host, threads)
             est = [o[:4] for o in ranked if o[4] <= room]
             if not est:
                 _, p, mb, tile, _ = min(ranked, key=lambda o: o[4])
@@ -200,44 +260,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
             break
         no_cache.add(largest)
         squeeze = squeezes = 0
-    steps, total = [], 0.0
-    for sm in steps_mem:
-        layer = layers[sm.index]
-        if isinstance(layer, Conv):
-            prim, mb, tile = decisions[sm.index]
-            n = sm.in_shape[0]
-            t = (
-                _streamed(timer, prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], tile, host["cal"])
-                if host
-                else timer.layer(prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], measure, tile)
-            )
-            prim_name, mbv = prim, (0 if mb >= n else mb)
-            tile = M.conv_blocks(sm.in_shape[2:], layer.kernel, tile)[0] if tile else ()
-        elif isinstance(layer, Activation):
-            tile = ()
-            # an activation right after a conv that fuses it costs nothing: the executor applies it
-            # in that conv's output pass (exec/engine.py: fuse_activations)
-            fused = steps and steps[-1].op == "conv" and fuses(steps[-1].primitive, layer.kind)
-            t = 0.0
-            if not fused:
-                t = (host["model"] if host else timer.model).activation(layer.kind, M.nbytes(sm.in_shape))
-                t = (t + CALL_OVERHEAD_S) * reps[sm.index]
-            prim_name, mbv = layer.kind, 0
-        else:
-            tile = ()
-            mode = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)]
-            t = (host["model"] if host else timer.model).pool(
-                M.nbytes(sm.in_shape),
-                depth_first=mode == "pool",
-                channels_last=_mpf_reads_channels_last(layers, decisions, sm.index),
-            )
-            prim_name, _, rows = mode.partition(":")
-            mbv = int(rows or 0)
-            t = (t + CALL_OVERHEAD_S) * reps[sm.index]
-        total += t
-        steps.append(
-            Step(sm.index, sm.op, prim_name, sm.in_shape, sm.out_shape, mbv, timer.cal["threads"], t, sm.peak, tile)
-        )
+    steps, total = _priced_steps(net, modes, steps_mem, decisions, reps, timer, host, measure)
     out_vox = math.prod(net.output_shape(patch))
     total += timer.model.elementwise(M.nbytes((net.out_channels, out_vox)), 2.0)  # recombine
     total += PATCH_OVERHEAD_S
