@@ -14,8 +14,8 @@ from .spec import Activation, Conv, Pool
 TOLERANCE = 1e-4
 
 
-def _act(x: np.ndarray, layer: Activation) -> np.ndarray:
-    """An activation written out in numpy (the definition; float64)."""
+def _act(x: np.ndarray, layer: Activation, axis: int = 1) -> np.ndarray:
+    """An activation written out in numpy (the definition; float64); ``axis``: the channels'."""
     k, a = layer.kind, float(layer.alpha)
     if k == "relu":
         return np.maximum(x, 0)
@@ -28,8 +28,8 @@ def _act(x: np.ndarray, layer: Activation) -> np.ndarray:
     if k == "tanh":
         return np.tanh(x)
     if k == "softmax":
-        e = np.exp(x - x.max(axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        return e / e.sum(axis=axis, keepdims=True)
     return x  # identity
 
 
@@ -42,29 +42,28 @@ def plain_forward(net, x: np.ndarray) -> np.ndarray:
     >>> plain_forward(net, np.arange(4, dtype=np.float32).reshape(1, 1, 1, 2, 2))
     array([[6.]])
     """
-    y = x.astype(np.float64)
+    y = np.ascontiguousarray(x.astype(np.float64).transpose(1, 0, 2, 3, 4))  # (C, K, z, y, x): one GEMM per offset
     for layer in net.layers:
         if isinstance(layer, Conv):
             w = layer.weight.astype(np.float64)  # (C_out, C_in, kz, ky, kx)
             kz, ky, kx = w.shape[2:]
             oz, oy, ox = (s - k + 1 for s, k in zip(y.shape[2:], w.shape[2:]))
-            out = np.zeros((y.shape[0], w.shape[0], oz, oy, ox))
+            out = np.zeros((w.shape[0], y.shape[1], oz, oy, ox))
             for a in range(kz):  # a sum over the kernel's offsets: memory of one output, never of windows
                 for b in range(ky):
-                    for c in range(kx):
-                        out += np.einsum(
-                            "oi,kizyx->kozyx", w[:, :, a, b, c], y[:, :, a : a + oz, b : b + oy, c : c + ox]
-                        )
+                    for c in range(kx):  # one matrix product (BLAS, float64) per offset
+                        out += np.tensordot(w[:, :, a, b, c], y[:, :, a : a + oz, b : b + oy, c : c + ox], ([1], [0]))
             if layer.bias is not None:
-                out += layer.bias.astype(np.float64)[None, :, None, None, None]
+                out += layer.bias.astype(np.float64)[:, None, None, None, None]
             y = out
         elif isinstance(layer, Pool):
             wz, wy, wx = layer.window
-            k, c, z, yy, xx = y.shape
+            c, k, z, yy, xx = y.shape
             y = y[:, :, : z // wz * wz, : yy // wy * wy, : xx // wx * wx]
-            y = y.reshape(k, c, z // wz, wz, yy // wy, wy, xx // wx, wx).max(axis=(3, 5, 7))
+            y = y.reshape(c, k, z // wz, wz, yy // wy, wy, xx // wx, wx).max(axis=(3, 5, 7))
         else:
-            y = _act(y, layer)
+            y = _act(y, layer, axis=0)
+    y = y.transpose(1, 0, 2, 3, 4)  # (K, C, ...)
     if y.shape[2:] != (1, 1, 1):
         raise DataError(f"the network on its field of view gave {y.shape[2:]} voxels, not one")
     return y[:, :, 0, 0, 0]
@@ -84,8 +83,10 @@ def flops_per_voxel(net) -> float:
 
 
 #: floating-point operations per second :func:`plain_forward` is assumed to run at (numpy, float64,
-#: one core; measured 1-3 x 10^9 on a Zen 4 core): sizes ``verify_voxels: auto``
-DEFINITION_FLOPS = 1e9
+#: a BLAS product per kernel offset; 6.3-7.5 x 10^9 measured for the boundary net's 16 voxels on 2
+#: Zen 4 cores, `python -m benchmarks.verify_cost`): sizes ``verify_voxels: auto``; each task records
+#: what its check really took (``recomputed.seconds``)
+DEFINITION_FLOPS = 5e9
 
 
 def sample_voxels(comp: Roi, n: int, rng) -> list[Coordinate]:

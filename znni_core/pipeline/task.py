@@ -409,6 +409,7 @@ def check_sample(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray, s
     record kept in the manifest."""
     from ..net.definition import TOLERANCE, plain_forward, sample_voxels
 
+    t0 = time.perf_counter()
     n = verify_count(setting, ctx.net, ctx.plan, int(np.prod(tuple(ti.comp.shape))))
     if n <= 0:
         return {
@@ -436,7 +437,12 @@ def check_sample(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray, s
             f"the network gives {np.round(ref[k], 6).tolist()} there (deviation {dev.max():.3g} > {tol:.3g}); "
             "nothing was written for this task. Report this with the plan (plan.json)"
         )
-    return {"voxels": len(points), "max_deviation": float(dev.max()), "tolerance": tol}
+    return {
+        "voxels": len(points),
+        "max_deviation": float(dev.max()),
+        "tolerance": tol,
+        "seconds": round(time.perf_counter() - t0, 4),
+    }
 
 
 def window_input(ti: TaskInput, x: np.ndarray) -> np.ndarray:
