@@ -356,3 +356,60 @@ def test_t28c_bad_scale_key_in_config_refused(base, tmp_path):
     assert not (case.work / "layer.json").exists()
     assert "Traceback" not in p.stderr
     assert not (case.root / "outside").exists() and not case.out.exists()
+
+
+# ---- T16 at the job level: the check that decides which of a job's tasks to skip ----------------
+@pytest.mark.parametrize("how", ["truncated-json", "directory", "storage-error"])
+def test_t16_job_level_done_check_reruns_the_task(tmp_path, monkeypatch, how):
+    """A retried job skips only the tasks whose manifest and stored chunks verify. A truncated
+    manifest, a directory in its place, or a storage error while reading a chunk back is never
+    taken for done: the task runs again (the job says why), its chunks come out byte-identical,
+    and its manifest is whole again; the other tasks are skipped. A directory cannot be replaced
+    by the rerun's manifest: the job fails naming it, the task not marked done."""
+    from tests.pipeline_helpers import base_config, em, layer_files
+    from tests.test_pipeline import prepare
+    from znni_core.errors import DataError, StorageError
+    from znni_core.io import read_manifest
+    from znni_core.pipeline.config import load_run
+    from znni_core.pipeline.jobs import run_job
+    from znni_core.pipeline.task import manifest_path
+
+    cfg = base_config(tmp_path, vol=em((8, 32, 32)))
+    rf = prepare(cfg)
+    run = load_run(rf)
+    n = run["num_tasks"]
+    run_job(rf, 0, n, log=lambda *a: None)
+    before = layer_files(run["output"]["url"])
+    victim = 1
+    mp = manifest_path(run, victim)
+    if how == "truncated-json":
+        mp.write_text(mp.read_text()[:40])
+    elif how == "directory":
+        mp.unlink()
+        mp.mkdir()
+    else:  # reading one of its chunks back fails at the storage
+        from znni_core.io.store import LocalStore
+
+        name = read_manifest(mp)["chunks"][0]["name"]
+        real, calls = LocalStore.get, []
+
+        def failing(self, key):
+            if key == name and not calls:
+                calls.append(key)
+                raise StorageError(f"GET {key}: injected HTTP 503 after 5 attempts")
+            return real(self, key)
+
+        monkeypatch.setattr(LocalStore, "get", failing)
+    lines = []
+    if how == "directory":  # not taken for done; the rerun cannot replace it: a clear error naming it
+        with pytest.raises(DataError, match=f"{mp.name}.*Is a directory"):
+            run_job(rf, 0, n, log=lines.append)
+        assert mp.is_dir() and layer_files(run["output"]["url"]) == before
+        assert sum("done and verified, skipped" in line for line in lines) == n - 1, lines
+        return
+    lines = []
+    doc = run_job(rf, 0, n, log=lines.append)
+    assert [r["task"] for r in doc["ran"]] == [victim] and sorted(doc["skipped"]) == sorted(set(range(n)) - {victim})
+    assert any(f"task {victim}:" in line and "running it again" in line for line in lines), lines
+    assert read_manifest(mp)["task"] == victim
+    assert layer_files(run["output"]["url"]) == before

@@ -27,8 +27,9 @@ import random
 import threading
 import time
 
-from ..errors import ConfigError, StorageError, StoragePermissionError
+from ..errors import StorageError, StoragePermissionError
 from .paths import LayerURL
+from .retry import attempts_from_env
 
 MAX_ATTEMPTS = 5  # first try included
 BACKOFF_S = 0.1  # first wait; doubles per attempt, jittered (full jitter)
@@ -44,16 +45,7 @@ sleep = time.sleep
 
 def max_attempts() -> int:
     """Attempts per request, first included: ``ZNNI_GCS_MAX_ATTEMPTS`` or :data:`MAX_ATTEMPTS`."""
-    v = os.environ.get("ZNNI_GCS_MAX_ATTEMPTS")
-    if not v:
-        return MAX_ATTEMPTS
-    try:
-        n = int(v)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 20:
-        raise ConfigError(f"ZNNI_GCS_MAX_ATTEMPTS={v!r} must be an integer from 1 to 20 (attempts per GCS request)")
-    return n
+    return attempts_from_env("ZNNI_GCS_MAX_ATTEMPTS", MAX_ATTEMPTS, "GCS")
 
 
 def backoff(attempt: int, rng=random) -> float:
@@ -164,7 +156,9 @@ class GcsObjects:
             sleep(backoff(attempt))
 
     # ---- objects ---------------------------------------------------------------------------------
-    def put(self, name: str, data: bytes, *, content_type: str, content_encoding: str | None, exclusive: bool) -> bool:
+    def put(
+        self, name: str, data: bytes, *, content_type: str, content_encoding: str | None = None, exclusive: bool = False
+    ) -> bool:
         """Upload ``data`` whole (``exclusive``: only if absent; returns whether it was written)."""
         from google.api_core import exceptions as E
 

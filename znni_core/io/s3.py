@@ -31,6 +31,7 @@ import threading
 
 from ..errors import DataError, StorageError, StoragePermissionError
 from .paths import LayerURL, s3_alias
+from .retry import attempts_from_env
 
 MAX_ATTEMPTS = 5  # first try included; ZNNI_S3_MAX_ATTEMPTS overrides (1-20)
 CONNECT_TIMEOUT = 10.0  # seconds, per attempt
@@ -58,22 +59,8 @@ _lock = threading.Lock()
 
 
 def max_attempts() -> int:
-    """Attempts per S3 request, first included: ``ZNNI_S3_MAX_ATTEMPTS`` or :data:`MAX_ATTEMPTS`.
-
-    Raises :class:`~znni_core.errors.ConfigError` if the variable is set but not an integer from 1 to 20.
-    """
-    v = os.environ.get("ZNNI_S3_MAX_ATTEMPTS")
-    if not v:
-        return MAX_ATTEMPTS
-    try:
-        n = int(v)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 20:
-        from ..errors import ConfigError
-
-        raise ConfigError(f"ZNNI_S3_MAX_ATTEMPTS={v!r} must be an integer from 1 to 20 (attempts per S3 request)")
-    return n
+    """Attempts per S3 request, first included: ``ZNNI_S3_MAX_ATTEMPTS`` or :data:`MAX_ATTEMPTS`."""
+    return attempts_from_env("ZNNI_S3_MAX_ATTEMPTS", MAX_ATTEMPTS, "S3")
 
 
 def _service(url: LayerURL) -> str:
@@ -243,13 +230,12 @@ class S3Objects:
         *,
         content_type: str,
         content_encoding: str | None = None,
-        cache_control: str | None = "no-cache",
-        if_absent: bool = False,
+        exclusive: bool = False,
     ) -> bool:
-        """One PUT of the whole object, with Content-MD5 so the server rejects a body corrupted in
-        transit.  ``if_absent``: a conditional PUT (``If-None-Match: *``): of simultaneous creators
-        exactly one stores it, the others get False (a server without conditional writes ignores
-        the header, and the last writer wins)."""
+        """One PUT of the whole object (``Cache-Control: no-cache``), with Content-MD5 so the server
+        rejects a body corrupted in transit.  ``exclusive``: a conditional PUT (``If-None-Match: *``):
+        of simultaneous creators exactly one stores it, the others get False (a server without
+        conditional writes ignores the header, and the last writer wins)."""
         from botocore.exceptions import ClientError
 
         kw = {
@@ -260,16 +246,15 @@ class S3Objects:
         }
         if content_encoding:
             kw["ContentEncoding"] = content_encoding
-        if cache_control:
-            kw["CacheControl"] = cache_control
-        if if_absent:
+        kw["CacheControl"] = "no-cache"
+        if exclusive:
             kw["IfNoneMatch"] = "*"
         try:
             self._call("PUT", name, self.client.put_object, **kw)
         except StorageError as exc:
             cause = exc.__cause__
             code = cause.response.get("Error", {}).get("Code") if isinstance(cause, ClientError) else None
-            if if_absent and code in ("PreconditionFailed", "ConditionalRequestConflict"):
+            if exclusive and code in ("PreconditionFailed", "ConditionalRequestConflict"):
                 return False  # someone else created it first (or is creating it now)
             raise
         return True

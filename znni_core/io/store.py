@@ -220,6 +220,17 @@ class _RemoteStore(ObjectStore):
         """The object's full URL."""
         return self._objects.where(name)
 
+    def _put(self, name, data, compress, content_type, exclusive) -> bool:
+        # exclusive: one conditional request (S3 If-None-Match: *, GCS ifGenerationMatch=0), so of
+        # simultaneous creators exactly one wins
+        return self._objects.put(
+            name,
+            _gzip(data) if compress == "gzip" else data,
+            content_type=content_type,
+            content_encoding="gzip" if compress == "gzip" else None,
+            exclusive=exclusive,
+        )
+
     def get(self, name: str) -> bytes | None:
         """The object's bytes (a gzip Content-Encoding undone), or None if absent; others are a :class:`DataError`."""
         got = self._objects.get(name)
@@ -252,17 +263,6 @@ class S3Store(_RemoteStore):
 
         return S3Objects(self.url)
 
-    def _put(self, name, data, compress, content_type, exclusive) -> bool:
-        # exclusive: a conditional PUT (If-None-Match: *), so of simultaneous creators exactly one wins
-        return self._objects.put(
-            name,
-            _gzip(data) if compress == "gzip" else data,
-            content_type=content_type,
-            content_encoding="gzip" if compress == "gzip" else None,
-            cache_control="no-cache",
-            if_absent=exclusive,
-        )
-
 
 class GcsStore(_RemoteStore):
     """``gs://``: one upload per object; retries and errors in :mod:`.gcs`."""
@@ -272,16 +272,6 @@ class GcsStore(_RemoteStore):
         from .gcs import GcsObjects
 
         return GcsObjects(self.url)
-
-    def _put(self, name, data, compress, content_type, exclusive) -> bool:
-        # exclusive: a conditional upload (ifGenerationMatch=0), so of simultaneous creators exactly one wins
-        return self._objects.put(
-            name,
-            _gzip(data) if compress == "gzip" else data,
-            content_type=content_type,
-            content_encoding="gzip" if compress == "gzip" else None,
-            exclusive=exclusive,
-        )
 
 
 def object_store(url: LayerURL) -> ObjectStore:
