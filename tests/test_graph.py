@@ -537,10 +537,25 @@ def test_pipeline_tasks_equal_whole_volume_infer(tmp_path, valid):
     from znni_core.pipeline.task import manifest_path
     from znni_core.pipeline.verify import verify_run
 
+    # the tasks' own checks: auto skips (a patch alone costs more than 2% of a task) and says why
+    run = load_run(rf)
+    first = read_manifest(manifest_path(run, ids[0]))["recomputed"]
+    assert first["voxels"] == 0 and "costs more than" in first["skipped"], first
+    # with verify_voxels set, every task recomputes one of its patches alone before it writes
+    cfg_v = dict(
+        cfg,
+        work_dir=str(tmp_path / "work_v"),
+        verify_voxels=1,
+        output={**cfg["output"], "path": str(tmp_path / "out_v")},
+    )
+    rf_v = prepare(cfg_v)
+    run_all(rf_v)
+    checks = [read_manifest(manifest_path(load_run(rf_v), i))["recomputed"] for i in ids]
+    assert all(c["max_deviation"] < 1e-4 and "direct" in c["how"] for c in checks if c["voxels"]), checks
+    assert sum(c["voxels"] for c in checks) > 0, checks
     rec = verify_run(rf, tasks=len(ids), seed=2, log=lambda *a: None)
     assert rec["recomputed"]["passed"] and "direct" in rec["recomputed"]["how"], rec
     assert rec["recomputed"]["voxels"] > 0 and rec["recomputed"]["max_deviation"] < 1e-4, rec
-    run = load_run(rf)
     layer = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 0)
     for tid in ids:
         for c in read_manifest(manifest_path(run, tid))["chunks"]:

@@ -224,6 +224,7 @@ class RunContext:
     plan: object
     inp: object
     mask: object = None  # pipeline.mask.Mask, when the run has one
+    reference: object = None  # a graph network's (plan, what it is) for its tasks' checks (pipeline.recompute)
 
 
 def open_run(run_file) -> RunContext:
@@ -473,6 +474,9 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
 
         with thread_limits(plan.threads):
             y = run_window(plan, net, x, window, xp=require_device(device))
+        from .recompute import check_graph_task
+
+        ti.recomputed = check_graph_task(ctx, ti, x, y, cfg.get("verify_voxels", "auto"), VERIFY_SHARE)
         del x
     elif ti.todo:
         x = normalise(raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], inner)

@@ -33,6 +33,7 @@ from ..geometry import Coordinate, Roi
 from ..io import atomic_write
 from ..net.definition import DEFINITION_FLOPS, TOLERANCE, flops_per_voxel, plain_forward, sample_voxels
 from ..progress import bar
+from .recompute import graph_sample, reference_plan
 
 
 def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, checksums: bool = True, log=print):
@@ -63,7 +64,7 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
     chosen = sorted(rng.choice(done, size=min(tasks, len(done)), replace=False).tolist()) if done else []
     graph = ctx.net.kind != "chain"
     if graph:
-        ref_plan, how = _reference_plan(ctx)
+        ref_plan, how = reference_plan(ctx)
         log(f"verify: recomputing one patch alone ({how}) in each of {len(chosen)} task(s)")
     else:
         how = "the network's definition (numpy, float64)"
@@ -81,7 +82,7 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
             continue
         x = normalise(ti.raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], ti.inner)
         if graph:
-            points, ref = _graph_sample(ctx, ti, window_input(ti, x), rng, ref_plan)
+            points, ref = graph_sample(ctx, ti, window_input(ti, x), rng, ref_plan)
         else:
             points, ref = _chain_sample(ctx, ti, x, rng, samples)
         if not len(points):
@@ -133,71 +134,6 @@ def _chain_sample(ctx, ti, x: np.ndarray, rng, samples: int) -> tuple[np.ndarray
     origin = ti.block.read_roi.offset
     wins = np.stack([x[(slice(None),) + Roi(p - low - origin, fov).to_slices()] for p in points])
     return np.array([tuple(p) for p in points], np.int64), plain_forward(ctx.net, wins)
-
-
-def _reference_plan(ctx):
-    """(plan, what it is): the run's patch with every convolution direct (no FFT, no Winograd),
-    on the CPU; the run's own plan where that one cannot be made (a primitive the network needs)."""
-    from ..errors import ZnniError
-    from ..plan import autotune
-
-    plan = ctx.plan
-    try:
-        ref = autotune(
-            ctx.net,
-            patch_shape=plan.patch_shape,
-            primitives=("direct-gemm",),
-            device="cpu",
-            effort="estimate",
-            threads=plan.threads,
-            use_cache=False,
-            overlap=plan.overlap,
-            blend=plan.blend or "bump",
-        )
-        return ref, "graph executor, direct convolutions, the patch alone"
-    except ZnniError:
-        return plan, "graph executor, the run's plan, the patch alone"
-
-
-def _graph_sample(ctx, ti, x: np.ndarray, rng, ref_plan) -> tuple[np.ndarray, np.ndarray]:
-    """(voxels (K, 3), their output (K, C)): one of the task's patches, chosen at random, computed
-    alone by ``ref_plan``; the voxels of its tile inside the task's live chunks that no other
-    patch of the lattice covers (a valid graph: the whole tile; a padded graph: not the blended
-    margins, whose value mixes neighbours)."""
-    from ..exec.graph import run_graph_patch
-    from ..inference import thread_limits
-
-    win, region = ti.window, ctx.region
-    empty = np.zeros((0, 3), np.int64), np.zeros((0, ctx.net.out_channels))
-    for _ in range(8):  # a patch whose own voxels meet the task's live chunks
-        pick = [int(rng.integers(len(s))) for s in win.starts]
-        start = tuple(s[i] for s, i in zip(win.starts, pick))
-        lo, hi = list(start), [s + t for s, t in zip(start, win.tile)]
-        if win.weights:  # padded: leave out what a neighbour also covers
-            for a, (s, i) in enumerate(zip(win.starts, pick)):
-                if i > 0:
-                    lo[a] = max(lo[a], s[i - 1] + win.tile[a])
-                if i + 1 < len(s):
-                    hi[a] = min(hi[a], s[i + 1])
-        if any(b <= a for a, b in zip(lo, hi)):
-            continue
-        box = Roi(region.offset + Coordinate(lo), Coordinate(hi) - Coordinate(lo)).intersect(ti.comp)
-        mask = np.zeros(tuple(box.shape), bool) if not box.empty else None
-        if mask is None:
-            continue
-        for i in ti.todo:
-            r = ctx.grid.chunk_roi(i).intersect(box)
-            if not r.empty:
-                mask[r.to_slices(box.offset)] = True
-        if not mask.any():
-            continue
-        src = (slice(None),) + tuple(slice(s - a, s - a + p) for s, a, p in zip(start, win.in_lo, win.patch))
-        with thread_limits(ref_plan.threads):
-            y = run_graph_patch(ref_plan, ctx.net, np.ascontiguousarray(x[src]))
-        points = np.argwhere(mask) + np.array(tuple(box.offset))
-        rel = points - (np.array(tuple(region.offset)) + np.array(start))
-        return points, y[:, rel[:, 0], rel[:, 1], rel[:, 2]].T.astype(np.float64)
-    return empty
 
 
 def _write(run: dict, record: dict) -> Path:
