@@ -88,8 +88,6 @@ def check_graph_task(ctx, ti, x: np.ndarray, y: np.ndarray, setting, share: floa
     is within ``share`` of the task's. Returns the record kept in the manifest."""
     import time
 
-    from ..net.definition import TOLERANCE
-
     t0 = time.perf_counter()
     if setting != "auto" and int(setting) <= 0:
         return {"voxels": 0}
@@ -109,19 +107,29 @@ def check_graph_task(ctx, ti, x: np.ndarray, y: np.ndarray, setting, share: floa
         return {"voxels": 0}
     rel = points - np.array(tuple(ti.comp.offset))
     got = y[:, rel[:, 0], rel[:, 1], rel[:, 2]].T.astype(np.float64)
+    record = judge(ti.task_id, points, got, ref, "the patch computed alone gives")
+    return record | {"how": how, "seconds": round(time.perf_counter() - t0, 4)}
+
+
+def judge(task_id, points, got: np.ndarray, ref: np.ndarray, gives: str) -> dict:
+    """A running task's computed output ``got`` (K, C) at ``points`` against the recomputed
+    ``ref``: the record for its manifest, or a :class:`DataError` naming the worst voxel (the task
+    then writes nothing). Non-finite output is left to the store stage, which names its chunks.
+
+    >>> judge(7, [(0, 0, 0)], np.array([[1.0]]), np.array([[1.00001]]), "the network gives")["voxels"]
+    1
+    """
+    from ..net.definition import TOLERANCE
+
+    if not np.isfinite(got).all():  # the store stage refuses the task, naming its chunks (T20)
+        return {"voxels": 0, "skipped": "non-finite output"}
     dev = np.abs(got - ref)
     tol = TOLERANCE * max(1.0, float(np.abs(ref).max()))
     if dev.max() > tol:
         k = int(np.argmax(dev.max(axis=1)))
         raise DataError(
-            f"task {ti.task_id}: the computed output at voxel {tuple(int(v) for v in points[k])} (z, y, x) is "
-            f"{got[k].tolist()} but the patch computed alone gives {np.round(ref[k], 6).tolist()} there (deviation "
-            f"{dev.max():.3g} > {tol:.3g}); nothing was written for this task. Report this with the plan (plan.json)"
+            f"task {task_id}: the computed output at voxel {tuple(int(v) for v in points[k])} (z, y, x) is "
+            f"{got[k].tolist()} but {gives} {np.round(ref[k], 6).tolist()} there (deviation {dev.max():.3g} > "
+            f"{tol:.3g}); nothing was written for this task. Report this with the plan (plan.json)"
         )
-    return {
-        "voxels": len(points),
-        "how": how,
-        "max_deviation": float(dev.max()),
-        "tolerance": tol,
-        "seconds": round(time.perf_counter() - t0, 4),
-    }
+    return {"voxels": len(points), "max_deviation": float(dev.max()), "tolerance": tol}

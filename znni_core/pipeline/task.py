@@ -408,7 +408,8 @@ def check_sample(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray, s
     (:func:`znni_core.net.definition.plain_forward`) and compare with ``y``; a :class:`DataError`
     when one deviates by more than the tolerance (the task is then not marked done).  Returns the
     record kept in the manifest."""
-    from ..net.definition import TOLERANCE, plain_forward, sample_voxels
+    from ..net.definition import plain_forward, sample_voxels
+    from .recompute import judge
 
     t0 = time.perf_counter()
     n = verify_count(setting, ctx.net, ctx.plan, int(np.prod(tuple(ti.comp.shape))))
@@ -428,22 +429,8 @@ def check_sample(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray, s
         return {"voxels": 0, "skipped": "non-finite output"}
     origin = ti.block.read_roi.offset
     wins = np.stack([x[(slice(None),) + Roi(p - low - origin, fov).to_slices()] for p in points])
-    ref = plain_forward(ctx.net, wins)
-    dev = np.abs(got - ref)
-    tol = TOLERANCE * max(1.0, float(np.abs(ref).max()))
-    if dev.max() > tol:
-        k = int(np.argmax(dev.max(axis=1)))
-        raise DataError(
-            f"task {ti.task_id}: the computed output at voxel {tuple(points[k])} (z, y, x) is {got[k].tolist()} but "
-            f"the network gives {np.round(ref[k], 6).tolist()} there (deviation {dev.max():.3g} > {tol:.3g}); "
-            "nothing was written for this task. Report this with the plan (plan.json)"
-        )
-    return {
-        "voxels": len(points),
-        "max_deviation": float(dev.max()),
-        "tolerance": tol,
-        "seconds": round(time.perf_counter() - t0, 4),
-    }
+    record = judge(ti.task_id, points, got, plain_forward(ctx.net, wins), "the network gives")
+    return record | {"seconds": round(time.perf_counter() - t0, 4)}
 
 
 def window_input(ti: TaskInput, x: np.ndarray) -> np.ndarray:
