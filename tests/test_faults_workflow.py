@@ -142,6 +142,24 @@ def test_t4_kill_snakemake_main_local_and_resume(fresh, golden_files, tmp_path):
 
 
 @pytest.mark.slow
+def test_t1_job_killed_mid_task_is_retried_by_snakemake(fresh, golden_files, tmp_path):
+    """The job running task 3 is SIGKILLed after it wrote the first of task 3's chunks (the kill
+    lands mid-task: a marker records where), once; Snakemake's own retry (the local profile's
+    ``retries: 1``) runs the job again, which skips its verified tasks and redoes task 3. The run
+    completes and the layer equals the uninterrupted run byte for byte."""
+    case = fresh.copy(tmp_path / "case")
+    env = H.fault_env("after-chunk-once:3:1", {"ZNNI_FAULT_DIR": str(tmp_path)})
+    p = H.snakemake(case, profile="profiles/local", env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    marker = tmp_path / "killed-3"
+    assert marker.is_file() and marker.read_text().startswith("task 3 after chunk 1"), "the kill never happened"
+    assert re.search(r"Error in rule infer_job|exited with non-zero exit code|signal 9|-9", out), out[-4000:]
+    assert _done_tasks(case) == {t["id"] for t in case.tasks()}
+    H.assert_same_chunks(H.layer_files(case.out), golden_files, "T1 after Snakemake's retry")
+
+
+@pytest.mark.slow
 def test_t15_one_task_always_fails_keep_going(fresh, golden_files, tmp_path):
     case = fresh.copy(tmp_path / "case")
     p = H.snakemake(case, "--retries", 2, profile="profiles/local", env=H.fault_env("fail:5"))

@@ -75,7 +75,7 @@ def patch_task_module(T, spec):
 
     def open_output(*a, **k):
         out = orig_open(*a, **k)  # opened once per job (open_run), before its tasks run
-        if point == "after-chunk":
+        if point in ("after-chunk", "after-chunk-once"):
             write = out.write_chunk
 
             def write_chunk(*wa, **wk):
@@ -83,6 +83,12 @@ def patch_task_module(T, spec):
                 if state["storing"] is not None and hit(state["storing"]):
                     state["chunks"] += 1
                     if state["chunks"] >= arg:
+                        if point == "after-chunk-once":  # the first attempt only; the marker proves where
+                            marker = os.path.join(os.environ.get("ZNNI_FAULT_DIR", "/tmp"), f"killed-{task}")
+                            if os.path.exists(marker):
+                                return r
+                            with open(marker, "w") as f:
+                                f.write(f"task {state['storing']} after chunk {state['chunks']} of its chunks\n")
                         _die()
                 return r
 
