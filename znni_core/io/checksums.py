@@ -16,15 +16,14 @@ on every read (znni's zarr outputs write it per chunk).
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 from ..errors import DataError
+from .store import sha256
 
 INDEX_DIR = "znni-sha256"
 FORMAT = "znni-sha256/1"
 BLOCK = (8, 8, 8)  # chunks per index file (z, y, x): 512 entries, about 50 KB
-MODES = ("auto", "required", "none")
 
 
 def _block(index, block) -> tuple:
@@ -93,7 +92,7 @@ class ChunkSums:
                     "(input.checksums: required); re-finalize the run that wrote it, or set input.checksums: auto"
                 )
             return
-        got = hashlib.sha256(data).hexdigest()
+        got = sha256(data)
         if got != want:
             raise DataError(
                 f"input {self.layer.url} mip {self.layer.mip}: chunk {name} changed at rest: its bytes' sha256 "
