@@ -32,6 +32,41 @@ def _squeue(case_name=None):
     return [l.split("|") for l in out.splitlines() if l]
 
 
+def _job_ids(case, task: int) -> list[str]:
+    """SLURM job ids of `infer_job` for one task (one task per job here), oldest first; the run
+    must keep successful jobs' logs (`--slurm-keep-successful-logs`)."""
+    d = case.root / ".snakemake" / "slurm_logs" / "rule_infer_job" / f"{task:06d}"
+    return sorted((f.stem for f in d.glob("*.log")), key=int)
+
+
+def _sacct(job_ids) -> list[dict]:
+    """Records of finished jobs from SLURM's job completion log, through `sacct --completion`.
+
+    The test cluster has no slurmdbd; scripts/slurm/up.sh sets `JobCompType=jobcomp/filetxt`, which
+    `sacct -c` reads: one record per end of a job (a requeued job has one per run). This sacct
+    leaves the memory column empty for completion data, so `mem` comes from the same record's TRES
+    in the completion log itself."""
+    fields = "JobIDRaw,State,Timelimit,Start"
+    out = subprocess.run(
+        ["sacct", "-c", "--parsable2", "--noheader", f"--format={fields}", "-S", "2000-01-01", "-j", ",".join(job_ids)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    loc = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    path = re.search(r"^JobCompLoc\s*=\s*(\S+)", loc, re.M).group(1)
+    mem = {}  # (job id, start) -> memory TRES of that run
+    for line in open(path).read().splitlines():
+        kv = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        tres = dict(t.split("=", 1) for t in kv.get("Tres", "").split(",") if "=" in t)
+        mem[(kv.get("JobId"), kv.get("StartTime"))] = tres.get("mem")
+    rows = []
+    for line in out.splitlines():
+        jid, state, limit, start = line.split("|")
+        rows.append({"id": jid, "state": state.split()[0], "timelimit": limit, "mem": mem.get((jid, start))})
+    return rows
+
+
 def test_t4_kill_snakemake_main_slurm_and_resume(fresh, golden_files, tmp_path):
     case = fresh.copy(tmp_path / "case")
     stats = chained_kills(case, golden_files, kills=KILLS, profile=SLURM, seed0=5000, delay=(3.0, 25.0))
@@ -60,7 +95,17 @@ def test_t5_oom_timeout_cancel_retried_with_more(fresh, golden_files, tmp_path):
 
     th = threading.Thread(target=cancel_task6, daemon=True)
     th.start()
-    p = H.snakemake(case, "--set-resources", "validate:mem_mb=1000", mem, rt, profile=SLURM, env=env, timeout=500)
+    p = H.snakemake(
+        case,
+        "--set-resources",
+        "validate:mem_mb=1000",
+        mem,
+        rt,
+        "--slurm-keep-successful-logs",
+        profile=SLURM,
+        env=env,
+        timeout=500,
+    )
     stop.set()
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]
@@ -74,6 +119,13 @@ def test_t5_oom_timeout_cancel_retried_with_more(fresh, golden_files, tmp_path):
     )
     assert _done_tasks(case) == {t["id"] for t in case.tasks()}
     H.assert_same_chunks(H.layer_files(case.out), golden_files, "T5 after retries")
+    # what SLURM itself recorded: attempt 2 really ran with twice the memory, or twice the time
+    oom = _sacct(_job_ids(case, 2))
+    assert [r["state"] for r in oom][0] in ("OUT_OF_MEMORY", "FAILED"), oom
+    assert (oom[0]["mem"], oom[-1]["mem"], oom[-1]["state"]) == ("1000M", "2000M", "COMPLETED"), oom
+    slow = _sacct(_job_ids(case, 5))
+    assert [(r["state"], r["timelimit"]) for r in slow][0] == ("TIMEOUT", "1"), slow
+    assert (slow[-1]["state"], slow[-1]["timelimit"]) == ("COMPLETED", "2"), slow
 
 
 def test_t5_unknown_state_counts_only_if_chunk_verifies(fresh, golden_files, tmp_path):
@@ -100,3 +152,49 @@ def test_t5_unknown_state_counts_only_if_chunk_verifies(fresh, golden_files, tmp
         assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     assert _done_tasks(case) == {t["id"] for t in case.tasks()}
     H.assert_same_chunks(H.layer_files(case.out), golden_files, "T5 UNKNOWN")
+
+
+def test_t5_node_fail_mid_task_requeued_and_byte_identical(fresh, golden_files, tmp_path):
+    """The node goes down (`scontrol update state=down`) while task 3 is inside its compute: SLURM
+    ends the job NODE_FAIL and requeues it (the profile's `slurm-requeue`), the requeued run skips
+    nothing it has not verified, and the layer is byte-identical.
+
+    Task 3 sleeps 40 s inside its first compute; a marker written before the sleep proves where
+    the node failed. SLURM holds a requeued job for about two minutes (its begin time): the test
+    releases it at once (`scontrol update jobid=... starttime=now`), as an operator would."""
+    case = fresh.copy(tmp_path / "case")
+    env = H.fault_env("sleep-once:3:40", {"ZNNI_FAULT_DIR": str(tmp_path)})
+    host = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True).stdout.split()[0]
+    marker = tmp_path / "slept-3"
+    failed = {}
+
+    def fail_node():
+        while not failed and not stop.is_set():
+            ids = _job_ids(case, 3)
+            running = {j for j, st, _ in _squeue() if st == "RUNNING"}
+            if marker.exists() and ids and ids[-1] in running:
+                failed["job"] = ids[-1]
+                subprocess.run(["scontrol", "update", f"nodename={host}", "state=down", "reason=znni-T5"], check=True)
+                subprocess.run(["scontrol", "update", f"nodename={host}", "state=resume"], capture_output=True)
+            time.sleep(0.3)
+        while not stop.is_set():  # release requeued jobs held for their begin time
+            for jid, st, _ in _squeue():
+                if st == "PENDING":
+                    subprocess.run(["scontrol", "update", f"jobid={jid}", "starttime=now"], capture_output=True)
+            time.sleep(1)
+
+    stop = threading.Event()
+    th = threading.Thread(target=fail_node, daemon=True)
+    th.start()
+    try:
+        p = H.snakemake(case, "--slurm-keep-successful-logs", profile=SLURM, env=env, timeout=500)
+    finally:
+        stop.set()
+        subprocess.run(["scontrol", "update", f"nodename={host}", "state=resume"], capture_output=True)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    assert failed, "the node was never failed: task 3 did not reach its compute"
+    runs = _sacct([failed["job"]])
+    assert [r["state"] for r in runs] == ["NODE_FAIL", "COMPLETED"], runs
+    assert _done_tasks(case) == {t["id"] for t in case.tasks()}
+    H.assert_same_chunks(H.layer_files(case.out), golden_files, "T5 after NODE_FAIL")

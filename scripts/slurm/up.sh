@@ -6,7 +6,9 @@
 #
 # Design (facts behind each choice: docs/slurm.md):
 # - No slurmdbd/MariaDB: job states come from `squeue` (MinJobAge=300 keeps finished jobs
-#   visible for 5 min); the slurm profile sets `slurm-status-command: squeue`.
+#   visible for 5 min); the slurm profile sets `slurm-status-command: squeue`. Finished jobs are
+#   recorded by jobcomp/filetxt (one line per end of a job, with its state, time limit and TRES),
+#   which `sacct --completion` reads: the tests check what each attempt really ran with.
 # - No systemd: the daemons are started here, their PIDs recorded in $STATE_DIR/pids;
 #   down.sh stops exactly those PIDs and nothing else.
 # - Idempotent: when the recorded daemons are alive and the node answers, it exits at once.
@@ -99,7 +101,8 @@ read -r CPUS SOCKETS CORES THREADS MEM < <(slurmd -C | head -n1 | awk '
 REALMEM=$(( MEM * 9 / 10 ))
 STATE_SAVE=$STATE_DIR/ctld; SPOOL=$STATE_DIR/d
 # A StateSaveLocation left by another ClusterName stops slurmctld: always start clean.
-rm -rf "$STATE_SAVE" "$SPOOL"; mkdir -p "$STATE_SAVE" "$SPOOL" "$CONF_DIR" /var/log/slurm
+# Job ids restart at 1 with it, so the job completion log (read by `sacct -c`) starts clean too.
+rm -rf "$STATE_SAVE" "$SPOOL" /var/log/slurm/jobcomp.log; mkdir -p "$STATE_SAVE" "$SPOOL" "$CONF_DIR" /var/log/slurm
 cat >"$CONF" <<EOF
 $MARK; regenerated on every start
 ClusterName=znni-ci
@@ -128,6 +131,8 @@ JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=task=1
 JobAcctGatherParams=OverMemoryKill
 AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=/var/log/slurm/jobcomp.log
 NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS Sockets=$SOCKETS CoresPerSocket=$CORES ThreadsPerCore=$THREADS RealMemory=$REALMEM State=UNKNOWN
 PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF
