@@ -98,7 +98,9 @@ class _Handler(BaseHTTPRequestHandler):
         for k, v in r.getheaders():
             if k.lower() not in ("transfer-encoding", "content-length", "connection", "server", "date"):
                 self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
+        # a HEAD answer has no body but the object's length
+        length = r.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data))
+        self.send_header("Content-Length", length)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
@@ -163,6 +165,14 @@ class S3Faults:
             "s3", endpoint_url=self.direct, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
         ).create_bucket(Bucket=self.bucket)
         return self
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key`` directly in moto (no faults, not logged)."""
+        import boto3
+
+        boto3.client(
+            "s3", endpoint_url=self.direct, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+        ).put_object(Bucket=self.bucket, Key=key, Body=data)
 
     def objects(self) -> dict[str, bytes]:
         """Every stored object (key -> bytes), read directly from moto."""

@@ -279,6 +279,55 @@ def test_t7_s3_input_403_fails_at_once(s3, backoff):
     assert "403" in str(ei.value) and "s3://znni/layers/input/8_8_40/" in str(ei.value), ei.value
 
 
+def _sharded_input(tmp_path, put, prefix):
+    """A sharded precomputed input written by tensorstore (identity hash, gzip chunks and
+    minishard indices), copied object by object under ``prefix``; its (C, z, y, x) data."""
+    import numpy as np
+
+    from tests.test_sharding import _sharding, ts_layer
+
+    vol = np.random.default_rng(8).integers(1, 60000, (1, 8, 24, 16)).astype(np.uint16)
+    url = ts_layer(tmp_path / "sharded", vol, sharding=_sharding("identity", "gzip"))
+    for f in sorted(url.local_path.rglob("*")):
+        if f.is_file():
+            put(f"{prefix}/{f.relative_to(url.local_path)}", f.read_bytes())
+    return vol
+
+
+def test_t7_sharded_s3_input_is_read_by_ranges_through_the_bounded_store(s3, backoff, tmp_path):
+    """A sharded s3:// input: shard indices, minishard indices and chunks are ranged GETs through
+    znni's S3 store (not cloudfiles'), each index read once; two 503s are retried with bounded
+    waits; a permanent 403 fails at once (at most one request per shard, no wait) naming the shard."""
+    import numpy as np
+
+    from znni_core.errors import StoragePermissionError
+    from znni_core.io import PrecomputedLayer, parse_layer_url
+
+    vol = _sharded_input(tmp_path, s3.put, "layers/sharded")
+    layer = PrecomputedLayer(parse_layer_url("s3://znni/layers/sharded", endpoint=s3.endpoint))
+    s3.rule("GET", ".shard", "503", times=2)
+    got, missing = layer.read(layer.bounds)
+    assert missing == [] and np.array_equal(got, vol)
+    assert sum(1 for _, _, a in s3.log if a == "503") == 2, s3.log
+    assert len(backoff) == 2 and all(0 <= w <= MAX_WAIT_S for w in backoff), backoff
+    shards = {p for m, p, _ in s3.log if m == "GET" and ".shard" in p}
+    gets = s3.requests("GET", ".shard") - 2
+    chunks = layer.grid.num_chunks
+    assert len(shards) >= 2 and gets <= chunks + 2 * len(shards) * 2, (gets, chunks, s3.log)
+
+    s3.clear()
+    backoff.clear()
+    layer = PrecomputedLayer(parse_layer_url("s3://znni/layers/sharded", endpoint=s3.endpoint))
+    before = s3.requests("GET", ".shard")
+    s3.rule("GET", ".shard", "403")
+    with pytest.raises(StoragePermissionError) as ei:
+        layer.read(layer.bounds)
+    n = s3.requests("GET", ".shard") - before
+    assert 1 <= n <= len(shards), f"{n} GETs for a permanent 403 (at most one per shard): {s3.log}"
+    assert backoff == [], backoff
+    assert "403" in str(ei.value) and ".shard" in str(ei.value), ei.value
+
+
 @pytest.mark.slow
 def test_t7_403_in_a_task_fails_cleanly_and_is_not_marked_done(s3, tmp_path):
     """`znni run-task` writing to S3 that answers 403 to every chunk PUT: exit != 0 after one PUT
@@ -456,6 +505,20 @@ def test_gcs_store_round_trips_objects_and_a_whole_run(gcs_emulator, tmp_path):
         layer = PrecomputedLayer(parse_layer_url(out), 0)
         runs[name] = layer.read(layer.bounds, fill_missing=True)[0]
     assert runs["gs"].shape == runs["local"].shape and (runs["gs"] == runs["local"]).all()
+
+
+def test_gcs_sharded_input_is_read_by_ranges(gcs_emulator, tmp_path):
+    """A sharded gs:// input read through znni's GCS client by byte ranges equals what was written."""
+    import numpy as np
+
+    from znni_core.io import PrecomputedLayer, gcs, parse_layer_url
+
+    bucket = gcs._client().bucket("znni")
+    vol = _sharded_input(tmp_path, lambda k, d: bucket.blob(k).upload_from_string(d), "sharded")
+    layer = PrecomputedLayer(parse_layer_url("gs://znni/sharded"))
+    assert layer.sharded
+    got, missing = layer.read(layer.bounds)
+    assert missing == [] and np.array_equal(got, vol)
 
 
 def _emulator_blob(key: str):

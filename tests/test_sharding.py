@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from znni_core.errors import ConfigError
+from znni_core.errors import ConfigError, DataError
 from znni_core.geometry import Coordinate, Roi
 from znni_core.io import PrecomputedLayer, parse_layer_url
 from znni_core.io.sharding import _bits, auto_sharding, check_sharding, chunk_key, shard_chunks, shard_name
@@ -106,7 +106,7 @@ def test_sharded_output_equals_unsharded_and_is_read_by_cloudvolume_and_tensorst
     rf_u = prepare(cfg_u)
     run_all(rf_u)
     want, _ = read_out(rf_u)
-    got, _ = read_out(rf)  # cloud-volume reading the shards
+    got, _ = read_out(rf)  # znni reading the shards
     assert np.array_equal(got, want)
     kv = "file://" + str(layer.url.local_path)
     t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": kv}).result()
@@ -357,3 +357,101 @@ def test_a_petavoxel_with_the_shipped_config_validates_and_estimates(tmp_path):
     text = describe(e)
     assert "shards of about" in text and "sharding       output.shard_bytes auto" in text, text
     assert e["tasks"] == s["num_tasks"] > 10**6
+
+
+# ---- sharded (and otherwise encoded) inputs, written by tensorstore, read by znni ----------------------
+def ts_layer(path, vol, *, chunk=(4, 8, 8), encoding="raw", sharding=None):
+    """A precomputed layer written by tensorstore (an independent writer) holding ``vol`` (c, z, y, x)."""
+    import tensorstore as ts
+
+    c, z, y, x = vol.shape
+    scale = {
+        "size": [x, y, z],
+        "voxel_offset": [3, 5, 7],
+        "chunk_size": list(chunk[::-1]),
+        "resolution": [4, 4, 40],
+        "encoding": encoding,
+    }
+    if encoding == "compressed_segmentation":
+        scale["compressed_segmentation_block_size"] = [4, 4, 2]
+    if sharding:
+        scale["sharding"] = sharding
+    t = ts.open(
+        {
+            "driver": "neuroglancer_precomputed",
+            "kvstore": f"file://{path}",
+            "multiscale_metadata": {"type": "image", "data_type": str(vol.dtype), "num_channels": c},
+            "scale_metadata": scale,
+        },
+        create=True,
+    ).result()
+    t[3 : 3 + x, 5 : 5 + y, 7 : 7 + z, :].write(vol.transpose(3, 2, 1, 0)).result()
+    return parse_layer_url(f"file://{path}")
+
+
+def _sharding(hash_, data_encoding, minishard_bits=1, preshift_bits=1, shard_bits=2):
+    return {
+        "@type": "neuroglancer_uint64_sharded_v1",
+        "hash": hash_,
+        "preshift_bits": preshift_bits,
+        "minishard_bits": minishard_bits,
+        "shard_bits": shard_bits,
+        "minishard_index_encoding": "gzip",
+        "data_encoding": data_encoding,
+    }
+
+
+@pytest.mark.parametrize(
+    "hash_,data_encoding", [("identity", "raw"), ("identity", "gzip"), ("murmurhash3_x86_128", "raw")]
+)
+def test_sharded_input_read_by_byte_range_equals_what_tensorstore_wrote(tmp_path, hash_, data_encoding):
+    """A sharded input (either hash, raw or gzip data, gzip minishard indices) is read through the
+    layer's store by byte ranges, on boxes crossing chunk and shard borders; a deleted shard and
+    a chunk tensorstore never wrote (all zeros) are named, or filled when asked."""
+    rng = np.random.default_rng(11)
+    vol = rng.integers(1, 60000, (2, 12, 40, 36)).astype(np.uint16)
+    vol[:, :4, :8, :8] = 0  # tensorstore leaves an all-zero (fill value) chunk out of its shard
+    url = ts_layer(tmp_path / "em", vol, sharding=_sharding(hash_, data_encoding))
+    layer = PrecomputedLayer(url, 0)
+    assert layer.sharded
+    off = layer.bounds.offset
+    for _ in range(8):
+        lo = [int(rng.integers(0, n)) for n in vol.shape[1:]]
+        shape = [int(rng.integers(1, n - v + 1)) for v, n in zip(lo, vol.shape[1:])]
+        r = Roi(tuple(a + b for a, b in zip(lo, off)), shape)
+        if r.intersect(Roi(off, (4, 8, 8))).size:  # the absent chunk: named, filled on request
+            continue
+        got, missing = layer.read(r)
+        assert missing == [] and np.array_equal(got, vol[(slice(None),) + r.to_slices(off)])
+    first = layer.chunk_name(Coordinate(0, 0, 0))
+    with pytest.raises(DataError, match="missing or empty") as e:
+        layer.read(layer.bounds)
+    assert f"{first} (not in shard" in str(e.value)
+    got, missing = layer.read(layer.bounds, fill_missing=True)
+    assert [m.split()[0] for m in missing] == [first] and np.array_equal(got, vol)
+    shards = sorted((url.local_path / layer.key).glob("*.shard"))
+    assert len(shards) >= 2
+    shards[-1].unlink()
+    layer = PrecomputedLayer(url, 0)
+    named = layer.missing_chunks(layer.bounds)
+    assert any(f"shard {layer.key}/{shards[-1].name} missing or empty" in m for m in named), named
+    got, missing = layer.read(layer.bounds, fill_missing=True)
+    assert missing == named
+
+
+@pytest.mark.parametrize("encoding,dtype", [("compressed_segmentation", "uint32"), ("jpeg", "uint8")])
+def test_other_encodings_read_through_the_store_equal_cloudvolume(tmp_path, encoding, dtype):
+    """A compressed_segmentation or jpeg input: chunks fetched through the store, decoded by
+    cloud-volume's codecs; equal to cloud-volume's own read (and, lossless, to what was written)."""
+    from cloudvolume import CloudVolume
+
+    rng = np.random.default_rng(2)
+    vol = rng.integers(0, 5, (1, 8, 16, 24)).astype(dtype) * 40
+    url = ts_layer(tmp_path / encoding, vol, encoding=encoding)
+    layer = PrecomputedLayer(url, 0)
+    got, missing = layer.read(layer.bounds)
+    b, e = layer.bounds.begin.xyz(), layer.bounds.end.xyz()
+    ref = np.asarray(CloudVolume(url.cloudpath(), progress=False)[b[0] : e[0], b[1] : e[1], b[2] : e[2]])
+    assert missing == [] and np.array_equal(got, ref.transpose(3, 2, 1, 0))
+    if encoding == "compressed_segmentation":
+        assert np.array_equal(got, vol)

@@ -27,7 +27,7 @@ import random
 import threading
 import time
 
-from ..errors import StorageError, StoragePermissionError
+from ..errors import DataError, StorageError, StoragePermissionError
 from .paths import LayerURL
 from .retry import attempts_from_env
 
@@ -176,16 +176,21 @@ class GcsObjects:
 
         return self._call("PUT", name, upload)
 
-    def get(self, name: str) -> tuple[bytes, str] | None:
-        """``(bytes as stored, Content-Encoding)``, or None if absent."""
+    def get(self, name: str, byte_range: tuple[int, int] | None = None) -> tuple[bytes, str] | None:
+        """``(bytes as stored, Content-Encoding)``, or None if absent; ``byte_range`` ``(start,
+        end)``: only those bytes (end exclusive)."""
         from google.api_core import exceptions as E
+
+        span = {} if byte_range is None else {"start": byte_range[0], "end": byte_range[1] - 1}
 
         def download():
             blob = self.bucket.blob(self.key(name))
             try:
-                data = blob.download_as_bytes(raw_download=True, retry=None, timeout=TIMEOUT_S)
+                data = blob.download_as_bytes(raw_download=True, retry=None, timeout=TIMEOUT_S, **span)
             except E.NotFound:
                 return None
+            except E.RequestRangeNotSatisfiable:
+                raise DataError(f"GET {self.where(name)}: bytes {byte_range} lie past the object's end") from None
             return data, (blob.content_encoding or "")
 
         return self._call("GET", name, download)

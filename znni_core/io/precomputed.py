@@ -1,15 +1,18 @@
-"""Neuroglancer precomputed layers: reading through cloud-volume, writing whole chunks ourselves.
+"""Neuroglancer precomputed layers: reading and writing whole chunks through the layer's store.
 
-Reads use ``CloudVolume(..., parallel=1)`` (docs/pitfalls.md: ``parallel>1`` corrupted uploads and
-ignored endpoint aliases).  Writes bypass cloud-volume: one whole output chunk at a time, encoded
+Reads fetch each chunk object (or its byte range in a shard, :class:`~.sharding.ShardReader`)
+through the layer's :class:`~.store.ObjectStore` and decode raw chunks here, other encodings with
+cloud-volume's codecs; a missing chunk or shard is named, never read as zeros unless asked.
+Writes: one whole output chunk at a time, encoded
 ``raw`` (C order of (c, z, y, x) == Fortran order of cloud-volume's (x, y, z, c)), written
 atomically on ``file://`` (:func:`~znni_core.io.atomic.atomic_write`) or as one object PUT on
 ``gs://``/``s3://``, then read back and checked against its sha256.  A chunk has exactly one
 representation: writing ``name`` removes ``name.gz`` and vice versa (docs/reliability.md, T17).
 
-On ``s3://`` the chunk, ``info`` and ``provenance`` requests go through :mod:`znni_core.io.s3`
-(bounded retries of 5xx/throttling/resets, none of 403 and other client errors, docs/reliability.md, T7),
-not cloudfiles, whose fixed 7-attempt retry of every error cannot be configured.
+On ``s3://`` and ``gs://`` every request (chunks, shards, ``info``, ``provenance``) goes through
+:mod:`znni_core.io.s3` or :mod:`znni_core.io.gcs` (bounded retries of 5xx/throttling/resets, none
+of 403 and other client errors, docs/reliability.md, T7), not cloudfiles, whose fixed 7-attempt
+retry of every error cannot be configured.
 """
 
 from __future__ import annotations
@@ -22,9 +25,7 @@ from ..errors import ConfigError, DataError, InputError
 from ..geometry import ChunkGrid, Roi
 from .info import ScaleSpec, scale_spec, validate_info
 from .paths import LayerURL, check_key
-from .store import ALL_SUFFIXES, COMPRESSIONS, StoredObjects, read_json, sha256, write_json
-
-_OTHER_ENCODING = object()  # a chunk stored in an encoding the raw reader leaves to cloud-volume
+from .store import COMPRESSIONS, StoredObjects, read_json, sha256, write_json
 
 
 def encode_raw(arr: np.ndarray, dtype: str) -> bytes:
@@ -72,7 +73,7 @@ class PrecomputedLayer(StoredObjects):
 
         if mode == "none":
             return "none"
-        by_chunk = self.url.protocol in ("file", "s3", "gs") and not self.sharded and self._encoding == "raw"
+        by_chunk = not self.sharded and self._encoding == "raw"
         sums = ChunkSums.of(self) if by_chunk else None
         if sums is None:
             if mode == "required":
@@ -119,160 +120,120 @@ class PrecomputedLayer(StoredObjects):
         b, e = self.grid.chunk_box(index)  # (z, y, x)
         return f"{self.key}/{b[2]}-{e[2]}_{b[1]}-{e[1]}_{b[0]}-{e[0]}"
 
-    # ---- reading through cloud-volume --------------------------------------------------------
+    # ---- reading ---------------------------------------------------------------------------
     @cached_property
-    def _cv(self):
-        return self._open_cv(False)
+    def _shards(self):
+        from .sharding import ShardReader
 
-    @cached_property
-    def _cv_fill(self):
-        return self._open_cv(True)
+        return ShardReader(self.store, self.key, self.info["scales"][self.mip]["sharding"])
 
-    def _open_cv(self, fill_missing: bool):
-        from cloudvolume import CloudVolume
+    def _stored(self, index) -> tuple[bytes | None, str]:
+        """``(chunk bytes, "")``, or ``(None, name)`` naming an absent or empty chunk (and, in a
+        sharded layer, why: its shard is absent or does not list it)."""
+        name = self.chunk_name(index)
+        if not self.sharded:
+            data = self.read_chunk_bytes(index)
+            return (data, "") if data else (None, name)
+        from .sharding import chunk_key
 
-        return CloudVolume(
-            self.url.cloudpath(),
-            mip=self.mip,
-            parallel=1,
-            fill_missing=fill_missing,
-            bounded=True,
-            progress=False,
-            cache=False,
-            info=self.info,
-            green_threads=False,
-            lru_bytes=0,
+        key = chunk_key(index, self.grid.grid_shape)
+        data = self._shards.get(key)
+        if data:
+            return data, ""
+        shard, _, why = self._shards.find(key)
+        return (
+            None,
+            f"{name} (shard {self.key}/{shard} missing or empty)"
+            if why == "shard"
+            else f"{name} (not in shard {self.key}/{shard})",
         )
 
     def missing_chunks(self, roi: Roi) -> list[str]:
         """Names of the stored chunks under ``roi`` that are absent or 0 bytes; in a sharded layer,
         those whose shard is absent or empty (``<chunk> (shard <name> missing or empty)``) or
-        whose shard's index does not list them."""
-        if self.sharded:
-            return self._missing_in_shards(roi)
-        names = [self.chunk_name(i) for i in self.grid.chunks_in(roi)]
-        sizes = self.store.sizes(names)
-        return [n for n in names if not sizes.get(n)]
-
-    def _missing_in_shards(self, roi: Roi) -> list[str]:
-        """:meth:`missing_chunks` of a sharded layer: the shards' objects first, then, in the
-        shards that are there, each chunk's entry in its minishard index (cloud-volume's reader)."""
+        whose shard's index does not list them (``<chunk> (not in shard <name>)``)."""
+        idxs = list(self.grid.chunks_in(roi))
+        if not self.sharded:
+            names = [self.chunk_name(i) for i in idxs]
+            sizes = self.store.sizes(names)
+            return [n for n in names if not sizes.get(n)]
         from .sharding import chunk_key
 
-        by_shard: dict = {}
-        for idx in self.grid.chunks_in(roi):
-            by_shard.setdefault(self.shard_name(idx), []).append(tuple(idx))
-        sizes = self.store.sizes(sorted(by_shard))
         out = []
-        present = {}
-        for name, idxs in by_shard.items():
-            if not sizes.get(name):
-                out += [f"{self.chunk_name(i)} (shard {name} missing or empty)" for i in idxs]
-            else:
-                present.update({chunk_key(i, self.grid.grid_shape): i for i in idxs})
-        if present:
-            try:
-                found = self._cv.image.shard_reader().exists(list(present), path=self.key)
-            except Exception as exc:  # an unreadable shard index: its chunks cannot be read either
-                raise DataError(
-                    f"input {self.url} mip {self.mip}: the shard index of chunks under {roi} cannot be "
-                    f"read ({type(exc).__name__}: {exc}); repair the input"
-                ) from exc
-            out += [
-                f"{self.chunk_name(i)} (not in shard {self.shard_name(i)})"
-                for label, i in present.items()
-                if not found.get(label)
-            ]
+        for idx in idxs:
+            shard, offset, size = self._shards.find(chunk_key(idx, self.grid.grid_shape))
+            if size == "shard":
+                out.append(f"{self.chunk_name(idx)} (shard {self.key}/{shard} missing or empty)")
+            elif offset is None or not size:
+                out.append(f"{self.chunk_name(idx)} (not in shard {self.key}/{shard})")
         return out
 
     def read(self, roi: Roi, *, fill_missing: bool = False) -> tuple[np.ndarray, list[str]]:
         """``(C, z, y, x)`` array of ``roi`` (inside the bounds) and the chunks filled with zeros.
 
-        Missing or 0-byte chunks raise :class:`DataError` naming them unless ``fill_missing``.
+        Every chunk is read through the layer's store (one object, or byte ranges of its shard):
+        on ``s3://`` and ``gs://`` with bounded retries, a permanent refusal (403) failing at once.
+        Raw chunks are decoded here, other encodings (jpeg, png, compressed_segmentation, ...)
+        by cloud-volume's codecs.  Missing or 0-byte chunks raise :class:`DataError` naming them
+        unless ``fill_missing``.
         """
+        from concurrent.futures import ThreadPoolExecutor
+
         if not self.bounds.contains(roi):
             raise InputError(f"read {roi} is outside the layer bounds {self.bounds} of {self.url}")
-        if self.url.protocol in ("file", "s3", "gs") and not self.sharded and self._encoding == "raw":
-            got = self._read_raw(roi, fill_missing)
-            if got is not None:
-                return got
-        if self._sums_required:
-            raise DataError(
-                f"input {self.url} mip {self.mip}: chunks under {roi} are stored in another encoding, which "
-                "cloud-volume decodes without a checksum (input.checksums: required)"
-            )
-        from cloudvolume.exceptions import EmptyVolumeException
-
-        missing = []
-        if fill_missing or self.sharded:  # cloud-volume fills a sharded layer's absent chunks itself
-            missing = self.missing_chunks(roi)
-            if missing and not fill_missing:
-                raise self._missing_error(roi, missing)
-        b, e = roi.begin.xyz(), roi.end.xyz()
-        cv = self._cv_fill if fill_missing else self._cv
-        try:
-            cut = cv[b[0] : e[0], b[1] : e[1], b[2] : e[2]]
-        except EmptyVolumeException:
-            raise self._missing_error(roi, self.missing_chunks(roi)) from None
-        except DataError:
-            raise
-        except Exception as exc:  # decoding errors of corrupt chunks
-            raise DataError(
-                f"input {self.url} mip {self.mip}: reading {roi} failed: {type(exc).__name__}: {exc}; "
-                f"chunks involved: {[self.chunk_name(i) for i in self.grid.chunks_in(roi)][:4]}"
-            ) from exc
-        arr = np.asarray(cut)  # (x, y, z, c)
-        return np.ascontiguousarray(arr.transpose(3, 2, 1, 0)), missing
+        idxs = list(self.grid.chunks_in(roi))
+        if self.url.is_local or len(idxs) < 2:
+            stored = [self._stored(i) for i in idxs]
+        else:  # remote: requests in flight together; the first error cancels the rest
+            with ThreadPoolExecutor(min(8, len(idxs))) as pool:
+                futures = [pool.submit(self._stored, i) for i in idxs]
+                try:
+                    stored = [f.result() for f in futures]
+                except BaseException:
+                    pool.shutdown(cancel_futures=True)
+                    raise
+        missing = [name for data, name in stored if data is None]
+        if missing and not fill_missing:
+            raise self._missing_error(roi, missing)
+        out = np.zeros((self.channels,) + tuple(roi.shape), self.dtype)
+        for idx, (data, _) in zip(idxs, stored):
+            if data is None:
+                continue
+            if self._sums is not None:
+                self._sums.check(idx, data, self._sums_required)
+            croi = self.grid.chunk_roi(idx)
+            chunk = self._decode(idx, data, croi)
+            inter = croi.intersect(roi)
+            out[(slice(None),) + inter.to_slices(roi.offset)] = chunk[(slice(None),) + inter.to_slices(croi.offset)]
+        return out, missing
 
     @property
     def _encoding(self) -> str:
         return self.info["scales"][self.mip].get("encoding", "raw")
 
-    def _read_raw(self, roi: Roi, fill_missing: bool):
-        """``read`` of an unsharded, raw-encoded layer from its chunk objects (raw or gzip), through
-        the layer's store as the writers store them: on ``file://`` 0.8 s less start-up per process
-        than importing cloud-volume; on ``s3://`` the store's bounded retries, and a permanent
-        refusal (403) fails at once instead of cloudfiles' seven attempts.  None (read through
-        cloud-volume) when a local chunk is stored another way (brotli, zstd, ...)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        idxs = list(self.grid.chunks_in(roi))
-
-        def get(idx):
+    def _decode(self, index, data: bytes, croi: Roi) -> np.ndarray:
+        """One chunk's ``(C, z, y, x)`` array from its stored bytes."""
+        shape = (self.channels,) + tuple(croi.shape)
+        where = f"input {self.url} mip {self.mip}: chunk {self.chunk_name(index)}"
+        if self._encoding == "raw":
             try:
-                return self.read_chunk_bytes(idx)
-            except DataError:
-                if self.url.is_local and any(
-                    (self.url.local_path / (self.chunk_name(idx) + s)).is_file() for s in ALL_SUFFIXES[2:]
-                ):
-                    return _OTHER_ENCODING
-                raise
-
-        if self.url.is_local or len(idxs) < 2:
-            datas = [get(i) for i in idxs]
-        else:  # remote: requests in flight together, as cloud-volume's downloads are
-            with ThreadPoolExecutor(min(8, len(idxs))) as pool:
-                datas = list(pool.map(get, idxs))
-        if any(d is _OTHER_ENCODING for d in datas):
-            return None
-        out = np.zeros((self.channels,) + tuple(roi.shape), self.dtype)
-        missing = []
-        for idx, data in zip(idxs, datas):
-            if not data:  # absent or 0 bytes
-                missing.append(self.chunk_name(idx))
-                continue
-            if self._sums is not None:
-                self._sums.check(idx, data, self._sums_required)
-            croi = self.grid.chunk_roi(idx)
-            try:
-                chunk = decode_raw(data, self.dtype, (self.channels,) + tuple(croi.shape))
+                return decode_raw(data, self.dtype, shape)
             except DataError as exc:
-                raise DataError(f"input {self.url} mip {self.mip}: chunk {self.chunk_name(idx)}: {exc}") from None
-            inter = croi.intersect(roi)
-            out[(slice(None),) + inter.to_slices(roi.offset)] = chunk[(slice(None),) + inter.to_slices(croi.offset)]
-        if missing and not fill_missing:
-            raise self._missing_error(roi, missing)
-        return out, missing
+                raise DataError(f"{where}: {exc}") from None
+        from cloudvolume.chunks import decode
+
+        scale = self.info["scales"][self.mip]
+        try:
+            arr = decode(
+                data,
+                self._encoding,
+                shape=shape[::-1],  # cloud-volume's (x, y, z, c)
+                dtype=np.dtype(self.dtype),
+                block_size=scale.get("compressed_segmentation_block_size"),
+            )
+        except Exception as exc:  # each codec raises its own error type
+            raise DataError(f"{where}: {self._encoding} chunk does not decode ({type(exc).__name__}: {exc})") from None
+        return np.ascontiguousarray(np.asarray(arr).reshape(shape[::-1]).transpose(3, 2, 1, 0))
 
     def _missing_error(self, roi: Roi, missing: list) -> DataError:
         return DataError(

@@ -17,7 +17,7 @@ Credentials are looked up as cloudfiles does (``<bucket>-<service>-secret.json``
 ``<service>-secret.json`` in the cloud-volume / cloudfiles secrets directories, where the service is
 znni's endpoint alias or ``aws``), and otherwise from boto3's default chain (``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, profiles, instance roles).  Secrets never appear in
-messages.  Inputs are still read through cloud-volume (and so cloudfiles' retries).
+messages.  Inputs are read through it too (chunk objects, or byte ranges of shards).
 """
 
 from __future__ import annotations
@@ -259,24 +259,30 @@ class S3Objects:
             raise
         return True
 
-    def get(self, name: str) -> tuple[bytes, str] | None:
-        """``(body, content_encoding)`` or None if the object does not exist.
+    def get(self, name: str, byte_range: tuple[int, int] | None = None) -> tuple[bytes, str] | None:
+        """``(body, content_encoding)`` or None if the object does not exist; ``byte_range``
+        ``(start, end)``: only those bytes (end exclusive, one ranged GET).
 
-        A body whose md5 differs from a single-part ETag raises :class:`DataError` (docs/reliability.md, T8).
+        A whole body whose md5 differs from a single-part ETag raises :class:`DataError`
+        (docs/reliability.md, T8); a range past the object's end is a :class:`DataError` too.
         """
         from botocore.exceptions import BotoCoreError, ClientError
 
+        kw = {} if byte_range is None else {"Range": f"bytes={byte_range[0]}-{byte_range[1] - 1}"}
         try:
-            r = self.client.get_object(Bucket=self.bucket, Key=self.key(name))
+            r = self.client.get_object(Bucket=self.bucket, Key=self.key(name), **kw)
             body = r["Body"].read()
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404"):
                 return None
+            if code == "InvalidRange":
+                raise DataError(f"GET {self.where(name)}: bytes {byte_range} lie past the object's end") from None
             raise self._error(exc, "GET", name) from exc
         except BotoCoreError as exc:
             raise self._error(exc, "GET", name) from exc
         etag = (r.get("ETag") or "").strip('"')
-        if _MD5_ETAG.match(etag) and r.get("ServerSideEncryption") != "aws:kms":
+        if byte_range is None and _MD5_ETAG.match(etag) and r.get("ServerSideEncryption") != "aws:kms":
             got = hashlib.md5(body).hexdigest()
             if got != etag.lower():
                 raise DataError(

@@ -23,11 +23,21 @@ bytes (indices, minishards), which cloud-volume, tensorstore and Neuroglancer re
 from __future__ import annotations
 
 import math
+import threading
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..geometry import Coordinate
 
-__all__ = ["SHARD_TYPE", "auto_sharding", "build_shard", "check_sharding", "chunk_key", "shard_chunks", "shard_name"]
+__all__ = [
+    "SHARD_TYPE",
+    "ShardReader",
+    "auto_sharding",
+    "build_shard",
+    "check_sharding",
+    "chunk_key",
+    "shard_chunks",
+    "shard_name",
+]
 
 SHARD_TYPE = "neuroglancer_uint64_sharded_v1"
 
@@ -138,3 +148,135 @@ def build_shard(sharding: dict, chunks: dict) -> bytes:
     if len(names) != 1:
         raise ValueError(f"chunks of {len(names)} shards ({sorted(names)[:4]}) given as one shard")
     return bytes(spec.synthesize_shard(dict(chunks)))
+
+
+class ShardReader:
+    """Chunks of one sharded precomputed scale, read by byte range through the layer's store.
+
+    A chunk costs at most three ranged reads, the first two cached per shard and minishard: the
+    shard index (16 bytes per minishard: where its index lies), the minishard index (the
+    chunks' ids, offsets and sizes, delta-encoded) and the chunk's bytes.  Both hashes of the
+    spec are read (identity, murmurhash3_x86_128); every request goes through the store's
+    bounded retries.
+
+    Parameters
+    ----------
+    store : ObjectStore
+        The layer's store.
+    key : str
+        The scale's key (the shard files' folder).
+    sharding : dict
+        The scale's sharding spec.
+    """
+
+    def __init__(self, store, key: str, sharding: dict):
+        self.store, self.key, self.spec = store, key, sharding
+        self.minishard_bits = int(sharding["minishard_bits"])
+        self._index_bytes = 16 << self.minishard_bits
+        self._indices: dict = {}  # shard name -> (n, 2) array of minishard index ranges, None, or the error
+        self._minishards: dict = {}  # (shard, minishard) -> {chunk id: (offset, size)}
+        self._lock = threading.Lock()  # chunks are read from several threads: each index once
+
+    def _hash(self, value: int) -> int:
+        if self.spec["hash"] == "identity":
+            return value
+        from cloudvolume.datasource.precomputed import mmh3  # cloud-volume's own murmurhash3
+
+        return mmh3.hash64(int(value).to_bytes(8, "little"), x64arch=False)[0] & (2**64 - 1)
+
+    def location(self, key: int) -> tuple[str, int]:
+        """``(shard file name, minishard number)`` of chunk ``key``."""
+        h = self._hash(int(key) >> int(self.spec["preshift_bits"]))
+        shard = (h >> self.minishard_bits) & ((1 << int(self.spec["shard_bits"])) - 1)
+        name = format(shard, "x").zfill(math.ceil(int(self.spec["shard_bits"]) / 4)) + ".shard"
+        return name, h & ((1 << self.minishard_bits) - 1)
+
+    def _path(self, shard: str) -> str:
+        return f"{self.key}/{shard}"
+
+    def _decode(self, data: bytes, encoding: str, where: str) -> bytes:
+        import gzip
+
+        if encoding == "raw":
+            return data
+        try:
+            return gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise DataError(f"{where}: not valid gzip ({exc}); the shard is corrupt, repair the input") from None
+
+    def shard_index(self, shard: str):
+        """The shard's minishard index ranges (absolute byte offsets), or None if the shard is absent or empty."""
+        with self._lock:
+            if shard not in self._indices:
+                try:
+                    self._indices[shard] = self._read_shard_index(shard)
+                except Exception as exc:  # a refusal or a corrupt index: the other chunks of the shard
+                    self._indices[shard] = exc  # fail with it, without asking again
+            got = self._indices[shard]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def _read_shard_index(self, shard: str):
+        import numpy as np
+
+        path = self._path(shard)
+        if not self.store.sizes([path]).get(path):
+            return None
+        data = self.store.get_range(path, 0, self._index_bytes)
+        if data is None:  # deleted since its size was read
+            return None
+        idx = np.frombuffer(data, "<u8").reshape(-1, 2).astype(np.int64) + self._index_bytes
+        if (idx[:, 1] < idx[:, 0]).any():
+            raise DataError(
+                f"{self.store.where(path)}: its shard index has a range that ends before it starts; repair the input"
+            )
+        return idx
+
+    def _minishard(self, shard: str, minishard: int) -> dict:
+        index = self.shard_index(shard)
+        with self._lock:
+            if (shard, minishard) not in self._minishards:
+                start, end = (int(v) for v in index[minishard])
+                self._minishards[(shard, minishard)] = self._read_minishard(shard, minishard, start, end)
+        return self._minishards[(shard, minishard)]
+
+    def _read_minishard(self, shard: str, minishard: int, start: int, end: int) -> dict:
+        """``{chunk id: (offset, size)}`` from the minishard index at bytes ``[start, end)``."""
+        import numpy as np
+
+        if end <= start:
+            return {}
+        where = f"{self.store.where(self._path(shard))} minishard {minishard}"
+        data = self.store.get_range(self._path(shard), start, end) or b""
+        data = self._decode(data, self.spec.get("minishard_index_encoding", "raw"), where)
+        if len(data) % 24:
+            raise DataError(f"{where}: its index is {len(data)} bytes, not a multiple of 24; repair the input")
+        a = np.frombuffer(data, "<u8").reshape(3, -1)  # delta-encoded ids, offsets (gaps), sizes
+        ids = np.cumsum(a[0], dtype=np.uint64)
+        sizes = a[2]
+        offsets = np.cumsum(a[1], dtype=np.uint64)
+        offsets[1:] += np.cumsum(sizes[:-1], dtype=np.uint64)
+        offsets += np.uint64(self._index_bytes)
+        return {int(i): (int(o), int(n)) for i, o, n in zip(ids, offsets, sizes)}
+
+    def find(self, key: int):
+        """``(shard, offset, size)`` of chunk ``key``; ``(shard, None, "shard")`` when its shard is
+        absent or empty, ``(shard, None, "chunk")`` when the shard does not list it."""
+        shard, minishard = self.location(key)
+        if self.shard_index(shard) is None:
+            return shard, None, "shard"
+        got = self._minishard(shard, minishard).get(int(key))
+        return (shard, None, "chunk") if got is None else (shard, got[0], got[1])
+
+    def get(self, key: int) -> bytes | None:
+        """Chunk ``key``'s bytes (its data encoding undone), or None when the shard lacks it."""
+        shard, offset, size = self.find(key)
+        if offset is None:
+            return None
+        data = self.store.get_range(self._path(shard), offset, offset + size)
+        if data is None:
+            return None
+        return self._decode(
+            data, self.spec.get("data_encoding", "raw"), f"{self.store.where(self._path(shard))} chunk {key}"
+        )

@@ -47,11 +47,26 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+ENCODINGS = {".gz": "gzip", ".br": "br", ".zstd": "zstd", ".xz": "xz", ".bz2": "bz2"}  # file suffix -> encoding
+
+
 def _gunzip(data: bytes, where: str) -> bytes:
     try:
         return gzip.decompress(data)
     except (OSError, EOFError) as exc:
         raise DataError(f"{where} is stored with gzip encoding but is not valid gzip: {exc}") from exc
+
+
+def _decompress(data: bytes, encoding: str, where: str) -> bytes:
+    """``data`` stored with ``encoding`` (gzip, br, zstd, xz, bz2: what cloud-volume writes), decoded."""
+    if encoding == "gzip":
+        return _gunzip(data, where)
+    from cloudfiles.compression import decompress
+
+    try:
+        return decompress(data, encoding, where)
+    except Exception as exc:  # each codec raises its own error type
+        raise DataError(f"{where} is stored with {encoding} encoding but does not decode: {exc}") from exc
 
 
 def _gzip(data: bytes) -> bytes:
@@ -71,6 +86,11 @@ class ObjectStore:
 
     def get(self, name: str) -> bytes | None:
         """The object's decoded bytes, or None if absent."""
+        raise NotImplementedError
+
+    def get_range(self, name: str, start: int, end: int) -> bytes | None:
+        """Bytes ``[start, end)`` of an object stored unencoded (a shard), or None if absent;
+        a range past its end is a :class:`DataError`."""
         raise NotImplementedError
 
     def put(
@@ -159,10 +179,21 @@ class LocalStore(ObjectStore):
                 "by probe order; re-run its task to leave exactly one"
             )
         data = (self.root / (name + found[0])).read_bytes()
-        if found[0] == ".gz":
-            return _gunzip(data, self.where(name + ".gz"))
-        if found[0] != "":
-            raise DataError(f"{self.where(name + found[0])}: znni reads raw and gzip objects only")
+        return _decompress(data, ENCODINGS[found[0]], self.where(name + found[0])) if found[0] else data
+
+    def get_range(self, name: str, start: int, end: int) -> bytes | None:
+        """Bytes ``[start, end)`` of the file ``name`` (read by seeking), or None if absent."""
+        found = self._found(name)
+        if not found:
+            return None
+        if found == [""]:
+            with open(self.root / name, "rb") as f:
+                f.seek(start)
+                data = f.read(end - start)
+        else:  # an encoded file has no byte ranges of its own
+            data = self.get(name)[start:end]
+        if len(data) != end - start:
+            raise DataError(f"{self.where(name)}: bytes [{start}, {end}) lie past its end")
         return data
 
     def _put(self, name, data, compress, content_type, exclusive) -> bool:
@@ -200,12 +231,13 @@ class LocalStore(ObjectStore):
 
 
 def _decoded(data: bytes, encoding: str, where: str) -> bytes:
-    """A remote object's bytes with its Content-Encoding (none or gzip) undone."""
-    if encoding in ("gzip", "x-gzip"):
-        return _gunzip(data, where)
-    if encoding not in ("", "identity"):
-        raise DataError(f"{where} has Content-Encoding {encoding!r}; znni reads raw and gzip objects only")
-    return data
+    """A remote object's bytes with its Content-Encoding (none, gzip, br, zstd, xz, bz2) undone."""
+    encoding = "gzip" if encoding == "x-gzip" else encoding
+    if encoding in ("", "identity"):
+        return data
+    if encoding not in ENCODINGS.values():
+        raise DataError(f"{where} has Content-Encoding {encoding!r}, which znni does not decode")
+    return _decompress(data, encoding, where)
 
 
 class _RemoteStore(ObjectStore):
@@ -235,6 +267,19 @@ class _RemoteStore(ObjectStore):
         """The object's bytes (a gzip Content-Encoding undone), or None if absent; others are a :class:`DataError`."""
         got = self._objects.get(name)
         return None if got is None else _decoded(got[0], got[1], self.where(name))
+
+    def get_range(self, name: str, start: int, end: int) -> bytes | None:
+        """Bytes ``[start, end)`` of ``name`` (one ranged GET), or None if absent."""
+        if end <= start:
+            return b"" if self._objects.size(name) is not None else None
+        got = self._objects.get(name, (start, end))
+        if got is None:
+            return None
+        if got[1] not in ("", "identity"):
+            raise DataError(f"{self.where(name)} has Content-Encoding {got[1]!r}: it cannot be read by byte range")
+        if len(got[0]) != end - start:
+            raise DataError(f"{self.where(name)}: bytes [{start}, {end}) lie past its end")
+        return got[0]
 
     def exists(self, name: str) -> bool:
         """Whether ``name`` exists (one HEAD request)."""
