@@ -200,7 +200,7 @@ def preview(run: dict, out, path: Path, depth: float = 0.5) -> Path:
         src = c[(0,) + inter.to_slices(croi.offset)][0]
         dst = inter.to_slices(sl.offset)[1:]
         outs[dst] = src
-    if out.sharded:  # cloud-volume reads the shards (absent chunks: 0)
+    if out.sharded:  # read through the shards (absent chunks: 0)
         outs = out.read(sl.intersect(out.bounds), fill_missing=True)[0][0, 0].astype(np.float32)
 
     def to8(v, lo=None, hi=None):
