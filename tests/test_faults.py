@@ -220,10 +220,10 @@ def test_t9_corrupt_input_chunk_at_rest(base, golden, tmp_path, how):
     H.assert_same_chunks(got, {k: golden["files"][k] for k in got}, f"T9 {how} after repair")
 
 
-@pytest.mark.parametrize("fmt", ["precomputed", "zarr"])
+@pytest.mark.parametrize("fmt", ["precomputed", "sharded", "zarr"])
 def test_t9_flipped_byte_in_a_checksummed_input_fails_the_task(tmp_path, fmt):
     """A byte flipped inside a chunk of an input that carries checksums (a znni output: the sha256
-    index its finalize writes beside precomputed chunks, or the crc32c of each zarr chunk) fails
+    index its finalize writes beside precomputed chunks or shards, or the crc32c of each zarr chunk) fails
     the task that reads it, naming the chunk, and writes nothing; repaired, the rerun is
     byte-identical. ``input.checksums: required`` refuses, at validate, a raw input that carries
     none (the EM written by another tool), and with the index deleted a validated run's task
@@ -232,13 +232,15 @@ def test_t9_flipped_byte_in_a_checksummed_input_fails_the_task(tmp_path, fmt):
     from tests.pipeline_helpers import base_config, em
     from tests.test_pipeline import QUIET, prepare, run_all
     from znni_core.errors import ConfigError, DataError
+    from znni_core.io.sharding import shard_name
     from znni_core.net import save_network
     from znni_core.pipeline.config import load_run
     from znni_core.pipeline.finalize import finalize
     from znni_core.pipeline.task import run_task
 
     out_a = tmp_path / ("a.zarr" if fmt == "zarr" else "a")
-    cfg_a = base_config(tmp_path / "A", vol=em((12, 48, 48)), output={"path": str(out_a), "chunk_size": [4, 16, 16]})
+    out_cfg = {"path": str(out_a), "chunk_size": [4, 16, 16], **({"sharding": "sharded"} if fmt == "sharded" else {})}
+    cfg_a = base_config(tmp_path / "A", vol=em((12, 48, 48)), output=out_cfg)
     rf_a = prepare(cfg_a)
     run_all(rf_a)
     summary = finalize(rf_a, log=lambda *a: None)
@@ -255,27 +257,34 @@ def test_t9_flipped_byte_in_a_checksummed_input_fails_the_task(tmp_path, fmt):
     rf_b = prepare(cfg_b)
     run_b = load_run(rf_b)
     assert run_b["input_checksums"] == ("crc32c" if fmt == "zarr" else "sha256")
-    if fmt == "precomputed":
+    if fmt != "zarr":
         index = out_a / load_run(rf_a)["output"]["scale"]["key"] / "znni-sha256" / "index.json"
         assert summary["checksum_index_chunks"] > 0 and index.is_file()
     run_task(rf_b, 0, **QUIET)
     manifest = next((Path(run_b["work_dir"]) / "manifests").rglob("*.json"))
     good_out = {p: p.read_bytes() for p in (tmp_path / "B").rglob("*") if p.is_file() and "work" not in p.parts}
     manifest.unlink()
-    # the chunk (precomputed) or shard (zarr) of A at the origin, which task 0 of B reads
+    # the chunk (precomputed) or shard (zarr, sharded precomputed) of A at the origin, which task 0 of B reads
+    key = load_run(rf_a)["output"]["scale"]["key"]
+    at = None  # where the byte is flipped: a third into the file, or in a shard the origin chunk's data
     if fmt == "zarr":
         victim = next(p for p in sorted((out_a / "0" / "c").rglob("*")) if p.is_file())
+    elif fmt == "sharded":
+        sharding = load_run(rf_a)["output"]["info"]["scales"][0]["sharding"]
+        victim = out_a / key / shard_name(sharding, 0)
+        at = (16 << sharding["minishard_bits"]) + 100  # after the shard index: chunk 0's data (raw) comes first
     else:
-        key = load_run(rf_a)["output"]["scale"]["key"]
         victim = next(p for p in sorted((out_a / key).iterdir()) if p.is_file() and p.name.startswith("0-"))
     good = victim.read_bytes()
     flipped = bytearray(good)
-    flipped[len(flipped) // 3] ^= 0x10
+    flipped[len(flipped) // 3 if at is None else at] ^= 0x10
     victim.write_bytes(bytes(flipped))
-    with pytest.raises(DataError, match="changed at rest" if fmt == "precomputed" else "checksum") as ei:
+    with pytest.raises(DataError, match="checksum" if fmt == "zarr" else "changed at rest") as ei:
         run_task(rf_b, 0, **QUIET)
     if fmt == "precomputed":
         assert victim.name in str(ei.value)
+    elif fmt == "sharded":
+        assert f"chunk {key}/0-16_0-16_0-4 changed at rest" in str(ei.value), str(ei.value)
     else:
         assert "that fail on their own: ['0/" in str(ei.value), str(ei.value)
     assert not manifest.exists()
@@ -283,7 +292,7 @@ def test_t9_flipped_byte_in_a_checksummed_input_fails_the_task(tmp_path, fmt):
     run_task(rf_b, 0, **QUIET)
     again = {p: p.read_bytes() for p in (tmp_path / "B").rglob("*") if p.is_file() and "work" not in p.parts}
     assert again == good_out
-    if fmt == "precomputed":
+    if fmt != "zarr":
         shutil.rmtree(out_a / key / "znni-sha256")
         with pytest.raises(ConfigError, match="required"):
             run_task(rf_b, 0, **QUIET)

@@ -1,13 +1,15 @@
 """Checksums an input layer carries, so that a byte flipped at rest fails a read instead of
 becoming a wrong voxel.
 
-A raw precomputed chunk carries no checksum of its own. When znni writes a layer (unsharded
-precomputed), ``finalize`` records the sha256 of every chunk it verified in a sidecar index
-beside the chunks::
+A raw precomputed chunk carries no checksum of its own. When znni writes a precomputed layer,
+``finalize`` records the sha256 of every chunk it verified in a sidecar index beside the chunks
+(or shards)::
 
     <scale key>/znni-sha256/index.json          {"format": "znni-sha256/1", "block": [8, 8, 8]}
     <scale key>/znni-sha256/<bz>_<by>_<bx>.json {chunk name: sha256 of its raw bytes}, the chunks
                                                  of grid indices [b * block, (b + 1) * block)
+
+(in a sharded layer a block is a shard's box of chunks: one index file per shard)
 
 and a later run that reads the layer as its input compares every chunk it reads with it
 (``input.checksums``). zarr arrays carry their own: the crc32c codec, which zarr-python checks
@@ -33,14 +35,20 @@ def _block(index, block) -> tuple:
 def write_index(layer, digests: dict) -> int:
     """Write the sidecar index of ``layer`` (a :class:`~.precomputed.PrecomputedLayer`) for
     ``{chunk grid index: sha256}``: the block files, then ``index.json`` (its presence says the
-    index is whole). Returns the number of block files. One writer: ``finalize``."""
+    index is whole). A sharded layer's blocks are its shards' boxes of chunks (one index file per
+    shard). Returns the number of block files. One writer: ``finalize``."""
+    block = BLOCK
+    if layer.sharded:
+        from .sharding import shard_chunks
+
+        block = tuple(shard_chunks(layer.spec.sharding, layer.grid.grid_shape))
     blocks: dict = {}
     for idx, digest in digests.items():
-        blocks.setdefault(_block(idx, BLOCK), {})[layer.chunk_name(idx)] = digest
+        blocks.setdefault(_block(idx, block), {})[layer.chunk_name(idx)] = digest
     for b, entries in sorted(blocks.items()):
         name = f"{layer.key}/{INDEX_DIR}/{'_'.join(map(str, b))}.json"
         layer.write_object(name, json.dumps(dict(sorted(entries.items())), indent=0).encode())
-    head = {"format": FORMAT, "block": list(BLOCK), "chunks": len(digests)}
+    head = {"format": FORMAT, "block": [int(b) for b in block], "chunks": len(digests)}
     layer.write_object(f"{layer.key}/{INDEX_DIR}/index.json", json.dumps(head).encode())
     return len(blocks)
 

@@ -68,18 +68,16 @@ class PrecomputedLayer(StoredObjects):
     def use_checksums(self, mode: str) -> str:
         """Verify reads against the layer's sidecar sha256 index (``io/checksums.py``, written when
         znni finalized it): ``auto`` where there is one, ``required`` refuses a layer without one
-        or that is not read chunk by chunk (sharded, another encoding), ``none`` skips."""
+        or in an encoding other than raw, ``none`` skips."""
         from .checksums import ChunkSums
 
         if mode == "none":
             return "none"
-        by_chunk = not self.sharded and self._encoding == "raw"
+        by_chunk = self._encoding == "raw"
         sums = ChunkSums.of(self) if by_chunk else None
         if sums is None:
             if mode == "required":
-                why = (
-                    "it has no znni sha256 index" if by_chunk else "it is not read chunk by chunk (sharded or not raw)"
-                )
+                why = "it has no znni sha256 index" if by_chunk else f"its chunks are {self._encoding}-encoded"
                 raise ConfigError(
                     f"input {self.url}: raw precomputed chunks carry no checksum and {why}; input.checksums "
                     "is required. Finalize the znni run that wrote it (it records every chunk's sha256), or "

@@ -344,7 +344,7 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
         }
     )
     write_json(out_url, "provenance", prov)
-    if out_url.format != "zarr" and not out.sharded:  # so a later run can verify it as its input
+    if out_url.format != "zarr":  # so a later run can verify it as its input
         from ..io.checksums import write_index
 
         digests = {
