@@ -32,8 +32,8 @@ def _run(root: Path, vol, setting) -> dict:
     cfg = yaml.safe_load(write_case(root, vol).read_text())
     cfg["verify_voxels"] = setting
     run, plan = resolve(cfg, mem_mb=2000, threads=2, progress=lambda *a: None)
-    rf = save_run(run, plan, Path(run["work_dir"]))
-    create_layer(parse_layer_url(run["output"]["url"]), output_specs(run), {"processing": []})
+    rf = save_run(run, plan, Path(run.work_dir))
+    create_layer(parse_layer_url(run.output.url), output_specs(run), {"processing": []})
     run = load_run(rf)
     ids = [b.id for b in run_geometry(run)[3]]
     run_task(rf, ids[0], show_progress=False, log=lambda *a: None)  # warm-up: kernels, spectra

@@ -244,7 +244,7 @@ def test_t9_flipped_byte_in_a_checksummed_input_fails_the_task(tmp_path, fmt):
     rf_a = prepare(cfg_a)
     run_all(rf_a)
     summary = finalize(rf_a, log=lambda *a: None)
-    channels = load_run(rf_a)["network"]["out_channels"]
+    channels = load_run(rf_a).network.out_channels
     save_network(make_net([("conv", 1, 3), ("act", "sigmoid")], c_in=channels, seed=2), tmp_path / "b.yaml")
     cfg_b = {
         "work_dir": str(tmp_path / "B" / "work"),
@@ -256,21 +256,21 @@ def test_t9_flipped_byte_in_a_checksummed_input_fails_the_task(tmp_path, fmt):
     }
     rf_b = prepare(cfg_b)
     run_b = load_run(rf_b)
-    assert run_b["input_checksums"] == ("crc32c" if fmt == "zarr" else "sha256")
+    assert run_b.input_checksums == ("crc32c" if fmt == "zarr" else "sha256")
     if fmt != "zarr":
-        index = out_a / load_run(rf_a)["output"]["scale"]["key"] / "znni-sha256" / "index.json"
+        index = out_a / load_run(rf_a).output.scale["key"] / "znni-sha256" / "index.json"
         assert summary["checksum_index_chunks"] > 0 and index.is_file()
     run_task(rf_b, 0, **QUIET)
-    manifest = next((Path(run_b["work_dir"]) / "manifests").rglob("*.json"))
+    manifest = next((Path(run_b.work_dir) / "manifests").rglob("*.json"))
     good_out = {p: p.read_bytes() for p in (tmp_path / "B").rglob("*") if p.is_file() and "work" not in p.parts}
     manifest.unlink()
     # the chunk (precomputed) or shard (zarr, sharded precomputed) of A at the origin, which task 0 of B reads
-    key = load_run(rf_a)["output"]["scale"]["key"]
+    key = load_run(rf_a).output.scale["key"]
     at = None  # where the byte is flipped: a third into the file, or in a shard the origin chunk's data
     if fmt == "zarr":
         victim = next(p for p in sorted((out_a / "0" / "c").rglob("*")) if p.is_file())
     elif fmt == "sharded":
-        sharding = load_run(rf_a)["output"]["info"]["scales"][0]["sharding"]
+        sharding = load_run(rf_a).output.info["scales"][0]["sharding"]
         victim = out_a / key / shard_name(sharding, 0)
         at = (16 << sharding["minishard_bits"]) + 100  # after the shard index: chunk 0's data (raw) comes first
     else:
@@ -386,9 +386,9 @@ def test_t16_job_level_done_check_reruns_the_task(tmp_path, monkeypatch, how):
     cfg = base_config(tmp_path, vol=em((8, 32, 32)))
     rf = prepare(cfg)
     run = load_run(rf)
-    n = run["num_tasks"]
+    n = run.num_tasks
     run_job(rf, 0, n, log=lambda *a: None)
-    before = layer_files(run["output"]["url"])
+    before = layer_files(run.output.url)
     victim = 1
     mp = manifest_path(run, victim)
     if how == "truncated-json":
@@ -413,7 +413,7 @@ def test_t16_job_level_done_check_reruns_the_task(tmp_path, monkeypatch, how):
     if how == "directory":  # not taken for done; the rerun cannot replace it: a clear error naming it
         with pytest.raises(DataError, match=f"{mp.name}.*Is a directory"):
             run_job(rf, 0, n, log=lines.append)
-        assert mp.is_dir() and layer_files(run["output"]["url"]) == before
+        assert mp.is_dir() and layer_files(run.output.url) == before
         assert sum("done and verified, skipped" in line for line in lines) == n - 1, lines
         return
     lines = []
@@ -421,4 +421,4 @@ def test_t16_job_level_done_check_reruns_the_task(tmp_path, monkeypatch, how):
     assert [r["task"] for r in doc["ran"]] == [victim] and sorted(doc["skipped"]) == sorted(set(range(n)) - {victim})
     assert any(f"task {victim}:" in line and "running it again" in line for line in lines), lines
     assert read_manifest(mp)["task"] == victim
-    assert layer_files(run["output"]["url"]) == before
+    assert layer_files(run.output.url) == before

@@ -311,3 +311,42 @@ def test_the_cli_refuses_a_fuzzed_config_with_exit_2_and_no_traceback(demo, tmp_
         assert p.returncode == 2, (path, p.returncode, p.stderr[-2000:])
         assert "Traceback" not in p.stderr + p.stdout, p.stderr[-2000:]
         assert _named(p.stderr + p.stdout, path, value), p.stderr[-1000:]
+
+
+RUN_KEYS = st.sampled_from(
+    [(k,) for k in ("config", "work_dir", "network", "input", "output", "region", "mask", "task_chunks")]
+    + [(k,) for k in ("num_tasks", "num_chunks", "plan", "mem_mb", "versions", "digest", "input_checksums")]
+    + [("network", k) for k in ("path", "digest", "field_of_view", "kind", "halo", "in_channels", "out_channels")]
+    + [("input", k) for k in ("url", "mip", "bounds", "resolution", "dtype", "channels")]
+    + [("output", k) for k in ("url", "scale", "info")]
+    + [("plan", k) for k in ("path", "digest", "patch_shape", "memory_budget")]
+)
+
+
+def test_fuzzed_run_files_are_accepted_or_refused_clearly(tmp_path):
+    """A hand-edited ``run.json`` (a key deleted, or set to a wrong, huge, NaN or mistyped value):
+    loaded only when every typed part has its type, else a ConfigError naming the key."""
+    from znni_core.pipeline.config import load_run
+    from znni_core.pipeline.run import EXAMPLE
+
+    f = tmp_path / "run.json"
+    with Tally("run.json files") as tally:
+
+        @SETTINGS
+        @given(path=RUN_KEYS, value=st.sampled_from(BAD_VALUES), delete=st.booleans())
+        def one(path, value, delete):
+            tally.ran += 1
+            f.write_text(json.dumps(_mutate(EXAMPLE, path, value, delete=delete)))
+            try:
+                run = load_run(f)
+            except ZnniError as exc:
+                tally.refused += 1
+                assert _named(str(exc), path, value) and "znni validate" in str(exc), (path, value, str(exc))
+                return
+            node = run
+            for k in path:  # accepted: the value has the declared type (or the optional key is absent)
+                node = getattr(node, k)
+            assert delete or node == value or (isinstance(value, float) and math.isnan(value)), (path, value)
+
+        one()
+    assert tally.refused > 0

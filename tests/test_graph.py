@@ -524,7 +524,7 @@ def test_pipeline_tasks_equal_whole_volume_infer(tmp_path, valid):
         from znni_core.pipeline.config import load_run
         from znni_core.plan.plan import Plan
 
-        plan = Plan.load(load_run(rf)["plan"]["path"])
+        plan = Plan.load(load_run(rf).plan.path)
         assert plan.overlap == (2, 4, 4) and plan.patch_shape == (4, 16, 16)
         net = znni_core.load_network(tmp_path / "net.onnx")
         ref = znni_core.infer(net, vol.astype(np.float32) * np.float32(cfg["normalize"]["scale"]), plan=plan)
@@ -556,7 +556,7 @@ def test_pipeline_tasks_equal_whole_volume_infer(tmp_path, valid):
     rec = verify_run(rf, tasks=len(ids), seed=2, log=lambda *a: None)
     assert rec["recomputed"]["passed"] and "direct" in rec["recomputed"]["how"], rec
     assert rec["recomputed"]["voxels"] > 0 and rec["recomputed"]["max_deviation"] < 1e-4, rec
-    layer = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 0)
+    layer = PrecomputedLayer(parse_layer_url(run.output.url), 0)
     for tid in ids:
         for c in read_manifest(manifest_path(run, tid))["chunks"]:
             if c["status"] == "written":
@@ -626,7 +626,7 @@ def test_valid_graph_default_region_is_cut_to_an_admissible_input(tmp_path):
     cfg = base_config(tmp_path, vol=em((8, 45, 43)), network={"path": str(tmp_path / "net.onnx")})
     run, plan = resolve(cfg, mem_mb=2000, threads=1, progress=lambda *a: None)
     net = znni_core.load_network(tmp_path / "net.onnx")
-    shape = tuple(run["region"]["shape"])
+    shape = tuple(run.region["shape"])
     assert net.is_admissible(tuple(s + c for s, c in zip(shape, net.context)))
     assert 45 - net.grid[1] < shape[1] + net.context[1] <= 45 and 43 - net.grid[2] < shape[2] + net.context[2] <= 43
 

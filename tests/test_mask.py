@@ -92,11 +92,11 @@ def test_masked_run_computes_exactly_the_chunks_the_mask_overlaps(tmp_path):
     cfg, vol, m, mres = _masked_case(tmp_path)
     rf = prepare(cfg)
     run = load_run(rf)
-    assert run["mask"]["resolution"] == list(mres)
+    assert run.mask.resolution == list(mres)
     ctx = open_run(rf)
     with pytest.raises(ConfigError, match="mask-tasks"):  # the checkpoint's list is required
         finalize(rf, log=lambda *a: None)
-    doc = scan(ctx.tasks, ctx.mask) | {"run_digest": run["digest"]}
+    doc = scan(ctx.tasks, ctx.mask) | {"run_digest": run.digest}
     mask_tasks_path(run).write_text(json.dumps(doc))
 
     _, grid, _, tasks = run_geometry(run)
@@ -155,7 +155,7 @@ def test_masked_chunk_rerun_and_a_masked_task_run_by_hand(tmp_path):
     b = ctx.tasks[masked_k]
     man = run_task(rf, b.id, ctx=ctx, **QUIET)  # by hand: recorded, nothing computed or written
     assert {c["status"] for c in man["chunks"]} == {"masked"} and man["voxels"] == 0
-    layer = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 0)
+    layer = PrecomputedLayer(parse_layer_url(run.output.url), 0)
     assert all(layer.read_chunk_bytes(tuple(i)) is None for i in b.chunks)
 
 
@@ -176,7 +176,7 @@ def test_mask_tasks_cli_writes_the_checkpoint_list(tmp_path):
     r = CliRunner().invoke(app, ["mask-tasks", str(rf)])
     assert r.exit_code == 0, r.output
     doc = json.loads(mask_tasks_path(load_run(rf)).read_text())
-    assert doc["run_digest"] == load_run(rf)["digest"] and "masked" in r.output
+    assert doc["run_digest"] == load_run(rf).digest and "masked" in r.output
     ctx = open_run(rf)
     assert doc["live"] == scan(ctx.tasks, ctx.mask)["live"]
     assert isinstance(ctx, RunContext)

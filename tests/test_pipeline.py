@@ -33,9 +33,9 @@ def prepare(cfg, mem_mb=2000):
     from znni_core.pipeline.config import output_specs
 
     run, plan = resolve(cfg, mem_mb=mem_mb, threads=1, progress=lambda *a: None)
-    path = save_run(run, plan, Path(run["work_dir"]))
+    path = save_run(run, plan, Path(run.work_dir))
     create_layer(
-        parse_layer_url(run["output"]["url"], endpoint=run["config"]["output"]["endpoint_url"]),
+        parse_layer_url(run.output.url, endpoint=run.config["output"]["endpoint_url"]),
         output_specs(run),
         {"processing": []},
     )
@@ -67,8 +67,8 @@ def reference(cfg, vol, pad=None):
 def read_out(run_file):
     """The output over the run's region; the rest of an aligned layer must be 0 (never computed)."""
     run = load_run(run_file)
-    layer = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 0)
-    region = Roi.from_dict(run["region"])
+    layer = PrecomputedLayer(parse_layer_url(run.output.url), 0)
+    region = Roi.from_dict(run.region)
     whole = layer.read(layer.bounds, fill_missing=True)[0]
     got = whole[(slice(None),) + region.to_slices(layer.bounds.offset)].copy()
     whole[(slice(None),) + region.to_slices(layer.bounds.offset)] = 0
@@ -99,7 +99,7 @@ def test_tasks_equal_whole_volume_inference(tmp_path):
     assert s["recomputed_voxels"] > 0 and s["recomputed_max_deviation"] <= s["recomputed_tolerance"], s
     assert "primitive" in html_text  # the plan per layer
     prov = json.loads((Path(layer.url.local_path) / "provenance").read_text())
-    assert prov["processing"][-1]["method"]["network_digest"] == load_run(rf)["network"]["digest"]
+    assert prov["processing"][-1]["method"]["network_digest"] == load_run(rf).network.digest
 
 
 @pytest.mark.parametrize("edge", ["mirror", "zero"])
@@ -148,7 +148,7 @@ def test_uint8_output_with_scale_and_offset(tmp_path):
     want = np.rint(np.clip(ref * scale + offset, 0, 255))
     assert got.dtype == np.uint8 and (want == 0).mean() > 0.1 and (want == 255).mean() > 0.1
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
-    assert f"{scale:g}" in output_mapping(load_run(rf)["config"])
+    assert f"{scale:g}" in output_mapping(load_run(rf).config)
     with pytest.raises(ConfigError, match="output.scale"):
         resolve(dict(cfg, output={**cfg["output"], "dtype": "float32"}), progress=lambda *a: None)
 
@@ -270,7 +270,7 @@ def test_T26_black_region_recorded_empty(tmp_path):
     assert s["chunks_empty"] > 0 and s["chunks_written"] > 0
     ms = [json.loads(p.read_text()) for p in sorted((tmp_path / "work/manifests").rglob("*.json"))]
     empties = [c for m in ms for c in m["chunks"] if c["status"] == "empty"]
-    layer = PrecomputedLayer(parse_layer_url(load_run(rf)["output"]["url"]), 0)
+    layer = PrecomputedLayer(parse_layer_url(load_run(rf).output.url), 0)
     for c in empties:  # recorded, and not written: distinguishable from "never ran" (no manifest)
         assert layer.read_chunk_bytes(tuple(c["index"])) is None
     # deterministic: a second run records the same chunks
@@ -292,7 +292,7 @@ def test_T20_nonfinite_output_is_an_error_and_nothing_written(tmp_path):
     with pytest.raises(NonFiniteError, match="NaN/Inf") as e:
         run_task(rf, 0, **QUIET)
     assert "8_8_40/" in str(e.value) and "nothing was written" in str(e.value)
-    assert layer_files(load_run(rf)["output"]["url"]) == {}
+    assert layer_files(load_run(rf).output.url) == {}
     assert not manifest_path(load_run(rf), 0).exists()
     # an input that is already non-finite after normalisation is refused before the engine runs
     rf2 = prepare(base_config(tmp_path / "b", vol=vol, normalize={"scale": 1e38}))
@@ -304,7 +304,7 @@ def test_T18_worker_refuses_mismatched_layer(tmp_path):
     cfg = base_config(tmp_path)
     rf = prepare(cfg)
     run = load_run(rf)
-    info_path = Path(run["output"]["url"].replace("file://", "")) / "info"
+    info_path = Path(run.output.url.replace("file://", "")) / "info"
     info = json.loads(info_path.read_text())
     info["scales"][0]["voxel_offset"] = [v + 1 for v in info["scales"][0]["voxel_offset"]]
     info_path.write_text(json.dumps(info))
@@ -319,7 +319,7 @@ def test_T14_rerun_one_task_or_chunk_changes_only_its_bytes(tmp_path):
     cfg = base_config(tmp_path)
     rf = prepare(cfg)
     ids = run_all(rf)
-    url = load_run(rf)["output"]["url"]
+    url = load_run(rf).output.url
     before = layer_files(url)
     mtimes = {k: (Path(url.replace("file://", "")) / k).stat().st_mtime_ns for k in before}
     m = json.loads(manifest_path(load_run(rf), ids[1]).read_text())
@@ -345,7 +345,7 @@ def test_finalize_detects_corruption_and_missing_manifests(tmp_path):
     run = load_run(rf)
     manifest_path(run, ids[0]).unlink()
     m = json.loads(manifest_path(run, ids[1]).read_text())
-    p = Path(run["output"]["url"].replace("file://", "")) / m["chunks"][0]["name"]
+    p = Path(run.output.url.replace("file://", "")) / m["chunks"][0]["name"]
     data = bytearray(p.read_bytes())
     data[0] ^= 1
     p.write_bytes(bytes(data))
@@ -367,7 +367,7 @@ def test_T12_T13_concurrent_tasks_and_crash_at_half(tmp_path):
     # all 27 at once, in threads (the processes variant is test_T12_processes, marked slow)
     with ThreadPoolExecutor(len(ids)) as ex:
         list(ex.map(lambda i: run_task(rf_b, i, **QUIET), ids))
-    a, b = layer_files(load_run(rf_a)["output"]["url"]), layer_files(load_run(rf_b)["output"]["url"])
+    a, b = layer_files(load_run(rf_a).output.url), layer_files(load_run(rf_b).output.url)
     assert a == b and len(a) == 75
     # T13: lose half the manifests ("crash at 50%"): status lists exactly those, the rerun writes only them
     run_b = load_run(rf_b)
@@ -380,7 +380,7 @@ def test_T12_T13_concurrent_tasks_and_crash_at_half(tmp_path):
     assert todo == lost
     for i in todo:
         run_task(rf_b, i, **QUIET)
-    assert layer_files(run_b["output"]["url"]) == a
+    assert layer_files(run_b.output.url) == a
     assert finalize(rf_b, log=lambda *a: None)["done"] == 27
 
 
@@ -404,7 +404,7 @@ def test_T12_processes(tmp_path):
     ]
     for p in procs:
         assert p.wait(timeout=600) == 0, p.stderr.read().decode()
-    assert layer_files(load_run(rf_a)["output"]["url"]) == layer_files(load_run(rf_b)["output"]["url"])
+    assert layer_files(load_run(rf_a).output.url) == layer_files(load_run(rf_b).output.url)
     _ = os
 
 
@@ -457,9 +457,9 @@ def test_auto_task_chunks_follow_the_slots_and_the_run_records_the_box(tmp_path)
     four = compute_schedule(cfg, slots=4)
     assert 4 <= four["num_tasks"] <= 6 and four["task_box"] == four["task_chunks"], four
     run, _ = resolve(cfg | {"task_chunks": four["task_box"]}, mem_mb=2000, threads=1, progress=lambda *a: None)
-    assert run["task_chunks"] == four["task_box"] == run["config"]["task_chunks"]
+    assert run.task_chunks == four["task_box"] == run.config["task_chunks"]
     run_auto, _ = resolve(cfg, mem_mb=2000, threads=1, progress=lambda *a: None)  # validate alone: this machine's CPUs
-    assert run_auto["config"]["task_chunks"] == run_auto["task_chunks"] != "auto"
+    assert run_auto.config["task_chunks"] == run_auto.task_chunks != "auto"
 
 
 def test_job_overlaps_read_compute_and_store_with_bounded_memory(tmp_path, monkeypatch):
@@ -475,7 +475,7 @@ def test_job_overlaps_read_compute_and_store_with_bounded_memory(tmp_path, monke
     vol = em((12, 40, 40))
     cfg = base_config(tmp_path, vol=vol, task_chunks=[1, 1, 2])
     rf = prepare(cfg)
-    n = load_run(rf)["num_tasks"]
+    n = load_run(rf).num_tasks
     assert n >= 4
     events, lock = [], threading.Lock()
     started = {s: {k: threading.Event() for k in range(n)} for s in ("read", "store")}
@@ -519,17 +519,17 @@ def test_job_overlaps_read_compute_and_store_with_bounded_memory(tmp_path, monke
     order = {e: i for i, e in enumerate(events)}
     for k in range(2, n):  # bounded: read k only after compute k-2 finished
         assert order[("read+", k)] > order[("compute-", k - 2)], events
-    piped = layer_files(load_run(rf)["output"]["url"])
+    piped = layer_files(load_run(rf).output.url)
     monkeypatch.undo()
 
     # the same bytes as one task at a time
     cfg2 = base_config(tmp_path / "seq", vol=vol, task_chunks=[1, 1, 2])
     rf2 = prepare(cfg2)
     run_all(rf2)
-    assert piped == layer_files(load_run(rf2)["output"]["url"])
+    assert piped == layer_files(load_run(rf2).output.url)
 
     # a failing read: the others are done, the job names it
-    for p in (Path(load_run(rf)["work_dir"]) / "manifests").rglob("*.json"):
+    for p in (Path(load_run(rf).work_dir) / "manifests").rglob("*.json"):
         p.unlink()
 
     def bad_read(ctx, task_id, **kw):
@@ -553,7 +553,7 @@ def test_job_whose_compute_has_a_bug_stops_with_it(tmp_path, monkeypatch):
 
     cfg = base_config(tmp_path, vol=em((12, 40, 40)), task_chunks=[1, 1, 2])
     rf = prepare(cfg)
-    n = load_run(rf)["num_tasks"]
+    n = load_run(rf).num_tasks
 
     def broken(ctx, ti, **kw):
         raise RuntimeError("injected bug")
@@ -561,7 +561,7 @@ def test_job_whose_compute_has_a_bug_stops_with_it(tmp_path, monkeypatch):
     monkeypatch.setattr(T, "compute_task", broken)
     with pytest.raises(RuntimeError, match="injected bug"):
         run_job(rf, 0, n, log=lambda *a: None)
-    assert not list((Path(load_run(rf)["work_dir"]) / "manifests").rglob("*.json"))
+    assert not list((Path(load_run(rf).work_dir) / "manifests").rglob("*.json"))
 
 
 def test_task_compute_tiles_the_plan_over_a_larger_box_as_one_infer():
@@ -644,7 +644,7 @@ def test_verify_recomputes_voxels_from_the_network_and_catches_tampering(tmp_pat
     run = load_run(rf)
     mp = manifest_path(run, 0)
     m = read_manifest(mp)
-    layer = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 0)
+    layer = PrecomputedLayer(parse_layer_url(run.output.url), 0)
     idx = tuple(m["chunks"][0]["index"])
     arr = layer.read_chunk(idx)
     arr[(0,) + tuple(s // 2 for s in arr.shape[1:])] += 0.5

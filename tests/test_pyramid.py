@@ -58,7 +58,7 @@ def run_pyramid(tmp_path, name="p", mips=2, output=None, **over):
 
 
 def read_mip(run, k):
-    url = parse_layer_url(run["output"]["url"])
+    url = parse_layer_url(run.output.url)
     layer = ZarrOutput(url, output_spec(run, k)) if url.format == "zarr" else PrecomputedLayer(url, k)
     return layer.read(layer.bounds, fill_missing=True)[0], layer
 
@@ -68,7 +68,7 @@ def igneous_pyramid(run, tmp_path, mips):
     from igneous import task_creation
     from taskqueue import LocalTaskQueue
 
-    src = parse_layer_url(run["output"]["url"]).local_path
+    src = parse_layer_url(run.output.url).local_path
     dst = tmp_path / "igneous"
     info = json.loads((src / "info").read_text())
     key = info["scales"][0]["key"]
@@ -81,7 +81,7 @@ def igneous_pyramid(run, tmp_path, mips):
             "file://" + str(dst),
             mip=0,
             num_mips=mips,
-            factor=tuple(run["config"]["downsample"]["factor"])[::-1],
+            factor=tuple(run.config["downsample"]["factor"])[::-1],
             fill_missing=True,
             compress=False,
             delete_black_uploads=False,
@@ -105,7 +105,7 @@ def test_pyramid_equals_igneous_of_the_same_mip0(plain):
     import tensorstore as ts
 
     tmp, run, rec = plain
-    assert [m["mip"] for m in rec["mips"]] == [1, 2] and (Path(run["work_dir"]) / "pyramid.json").is_file()
+    assert [m["mip"] for m in rec["mips"]] == [1, 2] and (Path(run.work_dir) / "pyramid.json").is_file()
     ref = igneous_pyramid(run, tmp, 2)
     full, mip0 = read_mip(run, 0)
     assert tuple(mip0.bounds.offset) == (0, 0, 0) and full.any()
@@ -118,12 +118,12 @@ def test_pyramid_equals_igneous_of_the_same_mip0(plain):
         # and from mip 0 directly: k mips of 2 x 2 are one mean of 2^k x 2^k
         np.testing.assert_allclose(got, naive_downsample(full, (1, 2**k, 2**k), False), rtol=1e-5, atol=1e-6)
     # tensorstore reads the same mip 2 from the raw chunks
-    mip2 = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 2)
+    mip2 = PrecomputedLayer(parse_layer_url(run.output.url), 2)
     t = ts.open(
         {
             "driver": "neuroglancer_precomputed",
             "scale_index": 2,
-            "kvstore": "file://" + str(parse_layer_url(run["output"]["url"]).local_path),
+            "kvstore": "file://" + str(parse_layer_url(run.output.url).local_path),
         }
     ).result()
     b, e = mip2.bounds.begin.xyz(), mip2.bounds.end.xyz()
@@ -146,7 +146,7 @@ def test_pyramid_reruns_only_what_does_not_verify(plain):
     logs = []
     rec = build_pyramid(run, log=logs.append)
     assert [m["run_now"] for m in rec["mips"]] == [0, 0]
-    url = parse_layer_url(run["output"]["url"])
+    url = parse_layer_url(run.output.url)
     mip1 = PrecomputedLayer(url, 1)
     chunk = next(p for p in (url.local_path / mip1.key).iterdir())
     before = {p.name: p.read_bytes() for p in (url.local_path / mip1.key).iterdir()}
@@ -159,12 +159,12 @@ def test_pyramid_reruns_only_what_does_not_verify(plain):
 def test_pyramid_jobs_split_a_mip_and_write_markers(plain, tmp_path):
     _, ref_run, _ = plain
     run = run_pyramid(tmp_path, mips=1)
-    rf = Path(run["work_dir"]) / "run.json"
-    n = len(mip_tasks(output_spec(run, 1), run["config"]["task_chunks"]))
+    rf = Path(run.work_dir) / "run.json"
+    n = len(mip_tasks(output_spec(run, 1), run.config["task_chunks"]))
     assert n > 5
     docs = [run_pyramid_job(rf, 1, j, 5, **QUIET) for j in range(-(-n // 5))]
     assert [len(d["ran"]) for d in docs] == [5] * (n // 5) + ([n % 5] if n % 5 else [])
-    assert (Path(run["work_dir"]) / "pyramid/mip1/000001.json").is_file()
+    assert (Path(run.work_dir) / "pyramid/mip1/000001.json").is_file()
     # each run plans (and may pick another primitive: mip 0 equal to ~1 ulp): bitwise against its own mip 0
     np.testing.assert_array_equal(read_mip(run, 1)[0], downsample(read_mip(run, 0)[0], (1, 2, 2), "float32"))
     np.testing.assert_allclose(read_mip(run, 1)[0], read_mip(ref_run, 1)[0], rtol=1e-5, atol=1e-6)
@@ -185,15 +185,15 @@ def test_sharded_and_zarr_pyramids_equal_the_unsharded_one(plain, tmp_path):
             assert layer.sharded
             np.testing.assert_array_equal(got, downsample(read_mip(run, k - 1)[0], (1, 2, 2), "float32"))
             np.testing.assert_allclose(got, read_mip(ref_run, k)[0], rtol=1e-5, atol=1e-6)
-    url = parse_layer_url(sharded["output"]["url"])
+    url = parse_layer_url(sharded.output.url)
     mip2 = PrecomputedLayer(url, 2)
     assert mip2.sharded and {p.suffix for p in (url.local_path / mip2.key).iterdir()} == {".shard"}
     # tensorstore reads the zarr mips through the OME group's arrays; the group lists every mip
-    root = parse_layer_url(zarr["output"]["url"]).local_path
+    root = parse_layer_url(zarr.output.url).local_path
     ome = json.loads((root / "zarr.json").read_text())["attributes"]["ome"]["multiscales"][0]
     assert [d["path"] for d in ome["datasets"]] == ["0", "1", "2"]
     scale1 = ome["datasets"][1]["coordinateTransformations"]
-    assert scale1[0]["scale"][1:] == [res * f for res, f in zip(zarr["input"]["resolution"], (1, 2, 2))]
+    assert scale1[0]["scale"][1:] == [res * f for res, f in zip(zarr.input.resolution, (1, 2, 2))]
     t = ts.open({"driver": "zarr3", "kvstore": "file://" + str(root / "2")}).result()
     np.testing.assert_array_equal(np.asarray(t.read().result()), read_mip(zarr, 2)[0])
 
@@ -219,7 +219,7 @@ def test_estimate_counts_the_pyramid(tmp_path):
     cfg = base_config(tmp_path, vol=em((12, 70, 70)), output=OUT, downsample={"mips": 2})
     e = run_estimate(cfg, mem_mb=2000, threads=1, rate=1e5, cores_per_node=2, log=lambda *a: None)
     run = load_run(prepare(cfg))
-    tasks = [mip_tasks(output_spec(run, k), run["config"]["task_chunks"]) for k in (1, 2)]
+    tasks = [mip_tasks(output_spec(run, k), run.config["task_chunks"]) for k in (1, 2)]
     assert e["pyramid"]["mips"] == 2 and e["pyramid"]["tasks"] == sum(len(t) for t in tasks)
     assert e["pyramid"]["objects"] == sum(output_spec(run, k).grid.num_chunks for k in (1, 2))  # unsharded
     assert "pyramid        mips 1-2" in describe(e)

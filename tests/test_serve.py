@@ -196,12 +196,15 @@ def test_range_header_parsing(header, expect):
 
 
 def test_report_link_uses_the_bundled_viewer_and_served_layers():
-    run = {
+    from znni_core.pipeline.run import EXAMPLE, Run
+
+    doc = EXAMPLE | {
         "work_dir": "/w",
         "region": {"offset": [0, 0, 0], "shape": [8, 8, 8]},
-        "input": {"url": "file:///data/em", "resolution": [40, 4, 4]},
-        "output": {"url": "file:///data/out"},
+        "input": EXAMPLE["input"] | {"url": "file:///data/em", "resolution": [40, 4, 4]},
+        "output": EXAMPLE["output"] | {"url": "file:///data/out"},
     }
+    run = Run.from_json(doc, "test")
     link, notes = neuroglancer_link(run, "local", 1337)
     assert link.startswith("http://127.0.0.1:1337/v/znni/#!")
     assert "http%3A%2F%2F127.0.0.1%3A1337%2Flayers%2Finput" in link and "%2Flayers%2Foutput" in link

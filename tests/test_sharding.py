@@ -88,11 +88,11 @@ def test_sharded_output_equals_unsharded_and_is_read_by_cloudvolume_and_tensorst
     (tmp_path / "s").mkdir()
     rf = prepare(sharded_config(tmp_path / "s", vol))
     run = load_run(rf)
-    spec = run["output"]["info"]["scales"][0]["sharding"]
+    spec = run.output.info["scales"][0]["sharding"]
     _, grid, _, blocks = run_geometry(run)
-    assert len(blocks) > 2 and Coordinate(run["task_chunks"]) == shard_chunks(spec, grid.grid_shape)
+    assert len(blocks) > 2 and Coordinate(run.task_chunks) == shard_chunks(spec, grid.grid_shape)
     run_all(rf)
-    layer = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 0)
+    layer = PrecomputedLayer(parse_layer_url(run.output.url), 0)
     shards = sorted(p.name for p in (Path(layer.url.local_path) / layer.key).iterdir())
     manifests = [json.loads(manifest_path(run, b.id).read_text()) for b in blocks]
     written = [m["shard"]["name"].split("/")[-1] for m in manifests if m["shard"]["status"] == "written"]
@@ -102,7 +102,7 @@ def test_sharded_output_equals_unsharded_and_is_read_by_cloudvolume_and_tensorst
 
     # the same tasks unsharded: the same patches, so the same bytes
     (tmp_path / "u").mkdir()
-    cfg_u = base_config(tmp_path / "u", vol=vol, output={"sharding": "none"}, task_chunks=run["task_chunks"])
+    cfg_u = base_config(tmp_path / "u", vol=vol, output={"sharding": "none"}, task_chunks=run.task_chunks)
     rf_u = prepare(cfg_u)
     run_all(rf_u)
     want, _ = read_out(rf_u)
@@ -112,7 +112,7 @@ def test_sharded_output_equals_unsharded_and_is_read_by_cloudvolume_and_tensorst
     t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": kv}).result()
     b, e = layer.bounds.begin.xyz(), layer.bounds.end.xyz()
     arr = np.asarray(t[b[0] : e[0], b[1] : e[1], b[2] : e[2], :].read().result()).transpose(3, 2, 1, 0)
-    region = Roi.from_dict(run["region"])
+    region = Roi.from_dict(run.region)
     assert np.array_equal(arr[(slice(None),) + region.to_slices(layer.bounds.offset)], want)
 
 
@@ -120,7 +120,7 @@ def test_sharded_tasks_verify_and_rerun_rewrites_only_their_shard(tmp_path):
     rf = prepare(sharded_config(tmp_path, em((12, 40, 40))))
     run = load_run(rf)
     ids = run_all(rf)
-    layer = PrecomputedLayer(parse_layer_url(run["output"]["url"]), 0)
+    layer = PrecomputedLayer(parse_layer_url(run.output.url), 0)
     results, _ = check_manifests(run, layer, "checksum", log=lambda *a: None)
     assert set(results.values()) == {"done"}
     _, _, _, blocks = run_geometry(run)
@@ -316,7 +316,7 @@ def test_T3_sigkill_after_the_shard_write_before_the_manifest_then_rerun(tmp_pat
     r2 = H.run_task_proc(case, block.id)
     assert r2.exitcode == 0 and case.manifest(block.id).exists()
     assert shards[0].read_bytes() == first and [p for p in case.out.rglob("*.shard")] == shards
-    out = open_output(parse_layer_url(run["output"]["url"]), output_spec(run))
+    out = open_output(parse_layer_url(run.output.url), output_spec(run))
     assert check_task(run, out, block, "checksum")["shard"]["name"].endswith(shards[0].name)
 
 

@@ -78,7 +78,7 @@ def test_workflow_equals_infer_and_is_byte_identical(two_runs):
     tmp, vol, [(cfg_a, _, pa), (cfg_b, _, _)] = two_runs
     assert "znni summary" in pa.stderr and "0 not done" in pa.stderr
     layer = PrecomputedLayer(parse_layer_url(cfg_a["output"]["path"]), 0)
-    got, _ = layer.read(Roi.from_dict(load_run(Path(cfg_a["work_dir"]) / "run.json")["region"]))
+    got, _ = layer.read(Roi.from_dict(load_run(Path(cfg_a["work_dir"]) / "run.json").region))
     net = znni_core.load_network(cfg_a["network"]["path"])
     ref = znni_core.infer(net, vol.astype(np.float32) * np.float32(1 / 255))
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
@@ -289,8 +289,8 @@ def test_mask_checkpoint_runs_only_live_tasks_and_reports_masked_ones(tmp_path):
     run = load_run(work / "run.json")
     a = zarr.open_array(str(tmp_path / "masked" / "out.zarr" / "0"), mode="r")
     assert a.shards is not None
-    region = Roi.from_dict(run["region"])
-    scale = run["output"]["scale"]
+    region = Roi.from_dict(run.region)
+    scale = run.output.scale
     origin = Roi(scale["voxel_offset"][::-1], scale["size"][::-1]).offset  # the array starts here
     got = np.asarray(a[(slice(None),) + region.to_slices(origin)])
     net = znni_core.load_network(cfg["network"]["path"])

@@ -51,7 +51,7 @@ def test_zarr_output_equals_precomputed_read_by_three_readers(runs):
     tmp, vol, out = runs
     (_, rf_p, s_p), (cfg_z, rf_z, s_z) = out["pre"], out["zarr"]
     run = load_run(rf_z)
-    pre = PrecomputedLayer(parse_layer_url(load_run(rf_p)["output"]["url"]), 0)
+    pre = PrecomputedLayer(parse_layer_url(load_run(rf_p).output.url), 0)
     want, _ = pre.read(pre.bounds, fill_missing=True)
     root = Path(cfg_z["output"]["path"])
     got = np.asarray(zarr.open_array(str(root / "0"), mode="r")[...])
@@ -76,7 +76,7 @@ def test_zarr_output_equals_precomputed_read_by_three_readers(runs):
     ome = json.loads((root / "zarr.json").read_text())["attributes"]["ome"]
     ct = ome["multiscales"][0]["datasets"][0]["coordinateTransformations"]
     assert ct[0]["scale"] == [1.0, *RES]
-    off = Roi.from_dict(run["region"]).offset  # aligned output: the layer starts on the chunk grid
+    off = Roi.from_dict(run.region).offset  # aligned output: the layer starts on the chunk grid
     assert ct[1]["translation"][1:] == [float(o * r) for o, r in zip(pre.bounds.offset, RES)]
     assert all(o % c == 0 for o, c in zip(pre.bounds.offset, (4, 8, 8))) and off is not None
 
@@ -156,7 +156,7 @@ def test_float16_zarr_output_is_the_float32_run_rounded_and_verifies(runs, tmp_p
     c, z, y, x = g.shape
     mean = g[:, :, : y // 2 * 2, : x // 2 * 2].reshape(c, z, y // 2, 2, x // 2, 2).mean(axis=(3, 5))
     assert np.allclose(mip1[:, :, : y // 2, : x // 2].astype(np.float64), mean, rtol=2**-10, atol=1e-7)
-    assert "float16" in output_mapping(load_run(rf)["config"])
+    assert "float16" in output_mapping(load_run(rf).config)
     record = verify(rf, checksums=False, log=lambda *a: None)
     assert record["recomputed"]["passed"] and record["recomputed"]["max_deviation"] <= 2**-11
     # a stored value changed by 1% of the output's scale: the recomputation finds it
@@ -196,9 +196,9 @@ def test_zarr_output_and_pyramid_on_s3_equal_the_local_run(runs, moto_s3, tmp_pa
     summary = finalize(rf, log=lambda *a: None)  # checks every shard's checksum on S3
     assert summary["done"] == summary["tasks"]
     assert "zarr3://s3://znni/runs/out.zarr" in urllib.parse.unquote(summary["neuroglancer"])
-    url = parse_layer_url(run["output"]["url"], endpoint=moto_s3)
+    url = parse_layer_url(run.output.url, endpoint=moto_s3)
     s3 = ZarrOutput(url, output_spec(run, 0))
-    local = ZarrOutput(parse_layer_url(load_run(rf_l)["output"]["url"]))
+    local = ZarrOutput(parse_layer_url(load_run(rf_l).output.url))
     mip0 = s3.read(s3.bounds)[0]
     np.testing.assert_allclose(mip0, local.read(local.bounds)[0], rtol=1e-5, atol=1e-6)  # another run's plan
     keys = [o["Key"] for o in boto3.client("s3", endpoint_url=moto_s3).list_objects_v2(Bucket="znni")["Contents"]]

@@ -61,8 +61,8 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             _log("dry run: nothing written")
             return
-        path = save_run(run, plan, Path(run["work_dir"]))
-        _log(f"run file {path}; plan {run['plan']['path']}; {run['num_tasks']} tasks")
+        path = save_run(run, plan, Path(run.work_dir))
+        _log(f"run file {path}; plan {run.plan.path}; {run.num_tasks} tasks")
         _log_estimate(cfg, run, plan)
         if layer_marker:
             _create_output_layer(path, layer_marker)
@@ -117,7 +117,7 @@ def register(app: typer.Typer) -> None:
             tasks = task_list(run)
         except ZnniError as exc:
             fail(exc)
-        doc = {"run_digest": run["digest"], "num_tasks": len(tasks), "tasks": tasks}
+        doc = {"run_digest": run.digest, "num_tasks": len(tasks), "tasks": tasks}
         if output:
             atomic_write(output, (json.dumps(doc, indent=1) + "\n").encode())
             _log(f"{len(tasks)} tasks -> {output}")
@@ -143,7 +143,7 @@ def register(app: typer.Typer) -> None:
             ctx = open_run(run_file)
             if ctx.mask is None:
                 raise ConfigError(f"{run_file}: the run has no mask (config key `mask`)")
-            doc = scan(ctx.tasks, ctx.mask, log=_log) | {"run_digest": ctx.run["digest"]}
+            doc = scan(ctx.tasks, ctx.mask, log=_log) | {"run_digest": ctx.run.digest}
         except ZnniError as exc:
             fail(exc)
         path = output or mask_tasks_path(ctx.run)
@@ -181,7 +181,7 @@ def register(app: typer.Typer) -> None:
             run = load_run(run_file)
             if mem_mb is not None:
                 _check_mem(run, mem_mb, run_geometry, task_bytes)
-            with claimed_gpu(run["config"]["device"]):
+            with claimed_gpu(run.config["device"]):
                 run_task(run_file, task, chunk=chunk, show_progress=progress, log=_log)
         except ZnniError as exc:
             fail(exc)
@@ -218,8 +218,8 @@ def register(app: typer.Typer) -> None:
             overlap = True  # the next task's input and the last task's output beside the running one
             if mem_mb is not None:
                 buffers = _check_mem(run, mem_mb, run_geometry, task_bytes)
-                overlap = run["plan"]["memory_budget"] + 2 * buffers <= mem_mb * 2**20
-            with claimed_gpu(run["config"]["device"]):  # one job per GPU on a node
+                overlap = run.plan.memory_budget + 2 * buffers <= mem_mb * 2**20
+            with claimed_gpu(run.config["device"]):  # one job per GPU on a node
                 run_job(
                     run_file,
                     job,
@@ -394,21 +394,21 @@ def _create_output_layer(run_file: Path, marker: Optional[Path]) -> None:
 
     try:
         run = load_run(run_file)
-        cfg = run["config"]
-        url = parse_layer_url(run["output"]["url"], endpoint=cfg["output"]["endpoint_url"])
+        cfg = run.config
+        url = parse_layer_url(run.output.url, endpoint=cfg["output"]["endpoint_url"])
         prov = {
-            "description": f"znni dense inference of {Path(run['network']['path']).name} on {run['input']['url']}",
+            "description": f"znni dense inference of {Path(run.network.path).name} on {run.input.url}",
             "owners": [],
-            "sources": [run["input"]["url"]],
+            "sources": [run.input.url],
             "processing": [
                 {
                     "method": {
                         "task": "znni create-layer",
-                        "run_digest": run["digest"],
+                        "run_digest": run.digest,
                         "output_mapping": output_mapping(cfg),
                     },
                     "by": "znni",
-                    "date": run["created"],
+                    "date": run.created,
                 }
             ],
         }
@@ -421,7 +421,7 @@ def _create_output_layer(run_file: Path, marker: Optional[Path]) -> None:
             marker,
             (
                 json.dumps(
-                    {"layer": str(url), "state": state, "run_digest": run["digest"], "info": run["output"]["info"]},
+                    {"layer": str(url), "state": state, "run_digest": run.digest, "info": run.output.info},
                     indent=1,
                 )
                 + "\n"
@@ -438,13 +438,13 @@ def _log_estimate(cfg, run, plan) -> None:
     try:
         rate = plan.predicted_voxels_per_s
         e = estimate(
-            run["config"],
+            run.config,
             compute_schedule(cfg, rate=rate),
             rate=rate,
             rate_source="the plan's prediction; `znni estimate` measures",
             threads=plan.threads,
             device=plan.device,
-            out_channels=run["network"]["out_channels"],
+            out_channels=run.network.out_channels,
         )
     except ZnniError as exc:
         _log(f"no estimate: {exc}")
@@ -454,7 +454,7 @@ def _log_estimate(cfg, run, plan) -> None:
         + describe(e).replace("\n", "\n  ")
         + (
             "\n  (all tasks: the mask is read by the mask_tasks step; `znni estimate` counts only live work)"
-            if run.get("mask")
+            if run.mask
             else ""
         )
     )
@@ -471,15 +471,15 @@ def _check_mem(run, mem_mb, run_geometry, task_bytes):
     buffers = task_bytes(
         biggest,
         halo,
-        run["network"]["in_channels"],
-        run["network"]["out_channels"],
-        np.dtype(run["input"]["dtype"]).itemsize,
-        np.dtype(run["output"]["info"]["data_type"]).itemsize,
+        run.network.in_channels,
+        run.network.out_channels,
+        np.dtype(run.input.dtype).itemsize,
+        np.dtype(run.output.info["data_type"]).itemsize,
     )
-    need = buffers + run["plan"]["memory_budget"]
+    need = buffers + run.plan.memory_budget
     if need > mem_mb * 2**20:
         raise PlanError(
             f"this job has mem_mb={mem_mb} but a task needs about {need / 2**20:.0f} MiB (plan budget "
-            f"{run['plan']['memory_budget'] / 2**20:.0f} MiB + task buffers); raise mem_mb or lower task_chunks"
+            f"{run.plan.memory_budget / 2**20:.0f} MiB + task buffers); raise mem_mb or lower task_chunks"
         )
     return buffers

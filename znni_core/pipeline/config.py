@@ -2,7 +2,7 @@
 
 :func:`load_config` checks the *form* (schema, defaults filled in); :func:`resolve` opens the
 network and the layers and refuses, before anything is scheduled, every run that cannot succeed
-(docs/reliability.md, T21-T24, T26, T27): it returns the *run*, a JSON-able dict every later step reads.
+(docs/reliability.md, T21-T24, T26, T27): it returns the :class:`~.run.Run` every later step reads.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from ..io.layers import layer_differences
 from ..io.mips import layer_info, mip_specs
 from ..io.sharding import shard_chunks
 from ..io.zarr_output import zarr_sharding
+from .run import RUN_FORMAT, Run
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
-RUN_FORMAT = "znni-run/1"
 
 
 def schema() -> dict:
@@ -447,11 +447,11 @@ def _check_valid_graph_read(net, plan, region: Roi, halo: Halo, inp) -> None:
         )
 
 
-def _run_record(cfg, net, net_path, halo, iu, inp, ou, specs, lay, mask, num_tasks, plan, plan_out, mem_mb) -> dict:
+def _run_record(cfg, net, net_path, halo, iu, inp, ou, specs, lay, mask, num_tasks, plan, plan_out, mem_mb) -> Run:
     """The run (``run.json``): what every later step reads, with its digest."""
     work = Path(cfg["work_dir"]).resolve()
     plan_path = Path(plan_out) if plan_out else work / "plan.json"
-    run = {
+    doc = {
         "format": RUN_FORMAT,
         "config": cfg,
         "work_dir": str(work),
@@ -496,20 +496,18 @@ def _run_record(cfg, net, net_path, halo, iu, inp, ou, specs, lay, mask, num_tas
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
     }
-    run["digest"] = _digest(
-        {k: run[k] for k in ("config", "network", "input", "output", "region", "task_chunks")}
-        | {"plan": run["plan"]["digest"]}
+    doc["digest"] = _digest(
+        {k: doc[k] for k in ("config", "network", "input", "output", "region", "task_chunks")}
+        | {"plan": doc["plan"]["digest"]}
     )
-    return run
+    return Run.from_json(doc, "the resolved run")
 
 
 def _describe(progress, run, net_path, halo, inp, ou, out_spec, lay, mask, num_tasks) -> None:
     """What ``validate`` tells the user about the run it resolved."""
-    fov = tuple(run["network"]["field_of_view"])
+    fov = tuple(run.network.field_of_view)
     progress(f"network {net_path.name}: field of view {fov}, halo low {tuple(halo.low)} high {tuple(halo.high)}")
-    progress(
-        f"input {run['input']['url']}: {_roi_doc(inp.bounds)}, {inp.dtype}, {inp.channels} ch, {inp.resolution} nm"
-    )
+    progress(f"input {run.input.url}: {_roi_doc(inp.bounds)}, {inp.dtype}, {inp.channels} ch, {inp.resolution} nm")
     progress(
         f"output {ou}: {_roi_doc(lay.region)}, chunks {tuple(out_spec.chunk_shape)}, {out_spec.dtype}; "
         f"{lay.grid.num_chunks} chunks in {num_tasks} tasks of up to {tuple(lay.task_chunks)} chunks"
@@ -565,18 +563,18 @@ def _graph_plan(net, cfg, budget, threads, task_shape, region):
     return plan
 
 
-def save_run(run: dict, plan, work: Path) -> Path:
-    """Save ``plan`` to ``run["plan"]["path"]`` and ``run`` atomically to ``<work>/run.json``; return that path."""
+def save_run(run: Run, plan, work: Path) -> Path:
+    """Save ``plan`` to ``run.plan.path`` and ``run`` atomically to ``<work>/run.json``; return that path."""
     from ..io import atomic_write
 
     work = Path(work)
-    plan.save(run["plan"]["path"])
+    plan.save(run.plan.path)
     path = work / "run.json"
-    atomic_write(path, (json.dumps(run, indent=1, sort_keys=True) + "\n").encode())
+    atomic_write(path, (json.dumps(run.to_json(), indent=1, sort_keys=True) + "\n").encode())
     return path
 
 
-def load_run(path) -> dict:
+def load_run(path) -> Run:
     """Read a run file (``<work_dir>/run.json``); a config.yaml is accepted and mapped to its run file."""
     path = Path(path)
     if path.suffix in (".yaml", ".yml"):
@@ -588,9 +586,7 @@ def load_run(path) -> dict:
         raise ConfigError(f"{path} does not exist: run `znni validate CONFIG` (or the workflow) first") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not valid JSON ({exc}); re-run `znni validate`") from exc
-    if run.get("format") != RUN_FORMAT:
-        raise ConfigError(f"{path} is not a znni run file ({RUN_FORMAT}); re-run `znni validate`")
-    return run
+    return Run.from_json(run, str(path))
 
 
 AUTO_SHARD_CHUNKS = 10_000  # output.sharding: auto shards a layer of more chunks than this
@@ -630,16 +626,16 @@ def aligned_bounds(region: Roi, chunk) -> Roi:
     return Roi.from_bounds(snapped.begin, region.end)
 
 
-def run_geometry(run: dict):
+def run_geometry(run: Run):
     """(region, grid, halo, tasks) of a run, recomputed deterministically.  The grid spans the
     output layer (``region``, or aligned below it); the tasks (a :class:`TaskGrid`, made on
     demand) cover the chunks the region touches."""
-    region = Roi.from_dict(run["region"])
-    scale = run["output"]["scale"]
+    region = Roi.from_dict(run.region)
+    scale = run.output.scale
     bounds = Roi(Coordinate.from_xyz(scale["voxel_offset"]), Coordinate.from_xyz(scale["size"]))
     grid = ChunkGrid(bounds, Coordinate.from_xyz(scale["chunk_sizes"][0]))
-    halo = Halo(run["network"]["halo"]["low"], run["network"]["halo"]["high"])
-    return region, grid, halo, TaskGrid(grid, run["task_chunks"], halo, region)
+    halo = Halo(run.network.halo["low"], run.network.halo["high"])
+    return region, grid, halo, TaskGrid(grid, run.task_chunks, halo, region)
 
 
 def output_scales(cfg: dict, lay: Layout, resolution, channels: int) -> list[ScaleSpec]:
@@ -660,13 +656,13 @@ def output_scales(cfg: dict, lay: Layout, resolution, channels: int) -> list[Sca
     return mip_specs(spec0, cfg["downsample"]["mips"], cfg["downsample"]["factor"], shard_bytes=lay.shard_bytes)
 
 
-def output_spec(run: dict, mip: int = 0) -> ScaleSpec:
+def output_spec(run: Run, mip: int = 0) -> ScaleSpec:
     """Mip ``mip`` of the run's output layer."""
     from ..io.info import scale_spec
 
-    return scale_spec(run["output"]["info"], mip, "run output")
+    return scale_spec(run.output.info, mip, "run output")
 
 
-def output_specs(run: dict) -> list[ScaleSpec]:
+def output_specs(run: Run) -> list[ScaleSpec]:
     """Every scale of the run's output layer (mip 0, then the pyramid's)."""
-    return [output_spec(run, k) for k in range(len(run["output"]["info"]["scales"]))]
+    return [output_spec(run, k) for k in range(len(run.output.info["scales"]))]

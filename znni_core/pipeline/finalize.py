@@ -13,6 +13,7 @@ import html
 import json
 import time
 import urllib.parse
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from ..progress import bar
 from .config import load_run, output_spec, run_geometry
 from .mask import load_mask_tasks, positions
 from .report import verification
+from .run import Run
 from .task import manifest_path
 
 
@@ -65,12 +67,12 @@ def _check_stored(what: str, entry: dict, read, check, verify: str, task: int) -
         raise DataError(f"{what} of task {task} is missing; re-run task {task}")
 
 
-def check_task(run: dict, out, block, verify: str, mip: int = 0) -> dict:
+def check_task(run: Run, out, block, verify: str, mip: int = 0) -> dict:
     """A task's manifest (of mip ``mip``: a pyramid's), once it and every object it records check
     out against the store (``verify``: checksum | exists); DataError naming what is wrong otherwise."""
     mp = manifest_path(run, block.id, mip)
     m = read_manifest(mp)
-    if m["plan_digest"] != run["plan"]["digest"] or m["network_digest"] != run["network"]["digest"]:
+    if m["plan_digest"] != run.plan.digest or m["network_digest"] != run.network.digest:
         raise DataError(f"manifest {mp} was written with another plan or network; re-run task {block.id}")
     if [c["index"] for c in m["chunks"]] != [list(i) for i in block.chunks]:
         raise DataError(f"manifest {mp} lists other chunks than task {block.id} owns; re-run it")
@@ -95,13 +97,13 @@ def check_task(run: dict, out, block, verify: str, mip: int = 0) -> dict:
     return m
 
 
-def check_manifests(run: dict, out, verify: str, log=print):
+def check_manifests(run: Run, out, verify: str, log=print):
     """Per task: 'done', 'masked' (the mask is 0 over all of it: never run, by design), or an error
     string.  Never counts a task without a verified manifest as done."""
     _, _, _, tasks = run_geometry(run)
     results, manifests = {}, {}
     live = None
-    if run.get("mask"):
+    if run.mask:
         doc = load_mask_tasks(run)
         live = set(positions(doc))
     with bar(len(tasks), "finalize: checking tasks", "task") as progress:
@@ -118,7 +120,7 @@ def check_manifests(run: dict, out, verify: str, log=print):
     return results, manifests
 
 
-def neuroglancer_link(run: dict, base: str, port: int) -> tuple[str, list[str]]:
+def neuroglancer_link(run: Run, base: str, port: int) -> tuple[str, list[str]]:
     """A link showing input and output.  ``base`` ``local``: the Neuroglancer client that
     ``znni serve`` bundles (works offline); else a viewer's URL.  file:// layers are read
     through ``znni serve`` (notes say how)."""
@@ -127,7 +129,7 @@ def neuroglancer_link(run: dict, base: str, port: int) -> tuple[str, list[str]]:
     notes = []
     local = base == "local"
     server = f"http://127.0.0.1:{port}"
-    work = run.get("work_dir", "<work_dir>")
+    work = run.work_dir
 
     def source(name: str, url: str, zarr_scheme: str = "zarr") -> str:
         # zarr3:// for znni's own (v3) output: plain zarr:// makes Neuroglancer probe v2 files first (404s)
@@ -140,17 +142,17 @@ def neuroglancer_link(run: dict, base: str, port: int) -> tuple[str, list[str]]:
             notes.append(f"the viewer: run `znni serve {work} --port {port}` while viewing")
         return f"{zarr_scheme}://{url[len('zarr://') :]}" if zarr else "precomputed://" + url
 
-    region = run["region"]
+    region = run.region
     center = [o + s / 2 for o, s in zip(region["offset"], region["shape"])][::-1]  # x, y, z
-    res = run["input"]["resolution"][::-1]
+    res = run.input.resolution[::-1]
     state = {
         "dimensions": {"x": [res[0] * 1e-9, "m"], "y": [res[1] * 1e-9, "m"], "z": [res[2] * 1e-9, "m"]},
         "position": center,
         "layers": [
-            {"type": "image", "source": source("input", run["input"]["url"]), "name": "input"},
+            {"type": "image", "source": source("input", run.input.url), "name": "input"},
             {
                 "type": "image",
-                "source": source("output", run["output"]["url"], "zarr3"),
+                "source": source("output", run.output.url, "zarr3"),
                 "name": "znni output",
                 "opacity": 0.6,
                 "shader": "#uicontrol invlerp normalized\nvoid main() { emitRGB(vec3(normalized(), 0.0, 0.0)); }",
@@ -171,20 +173,20 @@ def _origin(url: str) -> str:
     return f"{u.scheme}://{u.netloc}"
 
 
-def preview(run: dict, out, path: Path, depth: float = 0.5) -> Path:
+def preview(run: Run, out, path: Path, depth: float = 0.5) -> Path:
     """PNG: the region's z slice at ``depth`` (0-1) of its extent, input (left) | output channel 0 (right)."""
     from PIL import Image, ImageDraw
 
-    cfg = run["config"]
-    region_off = run["region"]["offset"]
-    region_shape = run["region"]["shape"]
+    cfg = run.config
+    region_off = run.region["offset"]
+    region_shape = run.region["shape"]
     z = region_off[0] + min(region_shape[0] - 1, int(region_shape[0] * depth))
     from ..geometry import Roi
 
     sl = Roi((z, region_off[1], region_off[2]), (1, region_shape[1], region_shape[2]))
     inp = open_input(
-        parse_layer_url(run["input"]["url"], endpoint=cfg["input"]["endpoint_url"]),
-        run["input"]["mip"],
+        parse_layer_url(run.input.url, endpoint=cfg["input"]["endpoint_url"]),
+        run.input.mip,
         resolution=cfg["input"]["resolution"],
     )
     raw, _ = inp.read(sl.intersect(inp.bounds), fill_missing=True)
@@ -228,7 +230,7 @@ def preview(run: dict, out, path: Path, depth: float = 0.5) -> Path:
     return path
 
 
-def _figures(run: dict, out, results: dict, manifests: dict, report_dir: Path) -> list[str]:
+def _figures(run: Run, out, results: dict, manifests: dict, report_dir: Path) -> list[str]:
     """The report's PNGs besides ``preview.png`` (:mod:`.report`): timeline, task map, previews at a
     quarter and three quarters of the depth (where they differ from the middle)."""
     from .report import task_map, timeline
@@ -242,10 +244,10 @@ def _figures(run: dict, out, results: dict, manifests: dict, report_dir: Path) -
             chunks = manifests[t]["chunks"]
             states[t] = "empty" if chunks and all(c["status"] == "empty" for c in chunks) else "done"
     names = [timeline(manifests, report_dir / "timeline.png"), task_map(tasks, states, report_dir / "tasks.png")]
-    depth = run["region"]["shape"][0]
+    depth = run.region["shape"][0]
     for f in (0.25, 0.75):
         if depth > 2:
-            z = run["region"]["offset"][0] + min(depth - 1, int(depth * f))
+            z = run.region["offset"][0] + min(depth - 1, int(depth * f))
             names.append(preview(run, out, report_dir / f"preview_z{z}.png", f).name)
     return [n for n in names if n]
 
@@ -260,9 +262,9 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     """
     t0 = time.perf_counter()
     run = load_run(run_file)
-    cfg = run["config"]
+    cfg = run.config
     verify = verify or cfg["finalize"]["verify"]
-    out_url = parse_layer_url(run["output"]["url"], endpoint=cfg["output"]["endpoint_url"])
+    out_url = parse_layer_url(run.output.url, endpoint=cfg["output"]["endpoint_url"])
     out = open_output(out_url, output_spec(run))
     results, manifests = check_manifests(run, out, verify, log)
     failed = {t: r for t, r in results.items() if r not in ("done", "masked")}
@@ -274,7 +276,7 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     voxels = sum(m["voxels"] for m in manifests.values())
     filled = sorted({k for m in manifests.values() for k in m.get("missing_input_filled", [])})
     removed = clean_stale_temporaries_in_layer(out_url) if not failed else []
-    report_dir = Path(run["work_dir"]) / "report"
+    report_dir = Path(run.work_dir) / "report"
     summary = {
         "tasks": len(results),
         "done": len(results) - len(failed) - n_masked_tasks,
@@ -294,17 +296,17 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
         "verify": verify,
         "stale_temporaries_removed": len(removed),
         "output": str(out_url),
-        "input": run["input"]["url"],
-        "run_digest": run["digest"],
+        "input": run.input.url,
+        "run_digest": run.digest,
     }
-    pyramid = Path(run["work_dir"]) / "pyramid.json"
+    pyramid = Path(run.work_dir) / "pyramid.json"
     if cfg["downsample"]["mips"] and pyramid.is_file():  # written by `znni pyramid` after its checks
         summary["pyramid"] = [
             f"mip {m['mip']} {m['key']} {tuple(m['size_zyx'])} (z, y, x): {m['tasks']} task(s) verified"
             for m in json.loads(pyramid.read_text())["mips"]
         ]
-    if run.get("mask"):
-        summary.update({"mask": run["mask"]["url"], "tasks_masked": n_masked_tasks, "chunks_masked": n_masked})
+    if run.mask:
+        summary.update({"mask": run.mask.url, "tasks_masked": n_masked_tasks, "chunks_masked": n_masked})
     if summary["wall_seconds"] > 0:
         summary["voxels_per_s_wall"] = round(voxels / summary["wall_seconds"], 1)
     if failed:
@@ -322,25 +324,25 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
         {
             "method": {
                 "task": "znni inference",
-                "network": run["network"]["path"],
-                "network_digest": run["network"]["digest"],
-                "plan_digest": run["plan"]["digest"],
-                "region": run["region"],
+                "network": run.network.path,
+                "network_digest": run.network.digest,
+                "plan_digest": run.plan.digest,
+                "region": run.region,
                 "edge": cfg["edge"],
                 "normalize": cfg["normalize"],
                 "output_mapping": output_mapping(cfg),
                 "missing_input_filled": filled,
                 "chunks_empty": n_empty,
                 **(
-                    {"mask": run["mask"], "tasks_masked": n_masked_tasks, "chunks_masked": n_masked}
-                    if run.get("mask")
+                    {"mask": asdict(run.mask), "tasks_masked": n_masked_tasks, "chunks_masked": n_masked}
+                    if run.mask
                     else {}
                 ),
             },
             "by": "znni",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "versions": run["versions"],
-            "run_digest": run["digest"],
+            "versions": run.versions,
+            "run_digest": run.digest,
         }
     )
     write_json(out_url, "provenance", prov)
@@ -370,9 +372,9 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     write_html(report_dir / "report.html", run, summary)
     log(
         f"finalize: {summary['done']}/{summary['tasks']} tasks done, 0 failed"
-        + (f", {n_masked_tasks} masked (the mask is 0 over them)" if run.get("mask") else "")
+        + (f", {n_masked_tasks} masked (the mask is 0 over them)" if run.mask else "")
         + f"; {n_written} chunks written, {n_empty} empty (skipped, all-zero input)"
-        + (f", {n_masked} masked" if run.get("mask") else "")
+        + (f", {n_masked} masked" if run.mask else "")
         + "; "
         f"{voxels:,} voxels, {summary['voxels_per_s_per_job']:,.0f} voxels/s "
         f"per job" + (f", {summary['voxels_per_s_wall']:,.0f} voxels/s wall" if "voxels_per_s_wall" in summary else "")
@@ -402,7 +404,7 @@ _LABELS = {
 }
 
 
-def write_html(path: Path, run: dict, s: dict) -> None:
+def write_html(path: Path, run: Run, s: dict) -> None:
     """Write ``report.html`` (atomically): the summary ``s`` as a table, the Neuroglancer link, the preview,
     the network and the plan.
     """
@@ -418,19 +420,19 @@ def write_html(path: Path, run: dict, s: dict) -> None:
     try:  # the plan per layer, as `znni plan` prints it
         from ..plan.plan import Plan
 
-        plan_text = Plan.load(run["plan"]["path"]).describe()
+        plan_text = Plan.load(run.plan.path).describe()
     except Exception:  # a moved work directory: its record
-        plan_text = json.dumps(run["plan"], indent=1)
+        plan_text = json.dumps(asdict(run.plan), indent=1)
     doc = f"""<!doctype html><meta charset="utf-8"><title>znni report</title>
 <style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}th{{text-align:left;padding-right:1em}}</style>
 <h1>znni run report</h1>
-<p>input <code>{html.escape(run["input"]["url"])}</code> &rarr; output <code>{html.escape(run["output"]["url"])}</code></p>
+<p>input <code>{html.escape(run.input.url)}</code> &rarr; output <code>{html.escape(run.output.url)}</code></p>
 <p><a href="{html.escape(s["neuroglancer"])}">Open input and output in Neuroglancer</a>
 {"".join("<br><small>" + html.escape(n) + "</small>" for n in s["viewer_notes"])}</p>
 <img src="preview.png" alt="input | output" style="max-width:100%">
 {figures}
 <table>{rows}</table>
-<h2>Network</h2><pre>{html.escape(json.dumps(run["network"], indent=1))}</pre>
+<h2>Network</h2><pre>{html.escape(json.dumps(asdict(run.network), indent=1))}</pre>
 <h2>Plan</h2><pre>{html.escape(plan_text)}</pre>
 """
     atomic_write(path, doc.encode())

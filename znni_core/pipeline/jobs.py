@@ -54,7 +54,7 @@ def run_job(
     t0 = time.perf_counter()
     ctx = open_run(run_file)
     run = ctx.run
-    if tasks_file is not None or run.get("mask"):
+    if tasks_file is not None or run.mask:
         order = positions(load_mask_tasks(run, tasks_file))
     else:
         order = range(len(ctx.tasks))
@@ -62,7 +62,7 @@ def run_job(
     if num_tasks is not None and n != num_tasks:
         raise ConfigError(
             f"the workflow was scheduled for {num_tasks} tasks but {run_file} has {n}: the schedule is "
-            f"stale; delete {Path(run['work_dir']) / 'schedule.json'} and run the workflow again"
+            f"stale; delete {Path(run.work_dir) / 'schedule.json'} and run the workflow again"
         )
     ks = [order[i] for i in job_range(job, per_job, n)]
     if job < 0 or not ks:
@@ -70,7 +70,7 @@ def run_job(
             f"job {job} has no task: {n} tasks at {per_job} per job make "
             f"{math.ceil(n / per_job)} jobs (0 to {math.ceil(n / per_job) - 1})"
         )
-    verify = run["config"]["finalize"]["verify"]
+    verify = run.config["finalize"]["verify"]
 
     def done(block):
         return manifest_path(run, block.id).is_file() and bool(check_task(run, ctx.out, block, verify))
@@ -81,7 +81,7 @@ def run_job(
     doc = {
         "format": JOB_FORMAT,
         "job": job,
-        "run_digest": run["digest"],
+        "run_digest": run.digest,
         "tasks": [ctx.tasks[k].id for k in ks],
         "ran": ran,
         "skipped": skipped,
@@ -89,7 +89,7 @@ def run_job(
         "finished": time.time(),
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
-    path = Path(marker) if marker else job_marker_path(run["work_dir"], job)
+    path = Path(marker) if marker else job_marker_path(run.work_dir, job)
     atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
     vox = sum(r["voxels"] for r in ran)
     log(

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..geometry import Roi
+from .run import Run
 
 MASK_FILE = "mask_tasks.json"
 MASK_FORMAT = "znni-mask-tasks/1"
@@ -152,12 +153,12 @@ def positions(doc: dict) -> list[int]:
     return [k for a, b in doc["live"] for k in range(a, b)]
 
 
-def mask_tasks_path(run: dict) -> Path:
+def mask_tasks_path(run: Run) -> Path:
     """Where the run's live tasks are recorded: ``<work_dir>/mask_tasks.json``."""
-    return Path(run["work_dir"]) / MASK_FILE
+    return Path(run.work_dir) / MASK_FILE
 
 
-def load_mask_tasks(run: dict, path=None) -> dict:
+def load_mask_tasks(run: Run, path=None) -> dict:
     """The run's ``mask_tasks.json``; ConfigError when missing or written for another run."""
     path = Path(path) if path else mask_tasks_path(run)
     try:
@@ -165,9 +166,9 @@ def load_mask_tasks(run: dict, path=None) -> dict:
     except (OSError, ValueError):
         raise ConfigError(
             f"{path} is missing or unreadable: this run has a mask; run `znni mask-tasks "
-            f"{Path(run['work_dir']) / 'run.json'}` (the workflow's mask_tasks rule) first"
+            f"{Path(run.work_dir) / 'run.json'}` (the workflow's mask_tasks rule) first"
         ) from None
-    if doc.get("format") != MASK_FORMAT or doc.get("run_digest") != run["digest"]:
+    if doc.get("format") != MASK_FORMAT or doc.get("run_digest") != run.digest:
         raise ConfigError(
             f"{path} was written for another run (the config or plan changed); run `znni mask-tasks` "
             "again (the workflow does when run.json changes)"

@@ -29,6 +29,7 @@ from ..errors import DataError
 from ..geometry import Coordinate, Roi, TaskGrid
 from ..io import atomic_write, open_output, parse_layer_url, store_chunks, write_manifest
 from .jobs import run_blocks
+from .run import Run
 from .schedule import job_range, mip_tasks
 
 __all__ = ["downsample", "run_pyramid_job", "build_pyramid"]
@@ -64,15 +65,15 @@ def downsample(a: np.ndarray, factor, dtype: str) -> np.ndarray:
 class _Pyramid:
     """A run's output, mip by mip, opened once per process."""
 
-    def __init__(self, run: dict):
+    def __init__(self, run: Run):
         from .config import output_specs
 
-        cfg = run["config"]
+        cfg = run.config
         self.run, self.factor = run, Coordinate(cfg["downsample"]["factor"])
         self.specs = output_specs(run)
         if len(self.specs) < 2:
-            raise DataError(f"downsample.mips is 0 in {run['work_dir']}/run.json: the run has no pyramid to build")
-        self.url = parse_layer_url(run["output"]["url"], endpoint=cfg["output"]["endpoint_url"])
+            raise DataError(f"downsample.mips is 0 in {run.work_dir}/run.json: the run has no pyramid to build")
+        self.url = parse_layer_url(run.output.url, endpoint=cfg["output"]["endpoint_url"])
         self._layers = {}
 
     def layer(self, k: int):
@@ -83,13 +84,13 @@ class _Pyramid:
     def tasks(self, k: int) -> TaskGrid:
         if not 1 <= k < len(self.specs):
             raise DataError(f"mip {k} is not a mip of this run's pyramid (1 to {len(self.specs) - 1})")
-        return mip_tasks(self.specs[k], self.run["config"]["task_chunks"])
+        return mip_tasks(self.specs[k], self.run.config["task_chunks"])
 
     def done(self, k: int, block) -> bool:
         from .finalize import check_task
         from .task import manifest_path
 
-        verify = self.run["config"]["finalize"]["verify"]
+        verify = self.run.config["finalize"]["verify"]
         return manifest_path(self.run, block.id, k).is_file() and bool(
             check_task(self.run, self.layer(k), block, verify, mip=k)
         )
@@ -110,19 +111,19 @@ class _Pyramid:
                 encoded[idx] = np.ascontiguousarray(c)
             else:
                 skipped[idx] = "empty"
-        entries, shard = store_chunks(out, block.chunks, encoded, skipped, self.run["config"]["output"]["compression"])
+        entries, shard = store_chunks(out, block.chunks, encoded, skipped, self.run.config["output"]["compression"])
         total = time.perf_counter() - t0
         manifest = {
             "task": block.id,
             "mip": k,
-            "run_digest": self.run["digest"],
+            "run_digest": self.run.digest,
             "layer": f"{self.url} mip {k}",
             "write_roi": w.to_dict(),
             "chunks": [entries[i] for i in block.chunks],
             "read_roi": Roi.from_bounds(w.begin * self.factor, (w.end * self.factor).min(below.bounds.end)).to_dict(),
             **({"shard": shard} if shard is not None else {}),
-            "plan_digest": self.run["plan"]["digest"],
-            "network_digest": self.run["network"]["digest"],
+            "plan_digest": self.run.plan.digest,
+            "network_digest": self.run.network.digest,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "voxels": int(w.shape.prod()),
@@ -156,20 +157,20 @@ def run_pyramid_job(run_file, mip: int, job: int, per_job: int, *, marker=None, 
         "format": PYRAMID_JOB_FORMAT,
         "mip": mip,
         "job": job,
-        "run_digest": run["digest"],
+        "run_digest": run.digest,
         "tasks": [tasks[k].id for k in ks],
         "ran": ran,
         "skipped": skipped,
         "seconds": round(time.perf_counter() - t0, 3),
         "finished": time.time(),
     }
-    path = Path(marker) if marker else Path(run["work_dir"]) / "pyramid" / f"mip{mip}" / f"{job:06d}.json"
+    path = Path(marker) if marker else Path(run.work_dir) / "pyramid" / f"mip{mip}" / f"{job:06d}.json"
     atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
     log(f"mip {mip} job {job}: {len(ran)} task(s) run, {len(skipped)} skipped (already done) in {doc['seconds']:.1f} s")
     return doc
 
 
-def build_pyramid(run: dict, log=print) -> dict:
+def build_pyramid(run: Run, log=print) -> dict:
     """Build what is not done yet of every mip (in order), check every mip's manifests and stored
     objects, then write ``pyramid.json`` (what the report shows) and return it."""
 
@@ -197,5 +198,5 @@ def build_pyramid(run: dict, log=print) -> dict:
             f"now, all verified"
         )
     record["seconds"] = round(time.perf_counter() - t0, 3)
-    atomic_write(Path(run["work_dir"]) / RECORD, (json.dumps(record, indent=1) + "\n").encode())
+    atomic_write(Path(run.work_dir) / RECORD, (json.dumps(record, indent=1) + "\n").encode())
     return record

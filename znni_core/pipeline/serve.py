@@ -32,6 +32,7 @@ import urllib.parse
 from pathlib import Path
 
 from ..errors import ConfigError
+from .run import Run
 
 __all__ = ["VIEWER_TOKEN", "LayerServer", "run_layers", "viewer_dir"]
 
@@ -59,13 +60,13 @@ def viewer_dir() -> Path | None:
     return d if (d / "index.html").is_file() else None
 
 
-def run_layers(run: dict) -> dict[str, Path]:
+def run_layers(run: Run) -> dict[str, Path]:
     """``{name: directory}`` of a run's local layers (``input``, ``output``)."""
     from ..io.paths import parse_layer_url
 
     layers = {}
-    for name in ("input", "output"):
-        url = parse_layer_url(run[name]["url"])
+    for name, layer in (("input", run.input), ("output", run.output)):
+        url = parse_layer_url(layer.url)
         if url.is_local:
             layers[name] = url.local_path
     return layers

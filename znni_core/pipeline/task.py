@@ -29,13 +29,14 @@ from ..io import open_input, open_output, parse_layer_url, read_manifest, store_
 from ..layers.xp import require_device
 from .config import load_run, output_spec, run_geometry
 from .mask import live_chunks, open_mask
+from .run import Run
 
 MANIFESTS_PER_DIR = 10_000  # manifests/<id // 10^4>/<id>.json: no directory of 10^5+ files at petascale
 
 
-def manifest_path(run: dict, task_id: int, mip: int = 0) -> Path:
+def manifest_path(run: Run, task_id: int, mip: int = 0) -> Path:
     """``manifests/NNNN/ID.json`` of an inference task; ``manifests/mipK/NNNN/ID.json`` of a pyramid's."""
-    base = Path(run["work_dir"]) / "manifests" / (f"mip{mip}" if mip else "")
+    base = Path(run.work_dir) / "manifests" / (f"mip{mip}" if mip else "")
     return base / f"{task_id // MANIFESTS_PER_DIR:04d}" / f"{task_id:06d}.json"
 
 
@@ -213,7 +214,7 @@ def quantise(y: np.ndarray, dtype: str, chunk_name: str, scale: float | None = N
 class RunContext:
     """What every task of a run shares, opened and checked once per process (a job runs many tasks)."""
 
-    run: dict
+    run: Run
     region: Roi
     grid: object
     halo: object
@@ -233,29 +234,29 @@ def open_run(run_file) -> RunContext:
     from ..plan.plan import Plan
 
     run = load_run(run_file)
-    cfg = run["config"]
+    cfg = run.config
     region, grid, halo, tasks = run_geometry(run)
-    out_url = parse_layer_url(run["output"]["url"], endpoint=cfg["output"]["endpoint_url"])
+    out_url = parse_layer_url(run.output.url, endpoint=cfg["output"]["endpoint_url"])
     out = open_output(out_url, output_spec(run))  # T18: the layer must exist and match
-    net = load_network(run["network"]["path"])
-    if net.digest() != run["network"]["digest"]:
+    net = load_network(run.network.path)
+    if net.digest() != run.network.digest:
         raise DataError(
-            f"network {run['network']['path']} changed since `znni validate` (digest mismatch); "
+            f"network {run.network.path} changed since `znni validate` (digest mismatch); "
             "re-run the workflow from validate (delete the work_dir's run.json)"
         )
-    plan = Plan.load(run["plan"]["path"])
-    if plan.digest() != run["plan"]["digest"]:
-        raise DataError(f"plan {run['plan']['path']} changed since `znni validate`; re-run validate")
-    in_url = parse_layer_url(run["input"]["url"], endpoint=cfg["input"]["endpoint_url"])
+    plan = Plan.load(run.plan.path)
+    if plan.digest() != run.plan.digest:
+        raise DataError(f"plan {run.plan.path} changed since `znni validate`; re-run validate")
+    in_url = parse_layer_url(run.input.url, endpoint=cfg["input"]["endpoint_url"])
     # checksums the input carried at validate must still verify every read (a deleted index too)
-    verified = run.get("input_checksums", "none") != "none"
+    verified = run.input_checksums != "none"
     mode = "required" if verified else cfg["input"].get("checksums", "auto")
-    inp = open_input(in_url, run["input"]["mip"], resolution=cfg["input"]["resolution"], checksums=mode)
-    if inp.dtype != run["input"]["dtype"] or inp.bounds != Roi.from_dict(run["input"]["bounds"]):
+    inp = open_input(in_url, run.input.mip, resolution=cfg["input"]["resolution"], checksums=mode)
+    if inp.dtype != run.input.dtype or inp.bounds != Roi.from_dict(run.input.bounds):
         raise DataError(
             f"input {in_url} changed since `znni validate` (dtype {inp.dtype}, bounds {inp.bounds}); re-run validate"
         )
-    mask = open_mask(cfg, inp.resolution) if run.get("mask") else None
+    mask = open_mask(cfg, inp.resolution) if run.mask else None
     return RunContext(run, region, grid, halo, tasks, out_url, out, net, plan, inp, mask)
 
 
@@ -310,7 +311,7 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
     t0 = time.perf_counter()
     run, region, grid, halo, tasks = ctx.run, ctx.region, ctx.grid, ctx.halo, ctx.tasks
     out, net, plan, inp = ctx.out, ctx.net, ctx.plan, ctx.inp
-    cfg = run["config"]
+    cfg = run.config
     chunk_index = None
     if chunk is not None:
         chunk_index = _find_chunk(out, grid, chunk)
@@ -320,7 +321,7 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
     except ValueError:
         raise InputError(
             f"task {task_id} does not exist; this run has {len(tasks)} tasks, ids {tasks[0].id} to "
-            f"{tasks[-1].id} (`znni tasks {Path(run['work_dir']) / 'run.json'}` lists them)"
+            f"{tasks[-1].id} (`znni tasks {Path(run.work_dir) / 'run.json'}` lists them)"
         ) from None
     if chunk_index is not None and out.sharded:
         log(
@@ -447,7 +448,7 @@ def window_input(ti: TaskInput, x: np.ndarray) -> np.ndarray:
 
 def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, show_progress: bool = False) -> tuple:
     """Stage 2: ``(output of the task's write box or None, seconds)``; frees the task's input."""
-    net, plan, cfg, block = ctx.net, ctx.plan, ctx.run["config"], ti.block
+    net, plan, cfg, block = ctx.net, ctx.plan, ctx.run.config, ti.block
     device = device or cfg["device"]
     comp, raw, inner, window = ti.comp, ti.raw, ti.inner, ti.window
     ti.raw = ti.inner = None
@@ -502,7 +503,7 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
     """Stage 3: check every chunk is finite (else nothing is written), write and verify the chunks
     (or the shard), then the manifest; returns it."""
     run, grid, out, out_url, net, plan = ctx.run, ctx.grid, ctx.out, ctx.out_url, ctx.net, ctx.plan
-    cfg, block, task_id, chunk_index = run["config"], ti.block, ti.task_id, ti.chunk_index
+    cfg, block, task_id, chunk_index = run.config, ti.block, ti.task_id, ti.chunk_index
     device = device or cfg["device"]
     # ---- check everything before writing anything (T20) ------------------------------------------
     encoded = {}
@@ -549,7 +550,7 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
         return {"chunks": [entries[chunk_index]]}
     manifest = {
         "task": task_id,
-        "run_digest": run["digest"],
+        "run_digest": run.digest,
         "layer": str(out_url),
         "write_roi": block.write_roi.to_dict(),
         "read_roi": block.read_roi.to_dict(),
@@ -559,7 +560,7 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
         "network_digest": net.digest(),
         "missing_input_filled": ti.missing,
         **({"recomputed": ti.recomputed} if ti.recomputed else {}),
-        "versions": run["versions"] | {"python": platform.python_version()},
+        "versions": run.versions | {"python": platform.python_version()},
         "device": device,
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -606,7 +607,7 @@ def _find_chunk(out, grid, chunk: str):
     return idx
 
 
-def task_list(run: dict) -> list[dict]:
+def task_list(run: Run) -> list[dict]:
     """Every task of the run in order, as :meth:`~znni_core.geometry.Block.to_dict` data."""
     _, _, _, tasks = run_geometry(run)
     return [b.to_dict() for b in tasks]

@@ -34,6 +34,7 @@ from ..io import atomic_write
 from ..net.definition import DEFINITION_FLOPS, TOLERANCE, flops_per_voxel, plain_forward, sample_voxels
 from ..progress import bar
 from .recompute import graph_sample, reference_plan
+from .run import Run
 
 
 def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, checksums: bool = True, log=print):
@@ -45,8 +46,8 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
     t0 = time.perf_counter()
     ctx = open_run(run_file)
     run, out = ctx.run, ctx.out
-    cfg = run["config"]
-    record = {"run_digest": run["digest"], "seed": seed, "checksums": None, "recomputed": None}
+    cfg = run.config
+    record = {"run_digest": run.digest, "seed": seed, "checksums": None, "recomputed": None}
     done = []
     with bar(len(ctx.tasks), "verify: stored objects", "task") as progress:
         for block in ctx.tasks:
@@ -136,8 +137,8 @@ def _chain_sample(ctx, ti, x: np.ndarray, rng, samples: int) -> tuple[np.ndarray
     return np.array([tuple(p) for p in points], np.int64), plain_forward(ctx.net, wins)
 
 
-def _write(run: dict, record: dict) -> Path:
-    path = Path(run["work_dir"]) / "verify.json"
+def _write(run: Run, record: dict) -> Path:
+    path = Path(run.work_dir) / "verify.json"
     atomic_write(path, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
     return path
 

@@ -1,0 +1,181 @@
+"""The run: what ``znni validate`` resolved from a config, and every later step reads.
+
+``validate`` opens the network and the layers, makes the plan and writes the run to
+``<work_dir>/run.json``; tasks, jobs, the pyramid, finalize, verify and serve read it back with
+:func:`~znni_core.pipeline.config.load_run` as a :class:`Run`. Its parts are typed records; the
+values that are themselves documents (the config, a layer's ``info`` and scale, boxes as
+``{"begin", "shape"}``) stay JSON objects.
+
+>>> run = Run.from_json(EXAMPLE, "example")
+>>> run.output.url, run.plan.patch_shape, run.mask is None
+('file:///data/out', [32, 64, 64], True)
+>>> Run.from_json(run.to_json(), "again") == run
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+RUN_FORMAT = "znni-run/1"
+
+
+@dataclass(frozen=True)
+class NetworkRecord:
+    """The network a run computes: its file, digest and geometry."""
+
+    path: str
+    digest: str
+    field_of_view: list
+    kind: str  # chain | valid | padded
+    halo: dict  # {"low": [z, y, x], "high": [z, y, x]}
+    in_channels: int
+    out_channels: int
+
+
+@dataclass(frozen=True)
+class InputRecord:
+    """The input layer as validate found it."""
+
+    url: str
+    mip: int
+    bounds: dict  # Roi.to_dict()
+    resolution: list
+    dtype: str
+    channels: int
+
+
+@dataclass(frozen=True)
+class MaskRecord:
+    """The mask layer (``mask:`` in the config)."""
+
+    url: str
+    mip: int
+    bounds: dict
+    resolution: list
+
+
+@dataclass(frozen=True)
+class OutputRecord:
+    """The output layer: its URL, the scale it is written at and its whole ``info``."""
+
+    url: str
+    scale: dict
+    info: dict
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """The plan every task runs (``plan.json``) and what identifies it."""
+
+    path: str
+    digest: str
+    patch_shape: list
+    memory_budget: int
+
+
+@dataclass(frozen=True)
+class Run:
+    """A resolved run (``run.json``). ``digest`` covers the config, network, layers, region,
+    task layout and plan: a task or manifest of another digest belongs to another run."""
+
+    config: dict
+    work_dir: str
+    network: NetworkRecord
+    input: InputRecord
+    output: OutputRecord
+    region: dict  # Roi.to_dict() of the output region
+    mask: MaskRecord | None
+    task_chunks: list
+    num_tasks: int
+    num_chunks: int
+    plan: PlanRecord
+    mem_mb: int | None
+    created: str
+    versions: dict
+    digest: str
+    input_checksums: str = "none"  # what verifies every input read: sha256 | crc32c | none
+    format: str = RUN_FORMAT
+
+    @classmethod
+    def from_json(cls, doc, where: str) -> Run:
+        """The run of a ``run.json`` document; a :class:`ConfigError` naming ``where`` and the key
+        when it is not one (missing or mistyped keys: an edited or foreign file)."""
+        if not isinstance(doc, dict) or doc.get("format") != RUN_FORMAT:
+            raise ConfigError(f"{where} is not a znni run file ({RUN_FORMAT}); re-run `znni validate`")
+        return _record(cls, doc, where, "")
+
+    def to_json(self) -> dict:
+        """The ``run.json`` document."""
+        return dataclasses.asdict(self)
+
+
+_RECORDS = (NetworkRecord, InputRecord, MaskRecord, OutputRecord, PlanRecord)
+_SIMPLE = {"str": str, "int": int, "dict": dict, "list": list}
+
+
+def _record(cls, doc: dict, where: str, prefix: str):
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if f.name not in doc:
+            if f.default is not dataclasses.MISSING:
+                continue
+            raise ConfigError(f"{where}: key {key!r} is missing; re-run `znni validate` to write the run again")
+        v, hint = doc[f.name], hints[f.name]
+        optional = type(None) in typing.get_args(hint)
+        kind = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
+        if v is None and optional:
+            values[f.name] = None
+        elif kind in _RECORDS:
+            if not isinstance(v, dict):
+                raise ConfigError(f"{where}: key {key!r} is {type(v).__name__}, not an object; re-run `znni validate`")
+            values[f.name] = _record(kind, v, where, key + ".")
+        else:
+            want = kind if isinstance(kind, type) else _SIMPLE.get(str(kind))
+            if want is not None and (not isinstance(v, want) or (want is int and isinstance(v, bool))):
+                raise ConfigError(
+                    f"{where}: key {key!r} is {type(v).__name__}, not {want.__name__}; re-run `znni validate`"
+                )
+            values[f.name] = v
+    return cls(**values)
+
+
+EXAMPLE = {  # the shape of a run.json, for the doctest above
+    "format": RUN_FORMAT,
+    "config": {},
+    "work_dir": "/data/work",
+    "network": {
+        "path": "/data/net.onnx",
+        "digest": "0" * 64,
+        "field_of_view": [9, 9, 9],
+        "kind": "chain",
+        "halo": {"low": [4, 4, 4], "high": [4, 4, 4]},
+        "in_channels": 1,
+        "out_channels": 3,
+    },
+    "input": {
+        "url": "file:///data/em",
+        "mip": 0,
+        "bounds": {"offset": [0, 0, 0], "shape": [64, 256, 256]},
+        "resolution": [40.0, 4.0, 4.0],
+        "dtype": "uint8",
+        "channels": 1,
+    },
+    "output": {"url": "file:///data/out", "scale": {}, "info": {}},
+    "region": {"offset": [4, 4, 4], "shape": [56, 248, 248]},
+    "mask": None,
+    "task_chunks": [1, 4, 4],
+    "num_tasks": 8,
+    "num_chunks": 128,
+    "plan": {"path": "/data/work/plan.json", "digest": "1" * 64, "patch_shape": [32, 64, 64], "memory_budget": 2**30},
+    "mem_mb": 2000,
+    "created": "2026-11-28T00:00:00+00:00",
+    "versions": {},
+    "digest": "2" * 64,
+}
