@@ -33,13 +33,14 @@ def encode_raw(arr: np.ndarray, dtype: str) -> bytes:
     return np.ascontiguousarray(arr, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
 
 
-def decode_raw(data: bytes, dtype: str, shape) -> np.ndarray:
-    """Precomputed raw bytes -> (C, z, y, x) array of ``shape``; a wrong length is a :class:`DataError`."""
+def decode_raw(data: bytes, dtype: str, shape, *, writable: bool = True) -> np.ndarray:
+    """Precomputed raw bytes -> (C, z, y, x) array of ``shape``; a wrong length is a :class:`DataError`.
+    ``writable=False``: a read-only view of ``data`` where the byte order allows (no copy)."""
     dt = np.dtype(dtype).newbyteorder("<")
     expected = int(np.prod(shape)) * dt.itemsize
     if len(data) != expected:
         raise DataError(f"chunk holds {len(data)} bytes, expected {expected} for shape {tuple(shape)} {dtype}")
-    return np.frombuffer(data, dtype=dt).reshape(shape).astype(dtype)
+    return np.frombuffer(data, dtype=dt).reshape(shape).astype(dtype, copy=writable)
 
 
 class PrecomputedLayer(StoredObjects):
@@ -93,7 +94,7 @@ class PrecomputedLayer(StoredObjects):
         """The scale's bounds in voxels (z, y, x)."""
         return self.spec.bounds
 
-    @property
+    @cached_property
     def grid(self) -> ChunkGrid:
         """The scale's chunk grid (z, y, x)."""
         return self.spec.grid
@@ -215,7 +216,7 @@ class PrecomputedLayer(StoredObjects):
         where = f"input {self.url} mip {self.mip}: chunk {self.chunk_name(index)}"
         if self._encoding == "raw":
             try:
-                return decode_raw(data, self.dtype, shape)
+                return decode_raw(data, self.dtype, shape, writable=False)  # copied into the box read
             except DataError as exc:
                 raise DataError(f"{where}: {exc}") from None
         from cloudvolume.chunks import decode

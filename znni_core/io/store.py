@@ -163,7 +163,8 @@ class LocalStore(ObjectStore):
         return self.url.local_path
 
     def _found(self, name: str) -> list[str]:
-        return [s for s in ALL_SUFFIXES if (self.root / (name + s)).is_file()]
+        base = os.path.join(self.root, name)
+        return [s for s in ALL_SUFFIXES if os.path.isfile(base + s)]
 
     def get(self, name: str) -> bytes | None:
         """The object's bytes (a ``.gz`` file gunzipped), or None if absent.
