@@ -111,3 +111,11 @@ def test_runtime_baselines_dense_forms_equal_znni(tmp_path):
     base = Baselines(net, x, threads=1, tmp=tmp_path)
     for name, fn in base.fns.items():  # PyTorch always; ONNX Runtime / OpenVINO with the bench extra
         assert np.abs(fn() - ref).max() < 1e-4, name
+
+
+def test_read_input_benchmark_reads_equal_boxes():
+    """``benchmarks.read_input`` on a small volume: both readers return the box (asserted inside)."""
+    from benchmarks.read_input import main
+
+    doc = main(["--shape", "16,64,64", "--chunk", "8,32,32", "--box", "10,40,40", "--rounds", "1", "--pause", "0"])
+    assert set(doc["layers"]) == {"raw", "sharded"} and all(r["znni_s"] > 0 for r in doc["layers"].values())
