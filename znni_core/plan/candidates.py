@@ -108,6 +108,17 @@ def slab_modes(net: Network, patch, mode_sets) -> list[tuple]:
     return [(f"slab:{h}",) + rest for h in heights for rest in rests]
 
 
+class ConvOption(NamedTuple):
+    """One way to run a conv layer of a candidate, priced: ranked by ``(seconds, primitive,
+    micro_batch)``, kept where its ``bytes`` fit the room the layer has."""
+
+    seconds: float  # estimated (or measured) for the layer's whole batch
+    primitive: str
+    micro_batch: int
+    tile: tuple  # the FFT input block; () for the whole input
+    bytes: int  # the call's peak plus what the primitive keeps for the run
+
+
 class Candidate(NamedTuple):
     """One priced (patch, pooling modes, placement) of the search: its steps and predictions."""
 

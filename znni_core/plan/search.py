@@ -26,6 +26,7 @@ from . import wisdom as W
 from .budget import default_budget, default_threads, device_budget
 from .candidates import (
     Candidate,
+    ConvOption,
     fft_tiles,
     flat_axis,
     input_patch,
@@ -89,9 +90,9 @@ def _repeats(net: Network, patch, modes) -> dict:
     return reps
 
 
-def _ranked_options(timer: Pricer, i, layer, n, spatial, reps, allowed, host, threads) -> list:
-    """Every (seconds, primitive, micro-batch, input block, bytes) of conv layer ``i`` on ``n``
-    fragments of ``spatial``, fastest first by estimate; memoised per search (shared by candidates)."""
+def _ranked_options(timer: Pricer, i, layer, n, spatial, reps, allowed, host, threads) -> list[ConvOption]:
+    """Every option of conv layer ``i`` on ``n`` fragments of ``spatial``, fastest first by
+    estimate; memoised per search (shared by candidates)."""
     key = ("ranked", i, n, tuple(spatial), reps, allowed, bool(host))
     ranked = timer._memo.get(key)
     if ranked is not None:
@@ -107,8 +108,8 @@ def _ranked_options(timer: Pricer, i, layer, n, spatial, reps, allowed, host, th
                 else:
                     need = M.conv_step_bytes(prim, n, mb, layer, spatial, tile, threads) + keep
                     t = timer.layer(prim, n, layer, spatial, mb, reps, tile=tile)
-                ranked.append((t, prim, mb, tile, need))
-    ranked.sort(key=lambda o: o[:3])
+                ranked.append(ConvOption(t, prim, mb, tile, need))
+    ranked.sort(key=lambda o: (o.seconds, o.primitive, o.micro_batch))
     timer._memo[key] = ranked
     return ranked
 
@@ -204,24 +205,28 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
                 # primitives.DirectNumba.runs_1x1x1: its per-row overhead is not in the rate model
                 allowed = tuple(p for p in allowed if PRIMITIVES[p].runs_1x1x1) or allowed
             ranked = _ranked_options(timer, i, layer, n, spatial, reps[i], allowed, host, threads)
-            est = [o[:4] for o in ranked if o[4] <= room]
+            est = [o for o in ranked if o.bytes <= room]
             if not est:
-                _, p, mb, tile, _ = min(ranked, key=lambda o: o[4])
-                decisions[i] = (p, mb, tile)
-                resident[i] = M.resident_bytes(p, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
+                o = min(ranked, key=lambda o: o.bytes)
+                decisions[i] = (o.primitive, o.micro_batch, o.tile)
+                resident[i] = M.resident_bytes(o.primitive, layer, M.conv_blocks(spatial, layer.kernel, o.tile)[0])
                 return decisions[i]
             if timer.meas is not None and (measure or timer.measure_all):
-                short = [o for o in est if o[0] <= 3 * est[0][0]][:SHORTLIST]
+                short = [o for o in est if o.seconds <= 3 * est[0].seconds][:SHORTLIST]
                 timed = sorted(
-                    (timer.layer(p, n, layer, spatial, mb, reps[i], True, tile), p, mb, tile)
-                    for _, p, mb, tile in short
+                    (
+                        timer.layer(o.primitive, n, layer, spatial, o.micro_batch, reps[i], True, o.tile),
+                        o.primitive,
+                        o.micro_batch,
+                        o.tile,
+                    )
+                    for o in short
                 )
             else:
-                timed = est
-            _, prim, mb, tile = timed[0]
+                timed = [(o.seconds, o.primitive, o.micro_batch, o.tile) for o in est]
+            best_t, prim, mb, tile = timed[0]
             decisions[i] = (prim, mb, tile)
             resident[i] = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
-            best_t = timed[0][0]
             for p in () if host else usable:  # faster whole-batch alternatives refused for memory
                 e = M.conv_primitive_bytes(p, n, layer, spatial, threads) + M.resident_bytes(p, layer, spatial)
                 if e > room:
