@@ -6,9 +6,11 @@ the repository's profile (profiles/slurm), with resources overridden per test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -37,6 +39,18 @@ def _job_ids(case, task: int) -> list[str]:
     must keep successful jobs' logs (`--slurm-keep-successful-logs`)."""
     d = case.root / ".snakemake" / "slurm_logs" / "rule_infer_job" / f"{task:06d}"
     return sorted((f.stem for f in d.glob("*.log")), key=int)
+
+
+def _job_pids(jid: str) -> list[int]:
+    """The processes of job ``jid`` on this node (`scontrol listpids`)."""
+    out = subprocess.run(["scontrol", "listpids", jid], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines()[1:] if line.split() and line.split()[0].isdigit()]
+
+
+def _stepd(jid: str) -> list[int]:
+    """The slurmstepd processes of job ``jid`` (``slurmstepd: [JID.batch]``)."""
+    out = subprocess.run(["pgrep", "-f", rf"slurmstepd: \[{jid}\."], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
 
 
 def _sacct(job_ids) -> list[dict]:
@@ -160,8 +174,11 @@ def test_t5_node_fail_mid_task_requeued_and_byte_identical(fresh, golden_files, 
     nothing it has not verified, and the layer is byte-identical.
 
     Task 3 sleeps 40 s inside its first compute; a marker written before the sleep proves where
-    the node failed. SLURM holds a requeued job for about two minutes (its begin time): the test
-    releases it at once (`scontrol update jobid=... starttime=now`), as an operator would."""
+    the node failed. A node that fails takes its processes with it: here the node is only marked
+    down, so the test kills the job's processes itself and resumes the node once they are gone
+    (a job relaunched beside its old self drains the node: "Duplicate jobid"). SLURM holds a
+    requeued job for about two minutes (its begin time): the test releases it at once
+    (`scontrol release`, `scontrol update jobid=... starttime=now`), as an operator would."""
     case = fresh.copy(tmp_path / "case")
     env = H.fault_env("sleep-once:3:40", {"ZNNI_FAULT_DIR": str(tmp_path)})
     host = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True).stdout.split()[0]
@@ -173,13 +190,22 @@ def test_t5_node_fail_mid_task_requeued_and_byte_identical(fresh, golden_files, 
             ids = _job_ids(case, 3)
             running = {j for j, st, _ in _squeue() if st == "RUNNING"}
             if marker.exists() and ids and ids[-1] in running:
-                failed["job"] = ids[-1]
+                jid = failed["job"] = ids[-1]
+                pids = _job_pids(jid)
                 subprocess.run(["scontrol", "update", f"nodename={host}", "state=down", "reason=znni-T5"], check=True)
+                for pid in pids:  # what the failure takes down with the node
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                for _ in range(600):  # until nothing of the job is left on the node
+                    if not _job_pids(jid) and not _stepd(jid):
+                        break
+                    time.sleep(0.1)
                 subprocess.run(["scontrol", "update", f"nodename={host}", "state=resume"], capture_output=True)
             time.sleep(0.3)
-        while not stop.is_set():  # release requeued jobs held for their begin time
+        while not stop.is_set():  # release requeued jobs: held, or waiting for their begin time
             for jid, st, _ in _squeue():
                 if st == "PENDING":
+                    subprocess.run(["scontrol", "release", jid], capture_output=True)
                     subprocess.run(["scontrol", "update", f"jobid={jid}", "starttime=now"], capture_output=True)
             time.sleep(1)
 
@@ -195,6 +221,7 @@ def test_t5_node_fail_mid_task_requeued_and_byte_identical(fresh, golden_files, 
     assert p.returncode == 0, out[-4000:]
     assert failed, "the node was never failed: task 3 did not reach its compute"
     runs = _sacct([failed["job"]])
-    assert [r["state"] for r in runs] == ["NODE_FAIL", "COMPLETED"], runs
+    states = [r["state"] for r in runs]  # a relaunch that failed would add a record between
+    assert states[0] == "NODE_FAIL" and states[-1] == "COMPLETED", runs
     assert _done_tasks(case) == {t["id"] for t in case.tasks()}
     H.assert_same_chunks(H.layer_files(case.out), golden_files, "T5 after NODE_FAIL")

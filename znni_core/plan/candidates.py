@@ -109,14 +109,15 @@ def slab_modes(net: Network, patch, mode_sets) -> list[tuple]:
 
 
 class ConvOption(NamedTuple):
-    """One way to run a conv layer of a candidate, priced: ranked by ``(seconds, primitive,
-    micro_batch)``, kept where its ``bytes`` fit the room the layer has."""
+    """One way to run a conv layer (of a chain or a graph), priced: ranked by ``(seconds,
+    primitive, micro_batch)``, kept where its ``bytes`` fit the room the layer has."""
 
     seconds: float  # estimated (or measured) for the layer's whole batch
     primitive: str
-    micro_batch: int
+    micro_batch: int  # 0: the whole batch at once
     tile: tuple  # the FFT input block; () for the whole input
     bytes: int  # the call's peak plus what the primitive keeps for the run
+    resident: int  # of ``bytes``, what the primitive keeps for the run
 
 
 class Candidate(NamedTuple):

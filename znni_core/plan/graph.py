@@ -21,6 +21,7 @@ from ..layers.resample import linear_index
 from ..net.graph import Graph
 from ..units import format_bytes
 from . import memory as M
+from .candidates import Candidate, ConvOption
 from .plan import Plan, Rejected, Step, chosen_plan, fuses
 from .primitives import FALLBACK, PRIMITIVES, names
 
@@ -133,8 +134,8 @@ def tile_starts(out, tile) -> list[tuple]:
     return list(itertools.product(*(range(0, o, t) for o, t in zip(out, tile))))
 
 
-def _conv_options(node, spatial, prims, timer, threads):
-    """(seconds, primitive, step bytes, resident bytes) per option, fastest first."""
+def _conv_options(node, spatial, prims, timer, threads) -> list[ConvOption]:
+    """The options of a conv node on one patch (the whole batch at once, no input blocks), fastest first."""
     conv = node.conv
     if any(s > 1 for s in node["stride"]):
         from ..layers.resample import conv_strided_memory, conv_strided_out_shape
@@ -142,14 +143,8 @@ def _conv_options(node, spatial, prims, timer, threads):
         out = conv_strided_out_shape(spatial, conv.kernel, node["stride"])
         eff = tuple(o + k - 1 for o, k in zip(out, conv.kernel))
         t = timer.estimate(FALLBACK, 1, conv, eff) * 1.5  # gathered, not contiguous, lowering
-        return [
-            (
-                t,
-                "strided",
-                conv_strided_memory(1, conv.in_channels, conv.out_channels, spatial, conv.kernel, node["stride"]),
-                0,
-            )
-        ]
+        need = conv_strided_memory(1, conv.in_channels, conv.out_channels, spatial, conv.kernel, node["stride"])
+        return [ConvOption(t, "strided", 0, (), need, 0)]
     opts = []
     pointwise = all(k == 1 for k in conv.kernel)
     usable = [
@@ -160,10 +155,9 @@ def _conv_options(node, spatial, prims, timer, threads):
     ]
     for prim in usable or [FALLBACK]:
         t = timer.layer(prim, 1, conv, spatial, 0, 1)
-        opts.append(
-            (t, prim, M.conv_step_bytes(prim, 1, 0, conv, spatial, (), threads), M.resident_bytes(prim, conv, spatial))
-        )
-    return sorted(opts)
+        keep = M.resident_bytes(prim, conv, spatial)
+        opts.append(ConvOption(t, prim, 0, (), M.conv_step_bytes(prim, 1, 0, conv, spatial, (), threads) + keep, keep))
+    return sorted(opts, key=lambda o: (o.seconds, o.primitive))
 
 
 def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, tile=None):
@@ -199,8 +193,9 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
             pad_b = M.nbytes((src[0],) + spatial) if copy else 0
             opts = _conv_options(node, spatial, prims, timer, threads)
             if frugal:
-                opts = sorted(opts, key=lambda o: o[2] + o[3])
-            secs, prim, step_b, res_b = opts[0]
+                opts = sorted(opts, key=lambda o: o.bytes)
+            secs, prim, res_b = opts[0].seconds, opts[0].primitive, opts[0].resident
+            step_b = opts[0].bytes - res_b
             if getattr(
                 PRIMITIVES.get(prim), "pads_input", False
             ):  # no padded copy (not `strided`): a copy of the input's part only where it is one
@@ -353,7 +348,7 @@ def autotune_graph(
             steps, secs, peak = walk(graph, patch, prims, timer, threads, frugal)
             vps = math.prod(graph.output_shape(patch)) / secs
             if peak <= budget:
-                fits.append((vps, patch, steps, secs, peak))
+                fits.append(Candidate(vps, patch, (), steps, secs, peak, [], "", 0))
                 break
             need = peak if need is None else min(need, peak)
             rejected.append(
@@ -369,17 +364,21 @@ def autotune_graph(
         found = _tile_search(graph, candidates[0], prims, timer, threads, budget, rejected)
         if found is not None:
             steps, secs, peak, tile = found
-            fits.append((math.prod(graph.output_shape(candidates[0])) / secs, candidates[0], steps, secs, peak))
+            vps = math.prod(graph.output_shape(candidates[0])) / secs
+            fits.append(Candidate(vps, candidates[0], (), steps, secs, peak, [], "", 0))
     if not fits:
         raise MemoryBudgetError(
             f"no patch of {graph.name} fits the memory budget of {format_bytes(budget)}: the smallest tried, "
             f"{candidates[-1]}, needs {format_bytes(need or 0)} whole and more than the budget in the smallest exact tiles. "
             f"Raise the budget (--memory / mem_mb) to at least {format_bytes((need or 0) * 1.1)}"
         )
-    fits.sort(key=lambda r: -r[0])
-    vps, patch, steps, secs, peak = fits[0]
+    fits.sort(key=lambda r: -r.voxels_per_s)
+    best = fits[0]
+    vps, patch, steps, secs, peak = best.voxels_per_s, best.patch, best.steps, best.seconds, best.peak
     for r in fits[1:]:
-        rejected.append(Rejected(f"patch {r[1]}", f"slower: {r[0]:,.0f} < {vps:,.0f} voxels/s", r[0]))
+        rejected.append(
+            Rejected(f"patch {r.patch}", f"slower: {r.voxels_per_s:,.0f} < {vps:,.0f} voxels/s", r.voxels_per_s)
+        )
     if graph.kind == "padded":
         ov = tuple(int(v) for v in overlap) if overlap is not None else default_overlap(graph, patch, input_shape)
         out = graph.output_shape(patch)

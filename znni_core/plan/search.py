@@ -108,7 +108,7 @@ def _ranked_options(timer: Pricer, i, layer, n, spatial, reps, allowed, host, th
                 else:
                     need = M.conv_step_bytes(prim, n, mb, layer, spatial, tile, threads) + keep
                     t = timer.layer(prim, n, layer, spatial, mb, reps, tile=tile)
-                ranked.append(ConvOption(t, prim, mb, tile, need))
+                ranked.append(ConvOption(t, prim, mb, tile, need, keep))
     ranked.sort(key=lambda o: (o.seconds, o.primitive, o.micro_batch))
     timer._memo[key] = ranked
     return ranked
@@ -209,7 +209,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
             if not est:
                 o = min(ranked, key=lambda o: o.bytes)
                 decisions[i] = (o.primitive, o.micro_batch, o.tile)
-                resident[i] = M.resident_bytes(o.primitive, layer, M.conv_blocks(spatial, layer.kernel, o.tile)[0])
+                resident[i] = o.resident
                 return decisions[i]
             if timer.meas is not None and (measure or timer.measure_all):
                 short = [o for o in est if o.seconds <= 3 * est[0].seconds][:SHORTLIST]
