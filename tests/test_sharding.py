@@ -431,6 +431,12 @@ def test_sharded_input_read_by_byte_range_equals_what_tensorstore_wrote(tmp_path
     assert [m.split()[0] for m in missing] == [first] and np.array_equal(got, vol)
     shards = sorted((url.local_path / layer.key).glob("*.shard"))
     assert len(shards) >= 2
+    whole = shards[0].read_bytes()  # T9: a shard cut short at rest is an error naming it, not zeros
+    shards[0].write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(DataError) as e:
+        PrecomputedLayer(url, 0).read(layer.bounds, fill_missing=True)
+    assert shards[0].name in str(e.value), str(e.value)
+    shards[0].write_bytes(whole)
     shards[-1].unlink()
     layer = PrecomputedLayer(url, 0)
     named = layer.missing_chunks(layer.bounds)

@@ -194,7 +194,10 @@ class LocalStore(ObjectStore):
         else:  # an encoded file has no byte ranges of its own
             data = self.get(name)[start:end]
         if len(data) != end - start:
-            raise DataError(f"{self.where(name)}: bytes [{start}, {end}) lie past its end")
+            raise DataError(
+                f"{self.where(name)}: bytes [{start}, {end}) lie past its end: it is truncated or its index is "
+                "corrupt; repair or rewrite it"
+            )
         return data
 
     def _put(self, name, data, compress, content_type, exclusive) -> bool:
@@ -279,7 +282,10 @@ class _RemoteStore(ObjectStore):
         if got[1] not in ("", "identity"):
             raise DataError(f"{self.where(name)} has Content-Encoding {got[1]!r}: it cannot be read by byte range")
         if len(got[0]) != end - start:
-            raise DataError(f"{self.where(name)}: bytes [{start}, {end}) lie past its end")
+            raise DataError(
+                f"{self.where(name)}: bytes [{start}, {end}) lie past its end: it is truncated or its index is "
+                "corrupt; repair or rewrite it"
+            )
         return got[0]
 
     def exists(self, name: str) -> bool:
