@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from znni_core.pipeline.finalize import neuroglancer_link
+from znni_core.pipeline.run import EXAMPLE, Run
 from znni_core.pipeline.serve import LayerServer
 
 CHROMIUM = os.environ.get("ZNNI_CHROMIUM") or next(
@@ -83,12 +84,16 @@ def test_report_link_renders_the_output_in_a_headless_browser(tmp_path, kind):
     data = "/layers/output/0/c/" if kind == "zarr" else "/layers/output/4_4_40/"
     out_url = f"zarr://file://{layers['output']}" if kind == "zarr" else f"file://{layers['output']}"
     with LayerServer(layers, port=0, log=logs.append) as srv:
-        run = {
-            "work_dir": str(tmp_path),
-            "region": {"offset": [0, 0, 0], "shape": [8, 64, 64]},
-            "input": {"url": f"file://{layers['input']}", "resolution": [40, 4, 4]},
-            "output": {"url": out_url},
-        }
+        run = Run.from_json(
+            EXAMPLE
+            | {
+                "work_dir": str(tmp_path),
+                "region": {"offset": [0, 0, 0], "shape": [8, 64, 64]},
+                "input": EXAMPLE["input"] | {"url": f"file://{layers['input']}", "resolution": [40, 4, 4]},
+                "output": EXAMPLE["output"] | {"url": out_url},
+            },
+            "test",
+        )
         link, _ = neuroglancer_link(run, "local", srv.port)
         with playwright.sync_playwright() as p:
             browser = p.chromium.launch(
