@@ -210,6 +210,49 @@ def test_fuzzed_info_files_are_accepted_or_refused_clearly(demo, tmp_path):
         assert tally.refused > tally.ran // 3
 
 
+def test_fuzzed_sharding_specs_are_accepted_or_refused_clearly(demo, tmp_path):
+    """An input's sharding spec with wrong, huge, negative or mistyped values (or a key missing):
+    refused when the layer opens, naming the key; an accepted one reads (its shards absent here:
+    every chunk named missing, or filled when asked), never a traceback."""
+    from znni_core.errors import DataError
+    from znni_core.io import PrecomputedLayer, parse_layer_url
+
+    d, _ = demo
+    base = _info(d)
+    base["scales"][0]["sharding"] = {
+        "@type": "neuroglancer_uint64_sharded_v1",
+        "hash": "identity",
+        "preshift_bits": 1,
+        "minishard_bits": 1,
+        "shard_bits": 4,
+        "minishard_index_encoding": "gzip",
+        "data_encoding": "raw",
+    }
+    layer = tmp_path / "em"
+    layer.mkdir()
+    url = parse_layer_url(f"file://{layer}", what="input")
+    keys = [("scales", 0, "sharding")] + [("scales", 0, "sharding", k) for k in base["scales"][0]["sharding"]]
+    with Tally("sharding specs") as tally:
+
+        @SETTINGS
+        @given(path=st.sampled_from(keys), value=st.sampled_from(BAD_VALUES), delete=st.booleans())
+        def case(path, value, delete):
+            (layer / "info").write_text(json.dumps(_mutate(base, path, value, delete=delete)))
+            tally.ran += 1
+            try:
+                lay = PrecomputedLayer(url)
+            except ZnniError as exc:
+                tally.refused += 1
+                assert _named(str(exc), path, value) or "sharding" in str(exc), f"{path}={value!r}: {exc}"
+                return
+            with pytest.raises(DataError, match="missing"):
+                lay.read(lay.bounds)
+            lay.read(lay.bounds, fill_missing=True)
+
+        case()
+        assert tally.refused > tally.ran // 3
+
+
 def test_fuzzed_zarr_attributes_are_accepted_or_refused_clearly(tmp_path):
     import zarr
 

@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import DataError
 from ..geometry import ChunkGrid, Coordinate, Roi
 from .paths import check_key
+from .sharding import check_spec
 
 DTYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64")
 ENCODINGS = ("raw",)  # what znni writes; reading accepts whatever cloud-volume decodes
@@ -57,6 +58,22 @@ class ScaleSpec:
             "num_channels": int(self.channels),
             "scales": [self.to_scale()],
         }
+
+
+#: chunk encodings of Neuroglancer precomputed that znni reads (raw itself, the others through
+#: cloud-volume's codecs)
+ENCODINGS = (
+    "raw",
+    "jpeg",
+    "png",
+    "compressed_segmentation",
+    "compresso",
+    "crackle",
+    "fpzip",
+    "kempressed",
+    "zfpc",
+    "jxl",
+)
 
 
 def _ints(v, n, what, where):
@@ -107,10 +124,11 @@ def validate_info(info, where: str) -> dict:
             or not all(isinstance(r, (int, float)) and np.isfinite(r) and r > 0 for r in res)
         ):
             raise DataError(f"{w}: resolution must be 3 positive numbers, got {res!r}")
+        enc = s.get("encoding", "raw")
+        if enc not in ENCODINGS:
+            raise DataError(f"{w}: encoding {enc!r} is not one znni reads ({', '.join(ENCODINGS)})")
         if "sharding" in s and s["sharding"]:
-            sh = s["sharding"]
-            if not isinstance(sh, dict):
-                raise DataError(f"{w}: sharding must be an object")
+            check_spec(s["sharding"], f"{w} sharding")
     return info
 
 

@@ -80,6 +80,23 @@ def shard_name(sharding: dict, key: int) -> str:
     return format(number, "x").zfill(math.ceil(int(sharding["shard_bits"]) / 4)) + ".shard"
 
 
+def check_spec(sharding, where: str) -> dict:
+    """A sharding spec any reader follows (an input's): its type, hash, bit counts and encodings;
+    a :class:`~znni_core.errors.DataError` naming the key otherwise."""
+    if not isinstance(sharding, dict) or sharding.get("@type") != SHARD_TYPE:
+        raise DataError(f"{where}: must be an object with '@type': '{SHARD_TYPE}', got {sharding!r}"[:300])
+    if sharding.get("hash") not in ("identity", "murmurhash3_x86_128"):
+        raise DataError(f"{where}: hash {sharding.get('hash')!r} is not identity or murmurhash3_x86_128"[:300])
+    for k in ("preshift_bits", "minishard_bits", "shard_bits"):
+        v = sharding.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 64:
+            raise DataError(f"{where}: {k} must be an integer in [0, 64), got {v!r}"[:300])
+    for k in ("minishard_index_encoding", "data_encoding"):
+        if sharding.get(k, "raw") not in ("raw", "gzip"):
+            raise DataError(f"{where}: {k} must be raw or gzip, got {sharding.get(k)!r}"[:300])
+    return sharding
+
+
 def check_sharding(sharding: dict, where: str, grid_shape=None) -> dict:
     """A sharding spec znni can write: identity hash (shards are boxes), known encodings, and
     (given the layer's ``grid_shape``) enough bits that no two boxes share a shard file."""
