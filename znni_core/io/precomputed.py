@@ -301,6 +301,7 @@ class PrecomputedLayer(StoredObjects):
             raise DataError(f"{self.url}: chunks of {len(names)} shards given as one shard ({sorted(names)[:3]})")
         name = names.pop()
         blob = build_shard(self.spec.sharding, raw)
+        self.__dict__.pop("_shards", None)  # the shard indices read so far may describe the old shard
         self.write_object(name, blob)
         self.verify_object(name, sha256(blob))
         return {"name": name, "sha256": sha256(blob), "nbytes": len(blob), "chunks": digests}
