@@ -15,7 +15,20 @@ from .paths import check_key
 from .sharding import check_spec
 
 DTYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64")
-ENCODINGS = ("raw",)  # what znni writes; reading accepts whatever cloud-volume decodes
+#: chunk encodings of Neuroglancer precomputed that znni reads (raw itself, the others through
+#: cloud-volume's codecs); znni writes raw
+READ_ENCODINGS = (
+    "raw",
+    "jpeg",
+    "png",
+    "compressed_segmentation",
+    "compresso",
+    "crackle",
+    "fpzip",
+    "kempressed",
+    "zfpc",
+    "jxl",
+)
 
 
 @dataclass(frozen=True)
@@ -58,22 +71,6 @@ class ScaleSpec:
             "num_channels": int(self.channels),
             "scales": [self.to_scale()],
         }
-
-
-#: chunk encodings of Neuroglancer precomputed that znni reads (raw itself, the others through
-#: cloud-volume's codecs)
-ENCODINGS = (
-    "raw",
-    "jpeg",
-    "png",
-    "compressed_segmentation",
-    "compresso",
-    "crackle",
-    "fpzip",
-    "kempressed",
-    "zfpc",
-    "jxl",
-)
 
 
 def _ints(v, n, what, where):
@@ -125,8 +122,8 @@ def validate_info(info, where: str) -> dict:
         ):
             raise DataError(f"{w}: resolution must be 3 positive numbers, got {res!r}")
         enc = s.get("encoding", "raw")
-        if enc not in ENCODINGS:
-            raise DataError(f"{w}: encoding {enc!r} is not one znni reads ({', '.join(ENCODINGS)})")
+        if enc not in READ_ENCODINGS:
+            raise DataError(f"{w}: encoding {enc!r} is not one znni reads ({', '.join(READ_ENCODINGS)})")
         if "sharding" in s and s["sharding"]:
             check_spec(s["sharding"], f"{w} sharding")
     return info

@@ -129,23 +129,27 @@ class PrecomputedLayer(StoredObjects):
     def _stored(self, index) -> tuple[bytes | None, str]:
         """``(chunk bytes, "")``, or ``(None, name)`` naming an absent or empty chunk (and, in a
         sharded layer, why: its shard is absent or does not list it)."""
-        name = self.chunk_name(index)
         if not self.sharded:
             data = self.read_chunk_bytes(index)
-            return (data, "") if data else (None, name)
-        from .sharding import chunk_key
+        else:
+            from .sharding import chunk_key
 
-        key = chunk_key(index, self.grid.grid_shape)
-        data = self._shards.get(key)
+            data = self._shards.get(chunk_key(index, self.grid.grid_shape))
         if data:
             return data, ""
-        shard, _, why = self._shards.find(key)
-        return (
-            None,
-            f"{name} (shard {self.key}/{shard} missing or empty)"
-            if why == "shard"
-            else f"{name} (not in shard {self.key}/{shard})",
-        )
+        return None, (self._absent_in_shard(index) if self.sharded else None) or self.chunk_name(index)
+
+    def _absent_in_shard(self, index) -> str | None:
+        """Why chunk ``index`` of a sharded layer cannot be read (``<chunk> (shard <name> missing
+        or empty)`` or ``<chunk> (not in shard <name>)``), or None if its shard lists it."""
+        from .sharding import chunk_key
+
+        shard, offset, size = self._shards.find(chunk_key(index, self.grid.grid_shape))
+        if size == "shard":
+            return f"{self.chunk_name(index)} (shard {self.key}/{shard} missing or empty)"
+        if offset is None or not size:
+            return f"{self.chunk_name(index)} (not in shard {self.key}/{shard})"
+        return None
 
     def missing_chunks(self, roi: Roi) -> list[str]:
         """Names of the stored chunks under ``roi`` that are absent or 0 bytes; in a sharded layer,
@@ -156,16 +160,7 @@ class PrecomputedLayer(StoredObjects):
             names = [self.chunk_name(i) for i in idxs]
             sizes = self.store.sizes(names)
             return [n for n in names if not sizes.get(n)]
-        from .sharding import chunk_key
-
-        out = []
-        for idx in idxs:
-            shard, offset, size = self._shards.find(chunk_key(idx, self.grid.grid_shape))
-            if size == "shard":
-                out.append(f"{self.chunk_name(idx)} (shard {self.key}/{shard} missing or empty)")
-            elif offset is None or not size:
-                out.append(f"{self.chunk_name(idx)} (not in shard {self.key}/{shard})")
-        return out
+        return [why for why in map(self._absent_in_shard, idxs) if why]
 
     def read(self, roi: Roi, *, fill_missing: bool = False) -> tuple[np.ndarray, list[str]]:
         """``(C, z, y, x)`` array of ``roi`` (inside the bounds) and the chunks filled with zeros.

@@ -77,23 +77,28 @@ def shard_name(sharding: dict, key: int) -> str:
     """``<hex shard number>.shard`` (zero-padded to the shard bits, as readers expect)."""
     shift = int(sharding["preshift_bits"]) + int(sharding["minishard_bits"])
     number = (int(key) >> shift) & ((1 << int(sharding["shard_bits"])) - 1)
-    return format(number, "x").zfill(math.ceil(int(sharding["shard_bits"]) / 4)) + ".shard"
+    return _shard_file(number, int(sharding["shard_bits"]))
 
 
-def check_spec(sharding, where: str) -> dict:
+def _shard_file(number: int, shard_bits: int) -> str:
+    """Shard ``number``'s file name: hex, zero-padded to ``shard_bits`` (as readers expect)."""
+    return format(number, "x").zfill(math.ceil(shard_bits / 4)) + ".shard"
+
+
+def check_spec(sharding, where: str, error=DataError) -> dict:
     """A sharding spec any reader follows (an input's): its type, hash, bit counts and encodings;
-    a :class:`~znni_core.errors.DataError` naming the key otherwise."""
+    ``error`` (a :class:`~znni_core.errors.DataError` by default) naming the key otherwise."""
     if not isinstance(sharding, dict) or sharding.get("@type") != SHARD_TYPE:
-        raise DataError(f"{where}: must be an object with '@type': '{SHARD_TYPE}', got {sharding!r}"[:300])
+        raise error(f"{where}: must be an object with '@type': '{SHARD_TYPE}', got {sharding!r}"[:300])
     if sharding.get("hash") not in ("identity", "murmurhash3_x86_128"):
-        raise DataError(f"{where}: hash {sharding.get('hash')!r} is not identity or murmurhash3_x86_128"[:300])
+        raise error(f"{where}: hash {sharding.get('hash')!r} is not identity or murmurhash3_x86_128"[:300])
     for k in ("preshift_bits", "minishard_bits", "shard_bits"):
         v = sharding.get(k)
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 64:
-            raise DataError(f"{where}: {k} must be an integer in [0, 64), got {v!r}"[:300])
+            raise error(f"{where}: {k} must be an integer in [0, 64), got {v!r}"[:300])
     for k in ("minishard_index_encoding", "data_encoding"):
         if sharding.get(k, "raw") not in ("raw", "gzip"):
-            raise DataError(f"{where}: {k} must be raw or gzip, got {sharding.get(k)!r}"[:300])
+            raise error(f"{where}: {k} must be raw or gzip, got {sharding.get(k)!r}"[:300])
     return sharding
 
 
@@ -119,13 +124,7 @@ def check_sharding(sharding: dict, where: str, grid_shape=None) -> dict:
             f"{where}: hash {sharding.get('hash')!r}: znni writes shards as boxes of chunks, which "
             "needs hash: identity (murmurhash3 scatters a task's chunks over every shard)"
         )
-    for k in ("preshift_bits", "minishard_bits", "shard_bits"):
-        v = sharding.get(k)
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 64:
-            raise ConfigError(f"{where}: {k} must be an integer in [0, 64), got {v!r}")
-    for k in ("minishard_index_encoding", "data_encoding"):
-        if sharding.get(k, "raw") not in ("raw", "gzip"):
-            raise ConfigError(f"{where}: {k} must be raw or gzip, got {sharding.get(k)!r}")
+    check_spec(sharding, where, ConfigError)  # bit counts and encodings, as a reader needs them
     if grid_shape is not None:
         need = sum(_bits(int(n)) for n in grid_shape)
         have = sharding["preshift_bits"] + sharding["minishard_bits"] + sharding["shard_bits"]
@@ -205,21 +204,15 @@ class ShardReader:
         """``(shard file name, minishard number)`` of chunk ``key``."""
         h = self._hash(int(key) >> int(self.spec["preshift_bits"]))
         shard = (h >> self.minishard_bits) & ((1 << int(self.spec["shard_bits"])) - 1)
-        name = format(shard, "x").zfill(math.ceil(int(self.spec["shard_bits"]) / 4)) + ".shard"
-        return name, h & ((1 << self.minishard_bits) - 1)
+        return _shard_file(shard, int(self.spec["shard_bits"])), h & ((1 << self.minishard_bits) - 1)
 
     def _path(self, shard: str) -> str:
         return f"{self.key}/{shard}"
 
     def _decode(self, data: bytes, encoding: str, where: str) -> bytes:
-        import gzip
+        from .store import _gunzip
 
-        if encoding == "raw":
-            return data
-        try:
-            return gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise DataError(f"{where}: not valid gzip ({exc}); the shard is corrupt, repair the input") from None
+        return data if encoding == "raw" else _gunzip(data, where)
 
     def shard_index(self, shard: str):
         """The shard's minishard index ranges (absolute byte offsets), or None if the shard is absent or empty."""

@@ -192,18 +192,8 @@ def preview(run: Run, out, path: Path, depth: float = 0.5) -> Path:
     raw, _ = inp.read(sl.intersect(inp.bounds), fill_missing=True)
     a = raw[0, 0].astype(np.float32)
     outs = np.zeros(tuple(sl.shape)[1:], np.float32)
-    _, grid, _, _ = run_geometry(run)
-    for idx in [] if out.sharded else grid.chunks_in(sl):
-        c = out.read_chunk(idx)
-        if c is None:
-            continue
-        croi = grid.chunk_roi(idx)
-        inter = croi.intersect(sl)
-        src = c[(0,) + inter.to_slices(croi.offset)][0]
-        dst = inter.to_slices(sl.offset)[1:]
-        outs[dst] = src
-    if out.sharded:  # read through the shards (absent chunks: 0)
-        outs = out.read(sl.intersect(out.bounds), fill_missing=True)[0][0, 0].astype(np.float32)
+    inter = sl.intersect(out.bounds)  # chunks or shards, absent ones read as 0
+    outs[inter.to_slices(sl.offset)[1:]] = out.read(inter, fill_missing=True)[0][0, 0]
 
     def to8(v, lo=None, hi=None):
         lo = float(v.min()) if lo is None else lo

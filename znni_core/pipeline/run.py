@@ -4,7 +4,7 @@
 ``<work_dir>/run.json``; tasks, jobs, the pyramid, finalize, verify and serve read it back with
 :func:`~znni_core.pipeline.config.load_run` as a :class:`Run`. Its parts are typed records; the
 values that are themselves documents (the config, a layer's ``info`` and scale, boxes as
-``{"begin", "shape"}``) stay JSON objects.
+``{"offset", "shape"}``) stay JSON objects.
 
 >>> run = Run.from_json(EXAMPLE, "example")
 >>> run.output.url, run.plan.patch_shape, run.mask is None
@@ -115,7 +115,6 @@ class Run:
 
 
 _RECORDS = (NetworkRecord, InputRecord, MaskRecord, OutputRecord, PlanRecord)
-_SIMPLE = {"str": str, "int": int, "dict": dict, "list": list}
 
 
 def _record(cls, doc: dict, where: str, prefix: str):
@@ -137,10 +136,10 @@ def _record(cls, doc: dict, where: str, prefix: str):
                 raise ConfigError(f"{where}: key {key!r} is {type(v).__name__}, not an object; re-run `znni validate`")
             values[f.name] = _record(kind, v, where, key + ".")
         else:
-            want = kind if isinstance(kind, type) else _SIMPLE.get(str(kind))
-            if want is not None and (not isinstance(v, want) or (want is int and isinstance(v, bool))):
+            # kind: str, int, list or dict (typing.get_type_hints resolved the annotations)
+            if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
                 raise ConfigError(
-                    f"{where}: key {key!r} is {type(v).__name__}, not {want.__name__}; re-run `znni validate`"
+                    f"{where}: key {key!r} is {type(v).__name__}, not {kind.__name__}; re-run `znni validate`"
                 )
             values[f.name] = v
     return cls(**values)

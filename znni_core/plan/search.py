@@ -215,18 +215,19 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
                 short = [o for o in est if o.seconds <= 3 * est[0].seconds][:SHORTLIST]
                 timed = sorted(
                     (
-                        timer.layer(o.primitive, n, layer, spatial, o.micro_batch, reps[i], True, o.tile),
-                        o.primitive,
-                        o.micro_batch,
-                        o.tile,
-                    )
-                    for o in short
+                        o._replace(
+                            seconds=timer.layer(o.primitive, n, layer, spatial, o.micro_batch, reps[i], True, o.tile)
+                        )
+                        for o in short
+                    ),
+                    key=lambda o: (o.seconds, o.primitive, o.micro_batch, o.tile),
                 )
             else:
-                timed = [(o.seconds, o.primitive, o.micro_batch, o.tile) for o in est]
-            best_t, prim, mb, tile = timed[0]
-            decisions[i] = (prim, mb, tile)
-            resident[i] = M.resident_bytes(prim, layer, M.conv_blocks(spatial, layer.kernel, tile)[0])
+                timed = est
+            best = timed[0]
+            best_t = best.seconds
+            decisions[i] = (best.primitive, best.micro_batch, best.tile)
+            resident[i] = best.resident
             for p in () if host else usable:  # faster whole-batch alternatives refused for memory
                 e = M.conv_primitive_bytes(p, n, layer, spatial, threads) + M.resident_bytes(p, layer, spatial)
                 if e > room:
