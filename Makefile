@@ -37,7 +37,7 @@ lint: setup
 # CI runs a prefix of the same seeded chains; run this before a release.
 faults: setup
 	env -u PYTHONDONTWRITEBYTECODE PATH="$(abspath $(VENV))/bin:$$PATH" NUMBA_THREADING_LAYER=threadsafe \
-		ZNNI_FAULT_KILLS=20 ZNNI_SLURM_KILLS=20 $(PY) -m pytest -q -m slow -p no:cacheprovider -rA
+		ZNNI_FAULT_KILLS=20 ZNNI_SLURM_KILLS=20 ZNNI_NODE_FAIL=1 $(PY) -m pytest -q -m slow -p no:cacheprovider -rA
 
 bench: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m benchmarks

@@ -10,7 +10,6 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -51,6 +50,21 @@ def _stepd(jid: str) -> list[int]:
     """The slurmstepd processes of job ``jid`` (``slurmstepd: [JID.batch]``)."""
     out = subprocess.run(["pgrep", "-f", rf"slurmstepd: \[{jid}\."], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
+
+
+def _kill_tree(jid: str) -> None:
+    """SIGKILL job ``jid``'s processes on this node and all their descendants (a process the job
+    started outlives its parent otherwise), then its slurmstepd."""
+    import psutil
+
+    procs = []
+    for pid in _job_pids(jid) + _stepd(jid):
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            procs += [p, *p.children(recursive=True)]
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
 
 
 def _sacct(job_ids) -> list[dict]:
@@ -168,6 +182,9 @@ def test_t5_unknown_state_counts_only_if_chunk_verifies(fresh, golden_files, tmp
     H.assert_same_chunks(H.layer_files(case.out), golden_files, "T5 UNKNOWN")
 
 
+@pytest.mark.skipif(
+    os.environ.get("ZNNI_NODE_FAIL") != "1", reason="downs the cluster's only node: `make faults` (ZNNI_NODE_FAIL=1)"
+)
 def test_t5_node_fail_mid_task_requeued_and_byte_identical(fresh, golden_files, tmp_path):
     """The node goes down (`scontrol update state=down`) while task 3 is inside its compute: SLURM
     ends the job NODE_FAIL and requeues it (the profile's `slurm-requeue`), the requeued run skips
@@ -190,14 +207,12 @@ def test_t5_node_fail_mid_task_requeued_and_byte_identical(fresh, golden_files, 
             ids = _job_ids(case, 3)
             running = {j for j, st, _ in _squeue() if st == "RUNNING"}
             if marker.exists() and ids and ids[-1] in running:
-                jid = failed["job"] = ids[-1]
-                pids = _job_pids(jid)
+                failed["job"] = ids[-1]
                 subprocess.run(["scontrol", "update", f"nodename={host}", "state=down", "reason=znni-T5"], check=True)
-                for pid in pids:  # what the failure takes down with the node
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                for _ in range(600):  # until nothing of the job is left on the node
-                    if not _job_pids(jid) and not _stepd(jid):
+                for jid in running:  # every job on the node dies with it, its whole process tree
+                    _kill_tree(jid)
+                for _ in range(600):  # until nothing of any of them is left on the node
+                    if not any(_job_pids(j) or _stepd(j) for j in running):
                         break
                     time.sleep(0.1)
                 subprocess.run(["scontrol", "update", f"nodename={host}", "state=resume"], capture_output=True)
