@@ -64,7 +64,7 @@ def write_case(root: Path, vol: np.ndarray, chunk=(8, 64, 64)) -> Path:
     from znni_core.io.layers import create_layer
     from znni_core.io.precomputed import PrecomputedLayer
     from znni_core.net import save_network
-    from znni_core.pipeline.config import validate_config
+    from znni_core.pipeline.settings import validate_config
 
     from .nets import make_boundary_network
 

@@ -420,7 +420,7 @@ def test_workflow_tasks_on_the_device_equal_whole_volume_inference(gpu, tmp_path
     rf = prepare(cfg)
     from znni_core.pipeline.config import load_run
 
-    assert load_run(rf).config["device"] == device
+    assert load_run(rf).config.device == device
     run_all(rf)
     got, _ = read_out(rf)
     np.testing.assert_allclose(got, reference(cfg, vol), rtol=1e-4, atol=1e-5)

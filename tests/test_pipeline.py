@@ -17,8 +17,9 @@ import znni_core
 from znni_core.errors import ConfigError, DataError, InputError, NonFiniteError, PlanError
 from znni_core.geometry import Roi
 from znni_core.io import PrecomputedLayer, parse_layer_url
-from znni_core.pipeline.config import load_run, resolve, run_geometry, save_run, validate_config
+from znni_core.pipeline.config import load_run, resolve, run_geometry, save_run
 from znni_core.pipeline.finalize import finalize
+from znni_core.pipeline.settings import parse_config, validate_config
 from znni_core.pipeline.task import manifest_path, run_task
 
 from .pipeline_helpers import base_config, em, layer_files
@@ -35,7 +36,7 @@ def prepare(cfg, mem_mb=2000):
     run, plan = resolve(cfg, mem_mb=mem_mb, threads=1, progress=lambda *a: None)
     path = save_run(run, plan, Path(run.work_dir))
     create_layer(
-        parse_layer_url(run.output.url, endpoint=run.config["output"]["endpoint_url"]),
+        parse_layer_url(run.output.url, endpoint=run.config.output.endpoint_url),
         output_specs(run),
         {"processing": []},
     )
@@ -457,9 +458,9 @@ def test_auto_task_chunks_follow_the_slots_and_the_run_records_the_box(tmp_path)
     four = compute_schedule(cfg, slots=4)
     assert 4 <= four["num_tasks"] <= 6 and four["task_box"] == four["task_chunks"], four
     run, _ = resolve(cfg | {"task_chunks": four["task_box"]}, mem_mb=2000, threads=1, progress=lambda *a: None)
-    assert run.task_chunks == four["task_box"] == run.config["task_chunks"]
+    assert run.task_chunks == four["task_box"] == run.config.task_chunks
     run_auto, _ = resolve(cfg, mem_mb=2000, threads=1, progress=lambda *a: None)  # validate alone: this machine's CPUs
-    assert run_auto.config["task_chunks"] == run_auto.task_chunks != "auto"
+    assert run_auto.config.task_chunks == run_auto.task_chunks != "auto"
 
 
 def test_job_overlaps_read_compute_and_store_with_bounded_memory(tmp_path, monkeypatch):
@@ -608,7 +609,9 @@ def test_a_tasks_plan_may_cut_the_task_into_smaller_patches():
         ],
         seed=4,
     )
-    cfg = {"device": "cpu", "plan": {"effort": "estimate"}}
+    cfg = parse_config(
+        {"input": {"path": "file:///em", "dtype": "uint8"}, "network": {"path": "n"}, "output": {"path": "file:///o"}}
+    )
     task = (24, 200, 200)
     read = tuple(t + f - 1 for t, f in zip(task, net.field_of_view))
     budget = 96 << 20

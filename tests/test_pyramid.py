@@ -81,7 +81,7 @@ def igneous_pyramid(run, tmp_path, mips):
             "file://" + str(dst),
             mip=0,
             num_mips=mips,
-            factor=tuple(run.config["downsample"]["factor"])[::-1],
+            factor=tuple(run.config.downsample.factor)[::-1],
             fill_missing=True,
             compress=False,
             delete_black_uploads=False,
@@ -160,7 +160,7 @@ def test_pyramid_jobs_split_a_mip_and_write_markers(plain, tmp_path):
     _, ref_run, _ = plain
     run = run_pyramid(tmp_path, mips=1)
     rf = Path(run.work_dir) / "run.json"
-    n = len(mip_tasks(output_spec(run, 1), run.config["task_chunks"]))
+    n = len(mip_tasks(output_spec(run, 1), run.config.task_chunks))
     assert n > 5
     docs = [run_pyramid_job(rf, 1, j, 5, **QUIET) for j in range(-(-n // 5))]
     assert [len(d["ran"]) for d in docs] == [5] * (n // 5) + ([n % 5] if n % 5 else [])
@@ -219,7 +219,7 @@ def test_estimate_counts_the_pyramid(tmp_path):
     cfg = base_config(tmp_path, vol=em((12, 70, 70)), output=OUT, downsample={"mips": 2})
     e = run_estimate(cfg, mem_mb=2000, threads=1, rate=1e5, cores_per_node=2, log=lambda *a: None)
     run = load_run(prepare(cfg))
-    tasks = [mip_tasks(output_spec(run, k), run.config["task_chunks"]) for k in (1, 2)]
+    tasks = [mip_tasks(output_spec(run, k), run.config.task_chunks) for k in (1, 2)]
     assert e["pyramid"]["mips"] == 2 and e["pyramid"]["tasks"] == sum(len(t) for t in tasks)
     assert e["pyramid"]["objects"] == sum(output_spec(run, k).grid.num_chunks for k in (1, 2))  # unsharded
     assert "pyramid        mips 1-2" in describe(e)

@@ -17,6 +17,7 @@ from znni_core.io import PrecomputedLayer, parse_layer_url
 from znni_core.io.sharding import _bits, auto_sharding, check_sharding, chunk_key, shard_chunks, shard_name
 from znni_core.pipeline.config import load_run, output_sharding, run_geometry
 from znni_core.pipeline.finalize import check_manifests
+from znni_core.pipeline.settings import parse_config
 from znni_core.pipeline.task import manifest_path, run_task
 
 from .pipeline_helpers import base_config, em
@@ -145,15 +146,15 @@ def test_sharded_tasks_verify_and_rerun_rewrites_only_their_shard(tmp_path):
 
 def test_petavoxel_layer_has_a_bounded_number_of_shards():
     shape = Coordinate((25_000, 200_000, 200_000))
-    out = {
-        "sharding": "auto",
-        "chunk_size": [64, 128, 128],
-        "dtype": "float32",
-        "compression": "none",
-        "shard_bytes": 2**30,
-    }
+    out = parse_config(
+        {
+            "input": {"path": "file:///em", "dtype": "uint8"},
+            "network": {"path": "net.onnx"},
+            "output": {"path": "file:///out", "chunk_size": [64, 128, 128], "shard_bytes": 2**30},
+        }
+    ).output
     spec = output_sharding(out, Roi((0, 0, 0), shape), 1)
-    grid = shape.ceil_div(Coordinate(out["chunk_size"]))
+    grid = shape.ceil_div(Coordinate(out.chunk_size))
     box = shard_chunks(spec, grid)
     shards = grid.ceil_div(box).prod()
     print(
@@ -162,14 +163,14 @@ def test_petavoxel_layer_has_a_bounded_number_of_shards():
     )
     assert grid.prod() > 9 * 10**8 and shards < 10**7
     assert box.prod() * 64 * 128 * 128 * 4 <= 2**30
-    assert output_sharding({**out, "sharding": "auto"}, Roi((0, 0, 0), (64, 512, 512)), 1) is None  # few chunks
-    assert auto_sharding(shape, out["chunk_size"], "float32", 1, 2**30, "raw")["hash"] == "identity"
+    assert output_sharding(out, Roi((0, 0, 0), (64, 512, 512)), 1) is None  # few chunks
+    assert auto_sharding(shape, out.chunk_size, "float32", 1, 2**30, "raw")["hash"] == "identity"
     # its pyramid (5 mips of 1 x 2 x 2): every mip sharded, all of them fewer files than mip 0 again
     from znni_core.io import ScaleSpec
     from znni_core.io.mips import mip_specs, task_chunks_of
 
     s0 = ScaleSpec(
-        "8_8_40", Roi((0, 0, 0), shape), Coordinate(out["chunk_size"]), (40.0, 8.0, 8.0), "float32", 1, sharding=spec
+        "8_8_40", Roi((0, 0, 0), shape), Coordinate(out.chunk_size), (40.0, 8.0, 8.0), "float32", 1, sharding=spec
     )
     counts = []
     for k, s in enumerate(mip_specs(s0, 5, (1, 2, 2), shard_bytes=2**30)):
@@ -353,7 +354,7 @@ def test_a_petavoxel_with_the_shipped_config_validates_and_estimates(tmp_path):
     write = Coordinate(s["task_chunks"]) * Coordinate(cfg["output"]["chunk_size"])
     need = task_bytes(write, net_halo(load_network(cfg["network"]["path"])), 1, 1, 1, 4)
     assert need + plan.memory_budget <= JOB_MEM_MB * 2**20, (need, plan.memory_budget)
-    e = estimate(cfg, s, rate=1e7, rate_source="given", threads=1, device="cpu", out_channels=1)
+    e = estimate(parse_config(cfg), s, rate=1e7, rate_source="given", threads=1, device="cpu", out_channels=1)
     text = describe(e)
     assert "shards of about" in text and "sharding       output.shard_bytes auto" in text, text
     assert e["tasks"] == s["num_tasks"] > 10**6

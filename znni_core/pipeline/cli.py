@@ -48,12 +48,13 @@ def register(app: typer.Typer) -> None:
         """Check config, network and layers (everything that can fail before scheduling); write the plan
         (and with --layer-marker create the output layer: the workflow's first job does both)."""
         from ..errors import ZnniError
-        from .config import load_config, resolve, save_run, validate_config
+        from .config import resolve, save_run
+        from .settings import load_config, parse_config
 
         try:
             if config_json is None and config is None:
                 fail(ValueError("give CONFIG (config.yaml) or --config-json"), 2)
-            cfg = validate_config(json.loads(config_json)) if config_json else load_config(config)
+            cfg = parse_config(json.loads(config_json)) if config_json else load_config(config)
             run, plan = resolve(cfg, mem_mb=mem_mb, threads=threads, progress=_log)
         except ZnniError as exc:
             fail(exc)
@@ -82,8 +83,8 @@ def register(app: typer.Typer) -> None:
     ):
         """Tasks, jobs, chunks, shards, files, output bytes and node/GPU-hours of a run, before it runs."""
         from ..errors import ZnniError
-        from .config import load_config
         from .estimate import describe, run_estimate
+        from .settings import load_config
 
         try:
             e = run_estimate(
@@ -181,7 +182,7 @@ def register(app: typer.Typer) -> None:
             run = load_run(run_file)
             if mem_mb is not None:
                 _check_mem(run, mem_mb, run_geometry, task_bytes)
-            with claimed_gpu(run.config["device"]):
+            with claimed_gpu(run.config.device):
                 run_task(run_file, task, chunk=chunk, show_progress=progress, log=_log)
         except ZnniError as exc:
             fail(exc)
@@ -219,7 +220,7 @@ def register(app: typer.Typer) -> None:
             if mem_mb is not None:
                 buffers = _check_mem(run, mem_mb, run_geometry, task_bytes)
                 overlap = run.plan.memory_budget + 2 * buffers <= mem_mb * 2**20
-            with claimed_gpu(run.config["device"]):  # one job per GPU on a node
+            with claimed_gpu(run.config.device):  # one job per GPU on a node
                 run_job(
                     run_file,
                     job,
@@ -395,7 +396,7 @@ def _create_output_layer(run_file: Path, marker: Optional[Path]) -> None:
     try:
         run = load_run(run_file)
         cfg = run.config
-        url = parse_layer_url(run.output.url, endpoint=cfg["output"]["endpoint_url"])
+        url = parse_layer_url(run.output.url, endpoint=cfg.output.endpoint_url)
         prov = {
             "description": f"znni dense inference of {Path(run.network.path).name} on {run.input.url}",
             "owners": [],

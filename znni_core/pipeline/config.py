@@ -1,24 +1,22 @@
-"""Workflow configuration: JSON-schema validation with defaults, then the checks that need data.
+"""Resolving a configuration: the checks that need the network and the data, and the run.
 
-:func:`load_config` checks the *form* (schema, defaults filled in); :func:`resolve` opens the
-network and the layers and refuses, before anything is scheduled, every run that cannot succeed
-(docs/reliability.md, T21-T24, T26, T27): it returns the :class:`~.run.Run` every later step reads.
+:mod:`.settings` checks a config's *form* (schema, defaults filled in) and types it as a
+:class:`~.settings.Config`; :func:`resolve` opens the network and the layers and refuses, before
+anything is scheduled, every run that cannot succeed (docs/reliability.md, T21-T24, T26, T27): it
+returns the :class:`~.run.Run` every later step reads.
 """
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import datetime
-import functools
 import hashlib
 import json
-import math
 import os
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-import yaml
 
 from ..errors import ConfigError, DataError, InputError, PlanError
 from ..geometry import EDGE_POLICIES, ChunkGrid, Coordinate, Halo, Roi, TaskGrid, output_bounds
@@ -28,80 +26,7 @@ from ..io.mips import layer_info, mip_specs
 from ..io.sharding import shard_chunks
 from ..io.zarr_output import zarr_sharding
 from .run import RUN_FORMAT, Run
-
-SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
-
-
-def schema() -> dict:
-    """The config's JSON schema (libyaml's loader where PyYAML has it: the pure-Python one took
-    0.1 s per parse, and ``validate`` checked the config three times)."""
-    return yaml.load(SCHEMA_PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-
-
-@functools.lru_cache(maxsize=1)
-def _validator():
-    import jsonschema
-
-    base = jsonschema.Draft202012Validator
-
-    def set_defaults(validator, properties, instance, sch):
-        if isinstance(instance, dict):
-            for name, sub in properties.items():
-                if "default" in sub and name not in instance:
-                    instance[name] = copy.deepcopy(sub["default"])
-        yield from base.VALIDATORS["properties"](validator, properties, instance, sch)
-
-    cls = jsonschema.validators.extend(base, {"properties": set_defaults})
-    return cls(schema())
-
-
-def _non_finite(obj, path="") -> list:
-    """``[(dotted key, value)]`` of the NaN and infinite numbers in a config (YAML reads ``.nan``
-    and ``.inf``; JSON schema bounds never refuse a NaN)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return [(path or "<top>", obj)]
-    if isinstance(obj, dict):
-        return [b for k, v in obj.items() for b in _non_finite(v, f"{path}.{k}" if path else str(k))]
-    if isinstance(obj, list):
-        return [b for i, v in enumerate(obj) for b in _non_finite(v, f"{path}[{i}]")]
-    return []
-
-
-def validate_config(cfg: dict) -> dict:
-    """Schema check with defaults filled in; :class:`ConfigError` lists every problem with its key."""
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"the configuration must be a mapping, got {type(cfg).__name__}")
-    cfg = copy.deepcopy(cfg)
-    bad = _non_finite(cfg)
-    if bad:
-        raise ConfigError(
-            "invalid configuration: " + ", ".join(f"{k} is {v}" for k, v in bad) + "; every number must be finite"
-        )
-    v = _validator()
-    errors = sorted(v.iter_errors(cfg), key=lambda e: list(e.absolute_path))
-    if errors:
-        lines = [f"  {'.'.join(str(p) for p in e.absolute_path) or '<top>'}: {e.message}" for e in errors]
-        raise ConfigError(
-            "invalid configuration (see config.yaml comments / docs/configuration.md):\n" + "\n".join(lines)
-        )
-    # a second pass fills defaults inside objects that were themselves defaulted
-    list(v.iter_errors(cfg))
-    return cfg
-
-
-def load_config(path) -> dict:
-    """Read a config.yaml and validate it (:func:`validate_config`, defaults filled in).
-
-    A missing file or invalid YAML is a :class:`ConfigError`; an empty file is an empty config.
-    """
-    path = Path(path)
-    try:
-        cfg = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
-    return validate_config(cfg or {})
+from .settings import Config, OutputSettings, Tta, load_config, parse_config
 
 
 def _digest(obj) -> str:
@@ -130,10 +55,10 @@ def task_bytes(write_shape, halo: Halo, c_in: int, c_out: int, in_itemsize: int,
     return read * c_in * (in_itemsize + 4) + write * c_out * (4 + out_itemsize) * 2
 
 
-def stored_channels(cfg: dict, net) -> int:
+def stored_channels(cfg: Config, net) -> int:
     """Channels of the output layer: the network's, then (``tta.variance``) their variances across
     the test-time augmentation's variants."""
-    return net.out_channels * (2 if (cfg.get("tta") or {}).get("variance") else 1)
+    return net.out_channels * (2 if cfg.tta.variance else 1)
 
 
 def net_halo(net) -> Halo:
@@ -162,13 +87,13 @@ JOB_MEM_MB = 2000
 AUTO_TASK_VOXELS = 1 << 26
 
 
-def auto_task_chunks(cfg: dict, net, inp, halo: Halo, region: Roi, grid: ChunkGrid, slots: int | None) -> Coordinate:
+def auto_task_chunks(cfg: Config, net, inp, halo: Halo, region: Roi, grid: ChunkGrid, slots: int | None) -> Coordinate:
     """``task_chunks: auto``: the box that finishes the region soonest on ``slots`` jobs (default:
     this machine's CPUs), within a job's memory (``choose_task_chunks``)."""
     from ..geometry.grid import choose_task_chunks
 
-    cap = (1 - cfg["plan"]["memory_fraction"]) * JOB_MEM_MB * 2**20 / 2
-    in_size, out_size = np.dtype(inp.dtype).itemsize, np.dtype(cfg["output"]["dtype"]).itemsize
+    cap = (1 - cfg.plan.memory_fraction) * JOB_MEM_MB * 2**20 / 2
+    in_size, out_size = np.dtype(inp.dtype).itemsize, np.dtype(cfg.output.dtype).itemsize
 
     def fits(write_shape):
         return task_bytes(write_shape, halo, net.in_channels, stored_channels(cfg, net), in_size, out_size) <= cap
@@ -176,19 +101,19 @@ def auto_task_chunks(cfg: dict, net, inp, halo: Halo, region: Roi, grid: ChunkGr
     return choose_task_chunks(grid, region, halo, slots or os.cpu_count() or 1, max_voxels=AUTO_TASK_VOXELS, fits=fits)
 
 
-def layout(cfg: dict, net, inp, halo: Halo, where: str, slots: int | None = None) -> Layout:
+def layout(cfg: Config, net, inp, halo: Halo, where: str, slots: int | None = None) -> Layout:
     """The run's geometry, with the region checks (T22); cheap: no plan, no data read."""
     # T22: region vs what the input can produce
-    edge = cfg["edge"]
+    edge = cfg.edge
     assert edge in EDGE_POLICIES
     try:
         producible = output_bounds(inp.bounds, halo, edge)
     except ValueError as exc:
         raise InputError(f"{where}: {exc}") from None
-    if cfg["region"] is None:
+    if cfg.region is None:
         region = producible
     else:
-        region = Roi(cfg["region"]["offset"], cfg["region"]["shape"])
+        region = Roi(cfg.region.offset, cfg.region.shape)
         if not producible.contains(region):
             why = (
                 "the region grown by the network's halo " + f"low {tuple(halo.low)} high {tuple(halo.high)}"
@@ -200,7 +125,7 @@ def layout(cfg: dict, net, inp, halo: Halo, where: str, slots: int | None = None
                 f"input bounds {_roi_doc(inp.bounds)}; the largest possible region under edge={edge} is "
                 f"{_roi_doc(producible)} (or use edge: mirror / zero)"
             )
-    if net.kind == "valid" and edge == "valid" and cfg["region"] is None:
+    if net.kind == "valid" and edge == "valid" and cfg.region is None:
         # a valid graph network tiles on its grid: the default region is cut to an admissible input
         # (its last few voxels per axis, fewer than the grid, would need input beyond the bounds)
         use = net.floor_admissible(tuple(region.shape + Coordinate(net.context)))
@@ -216,25 +141,27 @@ def layout(cfg: dict, net, inp, halo: Halo, where: str, slots: int | None = None
             f"every axis; it is {tuple(inp.bounds.shape)}"
         )
 
-    layer_bounds = aligned_bounds(region, cfg["output"]["chunk_size"]) if cfg["output"]["align"] else region
-    grid = ChunkGrid(layer_bounds, Coordinate(cfg["output"]["chunk_size"]))
-    ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
+    layer_bounds = aligned_bounds(region, cfg.output.chunk_size) if cfg.output.align else region
+    grid = ChunkGrid(layer_bounds, Coordinate(cfg.output.chunk_size))
+    ou = parse_layer_url(cfg.output.path, endpoint=cfg.output.endpoint_url, what="output.path")
     box = (
         auto_task_chunks(cfg, net, inp, halo, region, grid, slots)
-        if cfg["task_chunks"] == "auto"
-        else Coordinate(cfg["task_chunks"])
+        if cfg.task_chunks == "auto"
+        else Coordinate(cfg.task_chunks)
     )
     if ou.format == "zarr":  # a zarr output is always sharded: a shard is a task's box of chunks
-        if cfg["output"]["sharding"] not in ("auto", "sharded"):
+        if cfg.output.sharding not in ("auto", "sharded"):
             raise ConfigError(
-                f"output.sharding {cfg['output']['sharding']!r}: a zarr output ({ou}) is always "
+                f"output.sharding {cfg.output.sharding!r}: a zarr output ({ou}) is always "
                 "sharded, one shard per task (task_chunks); use auto, or a precomputed output"
             )
-        return Layout(region, layer_bounds, zarr_sharding(box, cfg["output"]["compression"]), box, grid, box)
-    shard_bytes, note = cfg["output"]["shard_bytes"], ""
+        return Layout(region, layer_bounds, zarr_sharding(box, cfg.output.compression), box, grid, box)
+    shard_bytes, note = cfg.output.shard_bytes, ""
     if shard_bytes == "auto":
         shard_bytes, note = auto_shard_bytes(cfg, net, inp, halo, layer_bounds, grid)
-    sharding = output_sharding(cfg["output"] | {"shard_bytes": shard_bytes}, layer_bounds, stored_channels(cfg, net))
+    sharding = output_sharding(
+        dataclasses.replace(cfg.output, shard_bytes=shard_bytes), layer_bounds, stored_channels(cfg, net)
+    )
     # a task writes whole shards: with sharding, a task is one shard's box of chunks
     tc = shard_chunks(sharding, grid.grid_shape) if sharding else box
     return Layout(region, layer_bounds, sharding, tc, grid, box, shard_bytes, note if sharding else "")
@@ -244,20 +171,20 @@ def layout(cfg: dict, net, inp, halo: Halo, where: str, slots: int | None = None
 MAX_AUTO_SHARD_BYTES = 2**30
 
 
-def auto_shard_bytes(cfg: dict, net, inp, halo: Halo, bounds: Roi, grid: ChunkGrid) -> tuple[int, str]:
+def auto_shard_bytes(cfg: Config, net, inp, halo: Halo, bounds: Roi, grid: ChunkGrid) -> tuple[int, str]:
     """``output.shard_bytes: auto``: the largest shard size (at most
     :data:`MAX_AUTO_SHARD_BYTES`, halving) whose task, one shard with its input and output held
     in memory (:func:`task_bytes`), fits what the plan leaves of an infer job of
     :data:`JOB_MEM_MB` (``1 - plan.memory_fraction`` of it, 10% kept free); ``(bytes, note)``."""
     from ..io.sharding import shard_chunks
 
-    cap = 0.9 * (1 - cfg["plan"]["memory_fraction"]) * JOB_MEM_MB * 2**20
-    in_size, out_size = np.dtype(inp.dtype).itemsize, np.dtype(cfg["output"]["dtype"]).itemsize
+    cap = 0.9 * (1 - cfg.plan.memory_fraction) * JOB_MEM_MB * 2**20
+    in_size, out_size = np.dtype(inp.dtype).itemsize, np.dtype(cfg.output.dtype).itemsize
     chunk_bytes = int(np.prod(tuple(grid.chunk_shape))) * stored_channels(cfg, net) * out_size
     size = MAX_AUTO_SHARD_BYTES
     while True:
         spec = output_sharding(
-            cfg["output"] | {"shard_bytes": size, "sharding": "sharded"}, bounds, stored_channels(cfg, net)
+            dataclasses.replace(cfg.output, shard_bytes=size, sharding="sharded"), bounds, stored_channels(cfg, net)
         )
         write = (shard_chunks(spec, grid.grid_shape) * grid.chunk_shape).min(bounds.shape)
         need = task_bytes(write, halo, net.in_channels, stored_channels(cfg, net), in_size, out_size)
@@ -267,12 +194,14 @@ def auto_shard_bytes(cfg: dict, net, inp, halo: Halo, bounds: Roi, grid: ChunkGr
     note = (
         f"output.shard_bytes auto: shards of about {size / 2**20:.0f} MiB (a task is one shard: "
         f"{need / 2**20:.0f} MiB of input and output, within an infer job of {JOB_MEM_MB} MB with "
-        f"plan.memory_fraction {cfg['plan']['memory_fraction']:g}); set output.shard_bytes for larger jobs"
+        f"plan.memory_fraction {cfg.plan.memory_fraction:g}); set output.shard_bytes for larger jobs"
     )
     return size, note
 
 
-def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None, plan_out=None, progress=print):
+def resolve(
+    cfg: dict | Config, *, mem_mb: int | None = None, threads: int | None = None, plan_out=None, progress=print
+):
     """All checks that need the network and the layers; autotune or load the plan; return the run.
 
     Nothing is written to the output layer here.  ``mem_mb`` is the memory of one infer job (the
@@ -281,19 +210,19 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     from .. import load_network
     from .mask import check_mask, open_mask
 
-    cfg = validate_config(cfg)
-    if cfg["output"]["scale"] is not None and cfg["output"]["dtype"] != "uint8":
+    cfg = parse_config(cfg)
+    if cfg.output.scale is not None and cfg.output.dtype != "uint8":
         raise ConfigError(
-            f"output.scale {cfg['output']['scale']} maps values to uint8; it has no meaning with output.dtype "
-            f"{cfg['output']['dtype']}: set output.dtype: uint8 or remove output.scale"
+            f"output.scale {cfg.output.scale} maps values to uint8; it has no meaning with output.dtype "
+            f"{cfg.output.dtype}: set output.dtype: uint8 or remove output.scale"
         )
-    net_path = Path(cfg["network"]["path"]).resolve()
+    net_path = Path(cfg.network.path).resolve()
     net = load_network(net_path)  # T19: NaN/Inf weights refused here
     halo = net_halo(net)
-    _check_tta(cfg["tta"], net, net_path, halo)
+    _check_tta(cfg.tta, net, net_path, halo)
     iu, inp, where = _checked_input(cfg, net, net_path)
     lay = layout(cfg, net, inp, halo, where)
-    cfg = {**cfg, "task_chunks": list(lay.box)}  # the run records the box ``auto`` chose
+    cfg = dataclasses.replace(cfg, task_chunks=list(lay.box))  # the run records the box ``auto`` chose
     mask = open_mask(cfg, inp.resolution)
     if mask is not None:
         check_mask(mask, lay.region)
@@ -301,7 +230,7 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     task_shape = (lay.task_chunks * specs[0].chunk_shape).min(lay.region.shape)
     budget = _engine_budget(cfg, mem_mb, lay, halo, net, inp, specs[0], task_shape)
     plan = _the_plan(cfg, net, budget, threads, task_shape, lay.region)
-    if net.kind == "valid" and cfg["edge"] == "valid":
+    if net.kind == "valid" and cfg.edge == "valid":
         _check_valid_graph_read(net, plan, lay.region, halo, inp)
     tasks = TaskGrid(lay.grid, lay.task_chunks, halo, lay.region)
     if not len(tasks):
@@ -311,31 +240,29 @@ def resolve(cfg: dict, *, mem_mb: int | None = None, threads: int | None = None,
     return run, plan
 
 
-def _check_tta(tta: dict, net, net_path: Path, halo: Halo) -> None:
+def _check_tta(tta: Tta, net, net_path: Path, halo: Halo) -> None:
     """Test-time augmentation runs chain networks, and transposes only where the halo allows it."""
-    if (tta["flips"] or tta["transpose_xy"] or tta["variance"]) and net.kind != "chain":
+    if tta.on and net.kind != "chain":
         raise ConfigError(
-            f"tta {tta}: test-time augmentation runs chain networks only ({net_path.name} is a graph network); "
+            f"tta {dataclasses.asdict(tta)}: test-time augmentation runs chain networks only ({net_path.name} is a graph network); "
             "remove tta"
         )
-    if tta["transpose_xy"] and (halo.low[1] != halo.low[2] or halo.high[1] != halo.high[2]):
+    if tta.transpose_xy and (halo.low[1] != halo.low[2] or halo.high[1] != halo.high[2]):
         raise ConfigError(
             f"tta.transpose_xy: the network's halo differs on y and x (low {tuple(halo.low)}, high "
             f"{tuple(halo.high)}), so its output on the transposed input does not line up; use flips only"
         )
 
 
-def _checked_input(cfg: dict, net, net_path: Path):
+def _checked_input(cfg: Config, net, net_path: Path):
     """(URL, layer, how messages name it) of the input, checked against the config and the network
     (T21 dtype, T27 channels, T23 resolution)."""
-    iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
-    inp = open_input(
-        iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"], checksums=cfg["input"]["checksums"]
-    )
-    where = f"input {iu} mip {cfg['input']['mip']}"
-    if inp.dtype != cfg["input"]["dtype"]:
+    iu = parse_layer_url(cfg.input.path, endpoint=cfg.input.endpoint_url, what="input.path")
+    inp = open_input(iu, cfg.input.mip, resolution=cfg.input.resolution, checksums=cfg.input.checksums)
+    where = f"input {iu} mip {cfg.input.mip}"
+    if inp.dtype != cfg.input.dtype:
         raise InputError(
-            f"{where} holds {inp.dtype} but input.dtype says {cfg['input']['dtype']}: znni never "
+            f"{where} holds {inp.dtype} but input.dtype says {cfg.input.dtype}: znni never "
             "rescales silently; fix input.dtype and normalize.scale/shift together"
         )
     if inp.channels != net.in_channels:
@@ -343,7 +270,7 @@ def _checked_input(cfg: dict, net, net_path: Path):
             f"{where} has {inp.channels} channel(s) but the network {net_path.name} expects "
             f"{net.in_channels}; pick the matching layer or network"
         )
-    net_res = cfg["network"]["resolution"] or net.metadata.get("resolution")
+    net_res = cfg.network.resolution or net.metadata.get("resolution")
     if net_res is not None and not np.allclose(tuple(net_res), inp.resolution, rtol=1e-3):
         raise InputError(
             f"{where} has resolution {inp.resolution} nm (z, y, x) but the network was trained at "
@@ -352,17 +279,17 @@ def _checked_input(cfg: dict, net, net_path: Path):
     return iu, inp, where
 
 
-def _checked_output(cfg: dict, lay: Layout, inp, iu, net):
+def _checked_output(cfg: Config, lay: Layout, inp, iu, net):
     """(URL, scales) of the output layer (bounds = region, the input's resolution), checked: its
     format takes the dtype, it is not the input, and an existing layer matches (T21, T22, T24)."""
-    ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
-    if cfg["output"]["dtype"] == "float16" and ou.format != "zarr":
+    ou = parse_layer_url(cfg.output.path, endpoint=cfg.output.endpoint_url, what="output.path")
+    if cfg.output.dtype == "float16" and ou.format != "zarr":
         raise ConfigError(
             f"output.dtype float16: a Neuroglancer precomputed layer ({ou}) has no float16 (its types are "
             "uint8-uint64, int8-int64 and float32); write a zarr output (output.path ending .zarr) or use "
             "output.dtype: uint8 with output.scale / offset"
         )
-    if cfg["output"]["compression"] == "gzip" and ou.is_local and not lay.sharding:
+    if cfg.output.compression == "gzip" and ou.is_local and not lay.sharding:
         raise ConfigError(
             "output.compression: gzip on a file:// layer names chunks *.gz; tensorstore and other "
             "readers then see zeros without an error (docs/pitfalls.md). Use compression: none locally."
@@ -380,23 +307,23 @@ def _checked_output(cfg: dict, lay: Layout, inp, iu, net):
     return ou, specs
 
 
-def _engine_budget(cfg: dict, mem_mb, lay: Layout, halo: Halo, net, inp, out_spec, task_shape) -> int | None:
+def _engine_budget(cfg: Config, mem_mb, lay: Layout, halo: Halo, net, inp, out_spec, task_shape) -> int | None:
     """The plan's memory budget: ``plan.memory_fraction`` of the infer job's ``mem_mb``, refused when
     a task's input and output do not fit beside it (T24); on a GPU, ``plan.gpu_memory``."""
     budget = None
     if mem_mb is not None:
         budget = _host_budget(cfg, mem_mb, lay, halo, net, inp, out_spec, task_shape)
-    if cfg["device"] != "cpu":  # mem_mb is the job's host RAM; the plan's budget is the device's memory
+    if cfg.device != "cpu":  # mem_mb is the job's host RAM; the plan's budget is the device's memory
         from ..units import parse_bytes
 
         try:
-            budget = parse_bytes(cfg["plan"]["gpu_memory"]) if cfg["plan"]["gpu_memory"] else None
+            budget = parse_bytes(cfg.plan.gpu_memory) if cfg.plan.gpu_memory else None
         except ValueError as exc:
             raise ConfigError(f"plan.gpu_memory: {exc}") from None
     return budget
 
 
-def _host_budget(cfg: dict, mem_mb: int, lay: Layout, halo: Halo, net, inp, out_spec, task_shape) -> int:
+def _host_budget(cfg: Config, mem_mb: int, lay: Layout, halo: Halo, net, inp, out_spec, task_shape) -> int:
     """``plan.memory_fraction`` of ``mem_mb``, refused when a task's input and output do not fit beside it."""
     extra = task_bytes(
         task_shape,
@@ -406,7 +333,7 @@ def _host_budget(cfg: dict, mem_mb: int, lay: Layout, halo: Halo, net, inp, out_
         np.dtype(inp.dtype).itemsize,
         np.dtype(out_spec.dtype).itemsize,
     )
-    budget = int(mem_mb * 2**20 * cfg["plan"]["memory_fraction"])
+    budget = int(mem_mb * 2**20 * cfg.plan.memory_fraction)
     if extra + budget > mem_mb * 2**20:
         raise PlanError(
             f"a task of {tuple(lay.task_chunks)} chunks of {tuple(out_spec.chunk_shape)} needs {extra / 2**20:.0f} MiB "
@@ -418,17 +345,17 @@ def _host_budget(cfg: dict, mem_mb: int, lay: Layout, halo: Halo, net, inp, out_
     return budget
 
 
-def _the_plan(cfg: dict, net, budget, threads, task_shape, region):
+def _the_plan(cfg: Config, net, budget, threads, task_shape, region):
     """The run's plan (once; every task reuses it): ``plan.file``, checked, or autotuned."""
     from ..plan.plan import Plan
 
-    if not cfg["plan"]["file"]:
+    if not cfg.plan.file:
         return task_plan(net, cfg, budget, threads, task_shape, region)
-    plan = Plan.load(cfg["plan"]["file"])
+    plan = Plan.load(cfg.plan.file)
     if plan.network_digest != net.digest():
-        raise PlanError(f"plan.file {cfg['plan']['file']} was made for another network; re-run `znni plan`")
-    if plan.device != cfg["device"]:
-        raise PlanError(f"plan.file is for device {plan.device!r}, the config asks {cfg['device']!r}")
+        raise PlanError(f"plan.file {cfg.plan.file} was made for another network; re-run `znni plan`")
+    if plan.device != cfg.device:
+        raise PlanError(f"plan.file is for device {plan.device!r}, the config asks {cfg.device!r}")
     return plan
 
 
@@ -449,11 +376,11 @@ def _check_valid_graph_read(net, plan, region: Roi, halo: Halo, inp) -> None:
 
 def _run_record(cfg, net, net_path, halo, iu, inp, ou, specs, lay, mask, num_tasks, plan, plan_out, mem_mb) -> Run:
     """The run (``run.json``): what every later step reads, with its digest."""
-    work = Path(cfg["work_dir"]).resolve()
+    work = Path(cfg.work_dir).resolve()
     plan_path = Path(plan_out) if plan_out else work / "plan.json"
     doc = {
         "format": RUN_FORMAT,
-        "config": cfg,
+        "config": cfg.to_dict(),
         "work_dir": str(work),
         "network": {
             "path": str(net_path),
@@ -466,7 +393,7 @@ def _run_record(cfg, net, net_path, halo, iu, inp, ou, specs, lay, mask, num_tas
         },
         "input": {
             "url": str(iu),
-            "mip": cfg["input"]["mip"],
+            "mip": cfg.input.mip,
             "bounds": inp.bounds.to_dict(),
             "resolution": list(inp.resolution),
             "dtype": inp.dtype,
@@ -537,8 +464,8 @@ def task_plan(net, cfg, budget, threads, task_shape, region):
         net,
         input_shape=task_patch,
         memory_budget=budget,
-        device=cfg["device"],
-        effort=cfg["plan"]["effort"],
+        device=cfg.device,
+        effort=cfg.plan.effort,
         threads=threads,
     )
 
@@ -549,10 +476,8 @@ def _graph_plan(net, cfg, budget, threads, task_shape, region):
     from ..plan import autotune
     from ..plan.graph import default_overlap
 
-    b = cfg["blend"]
-    kw = dict(
-        memory_budget=budget, device=cfg["device"], effort=cfg["plan"]["effort"], threads=threads, blend=b["mode"]
-    )
+    b = cfg.blend
+    kw = dict(memory_budget=budget, device=cfg.device, effort=cfg.plan.effort, threads=threads, blend=b["mode"])
     read = tuple(int(t) + c for t, c in zip(task_shape, net.context))
     plan = autotune(net, input_shape=read, patch_shape=b["patch_shape"], overlap=b["overlap"], **kw)
     if net.kind == "padded" and b["overlap"] is None:
@@ -579,7 +504,7 @@ def load_run(path) -> Run:
     path = Path(path)
     if path.suffix in (".yaml", ".yml"):
         cfg = load_config(path)
-        path = Path(cfg["work_dir"]) / "run.json"
+        path = Path(cfg.work_dir) / "run.json"
     try:
         run = json.loads(path.read_text())
     except FileNotFoundError:
@@ -592,12 +517,12 @@ def load_run(path) -> Run:
 AUTO_SHARD_CHUNKS = 10_000  # output.sharding: auto shards a layer of more chunks than this
 
 
-def output_sharding(out: dict, bounds: Roi, channels: int) -> dict | None:
+def output_sharding(out: OutputSettings, bounds: Roi, channels: int) -> dict | None:
     """The output's sharding spec (None: a file per chunk) from ``output.sharding``."""
     from ..io.sharding import auto_sharding, check_sharding
 
-    mode = out["sharding"]
-    grid = bounds.shape.ceil_div(Coordinate(out["chunk_size"]))
+    mode = out.sharding
+    grid = bounds.shape.ceil_div(Coordinate(out.chunk_size))
     if isinstance(mode, dict):
         return check_sharding(mode, "output.sharding", grid)
     chunks = grid.prod()
@@ -605,11 +530,11 @@ def output_sharding(out: dict, bounds: Roi, channels: int) -> dict | None:
         return None
     spec = auto_sharding(
         bounds.shape,
-        out["chunk_size"],
-        out["dtype"],
+        out.chunk_size,
+        out.dtype,
         channels,
-        out["shard_bytes"],
-        "gzip" if out["compression"] == "gzip" else "raw",
+        out.shard_bytes,
+        "gzip" if out.compression == "gzip" else "raw",
     )
     return check_sharding(spec, "output.sharding: auto", grid)
 
@@ -638,22 +563,22 @@ def run_geometry(run: Run):
     return region, grid, halo, TaskGrid(grid, run.task_chunks, halo, region)
 
 
-def output_scales(cfg: dict, lay: Layout, resolution, channels: int) -> list[ScaleSpec]:
+def output_scales(cfg: Config, lay: Layout, resolution, channels: int) -> list[ScaleSpec]:
     """The output layer's scales: mip 0 (the run's) and the pyramid's mips 1..downsample.mips."""
-    ou = parse_layer_url(cfg["output"]["path"], endpoint=cfg["output"]["endpoint_url"], what="output.path")
+    ou = parse_layer_url(cfg.output.path, endpoint=cfg.output.endpoint_url, what="output.path")
     zarr = ou.format == "zarr"
-    key = "0" if zarr else cfg["output"]["scale_key"] or "_".join(f"{v:g}" for v in tuple(resolution)[::-1])
+    key = "0" if zarr else cfg.output.scale_key or "_".join(f"{v:g}" for v in tuple(resolution)[::-1])
     spec0 = ScaleSpec(
         key=key,
         bounds=lay.bounds,
-        chunk_shape=Coordinate(cfg["output"]["chunk_size"]),
+        chunk_shape=Coordinate(cfg.output.chunk_size),
         resolution=tuple(resolution),
-        dtype=cfg["output"]["dtype"],
+        dtype=cfg.output.dtype,
         channels=channels,
-        encoding=cfg["output"]["encoding"],
+        encoding=cfg.output.encoding,
         sharding=lay.sharding,
     )
-    return mip_specs(spec0, cfg["downsample"]["mips"], cfg["downsample"]["factor"], shard_bytes=lay.shard_bytes)
+    return mip_specs(spec0, cfg.downsample.mips, cfg.downsample.factor, shard_bytes=lay.shard_bytes)
 
 
 def output_spec(run: Run, mip: int = 0) -> ScaleSpec:

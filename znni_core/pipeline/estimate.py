@@ -19,6 +19,7 @@ import numpy as np
 
 from ..io import atomic_write
 from .schedule import ESTIMATE_FILE
+from .settings import Config, parse_config
 
 DIR_FILES_WARN = 10**5
 DAG_JOBS_WARN = 5 * 10**4
@@ -56,7 +57,7 @@ def time_plan(net, plan, repeats: int = 2) -> float:
 
 
 def estimate(
-    cfg: dict,
+    cfg: Config,
     schedule: dict,
     *,
     rate: float,
@@ -67,8 +68,8 @@ def estimate(
     cores_per_node: int | None = None,
 ) -> dict:
     """The numbers of a run (see module doc); ``warnings`` lists what would hurt at this scale."""
-    out = cfg["output"]
-    itemsize = np.dtype(out["dtype"]).itemsize
+    out = cfg.output
+    itemsize = np.dtype(out.dtype).itemsize
     voxels = schedule["region_voxels"]
     tasks, jobs = schedule["num_tasks"], schedule["num_jobs"]
     objects = tasks if schedule["sharded"] else schedule["num_chunks"]
@@ -179,7 +180,7 @@ def describe(e: dict) -> str:
     return "\n".join(lines)
 
 
-def masked_schedule(cfg: dict, schedule: dict, log=print) -> dict:
+def masked_schedule(cfg: Config, schedule: dict, log=print) -> dict:
     """The schedule counting only the work a mask leaves: live tasks, their jobs, live chunks and
     voxels (the mask is read over the whole region, as the workflow's checkpoint will)."""
     from .mask import check_mask, open_mask, scan
@@ -217,17 +218,23 @@ def save_rate(work, e: dict) -> Path:
 
 
 def run_estimate(
-    cfg: dict, *, mem_mb: int | None, threads: int | None, rate: float | None, cores_per_node: int | None, log=print
+    cfg: dict | Config,
+    *,
+    mem_mb: int | None,
+    threads: int | None,
+    rate: float | None,
+    cores_per_node: int | None,
+    log=print,
 ) -> dict:
     """``znni estimate``: the schedule, a rate (see module doc), the numbers; a measured rate is saved."""
     from .. import load_network
-    from .config import resolve, stored_channels, validate_config
+    from .config import resolve, stored_channels
     from .schedule import compute_schedule
     from .task import tta_variants
 
-    cfg = validate_config(cfg)
-    work = Path(cfg["work_dir"])
-    net = load_network(Path(cfg["network"]["path"]))
+    cfg = parse_config(cfg)
+    work = Path(cfg.work_dir)
+    net = load_network(Path(cfg.network.path))
     threads = threads or 1
     if rate:
         source = "--rate"
@@ -237,14 +244,14 @@ def run_estimate(
     else:
         _, plan = resolve(cfg, mem_mb=mem_mb, threads=threads, progress=lambda *a: None)
         log(f"timing the plan (patch {tuple(plan.patch_shape)}, {plan.threads} thread(s)) on this machine ...")
-        variants = len(tta_variants(cfg["tta"]))
+        variants = len(tta_variants(cfg.tta))
         rate = time_plan(net, plan) / variants
         source = (
             f"the plan timed on one patch here, engine only (predicted {plan.predicted_voxels_per_s:,.0f}); "
             "reads and writes add to it" + (f"; {variants} test-time augmentation variants" if variants > 1 else "")
         )
     schedule = compute_schedule(cfg, rate=rate)  # jobs sized at this rate, as the workflow will once it is saved
-    if cfg.get("mask"):
+    if cfg.mask is not None:
         schedule = masked_schedule(cfg, schedule, log)
     e = estimate(
         cfg,
@@ -252,7 +259,7 @@ def run_estimate(
         rate=rate,
         rate_source=source,
         threads=threads,
-        device=cfg["device"],
+        device=cfg.device,
         out_channels=stored_channels(cfg, net),
         cores_per_node=cores_per_node,
     )

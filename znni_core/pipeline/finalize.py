@@ -34,24 +34,25 @@ from .config import load_run, output_spec, run_geometry
 from .mask import load_mask_tasks, positions
 from .report import verification
 from .run import Run
+from .settings import Config
 from .task import manifest_path
 
 
-def output_mapping(cfg: dict) -> str:
+def output_mapping(cfg: Config) -> str:
     """How the stored values relate to the network's output (recorded in the layer's provenance
     when it is created and at every finalize): dtype, scale and offset, test-time augmentation."""
-    out, tta = cfg["output"], cfg.get("tta") or {}
-    if out["dtype"] == "float32":
+    out, tta = cfg.output, cfg.tta
+    if out.dtype == "float32":
         text = "float32: v, the network's output"
-    elif out["dtype"] == "float16":
+    elif out.dtype == "float16":
         text = "float16: v rounded to half precision, v the network's output"
-    elif out.get("scale") is None:
+    elif out.scale is None:
         text = "uint8: round(v * 255), v the network's output in [0, 1]"
     else:
-        text = f"uint8: round(clip(v * {out['scale']:g} + {out.get('offset', 0):g}, 0, 255)), v the network's output"
-    if tta.get("flips") or tta.get("transpose_xy"):
-        text += f"; v the mean over test-time augmentation (flips {tta.get('flips', [])}, transpose_xy {tta.get('transpose_xy', False)})"
-    if tta.get("variance"):
+        text = f"uint8: round(clip(v * {out.scale:g} + {out.offset:g}, 0, 255)), v the network's output"
+    if tta.flips or tta.transpose_xy:
+        text += f"; v the mean over test-time augmentation (flips {tta.flips}, transpose_xy {tta.transpose_xy})"
+    if tta.variance:
         text += "; then the variance across the variants as more channels"
     return text
 
@@ -185,9 +186,9 @@ def preview(run: Run, out, path: Path, depth: float = 0.5) -> Path:
 
     sl = Roi((z, region_off[1], region_off[2]), (1, region_shape[1], region_shape[2]))
     inp = open_input(
-        parse_layer_url(run.input.url, endpoint=cfg["input"]["endpoint_url"]),
+        parse_layer_url(run.input.url, endpoint=cfg.input.endpoint_url),
         run.input.mip,
-        resolution=cfg["input"]["resolution"],
+        resolution=cfg.input.resolution,
     )
     raw, _ = inp.read(sl.intersect(inp.bounds), fill_missing=True)
     a = raw[0, 0].astype(np.float32)
@@ -253,8 +254,8 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     t0 = time.perf_counter()
     run = load_run(run_file)
     cfg = run.config
-    verify = verify or cfg["finalize"]["verify"]
-    out_url = parse_layer_url(run.output.url, endpoint=cfg["output"]["endpoint_url"])
+    verify = verify or cfg.finalize.verify
+    out_url = parse_layer_url(run.output.url, endpoint=cfg.output.endpoint_url)
     out = open_output(out_url, output_spec(run))
     results, manifests = check_manifests(run, out, verify, log)
     failed = {t: r for t, r in results.items() if r not in ("done", "masked")}
@@ -290,7 +291,7 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
         "run_digest": run.digest,
     }
     pyramid = Path(run.work_dir) / "pyramid.json"
-    if cfg["downsample"]["mips"] and pyramid.is_file():  # written by `znni pyramid` after its checks
+    if cfg.downsample.mips and pyramid.is_file():  # written by `znni pyramid` after its checks
         summary["pyramid"] = [
             f"mip {m['mip']} {m['key']} {tuple(m['size_zyx'])} (z, y, x): {m['tasks']} task(s) verified"
             for m in json.loads(pyramid.read_text())["mips"]
@@ -318,8 +319,8 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
                 "network_digest": run.network.digest,
                 "plan_digest": run.plan.digest,
                 "region": run.region,
-                "edge": cfg["edge"],
-                "normalize": cfg["normalize"],
+                "edge": cfg.edge,
+                "normalize": asdict(cfg.normalize),
                 "output_mapping": output_mapping(cfg),
                 "missing_input_filled": filled,
                 "chunks_empty": n_empty,
@@ -349,7 +350,7 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     png = preview(run, out, report_dir / "preview.png")
     summary.update(verification(manifests))
     summary["figures"] = _figures(run, out, results, manifests, report_dir)
-    link, notes = neuroglancer_link(run, cfg["finalize"]["neuroglancer"], cfg["finalize"]["serve_port"])
+    link, notes = neuroglancer_link(run, cfg.finalize.neuroglancer, cfg.finalize.serve_port)
     summary.update(
         {
             "preview": str(png),

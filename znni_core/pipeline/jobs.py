@@ -70,7 +70,7 @@ def run_job(
             f"job {job} has no task: {n} tasks at {per_job} per job make "
             f"{math.ceil(n / per_job)} jobs (0 to {math.ceil(n / per_job) - 1})"
         )
-    verify = run.config["finalize"]["verify"]
+    verify = run.config.finalize.verify
 
     def done(block):
         return manifest_path(run, block.id).is_file() and bool(check_task(run, ctx.out, block, verify))

@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..geometry import Roi
 from .run import Run
+from .settings import Config
 
 MASK_FILE = "mask_tasks.json"
 MASK_FORMAT = "znni-mask-tasks/1"
@@ -68,15 +69,15 @@ class Mask:
         return arr[self.box(roi).to_slices(box.offset)]
 
 
-def open_mask(cfg: dict, in_resolution) -> Mask | None:
+def open_mask(cfg: Config, in_resolution) -> Mask | None:
     """The config's mask (``mask.path``), or None without one."""
     from ..io import open_input, parse_layer_url
 
-    m = cfg.get("mask")
-    if not m:
+    m = cfg.mask
+    if m is None:
         return None
-    url = parse_layer_url(m["path"], endpoint=m["endpoint_url"], what="mask.path")
-    return Mask(open_input(url, m["mip"], resolution=m["resolution"]), in_resolution, url, m["mip"])
+    url = parse_layer_url(m.path, endpoint=m.endpoint_url, what="mask.path")
+    return Mask(open_input(url, m.mip, resolution=m.resolution), in_resolution, url, m.mip)
 
 
 def check_mask(mask: Mask, region: Roi) -> None:

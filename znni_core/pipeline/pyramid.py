@@ -69,11 +69,11 @@ class _Pyramid:
         from .config import output_specs
 
         cfg = run.config
-        self.run, self.factor = run, Coordinate(cfg["downsample"]["factor"])
+        self.run, self.factor = run, Coordinate(cfg.downsample.factor)
         self.specs = output_specs(run)
         if len(self.specs) < 2:
             raise DataError(f"downsample.mips is 0 in {run.work_dir}/run.json: the run has no pyramid to build")
-        self.url = parse_layer_url(run.output.url, endpoint=cfg["output"]["endpoint_url"])
+        self.url = parse_layer_url(run.output.url, endpoint=cfg.output.endpoint_url)
         self._layers = {}
 
     def layer(self, k: int):
@@ -84,13 +84,13 @@ class _Pyramid:
     def tasks(self, k: int) -> TaskGrid:
         if not 1 <= k < len(self.specs):
             raise DataError(f"mip {k} is not a mip of this run's pyramid (1 to {len(self.specs) - 1})")
-        return mip_tasks(self.specs[k], self.run.config["task_chunks"])
+        return mip_tasks(self.specs[k], self.run.config.task_chunks)
 
     def done(self, k: int, block) -> bool:
         from .finalize import check_task
         from .task import manifest_path
 
-        verify = self.run.config["finalize"]["verify"]
+        verify = self.run.config.finalize.verify
         return manifest_path(self.run, block.id, k).is_file() and bool(
             check_task(self.run, self.layer(k), block, verify, mip=k)
         )
@@ -111,7 +111,7 @@ class _Pyramid:
                 encoded[idx] = np.ascontiguousarray(c)
             else:
                 skipped[idx] = "empty"
-        entries, shard = store_chunks(out, block.chunks, encoded, skipped, self.run.config["output"]["compression"])
+        entries, shard = store_chunks(out, block.chunks, encoded, skipped, self.run.config.output.compression)
         total = time.perf_counter() - t0
         manifest = {
             "task": block.id,

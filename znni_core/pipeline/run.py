@@ -3,8 +3,9 @@
 ``validate`` opens the network and the layers, makes the plan and writes the run to
 ``<work_dir>/run.json``; tasks, jobs, the pyramid, finalize, verify and serve read it back with
 :func:`~znni_core.pipeline.config.load_run` as a :class:`Run`. Its parts are typed records; the
-values that are themselves documents (the config, a layer's ``info`` and scale, boxes as
-``{"offset", "shape"}``) stay JSON objects.
+config is a :class:`~.settings.Config` (checked again when read: an older run's config gets
+the defaults of keys added since); the values that are themselves documents (a layer's ``info``
+and scale, boxes as ``{"offset", "shape"}``) stay JSON objects.
 
 >>> run = Run.from_json(EXAMPLE, "example")
 >>> run.output.url, run.plan.patch_shape, run.mask is None
@@ -20,6 +21,7 @@ import typing
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .settings import Config, parse_config
 
 RUN_FORMAT = "znni-run/1"
 
@@ -83,7 +85,7 @@ class Run:
     """A resolved run (``run.json``). ``digest`` covers the config, network, layers, region,
     task layout and plan: a task or manifest of another digest belongs to another run."""
 
-    config: dict
+    config: Config
     work_dir: str
     network: NetworkRecord
     input: InputRecord
@@ -111,7 +113,7 @@ class Run:
 
     def to_json(self) -> dict:
         """The ``run.json`` document."""
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self) | {"config": self.config.to_dict()}
 
 
 _RECORDS = (NetworkRecord, InputRecord, MaskRecord, OutputRecord, PlanRecord)
@@ -131,6 +133,11 @@ def _record(cls, doc: dict, where: str, prefix: str):
         kind = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
         if v is None and optional:
             values[f.name] = None
+        elif kind is Config:
+            try:
+                values[f.name] = parse_config(v)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: key {key!r}: {exc}; re-run `znni validate`") from None
         elif kind in _RECORDS:
             if not isinstance(v, dict):
                 raise ConfigError(f"{where}: key {key!r} is {type(v).__name__}, not an object; re-run `znni validate`")
@@ -147,7 +154,11 @@ def _record(cls, doc: dict, where: str, prefix: str):
 
 EXAMPLE = {  # the shape of a run.json, for the doctest above
     "format": RUN_FORMAT,
-    "config": {},
+    "config": {
+        "input": {"path": "file:///data/em", "dtype": "uint8"},
+        "network": {"path": "/data/net.onnx"},
+        "output": {"path": "file:///data/out"},
+    },
     "work_dir": "/data/work",
     "network": {
         "path": "/data/net.onnx",

@@ -20,6 +20,7 @@ The pyramid's mips are scheduled alike (:func:`pyramid_schedule`).  Running the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from ..errors import ZnniError
 from ..geometry import Halo, TaskGrid
 from ..io import atomic_write
 from ..io.mips import task_chunks_of
+from .settings import Config, Jobs, parse_config
 
 SCHEDULE_FORMAT = "znni-schedule/4"
 ESTIMATE_FILE = "estimate.json"
@@ -40,7 +42,7 @@ PYRAMID_VOXELS_PER_S = 2e7
 
 
 def tasks_per_job(
-    num_tasks: int, task_voxels: int, jobs: dict, rate: float | None, slots: int | None = None
+    num_tasks: int, task_voxels: int, jobs: Jobs, rate: float | None, slots: int | None = None
 ) -> tuple[int, str]:
     """(tasks per job, why) for ``num_tasks`` tasks of up to ``task_voxels`` output voxels.
 
@@ -49,46 +51,46 @@ def tasks_per_job(
     once) when there are that many tasks: a small volume keeps every core busy instead of
     running as one long job.
 
-    >>> tasks_per_job(1000, 10**6, {"tasks_per_job": "auto", "minutes": 30, "max_jobs": 100}, None)
+    >>> tasks_per_job(1000, 10**6, Jobs("auto", 30, 100, None), None)
     (10, 'at most jobs.max_jobs=100 jobs')
-    >>> tasks_per_job(1000, 10**6, {"tasks_per_job": "auto", "minutes": 30, "max_jobs": 100}, 10**5)
+    >>> tasks_per_job(1000, 10**6, Jobs("auto", 30, 100, None), 10**5)
     (180, '~30 min per job at 100,000 voxels/s')
-    >>> tasks_per_job(8, 10**5, {"tasks_per_job": "auto", "minutes": 30, "max_jobs": 100}, 10**5, slots=2)
+    >>> tasks_per_job(8, 10**5, Jobs("auto", 30, 100, None), 10**5, slots=2)
     (4, '2 jobs at once: 4 tasks each (~4 s at 100,000 voxels/s)')
-    >>> tasks_per_job(10, 10**6, {"tasks_per_job": 4, "minutes": 30, "max_jobs": 100}, None)
+    >>> tasks_per_job(10, 10**6, Jobs(4, 30, 100, None), None)
     (4, 'jobs.tasks_per_job')
-    >>> tasks_per_job(2, 10**6, {"tasks_per_job": "auto", "minutes": 30, "max_jobs": 100}, None, slots=2)
+    >>> tasks_per_job(2, 10**6, Jobs("auto", 30, 100, None), None, slots=2)
     (1, '2 task(s), 2 jobs at once: a job each')
     """
     n = max(num_tasks, 1)
-    if jobs["tasks_per_job"] != "auto":
-        return min(int(jobs["tasks_per_job"]), n), "jobs.tasks_per_job"
+    if jobs.tasks_per_job != "auto":
+        return min(int(jobs.tasks_per_job), n), "jobs.tasks_per_job"
     if slots and n <= slots:
         return 1, f"{n} task(s), {slots} jobs at once: a job each"
-    floor = math.ceil(n / jobs["max_jobs"])
+    floor = math.ceil(n / jobs.max_jobs)
     if not rate:
-        return min(floor, n), f"at most jobs.max_jobs={jobs['max_jobs']} jobs"
-    per = max(1, round(jobs["minutes"] * 60 * rate / max(task_voxels, 1)))
-    why = f"~{jobs['minutes']:g} min per job at {rate:,.0f} voxels/s"
+        return min(floor, n), f"at most jobs.max_jobs={jobs.max_jobs} jobs"
+    per = max(1, round(jobs.minutes * 60 * rate / max(task_voxels, 1)))
+    why = f"~{jobs.minutes:g} min per job at {rate:,.0f} voxels/s"
     if slots and slots > 1 and math.ceil(n / slots) < per:
         per = math.ceil(n / slots)
         why = f"{slots} jobs at once: {per} tasks each (~{per * task_voxels / rate:.0f} s at {rate:,.0f} voxels/s)"
     if per < floor:
-        per, why = floor, f"at most jobs.max_jobs={jobs['max_jobs']} jobs"
+        per, why = floor, f"at most jobs.max_jobs={jobs.max_jobs} jobs"
     return min(per, n), why
 
 
-def measured_rate(cfg: dict) -> float | None:
+def measured_rate(cfg: Config) -> float | None:
     """Output voxels per second of one job: ``jobs.voxels_per_second``, else ``znni estimate``'s."""
-    if cfg["jobs"]["voxels_per_second"]:
-        return float(cfg["jobs"]["voxels_per_second"])
+    if cfg.jobs.voxels_per_second:
+        return float(cfg.jobs.voxels_per_second)
     try:
-        return float(json.loads((Path(cfg["work_dir"]) / ESTIMATE_FILE).read_text())["voxels_per_second"])
+        return float(json.loads((Path(cfg.work_dir) / ESTIMATE_FILE).read_text())["voxels_per_second"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def predicted_rate(cfg: dict, net, lay) -> float | None:
+def predicted_rate(cfg: Config, net, lay) -> float | None:
     """Output voxels per second of one single-threaded job, as the time model predicts for the plan
     ``validate`` will make (:func:`task_plan`; the budget of the default 2000 MB job).  The plan
     cache makes ``validate``'s own search a hit; the machine's calibration is made here once when
@@ -96,25 +98,25 @@ def predicted_rate(cfg: dict, net, lay) -> float | None:
     (``validate`` then reports why)."""
     from .config import JOB_MEM_MB, task_plan
 
-    if cfg["plan"]["file"]:
+    if cfg.plan.file:
         from ..plan.plan import Plan
 
         try:
-            return Plan.load(cfg["plan"]["file"]).predicted_voxels_per_s
+            return Plan.load(cfg.plan.file).predicted_voxels_per_s
         except (ZnniError, OSError, ValueError):
             return None
     task_shape = (lay.task_chunks * lay.grid.chunk_shape).min(lay.region.shape)
-    budget = None if cfg["device"] != "cpu" else int(JOB_MEM_MB * 2**20 * cfg["plan"]["memory_fraction"])
+    budget = None if cfg.device != "cpu" else int(JOB_MEM_MB * 2**20 * cfg.plan.memory_fraction)
     try:
         from .task import tta_variants  # each test-time augmentation variant is a full pass
 
         plan = task_plan(net, cfg, budget, 1, task_shape, lay.region)
-        return plan.predicted_voxels_per_s / len(tta_variants(cfg["tta"]))
+        return plan.predicted_voxels_per_s / len(tta_variants(cfg.tta))
     except ZnniError:
         return None
 
 
-def task_geometry(cfg: dict, net=None, slots: int | None = None):
+def task_geometry(cfg: Config, net=None, slots: int | None = None):
     """``(input layer, Layout, TaskGrid, output scales)`` of a validated config, without a plan
     (``net``: the loaded network, else it is loaded from the config; ``slots``: jobs at once,
     for ``task_chunks: auto``)."""
@@ -122,25 +124,24 @@ def task_geometry(cfg: dict, net=None, slots: int | None = None):
     from ..io import open_input, parse_layer_url
     from .config import layout, net_halo, output_scales, stored_channels
 
-    net = load_network(Path(cfg["network"]["path"])) if net is None else net
-    iu = parse_layer_url(cfg["input"]["path"], endpoint=cfg["input"]["endpoint_url"], what="input.path")
-    inp = open_input(iu, cfg["input"]["mip"], resolution=cfg["input"]["resolution"])
+    net = load_network(Path(cfg.network.path)) if net is None else net
+    iu = parse_layer_url(cfg.input.path, endpoint=cfg.input.endpoint_url, what="input.path")
+    inp = open_input(iu, cfg.input.mip, resolution=cfg.input.resolution)
     halo = net_halo(net)
-    lay = layout(cfg, net, inp, halo, f"input {iu} mip {cfg['input']['mip']}", slots)
+    lay = layout(cfg, net, inp, halo, f"input {iu} mip {cfg.input.mip}", slots)
     specs = output_scales(cfg, lay, inp.resolution, stored_channels(cfg, net))
     return inp, lay, TaskGrid(lay.grid, lay.task_chunks, halo, lay.region), specs
 
 
-def compute_schedule(cfg: dict, *, slots: int | None = None, rate: float | None = None) -> dict:
+def compute_schedule(cfg: dict | Config, *, slots: int | None = None, rate: float | None = None) -> dict:
     """The run's tasks and jobs from the config, the network's halo and the input's bounds.
 
     ``slots``: jobs Snakemake runs at once; ``rate``: output voxels/s of one job, else measured
     (``jobs.voxels_per_second``, ``znni estimate``) or, last, the time model's prediction."""
     from .. import load_network
-    from .config import validate_config
 
-    cfg = validate_config(cfg)
-    net = load_network(Path(cfg["network"]["path"]))
+    cfg = parse_config(cfg)
+    net = load_network(Path(cfg.network.path))
     _, lay, tasks, specs = task_geometry(cfg, net, slots=slots)
     task_voxels = (lay.task_chunks * lay.grid.chunk_shape).min(lay.bounds.shape).prod()
     source = "given"
@@ -148,10 +149,10 @@ def compute_schedule(cfg: dict, *, slots: int | None = None, rate: float | None 
         rate, source = measured_rate(cfg), "measured"
     # no more tasks than jobs at once: a job each whatever the rate, so no plan here (it imported
     # the engine and planned in Snakemake's process: 0.76 s of a 15 x 512^2 run's parse)
-    if rate is None and cfg["jobs"]["tasks_per_job"] == "auto" and not (slots and len(tasks) <= slots):
+    if rate is None and cfg.jobs.tasks_per_job == "auto" and not (slots and len(tasks) <= slots):
         rate, source = predicted_rate(cfg, net, lay), "predicted by the plan's time model"
-    per, why = tasks_per_job(len(tasks), task_voxels, cfg["jobs"], rate, slots)
-    if rate and cfg["jobs"]["tasks_per_job"] == "auto":
+    per, why = tasks_per_job(len(tasks), task_voxels, cfg.jobs, rate, slots)
+    if rate and cfg.jobs.tasks_per_job == "auto":
         why += f" ({source})"
     return {
         "format": SCHEDULE_FORMAT,
@@ -168,32 +169,30 @@ def compute_schedule(cfg: dict, *, slots: int | None = None, rate: float | None 
         "shard_bytes": int(lay.shard_bytes),
         "note": lay.note,
         "region_voxels": int(lay.region.shape.prod()),
-        "pyramid": pyramid_schedule(cfg | {"task_chunks": list(lay.box)}, specs),
+        "pyramid": pyramid_schedule(dataclasses.replace(cfg, task_chunks=list(lay.box)), specs),
     }
 
 
-def schedule_key(cfg: dict) -> dict:
+def schedule_key(cfg: Config) -> dict:
     """What the schedule depends on: the config and the network file (size, mtime).  Kept in
     clear (not hashed), so a moved work directory whose paths were rewritten still matches."""
     try:
-        st = os.stat(cfg["network"]["path"])
+        st = os.stat(cfg.network.path)
         net = [st.st_size, st.st_mtime_ns]
     except OSError:
         net = None
-    return json.loads(json.dumps({"config": cfg, "network_file": net}, sort_keys=True, default=str))
+    return json.loads(json.dumps({"config": cfg.to_dict(), "network_file": net}, sort_keys=True, default=str))
 
 
-def workflow_schedule(cfg: dict, slots: int | None = None) -> dict:
+def workflow_schedule(cfg: dict | Config, slots: int | None = None) -> dict:
     """The schedule, cached in ``<work_dir>/schedule.json`` (computed again when the config or the
     network changes, not when ``slots`` does: a resume with another ``--jobs`` keeps the job
     ranges its markers name).  Never raises for a bad run: ``{"error": message}`` instead, so
     that the workflow's ``validate`` job reports it with its log."""
-    from .config import validate_config
-
     try:
-        cfg = validate_config(cfg)
+        cfg = parse_config(cfg)
         key = schedule_key(cfg)
-        path = Path(cfg["work_dir"]) / "schedule.json"
+        path = Path(cfg.work_dir) / "schedule.json"
         try:
             s = json.loads(path.read_text())
             if s.get("format") == SCHEDULE_FORMAT and s.get("key") == key:
@@ -218,15 +217,15 @@ def mip_tasks(spec, task_chunks) -> TaskGrid:
     return TaskGrid(spec.grid, task_chunks_of(spec, task_chunks), zero, spec.bounds)
 
 
-def pyramid_schedule(cfg: dict, specs) -> list[dict]:
+def pyramid_schedule(cfg: Config, specs) -> list[dict]:
     """Per mip 1..N: its tasks and how many a job runs (``jobs.tasks_per_job``, or ``auto`` at
     :data:`PYRAMID_VOXELS_PER_S`)."""
     out = []
     for k, spec in enumerate(specs[1:], start=1):
-        tasks = mip_tasks(spec, cfg["task_chunks"])
+        tasks = mip_tasks(spec, cfg.task_chunks)
         box = (tasks.task_chunks * spec.chunk_shape).min(spec.bounds.shape)
-        source = int(box.prod()) * int(np.prod(cfg["downsample"]["factor"]))
-        per, why = tasks_per_job(len(tasks), source, cfg["jobs"], PYRAMID_VOXELS_PER_S)
+        source = int(box.prod()) * int(np.prod(cfg.downsample.factor))
+        per, why = tasks_per_job(len(tasks), source, cfg.jobs, PYRAMID_VOXELS_PER_S)
         out.append(
             {
                 "mip": k,

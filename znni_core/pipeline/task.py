@@ -30,6 +30,7 @@ from ..layers.xp import require_device
 from .config import load_run, output_spec, run_geometry
 from .mask import live_chunks, open_mask
 from .run import Run
+from .settings import Tta
 
 MANIFESTS_PER_DIR = 10_000  # manifests/<id // 10^4>/<id>.json: no directory of 10^5+ files at petascale
 
@@ -118,29 +119,30 @@ def compute(net, plan, x: np.ndarray, out_shape, *, device: str = "cpu", progres
     return y
 
 
-def tta_variants(tta: dict | None) -> list[tuple[tuple[int, ...], bool]]:
+def tta_variants(tta: Tta | None) -> list[tuple[tuple[int, ...], bool]]:
     """``[(axes to flip, transpose y/x)]`` of ``tta`` (axes of a (C, z, y, x) array), the identity
     first: every subset of ``flips``, each with and without the transpose when ``transpose_xy``.
 
-    >>> tta_variants({"flips": ["y", "x"], "transpose_xy": False})
+    >>> tta_variants(Tta(flips=["y", "x"], transpose_xy=False, variance=False))
     [((), False), ((3,), False), ((2,), False), ((2, 3), False)]
     """
     import itertools
 
-    axes = [{"z": 1, "y": 2, "x": 3}[a] for a in (tta or {}).get("flips", [])]
+    axes = [{"z": 1, "y": 2, "x": 3}[a] for a in (tta.flips if tta else [])]
     subsets = [
         tuple(sorted(a for a, on in zip(axes, pick) if on)) for pick in itertools.product((0, 1), repeat=len(axes))
     ]
-    return [(f, t) for t in ((False, True) if (tta or {}).get("transpose_xy") else (False,)) for f in subsets]
+    return [(f, t) for t in ((False, True) if tta and tta.transpose_xy else (False,)) for f in subsets]
 
 
-def compute_tta(net, plan, x: np.ndarray, out_shape, tta: dict | None, **kw) -> np.ndarray:
+def compute_tta(net, plan, x: np.ndarray, out_shape, tta: Tta | None, **kw) -> np.ndarray:
     """:func:`compute` averaged over the variants of ``tta`` (:func:`tta_variants`): the network
     on each transformed input, its output transformed back (exact per variant; the mean in
     float64, stored as float32); with ``tta.variance`` the per-voxel variance across the variants
     follows as as many more channels."""
     variants = tta_variants(tta)
-    if len(variants) == 1 and not (tta or {}).get("variance"):
+    variance = tta is not None and tta.variance
+    if len(variants) == 1 and not variance:
         return compute(net, plan, x, out_shape, **kw)
     acc = sq = None
     for flips, transpose in variants:
@@ -154,7 +156,7 @@ def compute_tta(net, plan, x: np.ndarray, out_shape, tta: dict | None, **kw) -> 
         y = (np.flip(y, flips) if flips else y).astype(np.float64)
         acc, sq = (y, y * y) if acc is None else (acc + y, sq + y * y)
     mean = acc / len(variants)
-    if not (tta or {}).get("variance"):
+    if not variance:
         return mean.astype(np.float32)
     var = np.maximum(sq / len(variants) - mean * mean, 0.0)
     return np.concatenate([mean, var]).astype(np.float32)
@@ -236,7 +238,7 @@ def open_run(run_file) -> RunContext:
     run = load_run(run_file)
     cfg = run.config
     region, grid, halo, tasks = run_geometry(run)
-    out_url = parse_layer_url(run.output.url, endpoint=cfg["output"]["endpoint_url"])
+    out_url = parse_layer_url(run.output.url, endpoint=cfg.output.endpoint_url)
     out = open_output(out_url, output_spec(run))  # T18: the layer must exist and match
     net = load_network(run.network.path)
     if net.digest() != run.network.digest:
@@ -247,11 +249,11 @@ def open_run(run_file) -> RunContext:
     plan = Plan.load(run.plan.path)
     if plan.digest() != run.plan.digest:
         raise DataError(f"plan {run.plan.path} changed since `znni validate`; re-run validate")
-    in_url = parse_layer_url(run.input.url, endpoint=cfg["input"]["endpoint_url"])
+    in_url = parse_layer_url(run.input.url, endpoint=cfg.input.endpoint_url)
     # checksums the input carried at validate must still verify every read (a deleted index too)
     verified = run.input_checksums != "none"
-    mode = "required" if verified else cfg["input"].get("checksums", "auto")
-    inp = open_input(in_url, run.input.mip, resolution=cfg["input"]["resolution"], checksums=mode)
+    mode = "required" if verified else cfg.input.checksums
+    inp = open_input(in_url, run.input.mip, resolution=cfg.input.resolution, checksums=mode)
     if inp.dtype != run.input.dtype or inp.bounds != Roi.from_dict(run.input.bounds):
         raise DataError(
             f"input {in_url} changed since `znni validate` (dtype {inp.dtype}, bounds {inp.bounds}); re-run validate"
@@ -337,7 +339,7 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
     live = [i for i in block.chunks if i not in masked]
 
     # ---- read -------------------------------------------------------------------------
-    fill = cfg["input"]["missing"] == "zero"
+    fill = cfg.input.missing == "zero"
     # the voxels computed: an aligned layer's first chunks start below the region (0 there); with a
     # mask, only the box of the live chunks
     comp = block.write_roi.intersect(region)
@@ -349,14 +351,14 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
     elif net.kind != "chain":  # the patches of the network's grid (valid) or blending lattice (padded)
         window, read_roi, extent = graph_read(net, plan, region, comp, halo)
         block = Block(block.id, block.write_roi, read_roi, block.chunks)
-        raw, inner, missing = gather(inp, read_roi.intersect(extent), cfg["edge"], fill)
+        raw, inner, missing = gather(inp, read_roi.intersect(extent), cfg.edge, fill)
     else:
         block = Block(block.id, block.write_roi, halo.read_roi(comp), block.chunks)
-        raw, inner, missing = gather(inp, block.read_roi, cfg["edge"], fill)
+        raw, inner, missing = gather(inp, block.read_roi, cfg.edge, fill)
 
     # ---- empty chunks (T26): all-zero input context is skipped and recorded ------------------------
     empty = set()
-    if cfg["input"]["empty"] == "skip":
+    if cfg.input.empty == "skip":
         for idx in live:
             cin = grid.chunk_roi(idx).intersect(region)
             croi = halo.read_roi(cin)
@@ -449,13 +451,13 @@ def window_input(ti: TaskInput, x: np.ndarray) -> np.ndarray:
 def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, show_progress: bool = False) -> tuple:
     """Stage 2: ``(output of the task's write box or None, seconds)``; frees the task's input."""
     net, plan, cfg, block = ctx.net, ctx.plan, ctx.run.config, ti.block
-    device = device or cfg["device"]
+    device = device or cfg.device
     comp, raw, inner, window = ti.comp, ti.raw, ti.inner, ti.window
     ti.raw = ti.inner = None
     t_comp = time.perf_counter()
     y = None
     if ti.todo and window is not None:
-        x = window_input(ti, normalise(raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], inner))
+        x = window_input(ti, normalise(raw, cfg.normalize.scale, cfg.normalize.shift, inner))
         del raw
         from ..exec.tiling import run_window
         from ..inference import thread_limits
@@ -464,15 +466,15 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
             y = run_window(plan, net, x, window, xp=require_device(device))
         from .recompute import check_graph_task
 
-        ti.recomputed = check_graph_task(ctx, ti, x, y, cfg.get("verify_voxels", "auto"), VERIFY_SHARE)
+        ti.recomputed = check_graph_task(ctx, ti, x, y, cfg.verify_voxels, VERIFY_SHARE)
         del x
     elif ti.todo:
-        x = normalise(raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], inner)
+        x = normalise(raw, cfg.normalize.scale, cfg.normalize.shift, inner)
         del raw
         bar = None
         from ..exec.tiling import window
 
-        ntiles = len(tta_variants(cfg.get("tta"))) * window(net, plan, (0, 0, 0), tuple(comp.shape)).count
+        ntiles = len(tta_variants(cfg.tta)) * window(net, plan, (0, 0, 0), tuple(comp.shape)).count
         if show_progress:
             from ..progress import bar as progress_bar
 
@@ -482,15 +484,14 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
             plan,
             x,
             tuple(comp.shape),
-            cfg.get("tta"),
+            cfg.tta,
             device=device,
             progress=bar.update if bar is not None else None,
         )
         if bar is not None:
             bar.close()
-        tta = cfg.get("tta") or {}
-        if not tta.get("flips") and not tta.get("transpose_xy") and not tta.get("variance"):
-            ti.recomputed = check_sample(ctx, ti, x, y, cfg.get("verify_voxels", "auto"))
+        if not cfg.tta.on:
+            ti.recomputed = check_sample(ctx, ti, x, y, cfg.verify_voxels)
         del x
     if y is not None and comp != block.write_roi:
         full = np.zeros((y.shape[0],) + tuple(block.write_roi.shape), y.dtype)
@@ -504,7 +505,7 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
     (or the shard), then the manifest; returns it."""
     run, grid, out, out_url, net, plan = ctx.run, ctx.grid, ctx.out, ctx.out_url, ctx.net, ctx.plan
     cfg, block, task_id, chunk_index = run.config, ti.block, ti.task_id, ti.chunk_index
-    device = device or cfg["device"]
+    device = device or cfg.device
     # ---- check everything before writing anything (T20) ------------------------------------------
     encoded = {}
     bad = []
@@ -514,9 +515,7 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
         if not np.isfinite(yc).all():
             bad.append((out.chunk_name(idx), int((~np.isfinite(yc)).sum())))
             continue
-        encoded[idx] = quantise(
-            yc, out.dtype, out.chunk_name(idx), cfg["output"].get("scale"), cfg["output"].get("offset", 0.0)
-        )
+        encoded[idx] = quantise(yc, out.dtype, out.chunk_name(idx), cfg.output.scale, cfg.output.offset)
     if bad:
         raise NonFiniteError(
             f"task {task_id}: the network produced NaN/Inf in {len(bad)} chunk(s) "
@@ -527,7 +526,7 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
     # ---- write, verify -------------------------------------------------------------------------------
     t_write = time.perf_counter()
     skipped = {i: "masked" for i in ti.masked} | {i: "empty" for i in ti.empty}
-    entries, shard = store_chunks(out, block.chunks, encoded, skipped, cfg["output"]["compression"], only=chunk_index)
+    entries, shard = store_chunks(out, block.chunks, encoded, skipped, cfg.output.compression, only=chunk_index)
     t_write = time.perf_counter() - t_write
     total = time.perf_counter() - ti.t0
 

@@ -81,7 +81,7 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
         ti = read_task(ctx, tid, log=lambda *a: None)
         if not ti.todo:
             continue
-        x = normalise(ti.raw, cfg["normalize"]["scale"], cfg["normalize"]["shift"], ti.inner)
+        x = normalise(ti.raw, cfg.normalize.scale, cfg.normalize.shift, ti.inner)
         if graph:
             points, ref = graph_sample(ctx, ti, window_input(ti, x), rng, ref_plan)
         else:
@@ -92,7 +92,7 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
         rel = points - np.array(tuple(ti.comp.offset))
         got = stored[:, rel[:, 0], rel[:, 1], rel[:, 2]].T  # (K, C)
         if out.dtype == "uint8":
-            want = quantise(ref, "uint8", "verify", cfg["output"].get("scale"), cfg["output"].get("offset", 0.0))
+            want = quantise(ref, "uint8", "verify", cfg.output.scale, cfg.output.offset)
             dev = np.abs(got.astype(np.int64) - want.astype(np.int64))
             tol = 1.0
         else:
