@@ -41,7 +41,7 @@ t0 = time.perf_counter()
 gpu = calibrate_device(cupy, refresh=True)
 t1 = time.perf_counter()
 cpu = calibrate(default_threads())
-print(json.dumps({"gpu": gpu, "gpu_s": t1 - t0, "cpu": cpu, "cpu_s": time.perf_counter() - t1}, indent=1))
+print(json.dumps({"gpu": gpu.to_dict(), "gpu_s": t1 - t0, "cpu": cpu.to_dict(), "cpu_s": time.perf_counter() - t1}, indent=1))
 PY
 cat "$out/calibration.json"
 # shellcheck disable=SC2086

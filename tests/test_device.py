@@ -12,6 +12,7 @@ the memory model did not predict.  Speed is not simulated."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -178,7 +179,6 @@ def test_cpu_to_gpu_pipeline_splits_and_equals_the_cpu(gpu):
     out = znni_core.infer(net, x, device="cpu+gpu", plan=plan)
     assert rel(out, znni_core.infer(net, x)) <= TOL
     # every split gives the same result (the CPU stage may be empty or hold all but the last conv)
-    import dataclasses
 
     portable = tuple(dataclasses.replace(s, primitive="direct-gemm") if s.op == "conv" else s for s in plan.steps)
     for split in sorted({s.index for s in plan.steps if s.op == "conv"}):
@@ -199,10 +199,11 @@ def test_pipeline_split_follows_the_stage_rates(gpu, monkeypatch):
     convs = [i for i, l in enumerate(net.layers) if type(l).__name__ == "Conv"]
     splits = {}
     for factor in (1e5, 1e-5):
-        cal = dict(
+        cal = dataclasses.replace(
             real,
-            **{k: real[k] * factor for k in ("gemm_flops", "mem_bw")},  # not the link's rate
-            fft_s_per_vlogv=real["fft_s_per_vlogv"] / factor,
+            gemm_flops=real.gemm_flops * factor,  # not the link's rate
+            mem_bw=real.mem_bw * factor,
+            fft_s_per_vlogv=real.fft_s_per_vlogv / factor,
         )
         monkeypatch.setattr(gpu_timing, "calibrate_device", lambda xp, cal=cal, **kw: cal)
         splits[factor] = autotune(
@@ -246,7 +247,6 @@ def test_device_budget_is_checked_at_plan_time(gpu):
 
 
 def test_out_of_memory_mid_run_is_a_budget_error_not_a_crash(gpu, monkeypatch):
-    import dataclasses
 
     from znni_core.plan import budget
 

@@ -352,6 +352,7 @@ def _fixed_model(scale: dict | None = None):
     import json
     from pathlib import Path
 
+    from znni_core.plan.calibration import CpuCalibration
     from znni_core.plan.costs import CpuCostModel
 
     cal = json.loads((Path(__file__).parent / "data" / "calibration-zen4-2threads.json").read_text())["calibration"]
@@ -365,7 +366,7 @@ def _fixed_model(scale: dict | None = None):
                 part[k] = v * factor
             elif k == "mac_points":
                 part[k] = [[a, b * factor] for a, b in v]
-    return CpuCostModel(cal)
+    return CpuCostModel(CpuCalibration.from_dict(cal, "tests/data"))
 
 
 def test_a_given_cost_model_plans_without_the_host(monkeypatch):

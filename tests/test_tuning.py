@@ -3,6 +3,7 @@ by the plan, in force while the executor runs it, and exact whatever their value
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -66,16 +67,16 @@ def test_tune_keeps_the_default_on_a_tie_and_takes_a_clearly_faster_value(monkey
 
 def test_calibration_records_a_value_per_parameter_from_its_candidates():
     cal = T.calibrate(1)
-    assert set(cal["tuned"]) == set(tuning.DEFAULTS)
-    assert all(cal["tuned"][k] in tuning.CANDIDATES[k] for k in tuning.DEFAULTS)
-    assert all(len(cal["tuning_seconds"][k]) == len(tuning.CANDIDATES[k]) for k in tuning.DEFAULTS)
+    assert set(cal.tuned) == set(tuning.DEFAULTS)
+    assert all(cal.tuned[k] in tuning.CANDIDATES[k] for k in tuning.DEFAULTS)
+    assert all(len(cal.tuning_seconds[k]) == len(tuning.CANDIDATES[k]) for k in tuning.DEFAULTS)
 
 
 def test_the_plan_carries_the_hosts_values_and_the_executor_runs_under_them(monkeypatch):
     """A host whose calibration chose unusual values (a small Winograd block, 6-point tiles only,
     short pointwise blocks and row groups): the plan records them, its digest and JSON keep them,
     and infer runs under them (they are in force after the run), equal to PyTorch."""
-    cal = dict(T.calibrate(2), tuned=dict(ODD))
+    cal = dataclasses.replace(T.calibrate(2), tuned=dict(ODD))
     monkeypatch.setattr(T, "calibrate", lambda threads=1, refresh=False: cal)
     net = make_net(NET, c_in=2)
     x = np.random.default_rng(0).standard_normal((2, 6, 41, 43)).astype(np.float32)
@@ -85,7 +86,6 @@ def test_the_plan_carries_the_hosts_values_and_the_executor_runs_under_them(monk
     assert plan.tuning == ODD and any(s.primitive == "winograd" for s in plan.steps)
     again = Plan.from_json(plan.to_json())
     assert again == plan and again.digest() == plan.digest()
-    import dataclasses
 
     assert dataclasses.replace(plan, tuning={}).digest() != plan.digest()
     with tuning.using(tuning.DEFAULTS):

@@ -57,9 +57,9 @@ def winograd_terms(n, cin, cout, in_spatial, kernel):
     )
 
 
-def direct_rate(kind: str, k: int, cal: dict) -> float:
+def direct_rate(kind: str, k: int, cal) -> float:
     """FLOP/s of a direct conv with reduction length ``k = C_in * prod(kernel)``."""
-    return loglog(cal["direct_points"][kind], k)
+    return loglog(cal.direct_points[kind], k)
 
 
 def loglog(points, k) -> float:

@@ -22,6 +22,7 @@ import numpy as np
 from ..cachedir import cache_dir
 from ..layers.xp import empty_pinned
 from ..net.spec import Conv
+from .calibration import GpuCalibration
 from .formulas import LAUNCH_S
 from .primitives import primitive
 from .wisdom import JsonCache
@@ -55,13 +56,13 @@ def _best_of(xp, fn, repeats=3) -> float:
     return float(min(ts))
 
 
-def calibrate_device(xp, *, refresh: bool = False) -> dict:
+def calibrate_device(xp, *, refresh: bool = False) -> GpuCalibration:
     """GEMM FLOP/s, memory and host-transfer bytes/s and FFT seconds per ``v log2 v`` on ``xp``'s device."""
     name = device_name(xp)
     cache = JsonCache(cache_dir() / "calibration-gpu.json")
     key = f"{GPU_CALIBRATION_VERSION}|{name}"
     if not refresh and (hit := cache.get(key)):
-        return hit
+        return GpuCalibration.from_dict(hit, str(cache.path))
     small = name == "simulated"  # numpy speed: small shapes keep the calibration short
     n = 512 if small else 4096
     a = xp.asarray(np.random.default_rng(0).standard_normal((n, n), dtype=np.float32))
@@ -77,23 +78,22 @@ def calibrate_device(xp, *, refresh: bool = False) -> dict:
     vol = xp.zeros((8, e, e, e), dtype=np.float32)
     v = e**3
     fft = _best_of(xp, lambda: xp.fft.rfftn(vol, axes=(1, 2, 3))) / (8 * v * math.log2(v))
-    cal = {
-        "device": name,
-        "gemm_flops": gemm,
-        "mem_bw": bw,
-        "h2d_bw": h2d,
-        "h2d_pinned_bw": h2d_pinned,
-        "fft_s_per_vlogv": fft,
-        "numba_flops": gemm,
-        "threads": 1,
-    }
-    cache.put(key, cal)
+    cal = GpuCalibration(
+        device=name,
+        gemm_flops=gemm,
+        mem_bw=bw,
+        h2d_bw=h2d,
+        h2d_pinned_bw=h2d_pinned,
+        fft_s_per_vlogv=fft,
+        numba_flops=gemm,
+    )
+    cache.put(key, cal.to_dict())
     return cal
 
 
-def transfer_seconds(nbytes: int, cal: dict, pinned: bool = False) -> float:
+def transfer_seconds(nbytes: int, cal: GpuCalibration, pinned: bool = False) -> float:
     """Host to device (or back) of ``nbytes``, from pageable or pinned host memory."""
-    return nbytes / cal["h2d_pinned_bw" if pinned else "h2d_bw"] + LAUNCH_S
+    return nbytes / (cal.h2d_pinned_bw if pinned else cal.h2d_bw) + LAUNCH_S
 
 
 class DeviceMeasurements:
@@ -101,10 +101,10 @@ class DeviceMeasurements:
     (synchronised, best of 2 after a warm-up: cuFFT plans and kernels compiled first),
     cached by device name like the CPU's measurements."""
 
-    def __init__(self, cal: dict, xp):
+    def __init__(self, cal: GpuCalibration, xp):
         self.xp = xp
         self.cache = JsonCache(cache_dir() / "measure-gpu.json")
-        self.prefix = f"{GPU_CALIBRATION_VERSION}|{cal['device']}"
+        self.prefix = f"{GPU_CALIBRATION_VERSION}|{cal.device}"
 
     def conv(self, primitive_name: str, n: int, layer: Conv, in_spatial) -> float:
         """Seconds of one call of ``primitive_name`` on the device (synchronised), cached."""

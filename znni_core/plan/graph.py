@@ -207,7 +207,7 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
             secs += model.elementwise(pad_b, 2.0) if pad_b else 0.0
         elif node.op == "deconv":
             flops = 2.0 * math.prod(src) * out[0] * math.prod(node["stride"])
-            secs = flops / cal["gemm_flops"] + model.elementwise(out_b, 3.0)
+            secs = flops / cal.gemm_flops + model.elementwise(out_b, 3.0)
             extra, prim = 2 * out_b, "gemm"
         elif node.op == "resize":
             prim = node["mode"]

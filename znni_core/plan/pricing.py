@@ -8,6 +8,7 @@ import math
 from . import gpu_timing as G
 from . import memory as M
 from . import timing as T
+from .calibration import GpuCalibration
 from .costs import CostModel, CpuCostModel, GpuCostModel
 from .primitives import primitive
 
@@ -22,7 +23,9 @@ class Pricer:
     """Prices the search's candidates: the cost model's estimates, or (``effort`` measure and
     exhaustive) primitives timed on the real shapes; memoised for one search."""
 
-    def __init__(self, effort: str, threads: int, cal: dict | None = None, xp=None, model: CostModel | None = None):
+    def __init__(
+        self, effort: str, threads: int, cal: GpuCalibration | None = None, xp=None, model: CostModel | None = None
+    ):
         self.model = model or (GpuCostModel(cal) if cal else CpuCostModel(T.calibrate(threads)))
         self.cal = self.model.cal
         if effort == "estimate":

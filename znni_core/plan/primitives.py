@@ -32,6 +32,7 @@ from ..errors import PlanError
 from ..layers.epilogue import FUSABLE
 from ..layers.winograd import winograd_supports
 from . import formulas as F
+from .calibration import CpuCalibration, GpuCalibration
 
 # Winograd's saving is in the per-position channel products; with one channel on a side they are
 # outer products or dot products, and the transforms (more values than the direct loop touches)
@@ -116,22 +117,22 @@ class Primitive:
         return 0
 
     # ---- time
-    def cpu_seconds(self, cal: dict, n: int, layer, in_spatial, micro_batch: int | None = None) -> float:
+    def cpu_seconds(self, cal: CpuCalibration, n: int, layer, in_spatial, micro_batch: int | None = None) -> float:
         """Seconds for ``n`` items in micro-batches of ``micro_batch`` under the CPU's calibration."""
         raise NotImplementedError
 
-    def cpu_setup_seconds(self, cal: dict, layer, in_spatial) -> float:
+    def cpu_setup_seconds(self, cal: CpuCalibration, layer, in_spatial) -> float:
         """Seconds to build what it keeps for the run, on the CPU."""
         return 0.0
 
-    def gpu_seconds(self, cal: dict, n: int, layer, in_spatial, micro_batch: int | None = None) -> float:
+    def gpu_seconds(self, cal: GpuCalibration, n: int, layer, in_spatial, micro_batch: int | None = None) -> float:
         """Seconds for ``n`` items in micro-batches under a GPU's calibration."""
         raise PlanError(f"no GPU time model for primitive {self.name!r}")
 
-    def gpu_setup_seconds(self, cal: dict, layer, in_spatial) -> float:
+    def gpu_setup_seconds(self, cal: GpuCalibration, layer, in_spatial) -> float:
         """Building the resident kernel transforms on the device: a few passes over them."""
         b = self.resident_bytes(layer, in_spatial)
-        return 4.0 * b / cal["mem_bw"] + 1e-3 if b else 0.0
+        return 4.0 * b / cal.mem_bw + 1e-3 if b else 0.0
 
     # ---- the callable
     def build(self, layer, in_spatial, *, xp=np, threads: int = 1, act=None, channels_last=False, cache=None, key=None):
@@ -185,11 +186,11 @@ class DirectGemm(Primitive):
         cin, cout, k, out = _shapes(layer, in_spatial)
         flops = 2.0 * n * cin * cout * math.prod(k) * math.prod(out)
         out_bytes = F.F32 * n * cout * math.prod(out)
-        if math.prod(k) == 1 and "pointwise_points" in cal:
+        if math.prod(k) == 1 and cal.pointwise_points:
             # run in a chain (conv_pointwise_chain): calibrated at 24 and 48 maps (log-log between,
             # clamped outside); memory-bound when the product is thin (200 maps -> 1)
-            rate = F.loglog(cal["pointwise_points"], cin)
-            return max(flops / rate, F.F32 * n * (cin + cout) * math.prod(out) / cal["mem_bw"]) + n * F.DIRECT_ITEM_S
+            rate = F.loglog(cal.pointwise_points, cin)
+            return max(flops / rate, F.F32 * n * (cin + cout) * math.prod(out) / cal.mem_bw) + n * F.DIRECT_ITEM_S
         # traffic: the lowered block (C_in x kernel values per output voxel, written then read by
         # the product), the product and the output.  Counting the lowering as one output's worth
         # missed thin products: the detector's 28 -> 1 (1,5,5) layer (700 values lowered per
@@ -197,7 +198,7 @@ class DirectGemm(Primitive):
         lowered = F.F32 * n * cin * math.prod(k) * math.prod(out)
         return (
             flops / F.direct_rate("gemm", cin * math.prod(k), cal)
-            + (lowered + 2 * out_bytes) / cal["mem_bw"]
+            + (lowered + 2 * out_bytes) / cal.mem_bw
             + n * F.DIRECT_ITEM_S
         )
 
@@ -209,7 +210,7 @@ class DirectGemm(Primitive):
         x_bytes, y_bytes = F.F32 * n * cin * math.prod(in_spatial), F.F32 * n * cout * math.prod(out)
         lowered = 0 if math.prod(k) == 1 else 2 * F.F32 * n * cin * math.prod(k) * math.prod(out)
         launches = 1 if math.prod(k) == 1 else 8
-        return flops / cal["gemm_flops"] + (x_bytes + y_bytes + lowered) / cal["mem_bw"] + calls * F.LAUNCH_S * launches
+        return flops / cal.gemm_flops + (x_bytes + y_bytes + lowered) / cal.mem_bw + calls * F.LAUNCH_S * launches
 
     def reads_channels_last(self, kernel):
         """See :class:`Primitive`: a 1x1x1 conv (a GEMM on the input in place)."""
@@ -255,7 +256,7 @@ class DirectNumba(Primitive):
         eff = L.direct_numba_efficiency(cout, in_spatial, layer.kernel) / L.direct_numba_efficiency(
             24, *F.NUMBA_CALIBRATION_SHAPE
         )
-        return flops / (F.direct_rate("numba", cin * math.prod(k), cal) * eff) + out_bytes / cal["mem_bw"]
+        return flops / (F.direct_rate("numba", cin * math.prod(k), cal) * eff) + out_bytes / cal.mem_bw
 
     def build(self, layer, in_spatial, *, xp=np, threads=1, act=None, channels_last=False, cache=None, key=None):
         """See :class:`Primitive`."""
@@ -295,7 +296,7 @@ class FFT(Primitive):
         sizes away from the calibration's; every micro-batch pays its own transform set-up."""
         cin, cout = layer.in_channels, layer.out_channels
         calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
-        rates = cal["fft"]
+        rates = cal.fft
         r = rates[self.mode]
         v = math.prod(L.fft_shape(in_spatial))
         vlog = v * math.log2(max(v, 2))
@@ -311,7 +312,7 @@ class FFT(Primitive):
         if not self.resident:
             return 0.0
         v = math.prod(L.fft_shape(in_spatial))
-        rate = cal["fft"]["build_s_per_kernel_vlogv"] * F.size_factor(v, cal["fft"], "build")
+        rate = cal.fft["build_s_per_kernel_vlogv"] * F.size_factor(v, cal.fft, "build")
         return layer.in_channels * layer.out_channels * v * math.log2(max(v, 2)) * rate
 
     def gpu_seconds(self, cal, n, layer, in_spatial, micro_batch=None):
@@ -358,15 +359,10 @@ def _gpu_fft_seconds(cal, n, layer, in_spatial, micro_batch, items, v, f) -> flo
     calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
     x_bytes, y_bytes = F.F32 * n * cin * math.prod(in_spatial), F.F32 * n * cout * math.prod(out)
     vlog = v * math.log2(max(v, 2))
-    transforms = items * (cin + cout) * vlog * cal["fft_s_per_vlogv"]
+    transforms = items * (cin + cout) * vlog * cal.fft_s_per_vlogv
     macs = 8.0 * items * cin * cout * f
     spectra = F.C64 * items * f * (2 * cin + 3 * cout)
-    return (
-        transforms
-        + macs / cal["gemm_flops"]
-        + (spectra + x_bytes + 2 * y_bytes) / cal["mem_bw"]
-        + calls * 10 * F.LAUNCH_S
-    )
+    return transforms + macs / cal.gemm_flops + (spectra + x_bytes + 2 * y_bytes) / cal.mem_bw + calls * 10 * F.LAUNCH_S
 
 
 class FFTGemm(Primitive):
@@ -397,16 +393,16 @@ class FFTGemm(Primitive):
         every call streams all the spectra once."""
         cin, cout = layer.in_channels, layer.out_channels
         calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
-        r = cal["fft"]["gemm"]
+        r = cal.fft["gemm"]
         tr, macs, items = F.fft_gemm_terms(n, cin, cout, in_spatial, layer.kernel)
         short = max(1.0, F.FFT_GEMM_ROWS / items)
-        stream = calls * L.fft_gemm_kernel_bytes(cin, cout, in_spatial, layer.kernel) / cal["mem_bw"]
+        stream = calls * L.fft_gemm_kernel_bytes(cin, cout, in_spatial, layer.kernel) / cal.mem_bw
         return tr * r["s_per_transform"] + macs * r["s_per_mac"] * short + stream + (calls - 1) * 1e-4
 
     def cpu_setup_seconds(self, cal, layer, in_spatial):
         """See :class:`Primitive`."""
         values = L.fft_gemm_kernel_bytes(layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel) / 8
-        return values * cal["fft"]["gemm"]["build_s_per_value"]
+        return values * cal.fft["gemm"]["build_s_per_value"]
 
     def gpu_seconds(self, cal, n, layer, in_spatial, micro_batch=None):
         """See :class:`Primitive`."""
@@ -460,7 +456,7 @@ class Winograd(Primitive):
         prediction)."""
         cin, cout = layer.in_channels, layer.out_channels
         calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
-        r = cal["fft"]["winograd"]
+        r = cal.fft["winograd"]
         values, macs, rows, positions = F.winograd_terms(n, cin, cout, in_spatial, layer.kernel)
         passes = sum(1 for k in layer.kernel if int(k) > 1) / 2
         return (
@@ -474,14 +470,14 @@ class Winograd(Primitive):
     def cpu_setup_seconds(self, cal, layer, in_spatial):
         """See :class:`Primitive`."""
         values = self.resident_bytes(layer, in_spatial) / F.F32
-        return values * cal["fft"]["winograd"]["build_s_per_value"]
+        return values * cal.fft["winograd"]["build_s_per_value"]
 
     def gpu_seconds(self, cal, n, layer, in_spatial, micro_batch=None):
         """See :class:`Primitive`."""
         cin, cout, k, _ = _shapes(layer, in_spatial)
         calls = math.ceil(n / micro_batch) if micro_batch and micro_batch < n else 1
         values, macs, *_ = F.winograd_terms(n, cin, cout, in_spatial, k)
-        return 2.0 * macs / cal["gemm_flops"] + 6 * F.F32 * values / cal["mem_bw"] + calls * 12 * F.LAUNCH_S
+        return 2.0 * macs / cal.gemm_flops + 6 * F.F32 * values / cal.mem_bw + calls * 12 * F.LAUNCH_S
 
     def build(self, layer, in_spatial, *, xp=np, threads=1, act=None, channels_last=False, cache=None, key=None):
         """See :class:`Primitive`."""
@@ -517,7 +513,7 @@ class DirectTorch(Primitive):
         flops = 2.0 * n * cin * cout * math.prod(k) * math.prod(out)
         x_bytes, y_bytes = F.F32 * n * cin * math.prod(in_spatial), F.F32 * n * cout * math.prod(out)
         launches = 1 if math.prod(k) == 1 else 8
-        return flops / cal["gemm_flops"] + (x_bytes + y_bytes) / cal["mem_bw"] + calls * F.LAUNCH_S * launches
+        return flops / cal.gemm_flops + (x_bytes + y_bytes) / cal.mem_bw + calls * F.LAUNCH_S * launches
 
     def build(self, layer, in_spatial, *, xp=np, threads=1, act=None, channels_last=False, cache=None, key=None):
         """See :class:`Primitive`."""

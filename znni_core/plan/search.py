@@ -154,7 +154,7 @@ def _priced_steps(net: Network, modes, steps_mem, decisions, reps, timer: Pricer
             t = (t + CALL_OVERHEAD_S) * reps[sm.index]
         total += t
         steps.append(
-            Step(sm.index, sm.op, prim_name, sm.in_shape, sm.out_shape, mbv, timer.cal["threads"], t, sm.peak, tile)
+            Step(sm.index, sm.op, prim_name, sm.in_shape, sm.out_shape, mbv, timer.cal.threads, t, sm.peak, tile)
         )
     return steps, total
 
@@ -176,7 +176,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
         return FALLBACK, 1
 
     reps = _repeats(net, patch, modes)
-    threads = timer.cal["threads"]
+    threads = timer.cal.threads
     M.walk(net, patch, modes, record, threads)  # pass 1: what is alive before each conv (shapes only)
     no_cache: set[int] = set()  # layers refused resident kernel spectra (they did not fit)
     # bytes every layer's choice leaves free: choices that fit one by one may not fit together
@@ -294,8 +294,8 @@ def _streamed(timer, prim, n, layer, spatial, mb, reps, tile, host_cal) -> float
         ((mb or n), layer.out_channels) + tuple(s - k + 1 for s, k in zip(shape, layer.kernel))
     )
     moved = timer.model.transfer(calls * one, pinned=True)
-    staged = 2 * calls * one / host_cal["mem_bw"]
-    return max(compute, moved, staged) + timer.model.transfer(one, pinned=True) + 2 * one / host_cal["mem_bw"]
+    staged = 2 * calls * one / host_cal.mem_bw
+    return max(compute, moved, staged) + timer.model.transfer(one, pinned=True) + 2 * one / host_cal.mem_bw
 
 
 def autotune(
@@ -343,7 +343,7 @@ def autotune(
     if cost_model is not None and (device != "cpu" or effort != "estimate"):
         raise PlanError(f"a given cost model plans device 'cpu' by effort 'estimate' (got {device!r}, {effort!r})")
     cal = cost_model.cal if cost_model is not None else T.calibrate(max(1, int(threads or default_threads())))
-    tuned = cal.get("tuned") or {}
+    tuned = cal.tuned
     with tuning.using(tuned):
         plan = _autotune(
             net,
@@ -402,7 +402,7 @@ def _autotune(
         f"{net.digest()}|{budget}|{device}|{placement}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|"
         f"{input_shape}|{SEARCH_VERSION}|{T.machine_key(threads)}"
         + (f"|{overlap}|{blend}" if graph else "")
-        + (f"|{gpu_cal['device']}|{gpu_cal['gemm_flops']:.3g}" if gpu_cal else "")
+        + (f"|{gpu_cal.device}|{gpu_cal.gemm_flops:.3g}" if gpu_cal else "")
     )
     if cache is not None and (hit := cache.get(ckey)):
         return Plan.from_dict(hit)
@@ -655,8 +655,8 @@ def _chosen(net, results, search: _ChainSearch, device, effort, threads, input_s
         candidates=search.evaluated,
         input_shape=input_shape,
         provenance={
-            "calibration": {k: search.timer.cal[k] for k in ("gemm_flops", "numba_flops", "mem_bw")},
-            **({"device": gpu_cal["device"]} if gpu_cal else {}),
+            "calibration": {k: getattr(search.timer.cal, k) for k in ("gemm_flops", "numba_flops", "mem_bw")},
+            **({"device": gpu_cal.device} if gpu_cal else {}),
         },
         memory_budget=budget,
         steps=tuple(best.steps),

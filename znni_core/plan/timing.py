@@ -20,6 +20,7 @@ from .. import layers as L
 from ..cachedir import cache_dir
 from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.spec import Conv
+from .calibration import CpuCalibration
 from .formulas import NUMBA_CALIBRATION_SHAPE, fft_gemm_terms, loglog, winograd_terms
 from .primitives import primitive
 from .wisdom import JsonCache, cpu_model, versions
@@ -59,12 +60,12 @@ def _best_of(fn, repeats=5) -> float:
 
 
 # --------------------------------------------------------------------- calibration
-def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
+def calibrate(threads: int = 1, *, refresh: bool = False) -> CpuCalibration:
     """Machine rates for the analytic model, measured once (about 2 s) and cached."""
     cache = JsonCache(cache_dir() / "calibration.json")
     key = machine_key(threads)
     if not refresh and (hit := cache.get(key)):
-        return hit
+        return CpuCalibration.from_dict(hit, str(cache.path))
     # every timed call takes its output from an arena, as a run's patches do after the first
     # (fresh pages cost the kernel's zeroing on first touch; the executor reuses buffers)
     # and inside a run's thread setting (BLAS single-threaded, GEMMs split over the threads): a
@@ -73,8 +74,8 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> dict:
         tuned, tried = _tune(threads)
         with L.tuning.using(tuned):  # the rates of the kernels as plans will run them
             cal = _measure(threads)
-    cal["tuned"], cal["tuning_seconds"] = tuned, tried
-    cache.put(key, cal)
+    cal = CpuCalibration(**cal, tuned=tuned, tuning_seconds=tried)
+    cache.put(key, cal.to_dict())
     return cal
 
 
@@ -401,45 +402,6 @@ def _winograd_rates(threads: int) -> dict:
         "s_per_position": per_position,
         "build_s_per_value": build / (L.winograd_kernel_bytes(c, c, k, sp) / F32),
     }
-
-
-def estimate_elementwise(shape_bytes: int, cal: dict, passes: float = 2.0) -> float:
-    """Seconds of ``passes`` passes over ``shape_bytes`` at the calibrated memory bandwidth."""
-    return passes * shape_bytes / cal["mem_bw"]
-
-
-#: activations that evaluate an exponential per value
-TRANSCENDENTAL = ("elu", "sigmoid", "tanh", "softmax")
-
-
-def estimate_activation(kind: str, shape_bytes: int, cal: dict) -> float:
-    """An activation over ``shape_bytes`` of float32 in place: a read and a write at memory
-    bandwidth, or the calibrated exponential's rate when it has one and that is slower."""
-    t = estimate_elementwise(shape_bytes, cal, 1.0 if kind == "identity" else 2.0)
-    if kind in TRANSCENDENTAL and "exp_s_per_value" in cal:
-        t = max(t, shape_bytes / F32 * cal["exp_s_per_value"])
-    return t
-
-
-# Depth-first pooling against MPF, in memory traffic per input byte: MPF reads the input once
-# and writes it once (its fragments); depth-first filters it in place (a read and a write), then
-# each offset's copy reads the rows it samples (all offsets together: the input twice) and
-# writes its fragment (together: once).  Measured in the engine (boundary net, 5 x 1035^2 at 48
-# maps, window (1,2,2)): 0.44 s for the filter and copies where MPF's calibrated rate said 0.26 s
-# and MPF itself ran at 0.65 of it.
-DEPTH_FIRST_PASSES = 2.5
-
-
-def estimate_pool(in_bytes: int, cal: dict, depth_first: bool = False, channels_last: bool = False) -> float:
-    """A pooling step over an input of ``in_bytes``: MPF at the calibrated MPF rate, channels
-    first or ``channels_last`` (a GPU's calibration: 1.5 passes at its bandwidth); depth-first
-    pooling (the filter and every offset's fragment) ``DEPTH_FIRST_PASSES`` times the
-    channels-first rate."""
-    key = (
-        "pool_cl_s_per_byte" if channels_last and not depth_first and "pool_cl_s_per_byte" in cal else "pool_s_per_byte"
-    )
-    t = in_bytes * cal[key] if key in cal else estimate_elementwise(in_bytes, cal, 1.5)
-    return t * (DEPTH_FIRST_PASSES if depth_first else 1.0)
 
 
 # --------------------------------------------------------------------- measurement
