@@ -33,9 +33,9 @@ from ..errors import InputError
 from . import arena, tuning
 from ._numba import njit, prange
 from .activation import apply_activation
-from .epilogue import act_row, epilogue
-from .threads import gemm
-from .xp import get_array_module
+from .epilogue import FUSABLE, act_row, epilogue
+from .threads import matmul
+from .xp import get_array_module, with_host_variant
 
 __all__ = [
     "conv_direct_gemm",
@@ -138,21 +138,13 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, act=None):
         out = arena.empty((N, O, Zo, Yo, Xo), xp=xp)
     elif out.shape != (N, O, Zo, Yo, Xo):
         raise InputError(f"out has shape {out.shape}; expected {(N, O, Zo, Yo, Xo)}")
-    code, alpha = epilogue(act)
-    alpha = np.float32(alpha)
     if kz == ky == kx == 1:  # 1x1x1: GEMMs straight on the input, no lowering
         w2, P = w.reshape(O, C), Z * Y * X
         for n in range(N):
             direct = out[n].flags.c_contiguous  # else a strided block of a larger output: via a temporary
             dst = out[n].reshape(O, P) if direct else None
-            o2 = gemm(w2, x[n].reshape(C, P), dst) if xp is np else xp.matmul(w2, x[n].reshape(C, P), out=dst)
-            if xp is np and (b is not None or act is not None):  # one pass, not two
-                _bias_act(o2, np.zeros(O, np.float32) if b is None else b, code, alpha)
-            else:
-                if b is not None:
-                    o2 += b.reshape(O, 1)
-                if act is not None:
-                    apply_activation(o2, *act, out=o2)
+            o2 = matmul(w2, x[n].reshape(C, P), dst)
+            bias_act(o2, b, act)
             if not direct:
                 out[n] = o2.reshape(O, Z, Y, X)
         return out
@@ -163,7 +155,6 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, act=None):
     cols2 = cols.reshape(K, blen)
     res = xp.empty((O, blen), dtype=xp.float32)
     w2 = w.reshape(O, K)
-    bias = None if b is None else b.reshape(O, 1)
     YX, it = Y * X, x.itemsize
     as_strided = xp.lib.stride_tricks.as_strided
     if tz > 1:
@@ -185,17 +176,8 @@ def conv_direct_gemm(x, w, b=None, *, max_bytes=None, out=None, act=None):
             cols[..., :L] = view
             if L < blen:
                 cols[..., L:] = 0  # garbage columns are discarded, but keep them finite
-            if xp is np:
-                gemm(w2, cols2, res)
-            else:
-                xp.matmul(w2, cols2, out=res)
-            if xp is np and act is not None:  # bias and activation in one numba pass
-                _bias_act_block(res, np.zeros(O, np.float32) if b is None else b, code, alpha)
-            else:
-                if bias is not None:
-                    res += bias
-                if act is not None:
-                    apply_activation(res, *act, out=res)
+            matmul(w2, cols2, res)
+            bias_act(res, b, act, parallel=False)
             # a short last block of planes: only its first nz * ty * tw columns matter
             done = res[:, : nz * ty * tw].reshape(O, nz, ty, tw)
             out[n, :, z0 : z0 + nz, y0 : y0 + vy, x0 : x0 + vx] = done[:, :, :vy, :vx]
@@ -214,6 +196,30 @@ def conv_direct_gemm_memory(n, c_in, c_out, in_shape, kernel, max_bytes=None) ->
     blen = tz * ty * tw
     work = F32 * blen * (c_in * math.prod(kernel) + c_out)
     return F32 * n * c_out * math.prod(conv_out_shape(in_shape, kernel)) + work
+
+
+@with_host_variant
+def bias_act(y, b, act, parallel: bool = True):
+    """``y[o] = act(y[o] + b[o])`` in place on an ``(O, P)`` array (``b`` or ``act`` None: not
+    applied); ``parallel``: the host variant may use its threads (not between BLAS calls)."""
+    if b is not None:
+        y += b.reshape(-1, 1)
+    if act is not None:
+        apply_activation(y, *act, out=y)
+    return y
+
+
+@bias_act.host
+def _bias_act_host(y, b, act, parallel: bool = True):
+    """Host variant: bias and activation in one numba pass (the fused epilogues; others in two)."""
+    if act is not None and act[0] not in FUSABLE:
+        return bias_act.generic(y, b, act)
+    if b is None and act is None:
+        return y
+    code, alpha = epilogue(act)
+    bias = np.zeros(y.shape[0], np.float32) if b is None else b
+    (_bias_act if parallel else _bias_act_block)(y, bias, code, np.float32(alpha))
+    return y
 
 
 # ----------------------------------------------------------------------------- numba

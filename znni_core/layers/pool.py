@@ -22,7 +22,7 @@ from ..errors import InputError
 from . import arena
 from ._numba import njit, prange
 from .layout import copy_into, is_channels_last, memory_order
-from .xp import get_array_module
+from .xp import get_array_module, with_host_variant
 
 __all__ = [
     "fragment_of_filtered",
@@ -269,6 +269,7 @@ def _mpf_cl(x, pz, py, px, offs, out):  # pragma: no cover - compiled
                                     of[dst + q] = max(of[dst + q], xf[s + q])
 
 
+@with_host_variant
 def max_pool(x, p):
     """Plain max-pooling, kernel = stride = ``p``; output ``floor(n / p)`` per axis.
 
@@ -288,21 +289,33 @@ def max_pool(x, p):
     >>> max_pool(x, (1, 1, 2))[0, 0, 0, 0].tolist()
     [1.0, 3.0, 5.0, 7.0]
     """
+    p, m = _pooled(x, p)
+    out = arena.empty(x.shape[:2] + m, x.dtype, xp=get_array_module(x))
+    return _pool_into(x, p, m, out)
+
+
+@max_pool.host
+def _max_pool_host(x, p):
+    """Host variant: float32 by the numba kernels; a channels-last input stays so (MPF's one offset)."""
+    if x.dtype != np.float32:
+        return max_pool.generic(x, p)
+    p, m = _pooled(x, p)
+    if is_channels_last(x):
+        out = arena.empty((x.shape[0], 1) + m + (x.shape[1],), np.float32)
+        _mpf_cl(np.ascontiguousarray(memory_order(x)), p[0], p[1], p[2], np.zeros((1, 3), np.int64), out)
+        return out[:, 0].transpose(0, 4, 1, 2, 3)
+    out = arena.empty((x.shape[0], 1, x.shape[1]) + m, np.float32)
+    return _pool_offsets(x, p, m, [(0, 0, 0)], out)[:, 0]
+
+
+def _pooled(x, p):
+    """``(window, output shape)`` of a max-pooling of ``x``, checked."""
     _check5(x)
     p = _window(p)
     m = tuple(n // q for n, q in zip(x.shape[2:], p))
     if min(m) < 1:
         raise InputError(f"input spatial shape {x.shape[2:]} is smaller than the pooling window {p}")
-    xp = get_array_module(x)
-    if xp is np and x.dtype == np.float32 and is_channels_last(x):  # channels last stays so: MPF's one offset
-        out = arena.empty((x.shape[0], 1) + m + (x.shape[1],), np.float32)
-        _mpf_cl(np.ascontiguousarray(memory_order(x)), p[0], p[1], p[2], np.zeros((1, 3), np.int64), out)
-        return out[:, 0].transpose(0, 4, 1, 2, 3)
-    if xp is np and x.dtype == np.float32:
-        out = arena.empty((x.shape[0], 1, x.shape[1]) + m, np.float32)
-        return _pool_offsets(x, p, m, [(0, 0, 0)], out)[:, 0]
-    out = arena.empty(x.shape[:2] + m, x.dtype, xp=xp)
-    return _pool_into(x, p, m, out)
+    return p, m
 
 
 def mpf_shape(spatial, p):
@@ -311,6 +324,7 @@ def mpf_shape(spatial, p):
     return tuple((n - q + 1) // q for n, q in zip(spatial, p))
 
 
+@with_host_variant
 def mpf(x, p):
     """Max-pooling fragments: every pooling offset, stacked into the batch axis.
 
@@ -328,25 +342,39 @@ def mpf(x, p):
     -------
     array, shape (N * P, C, mz, my, mx)
     """
+    p, m, offsets = _fragments(x, p)
+    n, c = x.shape[:2]
+    out = arena.empty((n, len(offsets), c) + m, x.dtype, xp=get_array_module(x))
+    for k, (a, b, d) in enumerate(offsets):
+        _pool_into(x[:, :, a:, b:, d:], p, m, out[:, k])
+    return out.reshape((n * len(offsets), c) + m)
+
+
+@mpf.host
+def _mpf_host(x, p):
+    """Host variant: float32 by the numba kernels, all offsets in one pass; channels-last input
+    gives channels-last fragments."""
+    if x.dtype != np.float32:
+        return mpf.generic(x, p)
+    p, m, offsets = _fragments(x, p)
+    n, c = x.shape[:2]
+    P = len(offsets)
+    if is_channels_last(x):
+        out = arena.empty((n, P) + m + (c,), np.float32)
+        _mpf_cl(np.ascontiguousarray(memory_order(x)), p[0], p[1], p[2], np.asarray(offsets, np.int64), out)
+        return out.reshape((n * P,) + m + (c,)).transpose(0, 4, 1, 2, 3)
+    out = arena.empty((n, P, c) + m, np.float32)
+    return _pool_offsets(x, p, m, offsets, out).reshape((n * P, c) + m)
+
+
+def _fragments(x, p):
+    """``(window, fragment shape, offsets in C order)`` of MPF on ``x``, checked."""
     _check5(x)
     p = _window(p)
     m = mpf_shape(x.shape[2:], p)
     if min(m) < 1:
         raise InputError(f"input spatial shape {x.shape[2:]} is too small for MPF with window {p}")
-    xp = get_array_module(x)
-    n, c = x.shape[:2]
-    P = math.prod(p)
-    offsets = list(itertools.product(range(p[0]), range(p[1]), range(p[2])))
-    if xp is np and x.dtype == np.float32 and is_channels_last(x):  # fragments channels last too
-        out = arena.empty((n, P) + m + (c,), np.float32)
-        _mpf_cl(np.ascontiguousarray(memory_order(x)), p[0], p[1], p[2], np.asarray(offsets, np.int64), out)
-        return out.reshape((n * P,) + m + (c,)).transpose(0, 4, 1, 2, 3)
-    out = arena.empty((n, P, c) + m, x.dtype, xp=xp)
-    if xp is np and x.dtype == np.float32:
-        return _pool_offsets(x, p, m, offsets, out).reshape((n * P, c) + m)
-    for k, (a, b, d) in enumerate(offsets):
-        _pool_into(x[:, :, a:, b:, d:], p, m, out[:, k])
-    return out.reshape((n * P, c) + m)
+    return p, m, list(itertools.product(range(p[0]), range(p[1]), range(p[2])))
 
 
 def recombine(y, pools):

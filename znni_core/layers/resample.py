@@ -22,8 +22,8 @@ from ..errors import InputError
 from . import arena
 from ._numba import njit, prange
 from .layout import empty_channels_last, is_channels_last, memory_order
-from .threads import gemm
-from .xp import get_array_module
+from .threads import matmul
+from .xp import get_array_module, with_host_variant
 
 __all__ = [
     "avg_pool",
@@ -41,6 +41,7 @@ F32 = 4
 _BLOCK_BYTES = 16 * 2**20
 
 
+@with_host_variant
 def upsample_nearest(x, scale):
     """Repeat every voxel ``scale[a]`` times on spatial axis ``a``."""
     xp = get_array_module(x)
@@ -48,18 +49,27 @@ def upsample_nearest(x, scale):
     fz, fy, fx = (int(s) for s in scale)
     if (fz, fy, fx) == (1, 1, 1):
         return x.copy()
-    if xp is np and x.dtype == np.float32 and is_channels_last(x):  # stays channels last
-        out = empty_channels_last((n, c, z * fz, y * fy, w * fx))
-        _upsample_nearest_cl(memory_order(x), memory_order(out), fz, fy, fx)
-        return out
-    if xp is np:  # a numba loop: numpy's broadcast copy runs its innermost axis fx long (7x slower)
-        out = arena.empty((n, c, z * fz, y * fy, w * fx), x.dtype)
-        _upsample_nearest(np.ascontiguousarray(x), out, fz, fy, fx)
-        return out
     v = x.reshape(n, c, z, 1, y, 1, w, 1)
     out = xp.empty((n, c, z, fz, y, fy, w, fx), dtype=x.dtype)
     out[...] = v
     return out.reshape(n, c, z * fz, y * fy, w * fx)
+
+
+@upsample_nearest.host
+def _upsample_nearest_host(x, scale):
+    """Host variant: a numba loop (numpy's broadcast copy runs its innermost axis fx long: 7x
+    slower); float32 channels last stays so."""
+    n, c, z, y, w = x.shape
+    fz, fy, fx = (int(s) for s in scale)
+    if (fz, fy, fx) == (1, 1, 1):
+        return x.copy()
+    if x.dtype == np.float32 and is_channels_last(x):
+        out = empty_channels_last((n, c, z * fz, y * fy, w * fx))
+        _upsample_nearest_cl(memory_order(x), memory_order(out), fz, fy, fx)
+        return out
+    out = arena.empty((n, c, z * fz, y * fy, w * fx), x.dtype)
+    _upsample_nearest(np.ascontiguousarray(x), out, fz, fy, fx)
+    return out
 
 
 @njit(parallel=True, cache=True)
@@ -152,7 +162,7 @@ def conv_transpose(x, w, b, stride):
     if tuple(int(s) for s in stride) != k:
         raise InputError(f"conv_transpose needs stride {tuple(stride)} equal to the kernel {k}")
     wm = xp.asarray(w).reshape(ci, -1).T  # (C_out * K, C_in)
-    y_ = (gemm if xp is np else xp.matmul)(wm, x.reshape(n, ci, -1))  # (N, C_out * K, V)
+    y_ = matmul(wm, x.reshape(n, ci, -1))  # (N, C_out * K, V)
     y_ = y_.reshape((n, co) + k + (z, y, xx))
     out = xp.empty((n, co, z, k[0], y, k[1], xx, k[2]), dtype=np.float32)
     out[...] = y_.transpose(0, 1, 5, 2, 6, 3, 7, 4)
@@ -222,7 +232,7 @@ def conv_strided(x, w, b, stride):
                 strides=(Z * Y * X * e, Y * X * e, X * e, e, s[0] * Y * X * e, s[1] * X * e, s[2] * e),
             )
             cols = view.reshape(kk, -1)  # a copy: the gathered windows
-            out[i, :, z0:z1] = (gemm if xp is np else xp.matmul)(wm, cols).reshape(co, z1 - z0, yo, xo)
+            out[i, :, z0:z1] = matmul(wm, cols).reshape(co, z1 - z0, yo, xo)
             del cols, view
     if b is not None:
         out += xp.asarray(b).reshape(1, -1, 1, 1, 1)

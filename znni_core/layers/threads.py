@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .xp import get_array_module, with_host_variant
+
 _CONTROLLER = None
 _RUN = threading.local()
 _POOLS: dict = {}
@@ -99,6 +101,14 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         return _POOLS[workers]
 
 
+@with_host_variant
+def matmul(a, b, out=None):
+    """``a @ b`` (into ``out`` when given) on ``a``'s array module; on the host :func:`gemm`
+    (the run's threads)."""
+    return get_array_module(a).matmul(a, b, out=out)
+
+
+@matmul.host
 def gemm(a, b, out=None):
     """``a @ b`` as ``numpy.matmul`` (float32; 2-D, or stacked with the batch first), on the
     run's threads (:func:`run_threads`; outside a run one call on BLAS's own threads): each

@@ -3,10 +3,15 @@
 CuPy is never imported when this module is imported; :func:`cupy_or_none` imports
 it lazily and :func:`get_array_module` only looks at CuPy when the array's type
 comes from it, so CPU-only runs never pay for (or fail on) a CuPy import.
+
+An operation is written once against the array module of its input; where the host has a
+faster way (a numba kernel, the threaded GEMM), that is a *host variant* registered beside it
+with :func:`with_host_variant`, not a branch inside it.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -15,7 +20,17 @@ import numpy
 
 from ..errors import DeviceError
 
-__all__ = ["SIMULATED", "cupy_module", "cupy_or_none", "empty_pinned", "get_array_module", "is_numpy", "require_device"]
+__all__ = [
+    "SIMULATED",
+    "cupy_module",
+    "cupy_or_none",
+    "empty_pinned",
+    "get_array_module",
+    "is_numpy",
+    "on_host",
+    "require_device",
+    "with_host_variant",
+]
 
 _CUPY = None
 _CUPY_TRIED = False
@@ -72,6 +87,46 @@ def get_array_module(x):
 def is_numpy(xp) -> bool:
     """True when ``xp`` is numpy (the CPU fast paths apply)."""
     return xp is numpy
+
+
+def on_host(x) -> bool:
+    """Whether ``x`` is a host array, where the host variants apply: a plain ``numpy.ndarray``
+    (a CuPy array and the simulated device's arrays, a numpy subclass, are not)."""
+    return type(x) is numpy.ndarray
+
+
+def with_host_variant(generic):
+    """An operation written once against its input's array module (``generic``), with a place
+    for a host variant: ``@op.host`` registers it, and a call whose first argument is a host
+    array (:func:`on_host`) runs it; any other runs ``generic``.  A host variant calls
+    ``op.generic`` for the inputs it does not cover (another dtype).
+
+    >>> import numpy as np
+    >>> @with_host_variant
+    ... def double(x):
+    ...     return x * 2
+    >>> @double.host
+    ... def _(x):
+    ...     return np.multiply(x, 2, out=x)  # in place: the host's way
+    >>> a = np.ones(2)
+    >>> double(a) is a, double.generic(a) is a
+    (True, False)
+    """
+    host = None
+
+    @functools.wraps(generic)
+    def call(x, *args, **kwargs):
+        if host is not None and type(x) is numpy.ndarray:
+            return host(x, *args, **kwargs)
+        return generic(x, *args, **kwargs)
+
+    def register(fn):
+        nonlocal host
+        host = fn
+        return fn
+
+    call.host, call.generic = register, generic
+    return call
 
 
 def empty_pinned(xp, shape, dtype=numpy.float32):

@@ -477,10 +477,10 @@ def _graph_plan(net, cfg, budget, threads, task_shape, region):
     from ..plan.graph import default_overlap
 
     b = cfg.blend
-    kw = dict(memory_budget=budget, device=cfg.device, effort=cfg.plan.effort, threads=threads, blend=b["mode"])
+    kw = dict(memory_budget=budget, device=cfg.device, effort=cfg.plan.effort, threads=threads, blend=b.mode)
     read = tuple(int(t) + c for t, c in zip(task_shape, net.context))
-    plan = autotune(net, input_shape=read, patch_shape=b["patch_shape"], overlap=b["overlap"], **kw)
-    if net.kind == "padded" and b["overlap"] is None:
+    plan = autotune(net, input_shape=read, patch_shape=b.patch_shape, overlap=b.overlap, **kw)
+    if net.kind == "padded" and b.overlap is None:
         whole = tuple(int(r) + c for r, c in zip(region.shape, net.context))
         overlap = default_overlap(net, plan.patch_shape, whole)
         if overlap != plan.overlap:
