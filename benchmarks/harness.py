@@ -176,9 +176,9 @@ class ZnniRunner:
 
     def profile(self) -> list[dict]:
         """Per conv step: measured seconds (wrapping the executor's conv call) vs predicted."""
-        from znni_core.exec import engine
+        from znni_core.exec import chain
 
-        orig = engine._run_conv
+        orig = chain.run_conv
         acc: dict[int, float] = {}
 
         def timed(step, layer, x, xp, convs, **kw):
@@ -187,13 +187,13 @@ class ZnniRunner:
             acc[step.index] = acc.get(step.index, 0.0) + time.perf_counter() - t0
             return y
 
-        engine._run_conv = timed
+        chain.run_conv = timed
         try:
             t0 = time.perf_counter()
             self.run()
             total = time.perf_counter() - t0
         finally:
-            engine._run_conv = orig
+            chain.run_conv = orig
         rows, conv_sum = [], 0.0
         for s in self.plan.steps:
             if s.op == "conv":

@@ -136,7 +136,7 @@ def test_gpu_plus_host_plan_fits_whatever_the_timings_prefer(gpu, monkeypatch, p
     one by one may not fit together (an early call's blocks beside a later layer's resident
     kernel transforms). Whatever the calibration favours (the largest calls, the smallest, the
     resident primitives), a tight device budget still gets a plan that fits it."""
-    from znni_core.plan import search as S
+    from znni_core.plan import chain as S
 
     net = make_net(NETS["iso2pool"], seed=4)
     x = _input(net, extra=20)
@@ -156,11 +156,12 @@ def test_gpu_plus_host_plan_fits_whatever_the_timings_prefer(gpu, monkeypatch, p
 
 
 def _gpu_only(net, x, budget):
+    from znni_core.plan import chain as C
     from znni_core.plan import search as S
 
     cal_budget, cal, _ = S.device_budget(budget)
-    timer = S.Pricer("estimate", 1, cal)
-    _, _, peak, _ = S._evaluate(net, x.shape[1:], ("pool", "pool"), cal_budget, timer, S.GPU_PRIMITIVES)
+    timer = C.Pricer("estimate", 1, cal)
+    _, _, peak, _ = C._evaluate(net, x.shape[1:], ("pool", "pool"), cal_budget, timer, S.GPU_PRIMITIVES)
     if peak > budget:
         raise MemoryBudgetError("does not fit")
 

@@ -211,7 +211,7 @@ def test_conv_in_blocks_is_exact(prim):
 def test_blocked_conv_memory_matches_model():
     import tracemalloc
 
-    from znni_core.exec import engine
+    from znni_core.exec import steps
     from znni_core.plan import memory as M
     from znni_core.plan.plan import Step
 
@@ -226,10 +226,10 @@ def test_blocked_conv_memory_matches_model():
         ("fft-gemm", (), 2),
     ):
         step = Step(0, "conv", prim, x.shape, (), mb, 2, tile=tile)
-        engine._run_conv(step, layer, x, np, {})  # warm-up: numba compilation, FFTW plans
+        steps.run_conv(step, layer, x, np, {})  # warm-up: numba compilation, FFTW plans
         tracemalloc.start()
         convs = {}
-        y = engine._run_conv(step, layer, x, np, convs)
+        y = steps.run_conv(step, layer, x, np, convs)
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         shape = M.conv_blocks(x.shape[2:], layer.kernel, tile)[0]
@@ -239,7 +239,7 @@ def test_blocked_conv_memory_matches_model():
 
 
 def test_monotone_activations_move_after_pooling():
-    from znni_core.exec.engine import pool_before_activation
+    from znni_core.exec.chain import pool_before_activation
     from znni_core.net.spec import Activation, Pool
     from znni_core.plan.plan import Step
 
@@ -268,7 +268,7 @@ def test_activations_after_a_conv_run_in_the_conv_output_pass():
     """direct-gemm, direct-numba, fft-gemm and winograd apply a following ReLU, leaky ReLU or ELU
     in their own output pass (no separate pass); other primitives and other activations keep
     their step; the result is unchanged."""
-    from znni_core.exec.engine import fuse_activations
+    from znni_core.exec.chain import fuse_activations
     from znni_core.net.spec import Activation
     from znni_core.plan.plan import Step
 
@@ -307,7 +307,7 @@ def test_activations_after_a_conv_run_in_the_conv_output_pass():
     rng = np.random.default_rng(6)
     x = rng.standard_normal((1,) + tuple(f + e for f, e in zip(net.field_of_view, (4, 8, 6)))).astype(np.float32)
     ref = torch_dense(net, x)
-    import znni_core.exec.engine as E
+    import znni_core.exec.chain as E
 
     calls = []
     real = E.apply_activation
@@ -366,7 +366,8 @@ def test_output_buffers_are_reused_within_the_budget(monkeypatch):
     within the plan's budget (tracemalloc counts both)."""
     import tracemalloc
 
-    from znni_core.exec.engine import kernel_cache, run_patch
+    from znni_core.exec.chain import run_patch
+    from znni_core.exec.steps import kernel_cache
     from znni_core.plan import autotune
 
     net = make_net(
@@ -461,7 +462,7 @@ def test_winograd_layers_pass_channels_last_through_mpf_and_activations(monkeypa
     and a depth-first pool copies its fragments channels last for the Winograd conv after it.
     The output equals PyTorch's dense result and the all-channels-first run's (to rounding:
     the 1x1x1 product reads its operand in the other order)."""
-    import znni_core.exec.engine as E
+    import znni_core.exec.chain as E
     from znni_core.layers import WinogradConv
     from znni_core.layers.layout import is_channels_last
 
@@ -520,7 +521,7 @@ def test_profiled_charges_each_step_its_own_seconds():
     """``profiled()`` (the benchmarks' per-step times): every step the run takes has an entry,
     depth-first pooling is charged its own work only (its offsets' steps apart: never a negative
     remainder), and profiling changes nothing in the output."""
-    from znni_core.exec.engine import fuse_activations, pool_before_activation, profiled
+    from znni_core.exec.chain import fuse_activations, pool_before_activation, profiled
 
     net = make_net(NETS["iso2pool"], seed=3)
     x = np.random.default_rng(0).standard_normal((1, 37, 37, 37)).astype(np.float32)

@@ -93,19 +93,19 @@ def test_measure_plan_is_cached_and_reloads_without_measuring(monkeypatch):
     first = autotune(net, memory_budget=16 * MIB, effort="measure")
     calls = []
     monkeypatch.setattr(T.Measurements, "conv", lambda *a, **k: calls.append(a) or 1.0)
-    monkeypatch.setattr("znni_core.plan.search._evaluate", lambda *a, **k: calls.append(a) or None)
+    monkeypatch.setattr("znni_core.plan.chain._evaluate", lambda *a, **k: calls.append(a) or None)
     again = autotune(net, memory_budget=16 * MIB, effort="measure")
     assert calls == []  # from the cache: nothing evaluated, nothing measured
     assert again == first and first.effort == "measure"
 
 
 def test_estimate_plan_is_cached_by_input_shape(monkeypatch):
-    from znni_core.plan import search
+    from znni_core.plan import chain
 
     net = make_net(WIDE, seed=4)
     a = autotune(net, memory_budget=64 * MIB, input_shape=(40, 50, 60))
-    evaluated, real = [], search._evaluate
-    monkeypatch.setattr(search, "_evaluate", lambda *a, **k: evaluated.append(1) or real(*a, **k))
+    evaluated, real = [], chain._evaluate
+    monkeypatch.setattr(chain, "_evaluate", lambda *a, **k: evaluated.append(1) or real(*a, **k))
     assert autotune(net, memory_budget=64 * MIB, input_shape=(40, 50, 60)) == a
     assert evaluated == []
     b = autotune(net, memory_budget=64 * MIB, input_shape=(40, 50, 61))  # another shape: planned anew
@@ -286,7 +286,7 @@ def test_a_net_flat_in_z_walks_the_inputs_whole_planes_in_equal_depths():
     ran as three 10-deep MPF patches in 7.6 s; as one, in slab + depth-first pooling, 14 s).  A net with depth
     in z gets no such series, and the plan for a deep input is at least as fast by the model as
     the whole input in one patch."""
-    from znni_core.plan import search as S
+    from znni_core.plan import chain as S
 
     flat = make_net([("conv", 8, (1, 5, 5)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 1, (1, 3, 3))], seed=3)
     deep = make_net([("conv", 8, (3, 5, 5)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 1, (1, 3, 3))], seed=3)
@@ -309,7 +309,7 @@ def test_a_net_flat_in_z_plans_thin_slabs_when_the_input_does_not_fit_one_patch(
     also walks slabs SLAB_SLICES deep (wider in y, x) and picks one when it is faster; an input
     that fits one patch walks no slab at all (counted in patches evaluated)."""
     from znni_core.plan import candidates as C
-    from znni_core.plan import search as S
+    from znni_core.plan import chain as S
 
     net = make_net(
         [

@@ -30,7 +30,7 @@ from ..layers.xp import get_array_module
 from ..net.graph import Graph
 from ..plan.graph import _in_range, chain_after, conv_window, fuses_next, in_place_input, needed_ranges, tile_starts
 from ..plan.primitives import PRIMITIVES
-from .engine import _conv_fn, _run_conv, fuse, plan_arena
+from .steps import conv_fn, fuse, plan_arena, run_conv
 
 
 def _const(xp, v):
@@ -136,7 +136,7 @@ def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
         if (any(low) or any(high)) and pads_input and not step.tile and get_array_module(x) is xp:
             # zeros read in place of the padding: no padded copy
             spatial = tuple(r1 - r0 for r0, r1 in zip(raw_lo, raw_hi))
-            return _conv_fn(step, node.conv, spatial, xp, convs, cl)(contiguous(x), low=low)
+            return conv_fn(step, node.conv, spatial, xp, convs, cl)(contiguous(x), low=low)
         x = pad(x, low, high) if any(low) or any(high) else contiguous(x)
         if step.primitive == "strided":
             return conv_strided(
@@ -145,7 +145,7 @@ def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
                 None if node.conv.bias is None else _const(xp, node.conv.bias),
                 node["stride"],
             )
-        return _run_conv(step, node.conv, x, xp, convs, channels_last=cl)
+        return run_conv(step, node.conv, x, xp, convs, channels_last=cl)
     r = [_in_range(node, ax, a[ax], b[ax], n_in[ax]) for ax in range(3)]
     lo, hi = tuple(v[0] for v in r), tuple(v[1] for v in r)
     if op in ("deconv", "resize"):

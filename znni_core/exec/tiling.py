@@ -26,8 +26,9 @@ import numpy as np
 
 from ..errors import InputError
 from .blend import axis_plan, lattice
-from .engine import kernel_cache, run_back, run_front, run_patch
+from .chain import run_back, run_front, run_patch
 from .graph import run_graph_patch
+from .steps import kernel_cache
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Predicted memory of running a plan: a symbolic walk of ``exec/engine.py``.
+"""Predicted memory of running a plan: a symbolic walk of ``exec/chain.py``.
 
 The walk mirrors the executor step by step: what is alive (the caller's patch, the
 pre-pool tensors held by depth-first pooling, partial results) plus the chosen

@@ -1,4 +1,4 @@
-"""Run a :class:`~znni_core.plan.Plan` on one input patch.
+"""Run a chain network's :class:`~znni_core.plan.Plan` on one input patch.
 
 The executor follows the plan literally: per layer the chosen primitive, per pooling
 layer either MPF (all fragments batched, breadth first) or ``pool`` (one pooling
@@ -12,18 +12,14 @@ exactly this code, so references to dead arrays are dropped as soon as possible.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
-import os
 import threading
 import time
 
 import numpy as np
 
 from ..errors import PlanError
-from ..geometry.blocks import conv_blocks
 from ..layers import (
-    FFTConv,
     apply_activation,
     arena,
     conv_pointwise_chain,
@@ -35,73 +31,12 @@ from ..layers import (
     tuning,
 )
 from ..layers.activation import commutes_with_max
-from ..layers.resident import ResidentConv
 from ..layers.xp import get_array_module
-from ..net.spec import Conv, Network, Pool
+from ..net.spec import Network, Pool
 from ..plan.memory import slab_geometry
-from ..plan.plan import Step, fuses
+from ..plan.plan import fuses
 from ..plan.primitives import primitive
-from .stream import stream_blocks
-
-
-def _conv_fn(step, layer: Conv, in_spatial, xp, convs, channels_last=False):
-    """The step's primitive built for ``in_spatial`` inputs (what it keeps for the run, kernel
-    transforms and weights on the device, is found in ``convs`` under the step's index), with
-    the step's fused activation; ``channels_last``: the output written channels last where
-    the primitive can."""
-    return primitive(step.primitive).build(
-        layer,
-        in_spatial,
-        xp=xp,
-        threads=step.threads,
-        act=fused_act(step),
-        channels_last=channels_last,
-        cache=convs,
-        key=step.index,
-    )
-
-
-def _run_conv(step, layer: Conv, x, xp, convs, channels_last=False):
-    """``layer`` on ``x`` by the step's primitive, blocks and micro-batches; ``channels_last``:
-    a one-call Winograd step returns its output channels last (``layers/layout``)."""
-    n, spatial = x.shape[0], tuple(x.shape[2:])
-    mb = step.micro_batch or n
-    tile, origins = conv_blocks(spatial, layer.kernel, step.tile)
-    fn = _conv_fn(step, layer, tile, xp, convs, channels_last)
-    if xp is not np and get_array_module(x) is np:  # GPU + host RAM: x lives on the host
-        out = np.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), np.float32)
-        ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
-        jobs = [
-            (
-                (slice(i, i + mb), slice(None)) + tuple(slice(a, a + t) for a, t in zip(o, tile)),
-                (slice(i, i + mb), slice(None)) + tuple(slice(a, a + b) for a, b in zip(o, ob)),
-            )
-            for i in range(0, n, mb)
-            for o in origins
-        ]
-        stream_blocks(fn, x, out, jobs, xp)
-        return out
-    if mb >= n and tile == spatial:
-        return fn(x)
-    out = arena.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), xp=xp)
-    ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
-    kept = isinstance(fn, (FFTConv, ResidentConv))
-    if kept:  # one set of call buffers for all blocks of this step
-        fn.keep_buffers = True
-    try:
-        for i in range(0, n, mb):
-            for o in origins:
-                src = (slice(i, i + mb), slice(None)) + tuple(slice(a, a + t) for a, t in zip(o, tile))
-                dst = (slice(i, i + mb), slice(None)) + tuple(slice(a, a + b) for a, b in zip(o, ob))
-                if kept:
-                    fn(x[src], out=out[dst])  # straight into the output block
-                else:
-                    out[dst] = fn(x[src])
-    finally:
-        if kept:
-            fn.keep_buffers = False
-            fn.release()
-    return out
+from .steps import fuse, fused_act, plan_arena, run_conv
 
 
 def _fragment(x, window, offset):
@@ -199,7 +134,7 @@ def _step(steps, layers, i, x, xp, convs):
     if stages:  # 1x1x1 convs and their activations, block by block in cache
         return conv_pointwise_chain(x, stages, threads=step.threads), j, False
     if step.op == "conv":
-        x = _run_conv(step, layer, x, xp, convs, channels_last=xp is np and _reads_channels_last(steps, layers, i + 1))
+        x = run_conv(step, layer, x, xp, convs, channels_last=xp is np and _reads_channels_last(steps, layers, i + 1))
     elif step.op == "act":
         if layer.kind != "identity":
             x = apply_activation(x, layer.kind, layer.alpha, out=x)
@@ -253,42 +188,6 @@ def _timed_step(steps, layers, i, x, xp, convs):
     key = steps[i].index
     _PROFILE[key] = _PROFILE.get(key, 0.0) + time.perf_counter() - t0 - inner
     return out
-
-
-def kernel_cache(cache: dict | None, plan) -> dict:
-    """The per-plan part of a caller's cache dict (``{}`` when ``cache`` is None); puts the plan's
-    kernel parameters in force (``Plan.tuning``: the resident kernels built next follow them)."""
-    tuning.apply(plan.tuning)
-    if cache is None:
-        return {}
-    key = (plan.network_digest, plan.device, tuple((s.index, s.primitive, s.in_shape) for s in plan.steps))
-    for other in [k for k in cache if k != key]:  # another plan's spectra: not ours to keep alive
-        del cache[other]
-    return cache.setdefault(key, {})
-
-
-@dataclasses.dataclass(frozen=True)
-class FusedStep(Step):
-    """A conv step that applies the activation after it in its own output pass: ``fused``
-    names it (``layers.epilogue.FUSABLE``), ``alpha`` its parameter."""
-
-    fused: str = ""
-    alpha: float = 0.0
-
-
-def fused_act(step):
-    """``(kind, alpha)`` of the activation a conv step applies itself, or None."""
-    kind = getattr(step, "fused", "")
-    return (kind, step.alpha) if kind else None
-
-
-def fuse(step, activation) -> FusedStep:
-    """The conv ``step`` applying ``activation`` (an Activation layer) in its output pass."""
-    return FusedStep(
-        **{f.name: getattr(step, f.name) for f in dataclasses.fields(Step)},
-        fused=activation.kind,
-        alpha=float(activation.alpha),
-    )
 
 
 def fuse_activations(steps, layers) -> tuple:
@@ -380,19 +279,6 @@ def run_patch(plan, net: Network, x, *, xp=np, convs=None):
     _check_patch(plan, net, x)
     with arena.using(plan_arena(plan, convs) if xp is np else None):
         return _run_patch(plan, net, x, xp, convs)
-
-
-def plan_arena(plan, convs) -> arena.Arena | None:
-    """The run's output buffers (kept in ``convs`` with the kernel spectra): it holds at most the
-    slack the plan leaves in its budget, so the run stays within the budget.  None (fresh pages
-    for every output, as the memory model counts them) with ``ZNNI_REUSE_BUFFERS=0``."""
-    arena.avoid_huge_page_stalls()  # once per process: no synchronous compaction on first touch
-    if os.environ.get("ZNNI_REUSE_BUFFERS", "1") == "0":
-        return None
-    arena.retain_freed_memory()  # what exceeds the arena's slack is reused from malloc's heap
-    if "arena" not in convs:
-        convs["arena"] = arena.Arena(plan.memory_budget - plan.predicted_peak_bytes)
-    return convs["arena"]
 
 
 def _run_patch(plan, net, x, xp, convs):

@@ -1,0 +1,134 @@
+"""What both executors run per step: a conv step by its primitive, fused activations, buffers.
+
+The chain's executor (:mod:`.chain`) and the graph's (:mod:`.graph`) run a plan's conv steps
+the same way: the step's primitive built once per run for its input size (:func:`conv_fn`,
+what it keeps, kernel transforms and weights on the device, found in the run's cache), called
+in the step's blocks and micro-batches (:func:`run_conv`), with the activation after it
+applied in its output pass where the plan fused it (:class:`FusedStep`); outputs come from the
+run's arena of buffers (:func:`plan_arena`) within the plan's budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from ..geometry.blocks import conv_blocks
+from ..layers import FFTConv, arena, tuning
+from ..layers.resident import ResidentConv
+from ..layers.xp import get_array_module
+from ..net.spec import Conv
+from ..plan.plan import Step
+from ..plan.primitives import primitive
+from .stream import stream_blocks
+
+
+def conv_fn(step, layer: Conv, in_spatial, xp, convs, channels_last=False):
+    """The step's primitive built for ``in_spatial`` inputs (what it keeps for the run, kernel
+    transforms and weights on the device, is found in ``convs`` under the step's index), with
+    the step's fused activation; ``channels_last``: the output written channels last where
+    the primitive can."""
+    return primitive(step.primitive).build(
+        layer,
+        in_spatial,
+        xp=xp,
+        threads=step.threads,
+        act=fused_act(step),
+        channels_last=channels_last,
+        cache=convs,
+        key=step.index,
+    )
+
+
+def run_conv(step, layer: Conv, x, xp, convs, channels_last=False):
+    """``layer`` on ``x`` by the step's primitive, blocks and micro-batches; ``channels_last``:
+    a one-call Winograd step returns its output channels last (``layers/layout``)."""
+    n, spatial = x.shape[0], tuple(x.shape[2:])
+    mb = step.micro_batch or n
+    tile, origins = conv_blocks(spatial, layer.kernel, step.tile)
+    fn = conv_fn(step, layer, tile, xp, convs, channels_last)
+    if xp is not np and get_array_module(x) is np:  # GPU + host RAM: x lives on the host
+        out = np.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), np.float32)
+        ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
+        jobs = [
+            (
+                (slice(i, i + mb), slice(None)) + tuple(slice(a, a + t) for a, t in zip(o, tile)),
+                (slice(i, i + mb), slice(None)) + tuple(slice(a, a + b) for a, b in zip(o, ob)),
+            )
+            for i in range(0, n, mb)
+            for o in origins
+        ]
+        stream_blocks(fn, x, out, jobs, xp)
+        return out
+    if mb >= n and tile == spatial:
+        return fn(x)
+    out = arena.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), xp=xp)
+    ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
+    kept = isinstance(fn, (FFTConv, ResidentConv))
+    if kept:  # one set of call buffers for all blocks of this step
+        fn.keep_buffers = True
+    try:
+        for i in range(0, n, mb):
+            for o in origins:
+                src = (slice(i, i + mb), slice(None)) + tuple(slice(a, a + t) for a, t in zip(o, tile))
+                dst = (slice(i, i + mb), slice(None)) + tuple(slice(a, a + b) for a, b in zip(o, ob))
+                if kept:
+                    fn(x[src], out=out[dst])  # straight into the output block
+                else:
+                    out[dst] = fn(x[src])
+    finally:
+        if kept:
+            fn.keep_buffers = False
+            fn.release()
+    return out
+
+
+def kernel_cache(cache: dict | None, plan) -> dict:
+    """The per-plan part of a caller's cache dict (``{}`` when ``cache`` is None); puts the plan's
+    kernel parameters in force (``Plan.tuning``: the resident kernels built next follow them)."""
+    tuning.apply(plan.tuning)
+    if cache is None:
+        return {}
+    key = (plan.network_digest, plan.device, tuple((s.index, s.primitive, s.in_shape) for s in plan.steps))
+    for other in [k for k in cache if k != key]:  # another plan's spectra: not ours to keep alive
+        del cache[other]
+    return cache.setdefault(key, {})
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedStep(Step):
+    """A conv step that applies the activation after it in its own output pass: ``fused``
+    names it (``layers.epilogue.FUSABLE``), ``alpha`` its parameter."""
+
+    fused: str = ""
+    alpha: float = 0.0
+
+
+def fused_act(step):
+    """``(kind, alpha)`` of the activation a conv step applies itself, or None."""
+    kind = getattr(step, "fused", "")
+    return (kind, step.alpha) if kind else None
+
+
+def fuse(step, activation) -> FusedStep:
+    """The conv ``step`` applying ``activation`` (an Activation layer) in its output pass."""
+    return FusedStep(
+        **{f.name: getattr(step, f.name) for f in dataclasses.fields(Step)},
+        fused=activation.kind,
+        alpha=float(activation.alpha),
+    )
+
+
+def plan_arena(plan, convs) -> arena.Arena | None:
+    """The run's output buffers (kept in ``convs`` with the kernel spectra): it holds at most the
+    slack the plan leaves in its budget, so the run stays within the budget.  None (fresh pages
+    for every output, as the memory model counts them) with ``ZNNI_REUSE_BUFFERS=0``."""
+    arena.avoid_huge_page_stalls()  # once per process: no synchronous compaction on first touch
+    if os.environ.get("ZNNI_REUSE_BUFFERS", "1") == "0":
+        return None
+    arena.retain_freed_memory()  # what exceeds the arena's slack is reused from malloc's heap
+    if "arena" not in convs:
+        convs["arena"] = arena.Arena(plan.memory_budget - plan.predicted_peak_bytes)
+    return convs["arena"]
