@@ -121,8 +121,17 @@ class Coordinate(tuple):
 
     @classmethod
     def from_xyz(cls, xyz) -> "Coordinate":
-        """The coordinate (z, y, x) of a vector given in cloud-volume's (x, y, z) order."""
-        x, y, z = (int(v) for v in xyz)
+        """The coordinate (z, y, x) of a vector given in cloud-volume's (x, y, z) order; values
+        are checked as :class:`Coordinate` checks them (a fraction is refused, never truncated).
+
+        >>> Coordinate.from_xyz([64, 32, 16.0])
+        Coordinate(16, 32, 64)
+        >>> Coordinate.from_xyz([0.5, 0, 0])
+        Traceback (most recent call last):
+        ...
+        ValueError: Coordinate values must be whole numbers, got 0.5 in (0, 0, 0.5)
+        """
+        x, y, z = xyz
         return cls(z, y, x)
 
     def __repr__(self):
