@@ -33,27 +33,28 @@ SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 
 
 @dataclass(frozen=True)
-class InputSettings:
-    """``input:`` the EM layer read."""
+class LayerSettings:
+    """Where a layer read lies: its URL, scale, S3 endpoint and (zarr) resolution."""
 
     path: str
     mip: int
-    dtype: str
     endpoint_url: str | None
     resolution: list | None
+
+
+@dataclass(frozen=True)
+class InputSettings(LayerSettings):
+    """``input:`` the EM layer read."""
+
+    dtype: str
     checksums: str  # auto | required | none
     missing: str  # fail | zero
     empty: str  # skip | compute
 
 
 @dataclass(frozen=True)
-class MaskSettings:
+class MaskSettings(LayerSettings):
     """``mask:`` only output chunks a non-zero mask voxel overlaps are computed."""
-
-    path: str
-    mip: int
-    endpoint_url: str | None
-    resolution: list | None
 
 
 @dataclass(frozen=True)

@@ -147,35 +147,22 @@ def _autotune(
         return Plan.from_dict(hit)
 
     timer = Pricer(effort, threads, gpu_cal, gpu_xp, model=cost_model)
+    common = dict(
+        budget=budget,
+        device=device,
+        effort=effort,
+        threads=threads,
+        timer=timer,
+        patch_shape=patch_shape,
+        input_shape=input_shape,
+    )
     if graph:
         plan = autotune_graph(
-            net,
-            budget=budget,
-            device=device,
-            effort=effort,
-            threads=threads,
-            timer=timer,
-            prims=primitives or (None if device == "cpu" else prims),
-            patch_shape=patch_shape,
-            input_shape=input_shape,
-            overlap=overlap,
-            blend=blend,
+            net, prims=primitives or (None if device == "cpu" else prims), overlap=overlap, blend=blend, **common
         )
     else:
         plan = autotune_chain(
-            net,
-            budget=budget,
-            device=device,
-            effort=effort,
-            threads=threads,
-            timer=timer,
-            prims=prims,
-            host=host,
-            patch_shape=patch_shape,
-            pool_modes=pool_modes,
-            input_shape=input_shape,
-            placement=placement,
-            gpu_cal=gpu_cal,
+            net, prims=prims, host=host, pool_modes=pool_modes, placement=placement, gpu_cal=gpu_cal, **common
         )
     if cache is not None:
         cache.put(ckey, plan.to_dict())
