@@ -16,8 +16,8 @@ import os
 import numpy as np
 
 from ..geometry.blocks import conv_blocks
-from ..layers import FFTConv, arena, tuning
-from ..layers.resident import ResidentConv
+from ..layers import arena, tuning
+from ..layers.buffers import CallBuffers
 from ..layers.xp import get_array_module
 from ..net.spec import Conv
 from ..plan.plan import Step
@@ -49,39 +49,31 @@ def run_conv(step, layer: Conv, x, xp, convs, channels_last=False):
     mb = step.micro_batch or n
     tile, origins = conv_blocks(spatial, layer.kernel, step.tile)
     fn = conv_fn(step, layer, tile, xp, convs, channels_last)
-    if xp is not np and get_array_module(x) is np:  # GPU + host RAM: x lives on the host
-        out = np.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), np.float32)
-        ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
-        jobs = [
-            (
-                (slice(i, i + mb), slice(None)) + tuple(slice(a, a + t) for a, t in zip(o, tile)),
-                (slice(i, i + mb), slice(None)) + tuple(slice(a, a + b) for a, b in zip(o, ob)),
-            )
-            for i in range(0, n, mb)
-            for o in origins
-        ]
-        stream_blocks(fn, x, out, jobs, xp)
-        return out
-    if mb >= n and tile == spatial:
+    streamed = xp is not np and get_array_module(x) is np  # GPU + host RAM: x lives on the host
+    if not streamed and mb >= n and tile == spatial:
         return fn(x)
-    out = arena.empty((n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel)), xp=xp)
+    shape = (n, layer.out_channels) + tuple(s - k + 1 for s, k in zip(spatial, layer.kernel))
     ob = [t - k + 1 for t, k in zip(tile, layer.kernel)]
-    kept = isinstance(fn, (FFTConv, ResidentConv))
-    if kept:  # one set of call buffers for all blocks of this step
-        fn.keep_buffers = True
-    try:
-        for i in range(0, n, mb):
-            for o in origins:
-                src = (slice(i, i + mb), slice(None)) + tuple(slice(a, a + t) for a, t in zip(o, tile))
-                dst = (slice(i, i + mb), slice(None)) + tuple(slice(a, a + b) for a, b in zip(o, ob))
-                if kept:
-                    fn(x[src], out=out[dst])  # straight into the output block
-                else:
-                    out[dst] = fn(x[src])
-    finally:
-        if kept:
-            fn.keep_buffers = False
-            fn.release()
+    blocks = [
+        (
+            (slice(i, i + mb), slice(None)) + tuple(slice(a, a + t) for a, t in zip(o, tile)),
+            (slice(i, i + mb), slice(None)) + tuple(slice(a, a + b) for a, b in zip(o, ob)),
+        )
+        for i in range(0, n, mb)
+        for o in origins
+    ]
+    if streamed:
+        out = np.empty(shape, np.float32)
+        stream_blocks(fn, x, out, blocks, xp)
+        return out
+    out = arena.empty(shape, xp=xp)
+    if not isinstance(fn, CallBuffers):
+        for src, dst in blocks:
+            out[dst] = fn(x[src])
+        return out
+    with fn.buffers_kept():  # one set of call buffers for all blocks of this step
+        for src, dst in blocks:
+            fn(x[src], out=out[dst])  # straight into the output block
     return out
 
 

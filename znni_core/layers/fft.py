@@ -51,6 +51,7 @@ from ..cachedir import cache_dir
 from ..errors import InputError
 from . import arena
 from ._numba import njit, prange
+from .buffers import CallBuffers
 from .threads import each_worker
 from .xp import get_array_module
 
@@ -347,7 +348,7 @@ def _kernel_spectrum(w, fshape, threads):
     return khat
 
 
-class FFTConv:
+class FFTConv(CallBuffers):
     """A valid 3-D convolution layer by FFT with cached, pruned kernel transforms.
 
     Parameters
@@ -465,11 +466,6 @@ class FFTConv:
         return out
 
     # -- "task": independent transforms / output channels over a pool of workers
-    def release(self):
-        """Drop the per-call buffers and plans kept between calls of one batch size (the
-        kernel spectra stay).  The executor calls it at the end of a step."""
-        self._work = None
-
     def _task_buffers(self, n):
         """Buffers and FFTW plans of a ``task``/``stream`` call on ``n`` items, reused by the
         next call of the same size (blocks, micro-batches): no fresh pages, no re-planning."""

@@ -10,11 +10,12 @@ import numpy as np
 
 from ..errors import InputError
 from .activation import apply_activation
+from .buffers import CallBuffers
 from .epilogue import epilogue
 from .xp import get_array_module
 
 
-class ResidentConv:
+class ResidentConv(CallBuffers):
     """Base of a valid 3-D convolution built once per layer and input shape.
 
     A subclass builds its kernel transform in ``__init__`` after :meth:`_setup`, and
@@ -48,10 +49,6 @@ class ResidentConv:
         self.act = None
         self._work = None
         return w
-
-    def release(self):
-        """Drop the per-call buffers (the kernel transform stays)."""
-        self._work = None
 
     #: whether a call can return its output channels last (:mod:`.layout`; numpy only)
     WRITES_CHANNELS_LAST = False
