@@ -1,4 +1,4 @@
-"""The four networks of ZNNi's Table III, as :class:`znni_core.net.spec.Network` values.
+"""The four networks of ZNNi's Table III, as :class:`znni_core.net.chain.Network` values.
 
 Architectures from the authors' network files in ``seung-lab/ZNNi`` (``networks/337.znni``,
 ``357.znni``, ``276.znni``, ``296.znni``; the paper's ``nKPC`` names = kernel K, P pooling
@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from znni_core.net.spec import Activation, Conv, Network, Pool
+from znni_core.net.chain import Activation, Conv, Network, Pool
 
 # name -> (kernel edge, pooling layers, conv layers)
 ARCH = {

@@ -24,7 +24,8 @@ def _run(root: Path, vol, setting) -> dict:
     import yaml
 
     from znni_core.io import create_layer, parse_layer_url, read_manifest
-    from znni_core.pipeline.config import load_run, output_specs, resolve, run_geometry, save_run
+    from znni_core.pipeline.resolve import resolve
+    from znni_core.pipeline.run import load_run, output_specs, run_geometry, save_run
     from znni_core.pipeline.task import manifest_path, run_task
 
     from .workflow import write_case

@@ -78,7 +78,7 @@ class Case:
         return self.work / "manifests" / f"{task // 10_000:04d}" / f"{task:06d}.json"
 
     def tasks(self) -> list[dict]:
-        from znni_core.pipeline.config import load_run
+        from znni_core.pipeline.run import load_run
         from znni_core.pipeline.task import task_list
 
         return task_list(load_run(self.run_file))
@@ -334,7 +334,7 @@ def manifest_ok(case: Case, task: int) -> bool | None:
 
 def job_of(case: Case, task: int) -> int:
     """The workflow job that runs ``task`` (from the schedule the workflow cached)."""
-    from znni_core.pipeline.config import load_run, run_geometry
+    from znni_core.pipeline.run import load_run, run_geometry
 
     per = json.loads((case.work / "schedule.json").read_text())["tasks_per_job"]
     return run_geometry(load_run(case.run_file))[3].index(task) // per

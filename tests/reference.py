@@ -13,7 +13,7 @@ import itertools
 
 import numpy as np
 
-from znni_core.net.spec import Conv, Pool
+from znni_core.net.chain import Conv, Pool
 
 
 def naive_window(net, w):

@@ -73,7 +73,7 @@ def test_infer_reads_a_layer_region_and_writes_layers_over_it(tmp_path):
     import zarr
 
     from znni_core.io import PrecomputedLayer, parse_layer_url
-    from znni_core.pipeline.config import net_halo
+    from znni_core.pipeline.resolve import net_halo
 
     from .pipeline_helpers import RES, em, write_volume
 

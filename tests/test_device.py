@@ -419,7 +419,7 @@ def test_workflow_tasks_on_the_device_equal_whole_volume_inference(gpu, tmp_path
     vol = em((10, 36, 36))
     cfg = base_config(tmp_path, vol=vol, device=device)
     rf = prepare(cfg)
-    from znni_core.pipeline.config import load_run
+    from znni_core.pipeline.run import load_run
 
     assert load_run(rf).config.device == device
     run_all(rf)

@@ -15,7 +15,7 @@ import pytest
 
 import znni_core
 from znni_core.errors import InputError, MemoryBudgetError, PlanError
-from znni_core.net.spec import Conv
+from znni_core.net.chain import Conv
 from znni_core.plan import Plan, autotune
 
 from .nets import NETS, make_net
@@ -240,7 +240,7 @@ def test_blocked_conv_memory_matches_model():
 
 def test_monotone_activations_move_after_pooling():
     from znni_core.exec.chain import pool_before_activation
-    from znni_core.net.spec import Activation, Pool
+    from znni_core.net.chain import Activation, Pool
     from znni_core.plan.plan import Step
 
     w = np.ones((1, 1, 1, 1, 1), np.float32)
@@ -269,7 +269,7 @@ def test_activations_after_a_conv_run_in_the_conv_output_pass():
     in their own output pass (no separate pass); other primitives and other activations keep
     their step; the result is unchanged."""
     from znni_core.exec.chain import fuse_activations
-    from znni_core.net.spec import Activation
+    from znni_core.net.chain import Activation
     from znni_core.plan.plan import Step
 
     w = np.ones((1, 1, 1, 3, 3), np.float32)

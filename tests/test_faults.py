@@ -234,8 +234,8 @@ def test_t9_flipped_byte_in_a_checksummed_input_fails_the_task(tmp_path, fmt):
     from znni_core.errors import ConfigError, DataError
     from znni_core.io.sharding import shard_name
     from znni_core.net import save_network
-    from znni_core.pipeline.config import load_run
     from znni_core.pipeline.finalize import finalize
+    from znni_core.pipeline.run import load_run
     from znni_core.pipeline.task import run_task
 
     out_a = tmp_path / ("a.zarr" if fmt == "zarr" else "a")
@@ -379,8 +379,8 @@ def test_t16_job_level_done_check_reruns_the_task(tmp_path, monkeypatch, how):
     from tests.test_pipeline import prepare
     from znni_core.errors import DataError, StorageError
     from znni_core.io import read_manifest
-    from znni_core.pipeline.config import load_run
     from znni_core.pipeline.jobs import run_job
+    from znni_core.pipeline.run import load_run
     from znni_core.pipeline.task import manifest_path
 
     cfg = base_config(tmp_path, vol=em((8, 32, 32)))

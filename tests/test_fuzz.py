@@ -151,7 +151,7 @@ CONFIG_KEYS = st.sampled_from(
 
 
 def test_fuzzed_configs_are_accepted_or_refused_clearly(demo):
-    from znni_core.pipeline.config import resolve
+    from znni_core.pipeline.resolve import resolve
 
     d, base = demo
     with Tally("configs") as tally:
@@ -369,8 +369,7 @@ RUN_KEYS = st.sampled_from(
 def test_fuzzed_run_files_are_accepted_or_refused_clearly(tmp_path):
     """A hand-edited ``run.json`` (a key deleted, or set to a wrong, huge, NaN or mistyped value):
     loaded only when every typed part has its type, else a ConfigError naming the key."""
-    from znni_core.pipeline.config import load_run
-    from znni_core.pipeline.run import EXAMPLE
+    from znni_core.pipeline.run import EXAMPLE, load_run
 
     f = tmp_path / "run.json"
     with Tally("run.json files") as tally:

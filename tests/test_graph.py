@@ -521,7 +521,7 @@ def test_pipeline_tasks_equal_whole_volume_infer(tmp_path, valid):
     if valid:
         ref = reference(cfg, vol[tuple(slice(0, r + cc) for r, cc in zip(cfg["region"]["shape"], c))])
     else:  # zero-padded U-Net: infer over the whole input with the run's plan (its patch and overlap)
-        from znni_core.pipeline.config import load_run
+        from znni_core.pipeline.run import load_run
         from znni_core.plan.plan import Plan
 
         plan = Plan.load(load_run(rf).plan.path)
@@ -533,7 +533,7 @@ def test_pipeline_tasks_equal_whole_volume_infer(tmp_path, valid):
     # znni verify: in every task one patch recomputed alone (direct convolutions), compared with
     # what is stored where no other patch blends in; a changed stored value is found
     from znni_core.io import PrecomputedLayer, parse_layer_url, read_manifest
-    from znni_core.pipeline.config import load_run
+    from znni_core.pipeline.run import load_run
     from znni_core.pipeline.task import manifest_path
     from znni_core.pipeline.verify import verify_run
 
@@ -617,7 +617,7 @@ def test_yaml_spec_round_trips_a_graph(tmp_path):
 
 
 def test_valid_graph_default_region_is_cut_to_an_admissible_input(tmp_path):
-    from znni_core.pipeline.config import resolve
+    from znni_core.pipeline.resolve import resolve
 
     from .pipeline_helpers import base_config, em
 

@@ -16,10 +16,10 @@ from znni_core.cli import app
 from znni_core.errors import ConfigError
 from znni_core.geometry import Roi
 from znni_core.io import PrecomputedLayer, open_input, parse_layer_url
-from znni_core.pipeline.config import load_run, run_geometry
 from znni_core.pipeline.finalize import finalize
 from znni_core.pipeline.jobs import run_job
 from znni_core.pipeline.mask import Mask, live_chunks, mask_tasks_path, positions, scan
+from znni_core.pipeline.run import load_run, run_geometry
 from znni_core.pipeline.task import RunContext, manifest_path, open_run, run_task
 
 from .pipeline_helpers import RES, base_config, em, write_volume

@@ -11,7 +11,7 @@ import pytest
 import znni_core
 from znni_core.errors import NetworkError, UnsupportedOperatorError
 from znni_core.net import load_network, save_network
-from znni_core.net.spec import Conv
+from znni_core.net.chain import Conv
 
 from .nets import NETS, make_net
 from .reference import max_rel_err, torch_dense
@@ -149,7 +149,7 @@ def test_yaml_tags_are_refused(tmp_path):
 def test_channel_mismatch_inside_spec_is_refused():
     with pytest.raises(NetworkError, match="input channels"):
         make_net([("conv", 2, 3), ("conv", 2, 3)]).layers  # fine
-        from znni_core.net.spec import Network
+        from znni_core.net.chain import Network
 
         Network((Conv(np.ones((2, 1, 3, 3, 3), np.float32)), Conv(np.ones((2, 3, 3, 3, 3), np.float32))))
 
@@ -159,8 +159,8 @@ def test_channel_mismatch_inside_spec_is_refused():
 
 def _as_graph(net):
     """The pooling-free chain ``net`` as a graph of the same operators."""
+    from znni_core.net.chain import Activation
     from znni_core.net.graph import Graph, Node
-    from znni_core.net.spec import Activation
 
     nodes, current = [], "x"
     for i, layer in enumerate(net.layers):

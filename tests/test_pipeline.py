@@ -17,8 +17,9 @@ import znni_core
 from znni_core.errors import ConfigError, DataError, InputError, NonFiniteError, PlanError
 from znni_core.geometry import Roi
 from znni_core.io import PrecomputedLayer, parse_layer_url
-from znni_core.pipeline.config import load_run, resolve, run_geometry, save_run
 from znni_core.pipeline.finalize import finalize
+from znni_core.pipeline.resolve import resolve
+from znni_core.pipeline.run import load_run, run_geometry, save_run
 from znni_core.pipeline.settings import parse_config, validate_config
 from znni_core.pipeline.task import manifest_path, run_task
 
@@ -31,7 +32,7 @@ QUIET = dict(show_progress=False, log=lambda *a: None)
 def prepare(cfg, mem_mb=2000):
     """validate + plan + create layer, as the first rules do; returns the run file."""
     from znni_core.io import create_layer
-    from znni_core.pipeline.config import output_specs
+    from znni_core.pipeline.run import output_specs
 
     run, plan = resolve(cfg, mem_mb=mem_mb, threads=1, progress=lambda *a: None)
     path = save_run(run, plan, Path(run.work_dir))
@@ -45,7 +46,7 @@ def prepare(cfg, mem_mb=2000):
 
 def run_all(run_file):
     run = load_run(run_file)
-    from znni_core.pipeline.config import run_geometry
+    from znni_core.pipeline.run import run_geometry
 
     ids = [b.id for b in run_geometry(run)[3]]
     for i in ids:
@@ -286,7 +287,7 @@ def test_T20_nonfinite_output_is_an_error_and_nothing_written(tmp_path):
     # a finite input (<= 2.55e38) that a plain convolution overflows to Inf inside the engine
     cfg = base_config(tmp_path, vol=vol, normalize={"scale": 1e36})
     from znni_core.net import save_network
-    from znni_core.net.spec import Conv, Network
+    from znni_core.net.chain import Conv, Network
 
     save_network(Network((Conv(np.ones((1, 1, 3, 3, 3), np.float32)),)), cfg["network"]["path"])  # sums overflow
     rf = prepare(cfg)
@@ -375,7 +376,7 @@ def test_T12_T13_concurrent_tasks_and_crash_at_half(tmp_path):
     lost = ids[::2]
     for i in lost:
         manifest_path(run_b, i).unlink()
-    from znni_core.pipeline.config import run_geometry
+    from znni_core.pipeline.run import run_geometry
 
     todo = [blk.id for blk in run_geometry(run_b)[3] if not manifest_path(run_b, blk.id).is_file()]
     assert todo == lost
@@ -593,7 +594,7 @@ def test_a_tasks_plan_may_cut_the_task_into_smaller_patches():
     model says are faster are chosen (a net flat in z pays no halo for them); the plan's rate
     over the task is never below the one-patch plan's."""
     from tests.nets import make_net
-    from znni_core.pipeline.config import task_plan
+    from znni_core.pipeline.resolve import task_plan
     from znni_core.plan import autotune
     from znni_core.plan.candidates import rate as _rate
 

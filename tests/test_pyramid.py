@@ -16,8 +16,8 @@ import pytest
 from znni_core.errors import ConfigError
 from znni_core.io import PrecomputedLayer, parse_layer_url
 from znni_core.io.zarr_output import ZarrOutput
-from znni_core.pipeline.config import load_run, output_spec
 from znni_core.pipeline.pyramid import build_pyramid, downsample, run_pyramid_job
+from znni_core.pipeline.run import load_run, output_spec
 from znni_core.pipeline.schedule import mip_tasks
 
 from .pipeline_helpers import base_config, em

@@ -15,8 +15,9 @@ from znni_core.errors import ConfigError, DataError
 from znni_core.geometry import Coordinate, Roi
 from znni_core.io import PrecomputedLayer, parse_layer_url
 from znni_core.io.sharding import _bits, auto_sharding, check_sharding, chunk_key, shard_chunks, shard_name
-from znni_core.pipeline.config import load_run, output_sharding, run_geometry
 from znni_core.pipeline.finalize import check_manifests
+from znni_core.pipeline.resolve import output_sharding
+from znni_core.pipeline.run import load_run, run_geometry
 from znni_core.pipeline.settings import parse_config
 from znni_core.pipeline.task import manifest_path, run_task
 
@@ -300,8 +301,8 @@ def test_T3_sigkill_after_the_shard_write_before_the_manifest_then_rerun(tmp_pat
     its re-run writes the same shard bytes, then the manifest, and verifies; no temporaries."""
     from tests import faults_helpers as H
     from znni_core.io import open_output
-    from znni_core.pipeline.config import load_run, output_spec, run_geometry
     from znni_core.pipeline.finalize import check_task
+    from znni_core.pipeline.run import load_run, output_spec, run_geometry
 
     chunk_bytes = 8 * 32 * 32 * 4
     case = H.prepare(H.make_case(tmp_path / "c", output__sharding="sharded", output__shard_bytes=2 * chunk_bytes))
@@ -329,9 +330,9 @@ def test_a_petavoxel_with_the_shipped_config_validates_and_estimates(tmp_path):
     import yaml
 
     from znni_core import load_network
-    from znni_core.pipeline.config import JOB_MEM_MB, net_halo, resolve, task_bytes
     from znni_core.pipeline.demo import write_demo
     from znni_core.pipeline.estimate import describe, estimate
+    from znni_core.pipeline.resolve import JOB_MEM_MB, net_halo, resolve, task_bytes
     from znni_core.pipeline.schedule import compute_schedule
 
     (tmp_path / "em").mkdir()

@@ -22,7 +22,7 @@ import yaml
 import znni_core
 from znni_core.geometry import Roi
 from znni_core.io import PrecomputedLayer, parse_layer_url
-from znni_core.pipeline.config import load_run
+from znni_core.pipeline.run import load_run
 
 from .pipeline_helpers import base_config, em, layer_files, subprocess_env
 

@@ -15,8 +15,8 @@ import pytest
 from znni_core.errors import ConfigError, DataError
 from znni_core.geometry import Roi
 from znni_core.io import PrecomputedLayer, open_input, parse_layer_url
-from znni_core.pipeline.config import load_run
 from znni_core.pipeline.finalize import finalize
+from znni_core.pipeline.run import load_run
 from znni_core.pipeline.task import run_task
 
 from .pipeline_helpers import RES, base_config, em
@@ -181,8 +181,8 @@ def test_zarr_output_and_pyramid_on_s3_equal_the_local_run(runs, moto_s3, tmp_pa
     import tensorstore as ts
 
     from znni_core.io.zarr_output import ZarrOutput
-    from znni_core.pipeline.config import output_spec
     from znni_core.pipeline.pyramid import build_pyramid
+    from znni_core.pipeline.run import output_spec
 
     tmp, vol, out = runs
     cfg_l, rf_l, _ = out["zarr"]

@@ -175,7 +175,7 @@ def infer_cmd(
             )
         at = Coordinate(0, 0, 0) if roi is None else roi.offset
         if y.shape[-3:] != x.shape[-3:]:  # a valid network: output voxel 0 lies at the halo's low end
-            from .pipeline.config import net_halo
+            from .pipeline.resolve import net_halo
 
             at = at + net_halo(n).low
         wrote = write_volume(

@@ -32,7 +32,7 @@ from ..layers import (
 )
 from ..layers.activation import commutes_with_max
 from ..layers.xp import get_array_module
-from ..net.spec import Network, Pool
+from ..net.chain import Network, Pool
 from ..plan.memory import slab_geometry
 from ..plan.plan import fuses
 from ..plan.primitives import primitive

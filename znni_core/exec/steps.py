@@ -19,7 +19,7 @@ from ..geometry.blocks import conv_blocks
 from ..layers import arena, tuning
 from ..layers.buffers import CallBuffers
 from ..layers.xp import get_array_module
-from ..net.spec import Conv
+from ..net.chain import Conv
 from ..plan.plan import Step
 from ..plan.primitives import primitive
 from .stream import stream_blocks

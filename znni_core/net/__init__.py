@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import NetworkError
+from .chain import Activation, Conv, Layer, Network, Pool
 from .geometry import NetGeometry
 from .graph import Graph
 from .native import load_native, save_network
 from .onnx_loader import load_onnx
 from .protocol import AnyNetwork
-from .spec import Activation, Conv, Layer, Network, Pool
 
 __all__ = [
     "Activation",

@@ -42,8 +42,8 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import InputError, NetworkError
+from .chain import Activation, Conv
 from .geometry import Geometric, NetGeometry
-from .spec import Activation, Conv
 
 Shape3 = tuple[int, int, int]
 OPS = ("conv", "deconv", "pool", "resize", "crop", "pad", "add", "mul", "affine", "concat", "act")

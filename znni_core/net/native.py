@@ -46,8 +46,8 @@ import numpy as np
 import yaml
 
 from ..errors import NetworkError
+from .chain import ACTIVATIONS, Activation, Conv, Network, Pool
 from .graph import Graph, Node, as_shape3
-from .spec import ACTIVATIONS, Activation, Conv, Network, Pool
 
 FORMAT = "znni-network/1"
 _DEFAULT_ALPHA = {"leaky_relu": 0.01, "elu": 1.0}

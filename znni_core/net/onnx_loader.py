@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import NetworkError, UnsupportedOperatorError
+from .chain import Activation, Conv, Network, Pool
 from .graph import PATCH_DEPENDENT, Graph, Node, _axis_len, _Inadmissible
-from .spec import Activation, Conv, Network, Pool
 
 _ACT = {
     "Relu": "relu",

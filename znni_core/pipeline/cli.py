@@ -48,7 +48,8 @@ def register(app: typer.Typer) -> None:
         """Check config, network and layers (everything that can fail before scheduling); write the plan
         (and with --layer-marker create the output layer: the workflow's first job does both)."""
         from ..errors import ZnniError
-        from .config import resolve, save_run
+        from .resolve import resolve
+        from .run import save_run
         from .settings import load_config, parse_config
 
         try:
@@ -110,7 +111,7 @@ def register(app: typer.Typer) -> None:
         """List the tasks: whole output chunks, disjoint, covering the region."""
         from ..errors import ZnniError
         from ..io import atomic_write
-        from .config import load_run
+        from .run import load_run
         from .task import task_list
 
         try:
@@ -173,7 +174,8 @@ def register(app: typer.Typer) -> None:
         """Run one task (or rewrite one chunk): read, infer, write whole chunks atomically, verify, manifest."""
         from ..errors import ZnniError
         from ..exec.device import claimed_gpu
-        from .config import load_run, run_geometry, task_bytes
+        from .resolve import task_bytes
+        from .run import load_run, run_geometry
         from .task import run_task
 
         if (task is None) == (chunk is None):
@@ -211,8 +213,9 @@ def register(app: typer.Typer) -> None:
         """Run a job: its range of tasks, skipping those already done and verified; marker last."""
         from ..errors import ZnniError
         from ..exec.device import claimed_gpu
-        from .config import load_run, run_geometry, task_bytes
         from .jobs import run_job
+        from .resolve import task_bytes
+        from .run import load_run, run_geometry
 
         try:
             run = load_run(run_file)
@@ -284,8 +287,8 @@ def register(app: typer.Typer) -> None:
         """Mips 1..downsample.mips of the output: with --mip/--job one job of one mip; without, build
         what is not done, check every mip's manifests and objects, and write pyramid.json."""
         from ..errors import ConfigError, ZnniError
-        from .config import load_run
         from .pyramid import build_pyramid, run_pyramid_job
+        from .run import load_run
 
         try:
             if (mip is None) != (job is None):
@@ -301,7 +304,7 @@ def register(app: typer.Typer) -> None:
     def status_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP)):
         """How many tasks have a manifest (done), and which do not."""
         from ..errors import ZnniError
-        from .config import load_run, run_geometry
+        from .run import load_run, run_geometry
         from .task import manifest_path
 
         try:
@@ -349,7 +352,7 @@ def register(app: typer.Typer) -> None:
     ):
         """Serve a run's layers and the bundled Neuroglancer client over HTTP (nothing else)."""
         from ..errors import ConfigError, ZnniError
-        from .config import load_run
+        from .run import load_run
         from .serve import LayerServer, run_layers
 
         try:
@@ -390,8 +393,8 @@ def _create_output_layer(run_file: Path, marker: Optional[Path]) -> None:
     """The output layer's info and provenance, once (an existing layer must match), then ``marker``."""
     from ..errors import ZnniError
     from ..io import atomic_write, create_layer, parse_layer_url
-    from .config import load_run, output_specs
     from .finalize import output_mapping
+    from .run import load_run, output_specs
 
     try:
         run = load_run(run_file)

@@ -228,7 +228,7 @@ def run_estimate(
 ) -> dict:
     """``znni estimate``: the schedule, a rate (see module doc), the numbers; a measured rate is saved."""
     from .. import load_network
-    from .config import resolve, stored_channels
+    from .resolve import resolve, stored_channels
     from .schedule import compute_schedule
     from .task import tta_variants
 

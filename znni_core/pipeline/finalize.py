@@ -30,10 +30,9 @@ from ..io import (
     write_json,
 )
 from ..progress import bar
-from .config import load_run, output_spec, run_geometry
 from .mask import load_mask_tasks, positions
 from .report import verification
-from .run import Run
+from .run import Run, load_run, output_spec, run_geometry
 from .settings import Config
 from .task import manifest_path
 

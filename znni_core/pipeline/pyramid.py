@@ -66,7 +66,7 @@ class _Pyramid:
     """A run's output, mip by mip, opened once per process."""
 
     def __init__(self, run: Run):
-        from .config import output_specs
+        from .run import output_specs
 
         cfg = run.config
         self.run, self.factor = run, Coordinate(cfg.downsample.factor)
@@ -141,7 +141,7 @@ class _Pyramid:
 
 def run_pyramid_job(run_file, mip: int, job: int, per_job: int, *, marker=None, log=print) -> dict:
     """Run the tasks of ``job`` of mip ``mip`` (skipping those done and verified); marker last."""
-    from .config import load_run
+    from .run import load_run
 
     t0 = time.perf_counter()
     run = load_run(run_file)

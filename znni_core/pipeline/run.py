@@ -1,8 +1,9 @@
 """The run: what ``znni validate`` resolved from a config, and every later step reads.
 
 ``validate`` opens the network and the layers, makes the plan and writes the run to
-``<work_dir>/run.json``; tasks, jobs, the pyramid, finalize, verify and serve read it back with
-:func:`~znni_core.pipeline.config.load_run` as a :class:`Run`. Its parts are typed records; the
+``<work_dir>/run.json`` (:func:`save_run`); tasks, jobs, the pyramid, finalize, verify and serve
+read it back with :func:`load_run` as a :class:`Run`, and recompute its grid of chunks and tasks
+with :func:`run_geometry`. Its parts are typed records; the
 config is a :class:`~.settings.Config` (checked again when read: an older run's config gets
 the defaults of keys added since); the values that are themselves documents (a layer's ``info``
 and scale, boxes as ``{"offset", "shape"}``) stay JSON objects.
@@ -17,11 +18,16 @@ True
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import ConfigError
-from .settings import Config, parse_config
+from ..geometry import ChunkGrid, Coordinate, Halo, Roi, TaskGrid
+from ..io import ScaleSpec, atomic_write
+from ..io.info import scale_spec
+from .settings import Config, load_config, parse_config
 
 RUN_FORMAT = "znni-run/1"
 
@@ -150,6 +156,52 @@ def _record(cls, doc: dict, where: str, prefix: str):
                 )
             values[f.name] = v
     return cls(**values)
+
+
+def save_run(run: Run, plan, work: Path) -> Path:
+    """Save ``plan`` to ``run.plan.path`` and ``run`` atomically to ``<work>/run.json``; return that path."""
+    work = Path(work)
+    plan.save(run.plan.path)
+    path = work / "run.json"
+    atomic_write(path, (json.dumps(run.to_json(), indent=1, sort_keys=True) + "\n").encode())
+    return path
+
+
+def load_run(path) -> Run:
+    """Read a run file (``<work_dir>/run.json``); a config.yaml is accepted and mapped to its run file."""
+    path = Path(path)
+    if path.suffix in (".yaml", ".yml"):
+        cfg = load_config(path)
+        path = Path(cfg.work_dir) / "run.json"
+    try:
+        run = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} does not exist: run `znni validate CONFIG` (or the workflow) first") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc}); re-run `znni validate`") from exc
+    return Run.from_json(run, str(path))
+
+
+def run_geometry(run: Run):
+    """(region, grid, halo, tasks) of a run, recomputed deterministically.  The grid spans the
+    output layer (``region``, or aligned below it); the tasks (a :class:`TaskGrid`, made on
+    demand) cover the chunks the region touches."""
+    region = Roi.from_dict(run.region)
+    scale = run.output.scale
+    bounds = Roi(Coordinate.from_xyz(scale["voxel_offset"]), Coordinate.from_xyz(scale["size"]))
+    grid = ChunkGrid(bounds, Coordinate.from_xyz(scale["chunk_sizes"][0]))
+    halo = Halo(run.network.halo["low"], run.network.halo["high"])
+    return region, grid, halo, TaskGrid(grid, run.task_chunks, halo, region)
+
+
+def output_spec(run: Run, mip: int = 0) -> ScaleSpec:
+    """Mip ``mip`` of the run's output layer."""
+    return scale_spec(run.output.info, mip, "run output")
+
+
+def output_specs(run: Run) -> list[ScaleSpec]:
+    """Every scale of the run's output layer (mip 0, then the pyramid's)."""
+    return [output_spec(run, k) for k in range(len(run.output.info["scales"]))]
 
 
 EXAMPLE = {  # the shape of a run.json, for the doctest above

@@ -96,7 +96,7 @@ def predicted_rate(cfg: Config, net, lay) -> float | None:
     cache makes ``validate``'s own search a hit; the machine's calibration is made here once when
     absent (it is cached).  None for a ``plan.file`` run (its plan says) or when planning fails
     (``validate`` then reports why)."""
-    from .config import JOB_MEM_MB, task_plan
+    from .resolve import JOB_MEM_MB, task_plan
 
     if cfg.plan.file:
         from ..plan.plan import Plan
@@ -122,7 +122,7 @@ def task_geometry(cfg: Config, net=None, slots: int | None = None):
     for ``task_chunks: auto``)."""
     from .. import load_network
     from ..io import open_input, parse_layer_url
-    from .config import layout, net_halo, output_scales, stored_channels
+    from .resolve import layout, net_halo, output_scales, stored_channels
 
     net = load_network(Path(cfg.network.path)) if net is None else net
     iu = parse_layer_url(cfg.input.path, endpoint=cfg.input.endpoint_url, what="input.path")

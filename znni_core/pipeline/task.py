@@ -27,9 +27,8 @@ from ..errors import DataError, InputError, NonFiniteError
 from ..geometry import Block, Coordinate, Roi
 from ..io import open_input, open_output, parse_layer_url, read_manifest, store_chunks, write_manifest
 from ..layers.xp import require_device
-from .config import load_run, output_spec, run_geometry
 from .mask import live_chunks, open_mask
-from .run import Run
+from .run import Run, load_run, output_spec, run_geometry
 from .settings import Tta
 
 MANIFESTS_PER_DIR = 10_000  # manifests/<id // 10^4>/<id>.json: no directory of 10^5+ files at petascale

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import PlanError
-from ..net.spec import Network, Pool
+from ..net.chain import Network, Pool
 from . import memory as M
 
 SLAB_SLICES = 8  # depth of the thin patches tried for networks flat in z (patch_candidates)

@@ -16,7 +16,7 @@ import math
 import re
 
 from ..errors import MemoryBudgetError, PlanError
-from ..net.spec import Activation, Conv, Network, Pool
+from ..net.chain import Activation, Conv, Network, Pool
 from ..units import format_bytes
 from . import memory as M
 from .candidates import (

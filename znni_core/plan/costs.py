@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..net.spec import Conv
+from ..net.chain import Conv
 from . import gpu_timing as G
 from .calibration import CpuCalibration, GpuCalibration
 from .formulas import F32

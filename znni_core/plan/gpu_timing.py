@@ -21,7 +21,7 @@ import numpy as np
 
 from ..cachedir import cache_dir
 from ..layers.xp import empty_pinned
-from ..net.spec import Conv
+from ..net.chain import Conv
 from .calibration import GpuCalibration
 from .formulas import LAUNCH_S
 from .primitives import primitive

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .. import layers as L
 from ..geometry.blocks import conv_blocks
-from ..net.spec import Activation, Conv, Network, Pool
+from ..net.chain import Activation, Conv, Network, Pool
 from .primitives import primitive as primitive_of
 
 F32 = 4

@@ -19,7 +19,7 @@ import numpy as np
 from .. import layers as L
 from ..cachedir import cache_dir
 from ..layers.threads import blas_limit, each_worker, run_threads
-from ..net.spec import Conv
+from ..net.chain import Conv
 from .calibration import CpuCalibration
 from .formulas import NUMBA_CALIBRATION_SHAPE, fft_gemm_terms, loglog, winograd_terms
 from .primitives import primitive

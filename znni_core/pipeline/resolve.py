@@ -26,7 +26,7 @@ from ..io.mips import layer_info, mip_specs
 from ..io.sharding import shard_chunks
 from ..io.zarr_output import zarr_sharding
 from .run import RUN_FORMAT, Run
-from .settings import Config, OutputSettings, Tta, load_config, parse_config
+from .settings import Config, OutputSettings, Tta, parse_config
 
 
 def _digest(obj) -> str:
@@ -488,32 +488,6 @@ def _graph_plan(net, cfg, budget, threads, task_shape, region):
     return plan
 
 
-def save_run(run: Run, plan, work: Path) -> Path:
-    """Save ``plan`` to ``run.plan.path`` and ``run`` atomically to ``<work>/run.json``; return that path."""
-    from ..io import atomic_write
-
-    work = Path(work)
-    plan.save(run.plan.path)
-    path = work / "run.json"
-    atomic_write(path, (json.dumps(run.to_json(), indent=1, sort_keys=True) + "\n").encode())
-    return path
-
-
-def load_run(path) -> Run:
-    """Read a run file (``<work_dir>/run.json``); a config.yaml is accepted and mapped to its run file."""
-    path = Path(path)
-    if path.suffix in (".yaml", ".yml"):
-        cfg = load_config(path)
-        path = Path(cfg.work_dir) / "run.json"
-    try:
-        run = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path} does not exist: run `znni validate CONFIG` (or the workflow) first") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON ({exc}); re-run `znni validate`") from exc
-    return Run.from_json(run, str(path))
-
-
 AUTO_SHARD_CHUNKS = 10_000  # output.sharding: auto shards a layer of more chunks than this
 
 
@@ -551,18 +525,6 @@ def aligned_bounds(region: Roi, chunk) -> Roi:
     return Roi.from_bounds(snapped.begin, region.end)
 
 
-def run_geometry(run: Run):
-    """(region, grid, halo, tasks) of a run, recomputed deterministically.  The grid spans the
-    output layer (``region``, or aligned below it); the tasks (a :class:`TaskGrid`, made on
-    demand) cover the chunks the region touches."""
-    region = Roi.from_dict(run.region)
-    scale = run.output.scale
-    bounds = Roi(Coordinate.from_xyz(scale["voxel_offset"]), Coordinate.from_xyz(scale["size"]))
-    grid = ChunkGrid(bounds, Coordinate.from_xyz(scale["chunk_sizes"][0]))
-    halo = Halo(run.network.halo["low"], run.network.halo["high"])
-    return region, grid, halo, TaskGrid(grid, run.task_chunks, halo, region)
-
-
 def output_scales(cfg: Config, lay: Layout, resolution, channels: int) -> list[ScaleSpec]:
     """The output layer's scales: mip 0 (the run's) and the pyramid's mips 1..downsample.mips."""
     ou = parse_layer_url(cfg.output.path, endpoint=cfg.output.endpoint_url, what="output.path")
@@ -579,15 +541,3 @@ def output_scales(cfg: Config, lay: Layout, resolution, channels: int) -> list[S
         sharding=lay.sharding,
     )
     return mip_specs(spec0, cfg.downsample.mips, cfg.downsample.factor, shard_bytes=lay.shard_bytes)
-
-
-def output_spec(run: Run, mip: int = 0) -> ScaleSpec:
-    """Mip ``mip`` of the run's output layer."""
-    from ..io.info import scale_spec
-
-    return scale_spec(run.output.info, mip, "run output")
-
-
-def output_specs(run: Run) -> list[ScaleSpec]:
-    """Every scale of the run's output layer (mip 0, then the pyramid's)."""
-    return [output_spec(run, k) for k in range(len(run.output.info["scales"]))]
