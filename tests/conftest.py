@@ -30,6 +30,12 @@ def _has_gpu() -> bool:
         return False
 
 
+def pytest_configure(config):
+    from .other_host import install
+
+    install()  # ZNNI_TEST_HOST: plan under another host's rates (make test-hosts)
+
+
 def pytest_collection_modifyitems(config, items):
     gpu = _has_gpu()
     sbatch = shutil.which("sbatch") is not None

@@ -397,3 +397,25 @@ def test_a_given_cost_model_plans_without_the_host(monkeypatch):
     assert again == cheap and plan2.steps == plan.steps and plan2.patch_shape == plan.patch_shape
     with pytest.raises(PlanError, match="estimate"):
         autotune(net, memory_budget=2**30, input_shape=shape, effort="measure", cost_model=_fixed_model())
+
+
+def test_the_other_host_profiles_rescale_what_they_name():
+    """``ZNNI_TEST_HOST`` (``make test-hosts``) plans the tests under another host's rates: each
+    profile moves the rates and the Winograd times it names, and keeps the calibration's form."""
+    import json
+    from pathlib import Path
+
+    from znni_core.plan.calibration import CpuCalibration
+
+    from .other_host import PROFILES, rescaled
+
+    doc = json.loads((Path(__file__).parent / "data" / "calibration-zen4-2threads.json").read_text())
+    cal = CpuCalibration.from_dict(doc["calibration"], "tests/data")
+    for name, profile in PROFILES.items():
+        other = rescaled(cal, profile)
+        assert other.gemm_flops == pytest.approx(cal.gemm_flops * profile["gemm"]), name
+        assert other.mem_bw == pytest.approx(cal.mem_bw * profile["mem_bw"]), name
+        w, w0 = other.fft["winograd"], cal.fft["winograd"]
+        assert w["s_per_value"] == pytest.approx(w0["s_per_value"] * profile["winograd_time"]), name
+        assert w["mac_points"][0][1] == pytest.approx(w0["mac_points"][0][1] / profile["winograd_time"]), name
+        assert type(other) is CpuCalibration and other.tuned == cal.tuned
