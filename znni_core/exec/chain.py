@@ -277,7 +277,7 @@ def run_patch(plan, net: Network, x, *, xp=np, convs=None):
     if plan.placement == "cpu+gpu":  # the two stages in turn (exec/tiling.py overlaps them across patches)
         return run_back(plan, net, run_front(plan, net, x, convs=convs), xp=xp, convs=convs)
     _check_patch(plan, net, x)
-    with arena.using(plan_arena(plan, convs) if xp is np else None):
+    with arena.using(plan_arena(plan, convs, xp)):
         return _run_patch(plan, net, x, xp, convs)
 
 

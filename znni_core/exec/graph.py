@@ -33,10 +33,6 @@ from ..plan.primitives import PRIMITIVES
 from .steps import conv_fn, fuse, plan_arena, run_conv
 
 
-def _const(xp, v):
-    return v if xp is np else xp.asarray(v)
-
-
 def _take(value, lo, hi):
     """The part ``[lo, hi)`` (tensor coordinates) of a computed range ``(array, its lo)``."""
     arr, base = value
@@ -124,7 +120,6 @@ def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
     op = node.op
     name = node.inputs[0]
     n_in = shapes[name][1:]
-    contiguous = as_contiguous if xp is np else xp.ascontiguousarray
     if op == "conv":
         raw_lo, raw_hi = conv_window(node, a, b)
         clip_lo = tuple(max(0, v) for v in raw_lo)
@@ -136,13 +131,13 @@ def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
         if (any(low) or any(high)) and pads_input and not step.tile and get_array_module(x) is xp:
             # zeros read in place of the padding: no padded copy
             spatial = tuple(r1 - r0 for r0, r1 in zip(raw_lo, raw_hi))
-            return conv_fn(step, node.conv, spatial, xp, convs, cl)(contiguous(x), low=low)
-        x = pad(x, low, high) if any(low) or any(high) else contiguous(x)
+            return conv_fn(step, node.conv, spatial, xp, convs, cl)(as_contiguous(x), low=low)
+        x = pad(x, low, high) if any(low) or any(high) else as_contiguous(x)
         if step.primitive == "strided":
             return conv_strided(
                 x,
-                _const(xp, node.conv.weight),
-                None if node.conv.bias is None else _const(xp, node.conv.bias),
+                xp.asarray(node.conv.weight),
+                None if node.conv.bias is None else xp.asarray(node.conv.bias),
                 node["stride"],
             )
         return run_conv(step, node.conv, x, xp, convs, channels_last=cl)
@@ -161,7 +156,12 @@ def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
             return interpolate(xp.ascontiguousarray(x), tables)
         f = node["stride" if op == "deconv" else "scale"]
         y = (
-            conv_transpose(xp.ascontiguousarray(x), _const(xp, node["weight"]), _const(xp, node["bias"]), f)
+            conv_transpose(
+                xp.ascontiguousarray(x),
+                xp.asarray(node["weight"]),
+                None if node["bias"] is None else xp.asarray(node["bias"]),
+                f,
+            )
             if op == "deconv"
             else upsample_nearest(x, f)
         )
@@ -169,7 +169,7 @@ def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
         return (
             y
             if all(s.start == 0 and s.stop == n for s, n in zip(sl, y.shape[2:]))
-            else contiguous(y[(slice(None), slice(None)) + sl])
+            else as_contiguous(y[(slice(None), slice(None)) + sl])
         )
     if op == "pool":
         x = _take(env[name], lo, hi)
@@ -195,8 +195,8 @@ def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
             return x if out is not None else x.copy()
         return apply_activation(x, act.kind, act.alpha, out=x if out is not None else None)
     if op == "affine":
-        s = _const(xp, node["scale"]).reshape(1, -1, 1, 1, 1)
-        t = _const(xp, node["shift"]).reshape(1, -1, 1, 1, 1)
+        s = xp.asarray(node["scale"]).reshape(1, -1, 1, 1, 1)
+        t = xp.asarray(node["shift"]).reshape(1, -1, 1, 1, 1)
         if out is None:
             return x * s + t
         x *= s
@@ -280,7 +280,7 @@ def run_graph_patch(plan, graph: Graph, x, *, xp=np, convs=None):
         raise PlanError(f"the plan has {len(plan.steps)} steps for {len(graph.nodes)} nodes; re-run `znni plan`")
     convs = {} if convs is None else convs
     tuning.apply(plan.tuning)
-    with arena.using(plan_arena(plan, convs) if xp is np else None):
+    with arena.using(plan_arena(plan, convs, xp)):
         return _run_graph_patch(plan, graph, x, xp, convs)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from ..geometry.blocks import conv_blocks
 from ..layers import arena, tuning
 from ..layers.buffers import CallBuffers
-from ..layers.xp import get_array_module
+from ..layers.xp import get_array_module, is_numpy
 from ..net.chain import Conv
 from ..plan.plan import Step
 from ..plan.primitives import primitive
@@ -113,10 +113,13 @@ def fuse(step, activation) -> FusedStep:
     )
 
 
-def plan_arena(plan, convs) -> arena.Arena | None:
-    """The run's output buffers (kept in ``convs`` with the kernel spectra): it holds at most the
-    slack the plan leaves in its budget, so the run stays within the budget.  None (fresh pages
-    for every output, as the memory model counts them) with ``ZNNI_REUSE_BUFFERS=0``."""
+def plan_arena(plan, convs, xp=np) -> arena.Arena | None:
+    """The run's output buffers on the host (kept in ``convs`` with the kernel spectra): it holds
+    at most the slack the plan leaves in its budget, so the run stays within the budget.  None
+    (fresh pages for every output, as the memory model counts them) with
+    ``ZNNI_REUSE_BUFFERS=0``, and on a device (its memory pool reuses blocks itself)."""
+    if not is_numpy(xp):
+        return None
     arena.avoid_huge_page_stalls()  # once per process: no synchronous compaction on first touch
     if os.environ.get("ZNNI_REUSE_BUFFERS", "1") == "0":
         return None

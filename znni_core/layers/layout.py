@@ -19,6 +19,7 @@ import numpy as np
 
 from . import arena
 from ._numba import njit, prange
+from .xp import get_array_module, with_host_variant
 
 __all__ = [
     "as_contiguous",
@@ -87,7 +88,14 @@ def empty_like_layout(x):
     return empty_channels_last(x.shape) if channels_inner(x) else arena.empty(x.shape)
 
 
+@with_host_variant
 def as_contiguous(x):
+    """``x`` if it is C-contiguous, else a C-contiguous copy (on the host: see the host variant)."""
+    return get_array_module(x).ascontiguousarray(x)
+
+
+@as_contiguous.host
+def _as_contiguous_host(x):
     """``x`` if it is C-contiguous or a whole channels-last view, else a copy in the layout its
     strides are closest to (a channels-last part of one stays channels last)."""
     if x.flags.c_contiguous or is_channels_last(x):
