@@ -27,7 +27,6 @@ __all__ = [
     "empty_pinned",
     "get_array_module",
     "is_numpy",
-    "on_host",
     "require_device",
     "with_host_variant",
 ]
@@ -89,16 +88,11 @@ def is_numpy(xp) -> bool:
     return xp is numpy
 
 
-def on_host(x) -> bool:
-    """Whether ``x`` is a host array, where the host variants apply: a plain ``numpy.ndarray``
-    (a CuPy array and the simulated device's arrays, a numpy subclass, are not)."""
-    return type(x) is numpy.ndarray
-
-
 def with_host_variant(generic):
     """An operation written once against its input's array module (``generic``), with a place
-    for a host variant: ``@op.host`` registers it, and a call whose first argument is a host
-    array (:func:`on_host`) runs it; any other runs ``generic``.  A host variant calls
+    for a host variant: ``@op.host`` registers it, and a call whose first argument is a plain
+    ``numpy.ndarray`` runs it; any other (a CuPy array, the simulated device's arrays, a numpy
+    subclass) runs ``generic``.  A host variant calls
     ``op.generic`` for the inputs it does not cover (another dtype).
 
     >>> import numpy as np

@@ -85,7 +85,7 @@ class CpuCostModel:
         """See :class:`CostModel`: a read and a write at memory bandwidth, or the calibrated
         exponential's rate where it has one and that is slower."""
         t = self.elementwise(nbytes, 1.0 if kind == "identity" else 2.0)
-        if kind in TRANSCENDENTAL and self.cal.exp_s_per_value is not None:
+        if kind in TRANSCENDENTAL:
             t = max(t, nbytes / F32 * self.cal.exp_s_per_value)
         return t
 
@@ -94,10 +94,9 @@ class CpuCostModel:
         ``channels_last``; depth-first pooling (the filter and every offset's fragment)
         :data:`DEPTH_FIRST_PASSES` times the channels-first rate."""
         cal = self.cal
-        rate = cal.pool_cl_s_per_byte if channels_last and not depth_first else None
-        rate = cal.pool_s_per_byte if rate is None else rate
-        t = in_bytes * rate if rate is not None else self.elementwise(in_bytes, 1.5)
-        return t * (DEPTH_FIRST_PASSES if depth_first else 1.0)
+        cl = channels_last and not depth_first and cal.pool_cl_s_per_byte is not None
+        rate = cal.pool_cl_s_per_byte if cl else cal.pool_s_per_byte
+        return in_bytes * rate * (DEPTH_FIRST_PASSES if depth_first else 1.0)
 
     def transfer(self, nbytes, pinned=False) -> float:
         """See :class:`CostModel`: nothing moves."""
@@ -110,9 +109,6 @@ class GpuCostModel(CpuCostModel):
     pooling at the device's memory bandwidth (pooling 1.5 passes)."""
 
     device = "gpu"
-
-    def __init__(self, cal: GpuCalibration):
-        self.cal = cal
 
     def activation(self, kind, nbytes) -> float:
         """See :class:`CostModel`: a read and a write at the device's bandwidth."""
