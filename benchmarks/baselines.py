@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from znni_core.net.chain import Activation, Conv, Network, Pool
+from znni_core.net import Activation, Conv, Network, Pool
 
 F4 = 4  # bytes per float32
 

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from znni_core.net.chain import Activation, Conv, Network, Pool
+from znni_core.net import Activation, Conv, Network, Pool
 
 # name -> (kernel edge, pooling layers, conv layers)
 ARCH = {

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from znni_core.net.chain import Activation, Conv, Network, Pool
+from znni_core.net import Activation, Conv, Network, Pool
 
 HERE = Path(__file__).resolve().parent
 ISBI = HERE.parent.parent / "shared" / "data" / "isbi2012" / "test-volume.tif"

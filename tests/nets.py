@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from znni_core.net.chain import Activation, Conv, Network, Pool
+from znni_core.net import Activation, Conv, Network, Pool
 
 
 def make_net(layout, c_in=1, seed=0, bias=True):

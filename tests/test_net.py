@@ -149,7 +149,7 @@ def test_yaml_tags_are_refused(tmp_path):
 def test_channel_mismatch_inside_spec_is_refused():
     with pytest.raises(NetworkError, match="input channels"):
         make_net([("conv", 2, 3), ("conv", 2, 3)]).layers  # fine
-        from znni_core.net.chain import Network
+        from znni_core.net import Network
 
         Network((Conv(np.ones((2, 1, 3, 3, 3), np.float32)), Conv(np.ones((2, 3, 3, 3, 3), np.float32))))
 
@@ -157,8 +157,10 @@ def test_channel_mismatch_inside_spec_is_refused():
 # ---- one geometry for chains and graphs ------------------------------------------------------
 
 
-def _as_graph(net):
-    """The pooling-free chain ``net`` as a graph of the same operators."""
+def _as_graph(net, then_identity: bool = True):
+    """The pooling-free chain ``net`` as graph nodes of the same operators; ``then_identity``: an
+    identity affine node after them, so that the nodes no longer form a chain and the graph
+    planner and executor run them."""
     from znni_core.net.chain import Activation
     from znni_core.net.graph import Graph, Node
 
@@ -171,6 +173,11 @@ def _as_graph(net):
             assert isinstance(layer, Activation)
             nodes.append(Node("act", (current,), f"t{i}", f"n{i}", {"act": layer}))
         current = f"t{i}"
+    if then_identity:
+        c = net.out_channels
+        params = {"scale": np.ones(c, np.float32), "shift": np.zeros(c, np.float32)}
+        nodes.append(Node("affine", (current,), "y", "identity", params))
+        current = "y"
     return Graph(tuple(nodes), "x", current, net.in_channels)
 
 
@@ -200,6 +207,9 @@ def test_chain_geometry_is_the_graph_geometry_of_its_operators(name):
     graph = _as_graph(flat)
     assert isinstance(graph, AnyNetwork) and graph.kind == "valid"
     assert graph.geometry == flat.geometry
+    line = _as_graph(flat, then_identity=False)  # a chain is a graph whose nodes form a line
+    assert line.kind == "chain" and line.digest() == flat.digest() and line.geometry == flat.geometry
+    assert line.layers == flat.layers and isinstance(net.nodes, tuple)
 
 
 def test_one_tiler_covers_a_chain_and_a_graph_the_same_way():
@@ -226,3 +236,36 @@ def test_one_tiler_covers_a_chain_and_a_graph_the_same_way():
     assert len(seen) == wc.count
     ref = torch_dense(net, x)
     assert max_rel_err(yc, ref) < 1e-5 and max_rel_err(yg, ref) < 1e-5
+
+
+def test_a_line_of_nodes_is_the_chain_of_its_layers_whatever_built_it(tmp_path):
+    """One network form: graph nodes that form a line of convolutions, max-pooling and
+    activations are a chain (dense through max-pooling fragments), with the very digest,
+    geometry and description of :func:`Network` of the same layers; written as graph nodes in a
+    YAML spec it loads as that chain, and it runs to PyTorch's dense output.  A graph that is not
+    a line has no layers to give."""
+    from znni_core.net.graph import Graph, Node
+
+    net = make_net(NETS["iso2pool"])
+    nodes, current = [], "in"
+    for i, node in enumerate(net.nodes):
+        nodes.append(Node(node.op, (current,), f"x{i}", node.name, dict(node.params)))
+        current = f"x{i}"
+    graph = Graph(tuple(nodes), "in", current, net.in_channels, name="from-nodes")
+    assert graph.kind == "chain" and graph.digest() == net.digest()
+    assert graph.geometry == net.geometry and graph.pooling_product == net.pooling_product != (1, 1, 1)
+    assert graph.describe() == net.describe() and graph.layers == net.layers
+
+    spec = tmp_path / "nodes.yaml"
+    save_network(graph, spec)
+    again = load_network(spec)
+    assert again.kind == "chain" and again.digest() == net.digest()
+
+    x = np.random.default_rng(3).standard_normal((1,) + tuple(f + 5 for f in net.field_of_view), dtype=np.float32)
+    y = znni_core.infer(again, x, memory_budget=1 << 30)
+    assert max_rel_err(y, torch_dense(net, x)) < 1e-5
+
+    unet = _as_graph(make_net([("conv", 2, 3), ("act", "relu")]))
+    assert unet.kind == "valid"
+    with pytest.raises(NetworkError, match="not a chain"):
+        _ = unet.layers

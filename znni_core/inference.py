@@ -105,7 +105,7 @@ def infer(
     FFT kernel spectra once for all of them; it holds at most one plan's spectra.
 
     >>> import numpy as np
-    >>> from znni_core.net.chain import Network, Conv
+    >>> from znni_core.net import Network, Conv
     >>> net = Network((Conv(np.ones((1, 1, 2, 2, 2), np.float32)),))
     >>> infer(net, np.ones((3, 3, 3), np.float32)).shape
     (1, 2, 2, 2)

@@ -94,7 +94,8 @@ def _compile_and_calibrate(threads_list) -> dict:
 
     from . import infer
     from .errors import ZnniError
-    from .net.chain import Activation, Conv, Network, Pool
+    from .net.chain import Activation, Conv, Pool
+    from .net.graph import Network
     from .plan import autotune
     from .plan.timing import calibrate
 

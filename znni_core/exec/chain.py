@@ -32,7 +32,8 @@ from ..layers import (
 )
 from ..layers.activation import commutes_with_max
 from ..layers.xp import get_array_module
-from ..net.chain import Network, Pool
+from ..net.chain import Pool
+from ..net.graph import Graph
 from ..plan.memory import slab_geometry
 from ..plan.plan import fuses
 from ..plan.primitives import primitive
@@ -233,7 +234,7 @@ def _front_steps(plan, layers):
     return steps, next((j for j, s in enumerate(steps) if s.index >= plan.split), len(steps))
 
 
-def run_front(plan, net: Network, x, *, convs=None):
+def run_front(plan, net: Graph, x, *, convs=None):
     """A ``cpu+gpu`` plan's CPU stage on one patch ``(C, n)``: the layers before ``plan.split``,
     on numpy; returns what :func:`run_back` takes (fragments ``(N, C, ...)``)."""
     _check_patch(plan, net, x)
@@ -243,7 +244,7 @@ def run_front(plan, net: Network, x, *, convs=None):
     return _run(steps[:k], net.layers, 0, x, np, {} if convs is None else convs)
 
 
-def run_back(plan, net: Network, h, *, xp, convs=None):
+def run_back(plan, net: Graph, h, *, xp, convs=None):
     """A ``cpu+gpu`` plan's GPU stage: the rest of the network on :func:`run_front`'s result
     (moved to the device here), and the recombination; returns the device's ``(C_out, out)``."""
     steps, k = _front_steps(plan, net.layers)
@@ -263,7 +264,7 @@ def _check_patch(plan, net, x):
         raise PlanError("the plan was made for another network (digest mismatch); re-run `znni plan`")
 
 
-def run_patch(plan, net: Network, x, *, xp=np, convs=None):
+def run_patch(plan, net: Graph, x, *, xp=np, convs=None):
     """Dense output ``(C_out, n - F + 1)`` of one input patch ``(C, n)``.
 
     The plan's choices (primitives, pool modes, micro-batches) apply to any patch whose

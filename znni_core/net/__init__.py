@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import NetworkError
-from .chain import Activation, Conv, Layer, Network, Pool
+from .chain import Activation, Conv, Layer, Pool
 from .geometry import NetGeometry
-from .graph import Graph
+from .graph import Graph, Network
 from .native import load_native, save_network
 from .onnx_loader import load_onnx
 from .protocol import AnyNetwork

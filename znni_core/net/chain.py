@@ -1,4 +1,11 @@
-"""The network as data: a chain of convolution, max-pooling and activation layers.
+"""Chains: the layer records (convolution, max-pooling, activation) and what a line of them means.
+
+A chain is a :class:`~.graph.Graph` whose nodes form a line of stride-1 unpadded convolutions,
+max-pooling and activations (:func:`line_layers` finds it); build one from layers with
+:func:`~.graph.Network`.  Its max-pooling is a dense sliding filter: max-pooling fragments give
+an output voxel at every input position, so any input of at least the field of view is
+admissible (:func:`chain_geometry`).  The functions here read the line as layers; the graph
+holds the nodes.
 
 All shapes are in voxels, axis order (z, y, x).  Weights are float32 numpy arrays
 of shape ``(C_out, C_in, kz, ky, kx)``; they are correlated (PyTorch ``Conv3d``
@@ -8,14 +15,14 @@ semantics, no kernel flip).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Union
 
 import numpy as np
 
 from ..errors import NetworkError
-from .geometry import Geometric, NetGeometry
+from .geometry import NetGeometry
 
 Shape3 = tuple[int, int, int]
 
@@ -104,119 +111,107 @@ class Activation:
 Layer = Union[Conv, Pool, Activation]
 
 
-@dataclass(frozen=True, eq=False)
-class Network(Geometric):
-    """A validated chain of layers.
-
-    >>> import numpy as np
-    >>> net = Network((Conv(np.ones((2, 1, 3, 3, 3), np.float32)), Pool((2, 2, 2)),
-    ...                Conv(np.ones((1, 2, 3, 3, 3), np.float32))))
-    >>> net.field_of_view
-    (8, 8, 8)
-    """
-
-    layers: tuple[Layer, ...]
-    name: str = "network"
-    metadata: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        layers = tuple(self.layers)
-        object.__setattr__(self, "layers", layers)
-        convs = [l for l in layers if isinstance(l, Conv)]
-        if not convs:
-            raise NetworkError(f"{self.name}: the network has no convolution layer")
-        channels = convs[0].in_channels
-        for layer in layers:
-            if isinstance(layer, Conv):
-                if layer.in_channels != channels:
-                    raise NetworkError(
-                        f"{layer.name}: expects {layer.in_channels} input channels but the previous layer gives {channels}"
-                    )
-                channels = layer.out_channels
-
-    # ---- geometry -------------------------------------------------------
-    @property
-    def in_channels(self) -> int:
-        """Input channels of the first convolution."""
-        return next(l for l in self.layers if isinstance(l, Conv)).in_channels
-
-    @property
-    def out_channels(self) -> int:
-        """Output channels of the last convolution."""
-        return [l for l in self.layers if isinstance(l, Conv)][-1].out_channels
-
-    @property
-    def pools(self) -> tuple[Pool, ...]:
-        """The pooling layers, in order."""
-        return tuple(l for l in self.layers if isinstance(l, Pool))
-
-    @cached_property
-    def geometry(self) -> NetGeometry:
-        """Any input of at least the field of view is admissible (max-pooling fragments give the
-        dense output); the output is centred on it (a :class:`~.geometry.NetGeometry`)."""
-        fov = np.ones(3, dtype=np.int64)
-        d = np.ones(3, dtype=np.int64)
-        for layer in self.layers:  # F = 1 + sum (k-1) d + sum_pool (p-1) d, d = product of earlier windows
-            if isinstance(layer, Conv):
-                fov += (np.array(layer.kernel) - 1) * d
-            elif isinstance(layer, Pool):
-                fov += (np.array(layer.window) - 1) * d
-                d *= np.array(layer.window)
-        return NetGeometry.dense(tuple(int(v) for v in fov))
-
-    @property
-    def pooling_product(self) -> Shape3:
-        """``D``: product of all pooling windows; MPF yields dense output in multiples of D."""
-        d = np.ones(3, dtype=np.int64)
-        for p in self.pools:
-            d *= np.array(p.window)
-        return tuple(int(v) for v in d)  # type: ignore[return-value]
-
-    #: a chain is read from its file at any input shape
-    export_shape = None
-    #: how the network is tiled (a graph's is ``"valid"`` or ``"padded"``)
-    kind = "chain"
-
-    def describe_kind(self) -> str:
-        """One sentence on the network's kind and what it means for tiling."""
-        return (
-            f"chain (max-pooling fragments): convolutions, max-pooling and activations in a line; any input of at "
-            f"least the field of view {self.field_of_view} gives dense output (pooling product {self.pooling_product})"
-        )
-
-    def digest(self) -> str:
-        """A content hash of structure and weights (sha256 hex), stable across loaders."""
-        return self._digest
-
-    @cached_property
-    def _digest(self) -> str:
-        h = hashlib.sha256()
-        for layer in self.layers:
-            if isinstance(layer, Conv):
-                h.update(b"conv" + str(layer.weight.shape).encode())
-                h.update(layer.weight.tobytes())
-                h.update(b"bias" + (layer.bias.tobytes() if layer.bias is not None else b"none"))
-            elif isinstance(layer, Pool):
-                h.update(b"pool" + str(layer.window).encode())
-            else:
-                h.update(f"act{layer.kind}{layer.alpha!r}".encode())
-        return h.hexdigest()
-
-    def describe(self) -> str:
-        """One line per layer, then the field of view and the channels in and out."""
-        rows = []
-        for layer in self.layers:
-            if isinstance(layer, Conv):
-                rows.append(
-                    f"{layer.name}: conv {layer.in_channels}->{layer.out_channels} k={layer.kernel}"
-                    f"{' +bias' if layer.bias is not None else ''}"
+def check_chain(layers: tuple, name: str) -> None:
+    """Refuse a line of ``layers`` with no convolution, or whose channels do not chain."""
+    convs = [l for l in layers if isinstance(l, Conv)]
+    if not convs:
+        raise NetworkError(f"{name}: the network has no convolution layer")
+    channels = convs[0].in_channels
+    for layer in layers:
+        if isinstance(layer, Conv):
+            if layer.in_channels != channels:
+                raise NetworkError(
+                    f"{layer.name}: expects {layer.in_channels} input channels but the previous layer gives {channels}"
                 )
-            elif isinstance(layer, Pool):
-                rows.append(f"{layer.name}: maxpool {layer.window}")
-            else:
-                rows.append(
-                    f"{layer.name}: {layer.kind}"
-                    + (f"({layer.alpha:g})" if layer.kind in ("leaky_relu", "elu") else "")
-                )
-        rows.append(f"field of view {self.field_of_view}, in {self.in_channels} ch, out {self.out_channels} ch")
-        return "\n".join(rows)
+            channels = layer.out_channels
+
+
+def line_layers(nodes, source: str, output: str) -> tuple | None:
+    """The layers of graph ``nodes`` that form a chain from ``source`` to ``output``, else None.
+
+    Each node reads the one before; convolutions have stride 1 and no padding, pooling is max."""
+    layers, current = [], source
+    for node in nodes:
+        if node.inputs != (current,):
+            return None
+        if node.op == "conv" and all(s == 1 for s in node["stride"]) and not any(map(any, node["pads"])):
+            layers.append(node.conv)
+        elif node.op == "pool" and node["kind"] == "max":
+            layers.append(Pool(node["window"], name=node.name))
+        elif node.op == "act":
+            layers.append(node["act"])
+        else:
+            return None
+        current = node.output
+    if current != output or not any(isinstance(l, Conv) for l in layers):
+        return None
+    return tuple(layers)
+
+
+def chain_node(layer: Layer, i: int, source: str):
+    """``(op, inputs, output, name, params)`` of a graph node for ``layer``, the ``i``-th of a chain."""
+    if isinstance(layer, Conv):
+        return "conv", (source,), f"t{i}", layer.name, {"conv": layer, "stride": (1, 1, 1), "pads": ((0, 0, 0),) * 2}
+    if isinstance(layer, Pool):
+        return "pool", (source,), f"t{i}", layer.name, {"window": layer.window, "kind": "max"}
+    if isinstance(layer, Activation):
+        return "act", (source,), f"t{i}", layer.name, {"act": layer}
+    raise NetworkError(f"layer {i} is a {type(layer).__name__}; a chain holds Conv, Pool and Activation layers")
+
+
+def chain_geometry(layers: tuple) -> NetGeometry:
+    """Any input of at least the field of view is admissible (max-pooling fragments give the
+    dense output); the output is centred on it.
+
+    ``F = 1 + sum (k - 1) d + sum_pool (p - 1) d``, ``d`` the product of earlier pooling windows."""
+    fov = np.ones(3, dtype=np.int64)
+    d = np.ones(3, dtype=np.int64)
+    for layer in layers:
+        if isinstance(layer, Conv):
+            fov += (np.array(layer.kernel) - 1) * d
+        elif isinstance(layer, Pool):
+            fov += (np.array(layer.window) - 1) * d
+            d *= np.array(layer.window)
+    return NetGeometry.dense(tuple(int(v) for v in fov))
+
+
+def pooling_product(layers: tuple) -> Shape3:
+    """``D``: the product of the pooling windows; fragments give dense output in multiples of D."""
+    d = np.ones(3, dtype=np.int64)
+    for layer in layers:
+        if isinstance(layer, Pool):
+            d *= np.array(layer.window)
+    return tuple(int(v) for v in d)  # type: ignore[return-value]
+
+
+def chain_digest(layers: tuple) -> str:
+    """A content hash of a chain's structure and weights (sha256 hex), stable across loaders."""
+    h = hashlib.sha256()
+    for layer in layers:
+        if isinstance(layer, Conv):
+            h.update(b"conv" + str(layer.weight.shape).encode())
+            h.update(layer.weight.tobytes())
+            h.update(b"bias" + (layer.bias.tobytes() if layer.bias is not None else b"none"))
+        elif isinstance(layer, Pool):
+            h.update(b"pool" + str(layer.window).encode())
+        else:
+            h.update(f"act{layer.kind}{layer.alpha!r}".encode())
+    return h.hexdigest()
+
+
+def describe_layers(layers: tuple) -> list[str]:
+    """One line per layer."""
+    rows = []
+    for layer in layers:
+        if isinstance(layer, Conv):
+            rows.append(
+                f"{layer.name}: conv {layer.in_channels}->{layer.out_channels} k={layer.kernel}"
+                f"{' +bias' if layer.bias is not None else ''}"
+            )
+        elif isinstance(layer, Pool):
+            rows.append(f"{layer.name}: maxpool {layer.window}")
+        else:
+            rows.append(
+                f"{layer.name}: {layer.kind}" + (f"({layer.alpha:g})" if layer.kind in ("leaky_relu", "elu") else "")
+            )
+    return rows

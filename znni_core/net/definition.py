@@ -37,7 +37,7 @@ def plain_forward(net, x: np.ndarray) -> np.ndarray:
     """The chain ``net`` on ``x`` ``(K, C, *field_of_view)`` with strided pooling: ``(K, C_out)``,
     one output voxel per window, in float64.
 
-    >>> from znni_core.net.chain import Conv, Network
+    >>> from znni_core.net import Conv, Network
     >>> net = Network((Conv(np.ones((1, 1, 1, 2, 2), np.float32), None),))
     >>> plain_forward(net, np.arange(4, dtype=np.float32).reshape(1, 1, 1, 2, 2))
     array([[6.]])

@@ -1,7 +1,11 @@
-"""Graph networks: U-Nets and other fully convolutional DAGs (docs/engine.md, "Graph networks").
+"""The network: a fully convolutional DAG of operators, chains and U-Nets alike (docs/engine.md).
 
 A :class:`Graph` is a list of :class:`Node` in topological order; each node reads named
-tensors and writes one.  Tensors are ``(C, z, y, x)``.  Operators (``Node.op``):
+tensors and writes one.  Tensors are ``(C, z, y, x)``.  A **chain** is a graph whose nodes
+form a line of stride-1 unpadded convolutions, max-pooling and activations (``kind ==
+"chain"``, :attr:`Graph.layers`; :func:`Network` builds one from layers): its max-pooling
+is read as a dense sliding filter, run through max-pooling fragments (``net/chain.py``), so
+its output is dense whatever its pooling.  Operators (``Node.op``):
 
 ==============  ============================================================================
 ``conv``        a :class:`~.spec.Conv` with ``stride`` and zero ``pads`` (low, high) per axis
@@ -17,7 +21,7 @@ tensors and writes one.  Tensors are ``(C, z, y, x)``.  Operators (``Node.op``):
 ``act``         an :class:`~.spec.Activation`
 ==============  ============================================================================
 
-Geometry is propagated axis by axis (every operator is separable): the **context** ``c``
+In any other graph, geometry is propagated axis by axis (every operator is separable): the **context** ``c``
 (output = input - c), the **grid** ``g`` (product of the downsampling factors: patches
 that start on it see the same pooling phases as the whole volume) and the **kind**:
 
@@ -42,7 +46,19 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import InputError, NetworkError
-from .chain import Activation, Conv
+from .chain import (
+    Activation,
+    Conv,
+    Layer,
+    Pool,
+    chain_digest,
+    chain_geometry,
+    chain_node,
+    check_chain,
+    describe_layers,
+    line_layers,
+    pooling_product,
+)
 from .geometry import Geometric, NetGeometry
 
 Shape3 = tuple[int, int, int]
@@ -154,7 +170,14 @@ def _step_origin(node: Node, axis: int, step: Fraction, origin: Fraction) -> tup
 
 @dataclass(frozen=True, eq=False)
 class Graph(Geometric):
-    """A validated DAG; see the module docstring."""
+    """A validated DAG; see the module docstring.
+
+    >>> import numpy as np
+    >>> net = Network((Conv(np.ones((2, 1, 3, 3, 3), np.float32)), Pool((2, 2, 2)),
+    ...                Conv(np.ones((1, 2, 3, 3, 3), np.float32))))
+    >>> net.kind, net.field_of_view, [n.op for n in net.nodes]
+    ('chain', (8, 8, 8), ['conv', 'pool', 'conv'])
+    """
 
     nodes: tuple
     input: str
@@ -227,15 +250,36 @@ class Graph(Geometric):
                 ) from None
         return {t: (self.channels[t],) + tuple(a[t] for a in per_axis) for t in per_axis[0]}
 
+    # ---- a chain's line of layers ----------------------------------------
+    @functools.cached_property
+    def _line(self) -> tuple | None:
+        return line_layers(self.nodes, self.input, self.output)
+
+    @property
+    def layers(self) -> tuple[Layer, ...]:
+        """A chain's nodes as layers (:class:`Conv`, :class:`Pool`, :class:`Activation`), in order;
+        a :class:`~znni_core.errors.NetworkError` for a graph that is not a chain."""
+        if self._line is None:
+            raise NetworkError(f"{self.name}: a {self.kind} graph is not a chain of layers")
+        return self._line
+
+    @functools.cached_property
+    def pools(self) -> tuple[Pool, ...]:
+        """A chain's pooling layers, in order."""
+        return tuple(l for l in self.layers if isinstance(l, Pool))
+
     @functools.cached_property
     def geometry(self) -> NetGeometry:
         """The admissible input lengths, context and halo (a :class:`~.geometry.NetGeometry`).
 
-        ``n_min`` is the smallest admissible input length, ``grid`` the admissible step, ``context`` the
+        A chain's is dense (any input of at least its field of view, through max-pooling
+        fragments).  Otherwise ``n_min`` is the smallest admissible input length, ``grid`` the admissible step, ``context`` the
         voxels the output loses, ``low`` the part of them below the output.  Raises
         :class:`~znni_core.errors.NetworkError` if the output's resolution differs from the input's, no
         length below 4096 is admissible, or the downsampling is irregular.
         """
+        if self._line is not None:
+            return chain_geometry(self._line)
         n_min, context, grid, low = [], [], [], []
         for axis in range(3):
             step, origin = {self.input: Fraction(1)}, {self.input: Fraction(0)}
@@ -246,7 +290,8 @@ class Graph(Geometric):
             if step[self.output] != 1:
                 raise NetworkError(
                     f"{self.name}: the output is at {step[self.output]} input voxels per voxel on axis {'zyx'[axis]}; "
-                    "znni runs networks whose output has the input's resolution"
+                    "znni runs graphs whose output has the input's resolution, and chains of convolutions, "
+                    "max-pooling and activations (run dense through max-pooling fragments)"
                 )
             g = math.lcm(*(s.numerator for s in step.values()))
             first, reason = None, None
@@ -283,8 +328,9 @@ class Graph(Geometric):
 
     @property
     def pooling_product(self) -> Shape3:
-        """The translation :attr:`grid`, under the name chain networks use for it."""
-        return self.grid
+        """A chain's product of pooling windows (its fragments' step); another graph's translation
+        :attr:`grid`."""
+        return pooling_product(self._line) if self._line is not None else self.grid
 
     @property
     def out_channels(self) -> int:
@@ -306,11 +352,20 @@ class Graph(Geometric):
 
     @property
     def kind(self) -> str:
-        """``"padded"`` if some node makes the output depend on the patch position, else ``"valid"``."""
+        """``"chain"`` for a line of layers (run dense through max-pooling fragments); else
+        ``"padded"`` if some node makes the output depend on the patch position, else ``"valid"``."""
+        if self._line is not None:
+            return "chain"
         return "padded" if self.padded_by else "valid"
 
     def describe_kind(self) -> str:
-        """One sentence on the graph's kind and what it means for tiling (up to three padding nodes named)."""
+        """One sentence on the network's kind and what it means for tiling (up to three padding nodes named)."""
+        if self.kind == "chain":
+            return (
+                f"chain (max-pooling fragments): convolutions, max-pooling and activations in a line; any input of "
+                f"at least the field of view {self.field_of_view} gives dense output (pooling product "
+                f"{self.pooling_product})"
+            )
         if self.kind == "valid":
             return (
                 f"valid graph: no padding, so tiles on the grid {self.grid} give exactly the whole-volume output "
@@ -326,11 +381,14 @@ class Graph(Geometric):
 
     # ---- identity ---------------------------------------------------------
     def digest(self) -> str:
-        """A content hash of structure and weights (sha256 hex)."""
+        """A content hash of structure and weights (sha256 hex); a chain's hashes its layers only, so
+        it is the same whichever loader or tensor names made it."""
         return self._digest
 
     @functools.cached_property
     def _digest(self) -> str:
+        if self._line is not None:
+            return chain_digest(self._line)
         h = hashlib.sha256(f"graph|{self.input}|{self.output}|{self.in_channels}".encode())
         for node in self.nodes:
             h.update(f"|{node.op}|{node.inputs}|{node.output}|".encode())
@@ -348,7 +406,12 @@ class Graph(Geometric):
         return h.hexdigest()
 
     def describe(self) -> str:
-        """One line per node (operator and its non-array parameters), then the channels in and out."""
+        """One line per node (operator and its non-array parameters; a chain's per layer, then its
+        field of view), then the channels in and out."""
+        if self._line is not None:
+            rows = describe_layers(self._line)
+            rows.append(f"field of view {self.field_of_view}, in {self.in_channels} ch, out {self.out_channels} ch")
+            return "\n".join(rows)
         rows = []
         for n in self.nodes:
             if n.op == "conv":
@@ -377,6 +440,26 @@ class Graph(Geometric):
                 count[i] += 1
         count[self.output] += 1
         return count
+
+
+def Network(layers, name: str = "network", metadata: dict | None = None) -> Graph:  # noqa: N802 (a constructor)
+    """The chain of ``layers`` (:class:`Conv`, :class:`Pool`, :class:`Activation`) as a :class:`Graph`.
+
+    >>> import numpy as np
+    >>> net = Network((Conv(np.ones((2, 1, 3, 3, 3), np.float32)), Pool((2, 2, 2)),
+    ...                Conv(np.ones((1, 2, 3, 3, 3), np.float32))))
+    >>> net.field_of_view, net.pooling_product, net.kind
+    ((8, 8, 8), (2, 2, 2), 'chain')
+    """
+    layers = tuple(layers)
+    check_chain(layers, name)
+    nodes, source = [], "input"
+    for i, layer in enumerate(layers):
+        op, inputs, output, node_name, params = chain_node(layer, i, source)
+        nodes.append(Node(op, inputs, output, node_name, params))
+        source = output
+    first = next(l for l in layers if isinstance(l, Conv))
+    return Graph(tuple(nodes), "input", source, first.in_channels, name=name, metadata=dict(metadata or {}))
 
 
 def as_shape3(value, what: str) -> Shape3:

@@ -46,8 +46,8 @@ import numpy as np
 import yaml
 
 from ..errors import NetworkError
-from .chain import ACTIVATIONS, Activation, Conv, Network, Pool
-from .graph import Graph, Node, as_shape3
+from .chain import ACTIVATIONS, Activation, Conv, Pool
+from .graph import Graph, Network, Node, as_shape3
 
 FORMAT = "znni-network/1"
 _DEFAULT_ALPHA = {"leaky_relu": 0.01, "elu": 1.0}
@@ -125,7 +125,7 @@ def _layer(path: Path, i: int, entry: dict, weights: dict):
         )
 
 
-def load_native(path) -> Network | Graph:
+def load_native(path) -> Graph:
     """Load a ``znni-network/1`` YAML spec and its weights: a :class:`Network` (``layers``) or a
     :class:`~.graph.Graph` (``nodes``).
 
@@ -247,12 +247,12 @@ def _save_graph(net: Graph, path: Path, wpath: Path) -> tuple[dict, dict]:
     return spec, tensors
 
 
-def save_network(net: Network | Graph, path) -> Path:
+def save_network(net: Graph, path) -> Path:
     """Write ``net`` as ``path`` (YAML) plus ``<stem>.safetensors`` beside it; returns the YAML path."""
     from safetensors.numpy import save_file
 
     path = Path(path)
-    if isinstance(net, Graph):
+    if net.kind != "chain":
         wpath = path.with_suffix(".safetensors")
         spec, tensors = _save_graph(net, path, wpath)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
 """Read a network from ONNX as exported by ``torch.onnx.export(..., dynamo=False)``.
 
-Only protobuf is parsed (never pickle).  The file becomes a :class:`~.graph.Graph`;
-a plain chain of valid stride-1 convolutions, max-pools and activations becomes a
-:class:`~.spec.Network` instead (the MPF fast path).  Anything outside the supported
+Only protobuf is parsed (never pickle).  The file becomes a :class:`~.graph.Graph`, a
+chain where its nodes form a line of valid stride-1 convolutions, max-pools and activations
+(the MPF fast path).  Anything outside the supported
 operators is refused with a message naming the node, the operator and the attribute.
 
 Slices are read relative to the shape the file was exported at (a crop of ``a`` voxels
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import NetworkError, UnsupportedOperatorError
-from .chain import Activation, Conv, Network, Pool
+from .chain import Activation, Conv, line_layers
 from .graph import PATCH_DEPENDENT, Graph, Node, _axis_len, _Inadmissible
 
 _ACT = {
@@ -610,28 +610,9 @@ def _load_dynamic(path):
     return ra, out_a
 
 
-def _as_chain(reader: _Reader, output: str, in_channels: int):
-    """The graph as a :class:`Network` when it is a plain chain (MPF applies), else None."""
-    layers, current = [], reader.input
-    for node in reader.nodes:
-        if node.inputs != (current,):
-            return None
-        if node.op == "conv" and all(s == 1 for s in node["stride"]) and not any(map(any, node["pads"])):
-            layers.append(node.conv)
-        elif node.op == "pool" and node["kind"] == "max":
-            layers.append(Pool(node["window"], name=node.name))
-        elif node.op == "act":
-            layers.append(node["act"])
-        else:
-            return None
-        current = node.output
-    if current != output or not layers or not isinstance(layers[0], (Conv, Activation, Pool)):
-        return None
-    return layers
-
-
 def load_onnx(path):
-    """A :class:`Network` (chain) or a :class:`Graph` from an ONNX file."""
+    """The :class:`~.graph.Graph` of an ONNX file: a chain where its nodes form a line of valid
+    stride-1 convolutions, max-pools and activations (run dense through max-pooling fragments)."""
     reader = _Reader(path)
     if reader.export_shape is None and reader.has_shape_ops:  # dynamic axes with shape arithmetic
         reader, output = _load_dynamic(path)
@@ -640,11 +621,14 @@ def load_onnx(path):
     if output == reader.input:
         raise NetworkError(f"{path}: the graph computes nothing (its output is its input)")
     meta = {"source": str(path), "format": "onnx", "opset": reader.opset}
-    layers = _as_chain(reader, output, reader.in_channels)
-    if layers is not None and any(isinstance(l, Conv) for l in layers):
-        return Network(tuple(layers), name=reader.graph.name or str(path), metadata=meta)
-    first = next((n.conv for n in reader.nodes if n.op == "conv" and reader.input in n.inputs), None)
-    in_channels = reader.in_channels or (first.in_channels if first is not None else None)
+    line = line_layers(reader.nodes, reader.input, output)
+    if line is not None:  # a chain takes any input of at least its field of view, whatever the export's
+        first = next(l for l in line if isinstance(l, Conv))
+        in_channels, export_shape = first.in_channels, None
+    else:
+        first = next((n.conv for n in reader.nodes if n.op == "conv" and reader.input in n.inputs), None)
+        in_channels = reader.in_channels or (first.in_channels if first is not None else None)
+        export_shape = reader.export_shape
     if in_channels is None:
         raise NetworkError(f"{path}: cannot tell the number of input channels; export with a fixed input shape")
     return Graph(
@@ -654,5 +638,5 @@ def load_onnx(path):
         in_channels,
         name=reader.graph.name or str(path),
         metadata=meta,
-        export_shape=reader.export_shape,
+        export_shape=export_shape,
     )

@@ -19,7 +19,7 @@ class AnyNetwork(Protocol):
     """A loaded network, chain or graph.
 
     >>> import numpy as np
-    >>> from znni_core.net.chain import Conv, Network
+    >>> from znni_core.net import Conv, Network
     >>> isinstance(Network((Conv(np.ones((1, 1, 3, 3, 3), np.float32)),)), AnyNetwork)
     True
     """

@@ -53,7 +53,8 @@ def em_volume(shape=DEMO_SHAPE, seed: int = 0, cells: int = 60) -> np.ndarray:
 
 def demo_network():
     """A hand-made membrane detector: FOV (5, 10, 10) with one (1, 2, 2) max-pool; sigmoid output."""
-    from ..net.chain import Activation, Conv, Network, Pool
+    from ..net.chain import Activation, Conv, Pool
+    from ..net.graph import Network
 
     g = np.exp(-0.5 * ((np.arange(3) - 1) ** 2)).astype(np.float32)
     blur = g[:, None, None] * g[None, :, None] * g[None, None, :]

@@ -15,14 +15,15 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import PlanError
-from ..net.chain import Network, Pool
+from ..net.chain import Pool
+from ..net.graph import Graph
 from . import memory as M
 
 SLAB_SLICES = 8  # depth of the thin patches tried for networks flat in z (patch_candidates)
 FFT_TILE_EDGES = (32, 48, 64, 96, 128)  # overlap-save block edges tried for FFT convolutions
 
 
-def input_patch(net: Network, input_shape) -> tuple:
+def input_patch(net: Graph, input_shape) -> tuple:
     """The smallest admissible patch covering ``input_shape`` (z, y, x): output per axis
     rounded up to the pooling product D.  No patch larger than this does useful work."""
     fov, d = net.field_of_view, net.pooling_product
@@ -34,7 +35,7 @@ def input_patch(net: Network, input_shape) -> tuple:
     return tuple(math.ceil((int(n) - f + 1) / dd) * dd + f - 1 for n, f, dd in zip(input_shape, fov, d))
 
 
-def patch_candidates(net: Network, max_voxels: int, input_shape=None, slabs: bool = False) -> list[list[tuple]]:
+def patch_candidates(net: Graph, max_voxels: int, input_shape=None, slabs: bool = False) -> list[list[tuple]]:
     """Input patch shapes (output per axis a multiple of the pooling product D), as one
     ascending series per aspect ratio, so the search can stop a series once it stops
     improving.  With ``input_shape`` no patch exceeds the input (rounded up to D) and
@@ -97,7 +98,7 @@ def pool_mode_candidates(n_pools: int) -> list[tuple]:
     return [("pool",) * k + ("mpf",) * (n_pools - k) for k in range(n_pools + 1)]
 
 
-def slab_modes(net: Network, patch, mode_sets) -> list[tuple]:
+def slab_modes(net: Graph, patch, mode_sets) -> list[tuple]:
     """Slab variants of the first pooling layer: a few slab heights (fragment rows)."""
     if not net.pools:
         return []
@@ -171,7 +172,7 @@ def micro_batches(n: int) -> list[int]:
     return out
 
 
-def rate(net: Network, patch, secs: float, input_shape=None) -> float:
+def rate(net: Graph, patch, secs: float, input_shape=None) -> float:
     """Output voxels per second of a patch plan.  With ``input_shape``: of that input, covered
     by ``ceil(output / patch output)`` patches per axis (the last one shifted back), so a patch
     just short of the input is charged for the second patch it needs."""

@@ -16,7 +16,8 @@ import math
 import re
 
 from ..errors import MemoryBudgetError, PlanError
-from ..net.chain import Activation, Conv, Network, Pool
+from ..net.chain import Activation, Conv, Pool
+from ..net.graph import Graph
 from ..units import format_bytes
 from . import memory as M
 from .candidates import (
@@ -56,7 +57,7 @@ def _mpf_reads_channels_last(layers, decisions, i) -> bool:
     return primitive(prev).writes_channels_last and not prev_tile and not nxt_tile and reads
 
 
-def _repeats(net: Network, patch, modes) -> dict:
+def _repeats(net: Graph, patch, modes) -> dict:
     """``{layer index: times it runs per patch}``: the layers after a depth-first pooling layer run
     once per pooling offset; in slab mode the layers before it, and it, also once per z-slab."""
     layers = net.layers
@@ -98,7 +99,7 @@ def _ranked_options(timer: Pricer, i, layer, n, spatial, reps, allowed, host, th
     return ranked
 
 
-def _priced_steps(net: Network, modes, steps_mem, decisions, reps, timer: Pricer, host, measure) -> tuple[list, float]:
+def _priced_steps(net: Graph, modes, steps_mem, decisions, reps, timer: Pricer, host, measure) -> tuple[list, float]:
     """The plan's steps of one candidate from its memory walk and conv choices, each with its time
     (a fused activation costs nothing); and their total."""
     layers = net.layers
@@ -282,7 +283,7 @@ def _streamed(timer, prim, n, layer, spatial, mb, reps, tile, host_cal) -> float
     return max(compute, moved, staged) + timer.model.transfer(one, pinned=True) + 2 * one / host_cal.mem_bw
 
 
-def _chain_patches(net: Network, patch_shape, input_shape) -> list[list[tuple]]:
+def _chain_patches(net: Graph, patch_shape, input_shape) -> list[list[tuple]]:
     """The series of patches a chain's search walks: the caller's one patch (checked), or
     :func:`.candidates.patch_candidates`."""
     if patch_shape is None:
@@ -297,7 +298,7 @@ def _chain_patches(net: Network, patch_shape, input_shape) -> list[list[tuple]]:
     return [[patch_shape]]
 
 
-def _chain_modes(net: Network, pool_modes, device) -> tuple[list, tuple | None]:
+def _chain_modes(net: Graph, pool_modes, device) -> tuple[list, tuple | None]:
     """(the pooling-mode assignments to try, the caller's fixed one or None)."""
     mode_sets = pool_mode_candidates(len(net.pools))
     if pool_modes is not None:
@@ -512,7 +513,7 @@ def _pipeline(net, patch, modes, budget, timer, prims, host):
 
 
 def autotune_chain(
-    net: Network,
+    net: Graph,
     *,
     budget: int,
     device: str,

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from .. import layers as L
 from ..geometry.blocks import conv_blocks
-from ..net.chain import Activation, Conv, Network, Pool
+from ..net.chain import Activation, Conv, Pool
+from ..net.graph import Graph
 from .primitives import primitive as primitive_of
 
 F32 = 4
@@ -107,7 +108,7 @@ def out_spatial(layer, spatial):
 
 
 def walk(
-    net: Network, patch_shape, pool_modes, conv_choice, threads: int = 1, resident: int = 0
+    net: Graph, patch_shape, pool_modes, conv_choice, threads: int = 1, resident: int = 0
 ) -> tuple[list[StepMemory], int]:
     """Simulate the executor on ``patch_shape``.
 
