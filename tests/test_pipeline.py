@@ -286,8 +286,7 @@ def test_T20_nonfinite_output_is_an_error_and_nothing_written(tmp_path):
     vol = em()
     # a finite input (<= 2.55e38) that a plain convolution overflows to Inf inside the engine
     cfg = base_config(tmp_path, vol=vol, normalize={"scale": 1e36})
-    from znni_core.net import save_network
-    from znni_core.net import Conv, Network
+    from znni_core.net import Conv, Network, save_network
 
     save_network(Network((Conv(np.ones((1, 1, 3, 3, 3), np.float32)),)), cfg["network"]["path"])  # sums overflow
     rf = prepare(cfg)
