@@ -680,3 +680,39 @@ def test_dynamic_axes_exports_fold_their_shape_arithmetic(tmp_path):
     path = export(_HalfCrop(), tmp_path / "half.onnx", (5, 12, 12), dynamic=True)
     with pytest.raises(NetworkError, match="Slice|shape arithmetic|depend"):
         znni_core.load_network(path)
+
+
+def test_a_strided_convolution_runs_through_the_registry(tmp_path):
+    """A conv node with a stride above 1 is a :class:`StridedConv` to the primitives.  The
+    registry's primitive for it (the only one that ``strides``) equals PyTorch's strided conv3d
+    and its memory bound holds the output; the searches give plain convolutions to the others
+    only, and a U-Net that downsamples by strided convolutions is planned with it there."""
+    from znni_core.net.chain import Conv
+    from znni_core.net.graph import Node, StridedConv
+    from znni_core.plan.graph import GRAPH_PRIMITIVES
+    from znni_core.plan.plan import CPU_PRIMITIVES
+    from znni_core.plan.primitives import PRIMITIVES, names
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((4, 3, 2, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    node = Node("conv", ("x",), "y", "down", {"conv": Conv(w, b), "stride": (1, 2, 3), "pads": ((0, 0, 0),) * 2})
+    layer = node.layer
+    assert isinstance(layer, StridedConv) and layer.stride == (1, 2, 3) and layer.kernel == (2, 3, 3)
+    (name,) = names("cpu", strides=True)
+    prim = PRIMITIVES[name]
+    x = rng.standard_normal((2, 3, 7, 11, 14)).astype(np.float32)
+    y = prim.build(layer, x.shape[2:])(x)
+    ref = torch.nn.functional.conv3d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), stride=(1, 2, 3))
+    assert y.shape == tuple(ref.shape) and np.abs(y - ref.numpy()).max() < 1e-4 * np.abs(ref.numpy()).max()
+    assert prim.call_bytes(2, layer, x.shape[2:]) >= y.nbytes
+    assert not any(PRIMITIVES[p].strides for p in CPU_PRIMITIVES + GRAPH_PRIMITIVES)
+
+    model = UNet(valid=True, depth=1, kernel=(1, 3, 3), width=2, down="conv")
+    shape = tuple(admissible(model, a, lo) for a, lo in enumerate((2, 18, 18)))
+    net = znni_core.load_network(export(model, tmp_path / "s.onnx", shape))
+    plan = autotune(net, patch_shape=shape, memory_budget=1 << 30, use_cache=False)
+    by_node = {n.name: s.primitive for n, s in zip(net.nodes, plan.steps) if n.op == "conv"}
+    strided = [n.name for n in net.nodes if n.op == "conv" and any(s > 1 for s in n["stride"])]
+    assert strided and all(by_node[n] == name for n in strided)
+    assert all(by_node[n.name] != name for n in net.nodes if n.op == "conv" and n.name not in strided)

@@ -59,9 +59,10 @@ def _width_workload(threads: int) -> dict:
         return rng.standard_normal(shape, dtype=np.float32)
 
     def winograd(c, n, spatial, kernel):
-        conv = L.WinogradConv(x_of(c, c, *kernel), x_of(c), spatial, threads=threads)
+        conv = L.WinogradConv(x_of(c, c, *kernel), x_of(c), spatial, threads=threads).configured(
+            channels_last=True, keep_buffers=True
+        )
         x = x_of(n, *spatial, c).transpose(0, 4, 1, 2, 3)  # channels last, as between Winograd layers
-        conv.keep_buffers = conv.channels_last = True
         return lambda: conv(x)
 
     x1, w1 = x_of(1, 1, 12, 131, 131), x_of(48, 1, 1, 4, 4)

@@ -25,7 +25,7 @@ from ..errors import PlanError
 from ..layers import apply_activation, arena, max_pool, tuning
 from ..layers.epilogue import add_affine_act
 from ..layers.layout import as_contiguous
-from ..layers.resample import avg_pool, conv_strided, conv_transpose, interpolate, linear_index, pad, upsample_nearest
+from ..layers.resample import avg_pool, conv_transpose, interpolate, linear_index, pad, upsample_nearest
 from ..layers.xp import get_array_module
 from ..net.graph import Graph
 from ..plan.graph import _in_range, chain_after, conv_window, fuses_next, in_place_input, needed_ranges, tile_starts
@@ -131,16 +131,9 @@ def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
         if (any(low) or any(high)) and pads_input and not step.tile and get_array_module(x) is xp:
             # zeros read in place of the padding: no padded copy
             spatial = tuple(r1 - r0 for r0, r1 in zip(raw_lo, raw_hi))
-            return conv_fn(step, node.conv, spatial, xp, convs, cl)(as_contiguous(x), low=low)
+            return conv_fn(step, node.layer, spatial, xp, convs, cl)(as_contiguous(x), low=low)
         x = pad(x, low, high) if any(low) or any(high) else as_contiguous(x)
-        if step.primitive == "strided":
-            return conv_strided(
-                x,
-                xp.asarray(node.conv.weight),
-                None if node.conv.bias is None else xp.asarray(node.conv.bias),
-                node["stride"],
-            )
-        return run_conv(step, node.conv, x, xp, convs, channels_last=cl)
+        return run_conv(step, node.layer, x, xp, convs, channels_last=cl)
     r = [_in_range(node, ax, a[ax], b[ax], n_in[ax]) for ax in range(3)]
     lo, hi = tuple(v[0] for v in r), tuple(v[1] for v in r)
     if op in ("deconv", "resize"):

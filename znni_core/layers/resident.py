@@ -53,12 +53,13 @@ class ResidentConv(CallBuffers):
     #: whether a call can return its output channels last (:mod:`.layout`; numpy only)
     WRITES_CHANNELS_LAST = False
 
-    def configured(self, act=None, channels_last: bool = False):
+    def configured(self, act=None, channels_last: bool = False, keep_buffers: bool = False):
         """This convolution with a fused activation ``act`` (``(kind, alpha)`` or None) and, where
         :attr:`WRITES_CHANNELS_LAST`, a channels-last output: a view that shares the kernel
-        transform and has its own per-call buffers."""
+        transform and has its own per-call buffers (``keep_buffers``: kept between its calls,
+        as a measurement repeating one call wants; a run keeps them with :meth:`buffers_kept`)."""
         view = copy.copy(self)
-        view.act, view.keep_buffers, view._work = act, False, None
+        view.act, view.keep_buffers, view._work = act, bool(keep_buffers), None
         if self.WRITES_CHANNELS_LAST:
             view.channels_last = bool(channels_last)
         return view

@@ -1,4 +1,4 @@
-"""Networks: chains and graphs behind one protocol, their geometry, and the loaders (ONNX, YAML + safetensors/npz)."""
+"""Networks: one graph form (a chain is a graph in a line), its geometry, and the loaders (ONNX, YAML + safetensors/npz)."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ _PICKLE_SUFFIXES = {".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".bin", ".tar"}
 
 
 def load_network(path) -> AnyNetwork:
-    """Load a network from ``.onnx`` or a znni YAML spec: a chain (:class:`Network`) where its operators
-    form a line of convolutions, max-pooling and activations, else a :class:`Graph`; pickle checkpoints
-    are refused.
+    """Load a network from ``.onnx`` or a znni YAML spec as a :class:`Graph` (``kind == "chain"`` where
+    its operators form a line of convolutions, max-pooling and activations); pickle checkpoints are
+    refused.
 
     Raises :class:`~znni_core.errors.NetworkError` naming the file, node or value at fault.
     """

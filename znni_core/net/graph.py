@@ -8,7 +8,7 @@ is read as a dense sliding filter, run through max-pooling fragments (``net/chai
 its output is dense whatever its pooling.  Operators (``Node.op``):
 
 ==============  ============================================================================
-``conv``        a :class:`~.spec.Conv` with ``stride`` and zero ``pads`` (low, high) per axis
+``conv``        a :class:`~.chain.Conv` with ``stride`` and zero ``pads`` (low, high) per axis
 ``deconv``      transposed convolution, stride = kernel (``weight`` (C_in, C_out, k), ``bias``)
 ``pool``        ``kind`` max or avg, window = stride, no padding
 ``resize``      integer ``scale`` per axis, ``mode`` nearest or linear (``coord``: half_pixel,
@@ -18,7 +18,7 @@ its output is dense whatever its pooling.  Operators (``Node.op``):
 ``add`` ``mul`` element-wise on two tensors, or on one tensor and per-channel constants
 ``affine``      ``x * scale[c] + shift[c]`` (BatchNorm not foldable into a conv, Mul/Add by constants)
 ``concat``      along channels
-``act``         an :class:`~.spec.Activation`
+``act``         an :class:`~.chain.Activation`
 ==============  ============================================================================
 
 In any other graph, geometry is propagated axis by axis (every operator is separable): the **context** ``c``
@@ -110,8 +110,31 @@ class Node:
 
     @property
     def conv(self) -> Conv:
-        """The :class:`~.spec.Conv` of a ``conv`` node (KeyError for other operators)."""
+        """The :class:`~.chain.Conv` of a ``conv`` node (KeyError for other operators)."""
         return self.params["conv"]
+
+    @functools.cached_property
+    def layer(self) -> Conv | StridedConv:
+        """What a convolution primitive runs for a ``conv`` node: its :class:`~.chain.Conv`, or a
+        :class:`StridedConv` where the stride is above 1 on some axis."""
+        conv, stride = self.conv, tuple(self["stride"])
+        return conv if stride == (1, 1, 1) else StridedConv(conv, stride)
+
+
+@dataclass(frozen=True, eq=False)
+class StridedConv:
+    """A valid convolution with a stride above 1 on some axis (a graph's downsampling conv), as the
+    primitives read it: the :class:`~.chain.Conv`'s kernel, channels and weights, and the stride."""
+
+    conv: Conv
+    stride: Shape3
+
+    kernel = property(lambda self: self.conv.kernel)
+    in_channels = property(lambda self: self.conv.in_channels)
+    out_channels = property(lambda self: self.conv.out_channels)
+    weight = property(lambda self: self.conv.weight)
+    bias = property(lambda self: self.conv.bias)
+    name = property(lambda self: self.conv.name)
 
 
 def _axis_len(node: Node, axis: int, sizes: list[int], exact: bool = True) -> int:

@@ -16,8 +16,10 @@ Example ``net.yaml``::
 Layer types: ``conv``, ``maxpool`` (``window``: int or [z, y, x]), and the activations
 ``relu, leaky_relu, elu, sigmoid, tanh, softmax, identity`` (``alpha`` for leaky_relu/elu).
 
-A graph network (U-Net, :mod:`.graph`) lists ``nodes`` instead of ``layers``; each reads
-named tensors and writes one::
+Any other network (a U-Net, :mod:`.graph`) lists ``nodes`` instead of ``layers``; each reads
+named tensors and writes one.  Both load as a :class:`~.graph.Graph`; nodes that form a line of
+convolutions, max-pooling and activations are a chain, as the same ``layers`` would be, and
+:func:`save_network` writes a chain as ``layers``::
 
     format: znni-network/1
     weights: unet.safetensors
@@ -126,8 +128,8 @@ def _layer(path: Path, i: int, entry: dict, weights: dict):
 
 
 def load_native(path) -> Graph:
-    """Load a ``znni-network/1`` YAML spec and its weights: a :class:`Network` (``layers``) or a
-    :class:`~.graph.Graph` (``nodes``).
+    """Load a ``znni-network/1`` YAML spec and its weights as a :class:`~.graph.Graph`: from
+    ``layers`` (a chain) or ``nodes`` (a chain too where they form a line).
 
     A spec that is not safe YAML, lacks the format, or names a missing weight or an unsupported layer
     is a :class:`NetworkError`.

@@ -1,10 +1,10 @@
 """What every network offers the planner, the executors and the pipeline (:class:`AnyNetwork`).
 
-A loader returns a chain (:class:`~.spec.Network`: convolutions, max-pooling and activations in
-a line, run dense through max-pooling fragments) or a graph (:class:`~.graph.Graph`: a U-Net or
-any other fully convolutional DAG).  Both describe their shape contract with one
-:class:`~.geometry.NetGeometry` and identify themselves the same way; code that does not care
-which it holds reads only these names.
+A loader returns a :class:`~.graph.Graph`: a chain where its nodes form a line of convolutions,
+max-pooling and activations (run dense through max-pooling fragments), or a U-Net or any other
+fully convolutional DAG.  It describes its shape contract with one
+:class:`~.geometry.NetGeometry` and identifies itself by a content digest; code that does not
+care which kind it holds reads only these names.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from .primitives import FALLBACK, PRIMITIVES, names
 ELEMENTWISE = ("add", "mul", "affine", "act")
 BLENDS = ("bump", "gaussian", "linear")
 DEFAULT_OVERLAP = 0.25  # of the patch, per axis, for padded graphs (MONAI's default)
-GRAPH_PRIMITIVES = names("cpu", graph_default=True)
+GRAPH_PRIMITIVES = names("cpu", graph_default=True, strides=False)
 SHRINK = 0.88  # each step of the patch search shrinks the longest axis to about this
 
 
@@ -135,28 +135,26 @@ def tile_starts(out, tile) -> list[tuple]:
 
 
 def _conv_options(node, spatial, prims, timer, threads) -> list[ConvOption]:
-    """The options of a conv node on one patch (the whole batch at once, no input blocks), fastest first."""
-    conv = node.conv
-    if any(s > 1 for s in node["stride"]):
-        from ..layers.resample import conv_strided_memory, conv_strided_out_shape
-
-        out = conv_strided_out_shape(spatial, conv.kernel, node["stride"])
-        eff = tuple(o + k - 1 for o, k in zip(out, conv.kernel))
-        t = timer.estimate(FALLBACK, 1, conv, eff) * 1.5  # gathered, not contiguous, lowering
-        need = conv_strided_memory(1, conv.in_channels, conv.out_channels, spatial, conv.kernel, node["stride"])
-        return [ConvOption(t, "strided", 0, (), need, 0)]
+    """The options of a conv node on one patch (the whole batch at once, no input blocks), fastest
+    first: a strided conv's among the primitives that run strides, any other's among ``prims``."""
+    layer = node.layer
+    strided = any(s > 1 for s in node["stride"])
+    if strided:
+        usable = list(names(timer.model.device, strides=True))
+    else:
+        pointwise = all(k == 1 for k in layer.kernel)
+        usable = [
+            p
+            for p in prims
+            if not PRIMITIVES[p].strides
+            and PRIMITIVES[p].supports(layer.kernel, (layer.in_channels, layer.out_channels))
+            and (PRIMITIVES[p].runs_1x1x1 or not pointwise)
+        ] or [FALLBACK]
     opts = []
-    pointwise = all(k == 1 for k in conv.kernel)
-    usable = [
-        p
-        for p in prims
-        if PRIMITIVES[p].supports(conv.kernel, (conv.in_channels, conv.out_channels))
-        and (PRIMITIVES[p].runs_1x1x1 or not pointwise)
-    ]
-    for prim in usable or [FALLBACK]:
-        t = timer.layer(prim, 1, conv, spatial, 0, 1)
-        keep = M.resident_bytes(prim, conv, spatial)
-        opts.append(ConvOption(t, prim, 0, (), M.conv_step_bytes(prim, 1, 0, conv, spatial, (), threads) + keep, keep))
+    for prim in usable:
+        t = timer.layer(prim, 1, layer, spatial, 0, 1)
+        keep = M.resident_bytes(prim, layer, spatial)
+        opts.append(ConvOption(t, prim, 0, (), M.conv_step_bytes(prim, 1, 0, layer, spatial, (), threads) + keep, keep))
     return sorted(opts, key=lambda o: (o.seconds, o.primitive))
 
 
@@ -198,7 +196,7 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
             step_b = opts[0].bytes - res_b
             if getattr(
                 PRIMITIVES.get(prim), "pads_input", False
-            ):  # no padded copy (not `strided`): a copy of the input's part only where it is one
+            ):  # no padded copy: a copy of the input's part only where it is one
                 n_in = shapes[node.inputs[0]][1:]
                 part = tuple(min(n, h) - max(0, l) for n, l, h in zip(n_in, raw_lo, raw_hi))
                 pad_b = M.nbytes((src[0],) + part) if part != src[1:] else 0

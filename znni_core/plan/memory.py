@@ -46,11 +46,13 @@ class _Shape:
     in_channels: int
     out_channels: int
     kernel: tuple
+    stride: tuple
 
     def __init__(self, layer):
         object.__setattr__(self, "in_channels", layer.in_channels)
         object.__setattr__(self, "out_channels", layer.out_channels)
         object.__setattr__(self, "kernel", tuple(layer.kernel))
+        object.__setattr__(self, "stride", tuple(getattr(layer, "stride", (1, 1, 1))))
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the planner asks the same questions for every pool-mode candidate

@@ -21,7 +21,7 @@ PLAN_FORMAT = "znni-plan/1"
 #: every convolution primitive's name (:data:`.primitives.PRIMITIVES`)
 CONV_PRIMITIVES = tuple(PRIMITIVES)
 #: the ones that run on the CPU (direct-torch: cuDNN through PyTorch, a GPU primitive)
-CPU_PRIMITIVES = names("cpu")
+CPU_PRIMITIVES = names("cpu", strides=False)
 POOL_MODES = ("mpf", "pool", "slab")  # mpf: fragments batched; pool: one offset at a time through the rest;
 # slab (first pooling layer only): also the layers before it recomputed per offset in z-slabs (micro_batch = rows)
 

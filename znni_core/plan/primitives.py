@@ -84,6 +84,9 @@ class Primitive:
     block_slowdown = 1.0
     #: considered for 1x1x1 convolutions
     runs_1x1x1 = True
+    #: runs convolutions with a stride above 1 (a :class:`~znni_core.net.graph.StridedConv`), and
+    #: only those: the graph search gives a strided convolution to these, every other one to the rest
+    strides = False
 
     def supports(self, kernel, channels=None) -> bool:
         """Whether the planner considers it for a convolution with this kernel and ``channels``
@@ -528,6 +531,62 @@ class DirectTorch(Primitive):
         return cache[key].configured(act=act)
 
 
+def _stride(layer) -> tuple:
+    """A :class:`~znni_core.net.graph.StridedConv`'s stride; 1 for a plain :class:`~znni_core.net.chain.Conv`."""
+    return tuple(getattr(layer, "stride", (1, 1, 1)))
+
+
+class StridedGemm(Primitive):
+    """A convolution with a stride above 1 (a graph's downsampling conv): each output voxel's
+    window gathered through a strided view, then one GEMM per block of output planes
+    (``layers.resample.conv_strided``), on any array module."""
+
+    name = "strided"
+    strides = True
+    #: the gathered (not contiguous) lowering costs this much more than the direct GEMM's
+    GATHER_SLOWDOWN = 1.5
+
+    @staticmethod
+    def _equivalent(layer, in_spatial):
+        """The stride-1 input that gives the same output voxels, which the GEMM's work is priced on."""
+        from ..layers.resample import conv_strided_out_shape
+
+        out = conv_strided_out_shape(in_spatial, layer.kernel, _stride(layer))
+        return tuple(o + k - 1 for o, k in zip(out, layer.kernel))
+
+    def call_bytes(self, n, layer, in_spatial, threads=1):
+        """See :class:`Primitive`: the output, one lowered block and its product."""
+        from ..layers.resample import conv_strided_memory
+
+        return int(
+            conv_strided_memory(
+                n, layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel, _stride(layer)
+            )
+        )
+
+    def cpu_seconds(self, cal, n, layer, in_spatial, micro_batch=None):
+        """See :class:`Primitive`: the direct GEMM's time on the same output, gathered."""
+        eq = self._equivalent(layer, in_spatial)
+        return PRIMITIVES[FALLBACK].cpu_seconds(cal, n, layer, eq, micro_batch) * self.GATHER_SLOWDOWN
+
+    def gpu_seconds(self, cal, n, layer, in_spatial, micro_batch=None):
+        """See :class:`Primitive`: the direct GEMM's time on the same output, gathered."""
+        eq = self._equivalent(layer, in_spatial)
+        return PRIMITIVES[FALLBACK].gpu_seconds(cal, n, layer, eq, micro_batch) * self.GATHER_SLOWDOWN
+
+    def build(self, layer, in_spatial, *, xp=np, threads=1, act=None, channels_last=False, cache=None, key=None):
+        """See :class:`Primitive` (``act`` is applied after the call: it does not fuse)."""
+        from ..layers.resample import conv_strided
+
+        w, b = _weights(layer, xp, cache, key)
+
+        def run(x):
+            y = conv_strided(x, w, b, _stride(layer))
+            return y if act is None else L.apply_activation(y, act[0], act[1], out=y)
+
+        return run
+
+
 #: every primitive by name, in the order the planner tries them
 PRIMITIVES: dict[str, Primitive] = {
     p.name: p
@@ -540,6 +599,7 @@ PRIMITIVES: dict[str, Primitive] = {
         FFTGemm(),
         Winograd(),
         DirectTorch(),
+        StridedGemm(),
     )
 }
 

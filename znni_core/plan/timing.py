@@ -100,8 +100,7 @@ def _tuning_cases(threads: int) -> dict:
         w, x = arr(c, c, *kernel), arr(n, *spatial, c).transpose(0, 4, 1, 2, 3)  # channels last, as between layers
 
         def make():
-            conv = L.WinogradConv(w, None, spatial, threads=threads)
-            conv.keep_buffers = conv.channels_last = True
+            conv = L.WinogradConv(w, None, spatial, threads=threads).configured(channels_last=True, keep_buffers=True)
             return lambda: conv(x)
 
         return make
@@ -315,8 +314,7 @@ def _fft_gemm_rates(threads: int) -> dict:
     per_mac = _best_of(lambda: np.matmul(a, b, out=out)) / (f * items2 * c2 * c2)
     x = rng.standard_normal((n1, c1) + sp, dtype=np.float32)
     w = rng.standard_normal((c1, c1) + k, dtype=np.float32)
-    conv = L.FFTGemmConv(w, None, sp, threads=threads)
-    conv.keep_buffers = True
+    conv = L.FFTGemmConv(w, None, sp, threads=threads).configured(keep_buffers=True)
     tr1, macs1, _ = fft_gemm_terms(n1, c1, c1, sp, k)
     per_t = max(_best_of(lambda: conv(x)) - macs1 * per_mac, 0.0) / tr1
     w2 = rng.standard_normal((c2, c2) + k, dtype=np.float32)
@@ -373,8 +371,7 @@ def _winograd_rates(threads: int) -> dict:
         w = rng.standard_normal((c, c) + k, dtype=np.float32)
         # channels last in and out, as a Winograd layer between Winograd layers (and MPF) runs
         x = rng.standard_normal((n,) + shape + (c,), dtype=np.float32).transpose(0, 4, 1, 2, 3)
-        conv = L.WinogradConv(w, None, shape, threads=threads)
-        conv.keep_buffers = conv.channels_last = True
+        conv = L.WinogradConv(w, None, shape, threads=threads).configured(channels_last=True, keep_buffers=True)
         values, macs, rows, positions = winograd_terms(n, c, c, shape, k)
         terms.append((values, rows, positions))
         times.append(max(_best_of(lambda: conv(x), repeats=5) - macs * loglog(points, c), 0.0))
