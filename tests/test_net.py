@@ -244,6 +244,7 @@ def test_a_line_of_nodes_is_the_chain_of_its_layers_whatever_built_it(tmp_path):
     geometry and description of :func:`Network` of the same layers; written as graph nodes in a
     YAML spec it loads as that chain, and it runs to PyTorch's dense output.  A graph that is not
     a line has no layers to give."""
+    from znni_core.net import Network
     from znni_core.net.graph import Graph, Node
 
     net = make_net(NETS["iso2pool"])
@@ -253,6 +254,7 @@ def test_a_line_of_nodes_is_the_chain_of_its_layers_whatever_built_it(tmp_path):
         current = f"x{i}"
     graph = Graph(tuple(nodes), "in", current, net.in_channels, name="from-nodes")
     assert graph.kind == "chain" and graph.digest() == net.digest()
+    assert isinstance(graph, Network) and isinstance(net, Graph) and type(net) is Graph
     assert graph.geometry == net.geometry and graph.pooling_product == net.pooling_product != (1, 1, 1)
     assert graph.describe() == net.describe() and graph.layers == net.layers
 
@@ -266,6 +268,6 @@ def test_a_line_of_nodes_is_the_chain_of_its_layers_whatever_built_it(tmp_path):
     assert max_rel_err(y, torch_dense(net, x)) < 1e-5
 
     unet = _as_graph(make_net([("conv", 2, 3), ("act", "relu")]))
-    assert unet.kind == "valid"
+    assert unet.kind == "valid" and not isinstance(unet, Network)
     with pytest.raises(NetworkError, match="not a chain"):
         _ = unet.layers

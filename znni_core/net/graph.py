@@ -278,7 +278,7 @@ class Graph(Geometric):
     def _line(self) -> tuple | None:
         return line_layers(self.nodes, self.input, self.output)
 
-    @property
+    @functools.cached_property
     def layers(self) -> tuple[Layer, ...]:
         """A chain's nodes as layers (:class:`Conv`, :class:`Pool`, :class:`Activation`), in order;
         a :class:`~znni_core.errors.NetworkError` for a graph that is not a chain."""
@@ -465,24 +465,36 @@ class Graph(Geometric):
         return count
 
 
-def Network(layers, name: str = "network", metadata: dict | None = None) -> Graph:  # noqa: N802 (a constructor)
-    """The chain of ``layers`` (:class:`Conv`, :class:`Pool`, :class:`Activation`) as a :class:`Graph`.
+class _ChainType(type):
+    """The type of :class:`Network`: calling it builds a chain's graph, and ``isinstance`` holds for
+    every graph that is a chain, whichever loader made it."""
+
+    def __call__(cls, layers, name: str = "network", metadata: dict | None = None) -> Graph:
+        layers = tuple(layers)
+        check_chain(layers, name)
+        nodes, source = [], "input"
+        for i, layer in enumerate(layers):
+            op, inputs, output, node_name, params = chain_node(layer, i, source)
+            nodes.append(Node(op, inputs, output, node_name, params))
+            source = output
+        first = next(l for l in layers if isinstance(l, Conv))
+        return Graph(tuple(nodes), "input", source, first.in_channels, name=name, metadata=dict(metadata or {}))
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, Graph) and obj.kind == "chain"
+
+
+class Network(metaclass=_ChainType):
+    """A chain: ``Network(layers, name=..., metadata=...)`` builds the :class:`Graph` of ``layers``
+    (:class:`Conv`, :class:`Pool`, :class:`Activation`) in a line; ``isinstance(net, Network)``
+    tells whether a graph is a chain (``net.kind == "chain"``).
 
     >>> import numpy as np
     >>> net = Network((Conv(np.ones((2, 1, 3, 3, 3), np.float32)), Pool((2, 2, 2)),
     ...                Conv(np.ones((1, 2, 3, 3, 3), np.float32))))
-    >>> net.field_of_view, net.pooling_product, net.kind
-    ((8, 8, 8), (2, 2, 2), 'chain')
+    >>> type(net).__name__, isinstance(net, Network), net.field_of_view, net.pooling_product
+    ('Graph', True, (8, 8, 8), (2, 2, 2))
     """
-    layers = tuple(layers)
-    check_chain(layers, name)
-    nodes, source = [], "input"
-    for i, layer in enumerate(layers):
-        op, inputs, output, node_name, params = chain_node(layer, i, source)
-        nodes.append(Node(op, inputs, output, node_name, params))
-        source = output
-    first = next(l for l in layers if isinstance(l, Conv))
-    return Graph(tuple(nodes), "input", source, first.in_channels, name=name, metadata=dict(metadata or {}))
 
 
 def as_shape3(value, what: str) -> Shape3:
