@@ -3,7 +3,7 @@
 A :class:`Graph` is a list of :class:`Node` in topological order; each node reads named
 tensors and writes one.  Tensors are ``(C, z, y, x)``.  A **chain** is a graph whose nodes
 form a line of stride-1 unpadded convolutions, max-pooling and activations (``kind ==
-"chain"``, :attr:`Graph.layers`; :func:`Network` builds one from layers): its max-pooling
+"chain"``, :attr:`Graph.layers`; :class:`Network` builds one from layers): its max-pooling
 is read as a dense sliding filter, run through max-pooling fragments (``net/chain.py``), so
 its output is dense whatever its pooling.  Operators (``Node.op``):
 
