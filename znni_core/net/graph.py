@@ -257,7 +257,7 @@ class Graph(Geometric):
 
     def shapes(self, in_shape) -> dict:
         """``{tensor: (C, z, y, x)}`` for an input patch ``in_shape`` (z, y, x), pooling subsampling (for a
-        chain: one fragment's tensors; its dense output is larger, see :attr:`geometry`).
+        chain, as its strided form computes them; its dense output is larger, see :attr:`geometry`).
 
         Raises :class:`~znni_core.errors.InputError` naming the node and the nearest
         admissible lengths when ``in_shape`` is not admissible."""
