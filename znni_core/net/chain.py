@@ -2,7 +2,7 @@
 
 A chain is a :class:`~.graph.Graph` whose nodes form a line of stride-1 unpadded convolutions,
 max-pooling and activations (:func:`line_layers` finds it); build one from layers with
-:func:`~.graph.Network`.  Its max-pooling is a dense sliding filter: max-pooling fragments give
+:class:`~.graph.Network`.  Its max-pooling is a dense sliding filter: max-pooling fragments give
 an output voxel at every input position, so any input of at least the field of view is
 admissible (:func:`chain_geometry`).  The functions here read the line as layers; the graph
 holds the nodes.
@@ -146,17 +146,6 @@ def line_layers(nodes, source: str, output: str) -> tuple | None:
     if current != output or not any(isinstance(l, Conv) for l in layers):
         return None
     return tuple(layers)
-
-
-def chain_node(layer: Layer, i: int, source: str):
-    """``(op, inputs, output, name, params)`` of a graph node for ``layer``, the ``i``-th of a chain."""
-    if isinstance(layer, Conv):
-        return "conv", (source,), f"t{i}", layer.name, {"conv": layer, "stride": (1, 1, 1), "pads": ((0, 0, 0),) * 2}
-    if isinstance(layer, Pool):
-        return "pool", (source,), f"t{i}", layer.name, {"window": layer.window, "kind": "max"}
-    if isinstance(layer, Activation):
-        return "act", (source,), f"t{i}", layer.name, {"act": layer}
-    raise NetworkError(f"layer {i} is a {type(layer).__name__}; a chain holds Conv, Pool and Activation layers")
 
 
 def chain_geometry(layers: tuple) -> NetGeometry:

@@ -53,7 +53,6 @@ from .chain import (
     Pool,
     chain_digest,
     chain_geometry,
-    chain_node,
     check_chain,
     describe_layers,
     line_layers,
@@ -466,6 +465,19 @@ class Graph(Geometric):
         return count
 
 
+def _chain_node(layer: Layer, i: int, source: str) -> Node:
+    """The graph node of ``layer``, the ``i``-th of a chain, reading ``source``."""
+    if isinstance(layer, Conv):
+        return Node(
+            "conv", (source,), f"t{i}", layer.name, {"conv": layer, "stride": (1, 1, 1), "pads": ((0, 0, 0),) * 2}
+        )
+    if isinstance(layer, Pool):
+        return Node("pool", (source,), f"t{i}", layer.name, {"window": layer.window, "kind": "max"})
+    if isinstance(layer, Activation):
+        return Node("act", (source,), f"t{i}", layer.name, {"act": layer})
+    raise NetworkError(f"layer {i} is a {type(layer).__name__}; a chain holds Conv, Pool and Activation layers")
+
+
 class _ChainType(type):
     """The type of :class:`Network`: calling it builds a chain's graph, and ``isinstance`` holds for
     every graph that is a chain, whichever loader made it."""
@@ -475,9 +487,8 @@ class _ChainType(type):
         check_chain(layers, name)
         nodes, source = [], "input"
         for i, layer in enumerate(layers):
-            op, inputs, output, node_name, params = chain_node(layer, i, source)
-            nodes.append(Node(op, inputs, output, node_name, params))
-            source = output
+            nodes.append(_chain_node(layer, i, source))
+            source = nodes[-1].output
         first = next(l for l in layers if isinstance(l, Conv))
         return Graph(tuple(nodes), "input", source, first.in_channels, name=name, metadata=dict(metadata or {}))
 

@@ -18,7 +18,7 @@ import math
 from ..errors import MemoryBudgetError, PlanError
 from ..layers.epilogue import FUSABLE
 from ..layers.resample import linear_index
-from ..net.graph import Graph
+from ..net.graph import Graph, StridedConv
 from ..units import format_bytes
 from . import memory as M
 from .candidates import Candidate, ConvOption
@@ -138,8 +138,7 @@ def _conv_options(node, spatial, prims, timer, threads) -> list[ConvOption]:
     """The options of a conv node on one patch (the whole batch at once, no input blocks), fastest
     first: a strided conv's among the primitives that run strides, any other's among ``prims``."""
     layer = node.layer
-    strided = any(s > 1 for s in node["stride"])
-    if strided:
+    if isinstance(layer, StridedConv):
         usable = list(names(timer.model.device, strides=True))
     else:
         pointwise = all(k == 1 for k in layer.kernel)
