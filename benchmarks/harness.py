@@ -176,7 +176,7 @@ class ZnniRunner:
 
     def profile(self) -> list[dict]:
         """Per conv step: measured seconds (wrapping the executor's conv call) vs predicted."""
-        from znni_core.exec import chain
+        from znni_core.exec import patch as chain
 
         orig = chain.run_conv
         acc: dict[int, float] = {}

@@ -230,10 +230,10 @@ def predicted_seconds(plan, net, shape) -> float:
 
 def step_profile(net, x, plan) -> list:
     """A warm run of ``plan`` on ``x`` (after one unprofiled run: kernel transforms built, buffers
-    touched) with each step timed on its own (``exec/chain.profiled``), set against the plan's
+    touched) with each step timed on its own (``exec/patch.profiled``), set against the plan's
     prediction for the step (x patches).  A cold run's steps took 1.3-2x a warm one's."""
     import znni_core
-    from znni_core.exec.chain import profiled
+    from znni_core.exec.patch import profiled
 
     znni_core.infer(net, x, device=plan.device, plan=plan)
     time.sleep(SETTLE_S)

@@ -15,6 +15,7 @@ import pytest
 
 import znni_core
 from znni_core.errors import InputError, MemoryBudgetError, PlanError
+from znni_core.net import Network
 from znni_core.net.chain import Conv
 from znni_core.plan import Plan, autotune
 
@@ -239,7 +240,9 @@ def test_blocked_conv_memory_matches_model():
 
 
 def test_monotone_activations_move_after_pooling():
-    from znni_core.exec.chain import pool_before_activation
+    from types import SimpleNamespace
+
+    from znni_core.exec.patch import program
     from znni_core.net.chain import Activation, Pool
     from znni_core.plan.plan import Step
 
@@ -250,10 +253,19 @@ def test_monotone_activations_move_after_pooling():
         (Activation("leaky_relu", alpha=-0.2), False),
         (Activation("softmax"), False),
     ):
-        layers = (Conv(w), act, Pool((2, 2, 2)))
-        steps = tuple(Step(i, op, "x", (), ()) for i, op in enumerate(("conv", "act", "pool")))
-        got = [s.op for s in pool_before_activation(steps, layers)]
-        assert got == (["conv", "pool", "act"] if swapped else ["conv", "act", "pool"]), act.kind
+        for mode, moves in (("mpf", swapped), ("pool", swapped), ("max", False)):  # subsampling: in place
+            net = Network((Conv(w), act, Pool((2, 2, 2)), Conv(w)))
+            ops = ("conv", "act", "pool", "conv")
+            prims = ("fft-data", act.kind, mode, "fft-data")  # fft-data applies no activation itself
+            steps = tuple(Step(i, op, p, (), ()) for i, (op, p) in enumerate(zip(ops, prims)))
+            prog = program(SimpleNamespace(steps=steps), net)
+            got = [s.op for s in prog.steps]
+            assert got == (["conv", "pool", "act", "conv"] if moves else list(ops)), (act.kind, mode)
+            assert [n.op for n in prog.nodes] == got and [s.index for s in prog.steps] == (
+                [0, 2, 1, 3] if moves else [0, 1, 2, 3]
+            )
+            # the tensors flow through the swapped nodes: pooled first, then the activation
+            assert all(b.inputs == (a.output,) for a, b in zip(prog.nodes, prog.nodes[1:]))
     # exactness of the swap itself: max-pool of f(x) == f(max-pool of x) for a non-decreasing f
     from znni_core.layers import apply_activation, max_pool
 
@@ -268,7 +280,9 @@ def test_activations_after_a_conv_run_in_the_conv_output_pass():
     """direct-gemm, direct-numba, fft-gemm and winograd apply a following ReLU, leaky ReLU or ELU
     in their own output pass (no separate pass); other primitives and other activations keep
     their step; the result is unchanged."""
-    from znni_core.exec.chain import fuse_activations
+    from types import SimpleNamespace
+
+    from znni_core.exec.patch import program
     from znni_core.net.chain import Activation
     from znni_core.plan.plan import Step
 
@@ -284,12 +298,13 @@ def test_activations_after_a_conv_run_in_the_conv_output_pass():
         ("winograd", "sigmoid", False),
         ("winograd", "identity", False),
     ):
-        layers = (Conv(w), Activation(act, 0.3), Conv(w))
+        net = Network((Conv(w), Activation(act, 0.3), Conv(w)))
         steps = (Step(0, "conv", prim, (), ()), Step(1, "act", act, (), ()), Step(2, "conv", prim, (), ()))
-        got = fuse_activations(steps, layers)
-        assert [s.op for s in got] == (["conv", "conv"] if fused else ["conv", "act", "conv"]), (prim, act)
-        assert getattr(got[0], "fused", "") == (act if fused else "") and getattr(got[-1], "fused", "") == ""
-        assert getattr(got[0], "alpha", 0.3 if fused else 0.0) == (0.3 if fused else 0.0)
+        prog = program(SimpleNamespace(steps=steps), net)
+        assert prog.fused == ({1} if fused else set()) and prog.skip == prog.fused, (prim, act)
+        first, last = prog.step(0), prog.step(2)
+        assert getattr(first, "fused", "") == (act if fused else "") and getattr(last, "fused", "") == ""
+        assert getattr(first, "alpha", 0.3 if fused else 0.0) == (0.3 if fused else 0.0)
     net = make_net(
         [
             ("conv", 5, (1, 3, 3)),
@@ -307,7 +322,7 @@ def test_activations_after_a_conv_run_in_the_conv_output_pass():
     rng = np.random.default_rng(6)
     x = rng.standard_normal((1,) + tuple(f + e for f, e in zip(net.field_of_view, (4, 8, 6)))).astype(np.float32)
     ref = torch_dense(net, x)
-    import znni_core.exec.chain as E
+    import znni_core.exec.patch as E
 
     calls = []
     real = E.apply_activation
@@ -366,7 +381,7 @@ def test_output_buffers_are_reused_within_the_budget(monkeypatch):
     within the plan's budget (tracemalloc counts both)."""
     import tracemalloc
 
-    from znni_core.exec.chain import run_patch
+    from znni_core.exec.patch import run_patch
     from znni_core.exec.steps import kernel_cache
     from znni_core.plan import autotune
 
@@ -462,7 +477,7 @@ def test_winograd_layers_pass_channels_last_through_mpf_and_activations(monkeypa
     and a depth-first pool copies its fragments channels last for the Winograd conv after it.
     The output equals PyTorch's dense result and the all-channels-first run's (to rounding:
     the 1x1x1 product reads its operand in the other order)."""
-    import znni_core.exec.chain as E
+    import znni_core.exec.patch as E
     from znni_core.layers import WinogradConv
     from znni_core.layers.layout import is_channels_last
 
@@ -511,7 +526,7 @@ def test_winograd_layers_pass_channels_last_through_mpf_and_activations(monkeypa
         assert max_rel_err(y, ref) < 1e-4
         assert [o for _, _, o in seen[:3]] == outs, seen  # the first offset's convs
         assert [i for _, i, _ in seen[1:3]] == ins, seen  # read as written, or as the pool copied it
-        monkeypatch.setattr(E, "_reads_channels_last", lambda steps, layers, i: False)
+        monkeypatch.setattr(E, "channels_last_tensors", lambda prog: set())
         np.testing.assert_allclose(znni_core.infer(net, x, plan=plan), y, rtol=1e-6, atol=1e-6)
         monkeypatch.undo()
         monkeypatch.setattr(WinogradConv, "_call_cpu", call)
@@ -521,7 +536,7 @@ def test_profiled_charges_each_step_its_own_seconds():
     """``profiled()`` (the benchmarks' per-step times): every step the run takes has an entry,
     depth-first pooling is charged its own work only (its offsets' steps apart: never a negative
     remainder), and profiling changes nothing in the output."""
-    from znni_core.exec.chain import fuse_activations, pool_before_activation, profiled
+    from znni_core.exec.patch import profiled, program
 
     net = make_net(NETS["iso2pool"], seed=3)
     x = np.random.default_rng(0).standard_normal((1, 37, 37, 37)).astype(np.float32)
@@ -538,7 +553,8 @@ def test_profiled_charges_each_step_its_own_seconds():
         with profiled() as seconds:
             out = znni_core.infer(net, x, plan=plan)
         np.testing.assert_array_equal(out, ref)
-        run = {s.index for s in pool_before_activation(fuse_activations(plan.steps, net.layers), net.layers)}
+        prog = program(plan, net)
+        run = {s.index for i, s in enumerate(prog.steps) if i not in prog.skip}
         assert set(seconds) == run, (modes, seconds)
         assert all(v >= 0 for v in seconds.values())
     with profiled():

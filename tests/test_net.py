@@ -215,8 +215,8 @@ def test_chain_geometry_is_the_graph_geometry_of_its_operators(name):
 def test_one_tiler_covers_a_chain_and_a_graph_the_same_way():
     """``exec.tiling.window`` cuts a chain's output into tiles of the plan's output (a multiple
     of the pooling product, the last shifted back) and a pooling-free chain loaded as a graph
-    the same way; ``run_tiled`` gives the same output through the chain engine and the graph
-    executor, equal to PyTorch."""
+    the same way; ``run_tiled`` gives the same output under the chain's plan (its own search) and the
+    graph's, equal to PyTorch."""
     from znni_core.exec.tiling import run_tiled, window
     from znni_core.plan import autotune
 

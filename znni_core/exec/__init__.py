@@ -1,1 +1,1 @@
-"""Execution: a plan run on one patch (chain and graph engines), tiling and blending of patches, devices, streams."""
+"""Execution: a plan run on one patch (one executor for every network), tiling and blending of patches, devices, streams."""

@@ -1,11 +1,11 @@
-"""What both executors run per step: a conv step by its primitive, fused activations, buffers.
+"""What the executor runs per conv step: the primitive, fused activations, buffers.
 
-The chain's executor (:mod:`.chain`) and the graph's (:mod:`.graph`) run a plan's conv steps
-the same way: the step's primitive built once per run for its input size (:func:`conv_fn`,
-what it keeps, kernel transforms and weights on the device, found in the run's cache), called
-in the step's blocks and micro-batches (:func:`run_conv`), with the activation after it
-applied in its output pass where the plan fused it (:class:`FusedStep`); outputs come from the
-run's arena of buffers (:func:`plan_arena`) within the plan's budget.
+The executor (:mod:`.patch`) runs a plan's conv steps this way, for every network: the step's
+primitive built once per run for its input size (:func:`conv_fn`, what it keeps, kernel
+transforms and weights on the device, found in the run's cache), called in the step's blocks
+and micro-batches (:func:`run_conv`), with the activation after it applied in its output pass
+where the plan fused it (:class:`FusedStep`); outputs come from the run's arena of buffers
+(:func:`plan_arena`) within the plan's budget.
 """
 
 from __future__ import annotations

@@ -26,8 +26,7 @@ import numpy as np
 
 from ..errors import InputError
 from .blend import axis_plan, lattice
-from .chain import run_back, run_front, run_patch
-from .graph import run_graph_patch
+from .patch import run_back, run_front, run_patch
 from .steps import kernel_cache
 
 
@@ -127,7 +126,6 @@ def run_window(plan, net, x: np.ndarray, win: Window, *, xp=np, progress=None, c
     result = np.zeros(shape, np.float32) if blended else np.empty(shape, np.float32)
     convs = kernel_cache(cache, plan)  # FFT kernel spectra, shared by every patch (all of one shape)
     on_host = xp is np or plan.placement in ("gpu+host", "cpu+gpu")  # where the patch goes in
-    run_one = run_patch if net.kind == "chain" else run_graph_patch
 
     def cut(start):
         src = (slice(None),) + tuple(slice(s - a, s - a + p) for s, a, p in zip(start, win.in_lo, win.patch))
@@ -153,7 +151,7 @@ def run_window(plan, net, x: np.ndarray, win: Window, *, xp=np, progress=None, c
         _pipelined(plan, net, starts, cut, put, xp, convs)
         return result
     if len(starts) == 1 and not blended:  # one patch: its output is the result when nothing is cropped
-        y = run_one(plan, net, cut(starts[0]), xp=xp, convs=convs)
+        y = run_patch(plan, net, cut(starts[0]), xp=xp, convs=convs)
         y = xp.asnumpy(y) if xp is not np else y
         if y.shape == result.shape and y.dtype == np.float32 and y.flags.c_contiguous:
             if progress is not None:
@@ -162,7 +160,7 @@ def run_window(plan, net, x: np.ndarray, win: Window, *, xp=np, progress=None, c
         put(starts[0], y)
         return result
     for start in starts:
-        put(start, run_one(plan, net, cut(start), xp=xp, convs=convs))
+        put(start, run_patch(plan, net, cut(start), xp=xp, convs=convs))
     if blended:
         result /= np.einsum("i,j,k->ijk", *win.norms).astype(np.float32)
     return result

@@ -4,8 +4,8 @@ A layer whose inner loops run over the channels (Winograd's transforms, 16 chann
 AVX-512 instruction) reads and writes such a view without the transposes a channels-first
 array costs it: on a (1,3,3) layer at 24-28 maps those two transposes took about half of the
 layer's time.  The view is an ordinary ``(N, C, Z, Y, X)`` array of other strides, so every
-primitive stays correct on it; the graph executor hands it only to readers that run on it at
-speed (:func:`~znni_core.exec.graph` decides, per tensor).
+primitive stays correct on it; the executor hands it only to readers that run on it at
+speed (:func:`~znni_core.exec.patch.channels_last_tensors` decides, per tensor).
 
 >>> import numpy as np
 >>> x = empty_channels_last((1, 3, 2, 2, 2))

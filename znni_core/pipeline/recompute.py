@@ -34,9 +34,9 @@ def reference_plan(ctx):
             overlap=plan.overlap,
             blend=plan.blend or "bump",
         )
-        return ref, "graph executor, direct convolutions, the patch alone"
+        return ref, "direct convolutions, the patch alone"
     except ZnniError:
-        return plan, "graph executor, the run's plan, the patch alone"
+        return plan, "the run's plan, the patch alone"
 
 
 def graph_sample(ctx, ti, x: np.ndarray, rng, ref_plan) -> tuple[np.ndarray, np.ndarray]:
@@ -44,7 +44,7 @@ def graph_sample(ctx, ti, x: np.ndarray, rng, ref_plan) -> tuple[np.ndarray, np.
     alone by ``ref_plan``; the voxels of its tile inside the task's live chunks that no other
     patch of the lattice covers (a valid graph: the whole tile; a padded graph: not the blended
     margins, whose value mixes neighbours)."""
-    from ..exec.graph import run_graph_patch
+    from ..exec.patch import run_patch
     from ..inference import thread_limits
 
     win, region = ti.window, ctx.region
@@ -73,7 +73,7 @@ def graph_sample(ctx, ti, x: np.ndarray, rng, ref_plan) -> tuple[np.ndarray, np.
             continue
         src = (slice(None),) + tuple(slice(s - a, s - a + p) for s, a, p in zip(start, win.in_lo, win.patch))
         with thread_limits(ref_plan.threads):
-            y = run_graph_patch(ref_plan, ctx.net, np.ascontiguousarray(x[src]))
+            y = run_patch(ref_plan, ctx.net, np.ascontiguousarray(x[src]))
         points = np.argwhere(mask) + np.array(tuple(box.offset))
         rel = points - (np.array(tuple(region.offset)) + np.array(start))
         return points, y[:, rel[:, 0], rel[:, 1], rel[:, 2]].T.astype(np.float64)

@@ -12,7 +12,7 @@ Two checks, both independent of how the output was computed:
    with what is stored (float32: within ``1e-4`` of the output's scale; float16: also its rounding,
    2^-11 of the scale; uint8: within 1 after the run's mapping).
    Graph networks: in each sampled task one of its patches, chosen at random, is computed alone
-   by the graph executor under a plan of direct convolutions (no FFT, no Winograd, no neighbours,
+   by the executor under a plan of direct convolutions (no FFT, no Winograd, no neighbours,
    no tiling) with the context the run's plan gives it, and every voxel of its tile inside the
    task's written chunks that no other patch blends into is compared the same way.
 

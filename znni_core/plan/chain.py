@@ -46,7 +46,7 @@ SQUEEZES = 3  # re-decisions of a candidate with its excess over the budget kept
 def _mpf_reads_channels_last(layers, decisions, i) -> bool:
     """Whether the executor hands pooling layer ``i`` a channels-last input: the conv before it
     runs Winograd and the conv after it reads channels last (an untiled Winograd or a 1x1x1 conv;
-    ``exec/chain._reads_channels_last``), through activations and other pooling layers."""
+    ``exec/patch.channels_last_tensors``), through activations and other pooling layers."""
     convs = [j for j, l in enumerate(layers) if isinstance(l, Conv)]
     before = [j for j in convs if j < i]
     after = [j for j in convs if j > i]
@@ -119,7 +119,7 @@ def _priced_steps(net: Graph, modes, steps_mem, decisions, reps, timer: Pricer, 
         elif isinstance(layer, Activation):
             tile = ()
             # an activation right after a conv that fuses it costs nothing: the executor applies it
-            # in that conv's output pass (exec/chain.py: fuse_activations)
+            # in that conv's output pass (exec/patch.program)
             fused = steps and steps[-1].op == "conv" and fuses(steps[-1].primitive, layer.kind)
             t = 0.0
             if not fused:

@@ -1,7 +1,7 @@
 """Planning a graph network: a memory walk with liveness, a primitive per convolution,
 and the patch (docs/engine.md, "Graph networks").
 
-The walk follows ``exec/graph.py`` node by node in topological order: a tensor is alive
+The walk follows ``exec/patch.py`` node by node in topological order: a tensor is alive
 from the node that writes it to its last reader (skip tensors stay counted while the
 decoder runs), element-wise nodes write into an input that dies there
 (:func:`in_place_input`), and each node adds its own output and workspace.  The patch is
@@ -223,7 +223,7 @@ def walk(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False, 
                 prim = node["kind"]
             elif target:
                 extra = 0
-            if model.device == "cpu":  # the CPU executor runs the chain in one pass (exec/graph.py)
+            if model.device == "cpu":  # the CPU executor runs the chain in one pass (exec/patch.py)
                 skip.update(chain_after(graph, i, consumers))
         here = sum(live.values()) + resident + extra
         peak = max(peak, here)

@@ -1,4 +1,5 @@
-"""Predicted memory of running a plan: a symbolic walk of ``exec/chain.py``.
+"""Predicted memory of running a chain's plan: a symbolic walk of ``exec/patch.py`` on a line
+of layers pooled into fragments.
 
 The walk mirrors the executor step by step: what is alive (the caller's patch, the
 pre-pool tensors held by depth-first pooling, partial results) plus the chosen

@@ -28,8 +28,8 @@ POOL_MODES = ("mpf", "pool", "slab")  # mpf: fragments batched; pool: one offset
 
 def fuses(step_primitive: str, kind: str) -> bool:
     """Whether a step run by ``step_primitive`` (a conv primitive, or any other step's name)
-    applies an activation ``kind`` that directly follows it in its own output pass (chain engine,
-    graph executor and both planners ask this)."""
+    applies an activation ``kind`` that directly follows it in its own output pass (the executor
+    and both searches ask this)."""
     p = PRIMITIVES.get(step_primitive)
     return p is not None and p.fuses(kind)
 

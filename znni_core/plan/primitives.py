@@ -73,7 +73,7 @@ class Primitive:
     transforms_all_axes = False
     #: searched on overlap-save input blocks (``plan.candidates.fft_tiles``)
     blocked = False
-    #: the graph executor runs it
+    #: searched for the convolutions of a graph that is not a chain (padded inputs, strides)
     in_graphs = True
     #: planned for graph networks on the CPU by default
     graph_default = True
