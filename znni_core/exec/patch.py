@@ -230,7 +230,8 @@ def _dense_shapes(prog: Program, in_shape, k: int = 0) -> dict:
     for node in nodes:
         c, sp = shapes[node.inputs[0]][0], shapes[node.inputs[0]][1:]
         if node.op == "conv":
-            shapes[node.output] = (node.conv.out_channels,) + tuple(n - k + 1 for n, k in zip(sp, node.conv.kernel))
+            kernel = node.conv.kernel
+            shapes[node.output] = (node.conv.out_channels,) + tuple(n - kk + 1 for n, kk in zip(sp, kernel))
         elif node.op == "pool":
             shapes[node.output] = (c,) + tuple((n - p + 1) // p for n, p in zip(sp, node["window"]))
         elif node.op == "act":
@@ -263,8 +264,8 @@ def _release(node, env, remaining) -> None:
 
 
 def _run_nodes(run: _Run, env: dict, remaining: dict, i: int, stop: int):
-    """Nodes ``[i, stop)`` on ``env`` (``{tensor: (array, its lo)}``); the value of the tensor node
-    ``stop - 1`` writes (depth-first pooling runs the rest itself and returns it gathered)."""
+    """Nodes ``[i, stop)`` on ``env`` (``{tensor: (array, its lo)}``); the value of the tensor they
+    give (:func:`_result`; depth-first pooling runs the rest itself and returns it gathered)."""
     nodes = run.prog.nodes
     while i < stop:
         node = nodes[i]
