@@ -240,11 +240,9 @@ def test_blocked_conv_memory_matches_model():
 
 
 def test_monotone_activations_move_after_pooling():
-    from types import SimpleNamespace
-
-    from znni_core.exec.patch import program
     from znni_core.net.chain import Activation, Pool
     from znni_core.plan.plan import Step
+    from znni_core.plan.program import program
 
     w = np.ones((1, 1, 1, 1, 1), np.float32)
     for act, swapped in (
@@ -258,7 +256,7 @@ def test_monotone_activations_move_after_pooling():
             ops = ("conv", "act", "pool", "conv")
             prims = ("fft-data", act.kind, mode, "fft-data")  # fft-data applies no activation itself
             steps = tuple(Step(i, op, p, (), ()) for i, (op, p) in enumerate(zip(ops, prims)))
-            prog = program(SimpleNamespace(steps=steps), net)
+            prog = program(steps, net)
             got = [s.op for s in prog.steps]
             assert got == (["conv", "pool", "act", "conv"] if moves else list(ops)), (act.kind, mode)
             assert [n.op for n in prog.nodes] == got and [s.index for s in prog.steps] == (
@@ -280,11 +278,9 @@ def test_activations_after_a_conv_run_in_the_conv_output_pass():
     """direct-gemm, direct-numba, fft-gemm and winograd apply a following ReLU, leaky ReLU or ELU
     in their own output pass (no separate pass); other primitives and other activations keep
     their step; the result is unchanged."""
-    from types import SimpleNamespace
-
-    from znni_core.exec.patch import program
     from znni_core.net.chain import Activation
     from znni_core.plan.plan import Step
+    from znni_core.plan.program import program
 
     w = np.ones((1, 1, 1, 3, 3), np.float32)
     for prim, act, fused in (
@@ -300,7 +296,7 @@ def test_activations_after_a_conv_run_in_the_conv_output_pass():
     ):
         net = Network((Conv(w), Activation(act, 0.3), Conv(w)))
         steps = (Step(0, "conv", prim, (), ()), Step(1, "act", act, (), ()), Step(2, "conv", prim, (), ()))
-        prog = program(SimpleNamespace(steps=steps), net)
+        prog = program(steps, net)
         assert prog.fused == ({1} if fused else set()) and prog.skip == prog.fused, (prim, act)
         first, last = prog.step(0), prog.step(2)
         assert getattr(first, "fused", "") == (act if fused else "") and getattr(last, "fused", "") == ""
@@ -536,7 +532,8 @@ def test_profiled_charges_each_step_its_own_seconds():
     """``profiled()`` (the benchmarks' per-step times): every step the run takes has an entry,
     depth-first pooling is charged its own work only (its offsets' steps apart: never a negative
     remainder), and profiling changes nothing in the output."""
-    from znni_core.exec.patch import profiled, program
+    from znni_core.exec.patch import profiled
+    from znni_core.plan.program import program
 
     net = make_net(NETS["iso2pool"], seed=3)
     x = np.random.default_rng(0).standard_normal((1, 37, 37, 37)).astype(np.float32)
@@ -553,7 +550,7 @@ def test_profiled_charges_each_step_its_own_seconds():
         with profiled() as seconds:
             out = znni_core.infer(net, x, plan=plan)
         np.testing.assert_array_equal(out, ref)
-        prog = program(plan, net)
+        prog = program(plan.steps, net)
         run = {s.index for i, s in enumerate(prog.steps) if i not in prog.skip}
         assert set(seconds) == run, (modes, seconds)
         assert all(v >= 0 for v in seconds.values())

@@ -303,6 +303,7 @@ def test_winograd_convs_hand_channels_last_tensors_only_to_readers_that_take_the
     product reads its operand in the other order)."""
     import znni_core.exec.patch as EG
     from znni_core.layers.layout import is_channels_last
+    from znni_core.plan.program import program
 
     torch.manual_seed(4)
     model = randomise_bn(
@@ -312,7 +313,7 @@ def test_winograd_convs_hand_channels_last_tensors_only_to_readers_that_take_the
     net = znni_core.load_network(export(model, tmp_path / "u.onnx", shape))
     x = np.random.default_rng(4).standard_normal((1,) + shape).astype(np.float32)
     plan = autotune(net, memory_budget=2**30, patch_shape=shape, primitives=("winograd",), use_cache=False)
-    chosen = EG.channels_last_tensors(EG.program(plan, net))
+    chosen = EG.channels_last_tensors(program(plan.steps, net))
     assert chosen and all(plan.steps[i].primitive == "winograd" for i, n in enumerate(net.nodes) if n.output in chosen)
     seen, real_node, real_chain = [], EG._node, EG._chain
 

@@ -4,13 +4,12 @@ The executor (:mod:`.patch`) runs a plan's conv steps this way, for every networ
 primitive built once per run for its input size (:func:`conv_fn`, what it keeps, kernel
 transforms and weights on the device, found in the run's cache), called in the step's blocks
 and micro-batches (:func:`run_conv`), with the activation after it applied in its output pass
-where the plan fused it (:class:`FusedStep`); outputs come from the run's arena of buffers
+where the plan fused it (:class:`~..plan.plan.FusedStep`); outputs come from the run's arena of buffers
 (:func:`plan_arena`) within the plan's budget.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import numpy as np
@@ -20,7 +19,7 @@ from ..layers import arena, tuning
 from ..layers.buffers import CallBuffers
 from ..layers.xp import get_array_module, is_numpy
 from ..net.chain import Conv
-from ..plan.plan import Step
+from ..plan.plan import fused_act
 from ..plan.primitives import primitive
 from .stream import stream_blocks
 
@@ -87,30 +86,6 @@ def kernel_cache(cache: dict | None, plan) -> dict:
     for other in [k for k in cache if k != key]:  # another plan's spectra: not ours to keep alive
         del cache[other]
     return cache.setdefault(key, {})
-
-
-@dataclasses.dataclass(frozen=True)
-class FusedStep(Step):
-    """A conv step that applies the activation after it in its own output pass: ``fused``
-    names it (``layers.epilogue.FUSABLE``), ``alpha`` its parameter."""
-
-    fused: str = ""
-    alpha: float = 0.0
-
-
-def fused_act(step):
-    """``(kind, alpha)`` of the activation a conv step applies itself, or None."""
-    kind = getattr(step, "fused", "")
-    return (kind, step.alpha) if kind else None
-
-
-def fuse(step, activation) -> FusedStep:
-    """The conv ``step`` applying ``activation`` (an Activation layer) in its output pass."""
-    return FusedStep(
-        **{f.name: getattr(step, f.name) for f in dataclasses.fields(Step)},
-        fused=activation.kind,
-        alpha=float(activation.alpha),
-    )
 
 
 def plan_arena(plan, convs, xp=np) -> arena.Arena | None:

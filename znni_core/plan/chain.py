@@ -35,26 +35,13 @@ from .candidates import (
 from .memory import MAX_PATCH_VOXELS
 from .plan import CPU_PRIMITIVES, Plan, Rejected, Step, chosen_plan, fuses
 from .pricing import CALL_OVERHEAD_S, PATCH_OVERHEAD_S, Pricer
-from .primitives import FALLBACK, PRIMITIVES, primitive
+from .primitives import FALLBACK, PRIMITIVES
+from .program import channels_last_tensors, program
 
 PATIENCE = 2  # coarse patches in a row without a gain before a series of growing patches stops
 COARSE = 3  # a series is first sampled at every COARSE-th patch, then refined around the best
 SHORTLIST = 3  # per layer, options measured (the best by estimate, within 3x of it)
 SQUEEZES = 3  # re-decisions of a candidate with its excess over the budget kept free (see _evaluate)
-
-
-def _mpf_reads_channels_last(layers, decisions, i) -> bool:
-    """Whether the executor hands pooling layer ``i`` a channels-last input: the conv before it
-    runs Winograd and the conv after it reads channels last (an untiled Winograd or a 1x1x1 conv;
-    ``exec/patch.channels_last_tensors``), through activations and other pooling layers."""
-    convs = [j for j, l in enumerate(layers) if isinstance(l, Conv)]
-    before = [j for j in convs if j < i]
-    after = [j for j in convs if j > i]
-    if not before or not after or before[-1] not in decisions or after[0] not in decisions:
-        return False
-    (prev, _, prev_tile), (nxt, _, nxt_tile) = decisions[before[-1]], decisions[after[0]]
-    reads = primitive(nxt).reads_channels_last(layers[after[0]].kernel)
-    return primitive(prev).writes_channels_last and not prev_tile and not nxt_tile and reads
 
 
 def _repeats(net: Graph, patch, modes) -> dict:
@@ -99,11 +86,32 @@ def _ranked_options(timer: Pricer, i, layer, n, spatial, reps, allowed, host, th
     return ranked
 
 
+def _pools_reading_channels_last(net: Graph, modes, steps_mem, decisions) -> set:
+    """The pooling layers whose input the executor holds channels last under these choices
+    (:func:`.program.channels_last_tensors` of the steps they make)."""
+    layers, pool_modes = net.layers, iter(modes)
+    steps = []
+    for sm in steps_mem:
+        layer = layers[sm.index]
+        if isinstance(layer, Conv):
+            prim, mb, tile = decisions[sm.index]
+            tile = M.conv_blocks(sm.in_shape[2:], layer.kernel, tile)[0] if tile else ()
+            steps.append(Step(sm.index, "conv", prim, (), (), 0 if mb >= sm.in_shape[0] else mb, tile=tile))
+        elif isinstance(layer, Pool):
+            steps.append(Step(sm.index, "pool", next(pool_modes).partition(":")[0], (), ()))
+        else:
+            steps.append(Step(sm.index, "act", layer.kind, (), ()))
+    prog = program(steps, net)
+    cl = channels_last_tensors(prog, every=True)
+    return {s.index for node, s in zip(prog.nodes, prog.steps) if s.op == "pool" and node.inputs[0] in cl}
+
+
 def _priced_steps(net: Graph, modes, steps_mem, decisions, reps, timer: Pricer, host, measure) -> tuple[list, float]:
     """The plan's steps of one candidate from its memory walk and conv choices, each with its time
     (a fused activation costs nothing); and their total."""
     layers = net.layers
     steps, total = [], 0.0
+    cl_input = _pools_reading_channels_last(net, modes, steps_mem, decisions)
     for sm in steps_mem:
         layer = layers[sm.index]
         if isinstance(layer, Conv):
@@ -132,7 +140,7 @@ def _priced_steps(net: Graph, modes, steps_mem, decisions, reps, timer: Pricer, 
             t = (host["model"] if host else timer.model).pool(
                 M.nbytes(sm.in_shape),
                 depth_first=mode == "pool",
-                channels_last=_mpf_reads_channels_last(layers, decisions, sm.index),
+                channels_last=sm.index in cl_input,
             )
             prim_name, _, rows = mode.partition(":")
             mbv = int(rows or 0)

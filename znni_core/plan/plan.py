@@ -40,11 +40,13 @@ def _tuple(v):
 
 @dataclass(frozen=True)
 class Step:
-    """One layer of the network as the plan runs it."""
+    """One node of the network as the plan runs it."""
 
-    index: int  # position in Network.layers
-    op: str  # conv | pool | act
-    primitive: str  # conv: CONV_PRIMITIVES; pool: mpf | pool; act: the activation kind
+    index: int  # position in the graph's nodes (a chain's: in its layers)
+    op: str  # the node's operator: conv | pool | act | add | concat | ...
+    # conv: a registered primitive; pool: mpf | pool (depth first) | slab (fragments: a chain's)
+    # or max | avg (subsampling: another graph's); act: the activation kind; else the operator
+    primitive: str
     in_shape: tuple  # (N, C, z, y, x) as this step sees it (N = fragments in flight)
     out_shape: tuple
     micro_batch: int = 0  # conv: fragments per primitive call (0 = all)
@@ -57,6 +59,30 @@ class Step:
         object.__setattr__(self, "in_shape", _tuple(self.in_shape))
         object.__setattr__(self, "out_shape", _tuple(self.out_shape))
         object.__setattr__(self, "tile", _tuple(self.tile))
+
+
+@dataclass(frozen=True)
+class FusedStep(Step):
+    """A conv step that applies the activation after it in its own output pass: ``fused``
+    names it (``layers.epilogue.FUSABLE``), ``alpha`` its parameter."""
+
+    fused: str = ""
+    alpha: float = 0.0
+
+
+def fused_act(step):
+    """``(kind, alpha)`` of the activation a conv step applies itself, or None."""
+    kind = getattr(step, "fused", "")
+    return (kind, step.alpha) if kind else None
+
+
+def fuse(step, activation) -> FusedStep:
+    """The conv ``step`` applying ``activation`` (an Activation layer) in its output pass."""
+    return FusedStep(
+        **{f.name: getattr(step, f.name) for f in fields(Step)},
+        fused=activation.kind,
+        alpha=float(activation.alpha),
+    )
 
 
 @dataclass(frozen=True)
