@@ -260,7 +260,7 @@ def test_activations_after_convs_run_in_the_conv_output_pass(tmp_path, monkeypat
     PyTorch's, whole and in exact tiles (``tests/test_engine.py`` covers the primitives that do
     not fuse)."""
     import znni_core.exec.patch as EG
-    from znni_core.plan.graph import fuses_next
+    from znni_core.plan.program import fuses_next
 
     torch.manual_seed(3)
     model = randomise_bn(UNet(valid=True, depth=1, kernel=(1, 3, 3), pool=(1, 2, 2), width=4, bn=True, act=act), 3)
@@ -285,7 +285,7 @@ def test_activations_after_convs_run_in_the_conv_output_pass(tmp_path, monkeypat
         assert tiled.tile and not whole.tile
         for plan in (whole, tiled):
             consumers = net.consumers()
-            fused = [i + 1 for i, s in enumerate(plan.steps) if fuses_next(net, i, s.primitive, consumers)]
+            fused = [i + 1 for i, s in enumerate(plan.steps) if fuses_next(net.nodes, i, s.primitive, consumers)]
             assert all(plan.steps[i].seconds == 0.0 for i in fused), prims
             calls.clear()
             np.testing.assert_allclose(znni_core.infer(net, x, plan=plan), ref, rtol=1e-4, atol=1e-5)
@@ -461,11 +461,11 @@ def test_real_detector_runs_adds_batchnorms_and_elus_in_one_pass(monkeypatch):
     every ELU after a conv inside the conv: only the head's sigmoid is an activation of its own;
     the output still equals the reference."""
     import znni_core.exec.patch as EG
-    from znni_core.plan.graph import chain_after
+    from znni_core.plan.program import chain_after
 
     net = znni_core.load_network(DETECTOR)
     consumers = net.consumers()
-    chains = {i: chain_after(net, i, consumers) for i, n in enumerate(net.nodes) if n.op == "add"}
+    chains = {i: chain_after(net.nodes, i, consumers) for i, n in enumerate(net.nodes) if n.op == "add"}
     assert len(chains) == 7 and all([net.nodes[j].op for j in c] == ["affine", "act"] for c in chains.values())
     calls = []
     real = EG.apply_activation

@@ -56,11 +56,11 @@ from ..layers.layout import as_contiguous
 from ..layers.resample import avg_pool, conv_transpose, interpolate, linear_index, pad, upsample_nearest
 from ..layers.xp import get_array_module
 from ..net.graph import Graph
-from ..plan.graph import _in_range, conv_window, in_place_input, needed_ranges, tile_starts
 from ..plan.memory import slab_geometry
 from ..plan.plan import fused_act
 from ..plan.primitives import PRIMITIVES
-from ..plan.program import Program, channels_last_tensors, in_fragments, program
+from ..plan.program import Program, channels_last_tensors, fragment_shapes, in_fragments, in_place_input, program
+from ..plan.ranges import conv_window, in_range, needed_ranges, tile_starts
 from .steps import conv_fn, plan_arena, run_conv
 
 # ---- one run --------------------------------------------------------------------------------
@@ -76,25 +76,6 @@ class _Run:
     xp: object
     convs: dict
     cl: set
-
-
-def _dense_shapes(prog: Program, in_shape, k: int = 0) -> dict:
-    """``{tensor: (C, z, y, x)}`` of a program pooled into fragments (every fragment alike), from
-    the input ``in_shape`` of node ``k`` on."""
-    nodes = prog.nodes[k:]
-    shapes = {nodes[0].inputs[0] if nodes else prog.output: tuple(in_shape)}
-    for node in nodes:
-        c, sp = shapes[node.inputs[0]][0], shapes[node.inputs[0]][1:]
-        if node.op == "conv":
-            kernel = node.conv.kernel
-            shapes[node.output] = (node.conv.out_channels,) + tuple(n - kk + 1 for n, kk in zip(sp, kernel))
-        elif node.op == "pool":
-            shapes[node.output] = (c,) + tuple((n - p + 1) // p for n, p in zip(sp, node["window"]))
-        elif node.op == "act":
-            shapes[node.output] = (c,) + tuple(sp)
-        else:
-            raise PlanError(f"{node.name}: a network pooled into fragments runs conv, act and max-pool nodes only")
-    return shapes
 
 
 def _whole(shapes: dict) -> dict:
@@ -297,7 +278,7 @@ def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
             return conv_fn(step, node.layer, spatial, xp, convs, cl)(as_contiguous(x), low=low)
         x = pad(x, low, high) if any(low) or any(high) else as_contiguous(x)
         return run_conv(step, node.layer, x, xp, convs, channels_last=cl)
-    r = [_in_range(node, ax, a[ax], b[ax], n_in[ax]) for ax in range(3)]
+    r = [in_range(node, ax, a[ax], b[ax], n_in[ax]) for ax in range(3)]
     lo, hi = tuple(v[0] for v in r), tuple(v[1] for v in r)
     if op in ("deconv", "resize"):
         x = _take(env[name], lo, hi)
@@ -444,7 +425,7 @@ def _check_dense_patch(net: Graph, spatial) -> None:
 
 
 def _dense_run(prog: Program, x, xp, convs) -> _Run:
-    shapes = _dense_shapes(prog, tuple(x.shape[1:]))
+    shapes = fragment_shapes(prog.nodes, tuple(x.shape[1:]))
     return _Run(prog, shapes, _whole(shapes), xp, convs, channels_last_tensors(prog) if xp is np else set())
 
 
@@ -475,7 +456,7 @@ def run_back(plan, net: Graph, h, *, xp, convs=None):
         for name in node.inputs:
             remaining[name] -= 1
     source = prog.nodes[k].inputs[0] if k < len(prog.nodes) else prog.output
-    shapes = _dense_shapes(prog, tuple(h.shape[1:]), k)
+    shapes = fragment_shapes(prog.nodes[k:], tuple(h.shape[1:]))
     run = _Run(prog, shapes, _whole(shapes), xp, {} if convs is None else convs, set())
     y = _run_nodes(run, {source: (xp.asarray(h), (0, 0, 0))}, remaining, k, len(prog.nodes))[0]
     return (recombine(y, prog.windows) if prog.windows else y)[0]
@@ -546,7 +527,7 @@ def _slab_fragment(run: _Run, net: Graph, k, x, offset):
         j0 = j1 - g["rows"]  # the last slab is shifted back: every slab has one shape (one FFT kernel cache)
         z0 = oz + j0 * window[0]
         slab = x[:, :, z0 : z0 + (j1 - j0) * window[0] + ez - 1]
-        shapes = _dense_shapes(prog, tuple(slab.shape[1:]))
+        shapes = fragment_shapes(prog.nodes, tuple(slab.shape[1:]))
         part = _Run(prog, shapes, _whole(shapes), run.xp, run.convs, run.cl)
         pre = _run_nodes(part, {prog.input: (slab, (0, 0, 0))}, net.consumers(), 0, k)[0]
         sl = (

@@ -164,13 +164,15 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
     layers = net.layers
     live_max: dict[int, int] = {}
 
-    def record(i, n, c, spatial, live):
+    def record(i, n, spatial, live):
         live_max[i] = max(live_max.get(i, 0), live)
-        return FALLBACK, 1
+        return FALLBACK, 1, ()
 
     reps = _repeats(net, patch, modes)
     threads = timer.cal.threads
-    M.walk(net, patch, modes, record, threads)  # pass 1: what is alive before each conv (shapes only)
+    pooling = dict(zip((i for i, node in enumerate(net.nodes) if node.op == "pool"), modes))
+    result = M.nbytes((net.out_channels,) + tuple(net.output_shape(patch)))  # what the tiler fills
+    M.walk(net, patch, record, pooling=pooling, threads=threads, held=result)  # pass 1: what is alive before each conv
     no_cache: set[int] = set()  # layers refused resident kernel spectra (they did not fit)
     # bytes every layer's choice leaves free: choices that fit one by one may not fit together
     # (an early call's blocks with a later layer's resident transforms), and which ones are chosen
@@ -179,7 +181,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
     while True:
         decisions, notes, resident = {}, [], {}
 
-        def decide(i, n, c, spatial, live):
+        def decide(i, n, spatial, live):
             if i in decisions:
                 return decisions[i]
             layer = layers[i]
@@ -234,9 +236,16 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
                         )
             return decisions[i]
 
-        M.walk(net, patch, modes, decide, threads)  # pass 2: choices, layer by layer
+        M.walk(net, patch, decide, pooling=pooling, threads=threads, held=result)  # pass 2: choices, layer by layer
         held = sum(resident.values())
-        steps_mem, peak = M.walk(net, patch, modes, lambda i, *a: decisions[i], threads, resident=0 if host else held)
+        steps_mem, peak = M.walk(
+            net,
+            patch,
+            lambda i, *a: decisions[i],
+            pooling=pooling,
+            threads=threads,
+            held=result + (0 if host else held),
+        )
         if host:  # the walk is the host's memory; the device holds one call's blocks and the transforms
             host_peak = peak
             peak = held + max(

@@ -1,5 +1,4 @@
-"""Predicted memory of running a chain's plan: a symbolic walk of ``exec/patch.py`` on a line
-of layers pooled into fragments.
+"""Predicted memory of running a plan: a symbolic walk of ``exec/patch.py``, for every network.
 
 The walk mirrors the executor step by step: what is alive (the caller's patch, the
 pre-pool tensors held by depth-first pooling, partial results) plus the chosen
@@ -15,9 +14,11 @@ from dataclasses import dataclass
 
 from .. import layers as L
 from ..geometry.blocks import conv_blocks
-from ..net.chain import Activation, Conv, Pool
+from ..net.chain import Conv
 from ..net.graph import Graph
 from .primitives import primitive as primitive_of
+from .program import chain_after, fragment_shape, fuses_next, in_place_input
+from .ranges import conv_window, needed_ranges
 
 F32 = 4
 MAX_PATCH_VOXELS = 512**3  # the largest patch the planner considers
@@ -91,129 +92,244 @@ def act_extra_bytes(kind: str, shape) -> int:
 
 @dataclass
 class StepMemory:
-    """One step of the memory walk: its shapes and the live bytes at its peak."""
+    """One node of the memory walk: its shapes and the live bytes at its peak (the largest over
+    its repeats: a depth-first pooling node's offsets, slab mode's slabs)."""
 
     index: int
     op: str
-    in_shape: tuple
+    in_shape: tuple  # (N, C, z, y, x)
     out_shape: tuple
-    peak: int  # live bytes at this step's peak (max over repeats in depth-first pooling)
-
-
-def out_spatial(layer, spatial):
-    """The spatial shape (z, y, x) ``layer`` makes of ``spatial`` (a conv's valid output, a
-    pooling layer's windows, an activation's input)."""
-    if isinstance(layer, Conv):
-        return tuple(n - k + 1 for n, k in zip(spatial, layer.kernel))
-    if isinstance(layer, Pool):
-        return tuple((n - p + 1) // p for n, p in zip(spatial, layer.window))
-    return tuple(spatial)
+    peak: int
+    choice: tuple = ()  # a conv: (primitive, micro_batch, tile, resident bytes) as chosen
+    spatial: tuple = ()  # a conv: the input extent it convolves (zero padding included)
+    copy_bytes: int = 0  # a conv: its padded copy of the input (or of the part it reads)
+    skipped: bool = False  # applied in the pass of the node before (no pass, no bytes of its own)
 
 
 def walk(
-    net: Graph, patch_shape, pool_modes, conv_choice, threads: int = 1, resident: int = 0
+    net: Graph, patch, choose, *, pooling=None, threads: int = 1, held: int = 0, tile=None, host: bool = True
 ) -> tuple[list[StepMemory], int]:
-    """Simulate the executor on ``patch_shape``.
+    """Simulate the executor (``exec/patch.py``) on one ``patch``: what is alive at each node.
 
-    ``resident``: bytes held for the whole run on top (the resident FFT kernel spectra of
-    the plan's conv choices, :func:`resident_bytes`).
+    A tensor is alive from the node that writes it to its last reader; the caller's patch is
+    alive throughout; each node adds its own output and workspace (a conv its primitive's peak,
+    from ``layers``' memory formulas, and its padded copy of the input; an activation a conv
+    applies in its output pass, or an affine and activation an add runs in its pass, nothing).
 
-    ``pool_modes``: per pooling layer (network order) ``"mpf"`` or ``"pool"``;
-    ``conv_choice(layer_index, n, c_in, in_spatial, live) -> (primitive, micro_batch[, tile])`` where
-    ``live`` is what is alive before the call (independent of the choices: shapes only).
-    Returns per-step records and the overall predicted peak in bytes.
+    ``choose(index, n, in_spatial, live) -> (primitive, micro_batch, tile[, resident])``: a conv
+    node's choice on ``n`` fragments of ``in_spatial`` with ``live`` bytes alive before it (shapes
+    only, independent of the choices); ``resident`` bytes (its kernel transforms) stay from there
+    on.  ``pooling``: ``{node index: "mpf" | "pool" | "slab:ROWS"}``, the pooling nodes run in
+    fragments (a chain's: then every node is a conv, an activation or a max-pool; the layers
+    after a depth-first pooling node run once per offset, and in slab mode the first pooling
+    node's predecessors once per offset and z-slab); other pooling subsamples.  ``held``: bytes
+    alive throughout on top (resident kernel spectra chosen before, the result the tiler fills).
+    ``tile``: exact output tiles (a graph's: the walk follows an interior tile, the largest).
+    ``host``: an add or affine runs the affine and activation after it in its pass (the CPU's).
+    Returns one record per node reached and the predicted peak in bytes.
     """
-    layers = net.layers
-    records: dict[int, StepMemory] = {}
-    modes = iter(pool_modes)
-    mode_of = {i: next(modes) for i, l in enumerate(layers) if isinstance(l, Pool)}
-    patch = (1, net.in_channels) + tuple(patch_shape)
+    return _Walk(net, patch, choose, pooling or {}, threads, held, tile, host).run()
 
-    def note(i, op, sin, sout, peak):
-        r = records.get(i)
-        if r is None or peak > r.peak:
-            records[i] = StepMemory(i, op, sin, sout, peak)
 
-    def sim(i, shape, held, x_bytes, stop=len(layers)):
-        """Run layers [i, stop) with current x of ``shape``; ``held`` bytes alive outside;
-        ``x_bytes`` = bytes of x owned here (0 if x is a view of someone else's array).
-        Returns (final shape, peak, bytes owned by the result)."""
-        peak = held + x_bytes
+class _Walk:
+    """:func:`walk`'s state: the nodes, which tensors each needs, and the records kept."""
+
+    def __init__(self, net, patch, choose, pooling, threads, held, tile, host):
+        self.net, self.nodes, self.choose, self.pooling = net, net.nodes, choose, pooling
+        self.threads, self.held = threads, int(held)
+        self.patch = (net.in_channels,) + tuple(patch)
+        self.records: dict[int, StepMemory] = {}
+        consumers = net.consumers()
+        self.consumers = consumers
+        self.skip = (
+            {j for i in range(len(self.nodes)) for j in chain_after(self.nodes, i, consumers)} if host else set()
+        )
+        if pooling:  # fragments: every tensor whole
+            self.shapes = None
+            self.need = None
+        else:
+            shapes = net.shapes(tuple(patch))
+            out_n = shapes[net.output][1:]
+            tile = tuple(min(t, o) for t, o in zip(tile or out_n, out_n))
+            lo = tuple((o - t) // 2 for o, t in zip(out_n, tile))
+            self.shapes = shapes
+            self.need = needed_ranges(net, shapes, lo, tuple(a + t for a, t in zip(lo, tile)))
+
+    def note(self, rec: StepMemory) -> None:
+        r = self.records.get(rec.index)
+        if r is None or rec.peak > r.peak:
+            self.records[rec.index] = rec
+
+    def run(self) -> tuple[list[StepMemory], int]:
+        net, nodes = self.net, self.nodes
+        patch_b = nbytes((1,) + self.patch)
+        shape = {net.input: (1,) + self.patch}
+        live = {net.input: patch_b}
+        first = next((i for i in sorted(self.pooling)), None)
+        if first is not None and self.pooling[first].startswith("slab"):
+            final, peak, y_bytes = self.slab(first, int(self.pooling[first].split(":")[1]), patch_b)
+        else:
+            final, peak, y_bytes = self.nodes_from(0, len(nodes), shape, live, self.held, self.consumers.copy())
+        if self.pooling:  # recombine: fragments -> dense copy
+            dense = nbytes((net.out_channels,) + tuple(net.output_shape(self.patch[1:])))
+            peak = max(peak, self.held + patch_b + y_bytes + dense)
+        return [self.records[i] for i in sorted(self.records)], int(peak)
+
+    def out_shape(self, node, src) -> tuple:
+        """``(N, C, z, y, x)`` of ``node``'s output for an input of ``src``."""
+        if self.need is not None:
+            a, b = self.need[node.output]
+            return (src[0], self.shapes[node.output][0]) + tuple(h - l for l, h in zip(a, b))
+        return (src[0],) + fragment_shape(node, src[1:])
+
+    def nodes_from(self, i, stop, shape, live, held, remaining):
+        """Nodes ``[i, stop)`` with tensors of ``shape`` alive (``live``: bytes each owns) on top of
+        ``held``: (the last tensor's shape, the peak, the bytes it owns)."""
+        nodes = self.nodes
+        resident = 0
+        peak = held + sum(live.values())
+        fused = False
+        name = self.net.input
         while i < stop:
-            layer = layers[i]
-            n, c = shape[0], shape[1]
-            if isinstance(layer, Conv):
-                choice = conv_choice(i, n, c, shape[2:], held + x_bytes)
-                prim, mb, tile = choice if len(choice) == 3 else (*choice, ())
-                out = (n, layer.out_channels) + out_spatial(layer, shape[2:])
-                p = held + x_bytes + conv_step_bytes(prim, n, mb, layer, shape[2:], tile, threads)
-                note(i, "conv", shape, out, p)
-                shape, x_bytes = out, nbytes(out)
-            elif isinstance(layer, Activation):
-                p = held + x_bytes + act_extra_bytes(layer.kind, shape)
-                note(i, "act", shape, shape, p)
-            elif mode_of[i] == "mpf":
-                sp = out_spatial(layer, shape[2:])
-                out = (n * math.prod(layer.window), c) + sp
-                p = held + x_bytes + nbytes(out)
-                note(i, "pool", shape, out, p)
-                shape, x_bytes = out, nbytes(out)
-            elif mode_of[i].startswith("slab"):
-                raise ValueError("slab mode is only for the first pooling layer")
-            else:  # depth-first: every offset through the rest, results gathered
-                nfrag = math.prod(layer.window)
-                frag = (n, c) + out_spatial(layer, shape[2:])
-                note(i, "pool", shape, frag, held + x_bytes + nbytes(frag))
-                # first offset: no gather buffer yet; the result then the buffer coexist
-                fshape, p0, y_bytes = sim(i + 1, frag, held + x_bytes, nbytes(frag))
-                gather = nfrag * y_bytes
-                first = max(p0, held + x_bytes + y_bytes + gather)
-                # later offsets run while the gather buffer is alive
-                _, p1, _ = sim(i + 1, frag, held + x_bytes + gather, nbytes(frag))
-                peak = max(peak, first, p1 if nfrag > 1 else 0)
-                out = (fshape[0] * nfrag,) + fshape[1:]
-                return out, peak, gather
-            peak = max(peak, p)
+            node = nodes[i]
+            if self.need is not None and node.output not in self.need:  # does not reach the output
+                self.release(node, live, remaining)
+                i += 1
+                continue
+            src = shape[node.inputs[0]]
+            mode = self.pooling.get(i)
+            if mode == "pool":  # depth first: every offset through the rest, results gathered
+                x_total = held + sum(live.values()) + resident
+                self.release(node, live, remaining, keep=node.inputs[0])
+                shape_out, p, gather = self.depth_first(i, stop, src, x_total, remaining)
+                return shape_out, max(peak, p), gather
+            out = self.out_shape(node, src)
+            if mode == "mpf":
+                out = (src[0] * math.prod(node["window"]),) + out[1:]
+            elif mode is not None:
+                raise ValueError("slab mode is only for the first pooling node")
+            out_b = nbytes(out)
+            base = held + sum(live.values())
+            rec = StepMemory(i, node.op, src, out, 0)
+            if node.op == "conv":
+                extra = self.conv(rec, node, base + resident)
+                resident += rec.choice[3]
+            elif fused or i in self.skip:  # applied in the pass of the conv or element-wise node before
+                extra, rec.skipped = 0, True
+            elif node.op == "act":
+                target = self.in_place(node, remaining)
+                extra = act_extra_bytes(node["act"].kind, out) + (0 if target else out_b)
+            elif node.op == "deconv":
+                extra = 2 * out_b
+            elif node.op == "resize":
+                extra = out_b * (3 if node["mode"] == "linear" else 1)
+            else:
+                extra = 0 if self.in_place(node, remaining) else out_b
+            rec.peak = base + resident + extra
+            self.note(rec)
+            peak = max(peak, rec.peak)
+            fused = node.op == "conv" and fuses_next(self.nodes, i, rec.choice[0], self.consumers)
+            self.release(node, live, remaining)
+            shape[node.output], live[node.output] = out, out_b
+            name = node.output
             i += 1
-        return shape, peak, x_bytes
+        name = self.net.output if stop == len(nodes) else name
+        return shape[name], peak, live.get(name, 0)
 
-    def sim_slab(k, rows, patch, base):
-        """First pooling layer ``k`` in slab mode: per offset, layers [0, k) run on z-slabs
+    def depth_first(self, i, stop, src, x_total, remaining):
+        """Pooling node ``i`` depth first on an input of ``src`` with ``x_total`` bytes alive (the
+        input among them): the first offset through nodes ``(i, stop)`` before the gathered
+        result exists, the others beside it; (the gathered shape, the peak, its bytes)."""
+        node = self.nodes[i]
+        out = self.out_shape(node, src)
+        self.note(StepMemory(i, "pool", src, out, x_total + nbytes(out)))
+
+        def rest(held):
+            return self.nodes_from(i + 1, stop, {node.output: out}, {node.output: nbytes(out)}, held, dict(remaining))
+
+        fshape, p0, y_bytes = rest(x_total)
+        nfrag = math.prod(node["window"])
+        gather = nfrag * y_bytes
+        peak = max(p0, x_total + y_bytes + gather)
+        if nfrag > 1:
+            peak = max(peak, rest(x_total + gather)[1])
+        return (fshape[0] * nfrag,) + fshape[1:], peak, gather
+
+    def conv(self, rec: StepMemory, node, live: int) -> int:
+        """A conv node's choice (kept in ``rec``) with ``live`` bytes alive before it, and the bytes
+        it adds: its padded copy of the input (or of the part it reads) and its primitive's peak."""
+        spatial, copy = self.conv_input(node, rec.in_shape)
+        prim, mb, tl, *kept = self.choose(rec.index, rec.in_shape[0], spatial, live)
+        if copy and getattr(primitive_of(prim), "pads_input", False):  # zeros read in place: a copy of the part only
+            n_in = self.shapes[node.inputs[0]][1:]
+            raw_lo, raw_hi = conv_window(node, *self.need[node.output])
+            part = tuple(min(n, h) - max(0, l) for n, l, h in zip(n_in, raw_lo, raw_hi))
+            copy_b = nbytes(rec.in_shape[:2] + part) if part != rec.in_shape[2:] else 0
+        else:
+            copy_b = nbytes(rec.in_shape[:2] + spatial) if copy else 0
+        rec.choice, rec.spatial, rec.copy_bytes = (prim, mb, tl, kept[0] if kept else 0), spatial, copy_b
+        return copy_b + conv_step_bytes(prim, rec.in_shape[0], mb, node.layer, spatial, tl, self.threads)
+
+    def conv_input(self, node, src) -> tuple[tuple, bool]:
+        """(the extent a conv node convolves, whether that is a padded copy of its input)."""
+        if self.need is None:
+            return tuple(src[2:]), False
+        raw_lo, raw_hi = conv_window(node, *self.need[node.output])
+        spatial = tuple(b - a for a, b in zip(raw_lo, raw_hi))
+        return spatial, spatial != tuple(src[2:]) or self.need[node.inputs[0]][0] != raw_lo
+
+    def in_place(self, node, remaining):
+        need = self.need if self.need is not None else _Whole()
+        return in_place_input(node, remaining, need, self.net.input)
+
+    def release(self, node, live, remaining, keep=None) -> None:
+        """``node`` has read its inputs: each dies after its last reader (the caller's patch,
+        and ``keep``, stay counted)."""
+        for name in node.inputs:
+            remaining[name] -= 1
+        for name in set(node.inputs):
+            if remaining[name] == 0 and name != self.net.input and name != keep:
+                live.pop(name, None)
+
+    def slab(self, k, rows, patch_b):
+        """The first pooling node ``k`` in slab mode: per offset, nodes ``[0, k)`` run on z-slabs
         giving ``rows`` fragment rows each, pooled straight into one fragment."""
-        g = slab_geometry(layers, net.in_channels, k, patch[2:], rows)
-        pool = layers[k]
+        net, nodes = self.net, self.nodes
+        g = slab_geometry(net.layers, net.in_channels, k, self.patch[1:], rows)
         frag = (1, g["channels"]) + g["frag"]
         fb = nbytes(frag)
-        slab = (1, patch[1], g["slab_in_z"]) + tuple(patch[3:])
+        slab = (1, self.patch[0], g["slab_in_z"]) + tuple(self.patch[2:])
+        base = self.held + patch_b
+        after = self.consumers.copy()
+        for node in nodes[: k + 1]:
+            for name in node.inputs:
+                after[name] -= 1
 
         def prefix(extra):
-            pshape, pp, pbytes = sim(0, slab, base + extra + fb, 0, stop=k)
+            pshape, pp, pbytes = self.nodes_from(
+                0, k, {net.input: slab}, {net.input: 0}, base + extra + fb, self.consumers.copy()
+            )
             pooled = nbytes((1, g["channels"], rows) + g["frag"][1:])
             p = max(pp, base + extra + fb + pbytes + pooled)
-            note(k, "pool", pshape, frag, p)
+            self.note(StepMemory(k, "pool", pshape, frag, p))
             return p
 
-        nfrag = math.prod(pool.window)
+        name = nodes[k].output
+        nfrag = math.prod(nodes[k]["window"])
         p_pre0 = prefix(0)
-        fshape, p0, y_bytes = sim(k + 1, frag, base, fb)
+        fshape, p0, y_bytes = self.nodes_from(k + 1, len(nodes), {name: frag}, {name: fb}, base, dict(after))
         gather = nfrag * y_bytes
         p_pre1 = prefix(gather)
-        _, p1, _ = sim(k + 1, frag, base + gather, fb)
+        _, p1, _ = self.nodes_from(k + 1, len(nodes), {name: frag}, {name: fb}, base + gather, dict(after))
         peak = max(p_pre0, p0, base + y_bytes + gather, p_pre1, p1)
         return (fshape[0] * nfrag,) + fshape[1:], peak, gather
 
-    # held throughout: the input patch and the dense result array the tiler fills
-    dense = nbytes((net.out_channels,) + tuple(net.output_shape(patch_shape)))
-    base = nbytes(patch) + dense + int(resident)
-    first_pool = next((i for i, l in enumerate(layers) if isinstance(l, Pool)), None)
-    if first_pool is not None and mode_of[first_pool].startswith("slab"):
-        final, peak, y_bytes = sim_slab(first_pool, int(mode_of[first_pool].split(":")[1]), patch, base)
-    else:
-        final, peak, y_bytes = sim(0, patch, base, 0)
-    if net.pools:  # recombine: fragments -> dense copy
-        peak = max(peak, base + y_bytes + dense)
-    steps = [records[i] for i in sorted(records)]
-    return steps, int(peak)
+
+class _Whole(dict):
+    """Every tensor's needed range is all of it (a network pooled into fragments)."""
+
+    def __missing__(self, key):
+        return None
 
 
 def slab_geometry(layers, in_channels: int, k: int, spatial, rows: int) -> dict:

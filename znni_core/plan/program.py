@@ -16,10 +16,57 @@ import numpy as np
 
 from ..errors import PlanError
 from ..layers.activation import commutes_with_max
+from ..layers.epilogue import FUSABLE
 from ..net.graph import Graph, Node
-from .graph import chain_after, fuses_next
-from .plan import fuse
+from .plan import fuse, fuses
 from .primitives import PRIMITIVES
+
+#: element-wise nodes (one may write into an input that dies there)
+ELEMENTWISE = ("add", "mul", "affine", "act")
+
+
+def in_place_input(node, remaining: dict, need: dict, graph_input: str):
+    """The input an element-wise node overwrites: one it is the last reader of, not the
+    caller's array, computed over exactly the output's range (None: a new array)."""
+    if node.op not in ELEMENTWISE:
+        return None
+    for name in dict.fromkeys(node.inputs):
+        if name != graph_input and remaining[name] == node.inputs.count(name) and need[name] == need[node.output]:
+            return name
+    return None
+
+
+def fuses_next(nodes, i: int, primitive: str, consumers: dict) -> bool:
+    """Whether conv node ``i`` (run by ``primitive``) applies node ``i + 1`` in its output
+    pass: an activation of ``FUSABLE`` that is the conv output's only reader (the executor
+    then skips it; the walk charges it nothing)."""
+    if i + 1 >= len(nodes) or nodes[i].op != "conv" or nodes[i + 1].op != "act":
+        return False
+    nxt = nodes[i + 1]
+    return fuses(primitive, nxt["act"].kind) and nxt.inputs == (nodes[i].output,) and consumers[nodes[i].output] == 1
+
+
+def chain_after(nodes, i: int, consumers: dict) -> list[int]:
+    """The nodes that element-wise node ``i`` (an add of two tensors or an affine) runs in its
+    own pass (``layers.epilogue.add_affine_act``): an affine (after an add), then an
+    activation of ``FUSABLE``, each the only reader of the one before (the executor skips
+    them; the walk charges them nothing).  Empty when nothing follows that way."""
+    if nodes[i].op not in ("add", "affine") or (nodes[i].op == "add" and len(nodes[i].inputs) != 2):
+        return []
+    out, allowed = [], (("affine", "act") if nodes[i].op == "add" else ("act",))
+    for j in range(i + 1, len(nodes)):
+        prev, nxt = nodes[j - 1], nodes[j]
+        if (
+            nxt.op not in allowed
+            or nxt.inputs != (prev.output,)
+            or consumers[prev.output] != 1
+            or (nxt.op == "act" and nxt["act"].kind not in FUSABLE)
+        ):
+            break
+        out.append(j)
+        allowed = allowed[allowed.index(nxt.op) + 1 :]
+    return out
+
 
 #: the pooling steps that make fragments (a dense network's pooling, ``plan/chain.py``)
 FRAGMENT_MODES = ("mpf", "pool", "slab")
@@ -69,8 +116,8 @@ def program(steps, graph: Graph, xp=np) -> Program:
         raise PlanError(f"the plan has {len(steps)} steps for {len(graph.nodes)} nodes; re-run `znni plan`")
     consumers = graph.consumers()
     nodes, steps = list(graph.nodes), list(steps)
-    fused = {i + 1 for i, s in enumerate(steps) if fuses_next(graph, i, s.primitive, consumers)}
-    chains = {i: c for i in range(len(nodes)) if (c := chain_after(graph, i, consumers))} if xp is np else {}
+    fused = {i + 1 for i, s in enumerate(steps) if fuses_next(graph.nodes, i, s.primitive, consumers)}
+    chains = {i: c for i in range(len(nodes)) if (c := chain_after(graph.nodes, i, consumers))} if xp is np else {}
     for j in range(len(nodes) - 1):
         a, b = nodes[j], nodes[j + 1]
         if (
@@ -167,3 +214,25 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
         if not drop:
             return set(sources) if every else chosen
         chosen -= drop
+
+
+def fragment_shapes(nodes, in_shape) -> dict:
+    """``{tensor: (C, z, y, x)}`` of a line of ``nodes`` pooled into fragments (every fragment
+    alike; their number is the batch), the first reading ``in_shape``."""
+    shapes = {nodes[0].inputs[0]: tuple(in_shape)} if nodes else {}
+    for node in nodes:
+        shapes[node.output] = fragment_shape(node, shapes[node.inputs[0]])
+    return shapes
+
+
+def fragment_shape(node, shape) -> tuple:
+    """The ``(C, z, y, x)`` node ``node`` makes of ``shape`` in a network pooled into fragments:
+    a valid convolution, a pooling fragment ``(n - p + 1) // p``, an activation's input."""
+    c, sp = shape[0], shape[1:]
+    if node.op == "conv":
+        return (node.conv.out_channels,) + tuple(n - k + 1 for n, k in zip(sp, node.conv.kernel))
+    if node.op == "pool":
+        return (c,) + tuple((n - p + 1) // p for n, p in zip(sp, node["window"]))
+    if node.op == "act":
+        return (c,) + tuple(sp)
+    raise PlanError(f"{node.name}: a network pooled into fragments runs conv, act and max-pool nodes only")
