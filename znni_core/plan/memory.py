@@ -165,11 +165,11 @@ class _Walk:
         patch_b = nbytes((1,) + self.patch)
         shape = {net.input: (1,) + self.patch}
         live = {net.input: patch_b}
-        first = next((i for i in sorted(self.pooling)), None)
+        first = min(self.pooling, default=None)  # slab mode is the first pooling node's only
         if first is not None and self.pooling[first].startswith("slab"):
-            final, peak, y_bytes = self.slab(first, int(self.pooling[first].split(":")[1]), patch_b)
+            _, peak, y_bytes = self.slab(first, int(self.pooling[first].split(":")[1]), patch_b)
         else:
-            final, peak, y_bytes = self.nodes_from(0, len(nodes), shape, live, self.held, self.consumers.copy())
+            _, peak, y_bytes = self.nodes_from(0, len(nodes), shape, live, self.held, self.consumers.copy())
         if self.pooling:  # recombine: fragments -> dense copy
             dense = nbytes((net.out_channels,) + tuple(net.output_shape(self.patch[1:])))
             peak = max(peak, self.held + patch_b + y_bytes + dense)
