@@ -189,6 +189,22 @@ def test_cpu_to_gpu_pipeline_splits_and_equals_the_cpu(gpu):
         autotune(net, device="cpu+gpu", memory_budget=2**26, pool_modes=("pool", "mpf"), use_cache=False)
 
 
+def test_cpu_to_gpu_split_inside_a_run_of_pointwise_convs(gpu):
+    """A split between two 1x1x1 convs: the CPU stage's run of 1x1x1 convs (one pass in cache)
+    stops at the split, and every split equals the CPU's output."""
+    net = make_net(
+        [("conv", 4, 3), ("act", "relu"), ("pool", 2), ("conv", 5, 1), ("act", "relu"), ("conv", 3, 1), ("conv", 2, 1)],
+        seed=7,
+    )
+    plan = autotune(net, device="cpu+gpu", memory_budget=2**26, patch_shape=_input(net).shape[1:], use_cache=False)
+    portable = tuple(dataclasses.replace(s, primitive="direct-gemm") if s.op == "conv" else s for s in plan.steps)
+    x = _input(net, extra=3, seed=2)
+    ref = znni_core.infer(net, x)
+    for split in (3, 5, 6):  # before, inside and at the end of the run of 1x1x1 convs
+        p = dataclasses.replace(plan, split=split, steps=portable)
+        assert rel(znni_core.infer(net, x, device="cpu+gpu", plan=p), ref) <= TOL, split
+
+
 def test_pipeline_split_follows_the_stage_rates(gpu, monkeypatch):
     """The split balances the two stages by their calibrated rates: a GPU made 10^5x faster
     takes every conv; a GPU 10^5x slower (slower than any CPU, an H100 too) leaves the CPU all

@@ -59,7 +59,15 @@ from ..net.graph import Graph
 from ..plan.memory import slab_geometry
 from ..plan.plan import fused_act
 from ..plan.primitives import PRIMITIVES
-from ..plan.program import Program, channels_last_tensors, fragment_shapes, in_fragments, in_place_input, program
+from ..plan.program import (
+    Program,
+    channels_last_tensors,
+    fragment_shapes,
+    in_fragments,
+    in_place_input,
+    program,
+    readers_left,
+)
 from ..plan.ranges import conv_window, in_range, needed_ranges, tile_starts
 from .steps import conv_fn, plan_arena, run_conv
 
@@ -136,7 +144,7 @@ def _run_node(run: _Run, env, remaining, i, stop):
         _release(node, env, remaining)
         return i + 1, None
     if node.op == "conv" and xp is np:
-        j, y = _pointwise_run(run, env, remaining, i)
+        j, y = _pointwise_run(run, env, remaining, i, stop)
         if y is not None:
             env[prog.nodes[j - 1].output] = (y, a)
             return j, None
@@ -147,17 +155,10 @@ def _run_node(run: _Run, env, remaining, i, stop):
             env[node.output] = (mpf(x, node["window"]), a)
             return i + 1, None
         return stop, _depth_first(run, remaining, i, stop, x)
+    target = in_place_input(node, remaining, run.need, prog.input)
     if i in prog.chains:
-        y = _chain(
-            node,
-            [prog.nodes[j] for j in prog.chains[i]],
-            env,
-            a,
-            b,
-            in_place_input(node, remaining, run.need, prog.input),
-        )
+        y = _chain(node, [prog.nodes[j] for j in prog.chains[i]], env, a, b, target)
     else:
-        target = in_place_input(node, remaining, run.need, prog.input)
         y = _node(prog.step(i), node, env, a, b, run.shapes, target, xp, run.convs, node.output in run.cl)
     env[node.output] = (y, a)
     del y
@@ -165,8 +166,8 @@ def _run_node(run: _Run, env, remaining, i, stop):
     return i + 1, None
 
 
-def _pointwise_run(run: _Run, env, remaining, i):
-    """From conv node ``i``, the 1x1x1 ``direct-gemm`` convs that :func:`conv_pointwise_chain` runs
+def _pointwise_run(run: _Run, env, remaining, i, stop):
+    """From conv node ``i`` (before ``stop``), the 1x1x1 ``direct-gemm`` convs that :func:`conv_pointwise_chain` runs
     in one pass over the input (each the only reader of the one before, none in blocks or
     micro-batches), each with the activation after it; ``(the next node, the output)``, or
     ``(i, None)`` where node ``i`` is not such a conv."""
@@ -189,14 +190,14 @@ def _pointwise_run(run: _Run, env, remaining, i):
     def follows(k):  # reads only the node before, its only reader
         return nodes[k].inputs == (nodes[k - 1].output,) and consumers[nodes[k - 1].output] == 1
 
-    while j < len(nodes) and pointwise(j) and (j == i or follows(j)):
+    while j < stop and pointwise(j) and (j == i or follows(j)):
         conv, act = nodes[j], fused_act(prog.step(j))
         ran.append(conv)
         j += 1
-        if j in prog.fused:
+        if j in prog.fused:  # before stop: a conv's fused activation is on its side of any split
             ran.append(nodes[j])
             j += 1
-        elif act is None and j < len(nodes) and nodes[j].op == "act" and follows(j) and j not in prog.skip:
+        elif act is None and j < stop and nodes[j].op == "act" and follows(j) and j not in prog.skip:
             kind = nodes[j]["act"]
             act = None if kind.kind == "identity" else (kind.kind, kind.alpha)
             ran.append(nodes[j])
@@ -451,10 +452,7 @@ def run_back(plan, net: Graph, h, *, xp, convs=None):
     (moved to the device here), and the recombination; returns the device's ``(C_out, out)``."""
     prog = program(plan.steps, net, xp)
     k = _front_stop(prog, plan)
-    remaining = net.consumers()
-    for node in prog.nodes[:k]:
-        for name in node.inputs:
-            remaining[name] -= 1
+    remaining = readers_left(net, prog.nodes[:k])
     source = prog.nodes[k].inputs[0] if k < len(prog.nodes) else prog.output
     shapes = fragment_shapes(prog.nodes[k:], tuple(h.shape[1:]))
     run = _Run(prog, shapes, _whole(shapes), xp, {} if convs is None else convs, set())
@@ -496,10 +494,7 @@ def _run_dense(prog: Program, net: Graph, x, xp, convs):
         # z-slab by z-slab, so their full-size output never exists
         window = prog.nodes[k]["window"]
         offsets = list(itertools.product(*(range(p) for p in window)))
-        remaining = net.consumers()
-        for node in prog.nodes[: k + 1]:
-            for name in node.inputs:
-                remaining[name] -= 1
+        remaining = readers_left(net, prog.nodes[: k + 1])
         name = prog.nodes[k].output
 
         def rest(off):
@@ -548,27 +543,22 @@ def _run_tiles(plan, prog: Program, graph: Graph, x, xp, convs):
     out_n = shapes[graph.output][1:]
     tile = tuple(min(t, o) for t, o in zip(plan.tile or out_n, out_n))
     if tile == out_n:
-        return _run_range(prog, x[None], shapes, (0, 0, 0), out_n, xp, convs)[0]
+        return _run_range(prog, graph, x[None], shapes, (0, 0, 0), out_n, xp, convs)[0]
     result = xp.empty((graph.out_channels,) + tuple(out_n), dtype=np.float32)
     for lo in tile_starts(out_n, tile):
         hi = tuple(min(a + t, o) for a, t, o in zip(lo, tile, out_n))
-        y = _run_range(prog, x[None], shapes, lo, hi, xp, convs)
+        y = _run_range(prog, graph, x[None], shapes, lo, hi, xp, convs)
         result[(slice(None),) + tuple(slice(a, b) for a, b in zip(lo, hi))] = y[0]
         del y
     return result
 
 
-def _run_range(prog: Program, x, shapes, lo, hi, xp, convs):
+def _run_range(prog: Program, graph: Graph, x, shapes, lo, hi, xp, convs):
     """Output voxels ``[lo, hi)`` of the patch ``x`` (1, C, n): every tensor over its range."""
     need = needed_ranges(prog, shapes, lo, hi)
     whole = not any(lo) and tuple(hi) == tuple(shapes[prog.output][1:])  # tiles read parts: not there
     cl = channels_last_tensors(prog) if xp is np and whole else set()
     rlo, rhi = need[prog.input]
     env = {prog.input: (x[(slice(None), slice(None)) + tuple(slice(a, b) for a, b in zip(rlo, rhi))], rlo)}
-    remaining = {prog.input: 0, **{n.output: 0 for n in prog.nodes}}
-    for node in prog.nodes:
-        for name in node.inputs:
-            remaining[name] += 1
-    remaining[prog.output] += 1
     run = _Run(prog, shapes, need, xp, convs, cl)
-    return _run_nodes(run, env, remaining, 0, len(prog.nodes))[0]
+    return _run_nodes(run, env, graph.consumers(), 0, len(prog.nodes))[0]

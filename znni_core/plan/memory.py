@@ -17,7 +17,7 @@ from ..geometry.blocks import conv_blocks
 from ..net.chain import Conv
 from ..net.graph import Graph
 from .primitives import primitive as primitive_of
-from .program import chain_after, fragment_shape, fuses_next, in_place_input
+from .program import chain_after, fragment_shape, fuses_next, in_place_input, readers_left
 from .ranges import conv_window, needed_ranges
 
 F32 = 4
@@ -300,10 +300,7 @@ class _Walk:
         fb = nbytes(frag)
         slab = (1, self.patch[0], g["slab_in_z"]) + tuple(self.patch[2:])
         base = self.held + patch_b
-        after = self.consumers.copy()
-        for node in nodes[: k + 1]:
-            for name in node.inputs:
-                after[name] -= 1
+        after = readers_left(net, nodes[: k + 1])
 
         def prefix(extra):
             pshape, pp, pbytes = self.nodes_from(

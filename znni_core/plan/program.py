@@ -68,6 +68,16 @@ def chain_after(nodes, i: int, consumers: dict) -> list[int]:
     return out
 
 
+def readers_left(graph: Graph, ran) -> dict:
+    """``{tensor: readers it has left}`` once the nodes ``ran`` have read their inputs (the
+    output counts as read once)."""
+    remaining = graph.consumers()
+    for node in ran:
+        for name in node.inputs:
+            remaining[name] -= 1
+    return remaining
+
+
 #: the pooling steps that make fragments (a dense network's pooling, ``plan/chain.py``)
 FRAGMENT_MODES = ("mpf", "pool", "slab")
 
