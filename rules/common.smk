@@ -3,8 +3,27 @@
 #
 # Nothing here changes the parent workflow when znni is imported as a module: no shell.prefix
 # (rules call `{params.env} znni ...`), no exported environment, no default target.
-import json
 import os
+
+# The environment as the parent (or snakemake) had it, before any znni import: what znni's imports
+# and its schedule set in this process (joblib's KMP_INIT_AT_FORK, threadpoolctl's
+# KMP_DUPLICATE_LIB_OK, the engine's GOMP_SPINCOUNT, ...) would reach every later job, the
+# parent's rules' included. restore_environ() (the last line of workflow/Snakefile) puts it back
+# exactly; znni's own jobs get what they need explicitly, as params.env (ZNNI_ENV below).
+_ENVIRON_BEFORE = dict(os.environ)
+
+
+def restore_environ():
+    """Make os.environ what it was before znni's workflow was parsed: keys added removed, keys
+    changed or removed set back."""
+    for key in [k for k in os.environ if k not in _ENVIRON_BEFORE]:
+        del os.environ[key]
+    for key, value in _ENVIRON_BEFORE.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+import json
 import sys
 import time
 from pathlib import Path
@@ -50,13 +69,10 @@ _JOB_THREADS = workflow.resource_settings.overwrite_threads.get("infer_job", 1)
 _JOB_THREADS = getattr(_JOB_THREADS, "value", _JOB_THREADS)  # an int, or a Resource holding one
 if _CORES and _CORES < sys.maxsize and isinstance(_JOB_THREADS, int) and _JOB_THREADS > 1:
     SLOTS = max(1, min(SLOTS, _CORES // _JOB_THREADS))
-_GOMP_BEFORE = os.environ.get("GOMP_SPINCOUNT")
-SCHEDULE = workflow_schedule(ZNNI_CONFIG, SLOTS)
 # planning the schedule may load znni's engine in this (Snakemake's) process, which sets
-# GOMP_SPINCOUNT for its own OpenMP threads: it must not reach the jobs of a parent workflow's
-# rules (znni's own jobs set it again when they load the engine)
-if _GOMP_BEFORE is None:
-    os.environ.pop("GOMP_SPINCOUNT", None)
+# GOMP_SPINCOUNT for its own OpenMP threads: restore_environ() takes it back with the rest (znni's
+# own jobs set it again when they load the engine)
+SCHEDULE = workflow_schedule(ZNNI_CONFIG, SLOTS)
 # schedule.json is rewritten when the config or the network changes: as validate's input it makes a
 # config change rerun validate under `rerun-triggers: mtime` too
 SCHEDULE_FILE = [] if "error" in SCHEDULE else [f"{WORK}/schedule.json"]
@@ -165,3 +181,22 @@ def print_summary(ok):
     if not ok:
         print(f"  re-run the same command to retry only the unfinished tasks; logs: {WORK_DIR}/logs/jobs/",
               file=sys.stderr)
+
+
+def print_errors():
+    """After a failed run: the ``error:`` lines the run's commands logged (validate's refusal, a
+    job's failed tasks), so the reason shows here and not only in a log file."""
+    logs = [Path(WORK_DIR) / "logs" / "validate.log", *sorted((Path(WORK_DIR) / "logs" / "jobs").glob("*.log"))]
+    shown = 0
+    for log in logs:
+        try:
+            if log.stat().st_mtime < STARTED:
+                continue
+            lines = [l for l in log.read_text(errors="replace").splitlines() if l.startswith("error: ")]
+        except OSError:
+            continue
+        for line in lines[-1:]:
+            print(f"znni: {log.name}: {line}", file=sys.stderr)
+            shown += 1
+        if shown >= 5:
+            break

@@ -1,6 +1,8 @@
 # Optional (downsample.mips > 0): mips 1..N of the output, in jobs of tasks of whole shards (or
 # chunks); mip k's jobs start once every job of mip k-1 is done (mip 0: the inference jobs).
 # `znni pyramid` then checks every mip's manifests and stored objects and writes pyramid.json.
+# Each refuses a mip below with a task not done; a task is done while what it pinned of the mip
+# below is what that mip's manifests record (docs/pipeline.md#pyramid).
 
 
 rule pyramid_job:

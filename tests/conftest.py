@@ -36,14 +36,64 @@ def pytest_configure(config):
     install()  # ZNNI_TEST_HOST: plan under another host's rates (make test-hosts)
 
 
+#: pytest-timeout's limit for a slow test (pyproject's ``timeout`` is for the others): the fault
+#: cases take 0.5-3 minutes each on 2 cores, a module's golden run included in its first test
+SLOW_TIMEOUT = 1800
+
+
 def pytest_collection_modifyitems(config, items):
     gpu = _has_gpu()
     sbatch = shutil.which("sbatch") is not None
     for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
         if item.get_closest_marker("gpu") and not gpu:  # the marker, not a parameter named gpu
             item.add_marker(pytest.mark.skip(reason="no CUDA device"))
         if item.get_closest_marker("slurm") and not sbatch:
             item.add_marker(pytest.mark.skip(reason="no SLURM (sbatch not on PATH)"))
+
+
+def pytest_runtest_setup(item):
+    """``@pytest.mark.real_data(files...)``: skip when a file is absent from the data directory
+    (tests/real_data.py), but fail under CI, which must run these tests."""
+    mark = item.get_closest_marker("real_data")
+    if mark is None:
+        return
+    from . import real_data
+
+    gone = real_data.missing(*mark.args)
+    if gone:
+        where = f"{real_data.data_dir()} (${real_data.ENV}, default ../shared/data beside the repository)"
+        if real_data.required():
+            pytest.fail(f"CI must run the real-data tests: {', '.join(gone)} not found in {where}", pytrace=False)
+        pytest.skip(f"real data absent: {', '.join(gone)} in {where}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What ran of the real-data tests (``.ci/run`` checks the line), and how much of the suite
+    tests/test_hygiene.py checked, when it ran (printed by the main process: under xdist a
+    worker's output is not shown)."""
+    reports = [r for rs in terminalreporter.stats.values() for r in rs if hasattr(r, "nodeid")]
+    real = {}  # nodeid -> outcome: the call's, or the setup's when it did not pass (skipped, failed)
+    for r in reports:
+        if "real_data" in getattr(r, "keywords", {}) and (r.when == "call" or r.outcome != "passed"):
+            real.setdefault(r.nodeid, r.outcome)
+    if real:
+        from . import real_data
+
+        counts = {k: sum(v == k for v in real.values()) for k in ("passed", "failed", "skipped")}
+        terminalreporter.write_line(
+            f"real-data tests: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
+            f"(data: {real_data.data_dir()})"
+        )
+    if any("test_hygiene.py::" in r.nodeid for r in reports):
+        from .test_hygiene import scan
+
+        r = scan()
+        terminalreporter.write_line(
+            f"test hygiene: {r.files} files, {r.asserts} asserts and {r.raises} pytest.raises checked, "
+            f"{len(r.offences)} findings"
+        )
 
 
 @pytest.fixture(autouse=True)

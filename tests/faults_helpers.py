@@ -13,7 +13,8 @@ Three ways to run a task, cheapest first:
 
 Fault spec (``ZNNI_FAULT``, also the ``fault`` argument): ``point[:task[:arg]]`` with point in
 :data:`POINTS`; ``task`` restricts it to one task id (``*`` = any); ``arg`` is the chunk count for
-``after-chunk``.
+``after-chunk``, the write's number for ``mid-write``.  With ``ZNNI_FAULT_DIR`` set, each kill
+records where it landed in ``$ZNNI_FAULT_DIR/kills.log`` (:func:`kills`).
 """
 
 from __future__ import annotations
@@ -38,11 +39,16 @@ INJECT_DIR = Path(__file__).resolve().parent / "faults_inject"
 
 POINTS = (
     "compute",  # kill while the task computes (before any write)
-    "after-chunk",  # kill after the N-th chunk write of the task (some chunks written)
+    "after-chunk",  # kill once N chunks of the task are written (a sharded or zarr output: after its shard)
+    "after-chunk-once",  # the same, on the task's first attempt only (a marker file in ZNNI_FAULT_DIR)
+    "mid-write",  # kill inside the N-th chunk or shard write of the task: half its bytes in the temporary
     "before-manifest",  # kill after the last chunk was written and verified, before the manifest
+    "hold",  # wait before the manifest until killed: a kill at a seeded moment always lands
     "fail",  # raise (a task that always fails)
-    "nan",
-)  # make the engine produce NaN (T20)
+    "nan",  # make the engine produce NaN (T20)
+    "sleep-once",  # sleep N s in the task's first compute (a SLURM TIMEOUT, then fine)
+    "hog",  # hold N MB for 4 s (over a SLURM job's --mem: OUT_OF_MEMORY)
+)
 
 # Small but real: FOV (5, 10, 10) demo network, 8 single-chunk tasks by default.
 SHAPE = (16, 64, 64)
@@ -270,9 +276,10 @@ def _ctx():
     return _CTX
 
 
-def _child(run_file: str, task: int, fault: str | None) -> None:
+def _child(run_file: str, task: int, fault: str | None, env: dict | None = None) -> None:
     import logging
 
+    os.environ.update(env or {})
     logging.disable(logging.CRITICAL)
     sys.path.insert(0, str(INJECT_DIR))
     import znni_core.pipeline.task as T
@@ -294,10 +301,17 @@ class ProcResult:
 
 
 def run_task_proc(
-    case: Case, task: int, *, fault: str | None = None, kill_after: float | None = None, timeout: float = 120
+    case: Case,
+    task: int,
+    *,
+    fault: str | None = None,
+    kill_after: float | None = None,
+    timeout: float = 120,
+    env: dict | None = None,
 ) -> ProcResult:
-    """Run one task in a forked process; SIGKILL it after ``kill_after`` s (if still running)."""
-    p = _ctx().Process(target=_child, args=(str(case.run_file), task, fault))
+    """Run one task in a forked process; SIGKILL it after ``kill_after`` s (if still running).
+    ``env``: variables set in the child (``ZNNI_FAULT_DIR`` for :func:`kills`)."""
+    p = _ctx().Process(target=_child, args=(str(case.run_file), task, fault, env))
     t0 = time.perf_counter()
     p.start()
     if kill_after is not None:
@@ -313,6 +327,12 @@ def run_task_proc(
         p.join()
         raise AssertionError(f"task {task} hung for {timeout} s")
     return ProcResult(p.exitcode, time.perf_counter() - t0)
+
+
+def kills(fault_dir: Path) -> list[str]:
+    """Where the injected kills landed, one line each (``$ZNNI_FAULT_DIR/kills.log``)."""
+    f = Path(fault_dir) / "kills.log"
+    return f.read_text().splitlines() if f.is_file() else []
 
 
 def manifest_ok(case: Case, task: int) -> bool | None:

@@ -154,7 +154,7 @@ MAX_WAIT_S = 20.0
 @pytest.fixture
 def s3(monkeypatch, tmp_path):
     pytest.importorskip("moto")
-    from tests.s3_faults import S3Faults
+    from tests.http_faults import S3Faults
 
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     for k, v in {
@@ -432,7 +432,7 @@ def test_t28d_canary_secret_absent_from_logs_metadata_manifests_provenance(tmp_p
     import yaml
 
     pytest.importorskip("moto")
-    from tests.s3_faults import S3Faults
+    from tests.http_faults import S3Faults
 
     canary = "CANARY-" + uuid.uuid4().hex
     key_id = "AKIA" + uuid.uuid4().hex[:16].upper()
@@ -527,100 +527,108 @@ def _emulator_blob(key: str):
     return gcs._client().bucket("znni").get_blob(key)
 
 
-def _gcs_objects(monkeypatch, gcs_emulator):
+@pytest.fixture
+def gcs_faults(gcs_emulator, monkeypatch):
+    """The loopback GCS emulator behind the fault-injecting proxy (tests/http_faults.py): znni's
+    GCS client talks to the proxy (``STORAGE_EMULATOR_HOST``), which answers injected errors as GCS
+    does (JSON ``{"error": {"code": N, ...}}``) and logs every request; the waits between attempts
+    are counted through ``gcs.sleep`` (znni's own hook), never slept.  Yields ``(proxy, objects
+    under gs://znni/faults holding "x" = b"data", waits)``."""
+    from tests.http_faults import GcsFaults
     from znni_core.io import gcs
     from znni_core.io.paths import parse_layer_url
 
     waits = []
     monkeypatch.setattr(gcs, "sleep", waits.append)
-    objs = gcs.GcsObjects(parse_layer_url("gs://znni/faults", what="test"))
-    objs.put("x", b"data", content_type="application/octet-stream", content_encoding=None, exclusive=False)
-    return gcs, objs, waits
+    with GcsFaults(int(gcs_emulator.rsplit(":", 1)[1])) as proxy:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.endpoint)
+        monkeypatch.delitem(gcs._clients, proxy.endpoint, raising=False)
+        objs = gcs.GcsObjects(parse_layer_url("gs://znni/faults", what="test"))
+        objs.put("x", b"data", content_type="application/octet-stream", content_encoding=None, exclusive=False)
+        assert proxy.get("faults/x") == b"data"
+        yield proxy, objs, waits
+        gcs._clients.pop(proxy.endpoint, None)
 
 
-@pytest.mark.parametrize("status", [429, 500, 503])
-def test_t7_transient_gcs_errors_are_retried_with_bounded_jittered_backoff(gcs_emulator, monkeypatch, status):
-    """A GET answered ``status`` twice, then served: three attempts, two waits, each within the
-    backoff's bound (counted, never timed)."""
-    from google.api_core import exceptions as E
-    from google.cloud.storage import Blob
+#: the object's download (``GET .../o/faults%2Fx?alt=media``) and any upload, as the proxy sees them
+GCS_GET_X = "/download/storage/v1/b/znni/o/faults%2Fx"
+GCS_UPLOAD = "/upload/storage/v1/b/znni/o"
 
-    gcs, objs, waits = _gcs_objects(monkeypatch, gcs_emulator)
-    real, calls = Blob.download_as_bytes, []
 
-    def flaky(self, *a, **kw):
-        calls.append(kw.get("retry", "library default"))
-        if len(calls) <= 2:
-            raise E.from_http_status(status, "injected")
-        return real(self, *a, **kw)
+@pytest.mark.parametrize("action", ["429", "500", "503", "reset"])
+def test_t7_transient_gcs_errors_are_retried_with_bounded_jittered_backoff(gcs_faults, action):
+    """A GET answered ``action`` (an HTTP error in GCS's JSON form, or a connection reset) twice,
+    then served: three requests at the server, two waits, each within the backoff's bound (counted,
+    never timed).  The library's own retries are off: each attempt is exactly one request."""
+    from znni_core.io import gcs
 
-    monkeypatch.setattr(Blob, "download_as_bytes", flaky)
+    proxy, objs, waits = gcs_faults
+    proxy.rule("GET", GCS_GET_X, action, times=2)
     assert objs.get("x") == (b"data", "")
-    assert len(calls) == 3 and calls == [None, None, None]  # the library's own retries are off
-    assert len(waits) == 2 and all(0 <= w <= gcs.BACKOFF_S * 2**k for k, w in enumerate(waits))
+    assert [a for m, p, a in proxy.log if m == "GET" and GCS_GET_X in p] == [action, action, "ok"], proxy.log
+    assert len(waits) == 2 and all(0 <= w <= gcs.BACKOFF_S * 2**k for k, w in enumerate(waits)), waits
 
 
-@pytest.mark.parametrize("status", [401, 403])
-def test_t7_gcs_permission_errors_fail_at_once(gcs_emulator, monkeypatch, status):
-    """A 401 or 403 on a read or a write: one request, no wait, a StoragePermissionError naming
-    the object and what to check."""
-    from google.api_core import exceptions as E
-    from google.cloud.storage import Blob
-
+@pytest.mark.parametrize("status", ["401", "403"])
+def test_t7_gcs_permission_errors_fail_at_once(gcs_faults, status):
+    """A 401 or 403 on a read or a write: one request at the server, no wait, a
+    StoragePermissionError naming the object and what to check (for a 403 the server's message;
+    a 401 makes google-auth refresh the credentials first, which anonymous ones cannot: that
+    failure is the error)."""
     from znni_core.errors import StoragePermissionError
 
-    gcs, objs, waits = _gcs_objects(monkeypatch, gcs_emulator)
-    calls = []
-
-    def refuse(self, *a, **kw):
-        calls.append(1)
-        raise E.from_http_status(status, "injected refusal")
-
-    monkeypatch.setattr(Blob, "download_as_bytes", refuse)
-    monkeypatch.setattr(Blob, "upload_from_string", refuse)
+    proxy, objs, waits = gcs_faults
+    proxy.rule("GET", GCS_GET_X, status)
+    proxy.rule("POST", GCS_UPLOAD, status)
+    seen = len(proxy.log)
     for op in (
         lambda: objs.get("x"),
         lambda: objs.put("y", b"", content_type="a/b", content_encoding=None, exclusive=False),
     ):
-        with pytest.raises(StoragePermissionError, match="gs://znni/faults/[xy] was refused.*not retried"):
+        with pytest.raises(StoragePermissionError, match="gs://znni/faults/[xy] was refused.*not retried") as ei:
             op()
-    assert len(calls) == 2 and waits == []
+        msg = str(ei.value)
+        if status == "403":
+            assert "HTTP 403" in msg and "does not have storage.objects access" in msg, msg
+        else:
+            assert "credentials were not accepted" in msg and "cannot be refreshed" in msg, msg
+    assert [(m, a) for m, _, a in proxy.log[seen:]] == [("GET", status), ("POST", status)], proxy.log[seen:]
+    assert waits == [] and proxy.get("faults/y") is None
 
 
-def test_t7_gcs_5xx_that_never_ends_gives_up_after_bounded_attempts(gcs_emulator, monkeypatch):
-    """Always 503: ZNNI_GCS_MAX_ATTEMPTS attempts, one wait fewer, then a StorageError saying so."""
-    from google.api_core import exceptions as E
-    from google.cloud.storage import Blob
-
+def test_t7_gcs_5xx_that_never_ends_gives_up_after_bounded_attempts(gcs_faults, monkeypatch):
+    """Always 503: ZNNI_GCS_MAX_ATTEMPTS requests at the server, one wait fewer, then a
+    StorageError saying so."""
     from znni_core.errors import StorageError
+    from znni_core.io import gcs
+    from znni_core.io.paths import parse_layer_url
 
     monkeypatch.setenv("ZNNI_GCS_MAX_ATTEMPTS", "4")
-    gcs, objs, waits = _gcs_objects(monkeypatch, gcs_emulator)
-    calls = []
-
-    def down(self, *a, **kw):
-        calls.append(1)
-        raise E.ServiceUnavailable("injected")
-
-    monkeypatch.setattr(Blob, "download_as_bytes", down)
-    with pytest.raises(StorageError, match="after 4 attempts"):
+    proxy, _, waits = gcs_faults
+    objs = gcs.GcsObjects(parse_layer_url("gs://znni/faults", what="test"))  # reads the setting
+    proxy.rule("GET", GCS_GET_X, "503")
+    with pytest.raises(StorageError, match="after 4 attempts .*HTTP 503"):
         objs.get("x")
-    assert len(calls) == 4 and len(waits) == 3 and sum(waits) <= gcs.BACKOFF_S * (1 + 2 + 4)
+    assert proxy.requests("GET", GCS_GET_X) == 4, proxy.log
+    assert len(waits) == 3 and sum(waits) <= gcs.BACKOFF_S * (1 + 2 + 4), waits
 
 
-def test_gcs_exclusive_write_is_one_conditional_upload(gcs_emulator, monkeypatch):
-    """An exclusive write asks the server for ``ifGenerationMatch=0`` (create only) and reports
-    not written when the server answers 412, with no second request."""
-    from google.api_core import exceptions as E
-    from google.cloud.storage import Blob
+def test_gcs_exclusive_write_is_one_conditional_upload(gcs_faults):
+    """An exclusive write is one upload asking for ``ifGenerationMatch=0`` (create only): it
+    creates an absent object, and reports not written, with no second request and no wait, when
+    the server answers 412 because the object exists (the bytes stored stay the first writer's).
 
-    gcs, objs, waits = _gcs_objects(monkeypatch, gcs_emulator)
-    seen = []
-
-    def conditional(self, data, **kw):
-        seen.append(kw.get("if_generation_match"))
-        raise E.PreconditionFailed("exists")
-
-    monkeypatch.setattr(Blob, "upload_from_string", conditional)
-    assert objs.put("x", b"new", content_type="a/b", content_encoding=None, exclusive=True) is False
-    assert seen == [0] and waits == []
+    The emulator ignores preconditions: the proxy answers that 412 itself, from the object's
+    presence in the emulator (tests/http_faults.py, ``GcsFaults``)."""
+    proxy, objs, waits = gcs_faults
+    seen = len(proxy.log)
+    assert objs.put("new", b"first", content_type="a/b", content_encoding=None, exclusive=True) is True
+    assert objs.put("new", b"second", content_type="a/b", content_encoding=None, exclusive=True) is False
+    assert objs.put("x", b"other", content_type="a/b", content_encoding=None, exclusive=True) is False
+    uploads = [(p, a) for m, p, a in proxy.log[seen:] if m == "POST"]
+    assert len(proxy.log[seen:]) == len(uploads) == 3, proxy.log[seen:]
+    assert all("ifGenerationMatch=0" in p for p, _ in uploads) and [a for _, a in uploads] == ["ok", "412", "412"]
+    assert proxy.get("faults/new") == b"first" and proxy.get("faults/x") == b"data" and waits == []
+    # a plain write is unconditional: it replaces the object
+    assert objs.put("new", b"third", content_type="a/b", content_encoding=None, exclusive=False) is True
+    assert "ifGenerationMatch" not in proxy.log[-1][1] and proxy.get("faults/new") == b"third"

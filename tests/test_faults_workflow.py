@@ -25,6 +25,13 @@ from znni_core.io.atomic import TMP_MARK
 KILLS = int(os.environ.get("ZNNI_FAULT_KILLS", "20"))
 
 
+def chain_timeout(kills: int) -> int:
+    """pytest-timeout's limit for a chain of ``kills`` kills of Snakemake's main process (20-40 s
+    each on 2 cores, restarts included; up to 25 s more on SLURM), after the module's golden run:
+    the 20 of ``make faults`` get 50 minutes."""
+    return 600 + 120 * kills
+
+
 def _queued_jobs(case) -> list[str]:
     """SLURM jobs submitted from this case (pending ones have no process yet); [] without SLURM."""
     try:
@@ -132,6 +139,7 @@ def golden_files(fresh, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(chain_timeout(KILLS))
 def test_t4_kill_snakemake_main_local_and_resume(fresh, golden_files, tmp_path):
     """Batched: a job runs 3 tasks, so kills land between and inside a job's tasks."""
     import yaml

@@ -1,5 +1,8 @@
-"""Bad input, generated (hypothesis): configs, precomputed ``info`` files, zarr attributes and
-network specs with wrong, huge, negative, NaN, missing or mistyped values.
+"""Bad input, generated (hypothesis): configs, precomputed ``info`` files (NaN and Infinity inside
+their lists too), zarr attributes, network specs (a graph's deconv and affine arrays holding NaN
+or Infinity too), ``plan.json`` files and the pipeline CLI's arguments (directories, unreadable
+or mistyped files, bad ``--chunk`` values) with wrong, huge, negative, NaN, missing or mistyped
+values.
 
 Each must either be accepted or refused with a :class:`~znni_core.errors.ZnniError` (the CLI's
 clear error, exit 2) whose message names the offending key or value; any other exception is a
@@ -392,3 +395,277 @@ def test_fuzzed_run_files_are_accepted_or_refused_clearly(tmp_path):
 
         one()
     assert tally.refused > 0
+
+
+#: values put inside an info's lists (one element at a time): JSON's NaN and Infinity as Python's
+#: json writes them, integers past float's range, fractions, mistyped
+ELEMENT_VALUES = [
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    10**400,
+    2**63,
+    1e300,
+    -(2**60),
+    1.5,
+    0,
+    -1,
+    True,
+    None,
+    "4",
+    [4],
+]
+
+
+def test_fuzzed_info_list_elements_are_accepted_or_refused_clearly(demo, tmp_path):
+    """One element of an info's ``resolution``, ``size``, ``voxel_offset`` or ``chunk_sizes[0]``
+    replaced (``resolution: [NaN, 4, 4]``, ``voxel_offset`` with Infinity, ...): refused with a
+    :class:`ZnniError` naming the key, or accepted with a usable geometry; NaN and Infinity are
+    always refused."""
+    from znni_core.io import PrecomputedLayer, parse_layer_url
+
+    d, _ = demo
+    base = _info(d)
+    layer = tmp_path / "em"
+    layer.mkdir()
+    url = parse_layer_url(f"file://{layer}", what="input")
+    lists = [("resolution",), ("size",), ("voxel_offset",), ("chunk_sizes", 0)]
+    with Tally("info list elements") as tally:
+
+        @SETTINGS
+        @given(key=st.sampled_from(lists), at=st.integers(0, 2), value=st.sampled_from(ELEMENT_VALUES))
+        def case(key, at, value):
+            info = copy.deepcopy(base)
+            node = info["scales"][0]
+            for k in key:
+                node = node[k]
+            node[at] = value
+            (layer / "info").write_text(json.dumps(info))  # NaN, Infinity: what Python's json writes
+            tally.ran += 1
+            non_finite = isinstance(value, float) and not math.isfinite(value)
+            try:
+                lay = PrecomputedLayer(url)
+                lay.bounds, lay.grid, lay.dtype, lay.resolution  # noqa: B018
+                lay.grid.chunk_roi(next(iter(lay.grid.chunks_in(lay.bounds))))
+                assert not non_finite, f"{key}[{at}]={value!r} accepted"
+            except ZnniError as exc:
+                tally.refused += 1
+                assert key[0] in str(exc), f"{key}[{at}]={value!r}: {exc}"
+
+        case()
+        assert tally.refused > tally.ran // 3
+
+
+@pytest.fixture(scope="module")
+def demo_run(demo, tmp_path_factory):
+    """A validated run of the demo (run.json, plan.json, the output layer), in its own work dir."""
+    from .test_pipeline import prepare
+
+    d, base = demo
+    w = tmp_path_factory.mktemp("fuzz-run")
+    cfg = _mutate(_mutate(base, ("work_dir",), str(w / "work")), ("output", "path"), f"file://{w}/out")
+    return w, prepare(cfg)
+
+
+def _plan_paths(plan: dict) -> list:
+    fields = [(k,) for k in plan if k != "predicted_voxels_per_s"]
+    return fields + [("steps", 0, k) for k in plan["steps"][0]] + [("steps", 0), ("rejected", 0)]
+
+
+def test_fuzzed_plan_files_are_accepted_or_refused_clearly(demo_run, tmp_path):
+    """A ``plan.json`` with a field deleted (of the plan or of a step), or set to a wrong, huge,
+    NaN or mistyped value: refused with a :class:`~znni_core.errors.PlanError` naming the file and
+    the field, or accepted with a usable plan (its digest and description)."""
+    from znni_core.errors import PlanError
+    from znni_core.pipeline.run import load_run
+    from znni_core.plan.plan import Plan
+
+    _, rf = demo_run
+    base = json.loads(Path(load_run(rf).plan.path).read_text())
+    f = tmp_path / "plan.json"
+    with Tally("plan files") as tally:
+
+        @SETTINGS
+        @given(path=st.sampled_from(_plan_paths(base)), value=st.sampled_from(BAD_VALUES), delete=st.booleans())
+        def case(path, value, delete):
+            doc = copy.deepcopy(base)
+            node = doc
+            for k in path[:-1]:
+                node = node[k]
+            if delete and isinstance(node, dict):
+                node.pop(path[-1], None)
+            elif delete:
+                node.pop(path[-1])
+            else:
+                node[path[-1]] = value
+            f.write_text(json.dumps(doc))
+            tally.ran += 1
+            try:
+                plan = Plan.load(f)
+                plan.digest(), plan.describe()  # noqa: B018
+            except ZnniError as exc:
+                tally.refused += 1
+                assert isinstance(exc, PlanError), (path, value, exc)
+                assert str(f) in str(exc), (path, value, str(exc))
+                assert delete or _named(str(exc), path, value) or str(path[0]) in str(exc), (path, value, str(exc))
+
+        case()
+        # and whole files that are no plan
+        for text in ("", "[]", "{", "null", '{"format": "znni-plan/1"}', "\x00"):
+            f.write_text(text)
+            tally.ran += 1
+            with pytest.raises(PlanError) as err:
+                Plan.load(f)
+            tally.refused += 1
+            assert str(f) in str(err.value)
+        assert tally.refused > tally.ran // 3
+
+
+def _graph_spec(d: Path) -> tuple[dict, dict]:
+    """A small graph network spec (conv, pool, deconv, affine) and its arrays, saved as npz in ``d``."""
+    arrays = {
+        "c.w": np.full((2, 1, 1, 3, 3), 1 / 9, np.float32),
+        "c.b": np.zeros(2, np.float32),
+        "d.w": np.ones((2, 2, 1, 2, 2), np.float32),
+        "d.b": np.zeros(2, np.float32),
+        "n.s": np.ones(2, np.float32),
+        "n.t": np.zeros(2, np.float32),
+    }
+    np.savez(d / "g.npz", **arrays)
+    return {
+        "format": "znni-network/1",
+        "name": "g",
+        "weights": "g.npz",
+        "input": "x",
+        "in_channels": 1,
+        "output": "y",
+        "nodes": [
+            {"op": "conv", "inputs": ["x"], "output": "a", "weight": "c.w", "bias": "c.b"},
+            {"op": "pool", "inputs": ["a"], "output": "p", "kind": "max", "window": [1, 2, 2]},
+            {"op": "deconv", "inputs": ["p"], "output": "e", "weight": "d.w", "bias": "d.b", "stride": [1, 2, 2]},
+            {"op": "affine", "inputs": ["e"], "output": "y", "scale": "n.s", "shift": "n.t"},
+        ],
+    }, arrays
+
+
+def _arrays(net) -> list:
+    """Every parameter array of a graph network's nodes."""
+    out = []
+    for node in net.nodes:
+        for k, v in node.params.items():
+            if k == "conv":
+                out += [v.weight] + ([v.bias] if v.bias is not None else [])
+            elif isinstance(v, np.ndarray):
+                out.append(v)
+    return out
+
+
+def test_fuzzed_graph_network_specs_are_accepted_or_refused_clearly(tmp_path):
+    """A graph spec's node fields set to wrong values, and its deconv and affine arrays (and the
+    conv's) holding NaN or Infinity in one element: refused with a clear error, never a network
+    whose arrays are not finite."""
+    from znni_core import load_network
+
+    base, arrays = _graph_spec(tmp_path)
+    keys = [("nodes", i, k) for i, node in enumerate(base["nodes"]) for k in node if k != "op"]
+    f = tmp_path / "g.yaml"
+    with Tally("graph network specs") as tally:
+
+        @SETTINGS
+        @given(
+            path=st.sampled_from(keys),
+            value=st.sampled_from(BAD_VALUES),
+            mutate=st.booleans(),
+            array=st.sampled_from(sorted(arrays)),
+            bad=st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e39]),
+        )
+        def case(path, value, mutate, array, bad):
+            spec = _mutate(base, path, value) if mutate else copy.deepcopy(base)
+            w = {k: v.astype(np.float64) for k, v in arrays.items()}
+            if not mutate:
+                w[array].flat[-1] = bad  # 1e39 becomes Infinity in float32
+            np.savez(tmp_path / "g.npz", **w)
+            f.write_text(yaml.safe_dump(spec))
+            tally.ran += 1
+            try:
+                net = load_network(f)
+                assert all(np.isfinite(a).all() for a in _arrays(net)), (path, value, array, bad)
+            except ZnniError as exc:
+                tally.refused += 1
+                assert str(exc).strip() and (str(f) in str(exc) or "network" in str(exc).lower()), exc
+                if not mutate:
+                    assert "NaN/Inf" in str(exc) and (array in str(exc) or "weight or bias" in str(exc)), exc
+
+        case()
+        assert tally.refused > tally.ran // 3
+
+
+CLI_CHUNKS = ["", "a", ",", "1,2", "1,2,3,4", "-1,0,0", "1.5,0,0", "1e9,0,0", "9" * 30 + ",0,0", "0-1_2-3_4-5"]
+CLI_CHUNKS += ["k/", "/", "0-1_", "\x00", "0,0,0/x", "x" * 5000, "0 0 0", "٠,٠,٠"]  # noqa: RUF001 (Arabic digits)
+
+
+def test_fuzzed_pipeline_cli_arguments_are_refused_in_one_line(demo_run, tmp_path):
+    """The workflow commands given a directory, a missing, empty, binary or mistyped file where a
+    run file or config belongs, a directory as an output file, or a bad ``--chunk``: exit 1 or 2
+    with one ``error:`` line, never a traceback."""
+    from typer.testing import CliRunner
+
+    from znni_core.cli import app
+
+    w, rf = demo_run
+    (tmp_path / "dir").mkdir()
+    files = {
+        "run": str(rf),
+        "dir": str(tmp_path / "dir"),
+        "missing": str(tmp_path / "absent.json"),
+        "empty": str(tmp_path / "empty.json"),
+        "binary": str(tmp_path / "binary.json"),
+        "list": str(tmp_path / "list.json"),
+        "other": str(tmp_path / "other.json"),
+        "yaml": str(tmp_path / "bad.yaml"),
+    }
+    Path(files["empty"]).write_bytes(b"")
+    Path(files["binary"]).write_bytes(bytes(range(256)) * 4)
+    Path(files["list"]).write_text("[1, 2]")
+    Path(files["other"]).write_text('{"format": "znni-run/1", "config": 7}')
+    Path(files["yaml"]).write_text("input: [\n")
+    commands = [
+        lambda r, c, o: ["tasks", r],
+        lambda r, c, o: ["tasks", r, "-o", o],
+        lambda r, c, o: ["status", r],
+        lambda r, c, o: ["run-task", r, "--chunk", c],
+        lambda r, c, o: ["run-task", r, "--task", "0", "--mem-mb", "0"],
+        lambda r, c, o: ["run-job", r, "-j", "0", "--tasks-per-job", "1", "--marker", o],
+        lambda r, c, o: ["finalize", r, "--verify", c or "checksum"],
+        lambda r, c, o: ["verify", r, "--tasks", "0", "--empty", "0"],
+        lambda r, c, o: ["mask-tasks", r, "-o", o],
+        lambda r, c, o: ["pyramid", r],
+        lambda r, c, o: ["create-layer", r, "--marker", o],
+        lambda r, c, o: ["validate", r, "--dry-run"] if r != files["run"] else ["status", r],
+        lambda r, c, o: ["estimate", r] if r != files["run"] else ["status", r],
+    ]
+    outputs = [str(tmp_path / "dir"), str(tmp_path / "no" / "such" / "dir" / "x.json"), str(tmp_path / "o.json")]
+    runner = CliRunner()
+    with Tally("pipeline CLI arguments") as tally:
+
+        @SETTINGS
+        @given(
+            command=st.sampled_from(commands),
+            run=st.sampled_from(sorted(files)),
+            chunk=st.sampled_from(CLI_CHUNKS),
+            out=st.sampled_from(outputs),
+        )
+        def case(command, run, chunk, out):
+            args = command(files[run], chunk, out)
+            r = runner.invoke(app, args)
+            tally.ran += 1
+            assert r.exception is None or isinstance(r.exception, SystemExit), (args, repr(r.exception), r.output)
+            assert "Traceback" not in r.output, (args, r.output[-2000:])
+            if r.exit_code:
+                tally.refused += 1
+                assert r.exit_code in (1, 2), (args, r.exit_code, r.output[-1000:])
+                errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+                assert len(errors) == 1 or "Usage:" in r.output, (args, r.output[-1000:])
+
+        case()
+        assert tally.refused > tally.ran // 2

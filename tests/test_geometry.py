@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 
 import pytest
@@ -40,7 +41,7 @@ def test_roi_basics():
     with pytest.raises(ValueError, match="leaves nothing"):
         r.grow(-6)
     assert Roi.from_dict(r.to_dict()) == r
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         r.offset = Coordinate(1, 1, 1)  # frozen
 
 

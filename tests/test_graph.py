@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,10 +20,8 @@ from znni_core.plan import autotune
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
+from .real_data import DETECTOR, DETECTOR_FILES, DETECTOR_REFERENCE  # noqa: E402
 from .unets import UNet, admissible, export, randomise_bn, run  # noqa: E402
-
-MODELS = Path(__file__).resolve().parents[2] / "shared" / "data" / "models"
-DETECTOR = MODELS / "modelzoo_iarpa1_synapse_detection.onnx"
 
 
 def _tiling_budget(net, shape) -> int:
@@ -445,17 +442,17 @@ def test_output_at_another_resolution_is_refused(tmp_path):
         znni_core.load_network(export(model, tmp_path / "d.onnx", (8, 8, 8)))
 
 
-@pytest.mark.skipif(not DETECTOR.is_file(), reason="../shared/data/models absent")
+@pytest.mark.real_data(*DETECTOR_FILES)
 def test_real_synapse_detector_equals_its_reference_output():
     net = znni_core.load_network(DETECTOR)
     assert net.kind == "padded" and net.export_shape == (18, 160, 160)
-    ref = np.load(MODELS / "modelzoo_iarpa1_synapse_detection_sample1_reference.npz")
+    ref = np.load(DETECTOR_REFERENCE)
     out = znni_core.infer(net, ref["input"])
     assert out.shape == (1,) + ref["output"].shape
     np.testing.assert_allclose(out[0], ref["output"], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(not DETECTOR.is_file(), reason="../shared/data/models absent")
+@pytest.mark.real_data(*DETECTOR_FILES)
 def test_real_detector_runs_adds_batchnorms_and_elus_in_one_pass(monkeypatch):
     """The detector's residual add -> BatchNorm -> ELU runs as one pass (``chain_after``) and
     every ELU after a conv inside the conv: only the head's sigmoid is an activation of its own;
@@ -470,7 +467,7 @@ def test_real_detector_runs_adds_batchnorms_and_elus_in_one_pass(monkeypatch):
     calls = []
     real = EG.apply_activation
     monkeypatch.setattr(EG, "apply_activation", lambda x, kind, *a, **k: calls.append(kind) or real(x, kind, *a, **k))
-    ref = np.load(MODELS / "modelzoo_iarpa1_synapse_detection_sample1_reference.npz")
+    ref = np.load(DETECTOR_REFERENCE)
     plan = autotune(net, input_shape=ref["input"].shape, memory_budget=2**31, use_cache=False)
     skipped = [s for s in plan.steps if s.op in ("affine", "act") and s.seconds == 0.0]
     assert len(skipped) == sum(1 for n in net.nodes if n.op == "act") - 1 + 7  # all but the sigmoid, 7 affines

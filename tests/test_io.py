@@ -294,6 +294,7 @@ def test_manifest_roundtrip_and_errors(tmp_path):
     m = {
         "task": 3,
         "chunks": [{"name": "k/0-1_0-1_0-1", "status": "written", "sha256": "ab"}],
+        "run_digest": "r",
         "plan_digest": "p",
         "network_digest": "n",
         "layer": "file:///x",

@@ -1,7 +1,9 @@
 """The pyramid (``downsample.mips``): mips built by znni's tasks of whole shards/chunks equal
 igneous' pyramid of the same mip 0 (igneous as the independent reference), are read alike by
 cloud-volume and tensorstore, come out identical sharded, unsharded and in zarr, re-run only what
-does not verify, and are refused at plan time when they could not be exact."""
+does not verify, and are refused at plan time when they could not be exact.  A pyramid reads only
+what the manifests below record (an absent chunk or an incomplete mip 0 is refused, naming it;
+empty and masked chunks are 0), pins it, and is stale above a mip-0 task re-run since."""
 
 from __future__ import annotations
 
@@ -12,15 +14,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
-from znni_core.errors import ConfigError
+from znni_core.cli import app
+from znni_core.errors import ConfigError, DataError
+from znni_core.geometry import Coordinate, Roi
 from znni_core.io import PrecomputedLayer, parse_layer_url
 from znni_core.io.zarr_output import ZarrOutput
-from znni_core.pipeline.pyramid import build_pyramid, downsample, run_pyramid_job
-from znni_core.pipeline.run import load_run, output_spec
+from znni_core.pipeline.finalize import finalize
+from znni_core.pipeline.mask import mask_tasks_path, positions, scan
+from znni_core.pipeline.pyramid import build_pyramid, downsample, pyramid_status, run_pyramid_job
+from znni_core.pipeline.run import load_run, output_spec, run_geometry
 from znni_core.pipeline.schedule import mip_tasks
+from znni_core.pipeline.task import manifest_path, open_run, run_task
 
-from .pipeline_helpers import base_config, em
+from .pipeline_helpers import RES, base_config, em, layer_files, write_volume
 from .test_pipeline import prepare, run_all
 
 QUIET = {"log": lambda *a: None}
@@ -223,3 +231,122 @@ def test_estimate_counts_the_pyramid(tmp_path):
     assert e["pyramid"]["mips"] == 2 and e["pyramid"]["tasks"] == sum(len(t) for t in tasks)
     assert e["pyramid"]["objects"] == sum(output_spec(run, k).grid.num_chunks for k in (1, 2))  # unsharded
     assert "pyramid        mips 1-2" in describe(e)
+
+
+def mip_files(run, mips) -> dict:
+    """{path: bytes} of the stored objects of ``mips`` (precomputed: their scale directories)."""
+    url = parse_layer_url(run.output.url)
+    keys = [output_spec(run, k).key + "/" for k in mips]
+    return {p: b for p, b in layer_files(str(url)).items() if p.startswith(tuple(keys))}
+
+
+def not_done(run) -> dict:
+    return {s["mip"]: set(s["not_done"]) for s in pyramid_status(run) if s["not_done"]}
+
+
+@pytest.mark.parametrize("fmt", ["precomputed", "zarr"])
+def test_a_mip0_chunk_recorded_written_but_absent_is_refused_by_name(tmp_path, fmt):
+    """Not averaged as 0: zarr reads an absent shard as 0, so the chunk's sha256 tells."""
+    zarr = {"output": {"path": str(tmp_path / "p" / "out.zarr")}, "task_chunks": [1, 2, 2]} if fmt == "zarr" else {}
+    run = run_pyramid(tmp_path, mips=1, **zarr)
+    task = run_geometry(run)[3][4]
+    m = json.loads(manifest_path(run, task.id).read_text())
+    chunk = next(c for c in m["chunks"] if c["status"] == "written")
+    root = parse_layer_url(run.output.url).local_path
+    (root / (m["shard"]["name"] if fmt == "zarr" else chunk["name"])).unlink()
+    name = chunk["name"] if fmt == "precomputed" else chunk["name"].split("/")[-1]
+    with pytest.raises(
+        DataError, match=rf"mip 0 chunk \S*{name} is absent: .*re-run mip 0 task {task.id} \(`znni run-task"
+    ):
+        build_pyramid(run, **QUIET)
+
+
+def test_an_incomplete_mip0_is_refused_before_anything_is_written(tmp_path):
+    run = run_pyramid(tmp_path, mips=1)
+    tid = run_geometry(run)[3][5].id
+    manifest_path(run, tid).unlink()
+    n = len(run_geometry(run)[3])
+    with pytest.raises(DataError, match=rf"mip 0 is incomplete: 1 of {n} task\(s\) .*first: \[{tid}\]; .*--task {tid}"):
+        build_pyramid(run, **QUIET)
+    rf = Path(run.work_dir) / "run.json"
+    with pytest.raises(DataError, match=rf"first: \[{tid}\]"):  # a job whose tasks lie over it, too
+        run_pyramid_job(rf, 1, 0, len(mip_tasks(output_spec(run, 1), run.config.task_chunks)), **QUIET)
+    assert not mip_files(run, [1]) and not (Path(run.work_dir) / "manifests" / "mip1").exists()
+    assert not (Path(run.work_dir) / "pyramid").exists()
+
+
+def test_a_mip0_task_rerun_with_other_bytes_makes_the_mips_above_it_stale(tmp_path):
+    run = run_pyramid(tmp_path)
+    rf = Path(run.work_dir) / "run.json"
+    build_pyramid(run, **QUIET)
+    assert not not_done(run)
+    finalize(rf, log=lambda *a: None)
+    # new input under task 0, then the task re-run as the workflow runs it: new bytes, new manifest
+    task = run_geometry(run)[3][0]
+    before = json.loads(manifest_path(run, task.id).read_text())["chunks"]
+    inp = PrecomputedLayer(parse_layer_url(run.input.url), 0)
+    inp.write_chunk((0, 0, 0), 255 - inp.read_chunk((0, 0, 0)))
+    run_task(rf, task.id, show_progress=False, log=lambda *a: None)
+    assert json.loads(manifest_path(run, task.id).read_text())["chunks"] != before
+    above = {}  # the tasks of mips 1 and 2 over task 0's box of mip 0
+    for k in (1, 2):
+        scale = Coordinate(v**k for v in run.config.downsample.factor)
+        tasks = mip_tasks(output_spec(run, k), run.config.task_chunks)
+        box = [Roi.from_bounds(b.write_roi.begin * scale, b.write_roi.end * scale) for b in tasks]
+        above[k] = {b.id for b, r in zip(tasks, box) if r.intersects(task.write_roi)}
+    assert not_done(run) == above and all(len(v) == 1 for v in above.values())
+    status = CliRunner().invoke(app, ["status", str(rf)]).output
+    n = len(mip_tasks(output_spec(run, 1), run.config.task_chunks))
+    assert f"pyramid mip 1: {n - 1} of {n} tasks done; not done or stale: {sorted(above[1])}" in status
+    with pytest.raises(DataError, match=r"the pyramid has 2 task\(s\) not done or stale .*znni pyramid"):
+        finalize(rf, log=lambda *a: None)
+    rec = build_pyramid(run, **QUIET)
+    assert [m["run_now"] for m in rec["mips"]] == [1, 1] and not not_done(run)  # exactly those
+    finalize(rf, log=lambda *a: None)
+    rebuilt = mip_files(run, [1, 2])
+    # a fresh pyramid of the new mip 0: the same bytes
+    for k in (1, 2):
+        shutil.rmtree(Path(run.work_dir) / "manifests" / f"mip{k}")
+        shutil.rmtree(parse_layer_url(run.output.url).local_path / output_spec(run, k).key)
+    rec = build_pyramid(run, **QUIET)
+    assert [m["run_now"] for m in rec["mips"]] == [m["tasks"] for m in rec["mips"]]
+    assert mip_files(run, [1, 2]) == rebuilt and rebuilt
+
+
+def test_empty_and_masked_mip0_chunks_average_to_0_and_are_pinned(tmp_path):
+    """Chunks recorded empty (all-zero input) or masked (in a live task, or every chunk of a masked
+    task: no manifest) are not stored; the pyramid averages them as 0 and pins their status."""
+    vol = em((12, 48, 48))
+    vol[:, 24:, 24:] = 0  # chunk (z, 2, 2) of mip 0 and its context: all zero
+    cfg = base_config(tmp_path, vol=vol, output=OUT, downsample={"mips": 2})
+    m = np.zeros((12, 24, 24), np.uint8)  # at half the input's x-y resolution: a disc in chunk (z, 0, 0), a corner
+    _, yy, xx = np.mgrid[:12, :24, :24]
+    m[(yy - 4) ** 2 + (xx - 4) ** 2 < 9] = 1
+    m[:3, 20:, 20:] = 255
+    mres = (RES[0], RES[1] * 2, RES[2] * 2)
+    cfg["mask"] = {"path": write_volume(tmp_path / "mask", m, chunk=(4, 8, 8), resolution=mres), "mip": 0}
+    rf = prepare(cfg)
+    ctx = open_run(rf)
+    doc = scan(ctx.tasks, ctx.mask) | {"run_digest": ctx.run.digest}
+    mask_tasks_path(ctx.run).write_text(json.dumps(doc))
+    for k in positions(doc):
+        run_task(rf, ctx.tasks[k].id, show_progress=False, log=lambda *a: None)
+    run = load_run(rf)
+    statuses = [
+        c["status"]
+        for p in (Path(run.work_dir) / "manifests").glob("0*/*.json")
+        for c in json.loads(p.read_text())["chunks"]
+    ]
+    assert {"written", "empty", "masked"} <= set(statuses) and doc["num_masked"]
+    build_pyramid(run, **QUIET)
+    for k in (1, 2):
+        pins = {}
+        for p in (Path(run.work_dir) / "manifests" / f"mip{k}").glob("*/*.json"):
+            below = json.loads(p.read_text())["below"]
+            assert below["mip"] == k - 1
+            pins.update(below["chunks"])
+        assert len(pins) == output_spec(run, k - 1).grid.num_chunks  # every chunk below, once
+        want = {"written", "empty", "masked"} if k == 1 else {"written", "empty"}
+        assert {v if v in ("empty", "masked") else "written" for v in pins.values()} == want
+        np.testing.assert_array_equal(read_mip(run, k)[0], downsample(read_mip(run, k - 1)[0], (1, 2, 2), "float32"))
+    assert not not_done(run)

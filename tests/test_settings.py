@@ -47,7 +47,7 @@ def test_a_checked_config_round_trips_through_the_record():
         assert cfg.to_dict() == checked  # what run.json records and the run's digest covers
         assert parse_config(cfg.to_dict()) == cfg
     cfg = parse_config(full)
-    assert cfg.mask == MaskSettings("file:///mask", 2, None, None)
+    assert cfg.mask == MaskSettings("file:///mask", 2, None, None, "fail")
     assert (cfg.region.offset, cfg.output.scale, cfg.output.sharding) == ([1, 2, 3], 2.5, {"@type": "x"})
     assert (cfg.tta.on, cfg.jobs.tasks_per_job, cfg.jobs.minutes) == (True, 7, 30)
     assert parse_config(MINIMAL).mask is None and "mask" not in parse_config(MINIMAL).to_dict()

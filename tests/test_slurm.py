@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests import faults_helpers as H
-from tests.test_faults_workflow import _done_tasks, chained_kills, fresh, golden_files  # noqa: F401
+from tests.test_faults_workflow import _done_tasks, chain_timeout, chained_kills, fresh, golden_files  # noqa: F401
 
 pytestmark = [
     pytest.mark.slurm,
@@ -95,6 +95,7 @@ def _sacct(job_ids) -> list[dict]:
     return rows
 
 
+@pytest.mark.timeout(chain_timeout(KILLS))
 def test_t4_kill_snakemake_main_slurm_and_resume(fresh, golden_files, tmp_path):
     case = fresh.copy(tmp_path / "case")
     stats = chained_kills(case, golden_files, kills=KILLS, profile=SLURM, seed0=5000, delay=(3.0, 25.0))

@@ -25,6 +25,7 @@ from znni_core.io import PrecomputedLayer, parse_layer_url
 from znni_core.pipeline.run import load_run
 
 from .pipeline_helpers import base_config, em, layer_files, subprocess_env
+from .real_data import DETECTOR, DETECTOR_FILES, DETECTOR_REFERENCE
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [
@@ -302,16 +303,13 @@ def test_mask_checkpoint_runs_only_live_tasks_and_reports_masked_ones(tmp_path):
     assert "Nothing to be done" in p.stdout + p.stderr
 
 
-DETECTOR = REPO.parent / "shared" / "data" / "models" / "modelzoo_iarpa1_synapse_detection.onnx"
-
-
-@pytest.mark.skipif(not DETECTOR.is_file(), reason="../shared/data/models absent")
+@pytest.mark.real_data(*DETECTOR_FILES)
 def test_real_synapse_detector_runs_through_the_workflow(tmp_path):
     """A padded U-Net (the real trained detector, real EM) through snakemake: every chunk equals
     ``infer`` over the whole input with the run's plan (the same blending lattice)."""
     from znni_core.plan.plan import Plan
 
-    sample = np.load(DETECTOR.parent / "modelzoo_iarpa1_synapse_detection_sample1_reference.npz")["input"]
+    sample = np.load(DETECTOR_REFERENCE)["input"]
     vol = np.rint(sample[:6, :48, :40] * 255).astype(np.uint8)  # the real EM, as the uint8 it was stored as
     cfg, path = write_config(
         tmp_path,

@@ -3,6 +3,10 @@
 ``ZNNI_FAULT=point[:task[:arg]]`` (see tests/faults_helpers.py) patches
 ``znni_core.pipeline.task`` right after it is imported, so a ``znni run-task`` started by Snakemake
 (locally or through SLURM) kills itself with SIGKILL, or fails, at a chosen point.
+
+With ``ZNNI_FAULT_DIR`` set, every kill first appends one line to ``$ZNNI_FAULT_DIR/kills.log``
+saying where it landed (``after-chunk task 3: after chunk 1 of 2``): a test asserts the kill
+happened, and where, instead of inferring it.
 """
 
 import os
@@ -18,16 +22,54 @@ def _parse(spec):
     return point, task, arg
 
 
-def _die():
+def _die(where=None):
+    """SIGKILL this process, after recording ``where`` in ``$ZNNI_FAULT_DIR/kills.log``."""
+    d = os.environ.get("ZNNI_FAULT_DIR")
+    if where and d:
+        with open(os.path.join(d, "kills.log"), "a") as f:
+            f.write(where + "\n")
+            f.flush()
+            os.fsync(f.fileno())
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+class _TornWrite:
+    """A file opened for writing whose ``write`` stores the first half of its bytes, makes them
+    durable and then kills the process: the writer dies in the middle of the write."""
+
+    def __init__(self, f, path, where):
+        self._f, self._path, self._where = f, path, where
+
+    def write(self, data):
+        half = len(data) // 2
+        self._f.write(data[:half])
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        _die(f"{self._where}: {half} of {len(data)} bytes in {os.path.basename(self._path)}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+        return False
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
 def patch_task_module(T, spec):
     """Wrap the task's stages (read_task, compute_task, store_task: a job overlaps them across
-    its tasks, so every fault is keyed by the task it concerns, never by "the current task")."""
+    its tasks, so every fault is keyed by the task it concerns, never by "the current task").
+
+    Points that write: ``after-chunk:T:N`` kills once N chunks of task T are on storage (in a
+    sharded precomputed or zarr output a task's chunks are stored at once, in its shard: the
+    kill follows the shard's write); ``mid-write:T:N`` kills inside the N-th object write of task
+    T (its chunk, or its shard), with half of the object's bytes written to the temporary file
+    the atomic write renames only when whole (``file://`` layers: znni_core/io/atomic.py)."""
     point, task, arg = _parse(spec)
-    state = {"chunks": 0, "storing": None}
+    state = {"chunks": 0, "writes": 0, "storing": None, "total": 0, "armed": None}
     orig_read, orig_compute, orig_store = T.read_task, T.compute_task, T.store_task
     orig_open, orig_manifest = T.open_output, T.write_manifest
 
@@ -45,7 +87,7 @@ def patch_task_module(T, spec):
     def compute_task(ctx, ti, **kw):
         on = hit(ti.task_id)
         if on and point == "compute":
-            _die()
+            _die(f"compute task {ti.task_id}: before its compute")
         if on and point == "sleep-once":  # first run of the task only (a TIMEOUT, then fine)
             marker = os.path.join(os.environ.get("ZNNI_FAULT_DIR", "/tmp"), f"slept-{task}")
             if not os.path.exists(marker):
@@ -67,37 +109,76 @@ def patch_task_module(T, spec):
         return y, t
 
     def store_task(ctx, ti, *a, **kw):  # stores run one at a time: the chunks written are this task's
-        state["storing"], state["chunks"] = ti.task_id, 0
+        state["storing"], state["chunks"], state["writes"] = ti.task_id, 0, 0
+        state["total"] = len(ti.todo)
         try:
             return orig_store(ctx, ti, *a, **kw)
         finally:
             state["storing"] = None
 
+    def chunks_stored(n):
+        """``n`` more chunks of the task being stored are on storage: kill once ``arg`` are."""
+        if state["storing"] is None or not hit(state["storing"]):
+            return
+        state["chunks"] += n
+        if state["chunks"] < arg:
+            return
+        where = f"task {state['storing']} after chunk {state['chunks']} of {state['total']}"
+        if point == "after-chunk-once":  # the first attempt only; the marker proves where
+            marker = os.path.join(os.environ.get("ZNNI_FAULT_DIR", "/tmp"), f"killed-{task}")
+            if os.path.exists(marker):
+                return
+            with open(marker, "w") as f:
+                f.write(where + "\n")
+        _die(f"{point} {where}")
+
+    def torn_open(file, mode="r", *oa, **ok):  # znni_core.io.atomic's `open` while mid-write is set
+        f = open(file, mode, *oa, **ok)
+        if state["armed"] and "w" in mode and ".znni-tmp." in os.path.basename(str(file)):
+            return _TornWrite(f, str(file), state["armed"])
+        return f
+
+    def writing(write, what):
+        """``write`` (a chunk's or a shard's), armed for mid-write when it is the N-th of the task."""
+
+        def wrapped(*wa, **wk):
+            on = state["storing"] is not None and hit(state["storing"])
+            if on:
+                state["writes"] += 1
+            if on and point == "mid-write" and state["writes"] == arg:
+                state["armed"] = f"mid-write task {state['storing']} {what} {state['writes']}"
+                try:
+                    write(*wa, **wk)
+                finally:
+                    state["armed"] = None
+                raise RuntimeError(f"ZNNI_FAULT={spec}: the {what} write opened no local file (file:// only)")
+            r = write(*wa, **wk)
+            if on and point in ("after-chunk", "after-chunk-once"):
+                chunks_stored(len(wa[0]) if what == "shard" else 1)
+            return r
+
+        return wrapped
+
     def open_output(*a, **k):
         out = orig_open(*a, **k)  # opened once per job (open_run), before its tasks run
-        if point in ("after-chunk", "after-chunk-once"):
-            write = out.write_chunk
+        if point in ("after-chunk", "after-chunk-once", "mid-write"):
+            if getattr(out, "sharded", False):  # sharded precomputed and zarr: one shard per task
+                out.write_shard = writing(out.write_shard, "shard")
+            else:
+                out.write_chunk = writing(out.write_chunk, "chunk")
+        if point == "mid-write":
+            import znni_core.io.atomic as atomic
 
-            def write_chunk(*wa, **wk):
-                r = write(*wa, **wk)
-                if state["storing"] is not None and hit(state["storing"]):
-                    state["chunks"] += 1
-                    if state["chunks"] >= arg:
-                        if point == "after-chunk-once":  # the first attempt only; the marker proves where
-                            marker = os.path.join(os.environ.get("ZNNI_FAULT_DIR", "/tmp"), f"killed-{task}")
-                            if os.path.exists(marker):
-                                return r
-                            with open(marker, "w") as f:
-                                f.write(f"task {state['storing']} after chunk {state['chunks']} of its chunks\n")
-                        _die()
-                return r
-
-            out.write_chunk = write_chunk
+            atomic.open = torn_open
         return out
 
     def write_manifest(path, doc, *a, **k):
         if point == "before-manifest" and hit(doc.get("task", state["storing"])):
-            _die()
+            _die(f"before-manifest task {doc.get('task', state['storing'])}")
+        if point == "hold" and hit(doc.get("task", state["storing"])):
+            import time  # wait here for the test's kill: a kill at a seeded moment cannot miss the task
+
+            time.sleep(600)
         return orig_manifest(path, doc, *a, **k)
 
     T.read_task, T.compute_task, T.store_task = read_task, compute_task, store_task

@@ -147,6 +147,18 @@ class GcsObjects:
             except Exception as exc:  # requests' and urllib3's connection errors
                 if type(exc).__module__.split(".")[0] not in ("requests", "urllib3", "google"):
                     raise
+                from google.auth import exceptions as A
+
+                # a 401 the credentials cannot recover from (google-auth refreshes them and asks
+                # again first): anonymous ones cannot refresh, a revoked key is refused; permanent
+                if isinstance(exc, A.GoogleAuthError) and not (
+                    isinstance(exc, A.TransportError) or getattr(exc, "retryable", False)
+                ):
+                    raise StoragePermissionError(
+                        f"{op} {self.where(name)} was refused: the credentials were not accepted "
+                        f"({type(exc).__name__}: {exc}). This is permanent and was not retried. Check the service "
+                        "account (google-secret.json in the cloud-volume secrets directory); then re-run the task."
+                    ) from None
                 why = f"{type(exc).__name__}: {exc}"
             if attempt >= self.attempts:
                 raise StorageError(
@@ -201,6 +213,15 @@ class GcsObjects:
         def head():
             blob = self.bucket.get_blob(self.key(name), retry=None, timeout=TIMEOUT_S)
             return None if blob is None else int(blob.size or 0)
+
+        return self._call("HEAD", name, head)
+
+    def version(self, name: str) -> str | None:
+        """The object's generation, or None if absent."""
+
+        def head():
+            blob = self.bucket.get_blob(self.key(name), retry=None, timeout=TIMEOUT_S)
+            return None if blob is None else str(blob.generation)
 
         return self._call("HEAD", name, head)
 

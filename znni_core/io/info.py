@@ -5,6 +5,7 @@ The info file stores (x, y, z); everything returned from here is (z, y, x).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,14 +74,41 @@ class ScaleSpec:
         }
 
 
+#: the largest magnitude of an info's integers (sizes, offsets, chunk sizes): exact in float64,
+#: and far beyond any volume (2^53 voxels per axis)
+MAX_INT = 2**53
+
+
+def _integer(x) -> bool:
+    """Whether ``x`` is an integer value of magnitude below :data:`MAX_INT` (NaN, Infinity, a
+    fraction, a bool, a huge integer or a non-number are not)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    if isinstance(x, float) and not (math.isfinite(x) and x.is_integer()):
+        return False
+    return abs(x) < MAX_INT
+
+
 def _ints(v, n, what, where):
-    if (
-        not isinstance(v, (list, tuple))
-        or len(v) != n
-        or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and float(x) == int(x) for x in v)
-    ):
-        raise DataError(f"{where}: {what} must be {n} integers, got {v!r}")
+    if not isinstance(v, (list, tuple)) or len(v) != n or not all(_integer(x) for x in v):
+        raise DataError(f"{where}: {what} must be {n} integers (each below 2^53 in magnitude), got {_short(v)}")
     return [int(x) for x in v]
+
+
+def _short(v) -> str:
+    """``repr(v)`` for a message, at most 200 characters."""
+    text = repr(v)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _positive(x) -> bool:
+    """Whether ``x`` is a finite positive number below 1e12 (a resolution in nm)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(x)) and 0 < float(x) < 1e12
+    except OverflowError:  # an integer beyond float's range
+        return False
 
 
 def validate_info(info, where: str) -> dict:
@@ -113,14 +141,10 @@ def validate_info(info, where: str) -> dict:
         if not isinstance(cs, list) or not cs:
             raise DataError(f"{w}: chunk_sizes missing")
         if any(v < 1 for v in _ints(cs[0], 3, "chunk_sizes[0]", w)):
-            raise DataError(f"{w}: chunk sizes must be positive, got {cs[0]}")
+            raise DataError(f"{w}: chunk_sizes[0] must be positive, got {cs[0]}")
         res = s.get("resolution")
-        if (
-            not isinstance(res, list)
-            or len(res) != 3
-            or not all(isinstance(r, (int, float)) and np.isfinite(r) and r > 0 for r in res)
-        ):
-            raise DataError(f"{w}: resolution must be 3 positive numbers, got {res!r}")
+        if not isinstance(res, list) or len(res) != 3 or not all(_positive(r) for r in res):
+            raise DataError(f"{w}: resolution must be 3 finite positive numbers (nm, below 1e12), got {_short(res)}")
         enc = s.get("encoding", "raw")
         if enc not in READ_ENCODINGS:
             raise DataError(f"{w}: encoding {enc!r} is not one znni reads ({', '.join(READ_ENCODINGS)})")

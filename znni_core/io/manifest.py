@@ -54,7 +54,7 @@ def read_manifest(path) -> dict:
             f"manifest {path}: format {m.get('format') if isinstance(m, dict) else None!r} "
             f"is not {MANIFEST_FORMAT!r}; re-run its task"
         )
-    for key in ("task", "chunks", "plan_digest", "network_digest", "layer"):
+    for key in ("task", "chunks", "run_digest", "plan_digest", "network_digest", "layer"):
         if key not in m:
             raise DataError(f"manifest {path} lacks {key!r}; re-run its task")
     if not isinstance(m["chunks"], list):

@@ -65,6 +65,7 @@ class PrecomputedLayer(StoredObjects):
         self.sharded = bool(self.info["scales"][mip].get("sharding"))
         self.checksums = "none"  # what verifies a read: "sha256" (the layer's sidecar index) or "none"
         self._sums, self._sums_required = None, False
+        self._guard_fills = False  # refuse to fill a chunk the sha256 index records (set for inputs)
 
     def use_checksums(self, mode: str) -> str:
         """Verify reads against the layer's sidecar sha256 index (``io/checksums.py``, written when
@@ -72,6 +73,7 @@ class PrecomputedLayer(StoredObjects):
         or in an encoding other than raw, ``none`` skips."""
         from .checksums import ChunkSums
 
+        self._guard_fills = True  # in every mode: a recorded chunk that is absent is lost, never filled
         if mode == "none":
             return "none"
         by_chunk = self._encoding == "raw"
@@ -162,6 +164,25 @@ class PrecomputedLayer(StoredObjects):
             return [n for n in names if not sizes.get(n)]
         return [why for why in map(self._absent_in_shard, idxs) if why]
 
+    def objects(self, roi: Roi) -> list[str]:
+        """The stored objects a read of ``roi`` fetches: its chunks, or in a sharded layer their shards."""
+        idxs = list(self.grid.chunks_in(roi.intersect(self.bounds)))
+        if not self.sharded:
+            return [self.chunk_name(i) for i in idxs]
+        from .sharding import chunk_key
+
+        shards = {self._shards.location(chunk_key(i, self.grid.grid_shape))[0] for i in idxs}
+        return sorted(f"{self.key}/{s}" for s in shards)
+
+    def object_versions(self, roi: Roi) -> dict:
+        """``{object: version or None}`` of what a read of ``roi`` fetches (:meth:`objects`;
+        :meth:`~.store.ObjectStore.versions`)."""
+        return self.versions(self.objects(roi))
+
+    def versions(self, names) -> dict:
+        """``{object: version or None if absent}`` now (:meth:`~.store.ObjectStore.versions`)."""
+        return self.store.versions(list(names))
+
     def read(self, roi: Roi, *, fill_missing: bool = False) -> tuple[np.ndarray, list[str]]:
         """``(C, z, y, x)`` array of ``roi`` (inside the bounds) and the chunks filled with zeros.
 
@@ -189,6 +210,8 @@ class PrecomputedLayer(StoredObjects):
         missing = [name for data, name in stored if data is None]
         if missing and not fill_missing:
             raise self._missing_error(roi, missing)
+        if missing and self._guard_fills:
+            self._refuse_lost(roi, [i for i, (data, _) in zip(idxs, stored) if data is None])
         out = np.zeros((self.channels,) + tuple(roi.shape), self.dtype)
         for idx, (data, _) in zip(idxs, stored):
             if data is None:
@@ -228,6 +251,29 @@ class PrecomputedLayer(StoredObjects):
         except Exception as exc:  # each codec raises its own error type
             raise DataError(f"{where}: {self._encoding} chunk does not decode ({type(exc).__name__}: {exc})") from None
         return np.ascontiguousarray(np.asarray(arr).reshape(shape[::-1]).transpose(3, 2, 1, 0))
+
+    def _refuse_lost(self, roi: Roi, idxs: list) -> None:
+        """A :class:`DataError` naming the chunks of ``idxs`` (absent or empty) that the layer's
+        sha256 index records: they existed when znni wrote the layer, so their absence is data
+        loss, which ``input.missing: zero`` never fills.  Nothing without an index (the index is
+        read here even under ``input.checksums: none``)."""
+        from .checksums import ChunkSums
+
+        sums = self._sums
+        if sums is None:
+            sums = self.__dict__.get("_lookup_sums")
+            if sums is None:
+                sums = self.__dict__["_lookup_sums"] = ChunkSums.of(self) or False
+        if not sums:
+            return
+        lost = [self.chunk_name(i) for i in idxs if sums.expected(i) is not None]
+        if lost:
+            raise DataError(
+                f"input {self.url} mip {self.mip}: {len(lost)} chunk(s) under {roi} are missing or empty but the "
+                f"layer's sha256 index ({self.key}/znni-sha256) records them (first: {lost[:3]}): they existed "
+                "when znni wrote the layer, so this is data loss, not a gap; input.missing: zero fills only "
+                "chunks that were never written. Restore them, or re-run the run that wrote the layer"
+            )
 
     def _missing_error(self, roi: Roi, missing: list) -> DataError:
         return DataError(

@@ -294,19 +294,31 @@ class S3Objects:
         )
         return body, enc
 
-    def size(self, name: str) -> int | None:
-        """Bytes of the object, or None if it does not exist."""
+    def _head(self, name: str) -> dict | None:
+        """The object's HEAD response, or None if it does not exist."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            r = self.client.head_object(Bucket=self.bucket, Key=self.key(name))
+            return self.client.head_object(Bucket=self.bucket, Key=self.key(name))
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
                 return None
             raise self._error(exc, "HEAD", name) from exc
         except BotoCoreError as exc:
             raise self._error(exc, "HEAD", name) from exc
-        return int(r.get("ContentLength") or 0)
+
+    def size(self, name: str) -> int | None:
+        """Bytes of the object, or None if it does not exist."""
+        r = self._head(name)
+        return None if r is None else int(r.get("ContentLength") or 0)
+
+    def version(self, name: str) -> str | None:
+        """The object's ETag (with its VersionId on a versioned bucket), or None if it does not exist."""
+        r = self._head(name)
+        if r is None:
+            return None
+        etag = (r.get("ETag") or "").strip('"')
+        return etag + (f"@{r['VersionId']}" if r.get("VersionId") not in (None, "null") else "")
 
     def delete(self, name: str) -> None:
         """DELETE object ``name``; a failed request raises a :class:`~znni_core.errors.StorageError`."""

@@ -13,8 +13,12 @@ Every read and write of a layer's objects (info, chunks, shards, zarr metadata) 
 Both remote stores retry transient failures a bounded number of times with jittered backoff and
 fail a permanent refusal (403) at its first answer.
 
-``get`` returns the decoded bytes (a gzip encoding undone) or None when the object is absent;
-an object that is present but unreadable raises :class:`~znni_core.errors.DataError` naming it.
+``get`` returns the decoded bytes (a gzip encoding undone) or None when the object is absent
+(only "not found" is absent); an object that is present but cannot be read (an I/O or
+permission error, a refusal) raises :class:`~znni_core.errors.StorageError` naming it, one that
+does not decode a :class:`~znni_core.errors.DataError`.  On ``file://`` a directory, FIFO or other
+non-file in an object's place is a :class:`~znni_core.errors.DataError` naming it, never "absent"
+(so never a missing chunk that ``input.missing: zero`` would fill).
 
 >>> from znni_core.io.paths import parse_layer_url
 >>> import tempfile
@@ -31,9 +35,10 @@ import gzip
 import hashlib
 import json
 import os
+import stat
 from functools import cached_property
 
-from ..errors import DataError
+from ..errors import DataError, StorageError
 from .atomic import atomic_write, clean_stale_temporaries
 from .paths import LayerURL
 
@@ -67,6 +72,46 @@ def _decompress(data: bytes, encoding: str, where: str) -> bytes:
         return decompress(data, encoding, where)
     except Exception as exc:  # each codec raises its own error type
         raise DataError(f"{where} is stored with {encoding} encoding but does not decode: {exc}") from exc
+
+
+def local_size(path, where: str) -> int | None:
+    """Bytes of the regular file at ``path``, or None when nothing is there (``ENOENT``).  Anything
+    else is an error naming ``where``: a directory, FIFO or other non-file in its place (a
+    :class:`DataError`; a FIFO is never opened: it would block), a parent that is not a directory,
+    a permission or I/O error (a :class:`StorageError`); "missing" means only "not found"."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StorageError(
+            f"{where}: cannot be looked up ({exc.strerror or exc}); it is not missing but unreadable: "
+            "fix the storage (permissions, mounts, disk) and re-run"
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, socket or device)"
+        raise DataError(
+            f"{where} is {what}: it is not missing but damaged; remove what is in its place and "
+            "restore the object, or re-run the task that writes it"
+        )
+    return st.st_size
+
+
+def _read_local(path, where: str, start: int = 0, size: int | None = None) -> bytes | None:
+    """The bytes of a local file (``size`` of them from ``start``), None if it vanished since it
+    was found (a concurrent delete); other OS errors are a :class:`StorageError` naming ``where``."""
+    try:
+        with open(path, "rb") as f:
+            if start:
+                f.seek(start)
+            return f.read() if size is None else f.read(size)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StorageError(
+            f"{where}: read failed ({exc.strerror or exc}); it is not missing but unreadable: "
+            "fix the storage (permissions, mounts, disk) and re-run"
+        ) from None
 
 
 def _gzip(data: bytes) -> bytes:
@@ -123,6 +168,13 @@ class ObjectStore:
         """Remove ``name`` in every encoding; absent is fine."""
         raise NotImplementedError
 
+    def versions(self, names: list[str]) -> dict:
+        """``{name: version, or None if absent}``: what identifies the stored bytes of each object
+        now (``file://``: size and modification time in ns; ``s3://``: the ETag; ``gs://``: the
+        generation).  A task records them before it reads its input, so a later change of an
+        object in place (same name, new bytes) shows as another version."""
+        raise NotImplementedError
+
     def get_json(self, name: str):
         """A small JSON object, or None if absent; invalid JSON is a :class:`DataError`."""
         data = self.get(name)
@@ -162,9 +214,19 @@ class LocalStore(ObjectStore):
         """The layer's directory."""
         return self.url.local_path
 
-    def _found(self, name: str) -> list[str]:
+    def _stored(self, name: str) -> dict:
+        """``{suffix: bytes on disk}`` of the files stored for ``name`` (each a regular file; any
+        other thing in an object's place, or a failing lookup, is a :class:`DataError`)."""
         base = os.path.join(self.root, name)
-        return [s for s in ALL_SUFFIXES if os.path.isfile(base + s)]
+        found = {}
+        for s in ALL_SUFFIXES:
+            size = local_size(base + s, self.where(name + s))
+            if size is not None:
+                found[s] = size
+        return found
+
+    def _found(self, name: str) -> list[str]:
+        return list(self._stored(name))
 
     def get(self, name: str) -> bytes | None:
         """The object's bytes (a ``.gz`` file gunzipped), or None if absent.
@@ -179,24 +241,28 @@ class LocalStore(ObjectStore):
                 f"{self.where(name)} is stored as {[name + s for s in found]}: readers would pick one "
                 "by probe order; re-run its task to leave exactly one"
             )
-        data = (self.root / (name + found[0])).read_bytes()
-        return _decompress(data, ENCODINGS[found[0]], self.where(name + found[0])) if found[0] else data
+        data = _read_local(self.root / (name + found[0]), self.where(name + found[0]))
+        if data is None or not found[0]:
+            return data
+        return _decompress(data, ENCODINGS[found[0]], self.where(name + found[0]))
 
     def get_range(self, name: str, start: int, end: int) -> bytes | None:
         """Bytes ``[start, end)`` of the file ``name`` (read by seeking), or None if absent."""
-        found = self._found(name)
+        found = self._stored(name)
         if not found:
             return None
-        if found == [""]:
-            path = self.root / name
-            if end > path.stat().st_size:  # before reading: a corrupt index may ask for terabytes
+        if list(found) == [""]:
+            if end > found[""]:  # before reading: a corrupt index may ask for terabytes
                 data = b""
             else:
-                with open(path, "rb") as f:
-                    f.seek(start)
-                    data = f.read(end - start)
+                data = _read_local(self.root / name, self.where(name), start, end - start)
+                if data is None:
+                    return None
         else:  # an encoded file has no byte ranges of its own
-            data = self.get(name)[start:end]
+            data = self.get(name)
+            if data is None:
+                return None
+            data = data[start:end]
         if len(data) != end - start:
             raise DataError(
                 f"{self.where(name)}: bytes [{start}, {end}) lie past its end: it is truncated or its index is "
@@ -228,8 +294,20 @@ class LocalStore(ObjectStore):
         """``{name: bytes on disk, or None if absent}`` (the largest file where several encodings exist)."""
         out = {}
         for n in names:
-            sizes = [(self.root / (n + s)).stat().st_size for s in self._found(n)]
+            sizes = list(self._stored(n).values())
             out[n] = max(sizes) if sizes else None
+        return out
+
+    def versions(self, names: list[str]) -> dict:
+        """``{name: "<bytes>-<mtime ns>" of its file (``+``-joined where several encodings exist), or None}``
+        (one ``stat`` each).  A path that exists but is no file is a :class:`DataError`."""
+        out = {}
+        for n in names:
+            try:
+                st = [os.stat(self.root / (n + s)) for s in self._found(n)]
+            except OSError as exc:  # removed between the probe and the stat, or unreadable
+                raise DataError(f"{self.where(n)} cannot be examined ({exc.strerror or exc})") from exc
+            out[n] = "+".join(f"{s.st_size}-{s.st_mtime_ns}" for s in st) or None
         return out
 
     def delete(self, name: str) -> None:
@@ -304,6 +382,15 @@ class _RemoteStore(ObjectStore):
             return {n: self._objects.size(n) for n in names}
         with ThreadPoolExecutor(8) as pool:
             return dict(zip(names, pool.map(self._objects.size, names)))
+
+    def versions(self, names: list[str]) -> dict:
+        """``{name: ETag or generation, or None if absent}`` (HEAD requests, 8 in flight)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if len(names) < 2:
+            return {n: self._objects.version(n) for n in names}
+        with ThreadPoolExecutor(8) as pool:
+            return dict(zip(names, pool.map(self._objects.version, names)))
 
     def delete(self, name: str) -> None:
         """Delete ``name``; a failed request is a :class:`~znni_core.errors.StorageError`."""

@@ -13,25 +13,31 @@ import math
 
 import numpy as np
 
-from ..errors import ConfigError, DataError, InputError
+from ..errors import ConfigError, DataError, InputError, StorageError
 from ..geometry import ChunkGrid, Coordinate, Roi
 from .paths import LayerURL
+from .store import local_size
 
 _EMPTY = (2**64 - 1, 2**64 - 1)  # a shard index's (offset, nbytes) of a chunk not stored
 
 
-def _shard_index(path, size: int, at_end: bool):
+def _shard_index(path, size: int, at_end: bool, where: str):
     """A zarr v3 shard's index as ``[(offset, nbytes), ...]`` per chunk (C order), None when the
-    shard's file is absent, empty or shorter than its index."""
+    shard's file is absent, empty or shorter than its index.  Anything else in its place, or an
+    I/O or permission error, is an error naming ``where`` (:func:`~.store.local_size`): only
+    "not found" is missing."""
+    total = local_size(path, where)
+    if total is None or total < size:
+        return None
     try:
         with open(path, "rb") as f:
-            f.seek(0, 2)
-            total = f.tell()
-            if total < size:
-                return None
             f.seek(total - size if at_end else 0)
             raw = f.read(size)
-    except OSError:
+    except FileNotFoundError:  # deleted since: absent
+        return None
+    except OSError as exc:
+        raise StorageError(f"{where}: read failed ({exc.strerror or exc}); fix the storage and re-run") from None
+    if len(raw) < size:  # truncated since its size was read
         return None
     v = np.frombuffer(raw[: size - (size % 16)], "<u8").reshape(-1, 2)
     return [(int(a), int(b)) for a, b in v]
@@ -124,7 +130,8 @@ class ZarrLayer:
         """The chunks under ``roi`` that are not stored: their file absent or empty, or (sharded)
         their shard's file absent or empty, or their entry in the shard's index empty (zarr reads
         all of these as the fill value).  A sharded array's names are ``<shard key>[<chunk in
-        shard>]``."""
+        shard>]``.  Only "not found" is missing: a directory or other non-file in a chunk's or
+        shard's place, or a permission or I/O error, is an error naming it."""
         meta = self.array._async_array.metadata
         root = self.url.local_path
         lead = () if self.array.ndim == 3 else (0,)
@@ -135,8 +142,7 @@ class ZarrLayer:
         for idx in self.grid.chunks_in(roi):
             for lead in leads:  # every chunk of the channel axis
                 key = meta.encode_chunk_key(lead + tuple(idx))
-                p = root / key
-                if not p.is_file() or p.stat().st_size == 0:
+                if not local_size(root / key, f"input {self.url}: chunk {key}"):
                     out.append(key)
         return out
 
@@ -155,13 +161,45 @@ class ZarrLayer:
                 inner = tuple(i % p for i, p in zip(full, per))
                 key = meta.encode_chunk_key(shard)
                 if key not in index:
-                    index[key] = _shard_index(root / key, size, at_end)
+                    index[key] = _shard_index(root / key, size, at_end, f"input {self.url}: shard {key}")
                 name = f"{key}[{','.join(map(str, inner))}]"
                 if index[key] is None:
                     out.append(name + " (shard missing or empty)")
                     continue
                 if index[key][int(np.ravel_multi_index(inner, per))] == _EMPTY:  # C order over the shard's chunks
                     out.append(name)
+        return out
+
+    def objects(self, roi: Roi) -> list[str]:
+        """The files (keys under the array) a read of ``roi`` opens: its chunks of every channel
+        chunk, or in a sharded array their shards."""
+        meta = self.array._async_array.metadata
+        per = self.array.shards if self.sharded else self.array.chunks
+        lead = [] if self.array.ndim == 3 else [range(-(-self.array.shape[0] // per[0]))]
+        inner = self.chunk_shape if not self.sharded else Coordinate(per[-3:])
+        keys = set()
+        for idx in self.grid.chunks_in(roi.intersect(self.bounds)):
+            at = tuple(int(i) * int(c) // int(p) for i, c, p in zip(idx, self.chunk_shape, inner))
+            for c in lead[0] if lead else [None]:
+                keys.add(meta.encode_chunk_key(at if c is None else (c,) + at))
+        return sorted(keys)
+
+    def object_versions(self, roi: Roi) -> dict:
+        """``{file key: "<bytes>-<mtime ns>" or None if absent}`` of what a read of ``roi`` opens."""
+        return self.versions(self.objects(roi))
+
+    def versions(self, keys) -> dict:
+        """``{file key: "<bytes>-<mtime ns>" or None if absent}`` (one ``stat`` each)."""
+        out = {}
+        for key in keys:
+            try:
+                st = (self.url.local_path / key).stat()
+            except FileNotFoundError:
+                out[key] = None
+                continue
+            except OSError as exc:
+                raise DataError(f"input {self.url}: {key} cannot be examined ({exc.strerror or exc})") from exc
+            out[key] = f"{st.st_size}-{st.st_mtime_ns}"
         return out
 
     def read(self, roi: Roi, *, fill_missing: bool = False) -> tuple[np.ndarray, list[str]]:

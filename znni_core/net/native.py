@@ -180,7 +180,14 @@ def _node(path: Path, i: int, entry: dict, weights: dict) -> Node:
             continue
         if ref not in weights:
             raise NetworkError(f"{path}: node {i} ({name}) {key} key {ref!r} is not in the weights file")
-        params[key] = np.asarray(weights[ref], np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):  # beyond float32: Inf, refused below
+            arr = np.asarray(weights[ref], np.float32)
+        if not np.isfinite(arr).all():  # a conv's are checked by Conv; deconv and affine arrays here
+            raise NetworkError(
+                f"{path}: node {i} ({name}) {key} {ref!r} holds {int((~np.isfinite(arr)).sum())} NaN/Inf "
+                "value(s); fix or re-export the weights"
+            )
+        params[key] = arr
     for key in _SHAPES:
         if key in params and not isinstance(params[key], np.ndarray):
             params[key] = as_shape3(params[key], f"{path}: node {name} {key}")

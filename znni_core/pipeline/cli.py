@@ -23,9 +23,57 @@ def _log(msg: str) -> None:
     typer.echo(msg, err=True)
 
 
-def register(app: typer.Typer) -> None:
-    """Add the workflow commands to the main ``znni`` app."""
+def _argument_file(kwargs: dict):
+    """The file argument a command was given (its run file or config), for a message."""
+    return next((kwargs[k] for k in ("run_file", "config") if kwargs.get(k) is not None), None)
 
+
+def one_line_errors(command):
+    """``command`` with every error that escapes it printed as one line (:func:`fail`), never a
+    traceback: a :class:`~znni_core.errors.ZnniError` as it is; an OS error (a directory where a
+    file is expected, a path that cannot be read or written) or text that is not UTF-8 as a
+    :class:`~znni_core.errors.ConfigError` (the path is wrong: exit 2) or a
+    :class:`~znni_core.errors.DataError` (the storage failed: exit 1) naming the file."""
+    import functools
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        from ..errors import ConfigError, DataError, ZnniError
+
+        try:
+            return command(*args, **kwargs)
+        except ZnniError as exc:
+            fail(exc)
+        except UnicodeDecodeError as exc:
+            fail(
+                ConfigError(f"{_argument_file(kwargs) or 'a file'}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+            )
+        except OSError as exc:
+            path = exc.filename2 if exc.filename2 is not None else exc.filename
+            what = f"{path}: " if path is not None else ""
+            if isinstance(exc, (IsADirectoryError, NotADirectoryError, FileNotFoundError, FileExistsError)):
+                kind = "a directory" if isinstance(exc, IsADirectoryError) else None
+                fail(
+                    ConfigError(
+                        f"{what}{exc.strerror or exc}"
+                        + (f" ({kind} where a file is expected)" if kind else "")
+                        + "; check the path given"
+                    )
+                )
+            fail(DataError(f"{what}{exc.strerror or exc}; fix the storage (permissions, disk) and re-run"))
+
+    return run
+
+
+def register(app: typer.Typer) -> None:
+    """Add the workflow commands to the main ``znni`` app, each under :func:`one_line_errors`."""
+    first = len(app.registered_commands)
+    _register(app)
+    for info in app.registered_commands[first:]:
+        info.callback = one_line_errors(info.callback)
+
+
+def _register(app: typer.Typer) -> None:
     @app.command("validate")
     def validate_cmd(
         config: Optional[Path] = typer.Argument(None, help="config.yaml (see docs/configuration.md)"),
@@ -48,6 +96,7 @@ def register(app: typer.Typer) -> None:
         """Check config, network and layers (everything that can fail before scheduling); write the plan
         (and with --layer-marker create the output layer: the workflow's first job does both)."""
         from ..errors import ZnniError
+        from .identity import check_rerun, previous_identity
         from .resolve import resolve
         from .run import save_run
         from .settings import load_config, parse_config
@@ -60,6 +109,14 @@ def register(app: typer.Typer) -> None:
         except ZnniError as exc:
             fail(exc)
         _log(plan.describe(max_rejected=3))
+        try:
+            changed = check_rerun(previous_identity(run.work_dir), run, cfg.recompute)
+        except ZnniError as exc:
+            fail(exc)
+        if changed:
+            _log(
+                f"recompute: {cfg.recompute}: the tasks another run made are made again for: " + "; ".join(changed[:6])
+            )
         if dry_run:
             _log("dry run: nothing written")
             return
@@ -243,10 +300,12 @@ def register(app: typer.Typer) -> None:
         verify: Optional[str] = typer.Option(None, help="checksum | exists (default from the config)"),
     ):
         """Check every manifest and chunk, append provenance, write report, preview and viewer link."""
-        from ..errors import ZnniError
+        from ..errors import ConfigError, ZnniError
         from .finalize import finalize
 
         try:
+            if verify not in (None, "checksum", "exists"):
+                raise ConfigError(f"--verify {verify!r}: give checksum or exists")
             s = finalize(run_file, verify=verify, log=_log)
         except ZnniError as exc:
             fail(exc)
@@ -260,10 +319,13 @@ def register(app: typer.Typer) -> None:
     @app.command("verify")
     def verify_cmd(
         run_file: Path = typer.Argument(..., help=RUN_HELP),
-        tasks: int = typer.Option(8, help="tasks whose voxels are recomputed (chain networks)"),
-        samples: int = typer.Option(64, help="random voxels recomputed per task (its corners too)"),
-        seed: int = typer.Option(0, help="the sample's seed (recorded in verify.json)"),
+        tasks: int = typer.Option(8, min=0, help="tasks whose voxels are recomputed (chain networks)"),
+        samples: int = typer.Option(64, min=0, help="random voxels recomputed per task (its corners too)"),
+        seed: int = typer.Option(0, min=0, help="the sample's seed (recorded in verify.json)"),
         exists_only: bool = typer.Option(False, "--exists-only", help="stored objects: existence, not checksums"),
+        empty: int = typer.Option(
+            64, min=0, help="chunks recorded empty checked: input context all 0 (edge policy applied), nothing stored"
+        ),
     ):
         """Check a finished run: every stored object against its manifest, and a sample of voxels
         recomputed from the network's definition; writes <work_dir>/verify.json."""
@@ -271,7 +333,9 @@ def register(app: typer.Typer) -> None:
         from .verify import verify_run
 
         try:
-            verify_run(run_file, tasks=tasks, samples=samples, seed=seed, checksums=not exists_only, log=_log)
+            verify_run(
+                run_file, tasks=tasks, samples=samples, seed=seed, checksums=not exists_only, empty=empty, log=_log
+            )
         except ZnniError as exc:
             fail(exc)
         typer.echo("verify: passed")
@@ -301,7 +365,15 @@ def register(app: typer.Typer) -> None:
             fail(exc)
 
     @app.command("status")
-    def status_cmd(run_file: Path = typer.Argument(..., help=RUN_HELP)):
+    def status_cmd(
+        run_file: Path = typer.Argument(..., help=RUN_HELP),
+        check_inputs: bool = typer.Option(
+            False,
+            "--check-inputs",
+            help="also list the done tasks whose input objects changed in place since they ran "
+            "(one stat or HEAD request per input object of every done task); exit 1 if any",
+        ),
+    ):
         """How many tasks have a manifest (done), and which do not."""
         from ..errors import ZnniError
         from .run import load_run, run_geometry
@@ -317,6 +389,31 @@ def register(app: typer.Typer) -> None:
             f"{len(blocks) - len(todo)} of {len(blocks)} tasks done; not done: {todo[:50]}"
             + (" ..." if len(todo) > 50 else "")
         )
+        if run.config.downsample.mips:  # from the manifests: stale tasks (mip 0 re-run under them) are not done
+            from .pyramid import pyramid_status
+
+            try:
+                for s in pyramid_status(run):
+                    left = sorted(s["not_done"])
+                    typer.echo(
+                        f"pyramid mip {s['mip']}: {s['tasks'] - len(left)} of {s['tasks']} tasks done; "
+                        f"not done or stale: {left[:50]}" + (" ..." if len(left) > 50 else "")
+                    )
+            except ZnniError as exc:
+                typer.echo(f"pyramid: unknown ({exc})")
+        if check_inputs:
+            try:
+                stale = _changed_input_tasks(run, [b for b in blocks if b.id not in set(todo)])
+            except ZnniError as exc:
+                fail(exc)
+            for task, changed in stale:
+                typer.echo(f"task {task}: {len(changed)} input object(s) changed since it ran: {changed[0]}")
+            typer.echo(
+                f"{len(stale)} done task(s) read input objects that changed since"
+                + ("; recompute them with recompute: inputs (snakemake ... --config recompute=inputs)" if stale else "")
+            )
+            if stale:
+                raise typer.Exit(1)
 
     @app.command("demo-data")
     def demo_data_cmd(
@@ -387,6 +484,28 @@ def register(app: typer.Typer) -> None:
             pass
         finally:
             srv.close()
+
+
+def _changed_input_tasks(run, blocks) -> list:
+    """``[(task id, [changed object, ...])]`` of the done ``blocks`` whose recorded input versions
+    differ from the input's now."""
+    from ..io import open_input, parse_layer_url, read_manifest
+    from .identity import changed_inputs
+    from .task import manifest_path
+
+    cfg = run.config
+    inp = open_input(
+        parse_layer_url(run.input.url, endpoint=cfg.input.endpoint_url),
+        run.input.mip,
+        resolution=cfg.input.resolution,
+        checksums="none",
+    )
+    out = []
+    for b in blocks:
+        changed = changed_inputs(inp, read_manifest(manifest_path(run, b.id)))
+        if changed:
+            out.append((b.id, changed))
+    return out
 
 
 def _create_output_layer(run_file: Path, marker: Optional[Path]) -> None:

@@ -31,7 +31,7 @@ from ..io import (
 )
 from ..progress import bar
 from .mask import load_mask_tasks, positions
-from .report import verification
+from .report import empty_chunks, verification
 from .run import Run, load_run, output_spec, run_geometry
 from .settings import Config
 from .task import manifest_path
@@ -72,8 +72,11 @@ def check_task(run: Run, out, block, verify: str, mip: int = 0) -> dict:
     out against the store (``verify``: checksum | exists); DataError naming what is wrong otherwise."""
     mp = manifest_path(run, block.id, mip)
     m = read_manifest(mp)
-    if m["plan_digest"] != run.plan.digest or m["network_digest"] != run.network.digest:
-        raise DataError(f"manifest {mp} was written with another plan or network; re-run task {block.id}")
+    if m.get("run_digest") != run.digest:  # another run's settings, input, network, plan or encoding
+        raise DataError(
+            f"manifest {mp} was written by another run (digest {str(m.get('run_digest'))[:12]}, this run "
+            f"{run.digest[:12]}); re-run task {block.id}"
+        )
     if [c["index"] for c in m["chunks"]] != [list(i) for i in block.chunks]:
         raise DataError(f"manifest {mp} lists other chunks than task {block.id} owns; re-run it")
     if out.sharded:  # the shard object is what was written: its checksum covers every chunk
@@ -265,6 +268,9 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     compute_s = sum(m["timings"]["total_s"] for m in manifests.values())
     voxels = sum(m["voxels"] for m in manifests.values())
     filled = sorted({k for m in manifests.values() for k in m.get("missing_input_filled", [])})
+    mask_filled = sorted({k for m in manifests.values() for k in m.get("missing_mask_filled", [])})
+    if run.mask:  # the scan's fills too: a task masked as a whole has no manifest
+        mask_filled = sorted(set(mask_filled) | set(load_mask_tasks(run).get("missing_mask_filled", [])))
     removed = clean_stale_temporaries_in_layer(out_url) if not failed else []
     report_dir = Path(run.work_dir) / "report"
     summary = {
@@ -274,6 +280,7 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
         "failures": {str(k): v for k, v in sorted(failed.items())},
         "chunks_written": n_written,
         "chunks_empty": n_empty,
+        "empty_chunks": empty_chunks(cfg.input.empty, n_empty, _output_on_zeros(run) if n_empty else None),
         "voxels": voxels,
         "task_seconds": round(compute_s, 3),
         "voxels_per_s_per_job": round(voxels / compute_s, 1) if compute_s else 0,
@@ -296,7 +303,14 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
             for m in json.loads(pyramid.read_text())["mips"]
         ]
     if run.mask:
-        summary.update({"mask": run.mask.url, "tasks_masked": n_masked_tasks, "chunks_masked": n_masked})
+        summary.update(
+            {
+                "mask": run.mask.url,
+                "tasks_masked": n_masked_tasks,
+                "chunks_masked": n_masked,
+                "missing_mask_filled": mask_filled,
+            }
+        )
     if summary["wall_seconds"] > 0:
         summary["voxels_per_s_wall"] = round(voxels / summary["wall_seconds"], 1)
     if failed:
@@ -307,6 +321,10 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
             f"Re-run the workflow (only those tasks run) or `znni run-task {run_file} --task ID`."
         )
         raise DataError(f"{len(failed)} task(s) failed or unverified: {sorted(failed)[:20]}")
+    if "pyramid" in summary:  # a mip-0 task re-run since: the mips above it are stale
+        from .pyramid import require_pyramid
+
+        require_pyramid(run, log)
 
     # provenance: appended once per finalize
     prov = read_json(out_url, "provenance") or {"description": "", "owners": [], "processing": [], "sources": []}
@@ -323,8 +341,14 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
                 "output_mapping": output_mapping(cfg),
                 "missing_input_filled": filled,
                 "chunks_empty": n_empty,
+                "empty_chunks": summary["empty_chunks"],
                 **(
-                    {"mask": asdict(run.mask), "tasks_masked": n_masked_tasks, "chunks_masked": n_masked}
+                    {
+                        "mask": asdict(run.mask),
+                        "tasks_masked": n_masked_tasks,
+                        "chunks_masked": n_masked,
+                        "missing_mask_filled": mask_filled,
+                    }
                     if run.mask
                     else {}
                 ),
@@ -363,13 +387,26 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     log(
         f"finalize: {summary['done']}/{summary['tasks']} tasks done, 0 failed"
         + (f", {n_masked_tasks} masked (the mask is 0 over them)" if run.mask else "")
-        + f"; {n_written} chunks written, {n_empty} empty (skipped, all-zero input)"
+        + f"; {n_written} chunks written, {n_empty} empty (skipped: all-zero input context, not stored, read as 0)"
         + (f", {n_masked} masked" if run.mask else "")
         + "; "
         f"{voxels:,} voxels, {summary['voxels_per_s_per_job']:,.0f} voxels/s "
         f"per job" + (f", {summary['voxels_per_s_wall']:,.0f} voxels/s wall" if "voxels_per_s_wall" in summary else "")
     )
     return summary
+
+
+def _output_on_zeros(run: Run) -> list | None:
+    """What the network gives on an all-zero raw input (:func:`.report.output_on_zeros`), for the
+    report's statement of what the empty chunks do not hold; None when the network cannot be read."""
+    from .. import load_network
+    from ..errors import ZnniError
+    from .report import output_on_zeros
+
+    try:
+        return output_on_zeros(load_network(run.network.path), run.config.normalize.shift)
+    except (ZnniError, OSError):
+        return None
 
 
 def clean_stale_temporaries_in_layer(url) -> list:
@@ -391,6 +428,7 @@ _LABELS = {
     "voxels_per_s_wall": "voxels_per_s_wall (voxels / wall_seconds)",
     "voxels_per_s_per_job": "voxels_per_s_per_job (voxels / task_seconds)",
     "recomputed_voxels": "recomputed_voxels (by the tasks' own checks, from the network's definition)",
+    "chunks_empty": "chunks_empty (input.empty: skip: all-zero input context, not stored, read as 0)",
 }
 
 

@@ -48,6 +48,7 @@ def run_job(
     holds one task's buffers only.
     """
     from .finalize import check_task
+    from .identity import changed_inputs
     from .mask import load_mask_tasks, positions
     from .task import manifest_path, open_run
 
@@ -71,9 +72,16 @@ def run_job(
             f"{math.ceil(n / per_job)} jobs (0 to {math.ceil(n / per_job) - 1})"
         )
     verify = run.config.finalize.verify
+    inputs = run.config.recompute == "inputs"
 
     def done(block):
-        return manifest_path(run, block.id).is_file() and bool(check_task(run, ctx.out, block, verify))
+        if not manifest_path(run, block.id).is_file():
+            return False
+        m = check_task(run, ctx.out, block, verify)
+        changed = changed_inputs(ctx.inp, m) if inputs else []
+        if changed:
+            raise DataError(f"{len(changed)} of its input objects changed since it ran (first: {changed[0]})")
+        return True
 
     todo, skipped = pending_blocks([ctx.tasks[k] for k in ks], done, log)
     ran, failed = run_pipelined(ctx, todo, device=device, log=log, overlap=overlap)
@@ -102,7 +110,11 @@ def run_job(
 def pending_blocks(blocks, check, log=print) -> tuple[list, list]:
     """``(blocks to run, ids skipped)``: a block is skipped when ``check(block)`` is true (its
     manifest and stored objects verify); false: no manifest; DataError: a manifest that does not
-    check out (run again)."""
+    check out (run again).  Any other failure of the check itself (an ``OSError`` of the storage,
+    a ``StorageError``) is a :class:`DataError` naming the task: the job stops before running
+    anything, never taking the task as done nor redoing everything (docs/reliability.md, T16)."""
+    from ..errors import StorageError
+
     todo, skipped = [], []
     for block in blocks:
         try:
@@ -110,8 +122,15 @@ def pending_blocks(blocks, check, log=print) -> tuple[list, list]:
                 skipped.append(block.id)
                 log(f"task {block.id}: done and verified, skipped")
                 continue
+        except StorageError as exc:  # the storage failed, not the task: nothing is run or taken as done
+            raise DataError(f"task {block.id}: its done-check failed: {exc}; fix the storage and re-run") from exc
         except DataError as exc:
             log(f"task {block.id}: {exc}; running it again")
+        except OSError as exc:
+            raise DataError(
+                f"task {block.id}: its done-check failed: {exc.strerror or exc} ({exc.filename or 'storage'}); "
+                "fix the storage and re-run"
+            ) from exc
         todo.append(block)
     return todo, skipped
 

@@ -13,7 +13,12 @@ multiply the output).
 Input voxel ``v`` covers ``[v r, (v + 1) r)`` nm at the input's resolution ``r``; mask voxel
 ``m`` covers ``[m s, (m + 1) s)`` at the mask's ``s``.  The mask voxels under an input box are
 found with exact fractions, so any mip of the mask, coarser or finer than the input, works.
-Outside the mask layer's bounds, and in its missing chunks, the mask is 0.
+Outside the mask layer's bounds the mask is 0.  A missing mask chunk (not found, or 0 bytes) is
+an error naming it (``mask.missing: fail``, the default: a truncated mask would silently turn
+work into "masked"), or with ``mask.missing: zero`` reads as 0 and is recorded
+(``missing_mask_filled`` in ``mask_tasks.json`` and in the manifests of the tasks that read it).
+A chunk the mask layer's sha256 index records is never filled, and an unreadable one (I/O or
+permission error, a directory in its place) is never missing.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..geometry import Roi
 from .run import Run
 from .settings import Config
@@ -44,8 +49,8 @@ class Mask:
     Roi(offset=(2, 0, 1), shape=(1, 2, 1))
     """
 
-    def __init__(self, layer, in_resolution, url=None, mip: int = 0):
-        self.layer, self.url, self.mip = layer, url, mip
+    def __init__(self, layer, in_resolution, url=None, mip: int = 0, missing: str = "fail"):
+        self.layer, self.url, self.mip, self.missing = layer, url, mip, missing
         self.ratio = tuple(Fraction(float(a)) / Fraction(float(b)) for a, b in zip(in_resolution, layer.resolution))
 
     def box(self, roi: Roi) -> Roi:
@@ -54,13 +59,25 @@ class Mask:
         hi = [math.ceil(e * r) for e, r in zip(roi.end, self.ratio)]
         return Roi.from_bounds(lo, hi)
 
-    def read(self, roi: Roi) -> tuple[np.ndarray, Roi]:
-        """``(bool (z, y, x) array, its box in mask voxels)``: where the mask is non-zero under ``roi``."""
+    def read(self, roi: Roi, filled: list | None = None) -> tuple[np.ndarray, Roi]:
+        """``(bool (z, y, x) array, its box in mask voxels)``: where the mask is non-zero under ``roi``.
+
+        A missing mask chunk is a :class:`DataError` naming it unless ``mask.missing`` is ``zero``;
+        then it reads as 0 and its name is appended to ``filled``."""
         box = self.box(roi)
         out = np.zeros(tuple(box.shape), bool)
         inside = box.intersect(self.layer.bounds)
         if not inside.empty:
-            a, _ = self.layer.read(inside, fill_missing=True)
+            a, missing = self.layer.read(inside, fill_missing=True)  # recorded chunks are never filled
+            if missing and self.missing != "zero":
+                raise DataError(
+                    f"mask {self.url} mip {self.mip}: {len(missing)} chunk(s) under {inside} (mask voxels) are "
+                    f"missing or empty (first: {missing[:3]}); a missing mask chunk would mask its tasks "
+                    "silently. Repair the mask, or set mask.missing: zero to read them as 0 (masked; "
+                    "recorded as missing_mask_filled)"
+                )
+            if filled is not None:
+                filled.extend(missing)
             out[inside.to_slices(box.offset)] = (a != 0).any(axis=0)
         return out, box
 
@@ -77,7 +94,7 @@ def open_mask(cfg: Config, in_resolution) -> Mask | None:
     if m is None:
         return None
     url = parse_layer_url(m.path, endpoint=m.endpoint_url, what="mask.path")
-    return Mask(open_input(url, m.mip, resolution=m.resolution), in_resolution, url, m.mip)
+    return Mask(open_input(url, m.mip, resolution=m.resolution), in_resolution, url, m.mip, m.missing)
 
 
 def check_mask(mask: Mask, region: Roi) -> None:
@@ -92,22 +109,24 @@ def check_mask(mask: Mask, region: Roi) -> None:
         )
 
 
-def live_chunks(mask: Mask, grid, region: Roi, chunks) -> set:
-    """The chunks (indices) of ``chunks`` that a non-zero mask voxel overlaps inside ``region``."""
+def live_chunks(mask: Mask, grid, region: Roi, chunks, filled: list | None = None) -> set:
+    """The chunks (indices) of ``chunks`` that a non-zero mask voxel overlaps inside ``region``
+    (``filled``: gets the mask chunks read as 0, :meth:`Mask.read`)."""
     rois = {tuple(i): grid.chunk_roi(i).intersect(region) for i in chunks}
     rois = {i: r for i, r in rois.items() if not r.empty}
     if not rois:
         return set()
-    arr, box = mask.read(reduce(Roi.union, rois.values()))
+    arr, box = mask.read(reduce(Roi.union, rois.values()), filled)
     return {i for i, r in rois.items() if mask.under(arr, box, r).any()}
 
 
 def scan(tasks, mask: Mask, *, log=None) -> dict:
-    """Which tasks of ``tasks`` (a TaskGrid) have a live chunk: their positions as ranges, and the
-    live chunks and voxels.  Reads the mask a row of tasks at a time (at most READ_VOXELS)."""
+    """Which tasks of ``tasks`` (a TaskGrid) have a live chunk: their positions as ranges, the
+    live chunks and voxels, and the mask chunks read as 0 (``mask.missing: zero``).  Reads the
+    mask a row of tasks at a time (at most READ_VOXELS)."""
     grid, region = tasks.grid, tasks.region
     n = len(tasks)
-    live, chunks_live, voxels_live = [], 0, 0
+    live, chunks_live, voxels_live, filled = [], 0, 0, []
     row = tasks.shape[-1] if n else 1  # tasks along x: consecutive positions
     per_read = max(1, min(row, READ_VOXELS // max(mask.box(tasks[0].write_roi.intersect(region)).size, 1))) if n else 1
     for k0 in range(0, n, row):
@@ -115,7 +134,7 @@ def scan(tasks, mask: Mask, *, log=None) -> dict:
             ks = range(a, min(a + per_read, k0 + row, n))
             blocks = [tasks[k] for k in ks]
             rois = [b.write_roi.intersect(region) for b in blocks]
-            arr, box = mask.read(reduce(Roi.union, rois))
+            arr, box = mask.read(reduce(Roi.union, rois), filled)
             for k, b, r in zip(ks, blocks, rois):
                 sub = mask.under(arr, box, r)
                 if not sub.any():
@@ -146,6 +165,7 @@ def scan(tasks, mask: Mask, *, log=None) -> dict:
         "chunks_live": chunks_live,
         "voxels_live": int(voxels_live),
         "mask": str(mask.url) if mask.url is not None else None,
+        "missing_mask_filled": sorted(set(filled)),
     }
 
 

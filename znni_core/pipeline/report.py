@@ -7,7 +7,8 @@
   input; each cell shows the state of the tasks stacked in z there;
 - ``preview_z<Z>.png``: input | output at a quarter, half and three quarters of the region's depth.
 
-Also the verification the tasks did (:func:`verification`), for the summary.
+Also the verification the tasks did (:func:`verification`) and what the run's empty chunks are
+and hold (:func:`empty_chunks`), for the summary.
 """
 
 from __future__ import annotations
@@ -34,6 +35,43 @@ def verification(manifests: dict) -> dict:
         "recomputed_max_deviation": float(max(r["max_deviation"] for r in recs)),
         "recomputed_tolerance": float(min(r["tolerance"] for r in recs)),
     }
+
+
+#: what an ``empty`` chunk is (``input.empty: skip``), as the report and docs/configuration.md state it
+EMPTY_DEFINITION = (
+    "its whole input context (the chunk's read ROI with the network's halo, read through the run's edge "
+    "policy; a graph network's: every patch that reaches it) is 0 in the raw input; it is not computed "
+    "and not stored: it reads as 0"
+)
+
+
+def output_on_zeros(net, shift: float) -> list | None:
+    """The network's output (per channel) where the raw input is all 0 (its normalised input is
+    ``shift`` everywhere): a chain network's definition on one field of view, when that costs
+    under a second; None otherwise (a graph network's output there depends on the position)."""
+    from ..net.definition import DEFINITION_FLOPS, flops_per_voxel, plain_forward
+
+    if net.kind != "chain" or flops_per_voxel(net) / DEFINITION_FLOPS > 1.0:
+        return None
+    x = np.full((1, net.in_channels) + tuple(net.field_of_view), np.float32(shift), np.float32)
+    return [float(np.float32(v)) for v in plain_forward(net, x)[0]]
+
+
+def empty_chunks(setting: str, n_empty: int, value: list | None = None) -> str:
+    """The summary's ``empty_chunks``: how many chunks ``input.empty`` (``setting``) skipped, what
+    they are and what they hold (``value``: the network's output on an all-zero input, which they
+    do not hold).
+
+    >>> text = empty_chunks("skip", 3, [0.5])
+    >>> text[:38], "it reads as 0, not [0.5]" in text
+    ('3 chunk(s) skipped (input.empty: skip)', True)
+    """
+    if setting != "skip":
+        return f"input.empty: {setting}: every live chunk was computed, none skipped"
+    text = f"{n_empty} chunk(s) skipped (input.empty: skip): each is a chunk whose {EMPTY_DEFINITION}"
+    if value is not None:
+        text += f", not {value}, the network's output (per channel) on an all-zero input"
+    return text + " (`znni verify` checks a sample of them)"
 
 
 def _save(fig, path: Path) -> str:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -25,12 +23,10 @@ from ..io.layers import layer_differences
 from ..io.mips import layer_info, mip_specs
 from ..io.sharding import shard_chunks
 from ..io.zarr_output import zarr_sharding
+from .identity import digest as run_digest
+from .identity import identity
 from .run import RUN_FORMAT, Run
 from .settings import Config, OutputSettings, Tta, parse_config
-
-
-def _digest(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
 def versions() -> dict:
@@ -423,10 +419,14 @@ def _run_record(cfg, net, net_path, halo, iu, inp, ou, specs, lay, mask, num_tas
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
     }
-    doc["digest"] = _digest(
-        {k: doc[k] for k in ("config", "network", "input", "output", "region", "task_chunks")}
-        | {"plan": doc["plan"]["digest"]}
+    doc["identity"] = identity(
+        cfg,
+        doc["network"]["digest"],
+        doc["plan"]["digest"],
+        doc["input"],
+        {"url": doc["output"]["url"], "info": doc["output"]["info"], "region": doc["region"]},
     )
+    doc["digest"] = run_digest(doc["identity"])
     return Run.from_json(doc, "the resolved run")
 
 

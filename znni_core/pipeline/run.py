@@ -88,8 +88,9 @@ class PlanRecord:
 
 @dataclass(frozen=True)
 class Run:
-    """A resolved run (``run.json``). ``digest`` covers the config, network, layers, region,
-    task layout and plan: a task or manifest of another digest belongs to another run."""
+    """A resolved run (``run.json``). ``digest`` is that of its ``identity`` (:mod:`.identity`:
+    everything that can change an output byte): a task or manifest of another digest belongs to
+    another run, and is never taken as done for this one."""
 
     config: Config
     work_dir: str
@@ -107,6 +108,7 @@ class Run:
     versions: dict
     digest: str
     input_checksums: str = "none"  # what verifies every input read: sha256 | crc32c | none
+    identity: dict | None = None  # what the output bytes depend on (:mod:`.identity`); digest covers it
     format: str = RUN_FORMAT
 
     @classmethod
@@ -159,11 +161,15 @@ def _record(cls, doc: dict, where: str, prefix: str):
 
 
 def save_run(run: Run, plan, work: Path) -> Path:
-    """Save ``plan`` to ``run.plan.path`` and ``run`` atomically to ``<work>/run.json``; return that path."""
+    """Save ``plan`` to ``run.plan.path`` and ``run`` atomically to ``<work>/run.json`` (and its
+    identity to ``identity.json``, :mod:`.identity`); return the run file's path."""
+    from .identity import IDENTITY_FILE, identity_document
+
     work = Path(work)
     plan.save(run.plan.path)
     path = work / "run.json"
     atomic_write(path, (json.dumps(run.to_json(), indent=1, sort_keys=True) + "\n").encode())
+    atomic_write(work / IDENTITY_FILE, identity_document(run))
     return path
 
 

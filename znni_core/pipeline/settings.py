@@ -56,6 +56,8 @@ class InputSettings(LayerSettings):
 class MaskSettings(LayerSettings):
     """``mask:`` only output chunks a non-zero mask voxel overlaps are computed."""
 
+    missing: str  # fail | zero
+
 
 @dataclass(frozen=True)
 class NetworkSettings:
@@ -178,6 +180,7 @@ class Config:
     blend: Blend
     verify_voxels: str | int
     tta: Tta
+    recompute: str  # none | changed | inputs
     finalize: FinalizeSettings
     mask: MaskSettings | None = None
 
@@ -257,13 +260,18 @@ def parse_config(cfg: dict | Config) -> Config:
 def load_config(path) -> Config:
     """Read a config.yaml and check it (:func:`parse_config`, defaults filled in).
 
-    A missing file or invalid YAML is a :class:`ConfigError`; an empty file is an empty config.
+    A missing or unreadable file (a directory, not UTF-8) or invalid YAML is a :class:`ConfigError`;
+    an empty file is an empty config.
     """
     path = Path(path)
     try:
         cfg = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:  # a directory, a permission or I/O error
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
     return parse_config(cfg or {})

@@ -51,14 +51,22 @@ def _reflect(coords: np.ndarray, begin: int, end: int) -> np.ndarray:
     return t + begin
 
 
-def gather(inp, read_roi: Roi, edge: str, fill_missing: bool):
+def gather(inp, read_roi: Roi, edge: str, fill_missing: bool, versions: dict | None = None):
     """Raw input over ``read_roi`` (C, z, y, x) and a boolean 'inside the input' box for zero padding.
 
-    Returns ``(raw, inner_slices, missing)``; ``inner_slices`` is None when every voxel came from the input.
+    Returns ``(raw, inner_slices, missing)``; ``inner_slices`` is None when every voxel came from
+    the input.  ``versions``: filled with ``{object: version}`` of the input objects read, taken
+    *before* the read (an object replaced during the read then shows as changed, never the reverse).
     """
     bounds = inp.bounds
+
+    def read(roi):
+        if versions is not None:
+            versions.update(inp.object_versions(roi))
+        return inp.read(roi, fill_missing=fill_missing)
+
     if bounds.contains(read_roi):
-        raw, missing = inp.read(read_roi, fill_missing=fill_missing)
+        raw, missing = read(read_roi)
         return raw, None, missing
     if edge == "valid":
         raise InputError(
@@ -67,7 +75,7 @@ def gather(inp, read_roi: Roi, edge: str, fill_missing: bool):
         )
     if edge == "zero":
         inner = read_roi.intersect(bounds)
-        raw_in, missing = inp.read(inner, fill_missing=fill_missing)
+        raw_in, missing = read(inner)
         raw = np.zeros((raw_in.shape[0],) + tuple(read_roi.shape), dtype=raw_in.dtype)
         sl = inner.to_slices(read_roi.offset)
         raw[(slice(None),) + sl] = raw_in
@@ -78,7 +86,7 @@ def gather(inp, read_roi: Roi, edge: str, fill_missing: bool):
         for b, e, lo, hi in zip(read_roi.begin, read_roi.end, bounds.begin, bounds.end)
     ]
     hull = Roi.from_bounds([int(m.min()) for m in maps], [int(m.max()) + 1 for m in maps])
-    raw_h, missing = inp.read(hull, fill_missing=fill_missing)
+    raw_h, missing = read(hull)
     raw = raw_h
     for axis, m in enumerate(maps):
         raw = np.take(raw, m - hull.offset[axis], axis=axis + 1)
@@ -282,6 +290,8 @@ class TaskInput:
     t0: float = 0.0
     t_read: float = 0.0
     recomputed: object = None  # the in-run check of sampled voxels (:func:`check_sample`), for the manifest
+    versions: dict = None  # {input object: version} read (:func:`gather`), for the manifest
+    mask_filled: list = None  # the mask chunks read as 0 (mask.missing: zero), for the manifest
 
 
 def run_task(
@@ -305,6 +315,18 @@ def run_task(
     ti = read_task(ctx, task_id, chunk=chunk, log=log)
     y, t_comp = compute_task(ctx, ti, device=device, show_progress=show_progress)
     return store_task(ctx, ti, y, t_comp, device=device, log=log)
+
+
+def empty_context(grid, region: Roi, halo, idx, window=None, extent=None, read_roi=None) -> Roi:
+    """The input context of output chunk ``idx``, which ``input.empty: skip`` requires to be all 0
+    in the raw input (read through the edge policy) for the chunk to be ``empty``: the chunk inside
+    the region grown by the network's halo; for a graph network every patch of its task's
+    ``window`` that reaches the chunk, inside ``extent`` and the task's ``read_roi``."""
+    cin = grid.chunk_roi(idx).intersect(region)
+    if window is None:
+        return halo.read_roi(cin)
+    reach = Coordinate(window.patch) - 1
+    return cin.grow(reach, reach).intersect(extent).intersect(read_roi)
 
 
 def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None, log=print) -> TaskInput:
@@ -332,9 +354,9 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
         chunk_index = None
 
     # ---- mask: chunks no non-zero mask voxel overlaps are recorded, not computed ---------------
-    masked = set()
+    masked, mask_filled = set(), []
     if ctx.mask is not None:
-        masked = set(block.chunks) - live_chunks(ctx.mask, grid, region, block.chunks)
+        masked = set(block.chunks) - live_chunks(ctx.mask, grid, region, block.chunks, mask_filled)
     live = [i for i in block.chunks if i not in masked]
 
     # ---- read -------------------------------------------------------------------------
@@ -344,26 +366,22 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
     comp = block.write_roi.intersect(region)
     if masked and live:
         comp = reduce(Roi.union, (grid.chunk_roi(i) for i in live)).intersect(region)
-    window, extent, raw, inner, missing = None, None, None, None, []
+    window, extent, raw, inner, missing, versions = None, None, None, None, [], {}
     if not live:
         pass
     elif net.kind != "chain":  # the patches of the network's grid (valid) or blending lattice (padded)
         window, read_roi, extent = graph_read(net, plan, region, comp, halo)
         block = Block(block.id, block.write_roi, read_roi, block.chunks)
-        raw, inner, missing = gather(inp, read_roi.intersect(extent), cfg.edge, fill)
+        raw, inner, missing = gather(inp, read_roi.intersect(extent), cfg.edge, fill, versions)
     else:
         block = Block(block.id, block.write_roi, halo.read_roi(comp), block.chunks)
-        raw, inner, missing = gather(inp, block.read_roi, cfg.edge, fill)
+        raw, inner, missing = gather(inp, block.read_roi, cfg.edge, fill, versions)
 
     # ---- empty chunks (T26): all-zero input context is skipped and recorded ------------------------
     empty = set()
     if cfg.input.empty == "skip":
         for idx in live:
-            cin = grid.chunk_roi(idx).intersect(region)
-            croi = halo.read_roi(cin)
-            if window is not None:  # every patch that touches the chunk
-                reach = Coordinate(window.patch) - 1
-                croi = cin.grow(reach, reach).intersect(extent).intersect(block.read_roi)
+            croi = empty_context(grid, region, halo, idx, window, extent, block.read_roi)
             if not raw[(slice(None),) + croi.to_slices(block.read_roi.offset)].any():
                 empty.add(idx)
     todo = [i for i in live if i not in empty and (chunk_index is None or i == chunk_index)]
@@ -383,6 +401,8 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
         extent,
         t0,
         time.perf_counter() - t0,
+        versions=versions,
+        mask_filled=sorted(set(mask_filled)),
     )
 
 
@@ -557,6 +577,8 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
         "plan_digest": plan.digest(),
         "network_digest": net.digest(),
         "missing_input_filled": ti.missing,
+        **({"missing_mask_filled": ti.mask_filled or []} if ctx.mask is not None else {}),
+        "input_versions": ti.versions or {},
         **({"recomputed": ti.recomputed} if ti.recomputed else {}),
         "versions": run.versions | {"python": platform.python_version()},
         "device": device,

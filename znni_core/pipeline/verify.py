@@ -15,6 +15,10 @@ Two checks, both independent of how the output was computed:
    by the executor under a plan of direct convolutions (no FFT, no Winograd, no neighbours,
    no tiling) with the context the run's plan gives it, and every voxel of its tile inside the
    task's written chunks that no other patch blends into is compared the same way.
+3. **Empty chunks** (``input.empty: skip``): a sample of the chunks the manifests record
+   ``empty`` (a recorded seed) is checked against the definition: the chunk's input context
+   (:func:`~.task.empty_context`, read again through the run's edge policy) is all 0 in the raw
+   input, and the stored chunk is absent (reads as 0).
 
 The result is written to ``<work_dir>/verify.json``; a failure is a
 :class:`~znni_core.errors.DataError` naming the task, the voxel and the two values.
@@ -37,9 +41,19 @@ from .recompute import graph_sample, reference_plan
 from .run import Run
 
 
-def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, checksums: bool = True, log=print):
-    """Check a finished run (see the module's doc); returns the record written to
-    ``<work_dir>/verify.json`` and raises :class:`DataError` when a check fails."""
+def verify_run(
+    run_file,
+    *,
+    tasks: int = 8,
+    samples: int = 64,
+    seed: int = 0,
+    checksums: bool = True,
+    empty: int = 64,
+    log=print,
+):
+    """Check a finished run (see the module's doc): ``empty`` of its empty chunks are checked;
+    returns the record written to ``<work_dir>/verify.json`` and raises :class:`DataError` when a
+    check fails."""
     from .finalize import check_task
     from .task import normalise, open_run, quantise, read_task, window_input
 
@@ -47,13 +61,13 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
     ctx = open_run(run_file)
     run, out = ctx.run, ctx.out
     cfg = run.config
-    record = {"run_digest": run.digest, "seed": seed, "checksums": None, "recomputed": None}
-    done = []
+    record = {"run_digest": run.digest, "seed": seed, "checksums": None, "empty": None, "recomputed": None}
+    done, manifests = [], {}
     with bar(len(ctx.tasks), "verify: stored objects", "task") as progress:
         for block in ctx.tasks:
             progress.update(1)
             try:
-                check_task(run, out, block, "checksum" if checksums else "exists")
+                manifests[block.id] = check_task(run, out, block, "checksum" if checksums else "exists")
                 done.append(block.id)
             except DataError as exc:
                 record["checksums"] = {"passed": False, "task": block.id, "error": str(exc)}
@@ -62,6 +76,12 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
     record["checksums"] = {"passed": True, "tasks": len(done), "mode": "checksum" if checksums else "exists"}
     log(f"verify: {len(done)} task(s): every manifest and stored object checks out")
     rng = np.random.default_rng(seed)
+    record["empty"] = _check_empty(ctx, manifests, np.random.default_rng([seed, 1]), empty, record)
+    if record["empty"]["chunks"]:
+        log(
+            f"verify: {record['empty']['checked']} of {record['empty']['chunks']} empty chunk(s): input context "
+            "all 0, nothing stored"
+        )
     chosen = sorted(rng.choice(done, size=min(tasks, len(done)), replace=False).tolist()) if done else []
     graph = ctx.net.kind != "chain"
     if graph:
@@ -122,6 +142,57 @@ def verify_run(run_file, *, tasks: int = 8, samples: int = 64, seed: int = 0, ch
     log(f"verify: {n_vox} voxel(s) in {len(chosen)} task(s) recomputed ({how}): max deviation {worst:.3g}")
     _write(run, record)
     return record
+
+
+def _check_empty(ctx, manifests: dict, rng, count: int, record: dict) -> dict:
+    """``count`` of the chunks the manifests record ``empty`` (chosen by ``rng``), each against
+    the definition (:data:`~.report.EMPTY_DEFINITION`): its input context read again through the
+    run's edge policy is all 0, and the stored chunk reads as 0.  A :class:`DataError` naming the
+    task and chunk when one is not (``record`` written first)."""
+    from .report import EMPTY_DEFINITION
+    from .task import empty_context, gather, read_task
+
+    cfg, out = ctx.run.config, ctx.out
+    empties = [
+        (tid, tuple(c["index"])) for tid, m in sorted(manifests.items()) for c in m["chunks"] if c["status"] == "empty"
+    ]
+    result = {"chunks": len(empties), "checked": 0, "definition": EMPTY_DEFINITION}
+    if not empties or count <= 0:
+        return result | {"passed": True}
+    pick = sorted(rng.choice(len(empties), size=min(count, len(empties)), replace=False).tolist())
+    fill = cfg.input.missing == "zero"
+    windows = {}  # a graph task's patch window (its read stage), once per task
+    for k in pick:
+        tid, idx = empties[k]
+        name = out.chunk_name(idx)
+        if ctx.net.kind == "chain":
+            croi = empty_context(ctx.grid, ctx.region, ctx.halo, idx)
+        else:
+            if tid not in windows:
+                ti = read_task(ctx, tid, log=lambda *a: None)
+                windows[tid] = (ti.window, ti.extent, ti.block.read_roi)
+            croi = empty_context(ctx.grid, ctx.region, ctx.halo, idx, *windows[tid])
+        raw = gather(ctx.inp, croi, cfg.edge, fill)[0]
+        why = None
+        if raw.any():
+            why = (
+                f"its input context {croi} holds {int(np.count_nonzero(raw))} non-zero raw value(s): the input "
+                "changed since the run, or the manifest is wrong"
+            )
+        else:
+            box = ctx.grid.chunk_roi(idx).intersect(out.bounds)
+            if out.read(box, fill_missing=True)[0].any():
+                why = "it holds non-zero values"
+        if why:
+            result |= {"passed": False, "task": tid, "chunk": name, "error": why}
+            record["empty"] = result
+            _write(ctx.run, record)
+            raise DataError(
+                f"verify: task {tid}: chunk {name} is recorded empty (not computed, reads as 0) but {why}; "
+                f"re-run task {tid} (`znni run-task RUN --task {tid}`)"
+            )
+        result["checked"] += 1
+    return result | {"passed": True}
 
 
 def _chain_sample(ctx, ti, x: np.ndarray, rng, samples: int) -> tuple[np.ndarray, np.ndarray]:

@@ -94,6 +94,58 @@ class Rejected:
     voxels_per_s: float = 0.0
 
 
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+#: fields holding (z, y, x) shapes: 3 positive integers, or (``()``-able ones) nothing
+_SHAPES = {"patch_shape": 1, "output_shape": 1, "field_of_view": 1, "overlap": 0, "tile": 0}
+
+
+def _ints_within(v) -> bool:
+    """Whether ``v`` is a (nested) list of integers in [0, 2^40) (a step's in/out shapes)."""
+    if isinstance(v, (list, tuple)):
+        return all(_ints_within(x) for x in v)
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**40
+
+
+def _check_fields(cls, d: dict, where: str) -> None:
+    """Every field of ``cls`` without a default is in ``d``, and every field in ``d`` has its
+    declared type (str, int: in [0, 2^63), float: finite, tuple: a list, dict); a :class:`PlanError` naming the
+    field otherwise.  Shapes (:data:`_SHAPES`, a step's in/out shapes) hold non-negative integers."""
+    import math
+    import typing
+    from dataclasses import MISSING
+
+    hints = typing.get_type_hints(cls)
+    absent = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING and f.name not in d]
+    if absent:
+        raise PlanError(f"{where} lacks the field(s) {absent}; re-run `znni plan`")
+
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    for f in fields(cls):
+        if f.name not in d:
+            continue
+        v, kind = d[f.name], hints[f.name]
+        ok = {
+            str: lambda: isinstance(v, str),
+            int: lambda: is_int(v) and 0 <= v < 2**63,
+            float: lambda: (is_int(v) and abs(v) < 2**63) or (isinstance(v, float) and math.isfinite(v)),
+            tuple: lambda: isinstance(v, (list, tuple)),
+            dict: lambda: isinstance(v, dict),
+        }.get(kind, lambda: True)()
+        if ok and kind is tuple and f.name in _SHAPES and (cls is Plan or f.name == "tile"):
+            low = _SHAPES[f.name] if cls is Plan else 0
+            ok = (len(v) == 0 and not low) or (len(v) == 3 and all(is_int(x) and low <= x < 2**40 for x in v))
+        elif ok and f.name in ("in_shape", "out_shape"):
+            ok = _ints_within(v)
+        if not ok:
+            raise PlanError(f"{where} field {f.name} is {_short(v)}, not a valid {kind.__name__}; re-run `znni plan`")
+
+
 @dataclass(frozen=True)
 class Plan:
     """What the autotuner chose for one network, patch, device and budget, with its predictions
@@ -168,12 +220,28 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
-        """The plan of :meth:`to_dict`'s data; unknown or missing fields are a :class:`PlanError`."""
+        """The plan of :meth:`to_dict`'s data; unknown or missing fields, and values of the wrong
+        type (a step's too), are a :class:`PlanError` naming the field."""
+        if not isinstance(d, dict):
+            raise PlanError(f"plan is a JSON {type(d).__name__}, not an object; re-run `znni plan`")
         names = {f.name for f in fields(cls)}
         unknown = set(d) - names - {"predicted_voxels_per_s"}
         if unknown:
             raise PlanError(f"plan has unknown keys {sorted(unknown)}; was it written by a newer znni?")
-        return cls(**{k: v for k, v in d.items() if k in names})
+        _check_fields(cls, d, "plan")
+        steps = d["steps"]
+        for i, step in enumerate(steps):
+            if not isinstance(step, (dict, Step)):
+                raise PlanError(f"plan field steps[{i}] is {_short(step)}, not an object; re-run `znni plan`")
+            if isinstance(step, dict):
+                _check_fields(FusedStep if "fused" in step else Step, step, f"plan field steps[{i}]")
+        for i, r in enumerate(d.get("rejected", ())):
+            if isinstance(r, dict):
+                _check_fields(Rejected, r, f"plan field rejected[{i}]")
+            elif not isinstance(r, Rejected):
+                raise PlanError(f"plan field rejected[{i}] is {_short(r)}, not an object; re-run `znni plan`")
+        steps = [FusedStep(**s) if isinstance(s, dict) and "fused" in s else s for s in steps]
+        return cls(**{k: v for k, v in d.items() if k in names} | {"steps": steps})
 
     def to_json(self) -> str:
         """The plan as JSON text."""
@@ -203,7 +271,12 @@ class Plan:
         path = Path(path)
         if not path.is_file():
             raise PlanError(f"plan file {path} does not exist; create it with `znni plan`")
-        return cls.from_json(path.read_text())
+        try:
+            return cls.from_json(path.read_text())
+        except PlanError as exc:
+            raise PlanError(f"plan file {path}: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PlanError(f"plan file {path} cannot be read ({exc}); re-run `znni plan`") from None
 
     def digest(self) -> str:
         """Hash of what determines the computation (not the provenance or predictions)."""
