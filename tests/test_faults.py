@@ -49,22 +49,39 @@ def _trial(base, tmp_path, golden_run=None) -> H.Case:
     return case
 
 
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """Tasks of two chunks each (the kill points between and inside a task's chunk writes): the
+    validated case, and the uninterrupted run's chunk bytes by task."""
+    case = H.prepare(H.make_case(tmp_path_factory.mktemp("pairs") / "base", task_chunks=(1, 1, 2)))
+    run = case.copy(tmp_path_factory.mktemp("pairs-golden") / "case")
+    by_task, seen = {}, {}
+    for t in run.tasks():
+        assert H.run_task_proc(run, t["id"]).exitcode == 0, f"task {t['id']} failed in the golden run"
+        files = H.layer_files(run.out)
+        by_task[t["id"]] = {k: v for k, v in files.items() if k not in seen}
+        seen = files
+    assert all(len(f) == 2 for f in by_task.values()), {t: sorted(f) for t, f in by_task.items()}
+    return case, by_task
+
+
 # ---- T1: SIGKILL a task during its run; rerun --------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
 def test_t1_sigkill_task_then_rerun(base, golden, tmp_path, seed):
+    """SIGKILL at a seeded moment of the task's run (up to its uninterrupted duration).  The task
+    waits before its manifest until killed (kill point ``hold``), so the kill always lands: the
+    process ends by SIGKILL, without a manifest; chunks finished before keep their bytes, the
+    rerun is byte-identical."""
     rng = random.Random(seed)
     case = _trial(base, tmp_path, golden["case"])
     task = rng.choice([t["id"] for t in case.tasks()])
     case.manifest(task).unlink()  # Snakemake removes a job's output before running it
     before = H.layer_files(case.out)
-    # kill at a seeded point of the task's run: anywhere from start-up to just after it ends
-    delay = rng.uniform(0.0, 1.2 * golden["seconds"][task])
-    r = H.run_task_proc(case, task, kill_after=delay)
-    ok = H.manifest_ok(case, task)
-    if r.killed:
-        assert ok in (None, True), "a manifest that lies survived the kill"
-    assert not H.temporaries(case.out) or r.killed
+    delay = rng.uniform(0.0, golden["seconds"][task])
+    r = H.run_task_proc(case, task, fault=f"hold:{task}", kill_after=delay)
+    assert r.killed, f"seed {seed}: the kill at {delay:.2f} s did not land (exit {r.exitcode})"
+    assert not case.manifest(task).exists(), f"seed {seed}: a manifest for the task killed at {delay:.2f} s"
     after_kill = H.layer_files(case.out)
     others = {k: v for k, v in before.items() if k in after_kill}
     # NL: every chunk finished before the kill is byte-identical (this task rewrites identical bytes)
@@ -73,24 +90,48 @@ def test_t1_sigkill_task_then_rerun(base, golden, tmp_path, seed):
     assert r2.exitcode == 0
     assert H.manifest_ok(case, task) is True
     H.assert_same_chunks(H.layer_files(case.out), golden["files"], f"seed {seed} after rerun")
+    assert not H.temporaries(case.out)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
-def test_t1_sigkill_at_points_no_done_marker(base, golden, tmp_path, seed):
-    """Deterministic kill points: while computing, or after the first chunk write (fresh run)."""
+def test_t1_sigkill_at_points_no_done_marker(pairs, tmp_path, seed):
+    """Named kill points in a task of two chunks (fresh run): before its compute (nothing
+    written), after its first chunk (one of two written), or inside its first or second chunk
+    write (half the bytes in a temporary).  The kill lands where it says (the hook's record), no
+    manifest, the chunks written before equal the uninterrupted run's; the rerun completes the
+    task byte-identically and leaves no temporary."""
+    from znni_core.io.atomic import TMP_MARK
+
+    base, by_task = pairs
     rng = random.Random(1000 + seed)
-    case = _trial(base, tmp_path)
-    task = rng.choice([t["id"] for t in case.tasks()])
-    point = rng.choice(["compute", "after-chunk"])
-    r = H.run_task_proc(case, task, fault=point)
-    assert r.killed
+    case = base.copy(tmp_path / "case")
+    task = rng.choice(sorted(by_task))
+    point = rng.choice(["compute", "after-chunk:1", "mid-write:1", "mid-write:2"])
+    name, _, n = point.partition(":")
+    fault_dir = tmp_path / "faults"
+    fault_dir.mkdir()
+    r = H.run_task_proc(case, task, fault=f"{name}:{task}:{n}", env={"ZNNI_FAULT_DIR": str(fault_dir)})
+    assert r.killed, f"{point}: exit {r.exitcode}, not SIGKILL"
+    where = H.kills(fault_dir)
+    expect = {
+        "compute": f"compute task {task}: before its compute",
+        "after-chunk:1": f"after-chunk task {task} after chunk 1 of 2",
+        "mid-write:1": f"mid-write task {task} chunk 1: ",
+        "mid-write:2": f"mid-write task {task} chunk 2: ",
+    }[point]
+    assert len(where) == 1 and where[0].startswith(expect), (point, where)
     assert not case.manifest(task).exists(), f"done-marker written before the kill ({point})"
+    files = H.layer_files(case.out)
+    written = {k: v for k, v in files.items() if TMP_MARK not in k}
+    torn = [k for k in files if TMP_MARK in k]
+    want_chunks = {"compute": 0, "after-chunk:1": 1, "mid-write:1": 0, "mid-write:2": 1}[point]
+    assert len(written) == want_chunks and len(torn) == (name == "mid-write"), (point, sorted(files))
+    H.assert_same_chunks(written, {k: by_task[task][k] for k in written}, f"seed {seed} {point}: before the kill")
     r2 = H.run_task_proc(case, task)
     assert r2.exitcode == 0 and H.manifest_ok(case, task) is True
-    got = H.layer_files(case.out)
-    H.assert_same_chunks(got, {k: golden["files"][k] for k in got}, f"seed {seed} {point}")
-    assert len(got) == 1  # only this task ran
+    H.assert_same_chunks(H.layer_files(case.out), by_task[task], f"seed {seed} {point}: the rerun")
+    assert not H.temporaries(case.out)  # only this task ran, and left no temporary
 
 
 # ---- T3: SIGKILL between the last write and the manifest ----------------------------------------
@@ -181,6 +222,13 @@ def test_t2_task_killed_mid_shard_write_leaves_no_torn_shard(tmp_path, kind):
     assert (_read_back(url) == want).all()
     assert H.run_task_proc(case, victim).exitcode == 0 and H.manifest_ok(case, victim) is True
     assert H.layer_files(layer) == after and not H.temporaries(layer)
+
+    # 3. ``after-chunk`` fires on a shard too: the kill follows the whole shard's write
+    case.manifest(victim).unlink()
+    env = {"ZNNI_FAULT_DIR": str(fault_dir)}
+    assert H.run_task_proc(case, victim, fault=f"after-chunk:{victim}:1", env=env).killed
+    assert H.kills(fault_dir)[-1] == f"after-chunk task {victim} after chunk 2 of 2"
+    assert not case.manifest(victim).exists() and H.layer_files(layer) == after
 
 
 # ---- T16: the done-check itself raises ---------------------------------------------------------

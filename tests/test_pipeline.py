@@ -22,6 +22,7 @@ from znni_core.pipeline.resolve import resolve
 from znni_core.pipeline.run import load_run, run_geometry, save_run
 from znni_core.pipeline.settings import parse_config, validate_config
 from znni_core.pipeline.task import manifest_path, run_task
+from znni_core.pipeline.verify import verify_run
 
 from .pipeline_helpers import base_config, em, layer_files
 from .reference import torch_dense
@@ -672,7 +673,11 @@ def test_test_time_augmentation_equals_torch_on_every_variant(tmp_path):
     vol = em()
     layout = [("conv", 2, (1, 3, 3)), ("act", "relu"), ("pool", (1, 2, 2)), ("conv", 2, (2, 3, 3)), ("act", "tanh")]
     cfg = base_config(
-        tmp_path, vol=vol, layout=layout, tta={"flips": ["y", "x"], "transpose_xy": True, "variance": True}
+        tmp_path,
+        vol=vol,
+        layout=layout,
+        tta={"flips": ["y", "x"], "transpose_xy": True, "variance": True},
+        verify_voxels=16,
     )
     rf = prepare(cfg)
     run_all(rf)
@@ -693,6 +698,13 @@ def test_test_time_augmentation_equals_torch_on_every_variant(tmp_path):
     assert got.shape[0] == 2 * c  # the mean's channels, then the variances'
     np.testing.assert_allclose(got[:c], ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got[c:], np.var(np.asarray(outs, np.float64), axis=0), rtol=1e-4, atol=1e-7)
+    # each task checked its sampled voxels against the definition under the same augmentation, and
+    # `znni verify` recomputes mean and variance channels alike (a plain forward pass differs)
+    run = load_run(rf)
+    rec = json.loads(manifest_path(run, 0).read_text())["recomputed"]
+    assert rec["voxels"] >= 8 and rec["max_deviation"] <= rec["tolerance"], rec
+    n_tasks = len(run_geometry(run)[3])
+    assert verify_run(rf, tasks=n_tasks, samples=32, log=lambda *a: None)["recomputed"]["passed"]
     asym = base_config(tmp_path / "asym", vol=vol, layout=[("conv", 1, (1, 2, 3))], tta={"transpose_xy": True})
     with pytest.raises(ConfigError, match="transpose_xy"):
         resolve(asym, progress=lambda *a: None)

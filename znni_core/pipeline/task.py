@@ -142,6 +142,34 @@ def tta_variants(tta: Tta | None) -> list[tuple[tuple[int, ...], bool]]:
     return [(f, t) for t in ((False, True) if tta and tta.transpose_xy else (False,)) for f in subsets]
 
 
+def definition_tta(net, wins: np.ndarray, tta: Tta | None) -> np.ndarray:
+    """What a run with ``tta`` stores at voxels whose fields of view are ``wins`` ``(K, C, *fov)``,
+    from the network's definition (:func:`~znni_core.net.definition.plain_forward`, float64):
+    ``(K, C_out)``, or with ``tta.variance`` ``(K, 2 C_out)``.  A variant's output at a voxel is
+    the network on the voxel's window transformed as the variant transforms the input (the
+    valid output of a flipped or transposed input is the flipped or transposed output), so each
+    is one more plain forward pass over the transformed windows; mean and variance as
+    :func:`compute_tta` forms them.
+
+    >>> from znni_core.net import Conv, Network
+    >>> net = Network((Conv(np.arange(4, dtype=np.float32).reshape(1, 1, 1, 1, 4), None),))
+    >>> w = np.arange(4, dtype=np.float32).reshape(1, 1, 1, 1, 4)
+    >>> definition_tta(net, w, Tta(flips=["x"], transpose_xy=False, variance=True)).tolist()
+    [[9.0, 25.0]]
+    """
+    from ..net.definition import plain_forward
+
+    ys = []
+    for flips, transpose in tta_variants(tta):
+        w = np.flip(wins, tuple(a + 1 for a in flips)) if flips else wins  # variant axes are of (C, z, y, x)
+        ys.append(plain_forward(net, np.ascontiguousarray(w.swapaxes(3, 4) if transpose else w)))
+    ys = np.stack(ys)
+    mean = ys.mean(axis=0)
+    if tta is None or not tta.variance:
+        return mean
+    return np.concatenate([mean, np.maximum((ys * ys).mean(axis=0) - mean * mean, 0.0)], axis=1)
+
+
 def compute_tta(net, plan, x: np.ndarray, out_shape, tta: Tta | None, **kw) -> np.ndarray:
     """:func:`compute` averaged over the variants of ``tta`` (:func:`tta_variants`): the network
     on each transformed input, its output transformed back (exact per variant; the mean in
@@ -451,7 +479,9 @@ def check_sample(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray, s
         return {"voxels": 0, "skipped": "non-finite output"}
     origin = ti.block.read_roi.offset
     wins = np.stack([x[(slice(None),) + Roi(p - low - origin, fov).to_slices()] for p in points])
-    record = judge(ti.task_id, points, got, plain_forward(ctx.net, wins), "the network gives")
+    tta = ctx.run.config.tta
+    ref = definition_tta(ctx.net, wins, tta) if tta.on else plain_forward(ctx.net, wins)
+    record = judge(ti.task_id, points, got, ref, "the network gives")
     return record | {"seconds": round(time.perf_counter() - t0, 4)}
 
 
@@ -509,8 +539,7 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
         )
         if bar is not None:
             bar.close()
-        if not cfg.tta.on:
-            ti.recomputed = check_sample(ctx, ti, x, y, cfg.verify_voxels)
+        ti.recomputed = check_sample(ctx, ti, x, y, cfg.verify_voxels)
         del x
     if y is not None and comp != block.write_roi:
         full = np.zeros((y.shape[0],) + tuple(block.write_roi.shape), y.dtype)

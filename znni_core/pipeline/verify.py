@@ -203,9 +203,13 @@ def _chain_sample(ctx, ti, x: np.ndarray, rng, samples: int) -> tuple[np.ndarray
     points = [p for p in sample_voxels(ti.comp, samples + 8, rng) if any(r.contains(Roi(p, (1, 1, 1))) for r in live)]
     if not points:
         return np.zeros((0, 3), np.int64), np.zeros((0, ctx.net.out_channels))
+    from .task import definition_tta
+
     origin = ti.block.read_roi.offset
     wins = np.stack([x[(slice(None),) + Roi(p - low - origin, fov).to_slices()] for p in points])
-    return np.array([tuple(p) for p in points], np.int64), plain_forward(ctx.net, wins)
+    tta = ctx.run.config.tta
+    ref = definition_tta(ctx.net, wins, tta) if tta.on else plain_forward(ctx.net, wins)
+    return np.array([tuple(p) for p in points], np.int64), ref
 
 
 def _write(run: Run, record: dict) -> Path:
