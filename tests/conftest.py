@@ -73,7 +73,8 @@ def pytest_terminal_summary(terminalreporter):
     """What ran of the real-data tests (``.ci/run`` checks the line), and how much of the suite
     tests/test_hygiene.py checked, when it ran (printed by the main process: under xdist a
     worker's output is not shown)."""
-    reports = [r for rs in terminalreporter.stats.values() for r in rs if hasattr(r, "nodeid")]
+    # test reports only (deselected items are listed too, as items without a phase or outcome)
+    reports = [r for rs in terminalreporter.stats.values() for r in rs if hasattr(r, "nodeid") and hasattr(r, "when")]
     real = {}  # nodeid -> outcome: the call's, or the setup's when it did not pass (skipped, failed)
     for r in reports:
         if "real_data" in getattr(r, "keywords", {}) and (r.when == "call" or r.outcome != "passed"):

@@ -62,7 +62,13 @@ def error_body(protocol: str, status: int) -> tuple[str, bytes]:
         return "application/xml", body.encode()
     if protocol == "gcs":
         reason, msg = _GCS.get(status, ("backendError", HTTPStatus(status).phrase))
-        doc = {"error": {"code": status, "message": msg, "errors": [{"message": msg, "domain": "global", "reason": reason}]}}
+        doc = {
+            "error": {
+                "code": status,
+                "message": msg,
+                "errors": [{"message": msg, "domain": "global", "reason": reason}],
+            }
+        }
         return "application/json; charset=UTF-8", json.dumps(doc).encode()
     raise ValueError(f"unknown protocol {protocol!r}")
 
@@ -349,5 +355,7 @@ class GcsFaults(FaultProxy):
 
     def get(self, key: str, bucket: str = "znni") -> bytes | None:
         """The bytes of ``key`` read directly from the emulator (no faults, not logged), or None."""
-        r, data = self.upstream("GET", f"/download/storage/v1/b/{bucket}/o/{urllib.parse.quote(key, safe='')}?alt=media")
+        r, data = self.upstream(
+            "GET", f"/download/storage/v1/b/{bucket}/o/{urllib.parse.quote(key, safe='')}?alt=media"
+        )
         return data if r.status == 200 else None

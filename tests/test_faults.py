@@ -171,7 +171,7 @@ def _read_back(url: str):
     return layer.read(layer.bounds, fill_missing=True)[0]
 
 
-@pytest.mark.slow  # ~15 s each on 2 busy cores
+@pytest.mark.slow  # 8 s each on 2 busy cores, 40 s more for a cold forkserver and the golden run
 @pytest.mark.parametrize("kind", ["sharded", "zarr"])
 def test_t2_task_killed_mid_shard_write_leaves_no_torn_shard(tmp_path, kind):
     """The kill hook inside a task's shard write (``mid-write``: half of the shard's bytes in the

@@ -217,3 +217,27 @@ def test_the_workflow_refuses_a_changed_rerun_then_recomputes_it(tmp_path):
     run_job(frf, 0, load_run(frf).num_tasks, **QUIET)
     got = layer_files(str(out))
     assert got == layer_files(fresh["output"]["path"]) and got != before
+
+
+def test_a_mask_changed_in_place_is_found_too(tmp_path):
+    """The mask is an input: its objects' versions are recorded per task and checked alike."""
+    vol = em(VOL)
+    mask = np.ones(VOL, np.uint8)
+    cfg = base_config(tmp_path, vol=vol)
+    cfg["mask"] = {"path": write_volume(tmp_path / "mask", mask)}
+    rf = prepare(cfg)
+    from znni_core.pipeline.cli import _changed_input_tasks  # what `znni status --check-inputs` lists
+    from znni_core.pipeline.mask import mask_tasks_path, scan
+
+    ctx = open_run(rf)
+    mask_tasks_path(ctx.run).write_text(json.dumps(scan(ctx.tasks, ctx.mask) | {"run_digest": ctx.run.digest}))
+    run_job(rf, 0, ctx.run.num_tasks, **QUIET)
+    run = load_run(rf)
+    blocks = list(ctx.tasks)
+    assert all(read_manifest(manifest_path(run, b.id))["mask_versions"] for b in blocks)
+    assert _changed_input_tasks(run, blocks) == []
+    m = open_run(rf).mask.layer
+    idx = next(iter(m.grid.chunks_in(m.bounds)))
+    m.write_chunk(idx, np.zeros((1,) + tuple(m.grid.chunk_roi(idx).shape), np.uint8))
+    stale = _changed_input_tasks(run, blocks)
+    assert stale and all(any(c.startswith("mask ") for c in changed) for _, changed in stale)

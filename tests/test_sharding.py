@@ -301,7 +301,7 @@ def test_T3_sigkill_after_the_shard_write_before_the_manifest_then_rerun(tmp_pat
     its re-run writes the same shard bytes, then the manifest, and verifies; no temporaries."""
     from tests import faults_helpers as H
     from znni_core.io import open_output
-    from znni_core.pipeline.finalize import check_task
+    from znni_core.pipeline.done import check_task
     from znni_core.pipeline.run import load_run, output_spec, run_geometry
 
     chunk_bytes = 8 * 32 * 32 * 4

@@ -177,15 +177,22 @@ def test_T13_T14_rerun_only_unfinished_or_forced_tasks(two_runs):
 
 @pytest.mark.slow  # ~40 s
 def test_T1_batched_job_killed_inside_resumes_task_by_task(two_runs, tmp_path):
-    """Jobs of 5 tasks; the job of tasks 5-9 is SIGKILLed after task 7 wrote one chunk. The rerun
-    runs only that job, skips its verified tasks 5 and 6 and computes 7, 8, 9; bytes as unbatched."""
+    """Jobs of 5 tasks; the job of tasks 5-9 is SIGKILLed between the two chunk writes of task 8
+    (the kill hook records where it landed; one of task 8's chunks is on storage). The rerun runs
+    only that job, skips its verified tasks 5, 6 and 7 and computes 8 and 9; bytes as unbatched."""
     import time
 
-    from .faults_helpers import INJECT_DIR
+    from .faults_helpers import INJECT_DIR, kills
 
     _, vol, [(cfg_a, _, _), _] = two_runs
     cfg, path = write_config(tmp_path, "batched", vol, jobs={"tasks_per_job": 5})
-    env = subprocess_env(tmp_path) | {"ZNNI_FAULT": "after-chunk:7:1", "PYTHONPATH": str(INJECT_DIR)}
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    env = subprocess_env(tmp_path) | {
+        "ZNNI_FAULT": "after-chunk:8:1",
+        "ZNNI_FAULT_DIR": str(faults),
+        "PYTHONPATH": str(INJECT_DIR),
+    }
     p = subprocess.run(
         SNAKEMAKE + ["--configfile", str(path), "--retries", "0"],
         cwd=tmp_path,
@@ -195,17 +202,22 @@ def test_T1_batched_job_killed_inside_resumes_task_by_task(two_runs, tmp_path):
         timeout=600,
     )
     assert p.returncode != 0
+    assert kills(faults) == ["after-chunk task 8 after chunk 1 of 2"]
+    assert re.search(r"exit status 137|Signals.SIGKILL", p.stdout + p.stderr), (p.stdout + p.stderr)[-3000:]
     work = Path(cfg["work_dir"])
     assert json.loads((work / "schedule.json").read_text())["num_jobs"] == 3
-    assert sorted(int(m.stem) for m in (work / "manifests").rglob("*.json")) == [0, 1, 2, 3, 4, 5, 6, 10, 11]
+    assert sorted(int(m.stem) for m in (work / "manifests").rglob("*.json")) == [0, 1, 2, 3, 4, 5, 6, 7, 10, 11]
     assert not (work / "jobs" / "000001.json").exists()
+    # tasks 0-7, 10 and 11 hold 15 chunks; the 16th is task 8's first, as the uninterrupted run wrote it
+    want, got = layer_files(cfg_a["output"]["path"]), layer_files(cfg["output"]["path"])
+    assert len(got) == 16 and all(want[k] == v for k, v in got.items()), sorted(set(want) - set(got))
     t0 = time.time()
     p = snakemake(tmp_path, path)
     assert _jobs_run(p, "infer_job") == 1
-    assert _ran(work, t0) == [7, 8, 9]
-    assert json.loads((work / "jobs" / "000001.json").read_text())["skipped"] == [5, 6]
-    assert "3 done now, 9 skipped" in p.stderr
-    assert layer_files(cfg["output"]["path"]) == layer_files(cfg_a["output"]["path"])
+    assert _ran(work, t0) == [8, 9]
+    assert json.loads((work / "jobs" / "000001.json").read_text())["skipped"] == [5, 6, 7]
+    assert "2 done now, 10 skipped" in p.stderr
+    assert layer_files(cfg["output"]["path"]) == want
 
 
 def test_clear_error_before_scheduling(tmp_path):

@@ -491,6 +491,7 @@ def _changed_input_tasks(run, blocks) -> list:
     differ from the input's now."""
     from ..io import open_input, parse_layer_url, read_manifest
     from .identity import changed_inputs
+    from .mask import open_mask
     from .task import manifest_path
 
     cfg = run.config
@@ -500,9 +501,10 @@ def _changed_input_tasks(run, blocks) -> list:
         resolution=cfg.input.resolution,
         checksums="none",
     )
+    mask = open_mask(cfg, inp.resolution) if run.mask else None
     out = []
     for b in blocks:
-        changed = changed_inputs(inp, read_manifest(manifest_path(run, b.id)))
+        changed = changed_inputs(inp, read_manifest(manifest_path(run, b.id)), mask.layer if mask else None)
         if changed:
             out.append((b.id, changed))
     return out

@@ -26,15 +26,14 @@ from ..io import (
     open_output,
     parse_layer_url,
     read_json,
-    read_manifest,
     write_json,
 )
 from ..progress import bar
+from .done import check_task
 from .mask import load_mask_tasks, positions
 from .report import empty_chunks, verification
 from .run import Run, load_run, output_spec, run_geometry
 from .settings import Config
-from .task import manifest_path
 
 
 def output_mapping(cfg: Config) -> str:
@@ -54,50 +53,6 @@ def output_mapping(cfg: Config) -> str:
     if tta.variance:
         text += "; then the variance across the variants as more channels"
     return text
-
-
-def _check_stored(what: str, entry: dict, read, check, verify: str, task: int) -> None:
-    """One stored object (chunk or shard) against its manifest entry."""
-    if entry["status"] in ("empty", "masked"):
-        if read() is not None:
-            raise DataError(f"{what} is recorded {entry['status']} but exists; re-run task {task}")
-    elif verify == "checksum":
-        check(entry["sha256"])
-    elif read() is None:
-        raise DataError(f"{what} of task {task} is missing; re-run task {task}")
-
-
-def check_task(run: Run, out, block, verify: str, mip: int = 0) -> dict:
-    """A task's manifest (of mip ``mip``: a pyramid's), once it and every object it records check
-    out against the store (``verify``: checksum | exists); DataError naming what is wrong otherwise."""
-    mp = manifest_path(run, block.id, mip)
-    m = read_manifest(mp)
-    if m.get("run_digest") != run.digest:  # another run's settings, input, network, plan or encoding
-        raise DataError(
-            f"manifest {mp} was written by another run (digest {str(m.get('run_digest'))[:12]}, this run "
-            f"{run.digest[:12]}); re-run task {block.id}"
-        )
-    if [c["index"] for c in m["chunks"]] != [list(i) for i in block.chunks]:
-        raise DataError(f"manifest {mp} lists other chunks than task {block.id} owns; re-run it")
-    if out.sharded:  # the shard object is what was written: its checksum covers every chunk
-        sh = m.get("shard") or {}
-        name = out.shard_name(block.chunks[0])
-        if sh.get("name") != name:
-            raise DataError(f"manifest {mp} names shard {sh.get('name')!r}, task {block.id} owns {name}; re-run it")
-        _check_stored(
-            f"shard {name}", sh, lambda: out.read_object(name), lambda d: out.verify_object(name, d), verify, block.id
-        )
-    for c in [] if out.sharded else m["chunks"]:
-        idx = tuple(c["index"])
-        _check_stored(
-            f"chunk {c['name']}",
-            c,
-            lambda: out.read_chunk_bytes(idx),
-            lambda d: out.verify_chunk(idx, d),
-            verify,
-            block.id,
-        )
-    return m
 
 
 def check_manifests(run: Run, out, verify: str, log=print):

@@ -178,12 +178,19 @@ def check_rerun(previous: dict | None, run, recompute: str) -> list[str]:
     return changed
 
 
-def changed_inputs(inp, manifest: dict) -> list[str]:
-    """The input objects a task's ``manifest`` records (``input_versions``) whose version
-    differs now (changed in place, deleted or created since): ``["<object> <then> -> <now>"]``.
-    One ``stat`` (``file://``) or HEAD request (``s3://``, ``gs://``) per object."""
-    then = manifest.get("input_versions")
-    if not isinstance(then, dict):
-        return ["(the task recorded no input versions)"]
-    now = inp.versions(sorted(then)) if then else {}
-    return [f"{k} {then[k]} -> {now.get(k)}" for k in sorted(then) if now.get(k) != then[k]]
+def changed_inputs(inp, manifest: dict, mask=None) -> list[str]:
+    """The input objects a task's ``manifest`` records (``input_versions``; with ``mask``, the
+    mask layer's ``mask_versions`` too) whose version differs now (changed in place, deleted or
+    created since): ``["<object> <then> -> <now>"]``.  One ``stat`` (``file://``) or HEAD
+    request (``s3://``, ``gs://``) per object."""
+    out = []
+    for key, layer, what in (("input_versions", inp, "input"), ("mask_versions", mask, "mask")):
+        if layer is None:
+            continue
+        then = manifest.get(key)
+        if not isinstance(then, dict):
+            out.append(f"({what}: the task recorded no versions)")
+            continue
+        now = layer.versions(sorted(then)) if then else {}
+        out += [f"{what} {k} {then[k]} -> {now.get(k)}" for k in sorted(then) if now.get(k) != then[k]]
+    return out

@@ -47,7 +47,7 @@ def run_job(
     task's output while the engine computes (:func:`run_pipelined`); off when the job's memory
     holds one task's buffers only.
     """
-    from .finalize import check_task
+    from .done import check_task
     from .identity import changed_inputs
     from .mask import load_mask_tasks, positions
     from .task import manifest_path, open_run
@@ -78,7 +78,7 @@ def run_job(
         if not manifest_path(run, block.id).is_file():
             return False
         m = check_task(run, ctx.out, block, verify)
-        changed = changed_inputs(ctx.inp, m) if inputs else []
+        changed = changed_inputs(ctx.inp, m, ctx.mask.layer if ctx.mask else None) if inputs else []
         if changed:
             raise DataError(f"{len(changed)} of its input objects changed since it ran (first: {changed[0]})")
         return True

@@ -59,15 +59,18 @@ class Mask:
         hi = [math.ceil(e * r) for e, r in zip(roi.end, self.ratio)]
         return Roi.from_bounds(lo, hi)
 
-    def read(self, roi: Roi, filled: list | None = None) -> tuple[np.ndarray, Roi]:
+    def read(self, roi: Roi, filled: list | None = None, versions: dict | None = None) -> tuple[np.ndarray, Roi]:
         """``(bool (z, y, x) array, its box in mask voxels)``: where the mask is non-zero under ``roi``.
 
         A missing mask chunk is a :class:`DataError` naming it unless ``mask.missing`` is ``zero``;
-        then it reads as 0 and its name is appended to ``filled``."""
+        then it reads as 0 and its name is appended to ``filled``.  ``versions``: gets the
+        versions of the mask objects read, taken before the read (as a task's input's)."""
         box = self.box(roi)
         out = np.zeros(tuple(box.shape), bool)
         inside = box.intersect(self.layer.bounds)
         if not inside.empty:
+            if versions is not None:
+                versions.update(self.layer.object_versions(inside))
             a, missing = self.layer.read(inside, fill_missing=True)  # recorded chunks are never filled
             if missing and self.missing != "zero":
                 raise DataError(
@@ -109,14 +112,15 @@ def check_mask(mask: Mask, region: Roi) -> None:
         )
 
 
-def live_chunks(mask: Mask, grid, region: Roi, chunks, filled: list | None = None) -> set:
+def live_chunks(mask: Mask, grid, region: Roi, chunks, filled: list | None = None, versions=None) -> set:
     """The chunks (indices) of ``chunks`` that a non-zero mask voxel overlaps inside ``region``
-    (``filled``: gets the mask chunks read as 0, :meth:`Mask.read`)."""
+    (``filled``: gets the mask chunks read as 0; ``versions``: the mask objects' versions;
+    :meth:`Mask.read`)."""
     rois = {tuple(i): grid.chunk_roi(i).intersect(region) for i in chunks}
     rois = {i: r for i, r in rois.items() if not r.empty}
     if not rois:
         return set()
-    arr, box = mask.read(reduce(Roi.union, rois.values()), filled)
+    arr, box = mask.read(reduce(Roi.union, rois.values()), filled, versions)
     return {i for i, r in rois.items() if mask.under(arr, box, r).any()}
 
 

@@ -222,7 +222,7 @@ class _Pyramid:
         return a
 
     def done(self, k: int, block) -> bool:
-        from .finalize import check_task
+        from .done import check_task
         from .task import manifest_path
 
         if not manifest_path(self.run, block.id, k).is_file():

@@ -320,6 +320,7 @@ class TaskInput:
     recomputed: object = None  # the in-run check of sampled voxels (:func:`check_sample`), for the manifest
     versions: dict = None  # {input object: version} read (:func:`gather`), for the manifest
     mask_filled: list = None  # the mask chunks read as 0 (mask.missing: zero), for the manifest
+    mask_versions: dict = None  # {mask object: version} read, for the manifest
 
 
 def run_task(
@@ -382,9 +383,9 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
         chunk_index = None
 
     # ---- mask: chunks no non-zero mask voxel overlaps are recorded, not computed ---------------
-    masked, mask_filled = set(), []
+    masked, mask_filled, mask_versions = set(), [], {}
     if ctx.mask is not None:
-        masked = set(block.chunks) - live_chunks(ctx.mask, grid, region, block.chunks, mask_filled)
+        masked = set(block.chunks) - live_chunks(ctx.mask, grid, region, block.chunks, mask_filled, mask_versions)
     live = [i for i in block.chunks if i not in masked]
 
     # ---- read -------------------------------------------------------------------------
@@ -431,6 +432,7 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
         time.perf_counter() - t0,
         versions=versions,
         mask_filled=sorted(set(mask_filled)),
+        mask_versions=mask_versions,
     )
 
 
@@ -606,7 +608,11 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
         "plan_digest": plan.digest(),
         "network_digest": net.digest(),
         "missing_input_filled": ti.missing,
-        **({"missing_mask_filled": ti.mask_filled or []} if ctx.mask is not None else {}),
+        **(
+            {"missing_mask_filled": ti.mask_filled or [], "mask_versions": ti.mask_versions or {}}
+            if ctx.mask is not None
+            else {}
+        ),
         "input_versions": ti.versions or {},
         **({"recomputed": ti.recomputed} if ti.recomputed else {}),
         "versions": run.versions | {"python": platform.python_version()},

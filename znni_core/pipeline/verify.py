@@ -54,7 +54,7 @@ def verify_run(
     """Check a finished run (see the module's doc): ``empty`` of its empty chunks are checked;
     returns the record written to ``<work_dir>/verify.json`` and raises :class:`DataError` when a
     check fails."""
-    from .finalize import check_task
+    from .done import check_task
     from .task import normalise, open_run, quantise, read_task, window_input
 
     t0 = time.perf_counter()
