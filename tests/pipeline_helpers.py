@@ -82,3 +82,30 @@ def subprocess_env(tmp_cache: Path) -> dict:
     env["PYTHONPYCACHEPREFIX"] = str(Path(session) / "pycache")
     env.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
     return env
+
+
+def sharded_input(tmp_path: Path):
+    """A sharded precomputed layer's parts, not yet written: ``(url, layer, vol, {shard name:
+    {chunk index: array}})`` of a (16, 64, 64) uint8 volume (no zero voxel) in (8, 16, 16) chunks."""
+    from znni_core.io.sharding import auto_sharding
+
+    shape, chunk = (16, 64, 64), (8, 16, 16)
+    url = parse_layer_url(f"file://{tmp_path}/em")
+    spec = ScaleSpec(
+        "4_4_40",
+        Roi((0, 0, 0), shape),
+        Coordinate(chunk),
+        (40.0, 4.0, 4.0),
+        "uint8",
+        1,
+        sharding=auto_sharding(shape, chunk, "uint8", 1, 8 * 16 * 16 * 8, "raw"),
+    )
+    create_layer(url, spec, {"owners": [], "processing": [], "sources": []})
+    layer = PrecomputedLayer(url, 0)
+    vol = (np.arange(np.prod(shape)) % 250 + 1).astype(np.uint8).reshape((1,) + shape)
+    shards = {}
+    for idx in layer.grid.chunks_in(layer.bounds):
+        shards.setdefault(layer.shard_name(idx), {})[tuple(idx)] = vol[
+            (slice(None),) + layer.grid.chunk_roi(idx).to_slices()
+        ]
+    return url, layer, vol, shards

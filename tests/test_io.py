@@ -32,6 +32,8 @@ from znni_core.io import (
     write_manifest,
 )
 
+from .pipeline_helpers import sharded_input
+
 PROV = {"description": "test", "owners": [], "processing": [], "sources": []}
 
 
@@ -372,26 +374,7 @@ def test_sharded_zarr_input_names_a_missing_shard_and_a_chunk_its_index_lacks(tm
 def test_sharded_precomputed_input_names_a_missing_shard_and_a_chunk_its_index_lacks(tmp_path):
     """The same for a sharded precomputed input (cloud-volume fills its absent chunks with 0
     whatever ``fill_missing`` says): a shard deleted, a chunk left out of another shard."""
-    from znni_core.io.sharding import auto_sharding
-
-    shape, chunk = (16, 64, 64), (8, 16, 16)
-    url = parse_layer_url(f"file://{tmp_path}/em")
-    spec = ScaleSpec(
-        "4_4_40",
-        Roi((0, 0, 0), shape),
-        Coordinate(chunk),
-        (40.0, 4.0, 4.0),
-        "uint8",
-        1,
-        sharding=auto_sharding(shape, chunk, "uint8", 1, 8 * 16 * 16 * 8, "raw"),
-    )
-    create_layer(url, spec, {"owners": [], "processing": [], "sources": []})
-    layer = PrecomputedLayer(url, 0)
-    vol = (np.arange(np.prod(shape)) % 250 + 1).astype(np.uint8).reshape((1,) + shape)
-    shards = {}
-    for idx in layer.grid.chunks_in(layer.bounds):
-        box = (slice(None),) + layer.grid.chunk_roi(idx).to_slices()
-        shards.setdefault(layer.shard_name(idx), {})[tuple(idx)] = vol[box]
+    url, layer, vol, shards = sharded_input(tmp_path)
     names = sorted(shards)
     left_out = sorted(shards[names[1]])[-1]
     for name, chunks in shards.items():

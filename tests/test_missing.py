@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from znni_core.errors import DataError, StorageError
-from znni_core.geometry import Coordinate, Roi
-from znni_core.io import PrecomputedLayer, ScaleSpec, create_layer, open_input, parse_layer_url
+from znni_core.geometry import Roi
+from znni_core.io import PrecomputedLayer, open_input, parse_layer_url
 from znni_core.io.checksums import write_index
 from znni_core.io.store import sha256
 from znni_core.pipeline.finalize import finalize
@@ -32,7 +32,7 @@ from znni_core.pipeline.mask import mask_tasks_path, scan
 from znni_core.pipeline.run import load_run, run_geometry
 from znni_core.pipeline.task import empty_context, manifest_path, open_run, run_task
 
-from .pipeline_helpers import base_config, em, write_volume
+from .pipeline_helpers import base_config, em, sharded_input, write_volume
 from .test_mask import _masked_case
 from .test_pipeline import QUIET, prepare, run_all
 
@@ -78,27 +78,7 @@ def test_a_chunk_the_sha256_index_records_is_never_filled(tmp_path, checksums):
 
 
 def test_a_sharded_input_s_recorded_chunks_are_never_filled(tmp_path):
-    from znni_core.io.sharding import auto_sharding
-
-    shape, chunk = (16, 64, 64), (8, 16, 16)
-    url = parse_layer_url(f"file://{tmp_path}/em")
-    spec = ScaleSpec(
-        "4_4_40",
-        Roi((0, 0, 0), shape),
-        Coordinate(chunk),
-        (40.0, 4.0, 4.0),
-        "uint8",
-        1,
-        sharding=auto_sharding(shape, chunk, "uint8", 1, 8 * 16 * 16 * 8, "raw"),
-    )
-    create_layer(url, spec, {"owners": [], "processing": [], "sources": []})
-    layer = PrecomputedLayer(url, 0)
-    vol = (np.arange(np.prod(shape)) % 250 + 1).astype(np.uint8).reshape((1,) + shape)
-    shards = {}
-    for idx in layer.grid.chunks_in(layer.bounds):
-        shards.setdefault(layer.shard_name(idx), {})[tuple(idx)] = vol[
-            (slice(None),) + layer.grid.chunk_roi(idx).to_slices()
-        ]
+    url, layer, vol, shards = sharded_input(tmp_path)
     digests = {}
     for chunks in shards.values():
         digests |= layer.write_shard(chunks)["chunks"]

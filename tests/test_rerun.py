@@ -93,8 +93,10 @@ def test_changes_that_cannot_alter_a_byte_are_no_change(tmp_path):
     new["jobs"] = {"tasks_per_job": 3, "minutes": 5}
     new["verify_voxels"] = 0
     new["finalize"] = {"verify": "exists"}
+    new["downsample"] = {"mips": 1}  # a pyramid added to a finished run: made from mip 0 as it is
     run, _, changed = _revalidate(new)
     assert changed == [] and run.digest == load_run(rf).digest
+    assert len(run.output.info["scales"]) == 2 and len(load_run(rf).output.info["scales"]) == 1
 
 
 def test_the_done_check_never_takes_another_runs_task(tmp_path):

@@ -8,7 +8,9 @@ identity holds
   ``tta``, ``blend``, ``device``, the output's ``scale`` / ``offset`` / ``compression``, the mask;
 - the input layer: URL, endpoint, scale, bounds, resolution, dtype, channels;
 - the network's digest (its weights and graph) and the plan's (primitives, patch, fragments);
-- the output layer: URL and ``info`` (dtype, chunks, encoding, sharding, scales) and the region;
+- the output layer: URL and ``info`` (dtype, channels; mip 0's chunks, encoding, sharding) and
+  the region (a pyramid's mips are made from mip 0, their tasks pinning the chunks they averaged:
+  adding mips to a finished run changes nothing of it);
 - :data:`~znni_core.version.NUMERICS_VERSION`, the engine's arithmetic.
 
 It leaves out what cannot change a byte: ``work_dir``, ``jobs``, ``finalize``, ``verify_voxels``,

@@ -419,12 +419,15 @@ def _run_record(cfg, net, net_path, halo, iu, inp, ou, specs, lay, mask, num_tas
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
     }
+    info = doc["output"]["info"]
     doc["identity"] = identity(
         cfg,
         doc["network"]["digest"],
         doc["plan"]["digest"],
         doc["input"],
-        {"url": doc["output"]["url"], "info": doc["output"]["info"], "region": doc["region"]},
+        # mip 0's scale: a pyramid's mips are made from it (their tasks pin what they averaged), so
+        # adding mips to a finished run is no change of its output
+        {"url": doc["output"]["url"], "info": info | {"scales": info["scales"][:1]}, "region": doc["region"]},
     )
     doc["digest"] = run_digest(doc["identity"])
     return Run.from_json(doc, "the resolved run")
