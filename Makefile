@@ -9,10 +9,11 @@ PY := $(VENV)/bin/python
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml requirements-lock.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q uv
-	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e ".[dev]"
+	# the exact versions the tests pass with (users get pyproject.toml's ranges)
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -c requirements-lock.txt -e ".[dev]"
 	# PyTorch is a test-only reference; pip (not uv) finds the local CPU wheel.
 	$(VENV)/bin/pip install -q torch==2.13.0
 	touch $@
@@ -54,7 +55,7 @@ bench: setup
 
 # znni vs PyTorch, ONNX Runtime and OpenVINO (f32) as users call them: benchmarks/RUNTIMES.md
 bench-runtimes: setup
-	$(VENV)/bin/uv pip install -q --python $(PY) -e ".[dev,bench]"
+	$(VENV)/bin/uv pip install -q --python $(PY) -c requirements-lock.txt -e ".[dev,bench]"
 	PATH="$(abspath $(VENV))/bin:$$PATH" NUMBA_THREADING_LAYER=threadsafe $(PY) -m benchmarks.runtimes
 
 clean:

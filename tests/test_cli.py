@@ -171,3 +171,16 @@ def test_progress_bars_show_on_a_terminal_and_stay_out_of_logs():
             b.update(4)
     assert "verify: stored objects" in tty.getvalue() and "/4 [" in tty.getvalue() and "task/s" in tty.getvalue()
     assert log.getvalue() == ""
+
+
+def test_version_and_license_metadata():
+    """``znni --version`` prints the package's version; the installed metadata names the license."""
+    from importlib.metadata import metadata
+
+    from znni_core.version import __version__
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"znni {__version__}"
+    meta = metadata("znni")
+    assert meta["Version"] == __version__
+    assert meta.get("License-Expression") == "MIT" or meta.get("License") == "MIT", dict(meta)

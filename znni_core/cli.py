@@ -19,6 +19,23 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from .version import __version__
+
+        typer.echo(f"znni {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="print znni's version and exit"
+    ),
+) -> None:
+    """znni: exact dense sliding-window inference of 3D ConvNets over EM volumes."""
+
+
 def parse_bytes(text: str) -> int:
     """``"2GiB"``, ``"500MB"``, ``"1e9"`` -> bytes."""
     from .units import parse_bytes as parse
