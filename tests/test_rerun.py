@@ -99,6 +99,38 @@ def test_changes_that_cannot_alter_a_byte_are_no_change(tmp_path):
     assert len(run.output.info["scales"]) == 2 and len(load_run(rf).output.info["scales"]) == 1
 
 
+def _inference_entries(cfg) -> list:
+    prov = json.loads((Path(cfg["output"]["path"]) / "provenance").read_text())
+    return [e for e in prov["processing"] if e["method"]["task"] == "znni inference"]
+
+
+def test_provenance_only_for_what_a_run_produced(tmp_path):
+    """A finalize run again, or after a change that alters no byte, adds no entry; a recompute
+    under new settings adds one, naming them."""
+    from znni_core.pipeline.finalize import finalize
+
+    cfg, rf = _finished(tmp_path)
+    finalize(rf, **QUIET)
+    assert len(_inference_entries(cfg)) == 1
+    finalize(rf, **QUIET)
+    new = copy.deepcopy(cfg)
+    new["verify_voxels"] = 0
+    run, plan, changed = _revalidate(new)
+    save_run(run, plan, Path(run.work_dir))
+    assert changed == [] and run_job(rf, 0, run.num_tasks, **QUIET)["ran"] == []
+    finalize(rf, **QUIET)
+    assert len(_inference_entries(cfg)) == 1
+    new["normalize"]["shift"] = 0.5
+    new["recompute"] = "changed"
+    run, plan, changed = _revalidate(new)
+    save_run(run, plan, Path(run.work_dir))
+    run_job(rf, 0, run.num_tasks, **QUIET)
+    finalize(rf, **QUIET)
+    entries = _inference_entries(cfg)
+    assert len(entries) == 2 and entries[-1]["method"]["normalize"]["shift"] == 0.5
+    assert entries[-1]["run_digest"] == run.digest != entries[0]["run_digest"]
+
+
 def test_the_done_check_never_takes_another_runs_task(tmp_path):
     """Even without validate's refusal (a run.json replaced by hand), a task whose manifest names
     another run's digest is not done: the job makes it again."""

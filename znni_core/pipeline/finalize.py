@@ -281,40 +281,16 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
 
         require_pyramid(run, log)
 
-    # provenance: appended once per finalize
+    # provenance: an entry for what this run produced; none again when nothing was produced since
+    # the last entry of this run (a finalize re-run, a config change that alters no byte)
     prov = read_json(out_url, "provenance") or {"description": "", "owners": [], "processing": [], "sources": []}
-    prov.setdefault("processing", []).append(
-        {
-            "method": {
-                "task": "znni inference",
-                "network": run.network.path,
-                "network_digest": run.network.digest,
-                "plan_digest": run.plan.digest,
-                "region": run.region,
-                "edge": cfg.edge,
-                "normalize": asdict(cfg.normalize),
-                "output_mapping": output_mapping(cfg),
-                "missing_input_filled": filled,
-                "chunks_empty": n_empty,
-                "empty_chunks": summary["empty_chunks"],
-                **(
-                    {
-                        "mask": asdict(run.mask),
-                        "tasks_masked": n_masked_tasks,
-                        "chunks_masked": n_masked,
-                        "missing_mask_filled": mask_filled,
-                    }
-                    if run.mask
-                    else {}
-                ),
-            },
-            "by": "znni",
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "versions": run.versions,
-            "run_digest": run.digest,
-        }
-    )
-    write_json(out_url, "provenance", prov)
+    produced = max((float(m.get("finished") or 0) for m in manifests.values()), default=0.0)
+    last = next((e for e in reversed(prov.setdefault("processing", [])) if _method(e) == "znni inference"), None)
+    if last is not None and last.get("run_digest") == run.digest and last.get("last_task_finished") == produced:
+        log("provenance: this run's entry is there already (nothing produced since)")
+    else:
+        _append_provenance(prov, run, cfg, filled, n_empty, summary, n_masked_tasks, n_masked, mask_filled, produced)
+        write_json(out_url, "provenance", prov)
     if out_url.format != "zarr":  # so a later run can verify it as its input
         from ..io.checksums import write_index
 
@@ -419,3 +395,44 @@ def write_html(path: Path, run: Run, s: dict) -> None:
 <h2>Plan</h2><pre>{html.escape(plan_text)}</pre>
 """
     atomic_write(path, doc.encode())
+
+
+def _method(entry) -> str | None:
+    m = entry.get("method") if isinstance(entry, dict) else None
+    return m.get("task") if isinstance(m, dict) else None
+
+
+def _append_provenance(prov, run, cfg, filled, n_empty, summary, n_masked_tasks, n_masked, mask_filled, produced):
+    """Append the run's ``znni inference`` entry to the layer's provenance document ``prov``."""
+    prov["processing"].append(
+        {
+            "method": {
+                "task": "znni inference",
+                "network": run.network.path,
+                "network_digest": run.network.digest,
+                "plan_digest": run.plan.digest,
+                "region": run.region,
+                "edge": cfg.edge,
+                "normalize": asdict(cfg.normalize),
+                "output_mapping": output_mapping(cfg),
+                "missing_input_filled": filled,
+                "chunks_empty": n_empty,
+                "empty_chunks": summary["empty_chunks"],
+                **(
+                    {
+                        "mask": asdict(run.mask),
+                        "tasks_masked": n_masked_tasks,
+                        "chunks_masked": n_masked,
+                        "missing_mask_filled": mask_filled,
+                    }
+                    if run.mask
+                    else {}
+                ),
+            },
+            "by": "znni",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "versions": run.versions,
+            "run_digest": run.digest,
+            "last_task_finished": produced,
+        }
+    )
