@@ -183,8 +183,12 @@ def load_run(path) -> Run:
         run = json.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path} does not exist: run `znni validate CONFIG` (or the workflow) first") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path} is not valid JSON ({exc}); re-run `znni validate`") from exc
+    except OSError as exc:  # a directory in its place, unreadable
+        raise ConfigError(
+            f"{path} cannot be read ({exc.strerror or exc}); give the run file <work_dir>/run.json"
+        ) from exc
     return Run.from_json(run, str(path))
 
 
