@@ -142,6 +142,16 @@ def test_masked_run_computes_exactly_the_chunks_the_mask_overlaps(tmp_path):
     s = finalize(rf, log=print)
     assert s["tasks_masked"] == doc["num_masked"] and s["done"] == doc["num_live"] and not s["failed"]
     assert s["chunks_written"] == len(live_chunk_set) and s["chunks_masked"] > 0
+    # `znni status` counts the wholly masked tasks as masked, not as "not done"
+    from typer.testing import CliRunner
+
+    from znni_core.cli import app
+
+    out = CliRunner().invoke(app, ["status", str(rf)]).output
+    assert out.startswith(
+        f"{doc['num_live']} of {doc['num_tasks']} tasks done, {doc['num_masked']} masked (the mask is 0 over them: "
+        "never run); not done: []"
+    ), out
 
 
 def test_masked_chunk_rerun_and_a_masked_task_run_by_hand(tmp_path):

@@ -205,6 +205,26 @@ def test_input_changed_in_place_is_found_and_recomputed_exactly(tmp_path):
     assert layer_files(cfg["output"]["path"]) == layer_files(fresh["output"]["path"])
 
 
+def test_status_counts_another_runs_tasks_as_not_done(tmp_path):
+    """``znni status``: a manifest of another run is not a done task (it says so and how)."""
+    from typer.testing import CliRunner
+
+    from znni_core.cli import app
+
+    cfg, rf = _finished(tmp_path)
+    n = load_run(rf).num_tasks
+    r = CliRunner().invoke(app, ["status", str(rf)])
+    assert r.exit_code == 0 and r.output.startswith(f"{n} of {n} tasks done; not done: []"), r.output
+    new = copy.deepcopy(cfg)
+    new["normalize"]["shift"] = 0.5
+    new["recompute"] = "changed"
+    run, plan, _ = _revalidate(new)
+    save_run(run, plan, Path(run.work_dir))
+    r = CliRunner().invoke(app, ["status", str(rf)])
+    assert r.output.startswith(f"0 of {n} tasks done; not done: []; made by another run"), r.output
+    assert str(list(range(n))) in r.output
+
+
 def test_status_check_inputs_lists_the_changed_tasks(tmp_path):
     from typer.testing import CliRunner
 

@@ -374,20 +374,31 @@ def _register(app: typer.Typer) -> None:
             "(one stat or HEAD request per input object of every done task); exit 1 if any",
         ),
     ):
-        """How many tasks have a manifest (done), and which do not."""
+        """How many tasks are done (a manifest of this run), masked, made by another run, or not done."""
         from ..errors import ZnniError
         from .run import load_run, run_geometry
-        from .task import manifest_path
 
         try:
             run = load_run(run_file)
             _, _, _, blocks = run_geometry(run)
+            state = _task_states(run, blocks)
         except ZnniError as exc:
             fail(exc)
-        todo = [b.id for b in blocks if not manifest_path(run, b.id).is_file()]
+
+        def ids(kind):
+            got = state[kind]
+            return f"{got[:50]}" + (" ..." if len(got) > 50 else "")
+
         typer.echo(
-            f"{len(blocks) - len(todo)} of {len(blocks)} tasks done; not done: {todo[:50]}"
-            + (" ..." if len(todo) > 50 else "")
+            f"{len(state['done'])} of {len(blocks)} tasks done"
+            + (f", {len(state['masked'])} masked (the mask is 0 over them: never run)" if state["masked"] else "")
+            + f"; not done: {ids('todo')}"
+            + (
+                f"; made by another run (the next run refuses, or recomputes them with recompute: changed): "
+                f"{ids('other')}"
+                if state["other"]
+                else ""
+            )
         )
         if run.config.downsample.mips:  # from the manifests: stale tasks (mip 0 re-run under them) are not done
             from .pyramid import pyramid_status
@@ -403,7 +414,7 @@ def _register(app: typer.Typer) -> None:
                 typer.echo(f"pyramid: unknown ({exc})")
         if check_inputs:
             try:
-                stale = _changed_input_tasks(run, [b for b in blocks if b.id not in set(todo)])
+                stale = _changed_input_tasks(run, [b for b in blocks if b.id in set(state["done"])])
             except ZnniError as exc:
                 fail(exc)
             for task, changed in stale:
@@ -484,6 +495,34 @@ def _register(app: typer.Typer) -> None:
             pass
         finally:
             srv.close()
+
+
+def _task_states(run, blocks) -> dict:
+    """Task ids by state, from the manifests' run digests (no stored object is read): ``done``
+    (a manifest of this run), ``other`` (a manifest of another run: not done for this one),
+    ``masked`` (the mask is 0 over the whole task, after the mask's scan), ``todo`` (the rest)."""
+    from ..errors import ZnniError
+    from .mask import load_mask_tasks, positions
+    from .task import manifest_path
+
+    live = None
+    if run.mask:
+        try:
+            live = set(positions(load_mask_tasks(run)))
+        except ZnniError:  # not scanned yet: every task counts
+            live = None
+    state = {"done": [], "other": [], "masked": [], "todo": []}
+    for k, b in enumerate(blocks):
+        if live is not None and k not in live:
+            state["masked"].append(b.id)
+            continue
+        try:
+            digest = json.loads(manifest_path(run, b.id).read_text()).get("run_digest")
+        except (OSError, ValueError, AttributeError):  # none, unreadable or not a manifest: not done
+            state["todo"].append(b.id)
+            continue
+        state["done" if digest == run.digest else "other"].append(b.id)
+    return state
 
 
 def _changed_input_tasks(run, blocks) -> list:
