@@ -109,10 +109,7 @@ def _register(app: typer.Typer) -> None:
         except ZnniError as exc:
             fail(exc)
         _log(plan.describe(max_rejected=3))
-        try:
-            changed = check_rerun(previous_identity(run.work_dir), run, cfg.recompute)
-        except ZnniError as exc:
-            fail(exc)
+        changed = check_rerun(previous_identity(run.work_dir), run, cfg.recompute)  # one_line_errors reports it
         if changed:
             _log(
                 f"recompute: {cfg.recompute}: the tasks another run made are made again for: " + "; ".join(changed[:6])
@@ -413,10 +410,7 @@ def _register(app: typer.Typer) -> None:
             except ZnniError as exc:
                 typer.echo(f"pyramid: unknown ({exc})")
         if check_inputs:
-            try:
-                stale = _changed_input_tasks(run, [b for b in blocks if b.id in set(state["done"])])
-            except ZnniError as exc:
-                fail(exc)
+            stale = _changed_input_tasks(run, [b for b in blocks if b.id in set(state["done"])])
             for task, changed in stale:
                 typer.echo(f"task {task}: {len(changed)} input object(s) changed since it ran: {changed[0]}")
             typer.echo(

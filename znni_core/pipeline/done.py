@@ -32,9 +32,9 @@ def _check_stored(what: str, entry: dict, read, check, verify: str, task: int) -
         raise DataError(f"{what} of task {task} is missing; re-run task {task}")
 
 
-def check_task(run: Run, out, block, verify: str, mip: int = 0) -> dict:
-    """A task's manifest (of mip ``mip``: a pyramid's), once it and every object it records check
-    out against the store (``verify``: checksum | exists); DataError naming what is wrong otherwise."""
+def this_runs_manifest(run: Run, block, mip: int = 0) -> dict:
+    """A task's manifest (of mip ``mip``: a pyramid's) when it names this run and lists exactly the
+    task's chunks, without reading any stored object; DataError naming what is wrong otherwise."""
     mp = manifest_path(run, block.id, mip)
     m = read_manifest(mp)
     if m.get("run_digest") != run.digest:  # another run's settings, input, network, plan or encoding
@@ -44,6 +44,14 @@ def check_task(run: Run, out, block, verify: str, mip: int = 0) -> dict:
         )
     if [c["index"] for c in m["chunks"]] != [list(i) for i in block.chunks]:
         raise DataError(f"manifest {mp} lists other chunks than task {block.id} owns; re-run it")
+    return m
+
+
+def check_task(run: Run, out, block, verify: str, mip: int = 0) -> dict:
+    """A task's manifest (:func:`this_runs_manifest`), once every object it records checks out
+    against the store (``verify``: checksum | exists); DataError naming what is wrong otherwise."""
+    mp = manifest_path(run, block.id, mip)
+    m = this_runs_manifest(run, block, mip)
     if out.sharded:  # the shard object is what was written: its checksum covers every chunk
         sh = m.get("shard") or {}
         name = out.shard_name(block.chunks[0])

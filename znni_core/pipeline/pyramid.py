@@ -39,7 +39,7 @@ import numpy as np
 
 from ..errors import DataError, StorageError
 from ..geometry import Coordinate, Roi, TaskGrid
-from ..io import atomic_write, open_output, parse_layer_url, read_manifest, store_chunks, write_manifest
+from ..io import atomic_write, open_output, parse_layer_url, store_chunks, write_manifest
 from ..io.precomputed import encode_raw
 from ..io.store import sha256
 from .jobs import run_blocks
@@ -125,16 +125,18 @@ class _Pyramid:
         return f"build it (`znni pyramid {self.run_file}`, or the workflow's pyramid jobs of mip {j})"
 
     def manifest(self, j: int, block) -> dict:
-        """Task ``block`` of mip ``j``'s manifest, if it is this run's; DataError naming it and the fix."""
+        """Task ``block`` of mip ``j``'s manifest, if it is this run's (:func:`.done.this_runs_manifest`,
+        no stored object read); DataError naming it and the fix."""
+        from .done import this_runs_manifest
         from .task import manifest_path
 
         path = manifest_path(self.run, block.id, j)
         if not path.is_file():
             raise DataError(f"mip {j} task {block.id} is not done (no manifest {path}); {self.fix(j, block.id)}")
-        m, mine = read_manifest(path), [list(i) for i in block.chunks]
-        if m.get("run_digest") != self.run.digest or [c["index"] for c in m["chunks"]] != mine:
-            raise DataError(f"mip {j} task {block.id}: manifest {path} is another run's; {self.fix(j, block.id)}")
-        return m
+        try:
+            return this_runs_manifest(self.run, block, j)
+        except DataError as exc:
+            raise DataError(f"mip {j} task {block.id}: {exc}; {self.fix(j, block.id)}") from None
 
     def require(self, j: int, blocks) -> None:
         """Refuse (DataError, before anything is written) if a task of ``blocks`` of mip ``j`` is not done."""

@@ -460,7 +460,7 @@ def check_sample(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray, s
     (:func:`znni_core.net.definition.plain_forward`) and compare with ``y``; a :class:`DataError`
     when one deviates by more than the tolerance (the task is then not marked done).  Returns the
     record kept in the manifest."""
-    from ..net.definition import plain_forward, sample_voxels
+    from ..net.definition import sample_voxels
     from .recompute import judge
 
     t0 = time.perf_counter()
@@ -481,8 +481,7 @@ def check_sample(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray, s
         return {"voxels": 0, "skipped": "non-finite output"}
     origin = ti.block.read_roi.offset
     wins = np.stack([x[(slice(None),) + Roi(p - low - origin, fov).to_slices()] for p in points])
-    tta = ctx.run.config.tta
-    ref = definition_tta(ctx.net, wins, tta) if tta.on else plain_forward(ctx.net, wins)
+    ref = definition_tta(ctx.net, wins, ctx.run.config.tta)  # without augmentation: the plain forward pass
     record = judge(ti.task_id, points, got, ref, "the network gives")
     return record | {"seconds": round(time.perf_counter() - t0, 4)}
 

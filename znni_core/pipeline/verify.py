@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import DataError
 from ..geometry import Coordinate, Roi
 from ..io import atomic_write
-from ..net.definition import DEFINITION_FLOPS, TOLERANCE, flops_per_voxel, plain_forward, sample_voxels
+from ..net.definition import DEFINITION_FLOPS, TOLERANCE, flops_per_voxel, sample_voxels
 from ..progress import bar
 from .recompute import graph_sample, reference_plan
 from .run import Run
@@ -207,8 +207,7 @@ def _chain_sample(ctx, ti, x: np.ndarray, rng, samples: int) -> tuple[np.ndarray
 
     origin = ti.block.read_roi.offset
     wins = np.stack([x[(slice(None),) + Roi(p - low - origin, fov).to_slices()] for p in points])
-    tta = ctx.run.config.tta
-    ref = definition_tta(ctx.net, wins, tta) if tta.on else plain_forward(ctx.net, wins)
+    ref = definition_tta(ctx.net, wins, ctx.run.config.tta)  # without augmentation: the plain forward pass
     return np.array([tuple(p) for p in points], np.int64), ref
 
 
