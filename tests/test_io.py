@@ -399,7 +399,7 @@ def test_urls():
     assert parse_layer_url("/a/b").cloudpath() == "file:///a/b"
     assert parse_layer_url("gs://bucket/x/").path == "bucket/x"
     assert parse_layer_url("/a/b.zarr").format == "zarr"
-    for bad in ("http://x/y", "file://rel/path", "s3://bucket/../x", ""):
+    for bad in ("ftp://x/y", "file://rel/path", "s3://bucket/../x", ""):
         with pytest.raises(ConfigError):
             parse_layer_url(bad)
 

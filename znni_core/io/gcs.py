@@ -16,7 +16,9 @@ client with the library's own retries off and this module's instead:
 
 Credentials are looked up as cloudfiles does (``google-secret.json`` in the cloud-volume /
 cloudfiles secrets directory: a service account), else Google's default chain; with
-``STORAGE_EMULATOR_HOST`` set (a local emulator) anonymous credentials are used.
+``STORAGE_EMULATOR_HOST`` set (a local emulator) anonymous credentials are used.  With no
+credentials anywhere (and ``GOOGLE_APPLICATION_CREDENTIALS`` unset), reads go through an anonymous
+client (a public bucket) and writes are refused; ``ZNNI_SIGN_REQUESTS`` overrides (:mod:`.auth`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import threading
 import time
 
 from ..errors import DataError, StorageError, StoragePermissionError
+from .auth import sign_mode, unsigned_refusal
 from .paths import LayerURL
 from .retry import attempts_from_env
 
@@ -37,7 +40,8 @@ MAX_WAIT_S = 20.0
 TIMEOUT_S = (10.0, 60.0)  # connect, read: per attempt
 RETRIED = {408, 429, 500, 502, 503, 504}
 
-_clients: dict = {}
+_clients: dict = {}  # the emulator's URL, or ("", sign mode) -> client
+_unsigned: set = set()  # keys of _clients whose client is anonymous outside an emulator (writes refused)
 _lock = threading.Lock()
 #: the waits between attempts go through this (tests count and bound them)
 sleep = time.sleep
@@ -58,18 +62,33 @@ def backoff(attempt: int, rng=random) -> float:
     return rng.uniform(0, min(MAX_WAIT_S, BACKOFF_S * 2 ** (attempt - 1)))
 
 
+def _key():
+    """Which client serves now: the emulator's URL, or ``("", sign mode, GOOGLE_APPLICATION_CREDENTIALS)``."""
+    return os.environ.get("STORAGE_EMULATOR_HOST", "") or (
+        "",
+        sign_mode(),
+        os.environ.get("GOOGLE_APPLICATION_CREDENTIALS", ""),
+    )
+
+
 def _client():
-    """One ``google.cloud.storage.Client`` per process (credentials as cloudfiles finds them)."""
+    """One ``google.cloud.storage.Client`` per process (credentials as cloudfiles finds them; none
+    found: an anonymous client, whose key :data:`_unsigned` holds, :mod:`.auth`)."""
     with _lock:
         emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
-        if emulator in _clients:
-            return _clients[emulator]
+        mode = sign_mode()
+        key = _key()
+        if key in _clients:
+            return _clients[key]
         from google.cloud import storage
 
         if emulator:
             from google.auth.credentials import AnonymousCredentials
 
             client = storage.Client(credentials=AnonymousCredentials(), project="znni")
+        elif mode == "never":
+            client = storage.Client.create_anonymous_client()
+            _unsigned.add(key)
         else:
             from cloudfiles.secrets import secretpath
 
@@ -90,12 +109,21 @@ def _client():
                 try:
                     client = storage.Client()
                 except Exception as exc:  # google.auth.exceptions.DefaultCredentialsError and kin
-                    raise StoragePermissionError(
-                        f"no usable Google Cloud credentials ({type(exc).__name__}); write google-secret.json "
-                        "(a service account key) in the cloud-volume secrets directory, or run "
-                        "`gcloud auth application-default login`"
-                    ) from None
-        _clients[emulator] = client
+                    # GOOGLE_APPLICATION_CREDENTIALS set but unusable is a mistake, never "anonymous"
+                    if mode == "always" or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+                        raise StoragePermissionError(
+                            f"no usable Google Cloud credentials ({type(exc).__name__}); write google-secret.json "
+                            "(a service account key) in the cloud-volume secrets directory, or run "
+                            "`gcloud auth application-default login`"
+                            + (
+                                ", or fix GOOGLE_APPLICATION_CREDENTIALS"
+                                if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+                                else " (or unset ZNNI_SIGN_REQUESTS=always to read public buckets anonymously)"
+                            )
+                        ) from None
+                    client = storage.Client.create_anonymous_client()
+                    _unsigned.add(key)
+        _clients[key] = client
         return client
 
 
@@ -109,6 +137,7 @@ class GcsObjects:
         self.bucket_name, _, self.prefix = url.path.partition("/")
         self.attempts = max_attempts()
         self.bucket = _client().bucket(self.bucket_name)
+        self.unsigned = _key() in _unsigned
 
     def key(self, name: str) -> str:
         """The object key of ``name``."""
@@ -129,6 +158,19 @@ class GcsObjects:
                 return fn()
             except E.GoogleAPICallError as exc:
                 status = int(getattr(exc, "code", 0) or 0)
+                if status in (401, 403) and self.unsigned:
+                    raise StoragePermissionError(
+                        f"{op} {self.where(name)} was refused: HTTP {status} ({exc.message}). The request was "
+                        "anonymous ("
+                        + (
+                            "ZNNI_SIGN_REQUESTS=never"
+                            if sign_mode() == "never"
+                            else "no Google Cloud credentials were found"
+                        )
+                        + "), so the bucket is not public; write google-secret.json (a "
+                        "service account key) in the cloud-volume secrets directory or run `gcloud auth "
+                        "application-default login`, then re-run. Not retried (permanent)."
+                    ) from None
                 if status in (401, 403):
                     raise StoragePermissionError(
                         f"{op} {self.where(name)} was refused: HTTP {status} ({exc.message}). This is permanent "
@@ -173,6 +215,9 @@ class GcsObjects:
     ) -> bool:
         """Upload ``data`` whole (``exclusive``: only if absent; returns whether it was written)."""
         from google.api_core import exceptions as E
+
+        if self.unsigned:
+            raise self._refusal("PUT", name)
 
         def upload():
             blob = self.bucket.blob(self.key(name))
@@ -229,6 +274,9 @@ class GcsObjects:
         """Delete ``name``; absent is fine."""
         from google.api_core import exceptions as E
 
+        if self.unsigned:
+            raise self._refusal("DELETE", name)
+
         def remove():
             try:
                 self.bucket.blob(self.key(name)).delete(retry=None, timeout=TIMEOUT_S)
@@ -236,3 +284,12 @@ class GcsObjects:
                 pass
 
         self._call("DELETE", name, remove)
+
+    def _refusal(self, op: str, name: str) -> StoragePermissionError:
+        """A write through an anonymous client: refused before any request (:mod:`.auth`)."""
+        return unsigned_refusal(
+            op,
+            self.where(name),
+            "write google-secret.json (a service account key) in the cloud-volume secrets directory or run "
+            "`gcloud auth application-default login`",
+        )

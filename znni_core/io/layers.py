@@ -1,8 +1,10 @@
 """Which format a layer URL names, in one place: open an input, create or open an output.
 
-A URL ending in ``.zarr`` (or ``zarr://``) is a zarr v3 array (:mod:`.zarr_layer` for inputs,
-:mod:`.zarr_output` for outputs); any other is a Neuroglancer precomputed layer
-(:mod:`.precomputed`).  Everything above :mod:`znni_core.io` opens layers through these functions.
+A URL ending in ``.zarr`` (or ``zarr://``) is a zarr array or an OME-Zarr image for inputs
+(:mod:`.zarr_layer`, :mod:`.ome`), a zarr v3 array for outputs (:mod:`.zarr_output`); any other is a
+Neuroglancer precomputed layer (:mod:`.precomputed`).  Inputs may be on ``file://``, ``s3://``,
+``gs://`` or ``http(s)://``; outputs on the first three (an http(s) layer is read-only).  Everything
+above :mod:`znni_core.io` opens layers through these functions.
 """
 
 from __future__ import annotations
@@ -11,31 +13,36 @@ from ..errors import ConfigError, DataError
 from .info import ScaleSpec, compare_scale
 from .paths import LayerURL
 from .precomputed import PrecomputedLayer, create_precomputed, open_precomputed_output, precomputed_differences
-from .zarr_layer import ZarrLayer
+from .zarr_layer import open_zarr_input
 from .zarr_output import ZarrOutput, create_zarr_output, stored_spec
 
 
-def open_input(url: LayerURL, mip: int = 0, *, resolution=None, voxel_offset=None, checksums: str = "auto"):
-    """An input layer (precomputed or zarr) with ``bounds``, ``resolution``, ``dtype``, ``channels``, ``read``.
+def open_input(
+    url: LayerURL, mip: int = 0, *, resolution=None, voxel_offset=None, checksums: str = "auto", what: str = "input"
+):
+    """An input layer (precomputed, zarr or OME-Zarr) with ``bounds``, ``resolution``, ``dtype``,
+    ``channels``, ``read``; ``what`` (``input``, ``mask``) is how messages name it.
 
     ``checksums`` (``auto``, ``required``, ``none``): verify every read where the layer carries
     checksums (``io/checksums.py``); ``layer.checksums`` says which (``sha256``, ``crc32c``, ``none``)."""
-    layer = _open_input(url, mip, resolution, voxel_offset)
+    layer = _open_input(url, mip, resolution, voxel_offset, what)
     layer.use_checksums(checksums)
     return layer
 
 
-def _open_input(url: LayerURL, mip, resolution, voxel_offset):
+def _open_input(url: LayerURL, mip, resolution, voxel_offset, what):
     if url.format == "zarr":
-        if mip:
-            raise ConfigError(f"input {url}: zarr inputs have no mips; set input.mip: 0")
-        if not url.is_local:
-            raise ConfigError(
-                f"input {url}: zarr inputs (and masks) are read from file:// only (zarr outputs may "
-                "be on s3:// or gs://); copy the array locally or convert it to precomputed"
-            )
-        return ZarrLayer(url, resolution=resolution, voxel_offset=voxel_offset)
+        return open_zarr_input(url, mip, resolution=resolution, voxel_offset=voxel_offset, what=what)
     return PrecomputedLayer(url, mip)
+
+
+def check_writable(url: LayerURL, what: str = "output") -> None:
+    """A :class:`ConfigError` for a layer znni cannot write (``http(s)://``: read-only)."""
+    if not url.writable:
+        raise ConfigError(
+            f"{what} {url}: http(s):// layers are read-only (znni reads over HTTP, never writes); choose a "
+            "file://, s3:// or gs:// layer"
+        )
 
 
 def layer_differences(url: LayerURL, specs: list[ScaleSpec]) -> list[str] | None:
@@ -57,6 +64,7 @@ def create_layer(url: LayerURL, specs, provenance: dict) -> str:
     difference; a layer of fewer scales gains the others.
     """
     specs = [specs] if isinstance(specs, ScaleSpec) else list(specs)
+    check_writable(url)
     diffs = layer_differences(url, specs)
     if diffs:
         raise DataError(
@@ -72,6 +80,7 @@ def create_layer(url: LayerURL, specs, provenance: dict) -> str:
 def open_output(url: LayerURL, spec: ScaleSpec, mip: int = 0):
     """Open mip ``mip`` of an output layer that must already exist and match ``spec`` (a worker's
     check); a zarr output's array is a :class:`~znni_core.io.zarr_output.ZarrOutput`."""
+    check_writable(url)
     if url.format == "zarr":
         return ZarrOutput(url, spec)
     return open_precomputed_output(url, spec, mip)

@@ -1,7 +1,9 @@
 """Layer URLs: parsing, endpoint aliases for S3-compatible servers, key validation.
 
-Accepted: ``file:///abs/path``, ``gs://bucket/path``, ``s3://bucket/path`` (precomputed),
-``zarr://`` + any of those, or any path or URL ending in ``.zarr`` (zarr; inputs on ``file://`` only).
+Accepted: ``file:///abs/path``, ``gs://bucket/path``, ``s3://bucket/path``, and for reading only
+``http://host/path`` and ``https://host/path`` (precomputed); ``zarr://`` (or ``zarr2://``,
+``zarr3://``) + any of those, or any path or URL ending in ``.zarr`` (a zarr array, or an OME-Zarr
+image: :mod:`.ome`).  docs/inputs.md lists the forms.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from pathlib import Path
 
 from ..errors import ConfigError, DataError
 
-PROTOCOLS = ("file", "gs", "s3")
+PROTOCOLS = ("file", "gs", "s3", "http", "https")
+READ_ONLY = ("http", "https")  # znni reads these layers, never writes them
 
 
 @dataclass(frozen=True)
@@ -23,8 +26,8 @@ class LayerURL:
     """A parsed layer URL: format (``precomputed`` or ``zarr``), protocol, path and optional S3 endpoint."""
 
     format: str  # precomputed | zarr
-    protocol: str  # file | gs | s3
-    path: str  # file: absolute local path; cloud: bucket/path
+    protocol: str  # file | gs | s3 | http | https
+    path: str  # file: absolute local path; cloud: bucket/path; http(s): host[:port]/path
     endpoint: str | None = None  # S3-compatible endpoint (http://host:port)
 
     @property
@@ -33,11 +36,23 @@ class LayerURL:
         return self.protocol == "file"
 
     @property
+    def writable(self) -> bool:
+        """False for an ``http(s)://`` layer: znni reads it, never writes it."""
+        return self.protocol not in READ_ONLY
+
+    @property
     def local_path(self) -> Path:
         """The layer's local directory; ValueError for a cloud layer."""
         if not self.is_local:
             raise ValueError(f"{self} is not a local layer")
         return Path(self.path)
+
+    def child(self, key: str) -> LayerURL:
+        """The layer (or array) at ``key`` under this one (an OME-Zarr image's dataset); ``key``
+        must stay inside (:func:`check_key`)."""
+        check_key(key, f"{self} child path")
+        path = os.path.join(self.path, key) if self.is_local else f"{self.path}/{key}"
+        return LayerURL(self.format, self.protocol, path.rstrip("/"), self.endpoint)
 
     def cloudpath(self) -> str:
         """The URL cloud-volume / cloudfiles understand (registers an alias for a custom endpoint)."""
@@ -89,6 +104,17 @@ def parse_layer_url(url: str, *, endpoint: str | None = None, what: str = "layer
         if not rest.startswith("/"):
             raise ConfigError(f"{what} {url!r}: file:// paths must be absolute (file:///abs/path)")
         rest = os.path.normpath(rest)
+    elif proto in READ_ONLY:
+        if "?" in rest or "#" in rest:
+            raise ConfigError(
+                f"{what} {url!r}: a layer URL has no query or fragment (znni appends object names to it); "
+                "give the layer's base URL"
+            )
+        if rest.startswith("/") or not rest.strip("/"):
+            raise ConfigError(f"{what} {url!r}: needs a host, as in {proto}://host/path/to/layer")
+        rest = rest.rstrip("/")
+        if ".." in rest.split("/"):
+            raise ConfigError(f"{what} {url!r}: the path must not contain '..'")
     else:
         rest = rest.strip("/")
         if not rest or ".." in rest.split("/"):

@@ -1,6 +1,6 @@
 """Bounded retries of remote storage requests: how many attempts a request gets.
 
-Both remote clients (``io/s3.py``, ``io/gcs.py``) retry transient failures only, a bounded number
+The remote clients (``io/s3.py``, ``io/gcs.py``, ``io/http.py``) retry transient failures only, a bounded number
 of times; the bound is a default a user may lower or raise through the environment.
 """
 
@@ -27,3 +27,15 @@ def attempts_from_env(var: str, default: int, service: str) -> int:
     if not 1 <= n <= 20:
         raise ConfigError(f"{var}={v!r} must be an integer from 1 to 20 (attempts per {service} request)")
     return n
+
+
+def jittered_backoff(attempt: int, base: float, cap: float, rng=None) -> float:
+    """The wait before attempt ``attempt + 1`` (attempt 1 is the first): full jitter over an
+    exponential ``base * 2^(attempt - 1)``, at most ``cap`` seconds.
+
+    >>> all(0 <= jittered_backoff(k, 0.1, 20.0) <= min(20.0, 0.1 * 2 ** (k - 1)) for k in range(1, 12))
+    True
+    """
+    import random
+
+    return (rng or random).uniform(0, min(cap, base * 2 ** (attempt - 1)))

@@ -17,7 +17,9 @@ Credentials are looked up as cloudfiles does (``<bucket>-<service>-secret.json``
 ``<service>-secret.json`` in the cloud-volume / cloudfiles secrets directories, where the service is
 znni's endpoint alias or ``aws``), and otherwise from boto3's default chain (``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, profiles, instance roles).  Secrets never appear in
-messages.  Inputs are read through it too (chunk objects, or byte ranges of shards).
+messages.  Inputs are read through it too (chunk objects, or byte ranges of shards).  With no
+credentials anywhere, reads go unsigned (a public bucket) and writes are refused; ``ZNNI_SIGN_REQUESTS``
+overrides (:mod:`.auth`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import re
 import threading
 
 from ..errors import DataError, StorageError, StoragePermissionError
+from .auth import sign_mode, unsigned_refusal
 from .paths import LayerURL, s3_alias
 from .retry import attempts_from_env
 
@@ -97,11 +100,14 @@ class S3Objects:
         self.bucket, _, self.prefix = url.path.partition("/")
         self.service = _service(url)
         self.attempts = max_attempts()
-        self.client = self._client()
+        self.client, self.unsigned = self._client()
 
     # ---- client --------------------------------------------------------------------------------
     def _client(self):
-        secrets = _secret_file(self.bucket, self.service)
+        """``(boto3 client, unsigned)``: one per process, endpoint, region and credentials; unsigned
+        when ``ZNNI_SIGN_REQUESTS`` is ``never``, or ``auto`` and no credentials are found (:mod:`.auth`)."""
+        mode = sign_mode()
+        secrets = {} if mode == "never" else _secret_file(self.bucket, self.service)
         key_id = secrets.get("AWS_ACCESS_KEY_ID")
         secret = secrets.get("AWS_SECRET_ACCESS_KEY")
         token = secrets.get("AWS_SESSION_TOKEN")
@@ -117,28 +123,37 @@ class S3Objects:
                 "AWS_PROFILE",
                 "AWS_ENDPOINT_URL",
                 "AWS_ENDPOINT_URL_S3",
+                "AWS_SHARED_CREDENTIALS_FILE",
+                "AWS_CONFIG_FILE",
             )
         )
-        ck = (os.getpid(), self.url.endpoint, region, fp, hashlib.sha256(repr(env).encode()).hexdigest(), self.attempts)
+        env_fp = hashlib.sha256(repr(env).encode()).hexdigest()
+        ck = (os.getpid(), self.url.endpoint, region, fp, env_fp, self.attempts, mode)
         with _lock:
             c = _clients.get(ck)
             if c is None:
                 import boto3
+                from botocore import UNSIGNED
                 from botocore.config import Config
+
+                # a fresh session per client: boto3's default session is not thread-safe
+                session = boto3.session.Session()
+                unsigned = mode == "never" or (mode == "auto" and not key_id and session.get_credentials() is None)
 
                 cfg = {
                     "retries": {"mode": "standard", "total_max_attempts": self.attempts},  # first try included
                     "connect_timeout": CONNECT_TIMEOUT,
                     "read_timeout": READ_TIMEOUT,
                 }
+                if unsigned:
+                    cfg["signature_version"] = UNSIGNED
                 if self.url.endpoint:
                     # S3-compatible servers often lack the trailing-checksum (aws-chunked) uploads that
                     # botocore sends by default; cloudfiles makes the same choice.  Content-MD5 is sent instead.
                     cfg.update(
                         request_checksum_calculation="when_required", response_checksum_validation="when_required"
                     )
-                # a fresh session per client: boto3's default session is not thread-safe
-                c = boto3.session.Session().client(
+                client = session.client(
                     "s3",
                     endpoint_url=self.url.endpoint or None,
                     region_name=region,
@@ -147,7 +162,7 @@ class S3Objects:
                     aws_session_token=token,
                     config=Config(**cfg),
                 )
-                _clients[ck] = c
+                c = _clients[ck] = (client, unsigned)
         return c
 
     def key(self, name: str) -> str:
@@ -175,6 +190,11 @@ class S3Objects:
             return StoragePermissionError(
                 f"{op} {where}: no usable S3 credentials ({type(exc).__name__}); set AWS_ACCESS_KEY_ID and "
                 f"AWS_SECRET_ACCESS_KEY, or write {self.service}-secret.json in the cloud-volume secrets directory"
+                + (
+                    " (or unset ZNNI_SIGN_REQUESTS=always to read public buckets unsigned)"
+                    if sign_mode() == "always"
+                    else ""
+                )
             )
         if isinstance(exc, ClientError):
             err = exc.response.get("Error", {})
@@ -184,6 +204,14 @@ class S3Objects:
             tries = int(meta.get("RetryAttempts") or 0) + 1
             msg = err.get("Message") or ""
             what = f"HTTP {status} {code}" + (f": {msg}" if msg and msg != code else "")
+            if (status == 403 or code in _PERMISSION_CODES) and self.unsigned:
+                return StoragePermissionError(
+                    f"{op} {where} was refused: {what}. The request was unsigned (anonymous: "
+                    + ("ZNNI_SIGN_REQUESTS=never" if sign_mode() == "never" else "no S3 credentials were found")
+                    + "), so the bucket is not public; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile, "
+                    f"or {self.service}-secret.json in the cloud-volume secrets directory) that allow {action}, "
+                    "then re-run. Not retried (permanent)."
+                )
             if status == 403 or code in _PERMISSION_CODES:
                 return StoragePermissionError(
                     f"{op} {where} was refused: {what}. This is permanent and was not retried "
@@ -238,6 +266,8 @@ class S3Objects:
         conditional writes ignores the header, and the last writer wins)."""
         from botocore.exceptions import ClientError
 
+        if self.unsigned:
+            raise self._refusal("PUT", name)
         kw = {
             "Body": data,
             "ContentType": content_type,
@@ -322,4 +352,15 @@ class S3Objects:
 
     def delete(self, name: str) -> None:
         """DELETE object ``name``; a failed request raises a :class:`~znni_core.errors.StorageError`."""
+        if self.unsigned:
+            raise self._refusal("DELETE", name)
         self._call("DELETE", name, self.client.delete_object)
+
+    def _refusal(self, op: str, name: str) -> StoragePermissionError:
+        """A write through an unsigned client: refused before any request (:mod:`.auth`)."""
+        return unsigned_refusal(
+            op,
+            self.where(name),
+            f"set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile, or {self.service}-secret.json in the "
+            "cloud-volume secrets directory)",
+        )

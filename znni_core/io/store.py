@@ -1,4 +1,4 @@
-"""Object storage under a layer: one interface for ``file://``, ``s3://`` and ``gs://``.
+"""Object storage under a layer: one interface for ``file://``, ``s3://``, ``gs://`` and ``http(s)://``.
 
 Every read and write of a layer's objects (info, chunks, shards, zarr metadata) goes through an
 :class:`ObjectStore` made by :func:`object_store`:
@@ -8,9 +8,11 @@ Every read and write of a layer's objects (info, chunks, shards, zarr metadata) 
 - :class:`S3Store` talks to S3 (or any S3 endpoint) through :class:`~.s3.S3Objects`: one PUT
   per object with Content-MD5, gzip as ``Content-Encoding``;
 - :class:`GcsStore` talks to Google Cloud Storage through :class:`~.gcs.GcsObjects`: one upload
-  per object (conditional for exclusive writes), gzip as ``Content-Encoding``.
+  per object (conditional for exclusive writes), gzip as ``Content-Encoding``;
+- :class:`HttpStore` reads ``http://`` and ``https://`` layers through :class:`~.http.HttpObjects`
+  (read-only: a write is a :class:`~znni_core.errors.ConfigError`).
 
-Both remote stores retry transient failures a bounded number of times with jittered backoff and
+The remote stores retry transient failures a bounded number of times with jittered backoff and
 fail a permanent refusal (403) at its first answer.
 
 ``get`` returns the decoded bytes (a gzip encoding undone) or None when the object is absent
@@ -317,7 +319,12 @@ class LocalStore(ObjectStore):
 
 
 def _decoded(data: bytes, encoding: str, where: str) -> bytes:
-    """A remote object's bytes with its Content-Encoding (none, gzip, br, zstd, xz, bz2) undone."""
+    """A remote object's bytes with its Content-Encoding (none, gzip, br, zstd, xz, bz2) undone; a
+    list (``gzip, br``: in the order applied) is undone last to first."""
+    if "," in encoding:
+        for e in reversed([e.strip() for e in encoding.split(",") if e.strip()]):
+            data = _decoded(data, e, where)
+        return data
     encoding = "gzip" if encoding == "x-gzip" else encoding
     if encoding in ("", "identity"):
         return data
@@ -417,12 +424,31 @@ class GcsStore(_RemoteStore):
         return GcsObjects(self.url)
 
 
-def object_store(url: LayerURL) -> ObjectStore:
-    """The store of ``url``'s protocol: :class:`LocalStore`, :class:`S3Store` or :class:`GcsStore`."""
+class HttpStore(_RemoteStore):
+    """``http://`` / ``https://``: read-only; retries, errors and suffixes in :mod:`.http`.
+    ``raw_names``: objects are looked up under their names only (a zarr array's), never under
+    the encoding suffixes of a precomputed layer."""
+
+    def __init__(self, url: LayerURL, *, raw_names: bool = False):
+        super().__init__(url)
+        self.raw_names = raw_names
+
+    @cached_property
+    def _objects(self):
+        from .http import HttpObjects
+
+        return HttpObjects(self.url, suffixes=("",) if self.raw_names else None)
+
+
+def object_store(url: LayerURL, *, raw_names: bool = False) -> ObjectStore:
+    """The store of ``url``'s protocol: :class:`LocalStore`, :class:`S3Store`, :class:`GcsStore` or
+    :class:`HttpStore` (``raw_names``: an http store probes no encoding suffixes; zarr's keys)."""
     if url.is_local:
         return LocalStore(url)
     if url.protocol == "s3":
         return S3Store(url)
+    if url.protocol in ("http", "https"):
+        return HttpStore(url, raw_names=raw_names)
     return GcsStore(url)
 
 

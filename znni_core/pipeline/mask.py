@@ -97,7 +97,7 @@ def open_mask(cfg: Config, in_resolution) -> Mask | None:
     if m is None:
         return None
     url = parse_layer_url(m.path, endpoint=m.endpoint_url, what="mask.path")
-    return Mask(open_input(url, m.mip, resolution=m.resolution), in_resolution, url, m.mip, m.missing)
+    return Mask(open_input(url, m.mip, resolution=m.resolution, what="mask"), in_resolution, url, m.mip, m.missing)
 
 
 def check_mask(mask: Mask, region: Roi) -> None:

@@ -212,6 +212,7 @@ def resolve(
             f"output.scale {cfg.output.scale} maps values to uint8; it has no meaning with output.dtype "
             f"{cfg.output.dtype}: set output.dtype: uint8 or remove output.scale"
         )
+    _check_destinations(cfg)
     net_path = Path(cfg.network.path).resolve()
     net = load_network(net_path)  # T19: NaN/Inf weights refused here
     halo = net_halo(net)
@@ -247,6 +248,23 @@ def _check_tta(tta: Tta, net, net_path: Path, halo: Halo) -> None:
         raise ConfigError(
             f"tta.transpose_xy: the network's halo differs on y and x (low {tuple(halo.low)}, high "
             f"{tuple(halo.high)}), so its output on the transposed input does not line up; use flips only"
+        )
+
+
+def _check_destinations(cfg: Config) -> None:
+    """What znni writes must be writable: the output not on http(s):// (read-only), the work
+    directory a local path (not a URL), refused before anything is read."""
+    import re
+
+    from ..io.layers import check_writable
+
+    check_writable(
+        parse_layer_url(cfg.output.path, endpoint=cfg.output.endpoint_url, what="output.path"), "output.path"
+    )
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", str(cfg.work_dir)):
+        raise ConfigError(
+            f"work_dir {cfg.work_dir!r} is a URL; it must be a local (or shared-filesystem) directory: "
+            "run.json, manifests and logs are written there"
         )
 
 
