@@ -29,4 +29,4 @@ rule infer_job:
         mem_mb=2000,
     shell:
         "{params.env} znni run-job {input.run} --job {wildcards.job} --tasks-per-job {params.per_job} "
-        "{params.tasks} --mem-mb {resources.mem_mb} --marker {output} > {log} 2>&1"
+        "{params.tasks} --memory {resources.mem_mb}MiB --marker {output} > {log} 2>&1"

@@ -25,5 +25,5 @@ rule validate:
     resources:
         mem_mb=2000,
     shell:
-        "{params.env} znni validate --config-json {params.config:q} --mem-mb {resources.mem_mb} --threads {threads} "
+        "{params.env} znni validate --config-json {params.config:q} --memory {resources.mem_mb}MiB --threads {threads} "
         "--layer-marker {output.layer} > {log} 2>&1"

@@ -150,8 +150,8 @@ def prepare(case: Case, mem_mb: int = 2000) -> Case:
     znni(
         "validate",
         case.config,
-        "--mem-mb",
-        mem_mb,
+        "--memory",
+        f"{mem_mb}MiB",
         "--threads",
         1,
         "--layer-marker",

@@ -101,7 +101,7 @@ def test_infer_reads_a_layer_region_and_writes_layers_over_it(tmp_path):
                 str(1 / 255),
                 "--shift",
                 "-0.5",
-                "--chunk",
+                "--chunk-size",
                 "8,16,16",
             ],
         )
@@ -184,3 +184,64 @@ def test_version_and_license_metadata():
     meta = metadata("znni")
     assert meta["Version"] == __version__
     assert meta.get("License-Expression") == "MIT" or meta.get("License") == "MIT", dict(meta)
+
+
+def _commands():
+    """Every ``znni`` command as click sees it: ``{name: click.Command}``."""
+    return typer.main.get_command(app).commands
+
+
+def test_one_flag_name_per_concept():
+    """Memory, threads, task, job and chunk are spelt one way in every command (a deprecated
+    ``--mem-mb`` is hidden), and no short flag means two things."""
+    concept = {
+        "memory": {"--memory", "-m"},
+        "threads": {"--threads"},
+        "task": {"--task"},
+        "job": {"--job"},
+        "chunk": {"--chunk"},
+        "chunk_size": {"--chunk-size"},
+    }
+    shorts: dict[str, set] = {}
+    seen = set()
+    for name, cmd in _commands().items():
+        for p in cmd.params:
+            flags = set(p.opts) | set(p.secondary_opts)
+            for f in flags:
+                if len(f) == 2:
+                    shorts.setdefault(f, set()).add(p.name)
+            if p.name in concept and not getattr(p, "hidden", False):
+                assert flags == concept[p.name], f"znni {name}: {p.name} is {sorted(flags)}"
+                seen.add(p.name)
+            if p.name == "mem_mb":
+                assert p.hidden, f"znni {name}: --mem-mb is deprecated and hidden"
+    assert seen == set(concept)
+    assert {f: names for f, names in shorts.items() if len(names) > 1} == {}
+
+
+def test_choices_are_validated_and_panels_group_the_commands(tmp_path):
+    net = make_net(NETS["iso2pool"], seed=3)
+    path = save_network(net, tmp_path / "net.yaml")
+    for args in (["--device", "tpu"], ["--effort", "fast"], ["--blend", "cosine"]):
+        r = runner.invoke(app, ["plan", str(path), *args])
+        assert r.exit_code == 2 and "Invalid value" in r.output and args[1] in r.output, r.output
+    from znni_core.pipeline.cli import PANELS
+
+    grouped = {n for names in PANELS.values() for n in names}
+    assert set(_commands()) == grouped, "every command has its --help panel"
+    r = runner.invoke(app, ["--help"])
+    assert r.exit_code == 0
+    for panel in PANELS:
+        assert panel.split(" (")[0] in r.output
+
+
+def test_memory_takes_sizes_and_names_a_unitless_mistake(tmp_path):
+    from znni_core.errors import ConfigError
+    from znni_core.pipeline.cli import memory_mib
+
+    assert memory_mib("4GiB") == 4096 and memory_mib("2000MiB") == 2000 and memory_mib(None) is None
+    assert memory_mib(None, 300) == 300  # the deprecated --mem-mb
+    with pytest.raises(ConfigError, match="less than 1 MiB; give a unit, e.g. 2000MiB"):
+        memory_mib("2000")
+    with pytest.raises(ConfigError, match="--memory and --mem-mb"):
+        memory_mib("1GiB", 300)

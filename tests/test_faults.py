@@ -262,7 +262,7 @@ def test_t19_nonfinite_weights_refused_at_load(tmp_path, bad):
     net = demo_network()
     net.layers[0].weight[0, 0, 1, 1, 1] = bad
     case = H.make_case(tmp_path / "c", net=net)
-    p = H.znni("validate", case.config, "--mem-mb", 2000, "--threads", 1)
+    p = H.znni("validate", case.config, "--memory", "2000MiB", "--threads", 1)
     assert p.returncode != 0
     assert "conv1" in p.stderr and ("NaN" in p.stderr or "nan" in p.stderr.lower() or "inf" in p.stderr.lower())
     assert "Traceback" not in p.stderr
@@ -278,7 +278,7 @@ def test_t20_nonfinite_output_is_a_clear_error_nothing_written(base, tmp_path):
     cfg = yaml.safe_load(case.config.read_text())
     cfg["normalize"]["scale"] = 3e38
     case.config.write_text(yaml.safe_dump(cfg))
-    p = H.znni("validate", case.config, "--mem-mb", 2000, "--threads", 1)
+    p = H.znni("validate", case.config, "--memory", "2000MiB", "--threads", 1)
     if p.returncode == 0:
         H.znni("tasks", case.run_file, "--output", case.work / "tasks.json", check=True)
         p = H.znni("run-task", case.run_file, "--task", 0, "--no-progress")
@@ -314,7 +314,7 @@ def test_t25_planner_refuses_patch_over_budget(base, tmp_path):
 
 def test_t25_job_memory_below_plan_refused_before_any_write(base, tmp_path):
     case = _trial(base, tmp_path)
-    p = H.znni("run-task", case.run_file, "--task", 0, "--mem-mb", 10, "--no-progress")
+    p = H.znni("run-task", case.run_file, "--task", 0, "--memory", "10MiB", "--no-progress")
     assert p.returncode != 0 and "mem" in p.stderr.lower(), p.stderr[-2000:]
     assert not case.manifest(0).exists() and H.layer_files(case.out) == {}
 
@@ -481,7 +481,9 @@ def test_t28c_bad_scale_key_in_config_refused(base, tmp_path):
     case.config.write_text(yaml.safe_dump(cfg))
     # refused by `validate` (checks, then the layer, as the workflow's first job): before any layer
     # write or task
-    p = H.znni("validate", case.config, "--mem-mb", 2000, "--threads", 1, "--layer-marker", case.work / "layer.json")
+    p = H.znni(
+        "validate", case.config, "--memory", "2000MiB", "--threads", 1, "--layer-marker", case.work / "layer.json"
+    )
     assert p.returncode != 0 and "key" in p.stderr.lower(), p.stderr[-2000:]
     assert not (case.work / "layer.json").exists()
     assert "Traceback" not in p.stderr

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import gc
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from .pipeline.cli import fail
+from .pipeline.cli import MEMORY_HELP, fail
 from .progress import bar
 
 app = typer.Typer(
@@ -34,6 +35,35 @@ def _main(
     ),
 ) -> None:
     """znni: exact dense sliding-window inference of 3D ConvNets over EM volumes."""
+
+
+class Device(str, Enum):
+    """Where a plan runs (the config's ``device``)."""
+
+    cpu = "cpu"
+    gpu = "gpu"
+    cpu_gpu = "cpu+gpu"
+
+
+class Effort(str, Enum):
+    """How hard the autotuner searches (the config's ``plan.effort``)."""
+
+    estimate = "estimate"
+    measure = "measure"
+    exhaustive = "exhaustive"
+
+
+class Blend(str, Enum):
+    """How overlapping patches of a padded network are blended (the config's ``blend.window``)."""
+
+    bump = "bump"
+    gaussian = "gaussian"
+    linear = "linear"
+
+
+DEVICE_HELP = (
+    "cpu | gpu (GPU-only, or GPU + host RAM when tensors do not fit) | cpu+gpu (first layers on the CPU, pipelined)"
+)
 
 
 def parse_bytes(text: str) -> int:
@@ -71,17 +101,13 @@ def info(net: Path = typer.Argument(..., help="network (.onnx or .yaml)")):
 def plan(
     net: Path = typer.Argument(..., help="network (.onnx or .yaml)"),
     memory: str = typer.Option(
-        None, "--memory", "-m", help="memory budget (bytes or 2GiB); default: half the available RAM"
+        None, "--memory", "-m", help=f"memory budget ({MEMORY_HELP}); default: half the available RAM"
     ),
-    device: str = typer.Option(
-        "cpu",
-        help="cpu | gpu (GPU-only, or GPU + host RAM when tensors do not fit) | "
-        "cpu+gpu (first layers on the CPU, pipelined)",
-    ),
-    effort: str = typer.Option("estimate", help="estimate | measure | exhaustive"),
-    threads: Optional[int] = typer.Option(None, help="threads (default: the CPUs this process may use)"),
+    device: Device = typer.Option(Device.cpu, help=DEVICE_HELP),
+    effort: Effort = typer.Option(Effort.estimate, help="how hard to search: estimate (priced), measure, exhaustive"),
+    threads: Optional[int] = typer.Option(None, min=1, help="threads (default: the CPUs this process may use)"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the plan as JSON here"),
-    rejected: int = typer.Option(5, help="how many rejected alternatives to print"),
+    rejected: int = typer.Option(5, min=0, help="how many rejected alternatives to print"),
     input_shape: Optional[str] = typer.Option(
         None, "--input-shape", help="Z,Y,X of the input the plan is for: no patch larger than it"
     ),
@@ -89,7 +115,7 @@ def plan(
     overlap: Optional[str] = typer.Option(
         None, "--overlap", help="Z,Y,X voxels shared by neighbouring patches (padded graphs)"
     ),
-    blend: str = typer.Option("bump", help="bump | gaussian | linear (padded graphs)"),
+    blend: Blend = typer.Option(Blend.bump, help="window of blended patches (padded graphs)"),
 ):
     """Autotune and print a plan (ZNNi Table IV style); write it with --output."""
     from . import load_network
@@ -100,13 +126,13 @@ def plan(
         p = autotune(
             load_network(net),
             memory_budget=parse_bytes(memory) if memory else None,
-            device=device,
-            effort=effort,
+            device=device.value,
+            effort=effort.value,
             threads=threads,
             input_shape=_shape3(input_shape, "--input-shape"),
             patch_shape=_shape3(patch, "--patch"),
             overlap=_shape3(overlap, "--overlap"),
-            blend=blend,
+            blend=blend.value,
         )
     except ZnniError as exc:
         fail(exc)
@@ -145,10 +171,12 @@ def infer_cmd(
     ),
     offset: Optional[str] = typer.Option(None, help="region to read: its start Z,Y,X (a layer's absolute voxels)"),
     shape: Optional[str] = typer.Option(None, help="region to read: its size Z,Y,X (default: to the end)"),
-    mip: int = typer.Option(0, help="the input layer's mip"),
+    mip: int = typer.Option(0, min=0, help="the input layer's mip"),
     endpoint_url: Optional[str] = typer.Option(None, help="S3-compatible endpoint of s3:// layers"),
-    chunk: str = typer.Option("64,64,64", help="an output layer's chunk size Z,Y,X"),
-    memory: str = typer.Option(None, "--memory", "-m", help="memory budget (bytes or 2GiB)"),
+    chunk_size: str = typer.Option("64,64,64", "--chunk-size", help="an output layer's chunk size Z,Y,X"),
+    memory: str = typer.Option(
+        None, "--memory", "-m", help=f"memory budget ({MEMORY_HELP}); default: half the available RAM"
+    ),
     plan_path: Optional[Path] = typer.Option(None, "--plan", help="run exactly this plan (from `znni plan`)"),
     scale: Optional[float] = typer.Option(
         None,
@@ -156,11 +184,7 @@ def infer_cmd(
         "(e.g. 0.00392156 for uint8 -> [0, 1]); integer input needs it",
     ),
     shift: Optional[float] = typer.Option(None, help="add this after --scale (x * scale + shift), e.g. -0.5 to centre"),
-    device: str = typer.Option(
-        "cpu",
-        help="cpu | gpu (GPU-only, or GPU + host RAM when tensors do not fit) | "
-        "cpu+gpu (first layers on the CPU, pipelined)",
-    ),
+    device: Device = typer.Option(Device.cpu, help=DEVICE_HELP),
 ):
     """Dense sliding-window output of NET on an array file or a region of a layer."""
     import numpy as np
@@ -185,7 +209,7 @@ def infer_cmd(
             y = infer(
                 n,
                 x,
-                device=device,
+                device=device.value,
                 memory_budget=parse_bytes(memory) if memory else None,
                 plan=p,
                 progress=progress.update,
@@ -200,7 +224,7 @@ def infer_cmd(
             y,
             offset=tuple(at),
             resolution=res or (1.0, 1.0, 1.0),
-            chunk=_shape3(chunk, "--chunk"),
+            chunk=_shape3(chunk_size, "--chunk-size"),
             endpoint=endpoint_url,
         )
     except (ZnniError, OSError, ValueError) as exc:
@@ -213,8 +237,8 @@ def warmup(
     threads: list[int] = typer.Option(
         [1],
         "--threads",
-        "-t",
-        help="calibrate for this many threads (repeat for several: -t 1 -t 2); use the threads your jobs run with",
+        help="calibrate for this many threads (repeat for several: --threads 1 --threads 2); "
+        "use the threads your jobs run with",
     ),
     no_tune: bool = typer.Option(
         False, "--no-tune", help="keep the vector width recorded (or the default); only compile and calibrate"

@@ -1,5 +1,5 @@
 """Workflow commands of the ``znni`` CLI (validate, create-layer, tasks, run-job, run-task, finalize, status,
-demo-data, serve).  Each Snakemake rule calls exactly one of them."""
+report, demo-data, serve).  Each Snakemake rule calls exactly one of them."""
 
 from __future__ import annotations
 
@@ -65,21 +65,78 @@ def one_line_errors(command):
     return run
 
 
+# `znni --help` groups the commands: what a user types, and the steps the workflow's rules run
+# (still callable: re-running one task by hand is `run-task`, a user command).
+PANELS = {
+    "Inference": ("info", "plan", "infer", "warmup"),
+    "Runs": ("demo-data", "validate", "estimate", "status", "run-task", "verify", "report", "serve"),
+    "Workflow steps (run by the Snakemake rules)": (
+        "create-layer",
+        "tasks",
+        "mask-tasks",
+        "run-job",
+        "pyramid",
+        "finalize",
+    ),
+}
+
+
+def help_panel(name: str) -> str:
+    """The ``--help`` panel of command ``name``."""
+    return next((panel for panel, names in PANELS.items() if name in names), "Runs")
+
+
+MEMORY_HELP = "e.g. 4GiB or 4000MiB (a bare number is bytes)"
+
+
+def memory_mib(text: Optional[str], mem_mb: Optional[int] = None, option: str = "--memory") -> Optional[int]:
+    """``--memory`` (a size: ``4GiB``, ``4000MiB``) in MiB, the unit of Snakemake's ``mem_mb``;
+    ``mem_mb`` is the deprecated ``--mem-mb`` (MiB), accepted with a warning."""
+    from ..errors import ConfigError
+    from ..units import parse_bytes
+
+    if mem_mb is not None:
+        if text is not None:
+            raise ConfigError(f"{option} and --mem-mb given: give {option} only (--mem-mb is deprecated)")
+        _log(f"warning: --mem-mb is deprecated; use {option} {mem_mb}MiB")
+        return mem_mb
+    if text is None:
+        return None
+    try:
+        b = parse_bytes(text)
+    except ValueError as exc:
+        raise ConfigError(f"{option} {text}: {exc}") from None
+    if b < 2**20:
+        raise ConfigError(f"{option} {text}: {b} bytes is less than 1 MiB; give a unit, e.g. {text}MiB")
+    return b // 2**20
+
+
+def _deprecated_mem_mb():
+    return typer.Option(None, "--mem-mb", hidden=True, help="deprecated: --memory NMiB")
+
+
 def register(app: typer.Typer) -> None:
-    """Add the workflow commands to the main ``znni`` app, each under :func:`one_line_errors`."""
+    """Add the workflow commands to the main ``znni`` app, each under :func:`one_line_errors`,
+    each in its ``--help`` panel."""
     first = len(app.registered_commands)
     _register(app)
     for info in app.registered_commands[first:]:
         info.callback = one_line_errors(info.callback)
+    for info in app.registered_commands:
+        info.rich_help_panel = help_panel(info.name or info.callback.__name__)
 
 
 def _register(app: typer.Typer) -> None:
     @app.command("validate")
     def validate_cmd(
         config: Optional[Path] = typer.Argument(None, help="config.yaml (see docs/configuration.md)"),
-        mem_mb: Optional[int] = typer.Option(
-            None, "--mem-mb", help="memory of one infer job in MiB; the plan's budget is plan.memory_fraction of it"
+        memory: Optional[str] = typer.Option(
+            None,
+            "--memory",
+            "-m",
+            help=f"memory of one infer job ({MEMORY_HELP}); the plan's budget is plan.memory_fraction of it",
         ),
+        mem_mb: Optional[int] = _deprecated_mem_mb(),
         config_json: Optional[str] = typer.Option(
             None,
             "--config-json",
@@ -105,7 +162,7 @@ def _register(app: typer.Typer) -> None:
             if config_json is None and config is None:
                 fail(ValueError("give CONFIG (config.yaml) or --config-json"), 2)
             cfg = parse_config(json.loads(config_json)) if config_json else load_config(config)
-            run, plan = resolve(cfg, mem_mb=mem_mb, threads=threads, progress=_log)
+            run, plan = resolve(cfg, mem_mb=memory_mib(memory, mem_mb), threads=threads, progress=_log)
         except ZnniError as exc:
             fail(exc)
         _log(plan.describe(max_rejected=3))
@@ -126,8 +183,11 @@ def _register(app: typer.Typer) -> None:
     @app.command("estimate")
     def estimate_cmd(
         config: Path = typer.Argument(..., help="config.yaml"),
-        mem_mb: int = typer.Option(2000, "--mem-mb", help="memory of one infer job in MiB (as the profile gives it)"),
-        threads: int = typer.Option(1, "--threads", help="threads of one infer job"),
+        memory: str = typer.Option(
+            "2000MiB", "--memory", "-m", help=f"memory of one infer job ({MEMORY_HELP}; as the profile gives it)"
+        ),
+        mem_mb: Optional[int] = _deprecated_mem_mb(),
+        threads: int = typer.Option(1, "--threads", min=1, help="threads of one infer job"),
         rate: Optional[float] = typer.Option(
             None, "--rate", help="output voxels/s of one job on the target machines (default: measured here)"
         ),
@@ -143,7 +203,12 @@ def _register(app: typer.Typer) -> None:
 
         try:
             e = run_estimate(
-                load_config(config), mem_mb=mem_mb, threads=threads, rate=rate, cores_per_node=cores_per_node, log=_log
+                load_config(config),
+                mem_mb=memory_mib(None if mem_mb is not None else memory, mem_mb),
+                threads=threads,
+                rate=rate,
+                cores_per_node=cores_per_node,
+                log=_log,
             )
         except ZnniError as exc:
             fail(exc)
@@ -212,17 +277,17 @@ def _register(app: typer.Typer) -> None:
     @app.command("run-task")
     def run_task_cmd(
         run_file: Path = typer.Argument(..., help=RUN_HELP),
-        task: Optional[int] = typer.Option(None, "--task", "-t", help="task id (see `znni tasks`)"),
+        task: Optional[int] = typer.Option(None, "--task", min=0, help="task id (see `znni tasks`)"),
         chunk: Optional[str] = typer.Option(
             None,
             "--chunk",
-            "-c",
             help="one chunk: its name x0-x1_y0-y1_z0-z1 or "
             "index z,y,x; computed with its task, only this chunk is written",
         ),
-        mem_mb: Optional[int] = typer.Option(
-            None, "--mem-mb", help="memory of this job (MiB); checked against the plan"
+        memory: Optional[str] = typer.Option(
+            None, "--memory", "-m", help=f"memory of this job ({MEMORY_HELP}); checked against the plan"
         ),
+        mem_mb: Optional[int] = _deprecated_mem_mb(),
         progress: bool = typer.Option(True, help="progress bar over patches"),
     ):
         """Run one task (or rewrite one chunk): read, infer, write whole chunks atomically, verify, manifest."""
@@ -236,6 +301,7 @@ def _register(app: typer.Typer) -> None:
             fail(ValueError("give exactly one of --task or --chunk"), 2)
         try:
             run = load_run(run_file)
+            mem_mb = memory_mib(memory, mem_mb)
             if mem_mb is not None:
                 _check_mem(run, mem_mb, run_geometry, task_bytes)
             with claimed_gpu(run.config.device):
@@ -247,7 +313,7 @@ def _register(app: typer.Typer) -> None:
     @app.command("run-job")
     def run_job_cmd(
         run_file: Path = typer.Argument(..., help=RUN_HELP),
-        job: int = typer.Option(..., "--job", "-j", help="job number (0, 1, ...)"),
+        job: int = typer.Option(..., "--job", min=0, help="job number (0, 1, ...)"),
         tasks_per_job: int = typer.Option(
             ..., "--tasks-per-job", min=1, help="tasks per job (the workflow's schedule)"
         ),
@@ -255,9 +321,10 @@ def _register(app: typer.Typer) -> None:
             None, "--num-tasks", help="tasks the workflow was scheduled for (checked against the run)"
         ),
         marker: Optional[Path] = typer.Option(None, help="the job's marker (default <work_dir>/jobs/NNNNNN.json)"),
-        mem_mb: Optional[int] = typer.Option(
-            None, "--mem-mb", help="memory of this job (MiB); checked against the plan"
+        memory: Optional[str] = typer.Option(
+            None, "--memory", "-m", help=f"memory of this job ({MEMORY_HELP}); checked against the plan"
         ),
+        mem_mb: Optional[int] = _deprecated_mem_mb(),
         tasks_file: Optional[Path] = typer.Option(
             None,
             "--tasks-file",
@@ -274,6 +341,7 @@ def _register(app: typer.Typer) -> None:
         try:
             run = load_run(run_file)
             overlap = True  # the next task's input and the last task's output beside the running one
+            mem_mb = memory_mib(memory, mem_mb)
             if mem_mb is not None:
                 buffers = _check_mem(run, mem_mb, run_geometry, task_bytes)
                 overlap = run.plan.memory_budget + 2 * buffers <= mem_mb * 2**20
@@ -287,6 +355,7 @@ def _register(app: typer.Typer) -> None:
                     tasks_file=tasks_file,
                     log=_log,
                     overlap=overlap,
+                    mem_mb=mem_mb,
                 )
         except ZnniError as exc:
             fail(exc)
@@ -361,56 +430,60 @@ def _register(app: typer.Typer) -> None:
         except ZnniError as exc:
             fail(exc)
 
-    @app.command("status")
+    @app.command("status", cls=_watch_command())
     def status_cmd(
-        run_file: Path = typer.Argument(..., help=RUN_HELP),
+        run_file: Path = typer.Argument(
+            ..., metavar="WORK_DIR", help="the work directory (or its run.json, or the config.yaml)"
+        ),
         check_inputs: bool = typer.Option(
             False,
             "--check-inputs",
             help="also list the done tasks whose input objects changed in place since they ran "
             "(one stat or HEAD request per input object of every done task); exit 1 if any",
         ),
+        watch: Optional[float] = typer.Option(
+            None,
+            "--watch",
+            metavar="[SECONDS]",
+            help="redraw every SECONDS (default 10) until every task is done or failed (then exit 1 if any "
+            "failed); Ctrl-C stops (exit 0)",
+        ),
+        max_iterations: Optional[int] = typer.Option(None, "--max-iterations", hidden=True, min=1),
     ):
-        """How many tasks are done (a manifest of this run), masked, made by another run, or not done."""
+        """Tasks done, running, failed, masked and not started; throughput, ETA and the slowest jobs
+        (from the manifests and the jobs' records; nothing stored is read)."""
+        import time as _time
+
         from ..errors import ZnniError
         from .run import load_run, run_geometry
+        from .status import changed_input_tasks, collect, finished, render, run_file_of
+        from .status import watch as watch_run
 
         try:
-            run = load_run(run_file)
+            run = load_run(run_file_of(run_file))
+            if watch is not None:
+                try:
+                    s = watch_run(
+                        run,
+                        max(watch, 0.1),
+                        typer.echo,
+                        max_iterations=max_iterations,
+                        extra=lambda _: "\n".join(_pyramid_lines(run)),
+                    )
+                except KeyboardInterrupt:
+                    raise typer.Exit(0) from None
+                if finished(s) and s["failed"]:
+                    raise typer.Exit(1)
+                return
             _, _, _, blocks = run_geometry(run)
-            state = _task_states(run, blocks)
+            state = collect(run, now=_time.time())
         except ZnniError as exc:
             fail(exc)
-
-        def ids(kind):
-            got = state[kind]
-            return f"{got[:50]}" + (" ..." if len(got) > 50 else "")
-
-        typer.echo(
-            f"{len(state['done'])} of {len(blocks)} tasks done"
-            + (f", {len(state['masked'])} masked (the mask is 0 over them: never run)" if state["masked"] else "")
-            + f"; not done: {ids('todo')}"
-            + (
-                f"; made by another run (the next run refuses, or recomputes them with recompute: changed): "
-                f"{ids('other')}"
-                if state["other"]
-                else ""
-            )
-        )
-        if run.config.downsample.mips:  # from the manifests: stale tasks (mip 0 re-run under them) are not done
-            from .pyramid import pyramid_status
-
-            try:
-                for s in pyramid_status(run):
-                    left = sorted(s["not_done"])
-                    typer.echo(
-                        f"pyramid mip {s['mip']}: {s['tasks'] - len(left)} of {s['tasks']} tasks done; "
-                        f"not done or stale: {left[:50]}" + (" ..." if len(left) > 50 else "")
-                    )
-            except ZnniError as exc:
-                typer.echo(f"pyramid: unknown ({exc})")
+        typer.echo(render(state))
+        for line in _pyramid_lines(run):
+            typer.echo(line)
         if check_inputs:
-            stale = _changed_input_tasks(run, [b for b in blocks if b.id in set(state["done"])])
+            stale = changed_input_tasks(run, [b for b in blocks if b.id in set(state["done"])])
             for task, changed in stale:
                 typer.echo(f"task {task}: {len(changed)} input object(s) changed since it ran: {changed[0]}")
             typer.echo(
@@ -419,6 +492,28 @@ def _register(app: typer.Typer) -> None:
             )
             if stale:
                 raise typer.Exit(1)
+
+    @app.command("report")
+    def report_cmd(
+        work_dir: Path = typer.Argument(
+            ..., metavar="WORK_DIR", help="the work directory (or its run.json, or the config.yaml)"
+        ),
+        snakemake_log: list[Path] = typer.Option(
+            [], "--snakemake-log", help="Snakemake's log of the run: its failed jobs are recorded (repeatable)"
+        ),
+    ):
+        """Write <work_dir>/report/report.html from whatever is on disk (a failed or partial run
+        too): what failed, why and where its log is; retries, OOMs, timeouts; cost; previews; the
+        config.  Never fails on a partial run (the workflow's onerror runs it)."""
+        from .report import write_report
+
+        try:
+            path = write_report(work_dir, snakemake_logs=snakemake_log, log=_log)
+        except Exception as exc:  # noqa: BLE001 - a report is best effort: say why, never fail the caller
+            _log(f"report: not written ({type(exc).__name__}: {exc})")
+            return
+        if path is not None:
+            typer.echo(f"report:      {path}")
 
     @app.command("demo-data")
     def demo_data_cmd(
@@ -491,56 +586,60 @@ def _register(app: typer.Typer) -> None:
             srv.close()
 
 
-def _task_states(run, blocks) -> dict:
-    """Task ids by state, from the manifests' run digests (no stored object is read): ``done``
-    (a manifest of this run), ``other`` (a manifest of another run: not done for this one),
-    ``masked`` (the mask is 0 over the whole task, after the mask's scan), ``todo`` (the rest)."""
-    from ..errors import ZnniError
-    from .mask import load_mask_tasks, positions
-    from .task import manifest_path
+def _watch_command():
+    """``znni status``'s command class: ``--watch`` with an optional value (:mod:`.status`)."""
+    from typer.core import TyperCommand
 
-    live = None
-    if run.mask:
-        try:
-            live = set(positions(load_mask_tasks(run)))
-        except ZnniError:  # not scanned yet: every task counts
-            live = None
-    state = {"done": [], "other": [], "masked": [], "todo": []}
-    for k, b in enumerate(blocks):
-        if live is not None and k not in live:
-            state["masked"].append(b.id)
-            continue
-        try:
-            digest = json.loads(manifest_path(run, b.id).read_text()).get("run_digest")
-        except (OSError, ValueError, AttributeError):  # none, unreadable or not a manifest: not done
-            state["todo"].append(b.id)
-            continue
-        state["done" if digest == run.digest else "other"].append(b.id)
-    return state
+    from .status import WATCH_EVERY
+
+    class WatchCommand(TyperCommand):
+        def parse_args(self, ctx, args):
+            args = list(args)
+            for i, a in enumerate(args):
+                if a == "--":
+                    break
+                if a == "--watch":  # without a number after it: the default interval
+                    try:
+                        float(args[i + 1])
+                    except (IndexError, ValueError):
+                        args.insert(i + 1, str(WATCH_EVERY))
+                    break
+            return super().parse_args(ctx, args)
+
+    return WatchCommand
+
+
+def _pyramid_lines(run) -> list[str]:
+    """``znni status``'s lines of the pyramid (from the manifests: stale tasks, mip 0 re-run under
+    them, are not done)."""
+    from ..errors import ZnniError
+
+    if not run.config.downsample.mips:
+        return []
+    from .pyramid import pyramid_status
+
+    try:
+        return [
+            f"pyramid mip {s['mip']}: {s['tasks'] - len(s['not_done'])} of {s['tasks']} tasks done; "
+            f"not done or stale: {sorted(s['not_done'])[:50]}" + (" ..." if len(s["not_done"]) > 50 else "")
+            for s in pyramid_status(run)
+        ]
+    except ZnniError as exc:
+        return [f"pyramid: unknown ({exc})"]
+
+
+def _task_states(run, blocks) -> dict:
+    """:func:`.status.task_states` (kept here for callers of the CLI module)."""
+    from .status import task_states
+
+    return task_states(run, blocks)
 
 
 def _changed_input_tasks(run, blocks) -> list:
-    """``[(task id, [changed object, ...])]`` of the done ``blocks`` whose recorded input versions
-    differ from the input's now."""
-    from ..io import open_input, parse_layer_url, read_manifest
-    from .identity import changed_inputs
-    from .mask import open_mask
-    from .task import manifest_path
+    """:func:`.status.changed_input_tasks` (what ``znni status --check-inputs`` lists)."""
+    from .status import changed_input_tasks
 
-    cfg = run.config
-    inp = open_input(
-        parse_layer_url(run.input.url, endpoint=cfg.input.endpoint_url),
-        run.input.mip,
-        resolution=cfg.input.resolution,
-        checksums="none",
-    )
-    mask = open_mask(cfg, inp.resolution) if run.mask else None
-    out = []
-    for b in blocks:
-        changed = changed_inputs(inp, read_manifest(manifest_path(run, b.id)), mask.layer if mask else None)
-        if changed:
-            out.append((b.id, changed))
-    return out
+    return changed_input_tasks(run, blocks)
 
 
 def _create_output_layer(run_file: Path, marker: Optional[Path]) -> None:
@@ -637,7 +736,7 @@ def _check_mem(run, mem_mb, run_geometry, task_bytes):
     need = buffers + run.plan.memory_budget
     if need > mem_mb * 2**20:
         raise PlanError(
-            f"this job has mem_mb={mem_mb} but a task needs about {need / 2**20:.0f} MiB (plan budget "
-            f"{run.plan.memory_budget / 2**20:.0f} MiB + task buffers); raise mem_mb or lower task_chunks"
+            f"this job has {mem_mb} MiB (--memory) but a task needs about {need / 2**20:.0f} MiB (plan budget "
+            f"{run.plan.memory_budget / 2**20:.0f} MiB + task buffers); raise the job's mem_mb or lower task_chunks"
         )
     return buffers

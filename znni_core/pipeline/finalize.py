@@ -1,28 +1,24 @@
 """Finalize a run: check every manifest and chunk, append provenance, write the report.
 
-The report (``<work_dir>/report/``): ``summary.json``, ``report.html``, ``preview.png`` (input | output,
-middle z slice of the region), the figures of :mod:`.report` (timeline, task map, previews at other
-depths), the plan per layer, the tasks' own verification, and a Neuroglancer link showing input and
-output.
+The report (``<work_dir>/report/``): ``summary.json``, ``report.html``, ``preview.png`` (input | every
+output channel, middle z slice of the region), the figures of :mod:`.report` (timeline, task map,
+previews at other depths), the plan per layer, the tasks' own verification, and a Neuroglancer link
+showing input and output.  A run with a task not done gets ``report.html`` (what failed, why, where
+the log is) but no ``summary.json``, and finalize fails as before (:func:`.report.write_report`).
 """
 
 from __future__ import annotations
 
 import datetime
-import html
 import json
 import time
-import urllib.parse
 from dataclasses import asdict
 from pathlib import Path
-
-import numpy as np
 
 from ..errors import DataError
 from ..io import (
     atomic_write,
     clean_stale_temporaries,
-    open_input,
     open_output,
     parse_layer_url,
     read_json,
@@ -31,7 +27,7 @@ from ..io import (
 from ..progress import bar
 from .done import check_task
 from .mask import load_mask_tasks, positions
-from .report import empty_chunks, verification
+from .report import empty_chunks, neuroglancer_link, preview, verification, write_report
 from .run import Run, load_run, output_spec, run_geometry
 from .settings import Config
 
@@ -78,106 +74,6 @@ def check_manifests(run: Run, out, verify: str, log=print):
     return results, manifests
 
 
-def neuroglancer_link(run: Run, base: str, port: int) -> tuple[str, list[str]]:
-    """A link showing input and output.  ``base`` ``local``: the Neuroglancer client that
-    ``znni serve`` bundles (works offline); else a viewer's URL.  file:// layers are read
-    through ``znni serve`` (notes say how)."""
-    from .serve import VIEWER_TOKEN
-
-    notes = []
-    local = base == "local"
-    server = f"http://127.0.0.1:{port}"
-    work = run.work_dir
-
-    def source(name: str, url: str, zarr_scheme: str = "zarr") -> str:
-        # zarr3:// for znni's own (v3) output: plain zarr:// makes Neuroglancer probe v2 files first (404s)
-        zarr = url.startswith("zarr://")
-        if url.startswith("file://") or (zarr and "file://" in url):
-            origin = "" if local else f" --allow-origin {_origin(base)}"
-            notes.append(f"file:// layers: run `znni serve {work} --port {port}{origin}` while viewing")
-            return f"{zarr_scheme if zarr else 'precomputed'}://{server}/layers/{name}"
-        if local:
-            notes.append(f"the viewer: run `znni serve {work} --port {port}` while viewing")
-        return f"{zarr_scheme}://{url[len('zarr://') :]}" if zarr else "precomputed://" + url
-
-    region = run.region
-    center = [o + s / 2 for o, s in zip(region["offset"], region["shape"])][::-1]  # x, y, z
-    res = run.input.resolution[::-1]
-    state = {
-        "dimensions": {"x": [res[0] * 1e-9, "m"], "y": [res[1] * 1e-9, "m"], "z": [res[2] * 1e-9, "m"]},
-        "position": center,
-        "layers": [
-            {"type": "image", "source": source("input", run.input.url), "name": "input"},
-            {
-                "type": "image",
-                "source": source("output", run.output.url, "zarr3"),
-                "name": "znni output",
-                "opacity": 0.6,
-                "shader": "#uicontrol invlerp normalized\nvoid main() { emitRGB(vec3(normalized(), 0.0, 0.0)); }",
-            },
-        ],
-        "layout": "4panel",
-    }
-    link = (
-        (f"{server}/v/{VIEWER_TOKEN}" if local else base.rstrip("/"))
-        + "/#!"
-        + urllib.parse.quote(json.dumps(state, separators=(",", ":")), safe="")
-    )
-    return link, sorted(set(notes))
-
-
-def _origin(url: str) -> str:
-    u = urllib.parse.urlsplit(url)
-    return f"{u.scheme}://{u.netloc}"
-
-
-def preview(run: Run, out, path: Path, depth: float = 0.5) -> Path:
-    """PNG: the region's z slice at ``depth`` (0-1) of its extent, input (left) | output channel 0 (right)."""
-    from PIL import Image, ImageDraw
-
-    cfg = run.config
-    region_off = run.region["offset"]
-    region_shape = run.region["shape"]
-    z = region_off[0] + min(region_shape[0] - 1, int(region_shape[0] * depth))
-    from ..geometry import Roi
-
-    sl = Roi((z, region_off[1], region_off[2]), (1, region_shape[1], region_shape[2]))
-    inp = open_input(
-        parse_layer_url(run.input.url, endpoint=cfg.input.endpoint_url),
-        run.input.mip,
-        resolution=cfg.input.resolution,
-    )
-    raw, _ = inp.read(sl.intersect(inp.bounds), fill_missing=True)
-    a = raw[0, 0].astype(np.float32)
-    outs = np.zeros(tuple(sl.shape)[1:], np.float32)
-    inter = sl.intersect(out.bounds)  # chunks or shards, absent ones read as 0
-    outs[inter.to_slices(sl.offset)[1:]] = out.read(inter, fill_missing=True)[0][0, 0]
-
-    def to8(v, lo=None, hi=None):
-        lo = float(v.min()) if lo is None else lo
-        hi = float(v.max()) if hi is None else hi
-        return np.clip((v - lo) / max(hi - lo, 1e-12) * 255, 0, 255).astype(np.uint8)
-
-    if out.dtype == "uint8":
-        b = outs.astype(np.uint8)
-    else:
-        b = to8(outs)
-    h, w = a.shape
-    img = Image.new("L", (2 * w + 8, h + 16), 255)
-    img.paste(Image.fromarray(to8(a)), (0, 16))
-    img.paste(Image.fromarray(b), (w + 8, 16))
-    d = ImageDraw.Draw(img)
-    d.text((2, 2), f"input z={z}", fill=0)
-    d.text((w + 10, 2), "output ch 0", fill=0)
-    scale = max(1, 512 // max(w, 1))
-    if scale > 1:
-        img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
-    buf = path.with_suffix(".tmp.png")
-    img.save(buf)
-    buf.replace(path)
-    return path
-
-
 def _figures(run: Run, out, results: dict, manifests: dict, report_dir: Path) -> list[str]:
     """The report's PNGs besides ``preview.png`` (:mod:`.report`): timeline, task map, previews at a
     quarter and three quarters of the depth (where they differ from the middle)."""
@@ -204,7 +100,8 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     """Check every task's manifest and chunks, then append provenance and write the report; return the summary.
 
     ``verify`` overrides ``finalize.verify`` of the run's config.  If any task is not done (masked
-    tasks excepted) nothing is written and a :class:`DataError` lists the failed tasks; otherwise the
+    tasks excepted) nothing is finalized: the partial run's ``report.html`` is written (what failed,
+    why, where the log is) and a :class:`DataError` lists the failed tasks; otherwise the
     layer's stale temporaries are removed and ``<work_dir>/report/`` gets ``summary.json``,
     ``report.html`` and ``preview.png``.
     """
@@ -275,7 +172,11 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
             f"finalize: {len(failed)} of {len(results)} task(s) not done; nothing finalized. "
             f"Re-run the workflow (only those tasks run) or `znni run-task {run_file} --task ID`."
         )
-        raise DataError(f"{len(failed)} task(s) failed or unverified: {sorted(failed)[:20]}")
+        path = _partial_report(run_file, results, manifests, log)
+        raise DataError(
+            f"{len(failed)} task(s) failed or unverified: {sorted(failed)[:20]}"
+            + (f"; what failed and why: {path}" if path else "")
+        )
     if "pyramid" in summary:  # a mip-0 task re-run since: the mips above it are stale
         from .pyramid import require_pyramid
 
@@ -314,7 +215,9 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
         }
     )
     atomic_write(report_dir / "summary.json", (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
-    write_html(report_dir / "report.html", run, summary)
+    write_report(
+        run_file, results=results, manifests=manifests, summary=summary, images=[png.name] + summary["figures"], log=log
+    )
     log(
         f"finalize: {summary['done']}/{summary['tasks']} tasks done, 0 failed"
         + (f", {n_masked_tasks} masked (the mask is 0 over them)" if run.mask else "")
@@ -352,49 +255,17 @@ def clean_stale_temporaries_in_layer(url) -> list:
     return removed
 
 
-#: what a report row's number is, where its key alone does not say
-_LABELS = {
-    "wall_seconds": "wall_seconds (the first task's start to the last task's end)",
-    "task_seconds": "task_seconds (summed over tasks)",
-    "voxels_per_s_wall": "voxels_per_s_wall (voxels / wall_seconds)",
-    "voxels_per_s_per_job": "voxels_per_s_per_job (voxels / task_seconds)",
-    "recomputed_voxels": "recomputed_voxels (by the tasks' own checks, from the network's definition)",
-    "chunks_empty": "chunks_empty (input.empty: skip: all-zero input context, not stored, read as 0)",
-}
-
-
-def write_html(path: Path, run: Run, s: dict) -> None:
-    """Write ``report.html`` (atomically): the summary ``s`` as a table, the Neuroglancer link, the preview,
-    the network and the plan.
-    """
-    rows = "".join(
-        f"<tr><th>{html.escape(_LABELS.get(k, str(k)))}</th><td>{html.escape(str(v))}</td></tr>"
-        for k, v in s.items()
-        if k not in ("neuroglancer", "failures", "figures")
-    )
-    figures = "".join(
-        f'<figure><img src="{html.escape(n)}" alt="{html.escape(n)}" style="max-width:100%"></figure>'
-        for n in s.get("figures", [])
-    )
-    try:  # the plan per layer, as `znni plan` prints it
-        from ..plan.plan import Plan
-
-        plan_text = Plan.load(run.plan.path).describe()
-    except Exception:  # a moved work directory: its record
-        plan_text = json.dumps(asdict(run.plan), indent=1)
-    doc = f"""<!doctype html><meta charset="utf-8"><title>znni report</title>
-<style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}th{{text-align:left;padding-right:1em}}</style>
-<h1>znni run report</h1>
-<p>input <code>{html.escape(run.input.url)}</code> &rarr; output <code>{html.escape(run.output.url)}</code></p>
-<p><a href="{html.escape(s["neuroglancer"])}">Open input and output in Neuroglancer</a>
-{"".join("<br><small>" + html.escape(n) + "</small>" for n in s["viewer_notes"])}</p>
-<img src="preview.png" alt="input | output" style="max-width:100%">
-{figures}
-<table>{rows}</table>
-<h2>Network</h2><pre>{html.escape(json.dumps(asdict(run.network), indent=1))}</pre>
-<h2>Plan</h2><pre>{html.escape(plan_text)}</pre>
-"""
-    atomic_write(path, doc.encode())
+def _partial_report(run_file, results: dict, manifests: dict, log) -> Path | None:
+    """The report of a run finalize refuses (:func:`.report.write_report`: what failed, why, where
+    the log is); None, with a note, if even that fails: finalize's own error comes first."""
+    try:
+        path = write_report(run_file, results=results, manifests=manifests, log=log)
+    except Exception as exc:  # noqa: BLE001 - the report is best effort here
+        log(f"finalize: the partial run's report was not written ({type(exc).__name__}: {exc})")
+        return None
+    if path is not None:
+        log(f"finalize: report of the partial run: {path}")
+    return path
 
 
 def _method(entry) -> str | None:

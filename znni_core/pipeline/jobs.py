@@ -4,13 +4,38 @@
 A job writes each task's chunks and manifest as a task always did; its own marker
 ``<work_dir>/jobs/NNNNNN.json`` comes last.  A task whose manifest and stored objects check out
 (``finalize.verify``) is skipped, so a killed or retried job redoes only its unfinished tasks.
+
+Each job also keeps a record of its attempts, ``<work_dir>/jobs/records/NNNNNN.json`` (written
+atomically at the start, after each task and at the end; what ``znni status`` and the report
+read; :class:`JobRecord`)::
+
+    {"format": "znni-job-record/1", "job": 3, "run_digest": "...", "attempts": [
+      {"attempt": 1, "state": "running" | "done" | "failed",
+       "started": <unix time>, "host": "node12", "pid": 4242, "slurm_job": "998877" (SLURM_JOB_ID, if any),
+       "mem_mb": 2000 (given to the job, or null), "threads": 1, "log": "<the job's log file, or null>",
+       "tasks": [12, 13, 14], "skipped": [12], "ran": [13], "failed_tasks": {"14": "<error>"},
+       "voxels": 123456, "updated": <unix time>,
+       # once it ended:
+       "finished": <unix time>, "seconds": 41.2, "max_rss_mb": 812.5,
+       # when it failed:
+       "kind": "error" | "oom" | "terminated" | "interrupted", "error": "<first line>", "exit": 1}]}
+
+An attempt still ``running`` whose process is gone (on the same host), or that a later attempt
+followed, died without a record (SIGKILL: the OOM killer's exit 137, a hard time limit).  Each
+task also logs a plain progress line (no terminal needed)::
+
+    task 12/40 (job 3: 2/5) done in 4.1 s, 1.2 Mvox/s, ETA job 12 s
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import resource
+import signal
+import socket
+import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -20,11 +45,156 @@ from ..io import atomic_write
 from .schedule import job_range
 
 JOB_FORMAT = "znni-job/1"
+RECORD_FORMAT = "znni-job-record/1"
+#: attempts a record keeps (the oldest dropped beyond; ``attempts_total`` counts them all)
+MAX_ATTEMPTS = 20
+#: the prediction a run's first job records (``znni estimate``'s numbers, else validate's)
+PREDICTION_FILE = "prediction.json"
 
 
 def job_marker_path(work, job: int) -> Path:
     """The marker job ``job`` writes last: ``<work>/jobs/NNNNNN.json`` (six digits)."""
     return Path(work) / "jobs" / f"{job:06d}.json"
+
+
+def records_dir(work) -> Path:
+    """Where the jobs' records are: ``<work>/jobs/records/`` (beside the markers, never one of them)."""
+    return Path(work) / "jobs" / "records"
+
+
+def job_record_path(work, job: int) -> Path:
+    """Job ``job``'s record of its attempts: ``<work>/jobs/records/NNNNNN.json``."""
+    return records_dir(work) / f"{job:06d}.json"
+
+
+class JobTerminated(BaseException):
+    """SIGTERM reached a job (a time limit: SLURM sends it before its kill; scancel; Snakemake
+    stopping): raised in the main thread so the attempt is recorded, then the job dies of it."""
+
+
+class JobRecord:
+    """The attempts of one job (module doc): this attempt is appended at the start and updated
+    after each task and at the end.  Writing it never fails the job: an error is logged once."""
+
+    def __init__(self, work, job: int, run_digest: str, *, mem_mb=None, log=print):
+        self.path = job_record_path(work, job)
+        self.lock = threading.Lock()
+        self.log = log
+        self.warned = False
+        try:
+            doc = json.loads(self.path.read_text())
+            if doc.get("format") != RECORD_FORMAT or doc.get("run_digest") != run_digest:
+                raise ValueError("another run's record")
+        except (OSError, ValueError, AttributeError):
+            doc = {"format": RECORD_FORMAT, "job": job, "run_digest": run_digest, "attempts": []}
+        total = int(doc.get("attempts_total", len(doc["attempts"]))) + 1
+        now = time.time()
+        self.now = {
+            "attempt": total,
+            "state": "running",
+            "started": now,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            **({"slurm_job": os.environ["SLURM_JOB_ID"]} if os.environ.get("SLURM_JOB_ID") else {}),
+            "mem_mb": mem_mb if mem_mb is not None else _given_mem_mb(),
+            "log": _log_file(work, job),
+            "tasks": [],
+            "skipped": [],
+            "ran": [],
+            "failed_tasks": {},
+            "voxels": 0,
+            "updated": now,
+        }
+        doc["attempts"] = (doc["attempts"] + [self.now])[-MAX_ATTEMPTS:]
+        doc["attempts_total"] = total
+        self.doc = doc
+        self.write()
+
+    def write(self) -> None:
+        """The record, atomically (an error is logged once, never raised)."""
+        from ..io import atomic_write
+
+        with self.lock:
+            data = (json.dumps(self.doc, indent=1) + "\n").encode()
+        try:
+            atomic_write(self.path, data)
+        except OSError as exc:
+            if not self.warned:
+                self.warned = True
+                self.log(f"job record {self.path} not written ({exc.strerror or exc}); the job goes on")
+
+    def update(self, **fields) -> None:
+        """Set fields of this attempt, and write."""
+        with self.lock:
+            self.now.update(fields, updated=time.time())
+        self.write()
+
+    def task_done(self, task: int, voxels: int) -> None:
+        """A task of this attempt is done (its manifest written)."""
+        with self.lock:
+            self.now["ran"].append(task)
+            self.now["voxels"] += int(voxels)
+        self.update()
+
+    def task_failed(self, task: int, error: str) -> None:
+        """A task of this attempt failed with ``error``."""
+        with self.lock:
+            self.now["failed_tasks"][str(task)] = error
+        self.update()
+
+    def end(self, exc: BaseException | None = None) -> None:
+        """The attempt's end: ``done``, or ``failed`` with what ended it."""
+        now = time.time()
+        fields = {
+            "state": "done" if exc is None else "failed",
+            "finished": now,
+            "seconds": round(now - self.now["started"], 3),
+            "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        }
+        if exc is not None:
+            kind, code = _failure_kind(exc)
+            lines = str(exc).strip().splitlines() or [type(exc).__name__]
+            fields |= {"kind": kind, "exit": code, "error": f"{type(exc).__name__}: {lines[0][:1000]}"}
+        self.update(**fields)
+
+
+def _failure_kind(exc: BaseException) -> tuple[str, int]:
+    """(kind, exit status) of what ended an attempt."""
+    if isinstance(exc, MemoryError):
+        return "oom", 1
+    if isinstance(exc, JobTerminated):
+        return "terminated", 128 + signal.SIGTERM
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", 130
+    if isinstance(exc, SystemExit):
+        return "error", exc.code if isinstance(exc.code, int) else 1
+    return "error", int(getattr(exc, "exit_code", 1))
+
+
+def _log_file(work, job: int) -> str | None:
+    """The file this process's stderr goes to (a Snakemake job's ``log:``), else the workflow's
+    log of this job where it exists."""
+    try:
+        target = os.readlink("/proc/self/fd/2")
+        if target.startswith("/") and not target.endswith("(deleted)") and Path(target).is_file():
+            return target
+    except OSError:
+        pass
+    p = Path(work) / "logs" / "jobs" / f"{job:06d}.log"
+    return str(p) if p.is_file() else None
+
+
+def _given_mem_mb() -> int | None:
+    """The job's memory (MiB) when the caller did not say (``znni run-job --memory``): SLURM's
+    ``SLURM_MEM_PER_NODE``, else unknown."""
+    try:
+        return int(os.environ["SLURM_MEM_PER_NODE"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _raise_terminated(signum, frame):
+    raise JobTerminated(f"terminated by signal {signum} (SIGTERM: a time limit, scancel or Snakemake stopping)")
 
 
 def run_job(
@@ -38,6 +208,7 @@ def run_job(
     tasks_file=None,
     log=print,
     overlap: bool = True,
+    mem_mb: int | None = None,
 ) -> dict:
     """Run the tasks of ``job``; skip those already done and verified; write the job's marker last.
 
@@ -45,8 +216,110 @@ def run_job(
     that fails is logged and the others still run; the job then fails naming them (no marker), so
     a retry runs only what is left.  ``overlap``: read the next task's input and store the last
     task's output while the engine computes (:func:`run_pipelined`); off when the job's memory
-    holds one task's buffers only.
+    holds one task's buffers only.  ``mem_mb``: the job's memory, for its record (module doc),
+    which says how each attempt started and ended.
     """
+    from .run import load_run
+
+    run = load_run(run_file)  # unreadable: nothing to record in (the error says why)
+    record = JobRecord(run.work_dir, job, run.digest, mem_mb=mem_mb, log=log)
+    try:
+        record_prediction(run)  # before the first task of the run, for the report
+    except Exception as exc:  # noqa: BLE001 - the prediction is for the report, never the job's failure
+        log(f"the run's prediction was not recorded: {exc}")
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    if main and previous == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        doc = _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_file, log, overlap)
+    except BaseException as exc:
+        record.end(exc)
+        if isinstance(exc, JobTerminated):  # recorded: now die of it, as without the handler
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        raise
+    finally:
+        if main and previous == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    record.end()
+    return doc
+
+
+def prediction(run) -> dict:
+    """What the run was predicted to cost (``znni estimate``'s formula): its output voxels (live
+    ones with a mask scanned) at ``znni estimate``'s saved rate (``estimate.json``), else the plan's
+    predicted rate (validate's estimate), as job-hours and node-hours (``threads`` of
+    ``cores_per_node``: this machine's) or GPU-hours."""
+    from .schedule import ESTIMATE_FILE
+
+    work = Path(run.work_dir)
+    try:
+        plan = json.loads(Path(run.plan.path).read_text())
+    except (OSError, ValueError):
+        plan = {}
+    rate, source = None, None
+    try:
+        est = json.loads((work / ESTIMATE_FILE).read_text())
+        rate, source = float(est["voxels_per_second"]), f"znni estimate: {est.get('rate_source', '')}"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if not rate and plan.get("predicted_voxels_per_s"):
+        rate, source = float(plan["predicted_voxels_per_s"]), "the plan's prediction (validate's estimate)"
+    voxels = 1
+    for v in run.region["shape"]:
+        voxels *= int(v)
+    if run.mask:
+        try:
+            voxels = int(json.loads((work / "mask_tasks.json").read_text())["voxels_live"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    threads = int(plan.get("threads") or 1)
+    device = str(plan.get("device") or run.config.device)
+    cores = os.cpu_count() or 1
+    job_hours = voxels / rate / 3600 if rate else None
+    doc = {
+        "run_digest": run.digest,
+        "voxels": voxels,
+        "voxels_per_second": rate,
+        "rate_source": source,
+        "threads": threads,
+        "device": device,
+        "cores_per_node": cores,
+        "job_hours": job_hours,
+        "time": time.time(),
+    }
+    if job_hours is not None:
+        doc["gpu_hours" if device == "gpu" else "node_hours"] = (
+            job_hours if device == "gpu" else job_hours * threads / cores
+        )
+    return doc
+
+
+def record_prediction(run) -> dict:
+    """``<work_dir>/prediction.json``: the run's :func:`prediction`, written once per run digest
+    (before any task runs: its first job does it), so a later ``znni estimate`` (whose rate comes
+    from finished tasks) never turns the prediction into a measurement.  Returns the recorded one."""
+    from ..io import atomic_write
+
+    path = Path(run.work_dir) / PREDICTION_FILE
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("run_digest") == run.digest:
+            return doc
+    except (OSError, ValueError):
+        pass
+    doc = prediction(run)
+    atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
+    return doc
+
+
+def _eta(s: float) -> str:
+    return f"{s:.0f} s" if s < 60 else f"{s / 60:.0f} min" if s < 3600 else f"{s / 3600:.1f} h"
+
+
+def _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_file, log, overlap) -> dict:
+    """:func:`run_job`'s work, its attempt recorded in ``record``."""
     from .done import check_task
     from .identity import changed_inputs
     from .mask import load_mask_tasks, positions
@@ -71,6 +344,7 @@ def run_job(
             f"job {job} has no task: {n} tasks at {per_job} per job make "
             f"{math.ceil(n / per_job)} jobs (0 to {math.ceil(n / per_job) - 1})"
         )
+    record.update(tasks=[ctx.tasks[k].id for k in ks], threads=getattr(ctx.plan, "threads", None))
     verify = run.config.finalize.verify
     inputs = run.config.recompute == "inputs"
 
@@ -84,7 +358,24 @@ def run_job(
         return True
 
     todo, skipped = pending_blocks([ctx.tasks[k] for k in ks], done, log)
-    ran, failed = run_pipelined(ctx, todo, device=device, log=log, overlap=overlap)
+    record.update(skipped=skipped)
+    t_run, count = time.perf_counter(), [0]
+
+    def progress(r) -> None:  # after each task, in order: a plain line for the job's log, and the record
+        count[0] += 1
+        k = count[0]
+        eta = (time.perf_counter() - t_run) / k * (len(todo) - k)
+        task = r.task if isinstance(r, _Failed) else r["task"]
+        where = f"task {task}/{n} (job {job}: {len(skipped) + k}/{len(ks)})"
+        if isinstance(r, _Failed):
+            record.task_failed(r.task, str(r.error))
+            log(f"{where} failed, ETA job {_eta(eta)}")
+        else:
+            record.task_done(r["task"], r["voxels"])
+            rate = r["voxels"] / max(r["seconds"], 1e-9) / 1e6
+            log(f"{where} done in {r['seconds']:.1f} s, {rate:.3g} Mvox/s, ETA job {_eta(eta)}")
+
+    ran, failed = run_pipelined(ctx, todo, device=device, log=log, overlap=overlap, on_task=progress)
     raise_failed(failed, len(ks), f"job {job}")
     doc = {
         "format": JOB_FORMAT,
@@ -167,7 +458,7 @@ class _Failed(NamedTuple):
     error: ZnniError
 
 
-def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True) -> tuple[list, dict]:
+def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True, on_task=None) -> tuple[list, dict]:
     """Run the tasks ``blocks`` of an open run, each read -> compute -> store (``pipeline.task``),
     with Dask overlapping the stages of neighbouring tasks: while the engine computes task k, one
     thread reads task k+1's input and another writes and verifies task k-1's chunks.  Memory stays
@@ -184,6 +475,7 @@ def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True) 
 
     Returns ``(records of the tasks run, {task id: error} of those that failed)``: a task's
     ZnniError in any stage is logged and skips its later stages; the other tasks still run.
+    ``on_task(result)``: called after each task's store, in order (its record, or its failure).
     """
     import queue
     import threading
@@ -213,22 +505,29 @@ def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True) 
             raise value
         return value
 
+    def stage_done(result):
+        if on_task is not None:
+            on_task(result)
+        return result
+
     def store(done, *after):
         if isinstance(done, _Failed):
             log(f"task {done.task} FAILED: {done.error}")
-            return done
+            return stage_done(done)
         ti, y, t_comp = done
         try:
             m = store_task(ctx, ti, y, t_comp, device=device, log=log)
         except ZnniError as exc:
             log(f"task {ti.task_id} FAILED: {exc}")
-            return _Failed(ti.task_id, exc)
-        return {
-            "task": ti.task_id,
-            "voxels": m["voxels"],
-            "seconds": m["timings"]["total_s"],
-            "compute_s": m["timings"]["compute_s"],
-        }
+            return stage_done(_Failed(ti.task_id, exc))
+        return stage_done(
+            {
+                "task": ti.task_id,
+                "voxels": m["voxels"],
+                "seconds": m["timings"]["total_s"],
+                "compute_s": m["timings"]["compute_s"],
+            }
+        )
 
     def token(_):  # a stage's completion without its data: dependents do not keep arrays alive
         return None
