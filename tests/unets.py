@@ -145,3 +145,134 @@ def admissible(model: UNet, axis: int, at_least: int) -> int:
         if ok and m >= 1:
             return n
     raise ValueError("no admissible length")
+
+
+class CropUNet(nn.Module):
+    """A valid U-Net as labs write it: unpadded 3x3x3 convolutions, each skip centre-cropped
+    with ``s[..., a:-a, b:-b, c:-c]`` where ``a, b, c`` are computed from the tensors' shapes in
+    ``forward`` (with dynamic axes, that arithmetic stays in the exported graph)."""
+
+    def __init__(self, depth=2, pool=(1, 2, 2), width=2, c_in=1, c_out=2, up="transpose"):
+        super().__init__()
+        self.depth, self.pool = depth, pool
+
+        def block(ci, co):
+            return nn.Sequential(nn.Conv3d(ci, co, 3), nn.ReLU(), nn.Conv3d(co, co, 3), nn.ReLU())
+
+        widths = [width * 2**i for i in range(depth + 1)]
+        self.enc = nn.ModuleList([block(c_in if i == 0 else widths[i - 1], widths[i]) for i in range(depth)])
+        self.down = nn.ModuleList([nn.MaxPool3d(pool) for _ in range(depth)])
+        self.mid = block(widths[depth - 1], widths[depth])
+        if up == "transpose":
+            ups = [nn.ConvTranspose3d(widths[i + 1], widths[i], pool, stride=pool) for i in reversed(range(depth))]
+        else:
+            ups = [
+                nn.Sequential(nn.Upsample(scale_factor=pool, mode="nearest"), nn.Conv3d(widths[i + 1], widths[i], 1))
+                for i in reversed(range(depth))
+            ]
+        self.ups = nn.ModuleList(ups)
+        self.dec = nn.ModuleList([block(2 * widths[i], widths[i]) for i in reversed(range(depth))])
+        self.head = nn.Conv3d(widths[0], c_out, 1)
+
+    def forward(self, x):
+        skips = []
+        for enc, down in zip(self.enc, self.down):
+            x = enc(x)
+            skips.append(x)
+            x = down(x)
+        x = self.mid(x)
+        for up, dec, s in zip(self.ups, self.dec, reversed(skips)):
+            x = up(x)
+            a, b, c = ((p - q) // 2 for p, q in zip(s.shape[2:], x.shape[2:]))
+            x = dec(torch.cat([s[..., a:-a, b:-b, c:-c], x], 1))
+        return self.head(x)
+
+    def admissible(self, axis: int, at_least: int) -> int:
+        """The smallest input length >= ``at_least`` on ``axis`` that runs without flooring."""
+        p = self.pool[axis]
+        for n in range(at_least, at_least + 4096):
+            m, ok = n, True
+            for _ in range(self.depth):
+                m -= 4
+                ok = ok and m >= p and m % p == 0
+                m //= p
+            m -= 4
+            for _ in range(self.depth):
+                m = m * p - 4
+            if ok and m >= 1:
+                return n
+        raise ValueError("no admissible length")
+
+
+class PadUNet(nn.Module):
+    """A padded U-Net in the style of milesial/Pytorch-UNet: same-padded convolutions, and the
+    upsampled map zero-padded to its skip's size with ``F.pad`` (the differences computed from
+    the shapes in ``forward``), then concatenated; softmax over channels."""
+
+    def __init__(self, pool=(1, 2, 2), width=2, c_in=1, c_out=2):
+        super().__init__()
+        self.pool = pool
+        self.a = nn.Sequential(nn.Conv3d(c_in, width, 3, padding=1), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv3d(width, 2 * width, 3, padding=1), nn.ReLU())
+        self.up = nn.ConvTranspose3d(2 * width, width, pool, stride=pool)
+        self.c = nn.Sequential(nn.Conv3d(2 * width, c_out, 3, padding=1), nn.Softmax(dim=1))
+
+    def forward(self, x):
+        s = self.a(x)
+        u = self.up(self.b(nn.functional.max_pool3d(s, self.pool)))
+        dz, dy, dx = (p - q for p, q in zip(s.shape[2:], u.shape[2:]))
+        u = nn.functional.pad(u, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2, dz // 2, dz - dz // 2])
+        return self.c(torch.cat([s, u], 1))
+
+
+def chain_model(c_in=1, c_out=2):
+    """A boundary-detector-like chain: valid convolutions, max-pooling (anisotropic and
+    isotropic), activations."""
+    return nn.Sequential(
+        nn.Conv3d(c_in, 3, (1, 3, 3)),
+        nn.ReLU(),
+        nn.MaxPool3d((1, 2, 2)),
+        nn.Conv3d(3, 4, 3),
+        nn.ELU(),
+        nn.MaxPool3d(2),
+        nn.Conv3d(4, 3, (1, 3, 3)),
+        nn.Tanh(),
+        nn.Conv3d(3, c_out, 1),
+        nn.Sigmoid(),
+    )
+
+
+def export_as(model, path, shape, exporter="legacy", dynamic=None, c_in=1):
+    """``model`` as ONNX, exported at input ``shape`` (z, y, x) the way users export today:
+
+    * ``exporter="legacy"``: ``torch.onnx.export(model, x, path, dynamo=False[, dynamic_axes=...])``
+    * ``exporter="dynamo"``: ``torch.onnx.export(model, (x,), path, dynamo=True[, dynamic_shapes=...])``
+
+    ``dynamic``: None (static shapes), ``"axes"`` (``dynamic_axes`` on batch, z, y, x), ``"batch"``
+    (on the batch axis only: ``dynamic_axes`` for the legacy exporter, ``dynamic_shapes`` for dynamo)
+    or, with dynamo, ``"shapes"`` (``dynamic_shapes`` with ``torch.export.Dim.AUTO`` on z, y, x)."""
+    x = torch.zeros((1, c_in) + tuple(shape))
+    axes = {0: "n", 2: "z", 3: "y", 4: "x"}
+    auto = torch.export.Dim.AUTO
+    kw = {}
+    if dynamic == "axes":
+        kw = {"input_names": ["x"], "output_names": ["y"], "dynamic_axes": {"x": axes, "y": axes}}
+    elif dynamic == "batch" and exporter == "legacy":
+        kw = {"input_names": ["x"], "output_names": ["y"], "dynamic_axes": {"x": {0: "n"}, "y": {0: "n"}}}
+    elif dynamic == "batch":
+        kw = {"dynamic_shapes": ({0: auto},)}
+    elif dynamic == "shapes":
+        kw = {"dynamic_shapes": ({2: auto, 3: auto, 4: auto},)}
+    elif dynamic is not None:
+        raise ValueError(f"dynamic={dynamic!r}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "legacy":
+            if dynamic == "shapes":
+                raise ValueError("the legacy exporter takes dynamic_axes, not dynamic_shapes")
+            torch.onnx.export(model.eval(), x, str(path), dynamo=False, **kw)
+        elif exporter == "dynamo":
+            torch.onnx.export(model.eval(), (x,), str(path), dynamo=True, verbose=False, **kw)
+        else:
+            raise ValueError(f"exporter={exporter!r}")
+    return path

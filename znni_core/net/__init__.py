@@ -44,8 +44,8 @@ def load_network(path) -> AnyNetwork:
     if suffix in _PICKLE_SUFFIXES or head[:1] == b"\x80" or (head[:2] == b"PK" and suffix != ".npz"):
         raise NetworkError(
             f"{path}: looks like a pickle/PyTorch checkpoint; znni never unpickles (it can run arbitrary code). "
-            "Export the model with torch.onnx.export(model, x, 'net.onnx', dynamo=False), or write a znni YAML "
-            "spec with safetensors weights."
+            "Export the model with torch.onnx.export(model, (x,), 'net.onnx') (docs/models.md), or write a znni "
+            "YAML spec with safetensors weights."
         )
     if suffix == ".onnx":
         return load_onnx(path)

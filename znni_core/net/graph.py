@@ -76,9 +76,12 @@ _MAX_SCAN = 4096  # longest admissible length searched for (per axis)
 
 
 class _Inadmissible(Exception):
-    def __init__(self, node, reason):
+    """``need``: how many voxels longer the node's input must be to pass (None: unknown);
+    ``short``: the input is too short (rather than of the wrong length)."""
+
+    def __init__(self, node, reason, need=None, short=False):
         super().__init__(f"{node}: {reason}")
-        self.node, self.reason = node, reason
+        self.node, self.reason, self.need, self.short = node, reason, need, short
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,23 +149,29 @@ def _axis_len(node: Node, axis: int, sizes: list[int], exact: bool = True) -> in
         k, s = node.conv.kernel[axis], node["stride"][axis]
         span = n + node["pads"][0][axis] + node["pads"][1][axis] - k
         if span < 0:
-            raise _Inadmissible(node.name, f"input length {n} on axis {'zyx'[axis]} is shorter than the kernel {k}")
+            raise _Inadmissible(
+                node.name, f"input length {n} on axis {'zyx'[axis]} is shorter than the kernel {k}", -span, True
+            )
         if span % s and exact:
-            raise _Inadmissible(node.name, f"stride {s} does not divide {span} on axis {'zyx'[axis]}")
+            raise _Inadmissible(node.name, f"stride {s} does not divide {span} on axis {'zyx'[axis]}", -span % s)
         return span // s + 1
     if op == "deconv":
         return n * node["stride"][axis]
     if op == "pool":
         p = node["window"][axis]
         if n < p or (n % p and exact):
-            raise _Inadmissible(node.name, f"pooling window {p} does not divide length {n} on axis {'zyx'[axis]}")
+            raise _Inadmissible(
+                node.name, f"pooling window {p} does not divide length {n} on axis {'zyx'[axis]}", -n % p or p, n < p
+            )
         return n // p
     if op == "resize":
         return n * node["scale"][axis]
     if op == "crop":
         out = n - node["low"][axis] - node["high"][axis]
         if out < 1:
-            raise _Inadmissible(node.name, f"crop of {node['low'][axis]}+{node['high'][axis]} leaves nothing of {n}")
+            raise _Inadmissible(
+                node.name, f"crop of {node['low'][axis]}+{node['high'][axis]} leaves nothing of {n}", 1 - out, True
+            )
         return out
     if op == "pad":
         return n + node["low"][axis] + node["high"][axis]

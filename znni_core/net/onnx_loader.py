@@ -1,4 +1,6 @@
-"""Read a network from ONNX as exported by ``torch.onnx.export(..., dynamo=False)``.
+"""Read a network from ONNX as ``torch.onnx.export`` writes it (docs/models.md): the legacy
+exporter (``dynamo=False``) and the dynamo exporter (``dynamo=True``, PyTorch's default; weights
+in an external data file beside the ``.onnx``), with static shapes or dynamic axes.
 
 Only protobuf is parsed (never pickle).  The file becomes a :class:`~.graph.Graph`, a
 chain where its nodes form a line of valid stride-1 convolutions, max-pools and activations
@@ -8,19 +10,23 @@ operators is refused with a message naming the node, the operator and the attrib
 Slices are read relative to the shape the file was exported at (a crop of ``a`` voxels
 at the start and ``b`` at the end stays that crop for any input shape); BatchNorm folds
 into the convolution before it, or becomes a per-channel affine map.  An export with dynamic
-axes whose crops and resize sizes are computed from tensor shapes (``Shape``, ``Gather``,
-``Slice``, ``Cast``, arithmetic) has that arithmetic evaluated at two admissible input shapes;
-it loads when both give the same crops and scales (:func:`_load_dynamic`), and is refused
-naming the node otherwise.
+axes whose crops, pads and resize sizes are computed from tensor shapes (``Shape``, ``Gather``,
+``Slice``, ``Cast``, ``Concat``, arithmetic) has that arithmetic evaluated at two input shapes
+the network runs on exactly (found by :func:`_search`: at a shape where a pooling floors, a
+valid U-Net's skip crops come out wrong); it loads when both give the same crops and scales
+(:func:`_load_dynamic`), and is refused naming the node otherwise.
 """
 
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import numpy as np
 
 from ..errors import NetworkError, UnsupportedOperatorError
 from .chain import Activation, Conv, line_layers
-from .graph import PATCH_DEPENDENT, Graph, Node, _axis_len, _Inadmissible
+from .graph import PATCH_DEPENDENT, Graph, Node, _axis_len, _Inadmissible, _step_origin
 
 _ACT = {
     "Relu": "relu",
@@ -96,22 +102,36 @@ def _pads3(node, pads) -> tuple:
 
 class _Reader:
     """One pass over an ONNX graph, building znni's nodes; ``probe``: the (z, y, x) input shape a
-    dynamic-axes export's shape arithmetic is evaluated at (:func:`_load_dynamic`)."""
+    dynamic-axes export's shape arithmetic is evaluated at (:func:`_load_dynamic`).  ``search``:
+    the probe may be inadmissible; where a node would floor, mismatch or get too short an input,
+    the first such node per axis is recorded in ``bad`` (``{axis: (grow, short, why)}``: by how
+    many voxels the probe should grow on that axis) and the read goes on (:func:`_search`).
+    ``like``: an earlier reader of the same file, whose parsed model and weights are reused."""
 
-    def __init__(self, path, probe=None):
+    def __init__(self, path, probe=None, search=False, like=None):
         import onnx
         from onnx import numpy_helper
 
         self.numpy_helper = numpy_helper
         try:
-            model = onnx.load(str(path))
+            model = like.model if like is not None else onnx.load(str(path))
         except Exception as exc:  # protobuf decode errors have many types
+            missing = _missing_external_data(path)
+            if missing:
+                raise NetworkError(
+                    f"{path}: its weights are stored in {', '.join(missing)} beside it (torch.onnx.export(..., "
+                    "dynamo=True) writes them there), which cannot be read; copy that file with the .onnx, or "
+                    "export with external_data=False"
+                ) from exc
             raise NetworkError(
-                f"{path}: not a readable ONNX file ({exc}); export with torch.onnx.export(..., dynamo=False)"
+                f"{path}: not a readable ONNX file ({exc}); export it with torch.onnx.export (docs/models.md)"
             ) from exc
-        self.path, self.graph = path, model.graph
+        self.path, self.graph, self.model = path, model.graph, model
         self.opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
-        self.consts = {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
+        self.initial = (
+            like.initial if like is not None else {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
+        )
+        self.consts = dict(self.initial)  # with the constants folded while reading
         inputs = [i for i in self.graph.input if i.name not in self.consts]
         if len(inputs) != 1:
             raise NetworkError(f"{path}: expected exactly one graph input, found {[i.name for i in inputs]}")
@@ -127,9 +147,13 @@ class _Reader:
         self.has_shape_ops = any(n.op_type == "Shape" for n in self.graph.node)
         self.probe = tuple(int(v) for v in probe) if probe is not None else None
         self.channels: dict[str, int] = {}  # channels of each tensor, for Shape at the probe
+        self.search = search and self.probe is not None
+        self.bad: dict[int, tuple] = {}
+        self.floored = ""  # the first node that floors at the export shape (a pooling of an odd length)
+        self.step: dict[str, tuple] = {}  # input voxels per voxel of each tensor, per axis (search)
         if self.probe is not None:
             self.export_shape = self.probe
-            self.channels = _channels(model)
+            self.channels = like.channels if like is not None and like.channels else _channels(model)
         self.nodes: list[Node] = []
         self.alias: dict[str, str] = {}  # identity-like outputs -> the tensor they stand for
         self.shape: dict[str, tuple] = {}  # spatial shape of each tensor at the export shape
@@ -164,14 +188,41 @@ class _Reader:
         name = node.name or f"{op}{len(self.nodes)}"
         inputs = [self.data(i) for i in inputs]
         new = Node(op, tuple(inputs), node.output[0], name, params)
-        if self.export_shape and all(i in self.shape for i in inputs):
+        if self.search and all(i in self.shape for i in inputs):
+            self.shape[new.output] = tuple(self.probe_len(new, a, inputs) for a in range(3))
+            step = self.step.get(inputs[0], (Fraction(1),) * 3)
+            self.step[new.output] = tuple(_step_origin(new, a, step[a], Fraction(0))[0] for a in range(3))
+        elif self.export_shape and all(i in self.shape for i in inputs):
             try:
                 self.shape[new.output] = tuple(
                     _axis_len(new, a, [self.shape[i][a] for i in inputs], exact=False) for a in range(3)
                 )
             except _Inadmissible as exc:
                 raise NetworkError(f"{self.path}: at the exported input shape {self.export_shape}: {exc}") from None
+            for a in range(3):
+                try:
+                    _axis_len(new, a, [self.shape[i][a] for i in inputs])
+                except _Inadmissible as exc:  # PyTorch floored here when it exported
+                    self.floored = self.floored or str(exc)
         self.nodes.append(new)
+
+    def probe_len(self, node: Node, axis: int, inputs: list) -> int:
+        """``node``'s output length on ``axis`` at the probe (searching: recording, not raising,
+        where the probe is not admissible)."""
+        sizes = [self.shape[i][axis] for i in inputs]
+        try:
+            return _axis_len(node, axis, sizes)
+        except _Inadmissible as exc:
+            step = self.step.get(inputs[0], (Fraction(1),) * 3)[axis]
+            self.flag(axis, math.ceil(exc.need * step) if exc.need else 1, exc.short, str(exc))
+        try:
+            return _axis_len(node, axis, sizes, exact=False)
+        except _Inadmissible as exc:
+            return 1 if exc.short else sizes[0]
+
+    def flag(self, axis: int, grow: int, short: bool, why: str) -> None:
+        """Searching: the probe is not admissible on ``axis`` (the first reason per axis is kept)."""
+        self.bad.setdefault(axis, (max(1, int(grow)), short, why))
 
     def producer(self, tensor: str):
         return next((n for n in reversed(self.nodes) if n.output == tensor), None)
@@ -250,6 +301,10 @@ class _Reader:
                         "with nn.Upsample(scale_factor=...)",
                     )
                 scales = np.array([1, 1] + [s / n for s, n in zip(sizes[2:], src)])
+                for i, (s, n) in enumerate(zip(sizes[2:], src)):
+                    if self.search and (s < n or s % n):  # a floored input: not the network's scale
+                        self.flag(i, 1, False, f"{_label(node)}: output size {s} is no multiple of {n}")
+                        scales[2 + i] = max(1, s // n)
             mode = _str(attrs.get("mode", "nearest"))
             coord = _str(attrs.get("coordinate_transformation_mode", "half_pixel"))
             nearest = _str(attrs.get("nearest_mode", "round_prefer_floor"))
@@ -469,7 +524,7 @@ class _Reader:
                 _refuse(node, f"Constant without a tensor value ({list(attrs)}) is not supported")
             self.consts[node.output[0]] = self.numpy_helper.to_array(attrs["value"])
             return True
-        if node.op_type == "Shape" and self.probe is not None:
+        if node.op_type == "Shape" and self.probe is not None and node.input[0] not in self.consts:
             return self.fold_shape(node)
         if not node.input or any(i and i not in self.consts for i in node.input):
             return False
@@ -544,6 +599,26 @@ class _Reader:
         return self.data(outputs[0])
 
 
+def _missing_external_data(path) -> list:
+    """The external data files (``location``) a readable ONNX file names but that are not files
+    beside it; empty where the file itself is unreadable."""
+    import os
+
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:
+        return []
+    where = set()
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            location = next((e.value for e in t.external_data if e.key == "location"), "")
+            if not os.path.isfile(os.path.join(os.path.dirname(str(path)), location)):
+                where.add(repr(location))
+    return sorted(where)
+
+
 def _channels(model) -> dict:
     """``{tensor: channels}`` from ONNX's shape inference (channels are static even when the
     spatial axes of a dynamic-axes export are not)."""
@@ -561,9 +636,11 @@ def _channels(model) -> dict:
     return out
 
 
-#: the input a dynamic-axes export's shape arithmetic is first evaluated at: large enough for
-#: the valid convolutions of deep U-Nets (the admissible shapes are derived from it)
+#: where the search for an input shape to evaluate a dynamic-axes export's shape arithmetic at
+#: starts (:func:`_search`): anisotropic EM U-Nets are admissible near it; deeper ones grow it
 PROBE = (64, 320, 320)
+_MAX_PROBES = 64  # reads of the file while searching
+_MAX_PROBE_LEN = 8192  # per axis
 
 
 def _params(nodes) -> list:
@@ -571,41 +648,61 @@ def _params(nodes) -> list:
     return [(n.op, n.name, {k: v for k, v in n.params.items() if isinstance(v, tuple)}) for n in nodes]
 
 
-def _load_dynamic(path):
+_STATIC = (
+    "export with static shapes: torch.onnx.export(model, x, path, dynamo=False) without dynamic_axes, "
+    "or dynamo=True without dynamic_shapes"
+)
+
+
+def _search(path, start, like=None):
+    """A reader of ``path`` at the first admissible input shape from ``start`` on, and its output.
+
+    Shape arithmetic evaluated at an input the network does not run on exactly (a pooling that
+    floors, skips that meet with other lengths) gives crops that are not the network's: the
+    probe grows, axis by axis, by what the first failing node needs (a pooling's remainder times
+    the downsampling before it; twice the length where the input is too short) until every node
+    divides and every skip meets."""
+    probe, why = [int(v) for v in start], ""
+    for _ in range(_MAX_PROBES):
+        reader = like = _Reader(path, tuple(probe), search=True, like=like)
+        try:
+            out = reader.read()
+        except NetworkError:
+            if not reader.bad:
+                raise
+            out = None
+        if not reader.bad:
+            return reader, out
+        for axis, (grow, short, why) in sorted(reader.bad.items()):
+            probe[axis] = max(2 * probe[axis], probe[axis] + grow) if short else probe[axis] + grow
+        if max(probe) > _MAX_PROBE_LEN:
+            break
+    raise NetworkError(
+        f"{path}: found no input shape (searched from {tuple(start)}) that this dynamic-axes export runs on "
+        f"exactly, to evaluate its shape arithmetic at (last: {why}); {_STATIC}"
+    )
+
+
+def _load_dynamic(path, like=None):
     """A dynamic-axes export whose crops and resize sizes are computed from tensor shapes: its
-    shape arithmetic is evaluated at two admissible input shapes; where both give the same
-    graph (crops and scales independent of the input size, as in valid U-Nets that crop skips to
-    the decoder's shape) that graph is the network, else the node that differs is named."""
-    first = _Reader(path, PROBE)
-    out = first.read()
-    geometry = Graph(tuple(first.nodes), first.input, out, first.in_channels or 1, name="probe")
-    try:
-        grid = geometry.grid
-        a = geometry.floor_admissible(PROBE)
-        b = geometry.floor_admissible(tuple(v + 2 * g for v, g in zip(PROBE, grid)))
-    except Exception as exc:
-        raise NetworkError(
-            f"{path}: the shape arithmetic of this dynamic-axes export could not be folded ({exc})"
-        ) from None
-    if not all(a) or not all(b) or a == b:
-        raise NetworkError(
-            f"{path}: no admissible input shape near {PROBE} to fold this dynamic-axes export's shape arithmetic "
-            "at; export with a fixed input shape"
-        )
-    readers = []
-    for probe in (a, b):
-        r = _Reader(path, probe)
-        readers.append((r, r.read()))
-    (ra, out_a), (rb, out_b) = readers
+    shape arithmetic is evaluated at two admissible input shapes (:func:`_search`, the second
+    one grid further); where both give the same graph (crops and scales independent of the input
+    size, as in valid U-Nets that crop skips to the decoder's shape) that graph is the network,
+    else the node that differs is named."""
+    ra, out_a = _search(path, PROBE, like)
+    first = next((n.conv for n in ra.nodes if n.op == "conv" and ra.input in n.inputs), None)
+    in_channels = ra.in_channels or (first.in_channels if first is not None else 1)
+    grid = Graph(tuple(ra.nodes), ra.input, out_a, in_channels, name=str(path)).grid
+    rb, out_b = _search(path, tuple(n + g for n, g in zip(ra.probe, grid)), ra)
+    a, b = ra.probe, rb.probe
     for (op, name, pa), (_, _, pb) in zip(_params(ra.nodes), _params(rb.nodes)):
         if pa != pb:
             raise NetworkError(
                 f"{path}: node {name!r} ({op}): its shape arithmetic gives {pa} at input {a} but {pb} at {b}; "
-                "znni needs crops and scales that do not depend on the input size. Export with a fixed input "
-                "shape (no dynamic_axes)"
+                f"znni needs crops and scales that do not depend on the input size; {_STATIC}"
             )
     if len(ra.nodes) != len(rb.nodes) or out_a != out_b:
-        raise NetworkError(f"{path}: the graph's structure depends on the input size; export with a fixed input shape")
+        raise NetworkError(f"{path}: the graph's structure depends on the input size; {_STATIC}")
     ra.export_shape = None  # the file has none: every admissible shape is the network's
     return ra, out_a
 
@@ -615,7 +712,10 @@ def load_onnx(path):
     stride-1 convolutions, max-pools and activations (run dense through max-pooling fragments)."""
     reader = _Reader(path)
     if reader.export_shape is None and reader.has_shape_ops:  # dynamic axes with shape arithmetic
-        reader, output = _load_dynamic(path)
+        reader, output = _load_dynamic(path, reader)
+    elif reader.has_shape_ops:  # only the batch axis dynamic: the arithmetic at the export shape
+        reader = _Reader(path, reader.export_shape, like=reader)
+        output = reader.read()
     else:
         output = reader.read()
     if output == reader.input:
@@ -631,12 +731,22 @@ def load_onnx(path):
         export_shape = reader.export_shape
     if in_channels is None:
         raise NetworkError(f"{path}: cannot tell the number of input channels; export with a fixed input shape")
-    return Graph(
-        tuple(reader.nodes),
-        reader.input,
-        output,
-        in_channels,
-        name=reader.graph.name or str(path),
-        metadata=meta,
-        export_shape=export_shape,
-    )
+    try:
+        return Graph(
+            tuple(reader.nodes),
+            reader.input,
+            output,
+            in_channels,
+            name=reader.graph.name or str(path),
+            metadata=meta,
+            export_shape=export_shape,
+        )
+    except NetworkError as exc:
+        if not reader.floored:
+            raise
+        raise NetworkError(
+            f"{path}: it was exported at input {reader.export_shape}, where the network floors "
+            f"({reader.floored}), so its crops are that input's and fit no input it runs on exactly ({exc}); "
+            "re-export at an input every pooling divides (e.g. the training patch), or with dynamic axes "
+            "(docs/models.md)"
+        ) from None
