@@ -200,3 +200,19 @@ def test_dynamo_weights_in_a_missing_external_data_file_are_named(tmp_path):
         p.unlink()
     with pytest.raises(NetworkError, match=r"weights are stored in 'net\.onnx\.data' beside it.*external_data=False"):
         znni_core.load_network(path)
+
+
+def test_a_valid_unet_on_an_input_whose_output_is_below_its_grid(tmp_path):
+    """A deep valid U-Net (grid 8) on its smallest admissible input gives an output smaller than
+    its grid: the whole input runs as one patch, equal to PyTorch; an input that would need a
+    second tile there is refused in one line naming the shapes (it was an IndexError)."""
+    from znni_core.errors import PlanError
+
+    torch.manual_seed(5)
+    model = CropUNet(depth=3, pool=(2, 2, 2), width=2).eval()
+    net = znni_core.load_network(_export(model, tmp_path / "deep.onnx", (92, 100, 108), "legacy", None))
+    assert net.grid == (8, 8, 8) and tuple(net.geometry.n_min) == (92, 92, 92)
+    _equals_torch(net, model, (92, 100, 108))
+    x = np.zeros((93, 100, 108), np.float32)
+    with pytest.raises(PlanError, match=r"smaller than the network's grid \(8, 8, 8\).*\(92, 100, 108\)"):
+        znni_core.infer(net, x)

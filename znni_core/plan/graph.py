@@ -198,6 +198,16 @@ def autotune_graph(
             if all(o >= g for o, g in zip(graph.output_shape(p), graph.grid)):
                 candidates.append(p)
             p = _shrink(graph, p)
+        if not candidates:
+            if input_shape is not None and tuple(top) == tuple(input_shape):
+                candidates = [top]  # the whole input in one patch: no tile has to move on the grid
+            else:
+                raise PlanError(
+                    f"every admissible patch of {graph.name} up to {top} gives an output smaller than the network's "
+                    f"grid {graph.grid} on some axis, so tiles could not move on the grid: give an input of an "
+                    f"admissible shape (e.g. {graph.ceil_admissible(top)}) to run it as one patch, or one at least "
+                    f"{tuple(n + g for n, g in zip(graph.geometry.n_min, graph.grid))}"
+                )
     rejected, fits, need = [], [], None
     for patch in candidates:
         for frugal in (False, True):
