@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint faults test-hosts bench bench-runtimes clean
+.PHONY: setup demo test test-lowest lint faults test-hosts bench bench-runtimes clean
 
 setup: $(VENV)/.installed
 
@@ -28,6 +28,36 @@ test: setup lint
 	env -u PYTHONDONTWRITEBYTECODE PATH="$(abspath $(VENV))/bin:$$PATH" NUMBA_THREADING_LAYER=threadsafe \
 		$(PY) -m pytest -q -m "not slow and not gpu" -p no:cacheprovider -n 2 --dist loadfile \
 		tests --doctest-modules znni_core
+
+# The lowest versions pyproject.toml allows (uv's lowest-direct: each runtime dependency at its lower
+# bound, transitive ones at their newest) in .venv-lowest, the test tools at their locked versions
+# and PyTorch as in setup, then a fast subset of the tests that uses every runtime dependency (~2-3
+# min; tests/test_install.py checks that each dependency did install at its bound). No bytecode is
+# compiled ahead: the tests write what they import.
+LOWEST := .venv-lowest
+LOWEST_TESTS := tests/test_install.py tests/test_settings.py tests/test_net.py tests/test_cli.py tests/test_serve.py \
+	tests/test_io.py tests/test_layers_conv.py::test_all_paths_equal_torch_conv3d \
+	tests/test_layers_conv.py::test_fftconv_reuses_kernel_spectra_across_calls_and_batches \
+	tests/test_layers_conv.py::test_thread_limits_scan_the_libraries_again_only_after_an_import \
+	tests/test_pipeline.py::test_tasks_equal_whole_volume_inference \
+	tests/test_pipeline.py::test_job_overlaps_read_compute_and_store_with_bounded_memory \
+	tests/test_zarr_output.py::test_corrupt_shard_is_named_and_a_rerun_rewrites_only_its_shard \
+	tests/test_workflow.py::test_lint_and_dry_run
+
+$(LOWEST)/.installed: pyproject.toml requirements-lock.txt $(VENV)/.installed
+	rm -rf $(LOWEST)
+	$(VENV)/bin/uv venv -q --seed --python $(PYTHON) $(LOWEST)
+	$(VENV)/bin/uv pip install -q --python $(LOWEST)/bin/python --resolution lowest-direct -e .
+	$(VENV)/bin/uv pip install -q --python $(LOWEST)/bin/python \
+		$$(grep -E '^(pytest|pytest-timeout|hypothesis)==' requirements-lock.txt)
+	$(LOWEST)/bin/pip install -q --no-compile torch==2.13.0
+	touch $@
+
+# moto, tensorstore and the user-install test (newest versions) are not in that environment
+test-lowest: $(LOWEST)/.installed
+	env -u PYTHONDONTWRITEBYTECODE PATH="$(abspath $(LOWEST))/bin:$$PATH" NUMBA_THREADING_LAYER=threadsafe ZNNI_LOWEST=1 \
+		$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider -k "not s3 and not tensorstore and not user_install" \
+		$(LOWEST_TESTS)
 
 lint: setup
 	$(VENV)/bin/ruff check znni_core tests benchmarks
@@ -59,4 +89,4 @@ bench-runtimes: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" NUMBA_THREADING_LAYER=threadsafe $(PY) -m benchmarks.runtimes
 
 clean:
-	rm -rf $(VENV) demo_out .pytest_cache .snakemake
+	rm -rf $(VENV) $(LOWEST) demo_out .pytest_cache .snakemake

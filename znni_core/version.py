@@ -1,6 +1,6 @@
 """znni's version (also in ``pyproject.toml``)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: The engine's arithmetic: raised whenever a change can alter an output byte of the same
 #: network, plan and input (an operation's order, a kernel's rounding, a format's encoding), so
