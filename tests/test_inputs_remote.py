@@ -33,7 +33,8 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     ``server.script[path]``: statuses (or ``(status, headers)``) answered, then removed, before the file is served;
     ``server.refuse``: paths answered 403; ``server.gzip``: paths sent gzip-encoded on the wire;
     ``server.labelled``: paths sent as stored with ``Content-Encoding: gzip`` (a ``.gz`` file under Apache);
-    ``server.requests``: ``(method, path)`` of every request."""
+    ``server.no_head``: every HEAD answered 405 (a server that refuses HEAD);
+    ``server.requests``: ``(method, path)`` of every request.  Files are sent with ``Last-Modified``."""
 
     def log_message(self, *a):
         pass
@@ -56,8 +57,15 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         return False
 
     def do_HEAD(self):
-        if not self._scripted():
-            super().do_HEAD()
+        if self._scripted():
+            return
+        if self.server.no_head:
+            self.send_response(405)
+            self.send_header("Allow", "GET")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        super().do_HEAD()
 
     def do_GET(self):
         if self._scripted():
@@ -83,6 +91,7 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         if status == 200 and self.path in self.server.gzip:
             body, enc = gzip.compress(body), "gzip"
         self.send_response(status)
+        self.send_header("Last-Modified", self.date_time_string(int(path.stat().st_mtime)))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         if enc:
@@ -97,6 +106,7 @@ def serve(root: Path, tls: ssl.SSLContext | None = None):
     """``http(s)://127.0.0.1:port`` serving ``root`` (scripted through the yielded server)."""
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(root)))
     srv.script, srv.refuse, srv.gzip, srv.labelled, srv.requests = {}, set(), set(), set(), []
+    srv.no_head = False
     if tls is not None:
         srv.socket = tls.wrap_socket(srv.socket, server_side=True)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
@@ -275,7 +285,9 @@ def test_http_urls_and_read_only_layers(tmp_path):
     spec = PrecomputedLayer(parse_layer_url(write_volume(tmp_path / "small", em((4, 16, 16)))), 0).spec
     with pytest.raises(ConfigError, match="read-only"):
         create_layer(u, spec, {})
-    with pytest.raises(ConfigError, match="read-only"):
+    with pytest.raises(
+        ConfigError, match=r"PUT https://data.example.org:8443/em/layer/info: http\(s\):// layers are read-only"
+    ):
         object_store(u).put("info", b"{}")
     cfg = base_config(tmp_path, output={"path": "https://host/out"})
     with pytest.raises(ConfigError, match=r"output.path https://host/out: http\(s\):// layers are read-only"):
@@ -283,6 +295,137 @@ def test_http_urls_and_read_only_layers(tmp_path):
     cfg = base_config(tmp_path, work_dir="s3://bucket/work")
     with pytest.raises(ConfigError, match="work_dir 's3://bucket/work' is a URL"):
         resolve(cfg, progress=lambda *a: None)
+
+
+def test_http_server_refusing_head_reads_sizes_and_versions(tmp_path, no_waits):
+    """A server that answers HEAD with 405: reads, sizes and the versions tasks record before reading
+    still work (one ranged GET each, for raw and .gz objects alike), equal to what HEAD gives."""
+    vol = em((4, 32, 32))
+    local = write_volume(tmp_path / "em", vol)
+    layer = PrecomputedLayer(parse_layer_url(local), 0)
+    names = [layer.chunk_name(i) for i in layer.grid.chunks_in(layer.bounds)]
+    first = next(iter(layer.grid.chunks_in(layer.bounds)))
+    layer.write_chunk(first, layer.read_chunk(first), compress="gzip")  # stored as <name>.gz
+    gz_size = (tmp_path / "em" / (names[0] + ".gz")).stat().st_size
+    with serve(tmp_path) as srv:
+        url = parse_layer_url(f"{srv.url}/em")
+        with_head = object_store(url).versions(names)
+        srv.no_head = True
+        remote, got = _read_all(f"{srv.url}/em")
+        assert np.array_equal(got[0], vol)
+        versions = remote.object_versions(remote.bounds)
+        assert versions == with_head and all(versions.values())
+        assert versions[names[0]].startswith(".gz") and versions[names[0]].endswith(f"|{gz_size}")
+        srv.requests.clear()
+        store = object_store(url)
+        sizes = store.sizes([names[0], names[1], "absent"])
+        assert sizes == {names[0]: gz_size, names[1]: (tmp_path / "em" / names[1]).stat().st_size, "absent": None}
+        assert store.versions(["absent"]) == {"absent": None}
+        assert ("GET", f"/em/{names[0]}.gz") in srv.requests and ("HEAD", f"/em/{names[0]}.gz") in srv.requests
+    assert no_waits == []
+
+
+def test_http_two_copies_of_an_object_are_refused_and_suffixes_are_learnt_per_directory(tmp_path, no_waits):
+    """``x`` and ``x.gz`` both served: refused naming both (as on file://) wherever both are looked for;
+    a directory's suffix, learnt from its first object, makes each later object one request; an object
+    under another suffix makes the directory mixed (every suffix looked for, copies refused)."""
+    from znni_core.io.http import SUFFIXES, HttpObjects
+
+    d = tmp_path / "l" / "s"
+    d.mkdir(parents=True)
+    (tmp_path / "l" / "info").write_bytes(b"{}")
+    for n in ("a", "b", "dup"):
+        (d / f"{n}.gz").write_bytes(gzip.compress(n.encode()))
+    (d / "dup").write_bytes(b"stale")
+    (d / "raw").write_bytes(b"raw")
+    with serve(tmp_path) as srv:
+        url = parse_layer_url(f"{srv.url}/l")
+        with pytest.raises(DataError, match=r"s/dup is stored as \['s/dup', 's/dup.gz'\].*leave exactly one") as e:
+            HttpObjects(url).get("s/dup")
+        assert "\n" not in str(e.value)
+        objects = HttpObjects(url)
+        assert objects.get("info") == (b"{}", "")  # the root directory's suffix: none
+        srv.requests.clear()
+        assert objects.get("s/a") == ((d / "a.gz").read_bytes(), "gzip")
+        assert len(srv.requests) == len(SUFFIXES)  # the first object of s/: every suffix
+        srv.requests.clear()
+        assert objects.get("s/b") == ((d / "b.gz").read_bytes(), "gzip") and srv.requests == [("GET", "/l/s/b.gz")]
+        assert objects.get("s/dup")[0] == (d / "dup.gz").read_bytes()  # the directory's suffix, whatever was read last
+        srv.requests.clear()
+        assert objects.get("s/raw") == (b"raw", "") and objects.mixed == {"s"}
+        assert srv.requests[:2] == [("GET", "/l/s/raw.gz"), ("GET", "/l/s/raw")]
+        with pytest.raises(DataError, match="stored as"):
+            objects.get("s/dup")
+        with pytest.raises(DataError, match="stored as"):
+            object_store(url).versions(["s/dup"])
+        assert objects.get("s/absent") is None
+    assert no_waits == []
+
+
+def test_http_credentials_redirect_downgrades_and_proxies_are_refused_in_one_line(tmp_path, monkeypatch, no_waits):
+    """user:password@ in a URL is refused without echoing the password; a redirect is followed, one from
+    https to http is refused naming both URLs, a loop is bounded; a proxy without a scheme names its
+    variable and the fix; a 403 says the object may simply be absent (S3 endpoints answer 403 for it)."""
+    from znni_core.io import http as H
+
+    with pytest.raises(ConfigError, match=r"https://host/em: credentials in URLs .* not supported") as e:
+        parse_layer_url("https://alice:s3cret@host/em", what="input")
+    assert "s3cret" not in str(e.value) and "alice" not in str(e.value) and "\n" not in str(e.value)
+    assert parse_layer_url("http://host/a@b/em").path == "host/a@b/em"  # an @ in the path is a path
+
+    (tmp_path / "www" / "em").mkdir(parents=True)
+    (tmp_path / "www" / "em" / "info").write_bytes(b"{}")
+    for var in ("ZNNI_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    cert, key = _self_signed(tmp_path)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    monkeypatch.setenv("ZNNI_CA_BUNDLE", str(cert))
+    with serve(tmp_path / "www") as plain, serve(tmp_path / "www", tls) as secure:
+        plain.script["/old/info"] = [(302, {"Location": "/em/info"})]
+        assert object_store(parse_layer_url(f"{plain.url}/old")).get("info") == b"{}"
+        secure.script["/old/info"] = [(301, {"Location": "/em/info"})]
+        assert object_store(parse_layer_url(f"{secure.url}/old")).get("info") == b"{}"
+        secure.script["/em/info"] = [(302, {"Location": f"{plain.url}/em/info"})]
+        plain.requests.clear()
+        with pytest.raises(
+            StorageError, match=rf"{secure.url}/em/info to {plain.url}/em/info.*https:// to http://"
+        ) as e:
+            object_store(parse_layer_url(f"{secure.url}/em")).get("info")
+        assert "\n" not in str(e.value) and plain.requests == []
+        plain.script["/loop/info"] = [(302, {"Location": "/loop/info"})] * (H.MAX_REDIRECTS + 1)
+        with pytest.raises(StorageError, match=rf"more than {H.MAX_REDIRECTS} redirects"):
+            object_store(parse_layer_url(f"{plain.url}/loop")).get("info")
+        plain.refuse.add("/em/info")
+        with pytest.raises(StoragePermissionError, match="HTTP 403.*simply absent.*may not list the bucket"):
+            object_store(parse_layer_url(f"{plain.url}/em")).get("info")
+    assert no_waits == []
+
+    monkeypatch.setattr(H, "_pools", {})
+    for var in (
+        "http_proxy",
+        "HTTP_PROXY",
+        "https_proxy",
+        "HTTPS_PROXY",
+        "all_proxy",
+        "ALL_PROXY",
+        "no_proxy",
+        "NO_PROXY",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    remote = parse_layer_url("https://data.example.org/em")
+    monkeypatch.setenv("https_proxy", "proxy:3128")
+    with pytest.raises(
+        ConfigError,
+        match=r"https_proxy='proxy:3128' is not an http:// or https:// proxy URL; write it as http://proxy:3128",
+    ):
+        H.HttpObjects(remote)
+    monkeypatch.setenv("https_proxy", "me:pw@proxy:3128")
+    with pytest.raises(ConfigError, match="https_proxy='proxy:3128'") as e:
+        H.HttpObjects(remote)
+    assert "pw" not in str(e.value)
+    monkeypatch.setenv("https_proxy", "http://proxy:3128")
+    assert H.HttpObjects(remote).pool.proxy.host == "proxy"  # no request is sent
 
 
 # ---------------------------------------------------------------------------------------------- anonymous
@@ -337,7 +480,9 @@ def test_s3_public_bucket_reads_unsigned_without_credentials(tmp_path, moto_s3, 
 
     objects = S3Objects(url)
     assert objects.unsigned
-    with pytest.raises(StoragePermissionError, match="unsigned.*no S3 credentials were found.*not public") as e:
+    with pytest.raises(
+        StoragePermissionError, match="unsigned.*no S3 credentials were found.*not public.*simply absent"
+    ) as e:
         _read_all("s3://znni/public/em", endpoint=moto_s3)
     assert "\n" not in str(e.value)
     for p in sorted((tmp_path / "em").rglob("*")):  # the same objects made public, as open datasets are

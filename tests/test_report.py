@@ -208,3 +208,49 @@ def test_the_workflow_writes_the_failed_runs_report_on_error(tmp_path):
     assert json.loads((case.work / "jobs" / "records" / "snakemake-errors.json").read_text())["errors"][0]["job"] == 5
     r = CliRunner().invoke(app, ["status", str(case.work)])
     assert "failed job 5 (attempt 2): task(s) [5]: injected failure of task 5" in r.output, r.output
+
+
+def test_finalize_writes_the_report_before_its_done_marker_and_a_broken_report_only_warns(tmp_path, monkeypatch):
+    """A finished run: finalize writes the page (every section, in order) before ``summary.json``,
+    and warns of nothing; ``znni report`` on it writes the page too.  A report that fails is one
+    warning line, and the run whose every task checked out is finalized all the same."""
+    from znni_core.pipeline import finalize as F
+    from znni_core.pipeline.report import write_report
+
+    rf = prepare(base_config(tmp_path, vol=em((8, 32, 32)), task_chunks=[1, 1, 2]))
+    run = load_run(rf)
+    work = Path(run.work_dir)
+    report = work / "report"
+    assert _run_jobs(rf, 4, work / "logs" / "jobs", range(4)) == {}
+    seen, real = [], F.write_report
+
+    def spy(*a, **kw):
+        seen.append((report / "summary.json").exists())
+        return real(*a, **kw)
+
+    monkeypatch.setattr(F, "write_report", spy)
+    lines = []
+    assert finalize(rf, log=lines.append)["failed"] == [] and (report / "summary.json").is_file()
+    assert seen == [False] and not [line for line in lines if "warning" in line or "report" in line], lines
+    doc = json.loads((report / "report.json").read_text())
+    assert doc["written_by"] == "znni finalize" and doc["outcome"] == "complete" and doc["notes"] == [], doc["notes"]
+    ids = re.findall(r'<section id="?(\w+)', (report / "report.html").read_text())
+    assert ids == ["outcome", "failures", "jobs", "cost", "previews", "summary", "config"], ids
+    # `znni report` on the finished run: its own page (no summary: that is finalize's)
+    path = write_report(work, log=lines.append)
+    doc = json.loads((report / "report.json").read_text())
+    assert doc["written_by"] == "znni report" and doc["outcome"] == "complete" and doc["notes"] == [], doc["notes"]
+    ids = re.findall(r'<section id="?(\w+)', path.read_text())
+    assert ids == ["outcome", "failures", "jobs", "cost", "previews", "config"], ids
+
+    def broken(*a, **kw):
+        raise RuntimeError("a bug in the report\nits second line")
+
+    monkeypatch.setattr(F, "write_report", broken)
+    (report / "summary.json").unlink()
+    lines.clear()
+    assert finalize(rf, log=lines.append)["failed"] == [] and (report / "summary.json").is_file()
+    warnings = [line for line in lines if "warning" in line]
+    assert warnings == [
+        "finalize: warning: the report was not written (RuntimeError: a bug in the report); the run is done"
+    ]

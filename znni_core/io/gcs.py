@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import threading
 import time
 
 from ..errors import DataError, StorageError, StoragePermissionError
 from .auth import sign_mode, unsigned_refusal
 from .paths import LayerURL
-from .retry import attempts_from_env
+from .retry import attempts_from_env, jittered_backoff
 
 MAX_ATTEMPTS = 5  # first try included
 BACKOFF_S = 0.1  # first wait; doubles per attempt, jittered (full jitter)
@@ -50,16 +49,6 @@ sleep = time.sleep
 def max_attempts() -> int:
     """Attempts per request, first included: ``ZNNI_GCS_MAX_ATTEMPTS`` or :data:`MAX_ATTEMPTS`."""
     return attempts_from_env("ZNNI_GCS_MAX_ATTEMPTS", MAX_ATTEMPTS, "GCS")
-
-
-def backoff(attempt: int, rng=random) -> float:
-    """The wait before attempt ``attempt + 1`` (attempt 1 is the first): full jitter over an
-    exponential, at most :data:`MAX_WAIT_S`.
-
-    >>> all(0 <= backoff(k) <= min(MAX_WAIT_S, BACKOFF_S * 2 ** (k - 1)) for k in range(1, 12))
-    True
-    """
-    return rng.uniform(0, min(MAX_WAIT_S, BACKOFF_S * 2 ** (attempt - 1)))
 
 
 def _key():
@@ -207,7 +196,7 @@ class GcsObjects:
                     f"{op} {self.where(name)}: still failing after {attempt} attempts with bounded backoff ({why}); "
                     "the service is unavailable or throttling: re-run the task later"
                 )
-            sleep(backoff(attempt))
+            sleep(jittered_backoff(attempt, BACKOFF_S, MAX_WAIT_S))
 
     # ---- objects ---------------------------------------------------------------------------------
     def put(

@@ -9,9 +9,9 @@ above :mod:`znni_core.io` opens layers through these functions.
 
 from __future__ import annotations
 
-from ..errors import ConfigError, DataError
+from ..errors import DataError
 from .info import ScaleSpec, compare_scale
-from .paths import LayerURL
+from .paths import LayerURL, read_only_error
 from .precomputed import PrecomputedLayer, create_precomputed, open_precomputed_output, precomputed_differences
 from .zarr_layer import open_zarr_input
 from .zarr_output import ZarrOutput, create_zarr_output, stored_spec
@@ -39,10 +39,7 @@ def _open_input(url: LayerURL, mip, resolution, voxel_offset, what):
 def check_writable(url: LayerURL, what: str = "output") -> None:
     """A :class:`ConfigError` for a layer znni cannot write (``http(s)://``: read-only)."""
     if not url.writable:
-        raise ConfigError(
-            f"{what} {url}: http(s):// layers are read-only (znni reads over HTTP, never writes); choose a "
-            "file://, s3:// or gs:// layer"
-        )
+        raise read_only_error(what, url)
 
 
 def layer_differences(url: LayerURL, specs: list[ScaleSpec]) -> list[str] | None:

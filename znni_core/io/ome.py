@@ -73,13 +73,13 @@ _ALIASES = {
 def unit_nm(unit: str, where: str) -> float:
     """Nanometres per ``unit`` (``micrometer`` -> 1000); a :class:`DataError` for a unit that is not a length.
 
-    >>> unit_nm("micrometer", "x"), unit_nm("angstrom", "x"), unit_nm("nm", "x")
-    (1000.0, 0.1, 1.0)
+    >>> unit_nm("micrometer", "x"), unit_nm("angstrom", "x"), unit_nm("nm", "x"), unit_nm("micrometres", "x")
+    (1000.0, 0.1, 1.0, 1000.0)
     """
     u = str(unit).strip().lower()
     u = _ALIASES.get(u, u)
+    u = u.replace("metre", "meter")  # British spelling first, so "micrometres" loses its plural too
     u = u[:-1] if u.endswith("s") and u[:-1] in UNITS_NM else u  # "micrometers"
-    u = u.replace("metre", "meter")
     if u not in UNITS_NM:
         raise DataError(f"{where}: unit {unit!r} is not a length unit znni knows ({', '.join(UNITS_NM)})")
     return float(UNITS_NM[u])

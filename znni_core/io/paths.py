@@ -105,6 +105,13 @@ def parse_layer_url(url: str, *, endpoint: str | None = None, what: str = "layer
             raise ConfigError(f"{what} {url!r}: file:// paths must be absolute (file:///abs/path)")
         rest = os.path.normpath(rest)
     elif proto in READ_ONLY:
+        authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+        if "@" in authority:  # user[:password]@host: never sent, and the URL is printed and recorded
+            raise ConfigError(
+                f"{what} {proto}://{authority.rpartition('@')[2]}{rest[len(authority) :]}: credentials in URLs (user:password@host) are "
+                "not supported (znni sends no credentials over http(s)); make the layer readable without them, or "
+                "copy it to file://, s3:// or gs://"
+            )
         if "?" in rest or "#" in rest:
             raise ConfigError(
                 f"{what} {url!r}: a layer URL has no query or fragment (znni appends object names to it); "
@@ -124,6 +131,14 @@ def parse_layer_url(url: str, *, endpoint: str | None = None, what: str = "layer
     if endpoint and proto != "s3":
         raise ConfigError(f"{what} {url!r}: endpoint_url only applies to s3:// layers")
     return LayerURL(fmt, proto, rest, endpoint or None)
+
+
+def read_only_error(what: str, url) -> ConfigError:
+    """The error of a write to a layer (or an object of one) that znni cannot write: ``http(s)://``."""
+    return ConfigError(
+        f"{what} {url}: http(s):// layers are read-only (znni reads over HTTP, never writes); choose a "
+        "file://, s3:// or gs:// layer"
+    )
 
 
 def check_key(key, what: str = "key") -> str:

@@ -208,9 +208,10 @@ class S3Objects:
                 return StoragePermissionError(
                     f"{op} {where} was refused: {what}. The request was unsigned (anonymous: "
                     + ("ZNNI_SIGN_REQUESTS=never" if sign_mode() == "never" else "no S3 credentials were found")
-                    + "), so the bucket is not public; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile, "
-                    f"or {self.service}-secret.json in the cloud-volume secrets directory) that allow {action}, "
-                    "then re-run. Not retried (permanent)."
+                    + "), so the bucket is not public, or the key is simply absent (S3 answers 403, not 404, for an "
+                    "absent key to a reader that may not list the bucket); set AWS_ACCESS_KEY_ID and "
+                    f"AWS_SECRET_ACCESS_KEY (or a profile, or {self.service}-secret.json in the cloud-volume secrets "
+                    f"directory) that allow {action}, then re-run. Not retried (permanent)."
                 )
             if status == 403 or code in _PERMISSION_CODES:
                 return StoragePermissionError(

@@ -42,19 +42,16 @@ from functools import cached_property
 
 from ..errors import DataError, StorageError
 from .atomic import atomic_write, clean_stale_temporaries
+from .encodings import ALL_SUFFIXES, ENCODINGS
 from .paths import LayerURL
 
 COMPRESSIONS = ("none", "gzip")
 SUFFIXES = {"none": "", "gzip": ".gz"}
-ALL_SUFFIXES = ("", ".gz", ".br", ".zstd", ".xz", ".bz2")
 
 
 def sha256(data: bytes) -> str:
     """Hex sha256 of ``data``: the digest manifests record for a written chunk or shard."""
     return hashlib.sha256(data).hexdigest()
-
-
-ENCODINGS = {".gz": "gzip", ".br": "br", ".zstd": "zstd", ".xz": "xz", ".bz2": "bz2"}  # file suffix -> encoding
 
 
 def _gunzip(data: bytes, where: str) -> bytes:

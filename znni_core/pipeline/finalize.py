@@ -5,6 +5,8 @@ output channel, middle z slice of the region), the figures of :mod:`.report` (ti
 previews at other depths), the plan per layer, the tasks' own verification, and a Neuroglancer link
 showing input and output.  A run with a task not done gets ``report.html`` (what failed, why, where
 the log is) but no ``summary.json``, and finalize fails as before (:func:`.report.write_report`).
+A finished run's ``report.html`` is written before ``summary.json`` (the run's done-marker); a report
+that fails is logged as a warning and never fails a run whose every task checked out.
 """
 
 from __future__ import annotations
@@ -214,10 +216,10 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
             "finalize_seconds": round(time.perf_counter() - t0, 3),
         }
     )
+    # the page first: summary.json is the run's done-marker, written last; a report that fails is a
+    # warning, never the failure of a run whose every task checked out
+    _final_report(run_file, results, manifests, summary, [png.name] + summary["figures"], log)
     atomic_write(report_dir / "summary.json", (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
-    write_report(
-        run_file, results=results, manifests=manifests, summary=summary, images=[png.name] + summary["figures"], log=log
-    )
     log(
         f"finalize: {summary['done']}/{summary['tasks']} tasks done, 0 failed"
         + (f", {n_masked_tasks} masked (the mask is 0 over them)" if run.mask else "")
@@ -253,6 +255,17 @@ def clean_stale_temporaries_in_layer(url) -> list:
     for d in [url.local_path] + [p for p in url.local_path.iterdir() if p.is_dir()]:
         removed += clean_stale_temporaries(d, all_hosts=False)
     return removed
+
+
+def _final_report(run_file, results: dict, manifests: dict, summary: dict, images: list, log) -> Path | None:
+    """The finished run's report (:func:`.report.write_report`), before ``summary.json``; None,
+    with a one-line warning, if it fails: every task checked out, so the run is done regardless."""
+    try:
+        return write_report(run_file, results=results, manifests=manifests, summary=summary, images=images, log=log)
+    except Exception as exc:  # noqa: BLE001 - the report is best effort: the run's outcome is the tasks'
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        log(f"finalize: warning: the report was not written ({type(exc).__name__}: {first}); the run is done")
+        return None
 
 
 def _partial_report(run_file, results: dict, manifests: dict, log) -> Path | None:

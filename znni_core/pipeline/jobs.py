@@ -5,26 +5,36 @@ A job writes each task's chunks and manifest as a task always did; its own marke
 ``<work_dir>/jobs/NNNNNN.json`` comes last.  A task whose manifest and stored objects check out
 (``finalize.verify``) is skipped, so a killed or retried job redoes only its unfinished tasks.
 
-Each job also keeps a record of its attempts, ``<work_dir>/jobs/records/NNNNNN.json`` (written
-atomically at the start, after each task and at the end; what ``znni status`` and the report
-read; :class:`JobRecord`)::
+Each attempt of a job keeps its own record, one file written atomically by its own process only
+(at the start, after each task and at the end), ``<work_dir>/jobs/records/NNNNNN/<start>-<host>-<pid>.json``
+(``<start>``: the start in ns, 20 digits, so the names sort by start; two processes of one job, a
+resubmission while the old one still runs, never write one file).  ``znni status`` and the report
+merge a job's files (:func:`job_record`; :class:`JobRecord` writes them)::
 
-    {"format": "znni-job-record/1", "job": 3, "run_digest": "...", "attempts": [
-      {"attempt": 1, "state": "running" | "done" | "failed",
-       "started": <unix time>, "host": "node12", "pid": 4242, "slurm_job": "998877" (SLURM_JOB_ID, if any),
-       "mem_mb": 2000 (given to the job, or null), "threads": 1, "log": "<the job's log file, or null>",
-       "tasks": [12, 13, 14], "skipped": [12], "ran": [13], "failed_tasks": {"14": "<error>"},
-       "voxels": 123456, "updated": <unix time>,
-       # once it ended:
-       "finished": <unix time>, "seconds": 41.2, "max_rss_mb": 812.5,
-       # when it failed:
-       "kind": "error" | "oom" | "terminated" | "interrupted", "error": "<first line>", "exit": 1}]}
+    {"format": "znni-job-attempt/1", "job": 3, "run_digest": "...",
+     "attempt": 1 (1 + the highest of the job's earlier attempts of this run), "state": "running" | "done" | "failed",
+     "started": <unix time>, "host": "node12", "pid": 4242, "slurm_job": "998877" (SLURM_JOB_ID, if any),
+     "mem_mb": 2000 (given to the job, or null), "threads": 1, "log": "<the job's log file, or null>",
+     "tasks": [12, 13, 14], "skipped": [12], "ran": [13], "failed_tasks": {"14": "<error>"},
+     "voxels": 123456, "updated": <unix time>,
+     # once it ended:
+     "finished": <unix time>, "seconds": 41.2, "max_rss_mb": 812.5,
+     # when it failed:
+     "kind": "error" | "oom" | "terminated" | "interrupted", "error": "<first line>", "exit": 1}
+
+A file that is not such a document (unreadable, another format, a field of the wrong type) is
+ignored, never an error.  A new attempt's writer prunes the job's finished attempt files (``done``,
+``failed``, or ``running`` with its process gone on this host; another run's or unreadable ones
+too) beyond the newest :data:`MAX_ATTEMPTS`, oldest first; an attempt that may still run is never
+removed.  The merged record numbers the attempts in order of their start (``attempts_total``: the
+last one's number, so pruned ones still count).
 
 An attempt still ``running`` whose process is gone (on the same host), or that a later attempt
-followed, died without a record (SIGKILL: the OOM killer's exit 137, a hard time limit).  Each
-task also logs a plain progress line (no terminal needed)::
+followed (unless its process is seen alive on this host), died without a record (SIGKILL: the OOM
+killer's exit 137, a hard time limit).  Each task also logs a plain progress line (no terminal
+needed; times as :func:`duration` writes them)::
 
-    task 12/40 (job 3: 2/5) done in 4.1 s, 1.2 Mvox/s, ETA job 12 s
+    task 12/40 (job 3: 2/5) done in 4.1 s, 1.2 Mvox/s, ETA job 12.3 s
 """
 
 from __future__ import annotations
@@ -45,9 +55,12 @@ from ..io import atomic_write
 from .schedule import job_range
 
 JOB_FORMAT = "znni-job/1"
-RECORD_FORMAT = "znni-job-record/1"
-#: attempts a record keeps (the oldest dropped beyond; ``attempts_total`` counts them all)
+#: the format of an attempt's record file (module doc)
+ATTEMPT_FORMAT = "znni-job-attempt/1"
+#: finished attempt files a job keeps (the oldest pruned beyond by the next attempt's writer)
 MAX_ATTEMPTS = 20
+#: the states an attempt's record says
+ATTEMPT_STATES = ("running", "done", "failed")
 #: the prediction a run's first job records (``znni estimate``'s numbers, else validate's)
 PREDICTION_FILE = "prediction.json"
 
@@ -62,9 +75,59 @@ def records_dir(work) -> Path:
     return Path(work) / "jobs" / "records"
 
 
-def job_record_path(work, job: int) -> Path:
-    """Job ``job``'s record of its attempts: ``<work>/jobs/records/NNNNNN.json``."""
-    return records_dir(work) / f"{job:06d}.json"
+def job_records_dir(work, job: int) -> Path:
+    """Job ``job``'s attempt files: ``<work>/jobs/records/NNNNNN/`` (module doc)."""
+    return records_dir(work) / f"{job:06d}"
+
+
+def attempt_file_name(started_ns: int, host: str, pid: int) -> str:
+    """``<start in ns, 20 digits>-<host>-<pid>.json``: sorted by name, attempts are in order of start.
+
+    >>> attempt_file_name(1732848000123456789, "node12.cluster", 4242)
+    '01732848000123456789-node12.cluster-4242.json'
+    """
+    safe = "".join(c if c.isalnum() or c in "._" else "_" for c in host) or "host"
+    return f"{started_ns:020d}-{safe}-{pid}.json"
+
+
+def duration(s: float | None) -> str:
+    """``41.2 s``, ``3 min 05 s``, ``2 h 03 min``, ``1 d 04 h``.
+
+    >>> duration(3.14159), duration(185), duration(7380), duration(None)
+    ('3.1 s', '3 min 05 s', '2 h 03 min', '?')
+    """
+    if s is None or s != s:
+        return "?"
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    if s < 86400:
+        return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+    return f"{int(s // 86400)} d {int(s % 86400 // 3600):02d} h"
+
+
+def attempt_alive(attempt: dict) -> bool | None:
+    """Whether the process of a running attempt lives: None on another host (not checked)."""
+    if attempt.get("host") != socket.gethostname():
+        return None
+    pid = attempt.get("pid")
+    if not isinstance(pid, int):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that pid
+        return None
+    except (OSError, OverflowError):  # not a pid at all
+        return False
+    try:  # a pid used again since: a process younger than the attempt is not it
+        import psutil
+
+        return psutil.Process(pid).create_time() <= float(attempt.get("started", 0)) + 2
+    except Exception:  # noqa: BLE001 - no psutil, or the process ended meanwhile
+        return True
 
 
 class JobTerminated(BaseException):
@@ -72,29 +135,124 @@ class JobTerminated(BaseException):
     stopping): raised in the main thread so the attempt is recorded, then the job dies of it."""
 
 
+_NUMBER = (int, float)
+#: the optional fields of an attempt's record and their types (None allowed: unknown)
+_FIELDS = {
+    "updated": _NUMBER,
+    "finished": _NUMBER,
+    "seconds": _NUMBER,
+    "max_rss_mb": _NUMBER,
+    "mem_mb": _NUMBER,
+    "voxels": _NUMBER,
+    "pid": int,
+    "threads": int,
+    "exit": int,
+    "host": str,
+    "log": str,
+    "slurm_job": str,
+    "kind": str,
+    "error": str,
+    "failed_tasks": dict,
+}
+
+
+def _is(v, types) -> bool:
+    return isinstance(v, types) and not isinstance(v, bool)
+
+
+def valid_attempt(doc) -> bool:
+    """Whether ``doc`` is an attempt's record (module doc): its format, and every field of its type.
+
+    >>> a = {"format": ATTEMPT_FORMAT, "job": 0, "run_digest": "d", "attempt": 1, "state": "done", "started": 1.0}
+    >>> valid_attempt(a), valid_attempt(a | {"attempt": "1"}), valid_attempt(a | {"ran": 3}), valid_attempt([a])
+    (True, False, False, False)
+    """
+    if not isinstance(doc, dict) or doc.get("format") != ATTEMPT_FORMAT or doc.get("state") not in ATTEMPT_STATES:
+        return False
+    if not (_is(doc.get("job"), int) and _is(doc.get("attempt"), int) and isinstance(doc.get("run_digest"), str)):
+        return False
+    if not _is(doc.get("started"), _NUMBER):
+        return False
+    if any(doc.get(k) is not None and not _is(doc[k], t) for k, t in _FIELDS.items()):
+        return False
+    for k in ("tasks", "skipped", "ran"):
+        ids = doc.get(k, [])
+        if not isinstance(ids, list) or not all(_is(t, int) for t in ids):
+            return False
+    return all(k.isdigit() for k in doc.get("failed_tasks") or {})
+
+
+def read_attempt(path) -> dict | None:
+    """The attempt's record in the file ``path``, or None when it is not one (unreadable, not
+    JSON, another format, a field of the wrong type): such a file is ignored, never an error."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+    return doc if valid_attempt(doc) else None
+
+
+def _attempt_files(work, job: int) -> list[tuple[Path, dict | None]]:
+    """``[(file, its attempt or None)]`` of job ``job``, oldest first ([] when none can be listed)."""
+    d = job_records_dir(work, job)
+    try:
+        paths = sorted(d.glob("[0-9]*.json"))
+    except OSError:
+        return []
+    return [(p, read_attempt(p)) for p in paths]
+
+
+def job_record(work, job: int, run_digest: str | None = None) -> dict | None:
+    """Job ``job``'s record: its attempt files of run ``run_digest`` (None: the run of its latest
+    attempt) merged, oldest first, ``{"job", "run_digest", "attempts_total", "attempts": [...]}``;
+    None without any.  The attempts are numbered in order of their start (two that started
+    together, each taking the same number, get consecutive ones); ``attempts_total`` is the last
+    one's number (the pruned ones count)."""
+    atts = [a for _, a in _attempt_files(work, job) if a is not None and a["job"] == job]
+    if run_digest is None and atts:
+        run_digest = max(atts, key=lambda a: a["started"])["run_digest"]
+    atts = sorted((a for a in atts if a["run_digest"] == run_digest), key=lambda a: a["started"])
+    if not atts:
+        return None
+    out, last = [], 0
+    for a in atts:
+        last = max(a["attempt"], last + 1)
+        out.append({k: v for k, v in a.items() if k not in ("format", "job", "run_digest")} | {"attempt": last})
+    return {"job": job, "run_digest": run_digest, "attempts_total": last, "attempts": out}
+
+
+def _prunable(attempt: dict | None) -> bool:
+    """Whether an attempt's file may go: it ended (or its process is gone, on this host), or it is
+    not an attempt's record at all.  An attempt that may still run is never removed."""
+    if attempt is None:
+        return True
+    return attempt["state"] != "running" or attempt_alive(attempt) is False
+
+
 class JobRecord:
-    """The attempts of one job (module doc): this attempt is appended at the start and updated
-    after each task and at the end.  Writing it never fails the job: an error is logged once."""
+    """This attempt of one job (module doc): its own file, written at the start, after each task
+    and at the end by this process only.  Writing it never fails the job: an error is logged once."""
 
     def __init__(self, work, job: int, run_digest: str, *, mem_mb=None, log=print):
-        self.path = job_record_path(work, job)
         self.lock = threading.Lock()
         self.log = log
         self.warned = False
+        started_ns = time.time_ns()
+        now, host, pid = started_ns / 1e9, socket.gethostname(), os.getpid()
+        self.path = job_records_dir(work, job) / attempt_file_name(started_ns, host, pid)
         try:
-            doc = json.loads(self.path.read_text())
-            if doc.get("format") != RECORD_FORMAT or doc.get("run_digest") != run_digest:
-                raise ValueError("another run's record")
-        except (OSError, ValueError, AttributeError):
-            doc = {"format": RECORD_FORMAT, "job": job, "run_digest": run_digest, "attempts": []}
-        total = int(doc.get("attempts_total", len(doc["attempts"]))) + 1
-        now = time.time()
+            earlier = _attempt_files(work, job)
+        except Exception as exc:  # noqa: BLE001 - the record is never the job's failure
+            self._warn(f"job records of job {job} not read ({exc})")
+            earlier = []
+        mine = [a["attempt"] for _, a in earlier if a is not None and a["run_digest"] == run_digest]
+        self.head = {"format": ATTEMPT_FORMAT, "job": job, "run_digest": run_digest}
         self.now = {
-            "attempt": total,
+            "attempt": max(mine, default=0) + 1,
             "state": "running",
             "started": now,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
+            "host": host,
+            "pid": pid,
             **({"slurm_job": os.environ["SLURM_JOB_ID"]} if os.environ.get("SLURM_JOB_ID") else {}),
             "mem_mb": mem_mb if mem_mb is not None else _given_mem_mb(),
             "log": _log_file(work, job),
@@ -105,23 +263,41 @@ class JobRecord:
             "voxels": 0,
             "updated": now,
         }
-        doc["attempts"] = (doc["attempts"] + [self.now])[-MAX_ATTEMPTS:]
-        doc["attempts_total"] = total
-        self.doc = doc
         self.write()
+        self.prune(earlier, run_digest)
+
+    def _warn(self, message: str) -> None:
+        if not self.warned:
+            self.warned = True
+            self.log(f"{message}; the job goes on")
+
+    def prune(self, earlier: list, run_digest: str) -> None:
+        """Remove the job's finished attempt files (:func:`_prunable`) of another run, or beyond the
+        newest :data:`MAX_ATTEMPTS` with this one, oldest first (an error is logged once, never raised)."""
+        try:
+            keep = MAX_ATTEMPTS - 1  # this attempt is one
+            gone = [p for p, a in earlier if a is not None and a["run_digest"] != run_digest and _prunable(a)]
+            left = [(p, a) for p, a in earlier if p not in gone]
+            over = len(left) - keep
+            for p, a in left:
+                if over <= 0:
+                    break
+                if _prunable(a):
+                    gone.append(p)
+                    over -= 1
+            for p in gone:
+                p.unlink(missing_ok=True)
+        except Exception as exc:  # noqa: BLE001 - the record is never the job's failure
+            self._warn(f"old job records in {self.path.parent} not pruned ({exc})")
 
     def write(self) -> None:
-        """The record, atomically (an error is logged once, never raised)."""
-        from ..io import atomic_write
-
+        """This attempt's file, atomically (an error is logged once, never raised)."""
         with self.lock:
-            data = (json.dumps(self.doc, indent=1) + "\n").encode()
-        try:
-            atomic_write(self.path, data)
-        except OSError as exc:
-            if not self.warned:
-                self.warned = True
-                self.log(f"job record {self.path} not written ({exc.strerror or exc}); the job goes on")
+            data = (json.dumps(self.head | self.now, indent=1) + "\n").encode()
+            try:
+                atomic_write(self.path, data)
+            except OSError as exc:
+                self._warn(f"job record {self.path} not written ({exc.strerror or exc})")
 
     def update(self, **fields) -> None:
         """Set fields of this attempt, and write."""
@@ -314,10 +490,6 @@ def record_prediction(run) -> dict:
     return doc
 
 
-def _eta(s: float) -> str:
-    return f"{s:.0f} s" if s < 60 else f"{s / 60:.0f} min" if s < 3600 else f"{s / 3600:.1f} h"
-
-
 def _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_file, log, overlap) -> dict:
     """:func:`run_job`'s work, its attempt recorded in ``record``."""
     from .done import check_task
@@ -369,11 +541,11 @@ def _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_fi
         where = f"task {task}/{n} (job {job}: {len(skipped) + k}/{len(ks)})"
         if isinstance(r, _Failed):
             record.task_failed(r.task, str(r.error))
-            log(f"{where} failed, ETA job {_eta(eta)}")
+            log(f"{where} failed, ETA job {duration(eta)}")
         else:
             record.task_done(r["task"], r["voxels"])
             rate = r["voxels"] / max(r["seconds"], 1e-9) / 1e6
-            log(f"{where} done in {r['seconds']:.1f} s, {rate:.3g} Mvox/s, ETA job {_eta(eta)}")
+            log(f"{where} done in {r['seconds']:.1f} s, {rate:.3g} Mvox/s, ETA job {duration(eta)}")
 
     ran, failed = run_pipelined(ctx, todo, device=device, log=log, overlap=overlap, on_task=progress)
     raise_failed(failed, len(ks), f"job {job}")

@@ -401,9 +401,11 @@ def parse_snakemake_log(text: str, base: Path | None = None) -> list[dict]:
     return out
 
 
-def record_snakemake_log(work, log_file) -> list[dict]:
+def record_snakemake_log(work, log_file, run_digest: str) -> list[dict]:
     """Parse Snakemake's log ``log_file`` and record its failures in ``<work>/jobs/records/`` for
-    ``znni status`` and the report; returns them ([] when it cannot be read)."""
+    ``znni status`` and the report, with the run they are of (``run_digest``; those of another
+    run are ignored, :func:`.status.snakemake_errors`) and the time they were recorded; returns
+    them ([] when it cannot be read)."""
     from .jobs import records_dir
     from .status import SNAKEMAKE_ERRORS
 
@@ -416,6 +418,8 @@ def record_snakemake_log(work, log_file) -> list[dict]:
     base = p.resolve().parent.parent.parent if p.parent.name == "log" and p.parent.parent.name == ".snakemake" else None
     errors = parse_snakemake_log(text, base)
     doc = {
+        "run_digest": run_digest,
+        "recorded": time.time(),
         "log": str(p.resolve()),
         "time": when,
         "errors": [e for e in errors if e["job"] is not None],
@@ -622,24 +626,37 @@ LABELS = {
 
 def page(run, doc: dict, summary: dict | None, images: list[str], link: tuple | None, plan_text: str) -> str:
     """``report.html`` of ``doc`` (:func:`write_report`'s document), ``summary`` (finalize's, or
-    None), the images beside it (``preview.png`` first) and the Neuroglancer link."""
-    from dataclasses import asdict
+    None), the images beside it (``preview.png`` first) and the Neuroglancer link: one helper per
+    section, in order."""
+    parts = [_head_html(run, doc), _tasks_html(doc), _failures_html(doc), _jobs_html(doc)]
+    if doc.get("cost"):
+        parts.append(_cost_html(doc["cost"]))
+    parts.append(_previews_html(images, link))
+    if summary:
+        parts.append(_summary_html(summary))
+    parts += _config_html(run, doc, plan_text)
+    return "\n".join(parts) + "\n"
 
-    from .status import KINDS, duration, mem_text
 
-    st, a, c = doc["state"], doc["attempts"], doc.get("cost") or {}
-    counts = doc["counts"]
-    th = st["throughput"]
-    fails = doc["failures"]
-    parts = [
-        f"""<!doctype html><meta charset="utf-8"><title>znni report: {_esc(doc["outcome"])}</title>
+def _head_html(run, doc: dict) -> str:
+    """The page's head: its style, the outcome, the layers, who wrote it and when."""
+    return f"""<!doctype html><meta charset="utf-8"><title>znni report: {_esc(doc["outcome"])}</title>
 <style>body{{font-family:sans-serif;max-width:75em;margin:2em auto}}th{{text-align:left;padding-right:1em}}
 table.grid td,table.grid th{{border-bottom:1px solid #ddd;padding:2px 8px;vertical-align:top}}
 .failed{{color:#b00}} .ok{{color:#070}} pre{{background:#f6f6f6;padding:.5em;overflow:auto}}</style>
 <h1>znni run report: <span class="{"ok" if doc["outcome"] == "complete" else "failed"}">{_esc(doc["outcome"])}</span></h1>
 <p>input <code>{_esc(run.input.url)}</code> &rarr; output <code>{_esc(run.output.url)}</code><br>
 <small>written by {_esc(doc["written_by"])} at {_esc(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(doc["time"])))};
-work dir <code>{_esc(run.work_dir)}</code>; run digest {_esc(run.digest[:12])}</small></p>""",
+work dir <code>{_esc(run.work_dir)}</code>; run digest {_esc(run.digest[:12])}</small></p>"""
+
+
+def _tasks_html(doc: dict) -> str:
+    """The tasks section: the counts by state and the throughput."""
+    from .jobs import duration
+
+    st, counts = doc["state"], doc["counts"]
+    th = st["throughput"]
+    return (
         '<section id="outcome"><h2>Tasks</h2>'
         + _table([counts], [(k, k) for k in counts])
         + (
@@ -650,23 +667,46 @@ work dir <code>{_esc(run.work_dir)}</code>; run digest {_esc(run.digest[:12])}</
             if th["busy_s"]
             else "<p>no task done yet</p>"
         )
-        + "</section>",
-        '<section id="failures"><h2>Failures</h2>'
-        + _table(
-            [
-                f
-                | {
-                    "what": f"job {f['job']}"
-                    if f.get("job") is not None
-                    else (f"rule {f['rule']}" if f.get("rule") else "task"),
-                    "why": KINDS.get(f.get("kind"), f.get("kind")),
-                }
-                for f in fails
-            ],
-            [("what", "job / rule"), ("tasks", "task(s)"), ("why", "kind"), ("error", "error"), ("log", "log")],
-            "nothing failed",
-        )
-        + "</section>",
+        + "</section>"
+    )
+
+
+def _failures_html(doc: dict) -> str:
+    """The failures section: per job (or rule, or task) the tasks, the kind, the error, the log."""
+    from .status import KINDS
+
+    rows = [
+        f
+        | {
+            "what": f"job {f['job']}"
+            if f.get("job") is not None
+            else (f"rule {f['rule']}" if f.get("rule") else "task"),
+            "why": KINDS.get(f.get("kind"), f.get("kind")),
+        }
+        for f in doc["failures"]
+    ]
+    cols = [("what", "job / rule"), ("tasks", "task(s)"), ("why", "kind"), ("error", "error"), ("log", "log")]
+    return '<section id="failures"><h2>Failures</h2>' + _table(rows, cols, "nothing failed") + "</section>"
+
+
+#: the columns of the report's OOM and timeout tables
+_KILL_COLUMNS = [
+    ("job", "job"),
+    ("attempt", "attempt"),
+    ("kind", "kind"),
+    ("error", "error"),
+    ("host", "host"),
+    ("log", "log"),
+]
+
+
+def _jobs_html(doc: dict) -> str:
+    """The jobs section: retries, OOMs, timeouts, the slowest jobs and the memory efficiency."""
+    from .status import mem_text
+
+    a, st = doc["attempts"], doc["state"]
+    slowest = [r | {"mem": mem_text(r.get("max_rss_mb"), r.get("mem_mb"))} for r in st["slowest"]]
+    return (
         '<section id="jobs"><h2>Jobs: retries, OOMs, timeouts, memory</h2>'
         + "<h3>Retries</h3>"
         + _table(
@@ -676,34 +716,12 @@ work dir <code>{_esc(run.work_dir)}</code>; run digest {_esc(run.digest[:12])}</
         )
         + (f"<p>tasks attempted more than once: {_cell(a['retried_tasks'])}</p>" if a["retried_tasks"] else "")
         + "<h3>Out of memory</h3>"
-        + _table(
-            a["ooms"],
-            [
-                ("job", "job"),
-                ("attempt", "attempt"),
-                ("kind", "kind"),
-                ("error", "error"),
-                ("host", "host"),
-                ("log", "log"),
-            ],
-            "no job ran out of memory (no MemoryError, no exit 137)",
-        )
+        + _table(a["ooms"], _KILL_COLUMNS, "no job ran out of memory (no MemoryError, no exit 137)")
         + "<h3>Timeouts</h3>"
-        + _table(
-            a["timeouts"],
-            [
-                ("job", "job"),
-                ("attempt", "attempt"),
-                ("kind", "kind"),
-                ("error", "error"),
-                ("host", "host"),
-                ("log", "log"),
-            ],
-            "no job hit a time limit",
-        )
+        + _table(a["timeouts"], _KILL_COLUMNS, "no job hit a time limit")
         + "<h3>Slowest jobs</h3>"
         + _table(
-            [r | {"mem": mem_text(r.get("max_rss_mb"), r.get("mem_mb"))} for r in st["slowest"]],
+            slowest,
             [("job", "job"), ("state", "state"), ("seconds", "seconds"), ("tasks", "tasks run"), ("voxels", "voxels")]
             + [("host", "host"), ("mem", "memory")],
             "no job recorded",
@@ -715,38 +733,42 @@ work dir <code>{_esc(run.work_dir)}</code>; run digest {_esc(run.digest[:12])}</
             + [("efficiency", "efficiency"), ("host", "host")],
             "no job recorded its memory",
         )
-        + "</section>",
+        + "</section>"
+    )
+
+
+def _cost_html(c: dict) -> str:
+    """The cost section: predicted against measured node-hours (GPU-hours)."""
+    unit, pred = c["unit"], c["prediction"]
+    rows = [
+        {"what": f"predicted {unit} (whole run)", "value": c["predicted"], "how": pred.get("rate_source")},
+        {
+            "what": f"predicted {unit} for the voxels done",
+            "value": c["predicted_for_done"],
+            "how": f"{c['voxels_done']:,} of {c['voxels']:,} voxels",
+        },
+        {"what": f"measured {unit}", "value": c["measured"], "how": c["measured_source"]},
+        {"what": "measured / predicted (voxels done)", "value": c["ratio"], "how": ""},
+        {
+            "what": "job-hours measured",
+            "value": c["measured_job_hours"],
+            "how": f"{c['threads']} thread(s) per job, {c['cores_per_node']} cores per node",
+        },
+        {
+            "what": "predicted rate (voxels/s per job)",
+            "value": pred.get("voxels_per_second"),
+            "how": pred.get("note", "recorded before the run"),
+        },
     ]
-    if c:
-        unit = c["unit"]
-        pred = c["prediction"]
-        parts.append(
-            '<section id="cost"><h2>Cost: predicted and measured</h2>'
-            + _table(
-                [
-                    {"what": f"predicted {unit} (whole run)", "value": c["predicted"], "how": pred.get("rate_source")},
-                    {
-                        "what": f"predicted {unit} for the voxels done",
-                        "value": c["predicted_for_done"],
-                        "how": f"{c['voxels_done']:,} of {c['voxels']:,} voxels",
-                    },
-                    {"what": f"measured {unit}", "value": c["measured"], "how": c["measured_source"]},
-                    {"what": "measured / predicted (voxels done)", "value": c["ratio"], "how": ""},
-                    {
-                        "what": "job-hours measured",
-                        "value": c["measured_job_hours"],
-                        "how": f"{c['threads']} thread(s) per job, {c['cores_per_node']} cores per node",
-                    },
-                    {
-                        "what": "predicted rate (voxels/s per job)",
-                        "value": pred.get("voxels_per_second"),
-                        "how": pred.get("note", "recorded before the run"),
-                    },
-                ],
-                [("what", ""), ("value", "value"), ("how", "from")],
-            )
-            + "</section>"
-        )
+    return (
+        '<section id="cost"><h2>Cost: predicted and measured</h2>'
+        + _table(rows, [("what", ""), ("value", "value"), ("how", "from")])
+        + "</section>"
+    )
+
+
+def _previews_html(images: list[str], link: tuple | None) -> str:
+    """The previews section: the Neuroglancer link (and how to serve it) and the images."""
     figs = "".join(f'<figure><img src="{_esc(n)}" alt="{_esc(n)}" style="max-width:100%"></figure>' for n in images)
     link_html = ""
     if link:
@@ -756,18 +778,28 @@ work dir <code>{_esc(run.work_dir)}</code>; run digest {_esc(run.digest[:12])}</
             + "".join("<br><small>" + _esc(n) + "</small>" for n in notes)
             + "</p>"
         )
-    parts.append(f'<section id="previews"><h2>Previews</h2>{link_html}{figs or "<p>no preview</p>"}</section>')
-    if summary:
-        rows = "".join(
-            f"<tr><th>{_esc(LABELS.get(k, str(k)))}</th><td>{_esc(v)}</td></tr>"
-            for k, v in summary.items()
-            if k not in ("neuroglancer", "failures", "figures")
-        )
-        parts.append(f'<section id="summary"><h2>Summary</h2><table>{rows}</table></section>')
-    parts.append('<section id="config"><h2>Config</h2><pre>' + _esc(_config_text(doc["config"])) + "</pre></section>")
-    parts.append(f"<h2>Network</h2><pre>{_esc(json.dumps(asdict(run.network), indent=1))}</pre>")
-    parts.append(f"<h2>Plan</h2><pre>{_esc(plan_text)}</pre>")
-    return "\n".join(parts) + "\n"
+    return f'<section id="previews"><h2>Previews</h2>{link_html}{figs or "<p>no preview</p>"}</section>'
+
+
+def _summary_html(summary: dict) -> str:
+    """finalize's summary, as a table (the link, the failures and the figures are elsewhere)."""
+    rows = "".join(
+        f"<tr><th>{_esc(LABELS.get(k, str(k)))}</th><td>{_esc(v)}</td></tr>"
+        for k, v in summary.items()
+        if k not in ("neuroglancer", "failures", "figures")
+    )
+    return f'<section id="summary"><h2>Summary</h2><table>{rows}</table></section>'
+
+
+def _config_html(run, doc: dict, plan_text: str) -> list[str]:
+    """The config that ran, the network and the plan."""
+    from dataclasses import asdict
+
+    return [
+        '<section id="config"><h2>Config</h2><pre>' + _esc(_config_text(doc["config"])) + "</pre></section>",
+        f"<h2>Network</h2><pre>{_esc(json.dumps(asdict(run.network), indent=1))}</pre>",
+        f"<h2>Plan</h2><pre>{_esc(plan_text)}</pre>",
+    ]
 
 
 def _config_text(cfg) -> str:
@@ -812,11 +844,12 @@ def write_report(
     return the page's path.  ``where``: the work dir, its run.json or the config.  finalize passes
     its check (``results``, ``manifests``), its ``summary`` (None: the run is not finalized) and
     the ``images`` it drew; otherwise the preview and the task map are drawn here.  Partial state
-    (no run file, no layer, no manifests) leaves sections out with a note, never an error."""
+    (no run file, no layer, no manifests) leaves sections out with a note, never an error.
+    :func:`gather_report` reads, :func:`render_report` draws and writes."""
     from ..errors import ZnniError
     from .run import load_run
     from .settings import load_config
-    from .status import collect, recorded_prediction, run_file_of
+    from .status import run_file_of
 
     where = Path(where)
     try:
@@ -830,13 +863,31 @@ def write_report(
             log(f"report: no run to report on ({exc})")
             return None
         return _unvalidated_report(work, snakemake_logs, str(exc), log)
+    doc, state = gather_report(run, snakemake_logs, results, manifests)
+    path = render_report(run, doc, state, summary, images)
+    for f in doc["failures"][:5]:
+        log(
+            f"report: {'job ' + str(f['job']) if f.get('job') is not None else 'task'} failed"
+            + (f" (task(s) {_cell(f['tasks'])})" if f.get("tasks") else "")
+            + f": {f['error']}"
+            + (f"; log {f['log']}" if f.get("log") else "")
+        )
+    return path
+
+
+def gather_report(
+    run, snakemake_logs=(), results: dict | None = None, manifests: dict | None = None
+) -> tuple[dict, dict]:
+    """``(report.json's document, the run's state)`` of ``run`` from what is on disk (Snakemake's
+    logs recorded first; :func:`write_report`'s arguments).  A section that cannot be had is left
+    out with a note in ``doc["notes"]``."""
+    from .status import collect, recorded_prediction
+
     work = Path(run.work_dir)
-    report_dir = work / "report"
-    report_dir.mkdir(parents=True, exist_ok=True)
     notes: list = []
     rules = []
     for sl in snakemake_logs:
-        rules += _guard(f"Snakemake log {sl}", lambda sl=sl: record_snakemake_log(work, sl), notes, [])
+        rules += _guard(f"Snakemake log {sl}", lambda sl=sl: record_snakemake_log(work, sl, run.digest), notes, [])
     state = collect(run, known=(results, manifests) if results is not None else None)
     jobs = state["jobs"]
     pred = _guard("the prediction", lambda: recorded_prediction(run), notes, {})
@@ -861,6 +912,15 @@ def write_report(
         "state": {k: v for k, v in state.items() if k != "jobs"},
         "notes": notes,
     }
+    return doc, state
+
+
+def render_report(run, doc: dict, state: dict, summary: dict | None = None, images: list | None = None) -> Path:
+    """Draw what :func:`gather_report` found (``images`` None: the previews, the task map and the
+    timeline drawn here) and write ``report.json`` and ``report.html``; return the page's path."""
+    report_dir = Path(run.work_dir) / "report"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    notes = doc["notes"]
     if images is None:
         images = _draw(run, state, report_dir, notes)
     link = (summary["neuroglancer"], summary.get("viewer_notes", [])) if summary and "neuroglancer" in summary else None
@@ -875,13 +935,6 @@ def write_report(
     atomic_write(report_dir / "report.json", (json.dumps(doc, indent=1, default=str) + "\n").encode())
     path = report_dir / "report.html"
     atomic_write(path, text.encode())
-    for f in doc["failures"][:5]:
-        log(
-            f"report: {'job ' + str(f['job']) if f.get('job') is not None else 'task'} failed"
-            + (f" (task(s) {_cell(f['tasks'])})" if f.get("tasks") else "")
-            + f": {f['error']}"
-            + (f"; log {f['log']}" if f.get("log") else "")
-        )
     return path
 
 

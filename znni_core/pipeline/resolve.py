@@ -456,6 +456,13 @@ def _describe(progress, run, net_path, halo, inp, ou, out_spec, lay, mask, num_t
     fov = tuple(run.network.field_of_view)
     progress(f"network {net_path.name}: field of view {fov}, halo low {tuple(halo.low)} high {tuple(halo.high)}")
     progress(f"input {run.input.url}: {_roi_doc(inp.bounds)}, {inp.dtype}, {inp.channels} ch, {inp.resolution} nm")
+    off = getattr(inp, "offset_remainder", None)  # an OME-Zarr translation off the voxel grid
+    if off and any(abs(v) > 1e-3 for v in off):
+        progress(
+            f"input: its OME-Zarr translation lies {tuple(off)} voxels (z, y, x) off the voxel grid; znni places the "
+            f"input at the nearest voxel {tuple(inp.bounds.offset)} (a downsampled level's centred voxels do this), "
+            "and the output on that grid"
+        )
     progress(
         f"output {ou}: {_roi_doc(lay.region)}, chunks {tuple(out_spec.chunk_shape)}, {out_spec.dtype}; "
         f"{lay.grid.num_chunks} chunks in {num_tasks} tasks of up to {tuple(lay.task_chunks)} chunks"

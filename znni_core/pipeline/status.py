@@ -21,8 +21,6 @@ ETA that rate over the tasks left.  :func:`collect` gathers it, :func:`render` p
 from __future__ import annotations
 
 import json
-import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -40,11 +38,13 @@ def run_file_of(path) -> Path:
 
 
 # ---- tasks ---------------------------------------------------------------------------------------
-def task_states(run, blocks, timings: dict | None = None) -> dict:
+def task_states(run, blocks, timings: dict | None = None, done_before: dict | None = None) -> dict:
     """Task ids by state, from the manifests' run digests (no stored object is read): ``done``
     (a manifest of this run), ``other`` (a manifest of another run: not done for this one),
     ``masked`` (the mask is 0 over the whole task, after the mask's scan), ``todo`` (the rest).
-    ``timings``: filled with ``{task: (start, end, voxels, host:pid or slurm job)}`` of the done ones."""
+    ``timings``: filled with ``{task: (start, end, voxels, host:pid or slurm job)}`` of the done ones.
+    ``done_before``: ``{task: its timing or None}`` of tasks known done for this run (done is
+    permanent for a run digest): their manifests are not read again."""
     from ..errors import ZnniError
     from .mask import load_mask_tasks, positions
     from .task import manifest_path
@@ -55,10 +55,16 @@ def task_states(run, blocks, timings: dict | None = None) -> dict:
             live = set(positions(load_mask_tasks(run)))
         except ZnniError:  # not scanned yet: every task counts
             live = None
+    done_before = done_before or {}
     state = {"done": [], "other": [], "masked": [], "todo": []}
     for k, b in enumerate(blocks):
         if live is not None and k not in live:
             state["masked"].append(b.id)
+            continue
+        if b.id in done_before:
+            state["done"].append(b.id)
+            if timings is not None and done_before[b.id] is not None:
+                timings[b.id] = done_before[b.id]
             continue
         try:
             m = json.loads(manifest_path(run, b.id).read_text())
@@ -67,14 +73,19 @@ def task_states(run, blocks, timings: dict | None = None) -> dict:
             state["todo"].append(b.id)
             continue
         state["done" if digest == run.digest else "other"].append(b.id)
-        if digest == run.digest and timings is not None:
-            try:
-                end, total = float(m["finished"]), float(m["timings"]["total_s"])
-                who = str(m.get("slurm_job") or f"{m.get('host', '?')}:{m.get('pid', '?')}")
-                timings[b.id] = (end - total, end, int(m.get("voxels", 0)), who)
-            except (KeyError, TypeError, ValueError):
-                pass
+        if digest == run.digest and timings is not None and (t := task_timing(m)) is not None:
+            timings[b.id] = t
     return state
+
+
+def task_timing(m: dict) -> tuple | None:
+    """``(start, end, voxels, host:pid or slurm job)`` of a done task's manifest, None when it has none."""
+    try:
+        end, total = float(m["finished"]), float(m["timings"]["total_s"])
+        who = str(m.get("slurm_job") or f"{m.get('host', '?')}:{m.get('pid', '?')}")
+        return (end - total, end, int(m.get("voxels", 0)), who)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def changed_input_tasks(run, blocks) -> list:
@@ -103,24 +114,11 @@ def changed_input_tasks(run, blocks) -> list:
 
 # ---- jobs ----------------------------------------------------------------------------------------
 def alive(attempt: dict) -> bool | None:
-    """Whether the process of a running attempt lives: None on another host (not checked)."""
-    if attempt.get("host") != socket.gethostname():
-        return None
-    pid = attempt.get("pid")
-    if not isinstance(pid, int):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process of that pid
-        return None
-    try:  # a pid used again since: a process younger than the attempt is not it
-        import psutil
+    """Whether the process of a running attempt lives: None on another host (not checked;
+    :func:`.jobs.attempt_alive`)."""
+    from .jobs import attempt_alive
 
-        return psutil.Process(pid).create_time() <= float(attempt.get("started", 0)) + 2
-    except Exception:  # noqa: BLE001 - no psutil, or the process ended meanwhile
-        return True
+    return attempt_alive(attempt)
 
 
 #: what an attempt's ``kind`` means, as the status and the report say it
@@ -150,30 +148,37 @@ def kill_kind(exit_code=None, signal_name=None, slurm_state=None) -> str:
     return "error"
 
 
-def read_records(work) -> dict:
-    """``{job: record}`` of every job record under ``<work>/jobs/records/`` (unreadable ones skipped)."""
-    from .jobs import RECORD_FORMAT, records_dir
+def read_records(work, run_digest: str | None = None) -> dict:
+    """``{job: record}`` of every job with attempt files under ``<work>/jobs/records/NNNNNN/``
+    (:func:`.jobs.job_record`: its attempts of run ``run_digest`` merged; files that are no
+    attempt's record skipped)."""
+    from .jobs import job_record, records_dir
 
     out = {}
     d = records_dir(work)
-    for p in sorted(d.glob("[0-9]*.json")) if d.is_dir() else []:
-        try:
-            doc = json.loads(p.read_text())
-            if doc.get("format") == RECORD_FORMAT and doc.get("attempts"):
-                out[int(doc["job"])] = doc
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+    try:
+        dirs = sorted(p for p in d.iterdir() if p.is_dir() and p.name.isdigit()) if d.is_dir() else []
+    except OSError:
+        return {}
+    for p in dirs:
+        doc = job_record(work, int(p.name), run_digest)
+        if doc is not None:
+            out[doc["job"]] = doc
     return out
 
 
-def snakemake_errors(work) -> dict:
-    """``{job: error}`` that ``znni report --snakemake-log`` recorded (the last per job)."""
+def snakemake_errors(work, run_digest: str | None) -> dict:
+    """``{job: error}`` that ``znni report --snakemake-log`` recorded for run ``run_digest`` (the
+    last per job); those recorded for another run (a config changed since, in the same work dir),
+    or with no run digest, are not this run's: ignored."""
     from .jobs import records_dir
 
     try:
         doc = json.loads((records_dir(work) / SNAKEMAKE_ERRORS).read_text())
+        if run_digest is None or doc.get("run_digest") != run_digest:
+            return {}
         return {int(e["job"]): e | {"snakemake_log": doc.get("log"), "time": doc.get("time", 0)} for e in doc["errors"]}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 
 
@@ -181,19 +186,19 @@ def job_table(run, now: float | None = None) -> dict:
     """``{job: its state}`` from the job records and Snakemake's recorded failures: ``state``
     (running | done | failed), the last attempt's fields, ``attempts`` (all of them, each with its
     ``state`` and ``kind`` resolved: a running attempt whose process is gone is ``failed``/``killed``,
-    one a later attempt followed is ``failed``/``killed``)."""
+    as is one a later attempt followed, unless its process is seen alive on this host: two
+    processes of one job, a resubmission while the old one still runs), ``attempts_total``.
+    Snakemake's failures count when recorded for this run (:func:`snakemake_errors`)."""
     now = time.time() if now is None else now
     work = run.work_dir
-    sm = snakemake_errors(work)
+    sm = snakemake_errors(work, run.digest)
     jobs = {}
-    for job, doc in read_records(work).items():
-        if doc.get("run_digest") not in (None, run.digest):
-            continue  # another run's job of that number
+    for job, doc in read_records(work, run.digest).items():
         atts = [dict(a) for a in doc["attempts"]]
         for i, a in enumerate(atts):
             if a.get("state") == "running":
-                later = i + 1 < len(atts)
-                if later or alive(a) is False:
+                later, live = i + 1 < len(atts), alive(a)
+                if live is False or (later and live is not True):
                     a.update(state="failed", kind="killed", error=KINDS["killed"])
                 else:
                     a["seconds"] = round(now - float(a.get("started", now)), 3)
@@ -206,7 +211,7 @@ def job_table(run, now: float | None = None) -> dict:
             k = kill_kind(e.get("exit"), e.get("signal"), e.get("slurm_state"))
             if k != "error":
                 last.update(kind=k, error=snakemake_error_text(e))
-        jobs[job] = {**last, "job": job, "attempts": atts, "snakemake": e}
+        jobs[job] = {**last, "job": job, "attempts": atts, "attempts_total": doc["attempts_total"], "snakemake": e}
     for job, e in sm.items():  # a job Snakemake saw fail before it wrote any record
         if job not in jobs:
             jobs[job] = {
@@ -279,35 +284,23 @@ def busy_seconds(intervals) -> float:
     return float(total + (cur[1] - cur[0] if cur else 0.0))
 
 
-def duration(s: float | None) -> str:
-    """``41.2 s``, ``3 min 05 s``, ``2 h 03 min``, ``1 d 04 h``.
-
-    >>> duration(3.14159), duration(185), duration(7380), duration(None)
-    ('3.1 s', '3 min 05 s', '2 h 03 min', '?')
-    """
-    if s is None or s != s:
-        return "?"
-    if s < 60:
-        return f"{s:.1f} s"
-    if s < 3600:
-        return f"{int(s // 60)} min {int(s % 60):02d} s"
-    if s < 86400:
-        return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
-    return f"{int(s // 86400)} d {int(s % 86400 // 3600):02d} h"
-
-
 # ---- everything --------------------------------------------------------------------------------
-def collect(run, *, now: float | None = None, known: tuple | None = None) -> dict:
+def collect(run, *, now: float | None = None, known: tuple | None = None, cache: dict | None = None) -> dict:
     """The run's state (module doc): task ids by state, jobs, throughput, ETA, the slowest jobs.
     ``known``: ``(results, manifests)`` of finalize's check (:func:`.finalize.check_manifests`),
-    used instead of reading the manifests again."""
+    used instead of reading the manifests again.  ``cache``: a dict kept between calls (``watch``'s):
+    the run's tasks and those found done, with their timings (done is permanent for a run digest),
+    so a later call reads only the manifests of the tasks not done yet."""
     from .run import run_geometry
 
     now = time.time() if now is None else now
-    _, _, _, blocks = run_geometry(run)
+    if cache is not None and cache.get("run_digest") != run.digest:
+        cache.clear()
+        cache.update(run_digest=run.digest, done={}, blocks=run_geometry(run)[3])
+    blocks = cache["blocks"] if cache is not None else run_geometry(run)[3]
     timings: dict = {}
     if known is None:
-        state = task_states(run, blocks, timings)
+        state = task_states(run, blocks, timings, cache["done"] if cache is not None else None)
     else:
         results, manifests = known
         state = {"done": [], "other": [], "masked": [], "todo": []}
@@ -315,12 +308,10 @@ def collect(run, *, now: float | None = None, known: tuple | None = None) -> dic
             r = results.get(b.id)
             state["done" if r == "done" else "masked" if r == "masked" else "todo"].append(b.id)
         for t, m in (manifests or {}).items():
-            try:
-                end, total = float(m["finished"]), float(m["timings"]["total_s"])
-                who = str(m.get("slurm_job") or f"{m.get('host', '?')}:{m.get('pid', '?')}")
-                timings[t] = (end - total, end, int(m.get("voxels", 0)), who)
-            except (KeyError, TypeError, ValueError):
-                continue
+            if (timing := task_timing(m)) is not None:
+                timings[t] = timing
+    if cache is not None:
+        cache["done"].update({t: timings.get(t) for t in state["done"]})
     done = set(state["done"])
     jobs = job_table(run, now)
     running, failed = {}, {}
@@ -419,6 +410,8 @@ def mem_text(max_rss_mb, mem_mb) -> str:
 
 def render(s: dict) -> str:
     """:func:`collect`'s state as ``znni status`` prints it (its first line as it always was)."""
+    from .jobs import duration
+
     lines = [
         f"{len(s['done'])} of {s['tasks']} tasks done"
         + (f", {len(s['masked'])} masked (the mask is 0 over them: never run)" if s["masked"] else "")
@@ -511,11 +504,12 @@ def finished(s: dict) -> bool:
 def watch(run, every: float, echo=print, *, max_iterations: int | None = None, sleep=time.sleep, extra=None) -> dict:
     """Print :func:`render` every ``every`` s (the screen cleared first on a terminal) until
     :func:`finished` (or ``max_iterations`` redraws); return the last state.  ``extra(state)``:
-    more lines under it (the pyramid's)."""
+    more lines under it (the pyramid's).  The tasks done (and their timings) are kept between
+    redraws: each reads only the manifests of the tasks not done yet."""
     tty = sys.stdout.isatty()
-    k = 0
+    k, cache = 0, {}
     while True:
-        s = collect(run)
+        s = collect(run, cache=cache)  # the done tasks' manifests are read once
         text = render(s) + (("\n" + extra(s)) if extra else "")
         stamp = time.strftime("%H:%M:%S")
         if tty:
