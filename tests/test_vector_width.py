@@ -169,7 +169,7 @@ def test_warmup_records_the_width_and_leaves_nothing_to_compile(tmp_path):
     }
     env["ZNNI_CACHE_DIR"] = str(tmp_path)
     r = subprocess.run(
-        [sys.executable, "-m", "znni_core.cli", "warmup", "-t", "1"],
+        [sys.executable, "-m", "znni_core.cli", "warmup", "--threads", "1"],
         env=env,
         capture_output=True,
         text=True,
