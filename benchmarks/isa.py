@@ -8,7 +8,11 @@ host reproduces the others by asking numba for another target:
 * ``avx512``: the host's own target, 512-bit vectors (``ZNNI_VECTOR_WIDTH=512``);
 * ``avx2``: ``NUMBA_CPU_NAME=znver3`` (Zen 3: AVX2, FMA, 16 registers) and OpenBLAS' Haswell
   kernels (``OPENBLAS_CORETYPE=Haswell``), as on an AVX2 host;
-* ``intel``: ``NUMBA_CPU_NAME=cascadelake`` (AVX-512, LLVM's 256-bit preference for Intel cores).
+* ``intel``: ``NUMBA_CPU_NAME=cascadelake`` (AVX-512, LLVM's 256-bit preference for Intel cores);
+* ``avx2-numba`` and ``avx2-blas``: the two halves of ``avx2`` apart (znni's numba kernels built
+  for Zen 3; OpenBLAS' Haswell kernels, which run Winograd's batched products, under AVX-512 numba).
+
+FFTW chooses its SIMD codelets at run time from the CPU: no build here changes the FFT layers.
 
 Each case is planned once, in this process, and every build runs that same plan (the same
 primitives, patches and kernel parameters), so what differs is only the code the compiler made.
@@ -45,6 +49,9 @@ BUILDS = {
     "avx512": {"ZNNI_VECTOR_WIDTH": "512"},
     "avx2": {"NUMBA_CPU_NAME": "znver3", "OPENBLAS_CORETYPE": "Haswell"},
     "intel": {"NUMBA_CPU_NAME": "cascadelake"},
+    # the two halves of avx2 apart: znni's numba kernels, and OpenBLAS (Winograd's batched products)
+    "avx2-numba": {"NUMBA_CPU_NAME": "znver3", "ZNNI_VECTOR_WIDTH": "256"},
+    "avx2-blas": {"ZNNI_VECTOR_WIDTH": "512", "OPENBLAS_CORETYPE": "Haswell"},
 }
 #: environment variables a build sets or clears (the user's own choices would mix builds)
 TARGET_VARS = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "ZNNI_VECTOR_WIDTH", "OPENBLAS_CORETYPE")
