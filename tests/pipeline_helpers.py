@@ -109,3 +109,20 @@ def sharded_input(tmp_path: Path):
             (slice(None),) + layer.grid.chunk_roi(idx).to_slices()
         ]
     return url, layer, vol, shards
+
+
+def fail_task(monkeypatch, victim: int):
+    """Make every read of task ``victim``'s input fail with a DataError (the others read as
+    before); returns the real reader, to put back for a re-run."""
+    from znni_core.errors import DataError
+    from znni_core.pipeline import task as T
+
+    real = T.read_task
+
+    def bad(ctx, task_id, **kw):
+        if task_id == victim:
+            raise DataError(f"injected read failure of task {victim}")
+        return real(ctx, task_id, **kw)
+
+    monkeypatch.setattr(T, "read_task", bad)
+    return real

@@ -19,7 +19,7 @@ from .reference import max_rel_err
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
-from .unets import CropUNet, PadUNet, UNet, admissible, chain_model, export_as, run  # noqa: E402
+from .unets import CropUNet, HalfCrop, PadUNet, UNet, admissible, chain_model, export_as, run  # noqa: E402
 
 #: as the other exactness tests: float32 PyTorch against float32 znni, relative to the output's range
 RTOL = 1e-4
@@ -158,21 +158,9 @@ def test_a_static_export_at_an_input_where_the_network_floors_is_refused_naming_
     _equals_torch(znni_core.load_network(export_as(model, tmp_path / "d.onnx", odd, "legacy", "axes")), model, other)
 
 
-class _HalfCrop(torch.nn.Module):
-    """A crop whose size depends on the input's (half of x): no tiling can reproduce it."""
-
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Conv3d(1, 2, 3)
-
-    def forward(self, x):
-        y = self.a(x)
-        return y[..., : y.shape[-1] // 2]
-
-
 @pytest.mark.parametrize("exporter,dynamic", [("legacy", "axes"), ("dynamo", "shapes")])
 def test_a_crop_that_depends_on_the_input_size_is_refused_naming_node_and_fix(tmp_path, exporter, dynamic):
-    path = _export(_HalfCrop(), tmp_path / "half.onnx", (5, 12, 12), exporter, dynamic)
+    path = _export(HalfCrop(), tmp_path / "half.onnx", (5, 12, 12), exporter, dynamic)
     with pytest.raises(NetworkError, match=r"node '.*' .*depend on the input size.*static shapes") as err:
         znni_core.load_network(path)
     assert "\n" not in str(err.value)

@@ -21,7 +21,7 @@ from znni_core.plan import autotune
 torch = pytest.importorskip("torch")
 nn = torch.nn
 from .real_data import DETECTOR, DETECTOR_FILES, DETECTOR_REFERENCE  # noqa: E402
-from .unets import UNet, admissible, export, randomise_bn, run  # noqa: E402
+from .unets import HalfCrop, UNet, admissible, export, randomise_bn, run  # noqa: E402
 
 
 def _tiling_budget(net, shape) -> int:
@@ -653,18 +653,6 @@ class _SizedUp(torch.nn.Module):
         return self.c(torch.cat([s, u], 1))
 
 
-class _HalfCrop(torch.nn.Module):
-    """A crop whose size depends on the input's (half of x): no tiling can reproduce it."""
-
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Conv3d(1, 2, 3)
-
-    def forward(self, x):
-        y = self.a(x)
-        return y[..., : y.shape[-1] // 2]
-
-
 def test_dynamic_axes_exports_fold_their_shape_arithmetic(tmp_path):
     """U-Nets exported with dynamic axes (crops computed from tensor shapes in a valid U-Net, a
     resize to the skip's size in a padded one) load, and equal PyTorch on an input of another
@@ -682,7 +670,7 @@ def test_dynamic_axes_exports_fold_their_shape_arithmetic(tmp_path):
         net = znni_core.load_network(path)
         x = np.random.default_rng(2).standard_normal((1,) + run_at).astype(np.float32)
         np.testing.assert_allclose(znni_core.infer(net, x), run(model, x), rtol=1e-4, atol=1e-5)
-    path = export(_HalfCrop(), tmp_path / "half.onnx", (5, 12, 12), dynamic=True)
+    path = export(HalfCrop(), tmp_path / "half.onnx", (5, 12, 12), dynamic=True)
     with pytest.raises(NetworkError, match="Slice|shape arithmetic|depend"):
         znni_core.load_network(path)
 

@@ -20,7 +20,7 @@ from znni_core.pipeline.finalize import finalize
 from znni_core.pipeline.jobs import run_job
 from znni_core.pipeline.run import load_run
 
-from .pipeline_helpers import SMALL_NET, base_config, em
+from .pipeline_helpers import SMALL_NET, base_config, em, fail_task
 from .test_pipeline import prepare
 
 CHROMIUM = os.environ.get("ZNNI_CHROMIUM") or next(
@@ -78,14 +78,7 @@ def test_a_failed_run_reports_the_task_its_error_and_log(tmp_path, monkeypatch):
     rf = prepare(cfg)
     run = load_run(rf)
     work, per, victim = Path(run.work_dir), 4, 5
-    real = T.read_task
-
-    def bad(ctx, task_id, **kw):
-        if task_id == victim:
-            raise DataError(f"injected read failure of task {victim}")
-        return real(ctx, task_id, **kw)
-
-    monkeypatch.setattr(T, "read_task", bad)
+    real = fail_task(monkeypatch, victim)
     jobs = range(-(-run.num_tasks // per))
     assert list(_run_jobs(rf, per, work / "logs" / "jobs", jobs)) == [1]
     with pytest.raises(DataError, match=r"1 task\(s\) failed or unverified: \[5\]; what failed and why: .*report.html"):

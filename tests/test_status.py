@@ -19,7 +19,7 @@ from znni_core.errors import DataError
 from znni_core.pipeline.jobs import ATTEMPT_FORMAT, JobRecord, job_record, job_records_dir, records_dir, run_job
 from znni_core.pipeline.run import load_run
 
-from .pipeline_helpers import base_config, em
+from .pipeline_helpers import base_config, em, fail_task
 from .test_pipeline import prepare
 
 PROGRESS = re.compile(
@@ -34,19 +34,6 @@ def _small(tmp_path):
     cfg = base_config(tmp_path, vol=em((8, 32, 32)), task_chunks=[1, 1, 2])
     rf = prepare(cfg)
     return rf, load_run(rf)
-
-
-def _fail_task(monkeypatch, victim: int):
-    from znni_core.pipeline import task as T
-
-    real = T.read_task
-
-    def bad(ctx, task_id, **kw):
-        if task_id == victim:
-            raise DataError(f"injected read failure of task {victim}")
-        return real(ctx, task_id, **kw)
-
-    monkeypatch.setattr(T, "read_task", bad)
 
 
 def test_job_records_its_attempt_and_logs_a_progress_line_per_task(tmp_path, monkeypatch):
@@ -89,7 +76,7 @@ def test_a_failed_task_and_a_memory_error_are_recorded(tmp_path, monkeypatch):
     from znni_core.pipeline import task as T
 
     rf, run = _small(tmp_path)
-    _fail_task(monkeypatch, 2)
+    fail_task(monkeypatch, 2)
     with pytest.raises(DataError, match="injected read failure of task 2"):
         run_job(rf, 0, 4, log=lambda *a: None)
     a = job_record(run.work_dir, 0)["attempts"][-1]
@@ -155,7 +142,7 @@ def test_status_shows_running_failed_throughput_eta_and_slowest_jobs(tmp_path, m
     says so, with throughput, ETA and the slowest jobs; its first line is as it always was.
     ``--watch`` redraws until nothing runs; the running job's process gone, it is failed."""
     rf, run = _small(tmp_path)
-    _fail_task(monkeypatch, 2)
+    fail_task(monkeypatch, 2)
     with pytest.raises(DataError):
         run_job(rf, 0, 4, log=lambda *a: None)
     run_job(rf, 1, 4, log=lambda *a: None)

@@ -147,6 +147,18 @@ def admissible(model: UNet, axis: int, at_least: int) -> int:
     raise ValueError("no admissible length")
 
 
+class HalfCrop(nn.Module):
+    """A crop whose size depends on the input's (half of x): no tiling can reproduce it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv3d(1, 2, 3)
+
+    def forward(self, x):
+        y = self.a(x)
+        return y[..., : y.shape[-1] // 2]
+
+
 class CropUNet(nn.Module):
     """A valid U-Net as labs write it: unpadded 3x3x3 convolutions, each skip centre-cropped
     with ``s[..., a:-a, b:-b, c:-c]`` where ``a, b, c`` are computed from the tensors' shapes in

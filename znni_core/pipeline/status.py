@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from .jobs import attempt_alive, duration, job_record, records_dir
+
 #: seconds between two redraws of ``znni status --watch`` without a value
 WATCH_EVERY = 10.0
 #: the Snakemake failures ``znni report --snakemake-log`` recorded (``jobs/records/``)
@@ -113,14 +115,6 @@ def changed_input_tasks(run, blocks) -> list:
 
 
 # ---- jobs ----------------------------------------------------------------------------------------
-def alive(attempt: dict) -> bool | None:
-    """Whether the process of a running attempt lives: None on another host (not checked;
-    :func:`.jobs.attempt_alive`)."""
-    from .jobs import attempt_alive
-
-    return attempt_alive(attempt)
-
-
 #: what an attempt's ``kind`` means, as the status and the report say it
 KINDS = {
     "error": "failed",
@@ -152,7 +146,6 @@ def read_records(work, run_digest: str | None = None) -> dict:
     """``{job: record}`` of every job with attempt files under ``<work>/jobs/records/NNNNNN/``
     (:func:`.jobs.job_record`: its attempts of run ``run_digest`` merged; files that are no
     attempt's record skipped)."""
-    from .jobs import job_record, records_dir
 
     out = {}
     d = records_dir(work)
@@ -171,7 +164,6 @@ def snakemake_errors(work, run_digest: str | None) -> dict:
     """``{job: error}`` that ``znni report --snakemake-log`` recorded for run ``run_digest`` (the
     last per job); those recorded for another run (a config changed since, in the same work dir),
     or with no run digest, are not this run's: ignored."""
-    from .jobs import records_dir
 
     try:
         doc = json.loads((records_dir(work) / SNAKEMAKE_ERRORS).read_text())
@@ -197,7 +189,7 @@ def job_table(run, now: float | None = None) -> dict:
         atts = [dict(a) for a in doc["attempts"]]
         for i, a in enumerate(atts):
             if a.get("state") == "running":
-                later, live = i + 1 < len(atts), alive(a)
+                later, live = i + 1 < len(atts), attempt_alive(a)
                 if live is False or (later and live is not True):
                     a.update(state="failed", kind="killed", error=KINDS["killed"])
                 else:
@@ -410,7 +402,6 @@ def mem_text(max_rss_mb, mem_mb) -> str:
 
 def render(s: dict) -> str:
     """:func:`collect`'s state as ``znni status`` prints it (its first line as it always was)."""
-    from .jobs import duration
 
     lines = [
         f"{len(s['done'])} of {s['tasks']} tasks done"
@@ -435,7 +426,7 @@ def render(s: dict) -> str:
         where = f"{j.get('host', '?')} pid {j.get('pid', '?')}" + (
             f", SLURM job {j['slurm_job']}" if j.get("slurm_job") else ""
         )
-        checked = "" if alive(j) is not None else " (another host: not checked)"
+        checked = "" if attempt_alive(j) is not None else " (another host: not checked)"
         lines.append(
             f"  running job {job}: {len(j.get('ran') or [])} of {len(j.get('tasks') or [])} task(s) done, "
             f"{duration(j.get('seconds'))} so far, attempt {j.get('attempt', 1)}, {where}{checked}"
