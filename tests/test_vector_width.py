@@ -94,10 +94,11 @@ _EXACT = textwrap.dedent("""
     import json, os, sys
     import numpy as np
     from znni_core import layers as L
-    from znni_core.layers import pointwise, _numba
+    from znni_core.layers import microkernel, pointwise, tuning, _numba
     import tests.test_layers_conv as t
-    want_vl, want_src = int(sys.argv[1]), sys.argv[2]
-    assert (pointwise.VL, _numba.VECTOR_WIDTH_SOURCE) == (want_vl, want_src), (pointwise.VL, _numba.VECTOR_WIDTH_SOURCE)
+    want_vl, want_regs, want_src = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    got = (pointwise.VL, microkernel.REGISTERS, _numba.VECTOR_WIDTH_SOURCE)
+    assert got == (want_vl, want_regs, want_src), got
     rng = np.random.default_rng(3)
     errs = {}
     for n, ci, co, shape, k in ((2, 5, 7, (3, 17, 19), (1, 3, 3)), (1, 4, 6, (7, 9, 11), (3, 3, 3)),
@@ -107,6 +108,8 @@ _EXACT = textwrap.dedent("""
         b = rng.standard_normal(co, dtype=np.float32)
         ref = t.reference(x, w, b)
         errs[f"winograd {k}"] = t.rel_err(L.WinogradConv(w, b, shape, threads=2)(x), ref)
+        with tuning.using({"winograd.blas": 1}):
+            errs[f"winograd {k} blas"] = t.rel_err(L.WinogradConv(w, b, shape, threads=2)(x), ref)
         errs[f"direct-numba {k}"] = t.rel_err(L.conv_direct_numba(x, w, b), ref)
     x, stages = t._wide_chain(5)
     y = pointwise.conv_pointwise_chain(x, stages, threads=2, block=48)
@@ -115,17 +118,23 @@ _EXACT = textwrap.dedent("""
     ref = np.stack([x[i, :, oz:oz + 8, oy:oy + 8, ox:ox + 10].reshape(3, 4, 2, 4, 2, 5, 2).max(axis=(2, 4, 6))
                     for i in range(2) for oz in range(2) for oy in range(2) for ox in range(2)])
     errs["mpf"] = float(np.abs(L.mpf(x, (2, 2, 2)) - ref).max())
+    for shape in microkernel.SHAPES:  # every register tile, rows and columns not whole tiles
+        A = rng.standard_normal((3, 29, 20), dtype=np.float32)
+        B = rng.standard_normal((3, 20, 21), dtype=np.float32)
+        C = np.empty((3, 29, 21), np.float32)
+        microkernel.batched_products(A, microkernel.pad_columns(B, shape), C, 29, 21, microkernel.Scratch(20, 21, shape))
+        errs[f"tile {shape}"] = t.rel_err(C, np.matmul(A.astype(np.float64), B))
     print(json.dumps(errs))
 """)
 
 
-def _run_variant(env_extra, want_vl, want_src, tmp_path):
+def _run_variant(env_extra, want_vl, want_regs, want_src, tmp_path):
     env = {
         k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_FEATURES", "NUMBA_CPU_NAME", "ZNNI_VECTOR_WIDTH")
     }
     env.update(NUMBA_CACHE_DIR=str(tmp_path / "numba"), ZNNI_CACHE_DIR=str(tmp_path), **env_extra)
     r = subprocess.run(
-        [sys.executable, "-c", _EXACT, str(want_vl), want_src],
+        [sys.executable, "-c", _EXACT, str(want_vl), str(want_regs), want_src],
         env=env,
         capture_output=True,
         text=True,
@@ -136,23 +145,28 @@ def _run_variant(env_extra, want_vl, want_src, tmp_path):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("variant", ["256-bit", "avx2"])
+@pytest.mark.parametrize("variant", ["256-bit", "avx2", "znver3"])
 def test_kernels_compiled_for_another_width_are_exact(variant, tmp_path):
-    """Winograd (4-, 6- and 8-point tiles), the direct loop and the 1x1x1 register tiles compiled
-    for 256-bit vectors on an AVX-512 host (what LLVM picks for Intel server cores) and for an
-    AVX2-only Haswell: equal to the float64 references (the default width runs in every other test)."""
+    """Winograd (4-, 6- and 8-point tiles, products on the register tiles and on BLAS), the direct
+    loop, the 1x1x1 chain and every register tile compiled for 256-bit vectors on an AVX-512 host
+    (what LLVM picks for Intel server cores: 8 floats, 32 registers), for an AVX2-only Haswell's
+    features and for ``NUMBA_CPU_NAME=znver3`` alone (a Zen 3 build on any host: 8 floats, 16
+    registers): equal to the float64 references (the default width runs in every other test)."""
     if variant == "256-bit":
         if not AVX512:
-            pytest.skip("this host has no AVX-512: it has one width, the AVX2 case covers it")
-        errs = _run_variant({"ZNNI_VECTOR_WIDTH": "256"}, 8, "env", tmp_path)
-    else:
+            pytest.skip("this host has no AVX-512: it has one width, the AVX2 cases cover it")
+        errs = _run_variant({"ZNNI_VECTOR_WIDTH": "256"}, 8, 32, "env", tmp_path)
+    elif variant == "avx2":
         errs = _run_variant(
             {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2"},
             8,
+            16,
             "user",
             tmp_path,
         )
-    assert len(errs) == 8
+    else:
+        errs = _run_variant({"NUMBA_CPU_NAME": "znver3"}, 8, 16, "user", tmp_path)
+    assert len(errs) == 11 + 5
     bad = {k: e for k, e in errs.items() if not e < 1e-4}
     assert not bad, bad
 

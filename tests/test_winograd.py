@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import znni_core
 from znni_core import layers as L
 from znni_core.errors import InputError
+from znni_core.layers import tuning
 from znni_core.layers.winograd import KERNEL_SIZES, WinogradConv, toom_cook, winograd_supports
 from znni_core.plan import autotune
 from znni_core.plan.primitives import primitive
@@ -133,6 +134,8 @@ def test_winograd_equals_scipy_correlate(n, ci, co, kernel, extra, bias, threads
     ref = reference(x, w, b)
     conv = WinogradConv(w, b, shape, threads=threads)
     assert rel_err(conv(x), ref) <= TOL
+    with tuning.using({"winograd.blas": 1}):  # the products on BLAS, as a host's calibration may choose
+        assert rel_err(conv(x), ref) <= TOL
     assert rel_err(conv._call_xp(x, (0, 0, 0)), ref) <= TOL
     inner = tuple(max(1, s - lo - hi) for s, lo, hi in zip(shape, low, high))
     low = tuple(min(lo, s - e) for lo, s, e in zip(low, shape, inner))
@@ -155,15 +158,14 @@ def test_winograd_equals_scipy_correlate(n, ci, co, kernel, extra, bias, threads
         ((9, 26, 30), (2, 5, 4), (12, 10)),
     ],
 )
-@pytest.mark.parametrize("gain", [0.0, 1.0])
-def test_winograd_equals_torch_conv3d_on_wide_layers(shape, kernel, c, gain):
+@pytest.mark.parametrize("gain,blas", [(0.0, 0), (1.0, 0), (1.0, 1)])
+def test_winograd_equals_torch_conv3d_on_wide_layers(shape, kernel, c, gain, blas):
     """Many channels, several blocks of tile rows (a small block size), trained-like weights; 6-point
-    tiles only (``gain`` 0) and 8-point tiles where they need no more positions (1): the two
-    values a host's calibration chooses between (``layers/tuning.py``)."""
+    tiles only (``gain`` 0) and 8-point tiles where they need no more positions (1), the products on
+    znni's register tiles or on BLAS: the values a host's calibration chooses between (``layers/tuning.py``)."""
     import znni_core.layers.winograd as W
-    from znni_core.layers import tuning
 
-    with tuning.using({"winograd.block_bytes": 64 * 2**10, "winograd.large_tile_gain": gain}):
+    with tuning.using({"winograd.block_bytes": 64 * 2**10, "winograd.large_tile_gain": gain, "winograd.blas": blas}):
         points = _check_wide_winograd(W, shape, kernel, c)
     assert gain or 8 not in points
 

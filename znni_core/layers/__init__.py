@@ -15,7 +15,7 @@ Every primitive has a ``*_memory`` function predicting the peak bytes a call
 allocates, output included, input excluded.
 """
 
-from . import tuning, vector_width
+from . import microkernel, tuning, vector_width
 from .activation import ACTIVATIONS, activation_memory, apply_activation
 from .direct import (
     conv_direct_gemm,
@@ -64,6 +64,7 @@ from .xp import cupy_or_none, get_array_module
 
 __all__ = [
     "ACTIVATIONS",
+    "microkernel",
     "tuning",
     "vector_width",
     "FFTConv",

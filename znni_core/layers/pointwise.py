@@ -6,7 +6,7 @@ the bias, the activation and the transposes BLAS's layout needs around it added 
 4-layer, 24-map chain ran at 29% of the sgemm peak on 2 cores).  Here one tile of the output,
 ``OB`` channels x ``TV`` voxels (8 x 32 with AVX-512: 16 vector accumulators), is summed over
 all input channels in registers, then gets its bias and activation and is stored once,
-channels first: no transposes, no second pass.  The tile is LLVM IR (:func:`_tile`, a numba
+channels first: no transposes, no second pass.  The tile is LLVM IR (:func:`~.microkernel.fma_tile`, a numba
 intrinsic: ``<VL x float>`` loads, splats and ``llvm.fma``); numba compiles and caches the
 loops around it.  On one core the tile ran at 80-100 GFLOP/s at 24, 48 and 80 maps, where
 OpenBLAS's product alone ran at 66, 80-92 and 92-96.
@@ -28,38 +28,24 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from llvmlite import ir
-from numba.core import cgutils, types
-from numba.extending import intrinsic
 
 from ..errors import InputError
-from . import arena, tuning
-from ._numba import njit, numba
+from . import arena, microkernel, tuning
+from ._numba import njit
 from .activation import apply_activation
 from .epilogue import FUSABLE, act_row
 from .layout import is_channels_last, memory_order
+from .microkernel import fma_tile
 
 __all__ = ["POINTWISE_BLOCK", "conv_pointwise_chain", "pack_weights"]
 
 
-def _target_features() -> list:
-    """The CPU features numba compiles for: ``NUMBA_CPU_FEATURES`` when set (then numba's cache
-    keys on it too, so tiles and their cached loops always agree), else the host's."""
-    from numba.core.codegen import get_host_cpu_features
-
-    feats = numba.config.CPU_FEATURES
-    return (feats if feats is not None else get_host_cpu_features()).split(",")
-
-
-_FEATURES = _target_features()
-#: floats per vector: 16 where numba targets AVX-512 at 512 bits, else 8 (AVX2, or AVX-512 with
-#: 256-bit vectors preferred, :mod:`.vector_width`: LLVM then splits a 16-float vector in two,
-#: and a tile of 8 x 2 such vectors spilled; ``tests`` compile these for both and for Haswell)
-VL = 16 if "+avx512f" in _FEATURES and "+prefer-256-bit" not in _FEATURES else 8
+#: floats per vector (:mod:`.microkernel`)
+VL = microkernel.VL
 #: voxels per tile: two vectors
 TV = 2 * VL
 #: output channels per full tile: 8 x 2 accumulators fit AVX-512's 32 registers, 4 x 2 AVX2's 16
-OB = 8 if "+avx512f" in _FEATURES else 4
+OB = 8 if microkernel.REGISTERS == 32 else 4
 #: voxels per block of :func:`conv_pointwise_chain` by default (a multiple of ``TV``; the host's
 #: own is measured, :mod:`.tuning` ``pointwise.block``): at 48 maps its two
 #: buffers take 384 KiB, half of L2; 2048 ran 2-6% slower at 48 and 80 maps, as fast at 24
@@ -68,92 +54,19 @@ POINTWISE_BLOCK = tuning.DEFAULTS["pointwise.block"]
 PAD = 16
 
 
-def _tile(ob: int):
-    """The intrinsic ``tile(x, xo, ldx, w, wo, b, bo, y, yo, ldy, C, code, alpha)``: for
-    ``k < ob`` and ``v < TV``, ``y[yo + k*ldy + v] = act(b[bo + k] + sum_c w[wo + c*ob + k] *
-    x[xo + c*ldx + v])`` (flat float32 arrays; ``act`` the epilogue ``code`` 0 none, 1 ReLU,
-    2 leaky ReLU of slope ``alpha``; ELU runs after it)."""
-
-    @intrinsic
-    def tile(typingctx, x, xo, ldx, w, wo, b, bo, y, yo, ldy, C, code, alpha):
-        sig = types.void(x, xo, ldx, w, wo, b, bo, y, yo, ldy, C, code, alpha)
-
-        def codegen(context, builder, signature, args):  # pragma: no cover - runs in the compiler
-            st = signature.args
-            i64 = ir.IntType(64)
-            vt = ir.VectorType(ir.FloatType(), VL)
-
-            def idx(k):
-                return context.cast(builder, args[k], st[k], types.int64)
-
-            def data(k):
-                return context.make_array(st[k])(context, builder, args[k]).data
-
-            def const(v):
-                return ir.Constant(i64, v)
-
-            xd, wd, bd, yd = data(0), data(3), data(5), data(7)
-            xo_, ldx_, wo_, bo_, yo_, ldy_, c_, code_ = (idx(k) for k in (1, 2, 4, 6, 8, 9, 10, 11))
-            undef = ir.Constant(vt, ir.Undefined)
-            lane0 = ir.Constant(ir.VectorType(ir.IntType(32), VL), [0] * VL)
-
-            def splat(s):
-                return builder.shuffle_vector(
-                    builder.insert_element(undef, s, ir.Constant(ir.IntType(32), 0)), undef, lane0
-                )
-
-            def vec(base, off):  # the VL floats at base + off as a vector pointer
-                return builder.bitcast(builder.gep(base, [const(off)]), vt.as_pointer())
-
-            # accumulators start at the bias; allocas of vectors become registers (mem2reg)
-            acc = []
-            for k in range(ob):
-                bk = splat(builder.load(builder.gep(bd, [builder.add(bo_, const(k))])))
-                row = [cgutils.alloca_once(builder, vt) for _ in range(2)]
-                for a in row:
-                    builder.store(bk, a)
-                acc.append(row)
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{VL}f32"
-            )
-            with cgutils.for_range(builder, c_) as loop:
-                c = loop.index
-                xrow = builder.gep(xd, [builder.add(xo_, builder.mul(c, ldx_))])
-                xv = []
-                for j in range(2):
-                    v = builder.load(vec(xrow, j * VL))
-                    v.align = 4
-                    xv.append(v)
-                wrow = builder.gep(wd, [builder.add(wo_, builder.mul(c, const(ob)))])
-                for k in range(ob):
-                    wk = splat(builder.load(builder.gep(wrow, [const(k)])))
-                    for j in range(2):
-                        builder.store(builder.call(fma, [wk, xv[j], builder.load(acc[k][j])]), acc[k][j])
-            zero = ir.Constant(vt, [0.0] * VL)
-            slope = splat(context.cast(builder, args[12], st[12], types.float32))
-            relu = builder.icmp_signed("==", code_, const(1))
-            leaky = builder.icmp_signed("==", code_, const(2))
-            for k in range(ob):
-                yrow = builder.gep(yd, [builder.add(yo_, builder.mul(const(k), ldy_))])
-                for j in range(2):
-                    v = builder.load(acc[k][j])
-                    pos = builder.fcmp_ordered(">", v, zero)
-                    r = builder.select(
-                        relu,
-                        builder.select(pos, v, zero),
-                        builder.select(leaky, builder.select(pos, v, builder.fmul(v, slope)), v),
-                    )
-                    s = builder.store(r, vec(yrow, j * VL))
-                    s.align = 4
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return tile
-
-
-_TILE_FULL, _TILE2, _TILE1 = _tile(OB), _tile(2), _tile(1)
-_TILE4 = _TILE_FULL if OB == 4 else _tile(4)
+@njit(nogil=True, cache=True, inline="always")
+def _tile(ob, x, xo, ldx, w, wo, b, bo, y, yo, ldy, C, code, alpha):  # pragma: no cover - compiled
+    """For ``k < ob`` and ``v < TV``, ``y[yo + k*ldy + v] = act(b[bo + k] + sum_c w[wo + c*ob + k] *
+    x[xo + c*ldx + v])`` (:func:`~.microkernel.fma_tile`: ``w`` packed, :func:`pack_weights`;
+    ``act`` the epilogue ``code`` 0 none, 1 ReLU, 2 leaky ReLU of slope ``alpha``; ELU runs after it)."""
+    if ob == OB:
+        fma_tile(OB, 2, w, wo, 1, OB, x, xo, ldx, y, yo, ldy, C, b, bo, code, alpha)
+    elif ob == 4:
+        fma_tile(4, 2, w, wo, 1, 4, x, xo, ldx, y, yo, ldy, C, b, bo, code, alpha)
+    elif ob == 2:
+        fma_tile(2, 2, w, wo, 1, 2, x, xo, ldx, y, yo, ldy, C, b, bo, code, alpha)
+    else:
+        fma_tile(1, 2, w, wo, 1, 1, x, xo, ldx, y, yo, ldy, C, b, bo, code, alpha)
 
 
 def pack_weights(w) -> np.ndarray:
@@ -187,16 +100,16 @@ def _stage(x, ldx, wp, wo, b, bo, y, ldy, C, O, nv, code, alpha):  # pragma: no 
     for v0 in range(0, nv, TV):
         o0 = 0
         while o0 + OB <= O:
-            _TILE_FULL(x, v0, ldx, wp, wo + o0 * C, b, bo + o0, y, o0 * ldy + v0, ldy, C, code, alpha)
+            _tile(OB, x, v0, ldx, wp, wo + o0 * C, b, bo + o0, y, o0 * ldy + v0, ldy, C, code, alpha)
             o0 += OB
         if OB > 4 and O - o0 >= 4:
-            _TILE4(x, v0, ldx, wp, wo + o0 * C, b, bo + o0, y, o0 * ldy + v0, ldy, C, code, alpha)
+            _tile(4, x, v0, ldx, wp, wo + o0 * C, b, bo + o0, y, o0 * ldy + v0, ldy, C, code, alpha)
             o0 += 4
         if O - o0 >= 2:
-            _TILE2(x, v0, ldx, wp, wo + o0 * C, b, bo + o0, y, o0 * ldy + v0, ldy, C, code, alpha)
+            _tile(2, x, v0, ldx, wp, wo + o0 * C, b, bo + o0, y, o0 * ldy + v0, ldy, C, code, alpha)
             o0 += 2
         if O - o0 >= 1:
-            _TILE1(x, v0, ldx, wp, wo + o0 * C, b, bo + o0, y, o0 * ldy + v0, ldy, C, code, alpha)
+            _tile(1, x, v0, ldx, wp, wo + o0 * C, b, bo + o0, y, o0 * ldy + v0, ldy, C, code, alpha)
         if code == 3:  # ELU: the tile's rows while in L1
             for o in range(O):
                 act_row(y, o * ldy + v0, o * ldy + v0 + TV, code, alpha)

@@ -28,6 +28,10 @@ DEFAULTS = {
     # 8-point tiles where they need at most this fraction of 6-point tiles' transform positions
     # (0: 6-point tiles only)
     "winograd.large_tile_gain": 1.0,
+    # the products of a Winograd block on BLAS (1) instead of znni's register tiles (0,
+    # layers/microkernel.py): OpenBLAS's Haswell kernel ran them 1.1-1.4x slower on AVX2, its
+    # SkylakeX kernel as fast or up to 1.3x faster on AVX-512
+    "winograd.blas": 0,
     # voxels per block of a 1x1x1 chain (layers/pointwise.py; a multiple of 32)
     "pointwise.block": 1024,
     # input values per grouped row of the direct loop (layers/direct.py)
@@ -37,6 +41,7 @@ DEFAULTS = {
 CANDIDATES = {
     "winograd.block_bytes": (2**19, 2**20, 3 * 2**20, 6 * 2**20),
     "winograd.large_tile_gain": (0.0, 1.0),
+    "winograd.blas": (0, 1),
     "pointwise.block": (512, 1024, 2048),
     "direct.row_group": (256, 512, 1024),
 }

@@ -44,7 +44,7 @@ import math
 import numpy as np
 
 from ..errors import InputError
-from . import arena, tuning
+from . import arena, microkernel, tuning
 from ._numba import njit
 from .epilogue import act_row
 from .layout import channels_inner, empty_channels_last, is_channels_last, memory_order
@@ -185,7 +185,7 @@ def winograd_kernel_bytes(c_in, c_out, kernel, in_spatial) -> int:
     """Bytes of a layer's resident kernel transform ``U`` ``(T, C_in, C_out)`` float32 for
     inputs of ``in_spatial`` (the tile size follows the output's)."""
     T = winograd_sizes(1, in_spatial, kernel)[0]
-    return F32 * T * int(c_in) * int(c_out)
+    return F32 * T * int(c_in) * microkernel.padded_columns(c_out)
 
 
 def _blocks(rows, tiles_x, T, c_in, c_out, threads) -> tuple[int, int]:
@@ -207,7 +207,8 @@ def winograd_memory(n, c_in, c_out, in_spatial, kernel, threads=1) -> int:
     T = math.prod(al)
     rows = int(n) * nt[0] * nt[1]
     br, workers = _blocks(rows, nt[2], T, c_in, c_out, threads)
-    block = F32 * T * (c_in + c_out) * br * nt[2]
+    r = microkernel.tile_shape(c_out)[0]  # the register tiles' whole rows and columns of V and M
+    block = F32 * T * (int(c_in) + microkernel.padded_columns(c_out)) * (-(-br * nt[2] // r) * r)
     width = nt[2] * ms[2]
     scratch = F32 * (
         al[0] * al[1] * (width + al[2] - ms[2]) * c_in
@@ -550,10 +551,10 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q, lz, ly, lx, c
 
 @njit(nogil=True, cache=True)
 def _output_transform(
-    M, out, r0, r1, nty, ntz, ntx, ms, al, bias, code, alpha, P, Q, S, cl
+    M, ldm, out, r0, r1, nty, ntz, ntx, ms, al, bias, code, alpha, P, Q, S, cl
 ):  # pragma: no cover - compiled
     """out[n, o, tile (r, i)] = act(AT M[:, tile, o] + bias[o]) (the epilogue, M flat:
-    (T, NT, C_out) in C order) for tile rows [r0, r1); outputs past the edge are dropped.  Channels last as in
+    (T, NT, ldm) in C order, ``ldm >= C_out``) for tile rows [r0, r1); outputs past the edge are dropped.  Channels last as in
     :func:`_input_transform`: per tile z (into ``P``), y (into ``Q``), x (into the staged
     output rows ``S`` (mz, my, W, C_out)); then ``S`` is transposed into ``out`` (copied, with
     ``cl``: ``out`` is then a channels-last output's memory ``(N, Z, Y, X, C_out)``)."""
@@ -564,7 +565,7 @@ def _output_transform(
     mz, my, mx = ms
     az, ay, ax = al
     T = az * ay * ax
-    NT = M.shape[0] // (T * O)
+    NT = M.shape[0] // (T * ldm)
     W = S.shape[0] // (mz * my * O)
     for r in range(r0, r1):
         n = r // (ntz * nty)
@@ -572,7 +573,7 @@ def _output_transform(
         for it in range(ntx):
             tile = (r - r0) * ntx + it
             # where position (rz, by, bx) of the current stage sits: s0 + rz*s_z + by*s_y + bx*s_x
-            src, s0, s_z, s_y, s_x = M, tile * O, 0, ax * NT * O, NT * O
+            src, s0, s_z, s_y, s_x = M, tile * ldm, 0, ax * NT * ldm, NT * ldm
             if az > 1:
                 for j in range(ay):
                     for bx in range(ax):
@@ -580,8 +581,8 @@ def _output_transform(
                             az,
                             mz,
                             M,
-                            ((j * ax + bx) * NT + tile) * O,
-                            ay * ax * NT * O,
+                            ((j * ax + bx) * NT + tile) * ldm,
+                            ay * ax * NT * ldm,
                             P,
                             (j * ax + bx) * O,
                             ay * ax * O,
@@ -651,7 +652,11 @@ class WinogradConv(ResidentConv):
         # U[t] = (Gz x Gy x Gx) w[o, c] as (C_in, C_out), computed in float64
         wh = w.get() if hasattr(w, "get") else np.asarray(w)
         u = np.einsum("ai,bj,ek,ocijk->abeco", tr[0][1], tr[1][1], tr[2][1], wh.astype(np.float64), optimize=True)
-        self.U = xp.asarray(np.ascontiguousarray(u.reshape(self.T, self.c_in, self.c_out), np.float32))
+        u = np.ascontiguousarray(u.reshape(self.T, self.c_in, self.c_out), np.float32)
+        #: the register tiles' shape (:mod:`.microkernel`); on the CPU ``U`` is kept with whole
+        #: tiles of zero columns (the tiles' loads), BLAS and the GPU read its first ``C_out``
+        self.shape = microkernel.tile_shape(self.c_out)
+        self.U = microkernel.pad_columns(u, self.shape) if xp is np else xp.asarray(u)
         #: a call without ``out`` returns a channels-last array (:mod:`.layout`; numpy only);
         #: chosen with ``act`` by :meth:`configured`.  The input may be channels last either way.
         self.channels_last = False
@@ -679,7 +684,9 @@ class WinogradConv(ResidentConv):
         # v: (n, C, tz, ty, tx, az, ay, ax) -> V (T, C, tiles)
         V = xp.ascontiguousarray(v.transpose(5, 6, 7, 1, 0, 2, 3, 4).reshape(self.T, C, -1))
         del v, tiles, xpad
-        M = xp.matmul(self.U.transpose(0, 2, 1), V).reshape(al + (O, n) + nt)  # (az, ay, ax, O, n, tz, ty, tx)
+        M = xp.matmul(self.U[:, :, :O].transpose(0, 2, 1), V).reshape(
+            al + (O, n) + nt
+        )  # (az, ay, ax, O, n, tz, ty, tx)
         del V
         for axis in range(3):  # contract az, ay, ax in turn with AT: the new (m) axis goes last
             M = xp.tensordot(M, xp.asarray(self.AT[axis]), axes=([0], [1]))
@@ -691,22 +698,29 @@ class WinogradConv(ResidentConv):
             y += self.bias.reshape(1, -1, 1, 1, 1)
         return y
 
-    # -- CPU: numba transforms over blocks of tile rows, T sgemm calls per block
-    def _buffers(self, n):
+    # -- CPU: numba transforms over blocks of tile rows, T products per block
+    def _buffers(self, n, blas):
         """Per worker: its own block of ``V`` and ``M`` and transform scratch (a worker runs
-        whole blocks: transforms and GEMMs stay on one core's cache)."""
+        whole blocks: transforms and products stay on one core's cache).  For the register
+        tiles (:mod:`.microkernel`) ``V`` and ``M`` have whole tiles of rows and ``M`` whole
+        tiles of columns (``M`` (T, rows, ldm)), so every tile reads and writes in place."""
         hit = self._work
-        if hit is not None and hit[0] == n:
+        if hit is not None and hit[0] == (n, blas):
             return hit[1]
         self._work = None
         (mz, my, mx), (az, ay, ax), (ntz, nty, ntx) = self.ms, self.al, self.nt
         rows = n * ntz * nty
         br, workers = _blocks(rows, ntx, self.T, self.c_in, self.c_out, self.threads)
         c = max(self.c_in, self.c_out)
+        shape = self.shape
+        if blas:
+            tiles, ldm = br * ntx, self.c_out
+        else:
+            tiles, ldm = -(-br * ntx // shape[0]) * shape[0], self.U.shape[2]
         sets = []
         for _ in range(workers):
-            V = np.empty((self.T, br * ntx, self.c_in), np.float32)  # per position: tiles x channels
-            M = np.empty((self.T, br * ntx, self.c_out), np.float32)
+            V = np.zeros((self.T, tiles, self.c_in), np.float32)  # per position: tiles x channels
+            M = np.empty((self.T, tiles, ldm), np.float32)
             # a tile row's input rows channels last, its two stage buffers, staged output rows
             scratch = (
                 np.empty(az * ay * (ntx * mx + ax - mx) * self.c_in, np.float32),
@@ -715,14 +729,18 @@ class WinogradConv(ResidentConv):
                 np.empty(mz * my * ntx * mx * self.c_out, np.float32),
             )
             sets.append((V, M, scratch))
-        bufs = (br, sets)  # run by the caller and pooled threads (each_worker)
-        self._work = (n, bufs)
+        # the register tiles' scratch, one per thread (one worker splits its products over them)
+        tails = [] if blas else [microkernel.Scratch(self.c_in, self.c_out, shape) for _ in range(self.threads)]
+        bufs = (br, sets, tails)  # run by the caller and pooled threads (each_worker)
+        self._work = ((n, blas), bufs)
         return bufs
 
     def _call_cpu(self, x, out, low):
         n, O = x.shape[0], self.c_out
         ntz, nty, ntx = self.nt
-        br, sets = self._buffers(n)
+        blas = bool(tuning.get("winograd.blas"))
+        br, sets, tails = self._buffers(n, blas)
+        workers = len(sets)
         cl_in = is_channels_last(x) and x.dtype == np.float32
         xs = memory_order(x) if cl_in else np.ascontiguousarray(x, dtype=np.float32)
         if out is None:
@@ -737,23 +755,40 @@ class WinogradConv(ResidentConv):
         code, alpha = self.epilogue
         rows = n * ntz * nty
         blocks = [(r0, min(rows, r0 + br)) for r0 in range(0, rows, br)]
+        T, U = self.T, self.U
 
-        product = gemm if len(sets) == 1 else np.matmul  # one worker: its GEMMs on the run's threads
+        def products(w, V, M, k):
+            """M[:, :k] = V[:, :k] @ U: T products on worker ``w``, or split by position over
+            the layer's threads when one worker runs every block."""
+            if blas:
+                (gemm if workers == 1 else np.matmul)(V[:, :k], U[:, :, :O], out=M[:, :k])
+            elif workers > 1 or len(tails) == 1:
+                microkernel.batched_products(V, U, M, k, O, tails[w])
+            else:
+                parts = len(tails)
+                each_worker(
+                    lambda p: microkernel.batched_products(
+                        V, U, M, k, O, tails[p], p * T // parts, (p + 1) * T // parts
+                    ),
+                    parts,
+                )
 
         def work(w):
             V, M, (R, P, Q, S) = sets[w]
             Vf, Mf = V.reshape(-1), M.reshape(-1)
-            for r0, r1 in blocks[w :: len(sets)]:
+            for r0, r1 in blocks[w::workers]:
                 k = (r1 - r0) * ntx
                 _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, R, P, Q, *low, cl_in)
-                product(V[:, :k], self.U, out=M[:, :k])  # T sgemm calls
-                _output_transform(Mf, dst, r0, r1, nty, ntz, ntx, self.ms, self.al, bias, code, alpha, P, Q, S, cl_out)
+                products(w, V, M, k)
+                _output_transform(
+                    Mf, M.shape[2], dst, r0, r1, nty, ntz, ntx, self.ms, self.al, bias, code, alpha, P, Q, S, cl_out
+                )
 
-        if len(sets) == 1:
+        if workers == 1:
             work(0)
-        else:  # each worker's GEMMs on one BLAS thread: no BLAS pool spinning against the workers
+        else:  # each worker's products on its own thread: no BLAS pool spinning against the workers
             with blas_limit(1):
-                each_worker(work, len(sets))
+                each_worker(work, workers)
         if not self.keep_buffers:
             self.release()
         return out

@@ -120,6 +120,7 @@ def _tuning_cases(threads: int) -> dict:
     return {
         "winograd.block_bytes": wino,
         "winograd.large_tile_gain": wino,
+        "winograd.blas": wino,
         "pointwise.block": chains,
         "direct.row_group": direct,
     }
@@ -354,13 +355,20 @@ def _winograd_rates(threads: int) -> dict:
     points, blocks = [], 8
     for c in _WINOGRAD_CAL["channels"]:
         conv = L.WinogradConv(rng.standard_normal((c, c) + k, dtype=np.float32), None, sp, threads=threads)
-        V = np.ones_like(conv._buffers(1)[1][0][0])
+        blas = bool(L.tuning.get("winograd.blas"))  # the products as the calls run them
+        V0, M0, _ = conv._buffers(1, blas)[1][0]
         conv.release()
-        sets = [(V.copy(), np.empty_like(V)) for _ in range(threads)]  # C_in = C_out: M is V's shape
+        sets = [(np.ones_like(V0), np.empty_like(M0), L.microkernel.Scratch(c, c, conv.shape)) for _ in range(threads)]
 
         def worker(w):
+            V, M, tail = sets[w]
             for _ in range(blocks):
-                np.matmul(sets[w][0], conv.U, out=sets[w][1])
+                if blas:
+                    np.matmul(V, conv.U[:, :, :c], out=M)
+                else:
+                    L.microkernel.batched_products(V, conv.U, M, V.shape[1], c, tail)
+
+        V = V0
 
         with blas_limit(1):
             seconds = _best_of(lambda: each_worker(worker, threads))

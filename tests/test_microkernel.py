@@ -1,0 +1,69 @@
+"""The register tiles (``layers/microkernel.py``) against float64 products.
+
+Every tile shape the host's ISA has, on products whose rows and columns are and are not whole
+tiles (the scratch tiles), with ``C`` padded (whole tiles written in place) and not, each
+position range on its own; the shape rule; the 1x1x1 chains and Winograd layers that run on the
+tiles are checked in ``tests/test_layers_conv.py`` and ``tests/test_winograd.py``, and under the
+other ISA builds in ``tests/test_vector_width.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from znni_core.layers import microkernel as mk
+
+
+def _product(rng, T, n, K, N, shape, padded, extra_rows):
+    A = rng.standard_normal((T, n + extra_rows, K), dtype=np.float32)
+    B = rng.standard_normal((T, K, N), dtype=np.float32)
+    ldc = mk.padded_columns(N, shape) if padded else N
+    C = np.full((T, n + extra_rows, ldc), np.nan, np.float32)
+    return A, B, C
+
+
+@pytest.mark.parametrize("shape", mk.SHAPES)
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize(
+    "T,n,K,N", [(3, 37, 5, 7), (2, 64, 48, 48), (4, 29, 24, 24), (1, 11, 80, 80), (2, 50, 33, 17), (1, 1, 1, 1)]
+)
+def test_products_equal_float64(shape, padded, T, n, K, N):
+    rng = np.random.default_rng(T * 1000 + n + K + N)
+    A, B, C = _product(rng, T, n, K, N, shape, padded, extra_rows=mk.SHAPES[0][0] if padded else 0)
+    mk.batched_products(A, mk.pad_columns(B, shape), C, n, N, mk.Scratch(K, N, shape))
+    ref = np.matmul(A[:, :n].astype(np.float64), B.astype(np.float64))
+    err = np.abs(C[:, :n, :N] - ref).max() / max(np.abs(ref).max(), 1e-30)
+    assert err < 1e-5, (shape, err)
+    if not padded:  # nothing written past the rows and columns asked for when C has no padding
+        assert np.isnan(C[:, n:]).all()
+
+
+def test_a_range_of_positions_writes_only_those():
+    rng = np.random.default_rng(5)
+    A, B, C = _product(rng, 6, 40, 16, 24, None, True, 0)
+    mk.batched_products(A, mk.pad_columns(B), C, 40, 24, mk.Scratch(16, 24), 2, 4)
+    ref = np.matmul(A.astype(np.float64), B.astype(np.float64))
+    np.testing.assert_allclose(C[2:4, :, :24], ref[2:4], rtol=1e-5, atol=1e-4)
+    assert np.isnan(C[:2]).all() and np.isnan(C[4:]).all()
+
+
+def test_tile_shapes_fit_the_registers_and_pad_least():
+    assert all(mk.fits(r, nv) and not mk.fits(r + 1, nv) for r, nv in mk.SHAPES)
+    for n in (1, 7, 16, 24, 36, 48, 64, 80, 96, 128):
+        r, nv = mk.tile_shape(n)
+        least = min(-(-n // (v * mk.VL)) * v * mk.VL for _, v in mk.SHAPES)
+        assert mk.padded_columns(n, (r, nv)) == least == mk.padded_columns(n)
+
+
+def test_mismatched_buffers_are_refused():
+    rng = np.random.default_rng(0)
+    A, B, C = _product(rng, 2, 10, 8, 8, None, False, 0)
+    with pytest.raises(ValueError, match="scratch for K=4"):
+        mk.batched_products(A, mk.pad_columns(B), C, 10, 8, mk.Scratch(4, 8))
+    with pytest.raises(ValueError, match="products of"):
+        mk.batched_products(A, B, C, 10, 8, mk.Scratch(8, 8))  # B without whole tiles of columns
+    with pytest.raises(ValueError, match="products of"):
+        mk.batched_products(A, mk.pad_columns(B), C, 11, 8, mk.Scratch(8, 8))
+    with pytest.raises(ValueError, match="tile shape"):
+        mk.Scratch(8, 8, (3, 3))

@@ -1,0 +1,326 @@
+"""The register tile every small product of znni runs on: ``rows x nv`` vectors of sums in registers.
+
+A product ``C = A @ B`` of a few tens of channels is too small for BLAS to run well: OpenBLAS
+pays for packing and for a kernel blocked for its own shapes, and on an AVX2 core its Haswell
+kernel ran the Winograd layers' products 1.05-1.67x slower than code of the same ISA built here.
+So, as BLIS's micro-kernels do, one tile of ``C`` (``rows`` rows x ``nv`` vectors of ``VL`` floats)
+is summed over the inner dimension in registers and stored once::
+
+    C[co + r*ldc + v] = act(bias[bo + r] + sum_k A[ao + r*ar + k*ac] * B[bo + k*ldb + v])
+
+``A``'s values are broadcast (one per row and ``k``), ``B``'s rows are loaded as ``nv`` vectors;
+``rows * nv`` accumulators, ``nv`` loads and one broadcast must fit the ISA's vector registers
+(:data:`REGISTERS`: 32 with AVX-512, 16 with AVX2; a tile that does not fit spills, and that was
+the gap between builds).  The 1x1x1 chains (``A`` the packed weights, ``B`` the voxels) and the
+Winograd layers' products (``A`` a block of transformed tiles, ``B`` the transformed kernel)
+both run on it.
+
+The tile is LLVM IR (a numba intrinsic: ``<VL x float>`` loads, splats and ``llvm.fma``; ``rows``
+and ``nv`` are compile-time constants of each call site), so it is built for the ISA numba
+targets (:mod:`.vector_width`).  ``tests/test_microkernel.py`` checks every shape against a
+float64 product, under each ISA build.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from ._numba import njit, numba
+
+__all__ = ["REGISTERS", "SHAPES", "VL", "Scratch", "batched_products", "fits", "fma_tile", "pad_columns", "tile_shape"]
+
+
+def _target_features() -> list:
+    """The CPU features numba compiles for: ``NUMBA_CPU_FEATURES`` when set (then numba's cache
+    keys on it too, so tiles and their cached loops always agree), else those of a known
+    ``NUMBA_CPU_NAME`` (an ISA build: ``znver3`` is AVX2 on any host), else the host's."""
+    from numba.core.codegen import get_host_cpu_features
+
+    feats = numba.config.CPU_FEATURES
+    name = numba.config.CPU_NAME
+    if feats is None and name in _KNOWN:
+        feats = ",".join(f"+{f}" for f in _KNOWN[name])
+    return (feats if feats is not None else get_host_cpu_features()).split(",")
+
+
+#: the vector features of the CPU names an ISA build may give ``NUMBA_CPU_NAME`` (LLVM's own
+#: tables: Intel's server cores prefer 256-bit vectors)
+_KNOWN = {
+    "haswell": ("avx", "avx2", "fma"),
+    "skylake": ("avx", "avx2", "fma"),
+    "znver2": ("avx", "avx2", "fma"),
+    "znver3": ("avx", "avx2", "fma"),
+    "skylake-avx512": ("avx", "avx2", "fma", "avx512f", "prefer-256-bit"),
+    "cascadelake": ("avx", "avx2", "fma", "avx512f", "prefer-256-bit"),
+    "icelake-server": ("avx", "avx2", "fma", "avx512f", "prefer-256-bit"),
+    "sapphirerapids": ("avx", "avx2", "fma", "avx512f", "prefer-256-bit"),
+    "znver4": ("avx", "avx2", "fma", "avx512f"),
+    "znver5": ("avx", "avx2", "fma", "avx512f"),
+}
+
+_FEATURES = _target_features()
+#: floats per vector: 16 where numba targets AVX-512 at 512 bits, else 8 (AVX2, or AVX-512 with
+#: 256-bit vectors preferred, :mod:`.vector_width`: LLVM then splits a 16-float vector in two,
+#: and a tile of 8 x 2 such vectors spilled)
+VL = 16 if "+avx512f" in _FEATURES and "+prefer-256-bit" not in _FEATURES else 8
+#: vector registers: 32 with AVX-512 (at either width: ymm16-31 come with AVX-512VL), else 16
+REGISTERS = 32 if "+avx512f" in _FEATURES else 16
+
+
+def fits(rows: int, nv: int) -> bool:
+    """True when a ``rows x nv`` tile's accumulators, ``nv`` loads of ``B`` and one broadcast fit the registers."""
+    return rows * nv + nv + 1 <= REGISTERS
+
+
+def _tile_function(module, R: int, NV: int):
+    """The tile as a function of its own in ``module`` (defined once per module): kept out of the
+    loops that call it, its accumulators get the registers to themselves (inlined into a loop
+    nest, LLVM spilled them to the stack)."""
+    name = f"znni_fma_tile_{R}x{NV}x{VL}"
+    fn = module.globals.get(name)
+    if fn is not None:
+        return fn
+    f32, i64 = ir.FloatType(), ir.IntType(64)
+    fp = f32.as_pointer()
+    vt = ir.VectorType(f32, VL)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [fp, i64, i64, fp, i64, fp, i64, i64, fp, i64, f32]), name)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    a, ar, ac, b, ldb, c, ldc, K, bias, code, alpha = fn.args
+    for p in (a, b, c, bias):
+        p.add_attribute("noalias")
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def const(v):
+        return ir.Constant(i64, v)
+
+    undef = ir.Constant(vt, ir.Undefined)
+    lane0 = ir.Constant(ir.VectorType(ir.IntType(32), VL), [0] * VL)
+
+    def splat(s):
+        return builder.shuffle_vector(builder.insert_element(undef, s, ir.Constant(ir.IntType(32), 0)), undef, lane0)
+
+    def vec(base, off):  # the VL floats at base + off as a vector pointer
+        return builder.bitcast(builder.gep(base, [const(off)]), vt.as_pointer())
+
+    # accumulators start at the bias; allocas of vectors become registers (mem2reg)
+    acc, arows = [], []
+    for r in range(R):
+        br = splat(builder.load(builder.gep(bias, [const(r)])))
+        row = [cgutils.alloca_once(builder, vt) for _ in range(NV)]
+        for x in row:
+            builder.store(br, x)
+        acc.append(row)
+        arows.append(builder.gep(a, [builder.mul(const(r), ar)]))
+    fma = cgutils.get_or_insert_function(module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{VL}f32")
+    with cgutils.for_range(builder, K) as loop:
+        k = loop.index
+        brow = builder.gep(b, [builder.mul(k, ldb)])
+        bv = []
+        for j in range(NV):
+            v = builder.load(vec(brow, j * VL))
+            v.align = 4
+            bv.append(v)
+        kc = builder.mul(k, ac)
+        for r in range(R):
+            av = splat(builder.load(builder.gep(arows[r], [kc])))
+            for j in range(NV):
+                builder.store(builder.call(fma, [av, bv[j], builder.load(acc[r][j])]), acc[r][j])
+    zero = ir.Constant(vt, [0.0] * VL)
+    slope = splat(alpha)
+    relu = builder.icmp_signed("==", code, const(1))
+    leaky = builder.icmp_signed("==", code, const(2))
+    for r in range(R):
+        crow = builder.gep(c, [builder.mul(const(r), ldc)])
+        for j in range(NV):
+            v = builder.load(acc[r][j])
+            pos = builder.fcmp_ordered(">", v, zero)
+            out = builder.select(
+                relu,
+                builder.select(pos, v, zero),
+                builder.select(leaky, builder.select(pos, v, builder.fmul(v, slope)), v),
+            )
+            s = builder.store(out, vec(crow, j * VL))
+            s.align = 4
+    builder.ret_void()
+    return fn
+
+
+@intrinsic
+def fma_tile(typingctx, rows, nv, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, bias, bio, code, alpha):
+    """``fma_tile(rows, nv, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, bias, bio, code, alpha)``: for
+    ``r < rows`` and ``v < nv * VL``, ``c[co + r*ldc + v] = act(bias[bio + r] + sum_{k < K}
+    a[ao + r*ar + k*ac] * b[bo + k*ldb + v])``; flat float32 arrays, ``rows`` and ``nv`` constants;
+    ``act`` the epilogue ``code``: 0 none, 1 ReLU, 2 leaky ReLU of slope ``alpha``."""
+    if not isinstance(rows, types.IntegerLiteral) or not isinstance(nv, types.IntegerLiteral):
+        return None
+    R, NV = int(rows.literal_value), int(nv.literal_value)
+    sig = types.void(rows, nv, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, bias, bio, code, alpha)
+
+    def codegen(context, builder, signature, args):  # pragma: no cover - runs in the compiler
+        st = signature.args
+
+        def idx(k):
+            return context.cast(builder, args[k], st[k], types.int64)
+
+        def at(k, off):  # element ``off`` of flat array argument k
+            return builder.gep(context.make_array(st[k])(context, builder, args[k]).data, [idx(off)])
+
+        fn = _tile_function(builder.module, R, NV)
+        builder.call(
+            fn,
+            [
+                at(2, 3),
+                idx(4),
+                idx(5),  # a, ar, ac
+                at(6, 7),
+                idx(8),  # b, ldb
+                at(9, 10),
+                idx(11),  # c, ldc
+                idx(12),
+                at(13, 14),
+                idx(15),  # K, bias, code
+                context.cast(builder, args[16], st[16], types.float32),
+            ],
+        )
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# ----------------------------------------------------------------------------- batched products
+#: the tile shapes ``(rows, nv)`` of :func:`batched_products`, one per ``nv`` in 1-5: the most
+#: rows that fit the registers
+SHAPES = tuple((max(1, (REGISTERS - 1 - nv) // nv), nv) for nv in range(1, 6))
+_R1, _R2, _R3, _R4, _R5 = (r for r, _ in SHAPES)
+_RMAX = max(r for r, _ in SHAPES)
+
+
+def tile_shape(n_cols: int) -> tuple:
+    """``(rows, nv)`` for products of ``n_cols`` columns: the fewest padded columns, then the most
+    sums per value loaded (``rows * nv / (rows + nv)``: a tall thin tile is bound by its broadcasts)."""
+    n = max(1, int(n_cols))
+
+    def cost(shape):
+        r, nv = shape
+        w = nv * VL
+        return (-(-n // w) * w, -r * nv / (r + nv))
+
+    return min(SHAPES, key=cost)
+
+
+def padded_columns(n_cols: int, shape: tuple | None = None) -> int:
+    """``n_cols`` rounded up to whole tiles of ``shape`` (:func:`tile_shape`'s by default): the row
+    length of ``B`` and, to write no column through the scratch tile, of ``C``."""
+    w = (tile_shape(n_cols) if shape is None else shape)[1] * VL
+    return -(-int(n_cols) // w) * w
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _tile(nv, a, ao, ar, b, bo, ldb, c, co, ldc, K, zb):  # pragma: no cover - compiled
+    """One tile of ``nv`` vectors (its rows: :data:`SHAPES`), no bias, no activation."""
+    if nv == 1:
+        fma_tile(_R1, 1, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+    elif nv == 2:
+        fma_tile(_R2, 2, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+    elif nv == 3:
+        fma_tile(_R3, 3, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+    elif nv == 4:
+        fma_tile(_R4, 4, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+    else:
+        fma_tile(_R5, 5, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+
+
+@njit(nogil=True, cache=True)
+def _products(A, sa, ra, B, C, sc, rc, ldc, t0, t1, n, K, N, Np, R, nv, As, Cs, zb):  # pragma: no cover - compiled
+    """C[t, :n, :N] = A[t, :n, :K] @ B[t, :K, :N] for t in [t0, t1); flat arrays: ``A`` ``sa``
+    floats per t, ``ra`` rows of ``K``; ``C`` ``sc`` floats per t, ``rc`` rows of ``ldc``; ``B``
+    (T, K, Np), zero columns from ``N``.  A tile reads whole rows of ``A`` and writes whole rows and
+    tiles of ``C`` where the buffers hold them (rows from ``n``, columns from ``N``: padding); past
+    a buffer's end it goes through the scratch tiles ``As`` and ``Cs``."""
+    W = nv * VL
+    for t in range(t0, t1):
+        a0, b0, c0 = t * sa, t * K * Np, t * sc
+        for r0 in range(0, n, R):
+            rows = min(R, n - r0)
+            src, so = A, a0 + r0 * K
+            if r0 + R > ra:  # the last rows, padded with zero rows
+                As[: rows * K] = A[so : so + rows * K]
+                As[rows * K : R * K] = 0.0
+                src, so = As, 0
+            for o0 in range(0, N, W):
+                if r0 + R <= rc and o0 + W <= ldc:
+                    _tile(nv, src, so, K, B, b0 + o0, Np, C, c0 + r0 * ldc + o0, ldc, K, zb)
+                else:
+                    cols = min(W, N - o0)
+                    _tile(nv, src, so, K, B, b0 + o0, Np, Cs, 0, W, K, zb)
+                    for r in range(rows):
+                        C[c0 + (r0 + r) * ldc + o0 : c0 + (r0 + r) * ldc + o0 + cols] = Cs[r * W : r * W + cols]
+
+
+def pad_columns(B, shape: tuple | None = None):
+    """``B`` (T, K, N) float32 with zero columns up to :func:`padded_columns` (its tiles' loads stay inside)."""
+    T, K, N = B.shape
+    out = np.zeros((T, K, padded_columns(N, shape)), np.float32)
+    out[:, :, :N] = B
+    return out
+
+
+class Scratch:
+    """One worker's tail tiles for :func:`batched_products` of ``K`` inner and ``N`` output columns."""
+
+    def __init__(self, K: int, N: int, shape: tuple | None = None):
+        self.shape = tile_shape(N) if shape is None else tuple(shape)
+        if self.shape not in SHAPES:
+            raise ValueError(f"tile shape {self.shape}: one of {SHAPES}")
+        self.K = int(K)
+        r, nv = self.shape
+        self.A = np.zeros(r * int(K), np.float32)
+        self.C = np.zeros(r * nv * VL, np.float32)
+        self.zero = np.zeros(_RMAX, np.float32)
+
+
+def batched_products(A, B, C, n, N, scratch: Scratch, t0=0, t1=None):
+    """``C[t, :n, :N] = A[t, :n] @ B[t, :, :N]`` for ``t`` in ``[t0, t1)``, on the caller's thread:
+    ``A`` (T, rows, K) and ``C`` (T, rows, ldc) C-contiguous float32, ``B`` from :func:`pad_columns`
+    for the scratch's tile shape.  Rows of ``C`` from ``n`` and columns from ``N`` may be written
+    (padding: give ``C`` whole tiles, :func:`padded_columns`, and no value goes through the scratch)."""
+    T, ra, K = A.shape
+    rc, ldc = C.shape[1], C.shape[2]
+    r, nv = scratch.shape
+    if (
+        scratch.K != K
+        or B.shape[:2] != (T, K)
+        or B.shape[2] % (nv * VL)
+        or B.shape[2] < N
+        or ldc < N
+        or n > min(ra, rc)
+    ):
+        raise ValueError(
+            f"products of {A.shape} and {B.shape} into {C.shape} (scratch for K={scratch.K}, tiles {scratch.shape})"
+        )
+    t1 = T if t1 is None else t1
+    _products(
+        A.reshape(-1),
+        ra * K,
+        ra,
+        B.reshape(-1),
+        C.reshape(-1),
+        rc * ldc,
+        rc,
+        ldc,
+        t0,
+        t1,
+        n,
+        K,
+        N,
+        B.shape[2],
+        r,
+        nv,
+        scratch.A,
+        scratch.C,
+        scratch.zero,
+    )
