@@ -49,11 +49,13 @@ def test_a_range_of_positions_writes_only_those():
 
 
 def test_tile_shapes_fit_the_registers_and_pad_least():
-    assert all(mk.fits(r, nv) and not mk.fits(r + 1, nv) for r, nv in mk.SHAPES)
+    assert all(mk.fits(r, nv) and not mk.fits(r + 1, nv) for r, nv, _ in mk.SHAPES)
+    assert {vl for _, _, vl in mk.SHAPES} == ({16, 8} if mk.VL == 16 else {8})
     for n in (1, 7, 16, 24, 36, 48, 64, 80, 96, 128):
-        r, nv = mk.tile_shape(n)
-        least = min(-(-n // (v * mk.VL)) * v * mk.VL for _, v in mk.SHAPES)
-        assert mk.padded_columns(n, (r, nv)) == least == mk.padded_columns(n)
+        shape = mk.tile_shape(n)
+        least = min(-(-n // (v * w)) * v * w for _, v, w in mk.SHAPES)
+        assert mk.padded_columns(n, shape) == least == mk.padded_columns(n)
+        assert shape[2] == max(w for _, v, w in mk.SHAPES if mk.padded_columns(n, (_, v, w)) == least)
 
 
 def test_mismatched_buffers_are_refused():
@@ -61,9 +63,10 @@ def test_mismatched_buffers_are_refused():
     A, B, C = _product(rng, 2, 10, 8, 8, None, False, 0)
     with pytest.raises(ValueError, match="scratch for K=4"):
         mk.batched_products(A, mk.pad_columns(B), C, 10, 8, mk.Scratch(4, 8))
+    A2, B2, C2 = _product(rng, 2, 10, 8, 12, None, False, 0)
     with pytest.raises(ValueError, match="products of"):
-        mk.batched_products(A, B, C, 10, 8, mk.Scratch(8, 8))  # B without whole tiles of columns
+        mk.batched_products(A2, B2, C2, 10, 12, mk.Scratch(8, 12))  # B without whole tiles of columns
     with pytest.raises(ValueError, match="products of"):
         mk.batched_products(A, mk.pad_columns(B), C, 11, 8, mk.Scratch(8, 8))
     with pytest.raises(ValueError, match="tile shape"):
-        mk.Scratch(8, 8, (3, 3))
+        mk.Scratch(8, 8, (3, 3, 8))

@@ -75,11 +75,11 @@ def fits(rows: int, nv: int) -> bool:
     return rows * nv + nv + 1 <= REGISTERS
 
 
-def _tile_function(module, R: int, NV: int):
+def _tile_function(module, R: int, NV: int, VL: int):
     """The tile as a function of its own in ``module`` (defined once per module): kept out of the
     loops that call it, its accumulators get the registers to themselves (inlined into a loop
     nest, LLVM spilled them to the stack)."""
-    name = f"znni_fma_tile_{R}x{NV}x{VL}"
+    name = f"znni_fma_tile_{R}x{NV}x{VL}"  # a name per shape and width: one definition per module
     fn = module.globals.get(name)
     if fn is not None:
         return fn
@@ -150,15 +150,16 @@ def _tile_function(module, R: int, NV: int):
 
 
 @intrinsic
-def fma_tile(typingctx, rows, nv, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, bias, bio, code, alpha):
-    """``fma_tile(rows, nv, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, bias, bio, code, alpha)``: for
-    ``r < rows`` and ``v < nv * VL``, ``c[co + r*ldc + v] = act(bias[bio + r] + sum_{k < K}
-    a[ao + r*ar + k*ac] * b[bo + k*ldb + v])``; flat float32 arrays, ``rows`` and ``nv`` constants;
-    ``act`` the epilogue ``code``: 0 none, 1 ReLU, 2 leaky ReLU of slope ``alpha``."""
-    if not isinstance(rows, types.IntegerLiteral) or not isinstance(nv, types.IntegerLiteral):
+def fma_tile(typingctx, rows, nv, vl, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, bias, bio, code, alpha):
+    """``fma_tile(rows, nv, vl, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, bias, bio, code, alpha)``: for
+    ``r < rows`` and ``v < nv * vl``, ``c[co + r*ldc + v] = act(bias[bio + r] + sum_{k < K}
+    a[ao + r*ar + k*ac] * b[bo + k*ldb + v])``; flat float32 arrays; ``rows``, ``nv`` and ``vl``
+    (floats per vector: :data:`VL`, or 8 in a 512-bit build) constants; ``act`` the epilogue
+    ``code``: 0 none, 1 ReLU, 2 leaky ReLU of slope ``alpha``."""
+    if not all(isinstance(v, types.IntegerLiteral) for v in (rows, nv, vl)):
         return None
-    R, NV = int(rows.literal_value), int(nv.literal_value)
-    sig = types.void(rows, nv, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, bias, bio, code, alpha)
+    R, NV, W = int(rows.literal_value), int(nv.literal_value), int(vl.literal_value)
+    sig = types.void(rows, nv, vl, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, bias, bio, code, alpha)
 
     def codegen(context, builder, signature, args):  # pragma: no cover - runs in the compiler
         st = signature.args
@@ -169,21 +170,21 @@ def fma_tile(typingctx, rows, nv, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, bias
         def at(k, off):  # element ``off`` of flat array argument k
             return builder.gep(context.make_array(st[k])(context, builder, args[k]).data, [idx(off)])
 
-        fn = _tile_function(builder.module, R, NV)
+        fn = _tile_function(builder.module, R, NV, W)
         builder.call(
             fn,
             [
-                at(2, 3),
-                idx(4),
-                idx(5),  # a, ar, ac
-                at(6, 7),
-                idx(8),  # b, ldb
-                at(9, 10),
-                idx(11),  # c, ldc
-                idx(12),
-                at(13, 14),
-                idx(15),  # K, bias, code
-                context.cast(builder, args[16], st[16], types.float32),
+                at(3, 4),
+                idx(5),
+                idx(6),  # a, ar, ac
+                at(7, 8),
+                idx(9),  # b, ldb
+                at(10, 11),
+                idx(12),  # c, ldc
+                idx(13),
+                at(14, 15),
+                idx(16),  # K, bias, code
+                context.cast(builder, args[17], st[17], types.float32),
             ],
         )
         return context.get_dummy_value()
@@ -192,22 +193,27 @@ def fma_tile(typingctx, rows, nv, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, bias
 
 
 # ----------------------------------------------------------------------------- batched products
-#: the tile shapes ``(rows, nv)`` of :func:`batched_products`, one per ``nv`` in 1-5: the most
-#: rows that fit the registers
-SHAPES = tuple((max(1, (REGISTERS - 1 - nv) // nv), nv) for nv in range(1, 6))
-_R1, _R2, _R3, _R4, _R5 = (r for r, _ in SHAPES)
-_RMAX = max(r for r, _ in SHAPES)
+#: the tile shapes ``(rows, nv, vl)`` of :func:`batched_products`: per vector width (:data:`VL`, and
+#: 8 floats too in a 512-bit build: 24 or 40 columns are whole 8-float tiles) and ``nv`` in 1-5,
+#: the most rows that fit the registers
+WIDTHS = (VL, 8) if VL == 16 else (VL,)
+SHAPES = tuple((max(1, (REGISTERS - 1 - nv) // nv), nv, vl) for vl in WIDTHS for nv in range(1, 6))
+_RMAX = max(r for r, _, _ in SHAPES)
+_S = SHAPES + SHAPES[:5] * (2 - len(WIDTHS))  # ten entries either way: the dispatch below names ten
+(_A0, _B0, _C0), (_A1, _B1, _C1), (_A2, _B2, _C2), (_A3, _B3, _C3), (_A4, _B4, _C4) = _S[:5]
+(_A5, _B5, _C5), (_A6, _B6, _C6), (_A7, _B7, _C7), (_A8, _B8, _C8), (_A9, _B9, _C9) = _S[5:]
 
 
 def tile_shape(n_cols: int) -> tuple:
-    """``(rows, nv)`` for products of ``n_cols`` columns: the fewest padded columns, then the most
-    sums per value loaded (``rows * nv / (rows + nv)``: a tall thin tile is bound by its broadcasts)."""
+    """``(rows, nv, vl)`` for products of ``n_cols`` columns: the fewest padded columns, then the
+    wider vectors, then the most sums per value loaded (``rows * nv / (rows + nv)``: a tall thin
+    tile is bound by its broadcasts)."""
     n = max(1, int(n_cols))
 
     def cost(shape):
-        r, nv = shape
-        w = nv * VL
-        return (-(-n // w) * w, -r * nv / (r + nv))
+        r, nv, vl = shape
+        w = nv * vl
+        return (-(-n // w) * w, -vl, -r * nv / (r + nv))
 
     return min(SHAPES, key=cost)
 
@@ -215,33 +221,43 @@ def tile_shape(n_cols: int) -> tuple:
 def padded_columns(n_cols: int, shape: tuple | None = None) -> int:
     """``n_cols`` rounded up to whole tiles of ``shape`` (:func:`tile_shape`'s by default): the row
     length of ``B`` and, to write no column through the scratch tile, of ``C``."""
-    w = (tile_shape(n_cols) if shape is None else shape)[1] * VL
-    return -(-int(n_cols) // w) * w
+    _, nv, vl = tile_shape(n_cols) if shape is None else shape
+    return -(-int(n_cols) // (nv * vl)) * nv * vl
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _tile(nv, a, ao, ar, b, bo, ldb, c, co, ldc, K, zb):  # pragma: no cover - compiled
-    """One tile of ``nv`` vectors (its rows: :data:`SHAPES`), no bias, no activation."""
-    if nv == 1:
-        fma_tile(_R1, 1, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
-    elif nv == 2:
-        fma_tile(_R2, 2, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
-    elif nv == 3:
-        fma_tile(_R3, 3, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
-    elif nv == 4:
-        fma_tile(_R4, 4, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+def _tile(s, a, ao, ar, b, bo, ldb, c, co, ldc, K, zb):  # pragma: no cover - compiled
+    """One tile of shape ``SHAPES[s]``, no bias, no activation."""
+    if s == 0:
+        fma_tile(_A0, _B0, _C0, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+    elif s == 1:
+        fma_tile(_A1, _B1, _C1, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+    elif s == 2:
+        fma_tile(_A2, _B2, _C2, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+    elif s == 3:
+        fma_tile(_A3, _B3, _C3, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+    elif s == 4:
+        fma_tile(_A4, _B4, _C4, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+    elif s == 5:
+        fma_tile(_A5, _B5, _C5, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+    elif s == 6:
+        fma_tile(_A6, _B6, _C6, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+    elif s == 7:
+        fma_tile(_A7, _B7, _C7, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+    elif s == 8:
+        fma_tile(_A8, _B8, _C8, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
     else:
-        fma_tile(_R5, 5, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
+        fma_tile(_A9, _B9, _C9, a, ao, ar, 1, b, bo, ldb, c, co, ldc, K, zb, 0, 0, 0.0)
 
 
 @njit(nogil=True, cache=True)
-def _products(A, sa, ra, B, C, sc, rc, ldc, t0, t1, n, K, N, Np, R, nv, As, Cs, zb):  # pragma: no cover - compiled
-    """C[t, :n, :N] = A[t, :n, :K] @ B[t, :K, :N] for t in [t0, t1); flat arrays: ``A`` ``sa``
-    floats per t, ``ra`` rows of ``K``; ``C`` ``sc`` floats per t, ``rc`` rows of ``ldc``; ``B``
-    (T, K, Np), zero columns from ``N``.  A tile reads whole rows of ``A`` and writes whole rows and
-    tiles of ``C`` where the buffers hold them (rows from ``n``, columns from ``N``: padding); past
-    a buffer's end it goes through the scratch tiles ``As`` and ``Cs``."""
-    W = nv * VL
+def _products(A, sa, ra, B, C, sc, rc, ldc, t0, t1, n, K, N, Np, sh, R, W, As, Cs, zb):  # pragma: no cover - compiled
+    """C[t, :n, :N] = A[t, :n, :K] @ B[t, :K, :N] for t in [t0, t1) on tiles ``SHAPES[sh]`` (``R``
+    rows, ``W`` columns); flat arrays: ``A`` ``sa`` floats per t, ``ra`` rows of ``K``; ``C`` ``sc``
+    floats per t, ``rc`` rows of ``ldc``; ``B`` (T, K, Np), zero columns from ``N``.  A tile reads
+    whole rows of ``A`` and writes whole rows and tiles of ``C`` where the buffers hold them (rows
+    from ``n``, columns from ``N``: padding); past a buffer's end it goes through the scratch tiles
+    ``As`` and ``Cs``."""
     for t in range(t0, t1):
         a0, b0, c0 = t * sa, t * K * Np, t * sc
         for r0 in range(0, n, R):
@@ -253,10 +269,10 @@ def _products(A, sa, ra, B, C, sc, rc, ldc, t0, t1, n, K, N, Np, R, nv, As, Cs, 
                 src, so = As, 0
             for o0 in range(0, N, W):
                 if r0 + R <= rc and o0 + W <= ldc:
-                    _tile(nv, src, so, K, B, b0 + o0, Np, C, c0 + r0 * ldc + o0, ldc, K, zb)
+                    _tile(sh, src, so, K, B, b0 + o0, Np, C, c0 + r0 * ldc + o0, ldc, K, zb)
                 else:
                     cols = min(W, N - o0)
-                    _tile(nv, src, so, K, B, b0 + o0, Np, Cs, 0, W, K, zb)
+                    _tile(sh, src, so, K, B, b0 + o0, Np, Cs, 0, W, K, zb)
                     for r in range(rows):
                         C[c0 + (r0 + r) * ldc + o0 : c0 + (r0 + r) * ldc + o0 + cols] = Cs[r * W : r * W + cols]
 
@@ -277,9 +293,9 @@ class Scratch:
         if self.shape not in SHAPES:
             raise ValueError(f"tile shape {self.shape}: one of {SHAPES}")
         self.K = int(K)
-        r, nv = self.shape
+        r, nv, vl = self.shape
         self.A = np.zeros(r * int(K), np.float32)
-        self.C = np.zeros(r * nv * VL, np.float32)
+        self.C = np.zeros(r * nv * vl, np.float32)
         self.zero = np.zeros(_RMAX, np.float32)
 
 
@@ -290,11 +306,11 @@ def batched_products(A, B, C, n, N, scratch: Scratch, t0=0, t1=None):
     (padding: give ``C`` whole tiles, :func:`padded_columns`, and no value goes through the scratch)."""
     T, ra, K = A.shape
     rc, ldc = C.shape[1], C.shape[2]
-    r, nv = scratch.shape
+    r, nv, vl = scratch.shape
     if (
         scratch.K != K
         or B.shape[:2] != (T, K)
-        or B.shape[2] % (nv * VL)
+        or B.shape[2] % (nv * vl)
         or B.shape[2] < N
         or ldc < N
         or n > min(ra, rc)
@@ -303,24 +319,8 @@ def batched_products(A, B, C, n, N, scratch: Scratch, t0=0, t1=None):
             f"products of {A.shape} and {B.shape} into {C.shape} (scratch for K={scratch.K}, tiles {scratch.shape})"
         )
     t1 = T if t1 is None else t1
+    sh = SHAPES.index(scratch.shape)
     _products(
-        A.reshape(-1),
-        ra * K,
-        ra,
-        B.reshape(-1),
-        C.reshape(-1),
-        rc * ldc,
-        rc,
-        ldc,
-        t0,
-        t1,
-        n,
-        K,
-        N,
-        B.shape[2],
-        r,
-        nv,
-        scratch.A,
-        scratch.C,
-        scratch.zero,
-    )
+        A.reshape(-1), ra * K, ra, B.reshape(-1), C.reshape(-1), rc * ldc, rc, ldc,
+        t0, t1, n, K, N, B.shape[2], sh, r, nv * vl, scratch.A, scratch.C, scratch.zero,
+    )  # fmt: skip

@@ -60,13 +60,13 @@ def _tile(ob, x, xo, ldx, w, wo, b, bo, y, yo, ldy, C, code, alpha):  # pragma: 
     x[xo + c*ldx + v])`` (:func:`~.microkernel.fma_tile`: ``w`` packed, :func:`pack_weights`;
     ``act`` the epilogue ``code`` 0 none, 1 ReLU, 2 leaky ReLU of slope ``alpha``; ELU runs after it)."""
     if ob == OB:
-        fma_tile(OB, 2, w, wo, 1, OB, x, xo, ldx, y, yo, ldy, C, b, bo, code, alpha)
+        fma_tile(OB, 2, VL, w, wo, 1, OB, x, xo, ldx, y, yo, ldy, C, b, bo, code, alpha)
     elif ob == 4:
-        fma_tile(4, 2, w, wo, 1, 4, x, xo, ldx, y, yo, ldy, C, b, bo, code, alpha)
+        fma_tile(4, 2, VL, w, wo, 1, 4, x, xo, ldx, y, yo, ldy, C, b, bo, code, alpha)
     elif ob == 2:
-        fma_tile(2, 2, w, wo, 1, 2, x, xo, ldx, y, yo, ldy, C, b, bo, code, alpha)
+        fma_tile(2, 2, VL, w, wo, 1, 2, x, xo, ldx, y, yo, ldy, C, b, bo, code, alpha)
     else:
-        fma_tile(1, 2, w, wo, 1, 1, x, xo, ldx, y, yo, ldy, C, b, bo, code, alpha)
+        fma_tile(1, 2, VL, w, wo, 1, 1, x, xo, ldx, y, yo, ldy, C, b, bo, code, alpha)
 
 
 def pack_weights(w) -> np.ndarray:
