@@ -23,6 +23,10 @@ and flags the steps more than 10% slower.
 
     python -m benchmarks.isa                      # every case, builds avx512 avx2 intel, 3 rounds
     python -m benchmarks.isa --cases boundary,n337 --builds avx512,avx2 --rounds 5
+    python -m benchmarks.isa --run avx2 benchmarks.unets --only detector-whole   # against baselines
+
+``--run`` runs another benchmark in one build, the baselines held to that instruction set too
+(:data:`BASELINE_CAPS`: OpenVINO and PyTorch through oneDNN's dispatch limit; ONNX Runtime cannot be).
 
 The boundary net reads the ISBI EM of ``../shared/data`` when it is there (random input otherwise);
 the U-Nets need PyTorch (their ONNX export). Results: ``--out`` (default ``benchmarks/isa``):
@@ -45,16 +49,32 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 
+#: the baselines held to the same instruction set (``--run``): oneDNN, under OpenVINO and PyTorch,
+#: dispatches no further than ``ONEDNN_MAX_CPU_ISA`` (OpenVINO's runtime model then names
+#: ``brgconv_avx2_f32`` where it named ``brgconv_avx512_f32``), PyTorch's own kernels no further
+#: than ``ATEN_CPU_CAPABILITY``; ONNX Runtime's MLAS has no such switch and runs AVX-512 in every build
+BASELINE_CAPS = {
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "OV_CPU_MAX_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+    "intel": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "OV_CPU_MAX_ISA": "AVX512_CORE_VNNI"},
+}
 BUILDS = {
     "avx512": {"ZNNI_VECTOR_WIDTH": "512"},
-    "avx2": {"NUMBA_CPU_NAME": "znver3", "OPENBLAS_CORETYPE": "Haswell"},
-    "intel": {"NUMBA_CPU_NAME": "cascadelake"},
+    "avx2": {"NUMBA_CPU_NAME": "znver3", "OPENBLAS_CORETYPE": "Haswell"} | BASELINE_CAPS["avx2"],
+    "intel": {"NUMBA_CPU_NAME": "cascadelake"} | BASELINE_CAPS["intel"],
     # the two halves of avx2 apart: znni's numba kernels, and OpenBLAS (Winograd's batched products)
     "avx2-numba": {"NUMBA_CPU_NAME": "znver3", "ZNNI_VECTOR_WIDTH": "256"},
     "avx2-blas": {"ZNNI_VECTOR_WIDTH": "512", "OPENBLAS_CORETYPE": "Haswell"},
 }
 #: environment variables a build sets or clears (the user's own choices would mix builds)
-TARGET_VARS = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "ZNNI_VECTOR_WIDTH", "OPENBLAS_CORETYPE")
+TARGET_VARS = (
+    "NUMBA_CPU_NAME",
+    "NUMBA_CPU_FEATURES",
+    "ZNNI_VECTOR_WIDTH",
+    "OPENBLAS_CORETYPE",
+    "ONEDNN_MAX_CPU_ISA",
+    "OV_CPU_MAX_ISA",
+    "ATEN_CPU_CAPABILITY",
+)
 CASES = ("boundary", "n337", "n537", "n726", "detector", "padded-unet", "valid-unet")
 PAUSE_S = 0.2
 SLOWER = 1.10  # a step's time beyond this ratio to avx512's is flagged
@@ -266,10 +286,24 @@ def main(argv=None) -> None:
     ap.add_argument("--timeout", type=float, default=900, help="seconds per build's process")
     ap.add_argument("--out", default=str(HERE / "isa"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
+    ap.add_argument(
+        "--run",
+        metavar="BUILD",
+        help="run another benchmark under BUILD, baselines held to its instruction set: "
+        "python -m benchmarks.isa --run avx2 benchmarks.unets --only detector-whole",
+    )
+    a, rest = ap.parse_known_args(argv)
     if a.child:
         print(json.dumps(child(Path(a.child))))
         return
+    if a.run:
+        if a.run not in BUILDS or not rest:
+            raise SystemExit(f"--run BUILD MODULE [ARGS...]: BUILD one of {', '.join(BUILDS)}, then a benchmark module")
+        env = {k: v for k, v in os.environ.items() if k not in TARGET_VARS} | BUILDS[a.run]
+        print("build " + a.run + ": " + " ".join(f"{k}={v}" for k, v in BUILDS[a.run].items()), flush=True)
+        raise SystemExit(subprocess.run([sys.executable, "-m", *rest], env=env).returncode)
+    if rest:
+        ap.error(f"unrecognised arguments: {' '.join(rest)}")
     from znni_core.units import parse_bytes
 
     from .machine import host_class, host_line
