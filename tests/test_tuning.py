@@ -72,6 +72,15 @@ def test_calibration_records_a_value_per_parameter_from_its_candidates():
     assert all(len(cal.tuning_seconds[k]) == len(tuning.CANDIDATES[k]) for k in tuning.DEFAULTS)
 
 
+def test_a_second_thread_count_reuses_the_first_ones_values(monkeypatch, tmp_path):
+    """``warmup --threads 1 --threads 2`` times the kernel parameters once: the second calibration
+    takes the first one's values and times no candidate."""
+    monkeypatch.setenv("ZNNI_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(T, "_tune", lambda threads: pytest.fail("timed the candidates again"))
+    cal = T.calibrate(2, tuned=dict(ODD))
+    assert cal.tuned == ODD and cal.tuning_seconds == {}
+
+
 def test_the_plan_carries_the_hosts_values_and_the_executor_runs_under_them(monkeypatch):
     """A host whose calibration chose unusual values (a small Winograd block, 6-point tiles only,
     short pointwise blocks and row groups): the plan records them, its digest and JSON keep them,

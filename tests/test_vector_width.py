@@ -62,6 +62,14 @@ def test_precedence_user_then_env_then_measured_then_default(host):
     assert v.apply(cfg, env) == "measured" and cfg.CPU_FEATURES == v.features_for("256") and env == {}
 
 
+def test_the_default_width_holds_unless_the_other_is_clearly_faster():
+    from znni_core.warmup import WIDTH_TIE, choose_width
+
+    assert choose_width({"512": 0.091, "256": 0.088}) == "512"  # within the tie: the default
+    assert choose_width({"512": 1.0, "256": 1.0 / (1 + 2 * WIDTH_TIE)}) == "256"
+    assert choose_width({"512": 0.5, "256": 0.6}) == "512"
+
+
 def test_feature_strings_differ_only_in_the_width_flag(host):
     v = host(True)
     a, b = v.features_for("512").split(","), v.features_for("256").split(",")

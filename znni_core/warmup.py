@@ -45,8 +45,9 @@ WIDTH_CASES = (
 )
 
 
-def _width_workload(threads: int) -> dict:
-    """Best-of-5 seconds of each :data:`WIDTH_CASES` kernel (in a child process)."""
+def _width_workload(threads: int, ready=None) -> dict:
+    """Best-of-5 seconds of each :data:`WIDTH_CASES` kernel (in a child process); ``ready()`` is
+    called once every kernel is compiled, before any is timed."""
     import numpy as np
 
     from . import layers as L
@@ -85,6 +86,10 @@ def _width_workload(threads: int) -> dict:
 
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     with L.arena.using(L.arena.Arena(1 << 30)), run_threads(threads):
+        for fn in calls:  # compile (the other width's child compiles beside this one) ...
+            fn()
+        if ready is not None:
+            ready()  # ... then time only when the driver says so: the other child waits meanwhile
         return {name: _best_of(fn) for name, fn in zip(WIDTH_CASES, calls)}
 
 
@@ -133,9 +138,12 @@ def _compile_and_calibrate(threads_list) -> dict:
         ("fft-stream", "direct-numba"),
         ("direct-numba",),
     )
+    tuned = None
     for threads in threads_list:
         t0 = time.perf_counter()
-        calibrate(int(threads))
+        # the kernel parameters are timed once, at the first thread count: they size blocks to one
+        # core's caches, and each worker runs its own blocks whatever the count
+        tuned = calibrate(int(threads), tuned=tuned).tuned
         t1 = time.perf_counter()
         runs = 0
         for n, shape in nets:
@@ -158,6 +166,64 @@ def _compile_and_calibrate(threads_list) -> dict:
                     runs += 1
         out[str(threads)] = {"calibrate_s": t1 - t0, "networks_s": time.perf_counter() - t1, "runs": runs}
     return out
+
+
+#: the other width replaces the default only when faster by more than this: the two sums came
+#: within 1-4% of each other on a Zen 4 host, either way from one run to the next, while its
+#: Winograd layers ran 1.2-1.5x slower in 256-bit code (``python -m benchmarks.isa``)
+WIDTH_TIE = 0.05
+
+
+def choose_width(seconds: dict) -> str:
+    """The width of the least time, unless the default's is within :data:`WIDTH_TIE` of it."""
+    from .layers import vector_width as vw
+
+    fastest = min(seconds, key=seconds.get)
+    return (
+        vw.DEFAULT if vw.DEFAULT in seconds and seconds[vw.DEFAULT] <= (1 + WIDTH_TIE) * seconds[fastest] else fastest
+    )
+
+
+def _width_children(widths, threads: int, base: dict) -> dict:
+    """``{width: {case: seconds}}``: one child per width, all compiling at once (numba compiles on
+    one core: two children on two cores take the time of one), then timed one after the other while
+    the rest wait, so no child's timing shares the cores with another's compilation."""
+    procs = {
+        w: subprocess.Popen(
+            [sys.executable, "-m", "znni_core.warmup", "--child", "width", str(threads)],
+            env=dict(base, ZNNI_VECTOR_WIDTH=w),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for w in widths
+    }
+    try:
+        for w, p in procs.items():  # every child compiled
+            if p.stdout.readline().strip() != "compiled":
+                _failed(["width", str(threads)], p)
+        out = {}
+        for w, p in procs.items():
+            p.stdin.write("time\n")
+            p.stdin.flush()
+            line = p.stdout.readline()
+            if p.wait() != 0 or not line.strip():
+                _failed(["width", str(threads)], p)
+            out[w] = json.loads(line)
+        return out
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def _failed(args, p):
+    if p.poll() is None:
+        p.kill()
+    err = p.stderr.read()
+    raise RuntimeError(f"znni warmup: the step {' '.join(args)} failed (exit {p.wait()}):\n" + err[-3000:])
 
 
 def _child(args, env) -> dict:
@@ -183,12 +249,11 @@ def warmup(threads=(1,), *, tune: bool = True, refresh: bool = False, echo=print
     t0 = time.perf_counter()
     if tune and widths and (refresh or vw.chosen() is None):
         t = max(int(x) for x in threads)
-        seconds, cases = {}, {}
-        for w in widths:
-            echo(f"vector width {w}-bit: compiling and timing znni's kernels ({t} threads) ...")
-            cases[w] = _child(["width", str(t)], dict(base, ZNNI_VECTOR_WIDTH=w))
-            seconds[w] = sum(cases[w].values())
-        best = min(seconds, key=seconds.get)
+        names = " and ".join(w + "-bit" for w in widths)
+        echo(f"vector width {names}: compiling znni's kernels side by side, then timing each ({t} threads) ...")
+        cases = _width_children(widths, t, base)
+        seconds = {w: sum(c.values()) for w, c in cases.items()}
+        best = choose_width(seconds)
         vw.record(best, seconds, {"threads": t, "cases": cases})
         echo("vector width: " + ", ".join(f"{w}-bit {s:.3f} s" for w, s in seconds.items()) + f" -> {best}-bit")
         report["vector_width"] = {"chosen": best, "seconds": seconds, "cases": cases}
@@ -212,8 +277,13 @@ def main(argv=None) -> int:
     p.add_argument("--child", nargs=2, metavar=("STEP", "ARG"), required=True)
     a = p.parse_args(argv)
     step, arg = a.child
-    if step == "width":
-        got = _width_workload(int(arg))
+    if step == "width":  # "compiled" once compiled; times when the driver writes a line
+
+        def ready():
+            print("compiled", flush=True)
+            sys.stdin.readline()
+
+        got = _width_workload(int(arg), ready)
     elif step == "compile":
         got = _compile_and_calibrate([int(x) for x in arg.split(",")])
     else:

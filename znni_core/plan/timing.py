@@ -60,8 +60,9 @@ def _best_of(fn, repeats=5) -> float:
 
 
 # --------------------------------------------------------------------- calibration
-def calibrate(threads: int = 1, *, refresh: bool = False) -> CpuCalibration:
-    """Machine rates for the analytic model, measured once (about 2 s) and cached."""
+def calibrate(threads: int = 1, *, refresh: bool = False, tuned: dict | None = None) -> CpuCalibration:
+    """Machine rates for the analytic model, measured once (about 2 s) and cached; the kernel
+    parameters timed on the host first, unless ``tuned`` gives them (another thread count's)."""
     cache = JsonCache(cache_dir() / "calibration.json")
     key = machine_key(threads)
     if not refresh and (hit := cache.get(key)):
@@ -71,7 +72,7 @@ def calibrate(threads: int = 1, *, refresh: bool = False) -> CpuCalibration:
     # and inside a run's thread setting (BLAS single-threaded, GEMMs split over the threads): a
     # threaded BLAS call before a timed call left OpenBLAS's workers spinning through it
     with L.arena.using(L.arena.Arena(1 << 31)), run_threads(threads):
-        tuned, tried = _tune(threads)
+        tuned, tried = (dict(tuned), {}) if tuned is not None else _tune(threads)
         with L.tuning.using(tuned):  # the rates of the kernels as plans will run them
             cal = _measure(threads)
     cal = CpuCalibration(**cal, tuned=tuned, tuning_seconds=tried)
