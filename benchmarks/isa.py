@@ -9,6 +9,8 @@ host reproduces the others by asking numba for another target:
 * ``avx2``: ``NUMBA_CPU_NAME=znver3`` (Zen 3: AVX2, FMA, 16 registers) and OpenBLAS' Haswell
   kernels (``OPENBLAS_CORETYPE=Haswell``), as on an AVX2 host;
 * ``intel``: ``NUMBA_CPU_NAME=cascadelake`` (AVX-512, LLVM's 256-bit preference for Intel cores);
+* ``intel-512``: the same CPU with 512-bit vectors preferred, as on an Intel host whose ``znni warmup``
+  measured 512-bit code faster;
 * ``avx2-numba`` and ``avx2-blas``: the two halves of ``avx2`` apart (znni's numba kernels built
   for Zen 3; OpenBLAS' Haswell kernels, which run Winograd's batched products, under AVX-512 numba).
 
@@ -57,10 +59,18 @@ BASELINE_CAPS = {
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "OV_CPU_MAX_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
     "intel": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "OV_CPU_MAX_ISA": "AVX512_CORE_VNNI"},
 }
+#: Cascade Lake's vector features as LLVM names them, 512-bit vectors preferred
+CASCADELAKE_512 = (
+    "+64bit,+avx,+avx2,+bmi,+bmi2,+f16c,+fma,+popcnt,+sse4.2,"
+    "+avx512f,+avx512cd,+avx512bw,+avx512dq,+avx512vl,+avx512vnni,-prefer-256-bit"
+)
 BUILDS = {
     "avx512": {"ZNNI_VECTOR_WIDTH": "512"},
     "avx2": {"NUMBA_CPU_NAME": "znver3", "OPENBLAS_CORETYPE": "Haswell"} | BASELINE_CAPS["avx2"],
     "intel": {"NUMBA_CPU_NAME": "cascadelake"} | BASELINE_CAPS["intel"],
+    # Intel code where the host's warmup measured 512-bit vectors faster (LLVM's cascadelake
+    # scheduling, its 256-bit preference turned off): what an Intel host that chose 512 runs
+    "intel-512": {"NUMBA_CPU_NAME": "cascadelake", "NUMBA_CPU_FEATURES": CASCADELAKE_512} | BASELINE_CAPS["intel"],
     # the two halves of avx2 apart: znni's numba kernels, and OpenBLAS (Winograd's batched products)
     "avx2-numba": {"NUMBA_CPU_NAME": "znver3", "ZNNI_VECTOR_WIDTH": "256"},
     "avx2-blas": {"ZNNI_VECTOR_WIDTH": "512", "OPENBLAS_CORETYPE": "Haswell"},
