@@ -2,15 +2,17 @@
 dispatcher do: measure, choose, compile and cache.
 
 1. **Vector width** (AVX-512 hosts only, :mod:`znni_core.layers.vector_width`): znni's kernels
-   are compiled and timed once for 512-bit and once for 256-bit vectors, each in a process of
-   its own (numba fixes its target per process); the faster is recorded for this host.
+   are compiled for 512-bit and for 256-bit vectors, each in a process of its own (numba fixes its
+   target per process), side by side (numba compiles on one core), then timed one process at a
+   time; the faster is recorded for this host, the default unless the other wins by
+   :data:`WIDTH_TIE`.
 2. **Compile**: every numba kernel a run uses is compiled for the chosen width into numba's
    cache (``$NUMBA_CACHE_DIR``, else ``<cache_dir>/numba``: where the workflow's jobs look).
 3. **Calibrate** the time model for each thread count asked for (``<cache_dir>/calibration.json``).
 
 Everything lands in ``$ZNNI_CACHE_DIR`` (default ``~/.cache/znni``): on a cluster, point it at a
 shared directory and run ``znni warmup`` once per node type (``docs/performance.md``); a first
-job that finds nothing there compiles and calibrates itself (about 45 s on 2 cores).
+job that finds nothing there compiles and calibrates itself (about a minute on 2 cores).
 
 The driver never compiles anything itself: each step runs in a child process
 (``python -m znni_core.warmup --child ...``), so a step's vector width is the one it was given.
