@@ -70,6 +70,26 @@ def test_the_default_width_holds_unless_the_other_is_clearly_faster():
     assert choose_width({"512": 0.5, "256": 0.6}) == "512"
 
 
+def test_the_register_tiles_follow_the_features_numba_compiles_for(monkeypatch):
+    """The tiles' vector length and registers come from ``NUMBA_CPU_FEATURES`` when set, else from a
+    known ``NUMBA_CPU_NAME``, else from the host."""
+    from znni_core.layers import microkernel as mk
+
+    cfg = mk.numba.config
+    for feats, name, want in (
+        ("+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2", "haswell", ["+avx", "+avx2"]),  # the user's features win
+        (None, "znver3", ["+avx", "+avx2", "+fma"]),
+        (None, "cascadelake", ["+avx512f", "+prefer-256-bit"]),
+    ):
+        monkeypatch.setattr(cfg, "CPU_FEATURES", feats)
+        monkeypatch.setattr(cfg, "CPU_NAME", name)
+        got = mk._target_features()
+        assert all(f in got for f in want) and ("+avx512f" in got) == ("+avx512f" in want), got
+    monkeypatch.setattr(cfg, "CPU_FEATURES", None)
+    monkeypatch.setattr(cfg, "CPU_NAME", None)
+    assert mk._target_features() == vw.host_features().split(",")
+
+
 def test_feature_strings_differ_only_in_the_width_flag(host):
     v = host(True)
     a, b = v.features_for("512").split(","), v.features_for("256").split(",")
@@ -153,25 +173,17 @@ def _run_variant(env_extra, want_vl, want_regs, want_src, tmp_path):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("variant", ["256-bit", "avx2", "znver3"])
+@pytest.mark.parametrize("variant", ["256-bit", "znver3"])
 def test_kernels_compiled_for_another_width_are_exact(variant, tmp_path):
     """Winograd (4-, 6- and 8-point tiles, products on the register tiles and on BLAS), the direct
     loop, the 1x1x1 chain and every register tile compiled for 256-bit vectors on an AVX-512 host
-    (what LLVM picks for Intel server cores: 8 floats, 32 registers), for an AVX2-only Haswell's
-    features and for ``NUMBA_CPU_NAME=znver3`` alone (a Zen 3 build on any host: 8 floats, 16
-    registers): equal to the float64 references (the default width runs in every other test)."""
+    (what LLVM picks for Intel server cores: 8 floats, 32 registers) and for ``NUMBA_CPU_NAME=znver3``
+    (AVX2 on any host: 8 floats, 16 registers): equal to the float64 references (the default
+    width runs in every other test)."""
     if variant == "256-bit":
         if not AVX512:
-            pytest.skip("this host has no AVX-512: it has one width, the AVX2 cases cover it")
+            pytest.skip("this host has no AVX-512: it has one width, the AVX2 case covers it")
         errs = _run_variant({"ZNNI_VECTOR_WIDTH": "256"}, 8, 32, "env", tmp_path)
-    elif variant == "avx2":
-        errs = _run_variant(
-            {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2"},
-            8,
-            16,
-            "user",
-            tmp_path,
-        )
     else:
         errs = _run_variant({"NUMBA_CPU_NAME": "znver3"}, 8, 16, "user", tmp_path)
     assert len(errs) == 11 + 5
