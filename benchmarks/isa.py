@@ -6,7 +6,8 @@ registers by the CPU's name). znni's kernels are compiled by numba for the host,
 host reproduces the others by asking numba for another target:
 
 * ``avx512``: the host's own target, 512-bit vectors (``ZNNI_VECTOR_WIDTH=512``);
-* ``avx2``: ``NUMBA_CPU_NAME=znver3`` (Zen 3: AVX2, FMA, 16 registers) and OpenBLAS' Haswell
+* ``avx2``: ``NUMBA_CPU_NAME=znver3`` with a Zen 3's features (AVX2, FMA, 16 registers: the
+  name alone keeps the host's AVX-512 features) and OpenBLAS' Haswell
   kernels (``OPENBLAS_CORETYPE=Haswell``), as on an AVX2 host;
 * ``intel``: ``NUMBA_CPU_NAME=cascadelake`` (AVX-512, LLVM's 256-bit preference for Intel cores);
 * ``intel-512``: the same CPU with 512-bit vectors preferred, as on an Intel host whose ``znni warmup``
@@ -59,6 +60,9 @@ BASELINE_CAPS = {
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "OV_CPU_MAX_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
     "intel": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "OV_CPU_MAX_ISA": "AVX512_CORE_VNNI"},
 }
+#: a Zen 3's vector features (AVX2, no AVX-512): numba passes the host's features with any
+#: ``NUMBA_CPU_NAME``, so the name alone (``znver3``) still compiled zmm code on an AVX-512 host
+ZEN3_AVX2 = "+64bit,+avx,+avx2,+bmi,+bmi2,+f16c,+fma,+popcnt,+sse4.2,-avx512f"
 #: Cascade Lake's vector features as LLVM names them, 512-bit vectors preferred
 CASCADELAKE_512 = (
     "+64bit,+avx,+avx2,+bmi,+bmi2,+f16c,+fma,+popcnt,+sse4.2,"
@@ -66,13 +70,14 @@ CASCADELAKE_512 = (
 )
 BUILDS = {
     "avx512": {"ZNNI_VECTOR_WIDTH": "512"},
-    "avx2": {"NUMBA_CPU_NAME": "znver3", "OPENBLAS_CORETYPE": "Haswell"} | BASELINE_CAPS["avx2"],
+    "avx2": {"NUMBA_CPU_NAME": "znver3", "NUMBA_CPU_FEATURES": ZEN3_AVX2, "OPENBLAS_CORETYPE": "Haswell"}
+    | BASELINE_CAPS["avx2"],
     "intel": {"NUMBA_CPU_NAME": "cascadelake"} | BASELINE_CAPS["intel"],
     # Intel code where the host's warmup measured 512-bit vectors faster (LLVM's cascadelake
     # scheduling, its 256-bit preference turned off): what an Intel host that chose 512 runs
     "intel-512": {"NUMBA_CPU_NAME": "cascadelake", "NUMBA_CPU_FEATURES": CASCADELAKE_512} | BASELINE_CAPS["intel"],
     # the two halves of avx2 apart: znni's numba kernels, and OpenBLAS (Winograd's batched products)
-    "avx2-numba": {"NUMBA_CPU_NAME": "znver3", "ZNNI_VECTOR_WIDTH": "256"},
+    "avx2-numba": {"NUMBA_CPU_NAME": "znver3", "NUMBA_CPU_FEATURES": ZEN3_AVX2},
     "avx2-blas": {"ZNNI_VECTOR_WIDTH": "512", "OPENBLAS_CORETYPE": "Haswell"},
 }
 #: environment variables a build sets or clears (the user's own choices would mix builds)
@@ -302,7 +307,9 @@ def main(argv=None) -> None:
         help="run another benchmark under BUILD, baselines held to its instruction set: "
         "python -m benchmarks.isa --run avx2 benchmarks.unets --only detector-whole",
     )
-    a, rest = ap.parse_known_args(argv)
+    ap.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    rest = a.rest
     if a.child:
         print(json.dumps(child(Path(a.child))))
         return

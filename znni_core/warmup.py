@@ -186,46 +186,76 @@ def choose_width(seconds: dict) -> str:
     )
 
 
-def _width_children(widths, threads: int, base: dict) -> dict:
+def _width_children(widths, threads: int, base: dict, timeout: float = 1800) -> dict:
     """``{width: {case: seconds}}``: one child per width, all compiling at once (numba compiles on
     one core: two children on two cores take the time of one), then timed one after the other while
-    the rest wait, so no child's timing shares the cores with another's compilation."""
-    procs = {
-        w: subprocess.Popen(
-            [sys.executable, "-m", "znni_core.warmup", "--child", "width", str(threads)],
-            env=dict(base, ZNNI_VECTOR_WIDTH=w),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for w in widths
-    }
-    try:
-        for w, p in procs.items():  # every child compiled
-            if p.stdout.readline().strip() != "compiled":
-                _failed(["width", str(threads)], p)
-        out = {}
-        for w, p in procs.items():
-            p.stdin.write("time\n")
-            p.stdin.flush()
-            line = p.stdout.readline()
-            if p.wait() != 0 or not line.strip():
-                _failed(["width", str(threads)], p)
-            out[w] = json.loads(line)
-        return out
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
+    the rest wait, so no child's timing shares the cores with another's compilation.  A child's
+    stderr goes to a file (a full pipe would stop it); a child that fails or passes ``timeout``
+    seconds stops the warmup with its stderr."""
+    import tempfile
+
+    args = ["width", str(threads)]
+    with tempfile.TemporaryDirectory(prefix="znni-warmup-") as tmp:
+        procs, errs = {}, {}
+        try:
+            for w in widths:
+                errs[w] = open(os.path.join(tmp, f"{w}.err"), "w+")  # noqa: SIM115 - closed below
+                procs[w] = subprocess.Popen(
+                    [sys.executable, "-m", "znni_core.warmup", "--child", *args],
+                    env=dict(base, ZNNI_VECTOR_WIDTH=w),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=errs[w],
+                    text=True,
+                )
+            deadline = time.monotonic() + timeout
+            for w, p in procs.items():  # every child compiled
+                if _line(p, deadline) != "compiled":
+                    _failed(args, p, errs[w])
+            out = {}
+            for w, p in procs.items():
+                p.stdin.write("time\n")
+                p.stdin.flush()
+                line = _line(p, deadline)
+                if not line or p.wait(max(1.0, deadline - time.monotonic())) != 0:
+                    _failed(args, p, errs[w])
+                out[w] = json.loads(line)
+            return out
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+            for f in errs.values():
+                f.close()
+
+
+def _line(p, deadline: float) -> str:
+    """The child's next line on stdout that is a protocol line ("compiled" or JSON), skipping any
+    other output; "" at its end or past ``deadline`` (then it is killed)."""
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        sel.register(p.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
                 p.kill()
-            p.wait()
+                return ""
+            line = p.stdout.readline()
+            if not line:
+                return ""
+            line = line.strip()
+            if line == "compiled" or line.startswith("{"):
+                return line
 
 
-def _failed(args, p):
+def _failed(args, p, err):
     if p.poll() is None:
         p.kill()
-    err = p.stderr.read()
-    raise RuntimeError(f"znni warmup: the step {' '.join(args)} failed (exit {p.wait()}):\n" + err[-3000:])
+    code = p.wait()
+    err.seek(0)
+    raise RuntimeError(f"znni warmup: the step {' '.join(args)} failed (exit {code}):\n" + err.read()[-3000:])
 
 
 def _child(args, env) -> dict:

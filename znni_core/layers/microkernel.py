@@ -35,31 +35,14 @@ __all__ = ["REGISTERS", "SHAPES", "VL", "Scratch", "batched_products", "fits", "
 
 def _target_features() -> list:
     """The CPU features numba compiles for: ``NUMBA_CPU_FEATURES`` when set (then numba's cache
-    keys on it too, so tiles and their cached loops always agree), else those of a known
-    ``NUMBA_CPU_NAME`` (an ISA build: ``znver3`` is AVX2 on any host), else the host's."""
+    keys on it too, so tiles and their cached loops always agree), else the host's, whatever
+    ``NUMBA_CPU_NAME`` says (numba passes the host's features with any CPU name: an AVX2 build on
+    an AVX-512 host needs ``NUMBA_CPU_FEATURES``, ``benchmarks/isa.py``)."""
     from numba.core.codegen import get_host_cpu_features
 
     feats = numba.config.CPU_FEATURES
-    name = numba.config.CPU_NAME
-    if feats is None and name in _KNOWN:
-        feats = ",".join(f"+{f}" for f in _KNOWN[name])
     return (feats if feats is not None else get_host_cpu_features()).split(",")
 
-
-#: the vector features of the CPU names an ISA build may give ``NUMBA_CPU_NAME`` (LLVM's own
-#: tables: Intel's server cores prefer 256-bit vectors)
-_KNOWN = {
-    "haswell": ("avx", "avx2", "fma"),
-    "skylake": ("avx", "avx2", "fma"),
-    "znver2": ("avx", "avx2", "fma"),
-    "znver3": ("avx", "avx2", "fma"),
-    "skylake-avx512": ("avx", "avx2", "fma", "avx512f", "prefer-256-bit"),
-    "cascadelake": ("avx", "avx2", "fma", "avx512f", "prefer-256-bit"),
-    "icelake-server": ("avx", "avx2", "fma", "avx512f", "prefer-256-bit"),
-    "sapphirerapids": ("avx", "avx2", "fma", "avx512f", "prefer-256-bit"),
-    "znver4": ("avx", "avx2", "fma", "avx512f"),
-    "znver5": ("avx", "avx2", "fma", "avx512f"),
-}
 
 _FEATURES = _target_features()
 #: floats per vector: 16 where numba targets AVX-512 at 512 bits, else 8 (AVX2, or AVX-512 with
