@@ -655,8 +655,8 @@ class WinogradConv(ResidentConv):
         u = np.ascontiguousarray(u.reshape(self.T, self.c_in, self.c_out), np.float32)
         #: the register tiles' shape (:mod:`.microkernel`); on the CPU ``U`` is kept with whole
         #: tiles of zero columns (the tiles' loads), BLAS and the GPU read its first ``C_out``
-        self.shape = microkernel.tile_shape(self.c_out)
-        self.U = microkernel.pad_columns(u, self.shape) if xp is np else xp.asarray(u)
+        self.register_tile = microkernel.tile_shape(self.c_out)
+        self.U = microkernel.pad_columns(u, self.register_tile) if xp is np else xp.asarray(u)
         #: a call without ``out`` returns a channels-last array (:mod:`.layout`; numpy only);
         #: chosen with ``act`` by :meth:`configured`.  The input may be channels last either way.
         self.channels_last = False
@@ -712,7 +712,7 @@ class WinogradConv(ResidentConv):
         rows = n * ntz * nty
         br, workers = _blocks(rows, ntx, self.T, self.c_in, self.c_out, self.threads)
         c = max(self.c_in, self.c_out)
-        shape = self.shape
+        shape = self.register_tile
         if blas:
             tiles, ldm = br * ntx, self.c_out
         else:

@@ -359,7 +359,10 @@ def _winograd_rates(threads: int) -> dict:
         blas = bool(L.tuning.get("winograd.blas"))  # the products as the calls run them
         V0, M0, _ = conv._buffers(1, blas)[1][0]
         conv.release()
-        sets = [(np.ones_like(V0), np.empty_like(M0), L.microkernel.Scratch(c, c, conv.shape)) for _ in range(threads)]
+        sets = [
+            (np.ones_like(V0), np.empty_like(M0), L.microkernel.Scratch(c, c, conv.register_tile))
+            for _ in range(threads)
+        ]
 
         def worker(w):
             V, M, tail = sets[w]
@@ -369,11 +372,9 @@ def _winograd_rates(threads: int) -> dict:
                 else:
                     L.microkernel.batched_products(V, conv.U, M, V.shape[1], c, tail)
 
-        V = V0
-
         with blas_limit(1):
             seconds = _best_of(lambda: each_worker(worker, threads))
-        points.append([c, seconds / (blocks * threads * conv.T * c * c * V.shape[1])])
+        points.append([c, seconds / (blocks * threads * conv.T * c * c * V0.shape[1])])
     terms, times = [], []
     many, few = _WINOGRAD_CAL["transform_channels"], _WINOGRAD_CAL["few_channels"]
     for c, (n, shape) in ((many, _WINOGRAD_CAL["wide"]), (many, _WINOGRAD_CAL["narrow"]), (few, _WINOGRAD_CAL["wide"])):
