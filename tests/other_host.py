@@ -50,8 +50,8 @@ def install() -> str | None:
 
     measured = timing.calibrate
 
-    def calibrate(threads: int = 1, *, refresh: bool = False):
-        return rescaled(measured(threads, refresh=refresh), PROFILES[name])
+    def calibrate(threads: int = 1, **kw):
+        return rescaled(measured(threads, **kw), PROFILES[name])
 
     timing.calibrate = calibrate
     return name

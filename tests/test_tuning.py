@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,7 +68,8 @@ def test_tune_keeps_the_default_on_a_tie_and_takes_a_clearly_faster_value(monkey
 
 
 def test_calibration_records_a_value_per_parameter_from_its_candidates():
-    cal = T.calibrate(1)
+    cal = T.calibrate(1, level="full")
+    assert cal.level == "full"
     assert set(cal.tuned) == set(tuning.DEFAULTS)
     assert all(cal.tuned[k] in tuning.CANDIDATES[k] for k in tuning.DEFAULTS)
     assert all(len(cal.tuning_seconds[k]) == len(tuning.CANDIDATES[k]) for k in tuning.DEFAULTS)
@@ -80,6 +82,43 @@ def test_a_second_thread_count_reuses_the_first_ones_values(monkeypatch, tmp_pat
     monkeypatch.setattr(T, "_tune", lambda threads: pytest.fail("timed the candidates again"))
     cal = T.calibrate(2, tuned=dict(ODD))
     assert cal.tuned == ODD and cal.tuning_seconds == {}
+
+
+def test_a_quick_calibration_serves_until_a_full_one_is_asked_for(monkeypatch, tmp_path):
+    """A cold host measures ``quick`` (defaults, one timed run per rate) and every later call
+    takes it; ``level="full"`` tunes and measures again and replaces it; a quick request then
+    takes the full one."""
+    monkeypatch.setenv("ZNNI_CACHE_DIR", str(tmp_path))
+    doc = json.loads((Path(__file__).parent / "data" / "calibration-zen4-2threads.json").read_text())["calibration"]
+    rates = {k: v for k, v in doc.items() if k not in ("tuned", "tuning_seconds", "level")}
+    seen = []
+
+    def measure(threads):
+        seen.append(T._LEVEL)
+        return dict(rates, threads=threads)
+
+    monkeypatch.setattr(T, "_measure", measure)
+    monkeypatch.setattr(T, "_tune", lambda threads: (dict(ODD), {k: [[v, 1.0]] for k, v in ODD.items()}))
+    cal = T.calibrate(1)
+    assert (cal.level, cal.tuned, cal.tuning_seconds, seen) == ("quick", tuning.DEFAULTS, {}, ["quick"])
+    assert T.calibrate(1) == cal and T.calibrate(1, level="quick") == cal and len(seen) == 1
+    full = T.calibrate(1, level="full")
+    assert (full.level, full.tuned, seen) == ("full", ODD, ["quick", "full"])
+    assert T.calibrate(1) == full == T.calibrate(1, level="quick") == T.calibrate(1, level="full")
+    assert T.calibrate(1, level="full", refresh=True).level == "full" and len(seen) == 3
+    assert T._LEVEL == "full"  # the level is the measurement's only
+    with pytest.raises(ValueError, match="'fast'"):
+        T.calibrate(1, level="fast")
+
+
+def test_a_quick_calibration_times_each_rate_once_after_its_warm_up(monkeypatch):
+    calls = []
+    monkeypatch.setattr(T, "_LEVEL", "quick")
+    T._best_of(lambda: calls.append(1), repeats=5)
+    assert len(calls) == 2
+    monkeypatch.setattr(T, "_LEVEL", "full")
+    T._best_of(lambda: calls.append(1), repeats=5)
+    assert len(calls) == 2 + 6
 
 
 def test_the_plan_carries_the_hosts_values_and_the_executor_runs_under_them(monkeypatch):

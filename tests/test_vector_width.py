@@ -188,41 +188,43 @@ def test_kernels_compiled_for_another_width_are_exact(variant, tmp_path):
 
 
 @pytest.mark.slow
-def test_warmup_records_the_width_and_leaves_nothing_to_compile(tmp_path):
-    """``znni warmup`` on a fresh cache: on an AVX-512 host both widths timed on every case and
-    the faster recorded; a calibration for the thread count; then a new process running a
-    network (as a job does) finds every kernel compiled: it adds no file to numba's cache."""
+def test_warmup_compiles_everything_quickly_then_refines(tmp_path):
+    """``znni warmup`` on a fresh cache: every kernel compiled (two processes) and a quick
+    calibration, the vector width left unmeasured; a new process running networks (as a job
+    does) then compiles nothing.  ``--refine``: on an AVX-512 host both widths timed on every case
+    and the faster recorded (the default on a tie), and a full calibration replaces the quick one."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("NUMBA_CPU_FEATURES", "NUMBA_CPU_NAME", "ZNNI_VECTOR_WIDTH", "NUMBA_CACHE_DIR")
     }
     env["ZNNI_CACHE_DIR"] = str(tmp_path)
-    r = subprocess.run(
-        [sys.executable, "-m", "znni_core.cli", "warmup", "--threads", "1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    if AVX512:
-        (entry,) = json.loads((tmp_path / "vector_width.json").read_text()).values()
-        assert set(entry["seconds"]) == {"512", "256"} and entry["width"] == min(
-            entry["seconds"], key=entry["seconds"].get
-        )
-        from znni_core.warmup import WIDTH_CASES
 
-        assert all(sorted(c) == sorted(WIDTH_CASES) for c in entry["cases"].values())
-    assert len(json.loads((tmp_path / "calibration.json").read_text())) == 1
+    def warmup(*flags):
+        r = subprocess.run(
+            [sys.executable, "-m", "znni_core.cli", "warmup", "--threads", "1", *flags],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=ROOT,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r.stderr
+
+    def levels():
+        return [e["level"] for e in json.loads((tmp_path / "calibration.json").read_text()).values()]
+
+    said = warmup()
+    assert "compiling znni's kernels (2 processes)" in said and "--refine" in said
+    assert levels() == ["quick"] and not (tmp_path / "vector_width.json").exists()
     kernels = lambda: sorted(p.name for p in (tmp_path / "numba").rglob("*.nbc"))  # noqa: E731
     before = kernels()
     assert len(before) >= 20
     job = textwrap.dedent("""
-        import numpy as np, znni_core
+        import json
         from znni_core.warmup import _compile_and_calibrate
-        _compile_and_calibrate([1])
+        print(json.dumps(_compile_and_calibrate([1])))
     """)
     r = subprocess.run(
         [sys.executable, "-c", job],
@@ -233,7 +235,27 @@ def test_warmup_records_the_width_and_leaves_nothing_to_compile(tmp_path):
         cwd=ROOT,
     )
     assert r.returncode == 0, r.stderr[-3000:]
+    ran = json.loads(r.stdout.strip().splitlines()[-1])["1"]
+    assert ran["runs"] >= 20 and ran["compiled"] == 0 and ran["level"] == "quick", ran
     assert kernels() == before
+
+    warmup("--refine")
+    assert levels() == ["full"]
+    if AVX512:
+        (entry,) = json.loads((tmp_path / "vector_width.json").read_text()).values()
+        from znni_core.warmup import WIDTH_CASES, choose_width
+
+        assert set(entry["seconds"]) == {"512", "256"} and entry["width"] == choose_width(entry["seconds"])
+        assert all(sorted(c) == sorted(WIDTH_CASES) for c in entry["cases"].values())
+
+
+def test_a_compile_child_that_fails_stops_the_warmup_with_its_error():
+    """The compile children start together; one that fails ends the warmup with its own error,
+    and the other is not left running."""
+    from znni_core import warmup as w
+
+    with pytest.raises(RuntimeError, match=r"(?s)the step compile bogus failed.*compile group 'bogus'"):
+        w._children([["compile", "bogus"], ["compile", "winograd"]], dict(os.environ), timeout=300)
 
 
 def test_a_width_child_that_fails_stops_the_warmup_with_its_error():

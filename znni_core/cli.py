@@ -243,16 +243,23 @@ def warmup(
     no_tune: bool = typer.Option(
         False, "--no-tune", help="keep the vector width recorded (or the default); only compile and calibrate"
     ),
-    refresh: bool = typer.Option(False, "--refresh", help="measure the vector width again"),
+    refine: bool = typer.Option(
+        False,
+        "--refine",
+        help="also measure the vector width (AVX-512 hosts, unless recorded) and tune the kernel "
+        "parameters in a full calibration (about a minute on 2 cores)",
+    ),
+    refresh: bool = typer.Option(False, "--refresh", help="measure the vector width again (implies --refine)"),
 ):
-    """Ready this host for jobs: measure the vector width (AVX-512 hosts), compile every kernel,
-    calibrate.  Everything is cached in $ZNNI_CACHE_DIR (shared: every node of a type finds it)."""
+    """Ready this host for jobs: compile every kernel (two processes) and calibrate quickly, in
+    about half a minute; --refine measures the vector width and tunes the kernels.  Everything is
+    cached in $ZNNI_CACHE_DIR (shared: every node of a type finds it)."""
     from .warmup import warmup as run
 
     if any(t < 1 for t in threads):
         fail(ValueError(f"--threads {min(threads)}: a thread count is 1 or more"), 2)
     try:
-        run(tuple(threads), tune=not no_tune, refresh=refresh, echo=lambda m: typer.echo(m, err=True))
+        run(tuple(threads), tune=not no_tune, refresh=refresh, refine=refine, echo=lambda m: typer.echo(m, err=True))
     except (RuntimeError, OSError) as exc:
         fail(exc)
 

@@ -1,18 +1,23 @@
-"""``znni warmup``: make a host ready before its first job, as FFTW's planner and oneDNN's
-dispatcher do: measure, choose, compile and cache.
+"""``znni warmup``: ready a host for jobs in about half a minute, then refine on demand.
 
-1. **Vector width** (AVX-512 hosts only, :mod:`znni_core.layers.vector_width`): znni's kernels
-   are compiled for 512-bit and for 256-bit vectors, each in a process of its own (numba fixes its
-   target per process), side by side (numba compiles on one core), then timed one process at a
-   time; the faster is recorded for this host, the default unless the other wins by
-   :data:`WIDTH_TIE`.
-2. **Compile**: every numba kernel a run uses is compiled for the chosen width into numba's
-   cache (``$NUMBA_CACHE_DIR``, else ``<cache_dir>/numba``: where the workflow's jobs look).
-3. **Calibrate** the time model for each thread count asked for (``<cache_dir>/calibration.json``).
+A first warmup (the default, *quick*):
+
+1. **Compile** every numba kernel a run uses, for the vector width in effect (the one measured on
+   this host, else the default), into numba's cache (``$NUMBA_CACHE_DIR``, else
+   ``<cache_dir>/numba``: where the workflow's jobs look): two child processes at once, each a
+   disjoint group of kernel families (:data:`COMPILE_GROUPS`; numba compiles on one core).
+2. **Calibrate** the time model for each thread count asked for, ``quick``
+   (:data:`.plan.timing.LEVELS`: kernel parameters at their defaults, each rate timed once),
+   then run small networks through every primitive (what the groups missed compiles there).
+
+``znni warmup --refine`` (on demand, about a minute on 2 cores) measures what the quick one
+takes as given: on an AVX-512 host the **vector width** (:data:`WIDTH_CASES` compiled and timed
+both ways, the faster kept, within :data:`WIDTH_TIE` the default), then a ``full`` calibration
+(kernel parameters tuned on the host, rates the best of five) replaces the quick one.
 
 Everything lands in ``$ZNNI_CACHE_DIR`` (default ``~/.cache/znni``): on a cluster, point it at a
 shared directory and run ``znni warmup`` once per node type (``docs/performance.md``); a first
-job that finds nothing there compiles and calibrates itself (about a minute on 2 cores).
+job that finds nothing there compiles what it runs and calibrates quickly itself.
 
 The driver never compiles anything itself: each step runs in a child process
 (``python -m znni_core.warmup --child ...``), so a step's vector width is the one it was given.
@@ -95,9 +100,118 @@ def _width_workload(threads: int, ready=None) -> dict:
         return {name: _best_of(fn) for name, fn in zip(WIDTH_CASES, calls)}
 
 
-def _compile_and_calibrate(threads_list) -> dict:
-    """Compile what a run uses (the calibration's kernels, then small chain networks run as the
-    executor runs them) and calibrate for each thread count (in a child process)."""
+#: the kernel families each compile child runs (:func:`_compile_group`), about half the compile
+#: time each (on a Zen 4 core: Winograd's transforms and products, 1x1x1 chains, activations and
+#: the epilogues 16 s; direct, pooling, FFT and FFT-GEMM 18 s).  No numba function is compiled by
+#: both (a function's cache index is written under a lock, ``layers/_numba.py``, but two
+#: compilations of one function would only waste a core).
+COMPILE_GROUPS = ("winograd", "others")
+
+
+def _compile_group(group: str) -> dict:
+    """Run one group of kernels once on small inputs (numba compiles each for the types a run
+    passes: layouts and dtypes, not sizes); returns ``{"functions": N compiled here}``."""
+    import numpy as np
+
+    from . import layers as L
+    from .inference import _non_finite
+    from .layers.layout import copy_into
+    from .layers.threads import run_threads
+
+    rng = np.random.default_rng(0)
+
+    def x_of(*shape):
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    with _compile_count() as compiled, L.arena.using(L.arena.Arena(1 << 28)), run_threads(1):
+        if group == "winograd":
+            for c, n, spatial, kernel in ((8, 1, (2, 12, 12), (1, 3, 3)), (8, 2, (4, 8, 8), (3, 3, 3))):
+                w, b = x_of(c, c, *kernel), x_of(c)
+                x_first = x_of(n, c, *spatial)
+                x_last = x_of(n, *spatial, c).transpose(0, 4, 1, 2, 3)
+                for blas in (0, 1):  # the register tiles and BLAS' products
+                    with L.tuning.using({"winograd.blas": blas}):
+                        L.WinogradConv(w, b, spatial, threads=1)(x_first)
+                        for act in (None, ("relu", 0.0), ("elu", 1.0)):
+                            conv = L.WinogradConv(w, b, spatial, threads=1).configured(
+                                act=act, channels_last=True, keep_buffers=True
+                            )
+                            conv(x_last)
+                            conv(x_first)
+            conv = L.WinogradConv(x_of(8, 8, 1, 3, 3), None, (2, 12, 12), threads=1)
+            V0, M0, _ = conv._buffers(1, False)[1][0]
+            L.microkernel.batched_products(
+                np.ones_like(V0),
+                conv.U,
+                np.empty_like(M0),
+                V0.shape[1],
+                8,
+                L.microkernel.Scratch(8, 8, conv.register_tile),
+            )
+            stages = [(x_of(8, 8, 1, 1, 1), x_of(8), ("relu", 0.0))] * 2
+            L.conv_pointwise_chain(x_of(1, 8, 2, 8, 8), stages, threads=1)
+            L.conv_pointwise_chain(x_of(1, 8, 2, 8, 8), [(s[0], None, None) for s in stages], threads=1)
+            for act in ("relu", "elu", "sigmoid", "tanh"):
+                big = x_of(4096)
+                L.apply_activation(big, act, 1.0, out=big)
+            _non_finite(big.view(np.uint32))  # the input's check before a run
+        elif group == "others":
+            for x, w in ((x_of(1, 1, 6, 12, 12), x_of(8, 1, 1, 4, 4)), (x_of(2, 8, 6, 6, 6), x_of(8, 8, 3, 3, 3))):
+                L.conv_direct_numba(x, w)
+                L.conv_direct_numba(x, w, x_of(8), act=("relu", 0.0))
+                L.conv_direct_gemm(x, w)
+                L.conv_direct_gemm(x, w, x_of(8), act=("relu", 0.0))
+            xm = x_of(1, 4, 8, 8, 8)
+            L.mpf(xm, (2, 2, 2))
+            L.mpf(np.ascontiguousarray(xm.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3), (2, 2, 2))
+            L.max_pool(xm, (2, 2, 2))
+            L.max_filter_inplace(xm.copy(), (2, 2, 2))
+            copy_into(np.empty((1, 4, 4, 4, 4), np.float32), xm[:, :, ::2, ::2, ::2])
+            w = x_of(4, 4, 3, 3, 3)
+            for mode in L.fft.MODES:
+                L.FFTConv(w, None, (8, 8, 8), threads=1, mode=mode)(x_of(2, 4, 8, 8, 8))
+            L.FFTGemmConv(x_of(4, 4, 1, 3, 3), None, (2, 8, 8), threads=1).configured(keep_buffers=True)(
+                x_of(2, 4, 2, 8, 8)
+            )
+        else:
+            raise ValueError(f"compile group {group!r}: one of {', '.join(COMPILE_GROUPS)}")
+    return {"functions": compiled()}
+
+
+class _compile_count:
+    """A context counting znni's numba functions this process compiles (not loads from the
+    cache) inside it: ``with _compile_count() as n: ...; n()``."""
+
+    def __enter__(self):
+        from numba.core import event
+
+        self._listener = event.RecordingListener()
+        event.register("numba:compile", self._listener)
+        return self.count
+
+    def __exit__(self, *exc):
+        from numba.core import event
+
+        event.unregister("numba:compile", self._listener)
+
+    def count(self) -> int:
+        # the event also wraps loads from the cache: count the functions whose dispatcher missed it
+        seen = {}
+        for _, e in self._listener.buffer:
+            d = e.data.get("dispatcher")
+            if d is not None and not e.is_start:
+                seen[id(d)] = d
+        return sum(
+            sum(d.stats.cache_misses.values()) > 0
+            for d in seen.values()
+            if hasattr(d, "stats") and d.py_func.__module__.startswith("znni_core")
+        )
+
+
+def _compile_and_calibrate(threads_list, level: str = "quick") -> dict:
+    """Calibrate for each thread count at ``level`` (in a child process), then run small chain
+    networks as the executor runs them, through each primitive and pooling mode: what they
+    compile that the compile groups did not is counted (``compiled``)."""
     import numpy as np
 
     from . import infer
@@ -145,28 +259,36 @@ def _compile_and_calibrate(threads_list) -> dict:
         t0 = time.perf_counter()
         # the kernel parameters are timed once, at the first thread count: they size blocks to one
         # core's caches, and each worker runs its own blocks whatever the count
-        tuned = calibrate(int(threads), tuned=tuned).tuned
-        t1 = time.perf_counter()
-        runs = 0
-        for n, shape in nets:
-            x = rng.random((1,) + shape, dtype=np.float32)
-            for prims in prim_sets:
-                for modes in (None, ("mpf",) + ("pool",) * (len(n.pools) - 1)):
-                    try:
-                        plan = autotune(
-                            n,
-                            memory_budget=2**30,
-                            threads=int(threads),
-                            primitives=prims,
-                            pool_modes=modes,
-                            input_shape=shape,
-                            use_cache=False,
-                        )
-                    except ZnniError:
-                        continue  # a combination this network cannot run
-                    infer(n, x, plan=plan)
-                    runs += 1
-        out[str(threads)] = {"calibrate_s": t1 - t0, "networks_s": time.perf_counter() - t1, "runs": runs}
+        with _compile_count() as compiled:
+            cal = calibrate(int(threads), tuned=tuned, level=level)
+            tuned = cal.tuned
+            t1 = time.perf_counter()
+            runs = 0
+            for n, shape in nets:
+                x = rng.random((1,) + shape, dtype=np.float32)
+                for prims in prim_sets:
+                    for modes in (None, ("mpf",) + ("pool",) * (len(n.pools) - 1)):
+                        try:
+                            plan = autotune(
+                                n,
+                                memory_budget=2**30,
+                                threads=int(threads),
+                                primitives=prims,
+                                pool_modes=modes,
+                                input_shape=shape,
+                                use_cache=False,
+                            )
+                        except ZnniError:
+                            continue  # a combination this network cannot run
+                        infer(n, x, plan=plan)
+                        runs += 1
+            out[str(threads)] = {
+                "level": cal.level,
+                "calibrate_s": t1 - t0,
+                "networks_s": time.perf_counter() - t1,
+                "runs": runs,
+                "compiled": compiled(),
+            }
     return out
 
 
@@ -189,10 +311,16 @@ def choose_width(seconds: dict) -> str:
 def _width_children(widths, threads: int, base: dict, timeout: float = 1800) -> dict:
     """``{width: {case: seconds}}``: one child per width, all compiling at once (numba compiles on
     one core: two children on two cores take the time of one), then timed one after the other while
-    the rest wait, so no child's timing shares the cores with another's compilation.  A child's
-    stderr goes to a file (a full pipe would stop it); a child that fails or passes ``timeout``
-    seconds stops the warmup with its stderr."""
+    the rest wait, so no child's timing shares the cores with another's compilation.  The width in
+    effect compiles into the shared cache, the others into throw-away ones.  A child's stderr goes
+    to a file (a full pipe would stop it); a child that fails or passes ``timeout`` seconds stops
+    the warmup with its stderr."""
     import tempfile
+
+    from .layers import vector_width as vw
+
+    entry = vw.chosen()
+    base_width = entry["width"] if entry else vw.DEFAULT
 
     args = ["width", str(threads)]
     with tempfile.TemporaryDirectory(prefix="znni-warmup-") as tmp:
@@ -200,9 +328,12 @@ def _width_children(widths, threads: int, base: dict, timeout: float = 1800) -> 
         try:
             for w in widths:
                 errs[w] = open(os.path.join(tmp, f"{w}.err"), "w+")  # noqa: SIM115 - closed below
+                env = dict(base, ZNNI_VECTOR_WIDTH=w)
+                if w != base_width:  # compiled for the timing only: a width chosen compiles in the shared cache next
+                    env["NUMBA_CACHE_DIR"] = os.path.join(tmp, f"numba-{w}")
                 procs[w] = subprocess.Popen(
                     [sys.executable, "-m", "znni_core.warmup", "--child", *args],
-                    env=dict(base, ZNNI_VECTOR_WIDTH=w),
+                    env=env,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=errs[w],
@@ -258,28 +389,56 @@ def _failed(args, p, err):
     raise RuntimeError(f"znni warmup: the step {' '.join(args)} failed (exit {code}):\n" + err.read()[-3000:])
 
 
-def _child(args, env) -> dict:
-    """Run ``python -m znni_core.warmup --child ...`` and return what it printed (JSON)."""
-    r = subprocess.run(
-        [sys.executable, "-m", "znni_core.warmup", "--child", *args], env=env, capture_output=True, text=True
-    )
-    if r.returncode != 0:
-        raise RuntimeError(f"znni warmup: the step {' '.join(args)} failed (exit {r.returncode}):\n" + r.stderr[-3000:])
-    return json.loads(r.stdout.strip().splitlines()[-1])
+def _children(steps, env, timeout: float = 1800) -> list:
+    """Run ``python -m znni_core.warmup --child STEP ARG`` for each of ``steps`` at once and return
+    what each printed (JSON); one that fails or passes ``timeout`` seconds stops the warmup with
+    its stderr (kept in a file: a full pipe would stop it)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="znni-warmup-") as tmp:
+        procs = []
+        try:
+            for i, args in enumerate(steps):
+                err = open(os.path.join(tmp, f"{i}.err"), "w+")  # noqa: SIM115 - closed below
+                p = subprocess.Popen(
+                    [sys.executable, "-m", "znni_core.warmup", "--child", *args],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    text=True,
+                )
+                procs.append((args, p, err))
+            deadline = time.monotonic() + timeout
+            out = []
+            for args, p, err in procs:
+                line = _line(p, deadline)
+                if not line or p.wait(max(1.0, deadline - time.monotonic())) != 0:
+                    _failed(args, p, err)
+                out.append(json.loads(line))
+            return out
+        finally:
+            for _, p, err in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+                err.close()
 
 
-def warmup(threads=(1,), *, tune: bool = True, refresh: bool = False, echo=print) -> dict:
-    """Measure the vector width (AVX-512 hosts; unless recorded already, or ``refresh``), compile
-    every kernel for the chosen one, calibrate for each of ``threads``.  Returns what it did."""
+def warmup(threads=(1,), *, tune: bool = True, refresh: bool = False, refine: bool = False, echo=print) -> dict:
+    """Compile every kernel for the vector width in effect (two processes at once) and calibrate
+    for each of ``threads``: quickly, or with ``refine`` (or ``refresh``) the vector width measured
+    first (AVX-512 hosts; unless recorded already, or ``refresh``; not with ``tune`` False) and
+    a full calibration.  Returns what it did."""
     from .layers import vector_width as vw
     from .layers._numba import VECTOR_WIDTH_SOURCE
 
+    refine = refine or refresh
     base = dict(os.environ, NUMBA_CACHE_DIR=str(numba_cache_dir()), ZNNI_CACHE_DIR=str(cache_dir()))
     base.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
     report = {"cache_dir": base["ZNNI_CACHE_DIR"], "numba_cache_dir": base["NUMBA_CACHE_DIR"]}
     widths = vw.candidates() if VECTOR_WIDTH_SOURCE in ("default", "measured") else ()
     t0 = time.perf_counter()
-    if tune and widths and (refresh or vw.chosen() is None):
+    if refine and tune and widths and (refresh or vw.chosen() is None):
         t = max(int(x) for x in threads)
         names = " and ".join(w + "-bit" for w in widths)
         echo(f"vector width {names}: compiling znni's kernels side by side, then timing each ({t} threads) ...")
@@ -294,13 +453,23 @@ def warmup(threads=(1,), *, tune: bool = True, refresh: bool = False, echo=print
         report["vector_width"] = {"chosen": entry["width"] if entry else vw.DEFAULT, "measured": entry is not None}
     report["tune_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    echo(f"compiling and calibrating for {', '.join(str(x) for x in threads)} thread(s) ...")
-    report["calibration"] = _child(["compile", ",".join(str(int(x)) for x in threads)], base)
-    report["compile_calibrate_s"] = time.perf_counter() - t1
-    echo(
-        f"warm: kernels in {base['NUMBA_CACHE_DIR']}, calibration in {base['ZNNI_CACHE_DIR']} "
-        f"({report['tune_s'] + report['compile_calibrate_s']:.0f} s)"
-    )
+    echo(f"compiling znni's kernels ({len(COMPILE_GROUPS)} processes) ...")
+    report["compiled"] = dict(zip(COMPILE_GROUPS, _children([["compile", g] for g in COMPILE_GROUPS], base)))
+    report["compile_s"] = time.perf_counter() - t1
+    level = "full" if refine else "quick"
+    echo(f"calibrating ({level}) for {', '.join(str(x) for x in threads)} thread(s) ...")
+    t2 = time.perf_counter()
+    arg = level + ":" + ",".join(str(int(x)) for x in threads)
+    (report["calibration"],) = _children([["calibrate", arg]], base)
+    report["calibrate_s"] = time.perf_counter() - t2
+    total = time.perf_counter() - t0
+    echo(f"warm: kernels in {base['NUMBA_CACHE_DIR']}, calibration in {base['ZNNI_CACHE_DIR']} ({total:.0f} s)")
+    if not refine:
+        echo(
+            "refine when there is a minute to spare: `znni warmup --refine` "
+            + ("measures the vector width and " if widths and vw.chosen() is None else "")
+            + "tunes the kernel parameters with a full calibration"
+        )
     return report
 
 
@@ -317,7 +486,10 @@ def main(argv=None) -> int:
 
         got = _width_workload(int(arg), ready)
     elif step == "compile":
-        got = _compile_and_calibrate([int(x) for x in arg.split(",")])
+        got = _compile_group(arg)
+    elif step == "calibrate":  # LEVEL:THREADS,THREADS...
+        level, _, counts = arg.partition(":")
+        got = _compile_and_calibrate([int(x) for x in counts.split(",")], level)
     else:
         p.error(f"unknown step {step!r}")
     print(json.dumps(got))

@@ -34,6 +34,40 @@ GOMP_SPINCOUNT = "20000"
 if os.environ.get("OMP_WAIT_POLICY") is None and os.environ.get("GOMP_SPINCOUNT") is None:
     os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
 
+
+def _lock_cache_saves() -> None:
+    """Serialise numba's on-disk cache writes between processes (an exclusive ``flock`` per
+    function's index).  numba reads a function's index, picks the first free data-file number and
+    writes both back without a lock: two processes compiling one function at once (``znni
+    warmup``'s parallel compile children, two jobs on a node with a cold shared cache) can give two
+    keys the same number, and a later process then loads one signature's code for another's
+    (seen: the width children's entries lost, every later job recompiling the Winograd kernels).
+    Under the lock each save re-reads the index it extends."""
+    import fcntl
+    import functools
+
+    from numba.core import caching
+
+    save = caching.IndexDataCacheFile.save
+    if getattr(save, "_znni_locked", False):
+        return
+
+    @functools.wraps(save)
+    def locked(self, key, data):
+        try:
+            lock = open(self._index_path + ".lock", "a")  # noqa: SIM115 - closed below
+        except OSError:  # a read-only cache: numba's own save fails alike, and says so
+            return save(self, key, data)
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return save(self, key, data)
+
+    locked._znni_locked = True
+    caching.IndexDataCacheFile.save = locked
+
+
+_lock_cache_saves()
+
 njit = numba.njit
 prange = numba.prange
 

@@ -62,6 +62,7 @@ class CpuCalibration(_Record):
     cpu: str = ""
     tuned: dict = field(default_factory=dict)  # kernel parameters chosen (:mod:`..layers.tuning`)
     tuning_seconds: dict = field(default_factory=dict)  # each parameter's candidates, timed
+    level: str = "full"  # how it was measured: "quick" or "full" (:data:`.timing.LEVELS`)
 
 
 @dataclass(frozen=True)

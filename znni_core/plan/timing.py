@@ -47,12 +47,22 @@ def machine_key(threads: int) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
+#: how thoroughly :func:`calibrate` measures: ``quick`` (the kernel parameters at their defaults,
+#: each rate timed once after a warm-up, the FFT size factor on few maps: 3-5 s at one thread on
+#: a Zen 4 core, what a first job or a first ``znni warmup`` pays) or ``full`` (the kernel
+#: parameters tuned on the host, each rate the best of five: ``znni warmup --refine``, about 25 s)
+LEVELS = ("quick", "full")
+#: the level being measured in this process (:func:`_best_of` reads it)
+_LEVEL = "full"
+
+
 def _best_of(fn, repeats=5) -> float:
     """Minimum of ``repeats`` timed runs after a warm-up: the least disturbed by other load (on
-    a shared 2-core host three left rates 40-70% apart between calibrations minutes apart)."""
+    a shared 2-core host three left rates 40-70% apart between calibrations minutes apart); one
+    run in a ``quick`` calibration."""
     fn()  # warm-up (plans, compiles)
     ts = []
-    for _ in range(repeats):
+    for _ in range(1 if _LEVEL == "quick" else repeats):
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
@@ -60,22 +70,42 @@ def _best_of(fn, repeats=5) -> float:
 
 
 # --------------------------------------------------------------------- calibration
-def calibrate(threads: int = 1, *, refresh: bool = False, tuned: dict | None = None) -> CpuCalibration:
-    """Machine rates for the analytic model, measured once (about 2 s) and cached; the kernel
-    parameters timed on the host first, unless ``tuned`` gives them (another thread count's)."""
+def calibrate(
+    threads: int = 1, *, refresh: bool = False, tuned: dict | None = None, level: str | None = None
+) -> CpuCalibration:
+    """Machine rates for the analytic model, measured once and cached; the kernel parameters
+    timed on the host first (``full``), unless ``tuned`` gives them (another thread count's).
+
+    ``level`` (:data:`LEVELS`): None takes the cached calibration of either level and measures a
+    ``quick`` one when there is none (a job on a cold host); ``full`` measures unless a full one
+    is cached, and replaces a quick one; ``refresh`` measures again at the level asked."""
+    if level is not None and level not in LEVELS:
+        raise ValueError(f"calibration level {level!r}: one of {', '.join(LEVELS)}")
     cache = JsonCache(cache_dir() / "calibration.json")
     key = machine_key(threads)
-    if not refresh and (hit := cache.get(key)):
+    hit = None if refresh else cache.get(key)
+    if hit and (level != "full" or hit.get("level", "full") == "full"):
         return CpuCalibration.from_dict(hit, str(cache.path))
+    level = level or "quick"
+    global _LEVEL
     # every timed call takes its output from an arena, as a run's patches do after the first
     # (fresh pages cost the kernel's zeroing on first touch; the executor reuses buffers)
     # and inside a run's thread setting (BLAS single-threaded, GEMMs split over the threads): a
     # threaded BLAS call before a timed call left OpenBLAS's workers spinning through it
-    with L.arena.using(L.arena.Arena(1 << 31)), run_threads(threads):
-        tuned, tried = (dict(tuned), {}) if tuned is not None else _tune(threads)
-        with L.tuning.using(tuned):  # the rates of the kernels as plans will run them
-            cal = _measure(threads)
-    cal = CpuCalibration(**cal, tuned=tuned, tuning_seconds=tried)
+    _LEVEL, before = level, _LEVEL
+    try:
+        with L.arena.using(L.arena.Arena(1 << 31)), run_threads(threads):
+            if tuned is not None:
+                tuned, tried = dict(tuned), {}
+            elif level == "quick":
+                tuned, tried = dict(L.tuning.DEFAULTS), {}
+            else:
+                tuned, tried = _tune(threads)
+            with L.tuning.using(tuned):  # the rates of the kernels as plans will run them
+                cal = _measure(threads)
+    finally:
+        _LEVEL = before
+    cal = CpuCalibration(**cal, tuned=tuned, tuning_seconds=tried, level=level)
     cache.put(key, cal.to_dict())
     return cal
 
@@ -232,6 +262,8 @@ _FFT_CAL = {
     "large": 96,
     "large_mix": (1, 16),
 }  # a second size: transforms slow down out of cache
+#: a quick calibration's: fewer kernels to transform (the builds took half of the full one)
+_FFT_CAL_QUICK = {"mixes": ((1, 16), (16, 4)), "large_mix": (1, 4)}
 
 
 def _fft_rates(threads: int) -> dict:
@@ -243,23 +275,24 @@ def _fft_rates(threads: int) -> dict:
     ``data``/``task`` costs ``d * C_in C_out VlogV`` once.
     """
     rng = np.random.default_rng(0)
-    m, k = _FFT_CAL["size"], _FFT_CAL["kernel"]
+    cfg = dict(_FFT_CAL, **(_FFT_CAL_QUICK if _LEVEL == "quick" else {}))
+    m, k = cfg["size"], cfg["kernel"]
     v = float(m**3)
     vlog = v * math.log2(v)
     sp = (m, m, m)
     calls, builds = {}, {}
-    for n, c in _FFT_CAL["mixes"]:
+    for n, c in cfg["mixes"]:
         x = rng.standard_normal((n, c, m, m, m), dtype=np.float32)
         w = rng.standard_normal((c, c, k, k, k), dtype=np.float32)
         for mode in L.fft.MODES:
-            if mode == "stream" and n != _FFT_CAL["mixes"][0][0]:
+            if mode == "stream" and n != cfg["mixes"][0][0]:
                 continue
             t0 = time.perf_counter()
             conv = L.FFTConv(w, None, sp, threads=threads, mode=mode)
             if mode == "task":
                 builds[c] = time.perf_counter() - t0
             calls[(mode, n, c)] = _best_of(lambda: conv(x), repeats=2)
-    (n1, c1), (n2, c2) = _FFT_CAL["mixes"]
+    (n1, c1), (n2, c2) = cfg["mixes"]
     rates = {}
     for mode in ("data", "task"):
         a11, a12, b1 = n1 * 2 * c1 * vlog, n1 * c1 * c1 * v / 2, calls[(mode, n1, c1)]
@@ -276,7 +309,7 @@ def _fft_rates(threads: int) -> dict:
     rates["stream"] = dict(task, s_per_kernel_vlogv=max(stream_extra, 0.05 * calls[("task", n1, c1)]) / kern)
     rates["build_s_per_kernel_vlogv"] = builds[c1] / kern
     # the same model at the large size: its error there is the size factor
-    m1, (n, c) = _FFT_CAL["large"], _FFT_CAL["large_mix"]
+    m1, (n, c) = cfg["large"], cfg["large_mix"]
     v1 = float(m1**3)
     vlog1 = v1 * math.log2(v1)
     x = rng.standard_normal((n, c, m1, m1, m1), dtype=np.float32)
