@@ -5,3 +5,10 @@ naive all-offsets), :mod:`.memwatch` (measured peak RSS), :mod:`.machine` (CPU, 
 BLAS kernel, GEMM peak), :mod:`.harness` (the comparison), :mod:`.plot`, :mod:`.report`.
 Results: ``benchmarks/RESULTS.md``.
 """
+
+import os
+
+# every benchmark plans under a full calibration (the kernel parameters tuned on the host, each rate
+# the best of five), as after ``znni warmup --refine``: a host's first plan would otherwise measure
+# the quick one (``znni_core/plan/timing.py``); a user's own setting wins
+os.environ.setdefault("ZNNI_CALIBRATION", "full")

@@ -107,8 +107,16 @@ def test_a_quick_calibration_serves_until_a_full_one_is_asked_for(monkeypatch, t
     assert T.calibrate(1) == full == T.calibrate(1, level="quick") == T.calibrate(1, level="full")
     assert T.calibrate(1, level="full", refresh=True).level == "full" and len(seen) == 3
     assert T._LEVEL == "full"  # the level is the measurement's only
-    with pytest.raises(ValueError, match="'fast'"):
+    with pytest.raises(PlanError, match="'fast'"):
         T.calibrate(1, level="fast")
+    monkeypatch.setenv("ZNNI_CALIBRATION", "quick")  # what a cold host measures: a cached full one still serves
+    assert T.calibrate(1) == full
+    monkeypatch.setenv("ZNNI_CALIBRATION", "Fast")
+    with pytest.raises(PlanError, match="ZNNI_CALIBRATION 'fast'"):
+        T.calibrate(1)
+    monkeypatch.setenv("ZNNI_CALIBRATION", "full")
+    monkeypatch.setenv("ZNNI_CACHE_DIR", str(tmp_path / "cold"))
+    assert T.calibrate(1).level == "full" and seen[-1] == "full"
 
 
 def test_a_quick_calibration_times_each_rate_once_after_its_warm_up(monkeypatch):

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import layers as L
 from ..cachedir import cache_dir
+from ..errors import PlanError
 from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.chain import Conv
 from .calibration import CpuCalibration
@@ -76,11 +77,17 @@ def calibrate(
     """Machine rates for the analytic model, measured once and cached; the kernel parameters
     timed on the host first (``full``), unless ``tuned`` gives them (another thread count's).
 
-    ``level`` (:data:`LEVELS`): None takes the cached calibration of either level and measures a
-    ``quick`` one when there is none (a job on a cold host); ``full`` measures unless a full one
-    is cached, and replaces a quick one; ``refresh`` measures again at the level asked."""
+    ``level`` (:data:`LEVELS`): None takes the cached calibration of either level and measures
+    ``$ZNNI_CALIBRATION`` (default ``quick``) when there is none (a job on a cold host); ``full``
+    measures unless a full one is cached, and replaces a quick one; ``refresh`` measures again at
+    the level asked."""
+    if level is None and os.environ.get("ZNNI_CALIBRATION"):
+        level = os.environ["ZNNI_CALIBRATION"].strip().lower()
+        where = "ZNNI_CALIBRATION"
+    else:
+        where = "calibration level"
     if level is not None and level not in LEVELS:
-        raise ValueError(f"calibration level {level!r}: one of {', '.join(LEVELS)}")
+        raise PlanError(f"{where} {level!r}: one of {', '.join(LEVELS)}")
     cache = JsonCache(cache_dir() / "calibration.json")
     key = machine_key(threads)
     hit = None if refresh else cache.get(key)
