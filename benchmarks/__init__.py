@@ -7,8 +7,12 @@ Results: ``benchmarks/RESULTS.md``.
 """
 
 import os
+import sys
 
-# every benchmark plans under a full calibration (the kernel parameters tuned on the host, each rate
-# the best of five), as after ``znni warmup --refine``: a host's first plan would otherwise measure
-# the quick one (``znni_core/plan/timing.py``); a user's own setting wins
-os.environ.setdefault("ZNNI_CALIBRATION", "full")
+# a benchmark run (``python -m benchmarks.X``: while the package loads, ``sys.argv[0]`` is "-m")
+# plans under a full calibration (the kernel parameters tuned on the host, each rate the best of
+# five), as after ``znni warmup --refine``: a host's first plan would otherwise measure the quick
+# one (``znni_core/plan/timing.py``); a user's own setting wins.  Importing the package (tests)
+# changes nothing.
+if sys.argv[:1] == ["-m"]:
+    os.environ.setdefault("ZNNI_CALIBRATION", "full")

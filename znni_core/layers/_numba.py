@@ -71,4 +71,10 @@ _lock_cache_saves()
 njit = numba.njit
 prange = numba.prange
 
-__all__ = ["njit", "prange", "numba"]
+#: ``fastmath=True`` less ``nsz`` (no signed zeros): the in-place activations and maxima store a
+#: sum of two selects (``epilogue.act_row``, ``pool._max2``); with ``nsz`` LLVM folds the ``+ 0``
+#: back into a select of the value it loaded, and compiles that for AVX2 to ``vmaskmovps``, a
+#: microcoded store on AMD cores
+FAST = {"nnan", "ninf", "arcp", "contract", "afn", "reassoc"}
+
+__all__ = ["FAST", "njit", "prange", "numba"]

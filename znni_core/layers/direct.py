@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import arena, tuning
-from ._numba import njit, prange
+from ._numba import FAST, njit, prange
 from .activation import apply_activation
 from .epilogue import FUSABLE, act_row, epilogue
 from .threads import matmul
@@ -281,7 +281,7 @@ def direct_numba_efficiency(c_out, in_spatial, kernel) -> float:
 # One input row's kx taps into _OB output rows, the taps written out: each output value is
 # loaded and stored once per row, not once per tap (with one FMA per store the loop ran at a
 # quarter of the FMA rate: n337's 1 -> 24 3^3 layer 42 GF/s on 2 cores).
-@njit(nogil=True, cache=True, fastmath=True, inline="always")
+@njit(nogil=True, cache=True, fastmath=FAST, inline="always")
 def _taps3(acc, row, w, n):  # pragma: no cover - compiled
     a0, a1, a2 = w[0, 0], w[0, 1], w[0, 2]
     b0, b1, b2 = w[1, 0], w[1, 1], w[1, 2]
@@ -295,7 +295,7 @@ def _taps3(acc, row, w, n):  # pragma: no cover - compiled
         acc[3, i] += d0 * r0 + d1 * r1 + d2 * r2
 
 
-@njit(nogil=True, cache=True, fastmath=True, inline="always")
+@njit(nogil=True, cache=True, fastmath=FAST, inline="always")
 def _taps4(acc, row, w, n):  # pragma: no cover - compiled
     a0, a1, a2, a3 = w[0, 0], w[0, 1], w[0, 2], w[0, 3]
     b0, b1, b2, b3 = w[1, 0], w[1, 1], w[1, 2], w[1, 3]
@@ -309,7 +309,7 @@ def _taps4(acc, row, w, n):  # pragma: no cover - compiled
         acc[3, i] += d0 * r0 + d1 * r1 + d2 * r2 + d3 * r3
 
 
-@njit(nogil=True, cache=True, fastmath=True, inline="always")
+@njit(nogil=True, cache=True, fastmath=FAST, inline="always")
 def _taps5(acc, row, w, n):  # pragma: no cover - compiled
     a0, a1, a2, a3, a4 = w[0, 0], w[0, 1], w[0, 2], w[0, 3], w[0, 4]
     b0, b1, b2, b3, b4 = w[1, 0], w[1, 1], w[1, 2], w[1, 3], w[1, 4]
@@ -324,7 +324,7 @@ def _taps5(acc, row, w, n):  # pragma: no cover - compiled
         acc[3, i] += d0 * r0 + d1 * r1 + d2 * r2 + d3 * r3 + d4 * r4
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, cache=True, fastmath=FAST)
 def _conv_numba_kernel(x, w, b, out, X, G, code, alpha):  # pragma: no cover - compiled
     # x: (N, C, Z, Y * X), each plane flattened.  G output rows at a time run as one row of
     # (G - 1) * X + Xo values (the X - Xo values between two rows are computed and dropped):

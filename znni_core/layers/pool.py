@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import arena
-from ._numba import njit, prange
+from ._numba import FAST, njit, prange
 from .layout import copy_into, is_channels_last, memory_order
 from .xp import get_array_module, with_host_variant
 
@@ -55,15 +55,27 @@ def _check5(x):
         raise InputError(f"expected a 5-D (N, C, Z, Y, X) array, got shape {x.shape}")
 
 
-@njit(cache=True, fastmath=True, inline="always")
+_ZERO = np.float32(0.0)
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def _max2(a, b):  # pragma: no cover - compiled
+    """``max(a, b)`` as a sum of two selects, each zero where the other holds: stored back where
+    ``a`` was read, a plain select is a conditional store of ``b``, which LLVM compiles for AVX2
+    to ``vmaskmovps`` (microcoded on AMD cores: every in-place maximum ran at a fraction of the
+    AVX-512 code's speed on Zen 4)."""
+    c = b > a
+    return (b if c else _ZERO) + (_ZERO if c else a)
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
 def _max_into(row, src):  # pragma: no cover - compiled
     """row = max(row, src) elementwise, in place (1-D, same length)."""
     for i in range(row.shape[0]):
-        if src[i] > row[i]:
-            row[i] = src[i]
+        row[i] = _max2(row[i], src[i])
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, cache=True, fastmath=FAST)
 def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compiled
     """``out[n, k, c] = max_pool(x[n, c, oz:, oy:, ox:], p)`` for every offset ``offs[k]``.
 
@@ -115,7 +127,7 @@ def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compil
                         drow[l] = cj[ox + l * p2]
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, cache=True, fastmath=FAST)
 def _max_filter_inplace_kernel(x, p0, p1, p2):  # pragma: no cover - compiled
     """x[..., i, j, k] = max of the window starting there (valid part), in place.
 
@@ -137,8 +149,7 @@ def _max_filter_inplace_kernel(x, p0, p1, p2):  # pragma: no cover - compiled
                 for xx in range(X - p2 + 1):
                     v = row[xx]
                     for s in range(1, p2):
-                        if row[xx + s] > v:
-                            v = row[xx + s]
+                        v = _max2(v, row[xx + s])
                     row[xx] = v
 
 
@@ -266,7 +277,7 @@ def _mpf_cl(x, pz, py, px, offs, out):  # pragma: no cover - compiled
                             for c in range(u(px)):
                                 s = src + a * sZ + b * sY + c * C_
                                 for q in range(C_):
-                                    of[dst + q] = max(of[dst + q], xf[s + q])
+                                    of[dst + q] = _max2(of[dst + q], xf[s + q])
 
 
 @with_host_variant

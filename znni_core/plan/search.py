@@ -139,7 +139,7 @@ def _autotune(
     cache = W.JsonCache(cache_dir() / "plans.json", max_entries=PLAN_CACHE_ENTRIES) if use_cache else None
     ckey = (
         f"{net.digest()}|{budget}|{device}|{placement}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|"
-        f"{input_shape}|{SEARCH_VERSION}|{T.machine_key(threads)}|{T.calibrate(threads).level}"
+        f"{input_shape}|{SEARCH_VERSION}|{T.machine_key(threads)}|{T.calibrate(threads).level if use_cache else ''}"
         + (f"|{overlap}|{blend}" if graph else "")
         + (f"|{gpu_cal.device}|{gpu_cal.gemm_flops:.3g}" if gpu_cal else "")
     )
