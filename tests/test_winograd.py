@@ -89,6 +89,37 @@ def test_written_out_transforms_equal_the_matrices(a):
         )
 
 
+@pytest.mark.parametrize("L", [7, 8, 9, 15, 16, 17, 28, 33, 48])
+def test_eight_point_transforms_on_whole_vectors_equal_the_matrices(L):
+    """Runs of a vector or more go through :mod:`~znni_core.layers.transform_vectors` a vector at
+    a time, the last vector overlapping (8- and 16-float vectors; 7 lanes stay on the loop): BT
+    and AT for 4-7 outputs equal the float64 matrices on every lane, on ``nb`` runs, and write
+    nothing past them."""
+    from znni_core.layers.winograd import _at, _bt_rows
+
+    rng = np.random.default_rng(L)
+    nb, ds, vs, dstep, vstep = 3, L + 5, 3 * L + 2, 2, 3 * (L + 1)
+    d = rng.standard_normal(1 + 8 * ds + nb * dstep).astype(np.float32)
+    got = np.full(8 * vs + nb * vstep + 4, -7.0, np.float32)
+    want = got.astype(np.float64)
+    BT = toom_cook(8, 3)[0]
+    for b in range(nb):
+        rows = np.array([d[1 + b * dstep + k * ds :][:L] for k in range(8)], np.float64)
+        for k, row in enumerate(BT @ rows):
+            want[b * vstep + k * vs :][:L] = row
+    _bt_rows(8, d, 1, ds, dstep, got, 0, vs, vstep, L, nb)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for r in (2, 3, 4, 5):
+        AT = toom_cook(8, r)[2]
+        m = AT.shape[0]
+        y = np.full(m * vs + 4, -7.0, np.float32)
+        want = y.astype(np.float64)
+        for k, row in enumerate(AT @ np.array([d[2 + k * ds :][:L] for k in range(8)], np.float64)):
+            want[k * vs :][:L] = row
+        _at(8, m, d, 2, ds, y, 0, vs, L)
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("a", [1, 4, 6, 8])
 def test_transform_runs_equal_the_matrix_on_every_run(a):
     """``_bt_rows`` on ``nb`` runs of ``L`` lanes, ``dstep`` and ``vstep`` apart (the input

@@ -230,7 +230,7 @@ def _bias_act_row(row, add, j0, j1, code, alpha):  # pragma: no cover - compiled
     act_row(row, j0, j1, code, alpha)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath={"contract"})
 def _bias_act(y, b, code, alpha):  # pragma: no cover - compiled
     """y[o] = act(y[o] + b[o]) (the epilogue ``(code, alpha)``), in place (y: (O, P) contiguous),
     in parallel: for a whole output."""
@@ -242,7 +242,7 @@ def _bias_act(y, b, code, alpha):  # pragma: no cover - compiled
         _bias_act_row(y[o], b[o], j0, min(P, j0 + chunk), code, alpha)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, fastmath={"contract"})
 def _bias_act_block(y, b, code, alpha):  # pragma: no cover - compiled
     """:func:`_bias_act` on one thread: for the lowered path's blocks, between BLAS calls (a
     parallel region there waited on OpenBLAS's spinning threads: the detector's 1 -> 28 (1,5,5)

@@ -107,7 +107,7 @@ def act_row(r, lo, hi, code, alpha):  # pragma: no cover - compiled
             r[i] = (v if pos else zero) + (zero if pos else f)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath={"contract"})
 def _add_affine_act_cl(a, b, has_b, s, t, code, alpha, out):  # pragma: no cover - compiled
     """:func:`_add_affine_act` on channels-last memory (flat, C-contiguous) in runs of
     ``len(s)`` values: ``s`` and ``t`` hold the channels' scale and shift repeated over a
@@ -125,7 +125,7 @@ def _add_affine_act_cl(a, b, has_b, s, t, code, alpha, out):  # pragma: no cover
         act_row(out, v0, v0 + n, code, alpha)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath={"contract"})
 def _add_affine_act(a, b, has_b, s, t, code, alpha, out):  # pragma: no cover - compiled
     N, C, Z, Y, X = a.shape
     for k in prange(N * C * Z):

@@ -50,6 +50,7 @@ from .epilogue import act_row
 from .layout import channels_inner, empty_channels_last, is_channels_last, memory_order
 from .resident import ResidentConv
 from .threads import blas_limit, each_worker, gemm
+from .transform_vectors import AT8, BT8, vector_transform
 from .xp import get_array_module
 
 __all__ = [
@@ -231,17 +232,35 @@ def _strides(d0, ds, v0, vs):  # pragma: no cover - compiled
     return u(d0), u(ds), u(2) * u(ds), u(3) * u(ds), u(v0), u(vs), u(2) * u(vs), u(3) * u(vs)
 
 
+#: floats per vector of the transforms on whole vectors (:mod:`.transform_vectors`)
+_VL = microkernel.VL
+#: ``vector_transform`` kinds of the 8-point AT with 4-7 outputs
+_AT4, _AT5, _AT6, _AT7 = AT8 + 4, AT8 + 5, AT8 + 6, AT8 + 7
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _bt8(d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover - compiled
     """v[:, i] = BT d[:, i] for i < L, a = 8 (:data:`_BT`): per pair of points +-p the even
     and odd columns' sums E and O, then E + O and E - O (one load per value, 30 operations
-    instead of 64)."""
+    instead of 64).  Runs of a vector or more go a vector at a time, the last one overlapping
+    (:mod:`.transform_vectors`); shorter ones through the loop."""
     u = np.uint64
     c2, c17, c21 = np.float32(2.0), np.float32(4.25), np.float32(5.25)
     c05, c025, c125, c25 = np.float32(0.5), np.float32(0.25), np.float32(1.25), np.float32(2.5)
     d0, ds, v0, vs = u(d0), u(ds), u(v0), u(vs)
+    offs = (ds, u(2) * ds, u(3) * ds, u(4) * ds, u(5) * ds, u(6) * ds, u(7) * ds)
     for b in range(np.uint64(nb)):
         db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
+        if L >= _VL:
+            for i in range(0, L - _VL, _VL):
+                vector_transform(BT8, _VL, d, db + u(i), offs, v, vb + u(i), vs)
+            vector_transform(BT8, _VL, d, db + u(L - _VL), offs, v, vb + u(L - _VL), vs)
+            continue
+        if _VL == 16 and L >= 8:
+            for i in range(0, L - 8, 8):
+                vector_transform(BT8, 8, d, db + u(i), offs, v, vb + u(i), vs)
+            vector_transform(BT8, 8, d, db + u(L - 8), offs, v, vb + u(L - 8), vs)
+            continue
         for i in range(np.uint64(L)):
             j = db + i
             x0, x1, x2, x3 = d[j], d[j + ds], d[j + u(2) * ds], d[j + u(3) * ds]
@@ -270,6 +289,35 @@ def _pairs8(x, j, xs):  # pragma: no cover - compiled
     return x[j], a1 + a2, a1 - a2, a3 + a4, a3 - a4, a5 + a6, a5 - a6, x[j + u(7) * xs]
 
 
+@njit(nogil=True, cache=True)
+def _at8_vectors(m, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
+    """:func:`_at8` on runs of 8 lanes or more: a vector at a time (``_VL`` floats, or 8 in a
+    512-bit build when the run is shorter than 16), the last vector overlapping the one before."""
+    u = np.uint64
+    offs = (xs, u(2) * xs, u(3) * xs, u(4) * xs, u(5) * xs, u(6) * xs, u(7) * xs)
+    w = _VL if L >= _VL else 8
+    last = L - w
+    for q in range(0, L, w):
+        i = u(min(q, last))
+        if w == _VL:
+            if m == 4:
+                vector_transform(_AT4, _VL, x, x0 + i, offs, y, y0 + i, ys)
+            elif m == 5:
+                vector_transform(_AT5, _VL, x, x0 + i, offs, y, y0 + i, ys)
+            elif m == 6:
+                vector_transform(_AT6, _VL, x, x0 + i, offs, y, y0 + i, ys)
+            else:
+                vector_transform(_AT7, _VL, x, x0 + i, offs, y, y0 + i, ys)
+        elif m == 4:
+            vector_transform(_AT4, 8, x, x0 + i, offs, y, y0 + i, ys)
+        elif m == 5:
+            vector_transform(_AT5, 8, x, x0 + i, offs, y, y0 + i, ys)
+        elif m == 6:
+            vector_transform(_AT6, 8, x, x0 + i, offs, y, y0 + i, ys)
+        else:
+            vector_transform(_AT7, 8, x, x0 + i, offs, y, y0 + i, ys)
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _at8(m, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
     """y[:, i] = AT x[:, i] for i < L, a = 8, m = 4-7 outputs: row k is sum_p p^k x_p over the
@@ -294,6 +342,9 @@ def _at8(m, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
         np.float32(0.015625),
     )
     x0, xs, y0, ys = u(x0), u(xs), u(y0), u(ys)
+    if L >= 8 and (L >= _VL or _VL == 16):
+        _at8_vectors(m, x, x0, xs, y, y0, ys, L)
+        return
     y2, y3, y4, y5, y6 = u(2) * ys, u(3) * ys, u(4) * ys, u(5) * ys, u(6) * ys
     if m == 4:
         for i in range(u(L)):
@@ -459,7 +510,7 @@ def _to_channels_last(x, n, z, y, R, rb):  # pragma: no cover - compiled
                 R[dst + k * C_] = xf[src + k]
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, fastmath={"contract"})
 def _to_channels_first(S, sb, bias, code, alpha, out, n, z, y):  # pragma: no cover - compiled
     """out[n, o, z, y, i] = act(S[sb + i * O + o] + bias[o]) (the epilogue ``(code,
     alpha)``): one staged output row back to channels first (``out`` may be a strided view)."""
@@ -474,7 +525,7 @@ def _to_channels_first(S, sb, bias, code, alpha, out, n, z, y):  # pragma: no co
         act_row(orow, 0, Xo, code, alpha)  # a second pass on the row in L1: contiguous, so it vectorises
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, fastmath={"contract"})
 def _staged_row_out(S, sb, bias, code, alpha, out, n, z, y):  # pragma: no cover - compiled
     """out[n, z, y, i, o] = act(S[sb + i * O + o] + bias[o]): one staged output row into a
     channels-last output's memory ``out`` (N, Z, Y, X, C_out) (a strided view allowed); the
