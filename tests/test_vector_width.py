@@ -169,27 +169,26 @@ _EXACT = textwrap.dedent("""
 """)
 
 
+def _python(args, env, timeout=900):
+    """``python ARGS`` in the project's root; fails the test with its stderr unless it exits 0."""
+    r = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
 def _run_variant(env_extra, want_vl, want_regs, want_src, tmp_path):
     env = {
         k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_FEATURES", "NUMBA_CPU_NAME", "ZNNI_VECTOR_WIDTH")
     }
     env.update(NUMBA_CACHE_DIR=str(tmp_path / "numba"), ZNNI_CACHE_DIR=str(tmp_path), **env_extra)
-    r = subprocess.run(
-        [sys.executable, "-c", _EXACT, str(want_vl), str(want_regs), want_src],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = _python(["-c", _EXACT, str(want_vl), str(want_regs), want_src], env, timeout=600)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _masked_store_free(masked: dict):
     """No kernel stores under a mask: LLVM compiles a select stored back where one of its values
-    was read to ``vmaskmovps`` in AVX2 code, microcoded on AMD cores (ReLU in place ran 8-17x
-    slower than the plain store on Zen 4); the kernels store sums of selects instead."""
+    was read to ``vmaskmovps`` in AVX2 code, microcoded on AMD cores (ReLU in place ran 8x
+    slower than with a plain store on Zen 4); the kernels store sums of selects instead."""
     assert len(masked) >= 10, masked  # the kernels ran here, freshly compiled
     assert not {k: n for k, n in masked.items() if n}, masked
 
@@ -228,16 +227,7 @@ def test_warmup_compiles_everything_quickly_then_refines(tmp_path):
     env["ZNNI_CACHE_DIR"] = str(tmp_path)
 
     def warmup(*flags):
-        r = subprocess.run(
-            [sys.executable, "-m", "znni_core.cli", "warmup", "--threads", "1", *flags],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            cwd=ROOT,
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
-        return r.stderr
+        return _python(["-m", "znni_core.cli", "warmup", "--threads", "1", *flags], env).stderr
 
     def levels():
         return [e["level"] for e in json.loads((tmp_path / "calibration.json").read_text()).values()]
@@ -253,15 +243,7 @@ def test_warmup_compiles_everything_quickly_then_refines(tmp_path):
         from znni_core.warmup import _compile_and_calibrate
         print(json.dumps(_compile_and_calibrate([1])))
     """)
-    r = subprocess.run(
-        [sys.executable, "-c", job],
-        env=dict(env, NUMBA_CACHE_DIR=str(tmp_path / "numba")),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = _python(["-c", job], dict(env, NUMBA_CACHE_DIR=str(tmp_path / "numba")))
     ran = json.loads(r.stdout.strip().splitlines()[-1])["1"]
     assert ran["runs"] >= 20 and ran["compiled"] == 0 and ran["level"] == "quick", ran
     assert kernels() == before
