@@ -2,7 +2,7 @@
 
 numba's loops over the channels (``winograd._bt8``, ``winograd._at8``) run on short runs: the
 x pass of a tile row transforms ``C`` values per tile (24-48 channels), the output transform
-``C_out`` per tile.  LLVM vectorises such a loop 8 floats wide and unrolls it 4 times, so in
+``C_out`` per tile.  LLVM vectorises such a loop 8 floats wide and unrolls it, so in
 AVX2 code a run of 28 went to the scalar remainder almost whole (AVX-512 has masked vector
 remainders): the x pass ran 2.5-3x slower than in AVX-512 code on one Zen 4 core.
 
@@ -97,10 +97,7 @@ def vector_transform(typingctx, kind, vl, d, j, o, v, k, vs):
         dp = context.make_array(st[2])(context, builder, args[2]).data
         vp = context.make_array(st[5])(context, builder, args[5]).data
         j0, k0, step = idx(args[3], st[3]), idx(args[6], st[6]), idx(args[7], st[7])
-        offs = [ir.Constant(i64, 0)] + [
-            idx(builder.extract_value(args[4], p), st[4].types[p] if hasattr(st[4], "types") else st[4].dtype)
-            for p in range(7)
-        ]
+        offs = [ir.Constant(i64, 0)] + [idx(builder.extract_value(args[4], p), st[4].types[p]) for p in range(7)]
 
         def load(off):
             ptr = builder.bitcast(builder.gep(dp, [builder.add(j0, off)]), vt.as_pointer())

@@ -99,6 +99,7 @@ def autotune(
             blend=blend,
             placement=placement,
             cost_model=cost_model,
+            level=cal.level,
         )
     return plan if plan.tuning == tuned else dataclasses.replace(plan, tuning=dict(tuned))
 
@@ -119,6 +120,7 @@ def _autotune(
     blend,
     placement,
     cost_model,
+    level,
 ) -> Plan:
     """:func:`autotune` under the host's kernel parameters: resolve the request, look the plan up
     in the cache, else search (a graph's search, or the chain's below)."""
@@ -139,7 +141,7 @@ def _autotune(
     cache = W.JsonCache(cache_dir() / "plans.json", max_entries=PLAN_CACHE_ENTRIES) if use_cache else None
     ckey = (
         f"{net.digest()}|{budget}|{device}|{placement}|{effort}|{threads}|{prims}|{patch_shape}|{pool_modes}|"
-        f"{input_shape}|{SEARCH_VERSION}|{T.machine_key(threads)}|{T.calibrate(threads).level if use_cache else ''}"
+        f"{input_shape}|{SEARCH_VERSION}|{T.machine_key(threads)}|{level}"
         + (f"|{overlap}|{blend}" if graph else "")
         + (f"|{gpu_cal.device}|{gpu_cal.gemm_flops:.3g}" if gpu_cal else "")
     )
