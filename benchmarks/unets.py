@@ -17,6 +17,9 @@ larger of that and the tracemalloc peak.
   pooling, widths 16-64) on 16 x 256 x 256, patches of 16 x 128 x 128, overlap 32: znni vs
   PyTorch eager on the same lattice, and MONAI ``sliding_window_inference`` (Gaussian
   weights, overlap 0.25) if MONAI is installed.
+* ``padded-small-whole``: a generated padded U-Net (1 level, widths 24-48, BN, ELU) on
+  16 x 192 x 192 of ISBI EM, the whole volume in one call: znni ``infer`` vs ONNX Runtime and
+  OpenVINO f32 on the same volume (a small net: per-call overheads and narrow layers count).
 * ``valid-unet``: a MALA-style valid U-Net (3^3 kernels, 2 levels) on a 32 x 204 x 204
   volume: znni (exact tiles) vs PyTorch on the whole volume in one pass.
 
@@ -133,7 +136,7 @@ def onnx_runners(path, threads, shape=None, tmp: Path | None = None):
     return out, notes
 
 
-def torch_padded_unet():
+def torch_padded_unet(depth=3, width=16):
     import torch
 
     sys.path.insert(0, str(HERE.parent))
@@ -143,10 +146,10 @@ def torch_padded_unet():
     return randomise_bn(
         UNet(
             valid=False,
-            depth=3,
+            depth=depth,
             kernel=(3, 3, 3),
             pool=(1, 2, 2),
-            width=16,
+            width=width,
             bn=True,
             up="nearest",
             merge="add",
@@ -272,6 +275,23 @@ def build(tmp: Path, threads: int, quick: bool):
             "patches 16x128x128 overlap (0,32,32), bump",
             fns,
             notes,
+        )
+    )
+    model = torch_padded_unet(depth=1, width=24)
+    whole = (16, 192, 192)
+    xs = isbi(whole)
+    net = znni_core.load_network(export(model, tmp / "padded-small.onnx", whole))
+    runners, notes = onnx_runners(tmp / "padded-small.onnx", threads)
+    fns = {"znni": lambda n=net: znni_core.infer(n, xs, memory_budget=2 * 2**30)}
+    fns.update({k: (lambda f=f: f(xs)) for k, f in runners.items()})
+    plan = autotune(net, memory_budget=2 * 2**30, input_shape=whole)  # the plan infer makes (cached)
+    out.append(
+        (
+            "padded-small-whole",
+            f"generated padded U-Net (1 level, widths 24-48, BN, ELU), ISBI {whole}, the whole volume in one "
+            "call (znni: infer with 2 GiB, as a user calls it)",
+            fns,
+            dict(notes, predicted_s=predicted_seconds(net, plan, whole)),
         )
     )
     model = torch_valid_unet()

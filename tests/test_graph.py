@@ -180,6 +180,42 @@ def _blend_reference(model, x, patch, overlap, kind):
     return acc / norm
 
 
+class _UpThenPointwise(nn.Module):
+    """Pooling, nearest upsampling, then a 1x1x1 conv (``twice``: the upsampled tensor read by a
+    second conv too)."""
+
+    def __init__(self, twice=False):
+        super().__init__()
+        self.twice = twice
+        self.a, self.up, self.b = nn.Conv3d(1, 4, 3, padding=1), nn.Upsample(scale_factor=(1, 2, 2)), nn.Conv3d(4, 3, 1)
+        self.c = nn.Conv3d(4, 3, 1)
+
+    def forward(self, x):
+        u = self.up(nn.functional.max_pool3d(torch.relu(self.a(x)), (1, 2, 2)))
+        return self.b(u) + self.c(u) if self.twice else self.b(u)
+
+
+def test_a_pointwise_conv_after_nearest_upsampling_runs_first_and_equals_torch(tmp_path):
+    """The loader swaps "upsample (nearest), 1x1x1 conv" (4x fewer voxels for the conv here): the
+    output equals PyTorch's, on one patch and on the whole volume blended; an upsampled tensor that
+    two nodes read is left alone."""
+    torch.manual_seed(0)
+    model = _UpThenPointwise()
+    net = znni_core.load_network(export(model, tmp_path / "u.onnx", (4, 12, 12)))
+    ops = [(n.op, n.name) for n in net.nodes]
+    assert [o for o, _ in ops] == ["conv", "act", "pool", "conv", "resize"], ops
+    assert net.nodes[-1].output == net.output and net.nodes[3].conv.kernel == (1, 1, 1)
+    x = np.random.default_rng(0).standard_normal((1, 4, 12, 12)).astype(np.float32)
+    np.testing.assert_allclose(znni_core.infer(net, x), run(model, x), rtol=1e-5, atol=1e-6)
+    big = np.random.default_rng(1).standard_normal((1, 6, 40, 40)).astype(np.float32)
+    whole = znni_core.infer(
+        znni_core.load_network(export(model, tmp_path / "w.onnx", (6, 40, 40))), big, memory_budget=2**30
+    )
+    np.testing.assert_allclose(whole, run(model, big), rtol=1e-5, atol=1e-6)
+    kept = znni_core.load_network(export(_UpThenPointwise(twice=True), tmp_path / "t.onnx", (4, 12, 12)))
+    assert [n.op for n in kept.nodes][:4] == ["conv", "act", "pool", "resize"]
+
+
 def test_padded_unet_blends_overlapping_patches_as_documented(tmp_path):
     torch.manual_seed(3)
     model = UNet(valid=False, depth=2, kernel=(3, 3, 3), pool=(1, 2, 2), width=3, bn=True, up="transpose")

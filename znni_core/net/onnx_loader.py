@@ -683,6 +683,42 @@ def _search(path, start, like=None):
     )
 
 
+def _pointwise_before_upsampling(nodes, output) -> tuple:
+    """``nodes`` with each nearest upsampling followed by a 1x1x1 convolution (its only reader)
+    swapped: the convolution first, on the fewer voxels (``prod(scale)`` times fewer; a U-Net's
+    "upsample then 1x1x1 conv" decoder step).  Exact: nearest upsampling copies voxels, and a
+    1x1x1 convolution computes each voxel from that voxel alone, so both orders compute the same
+    sums of the same values.  The swapped nodes keep their names; the convolution's output gets a
+    new tensor name, the upsampling writes the convolution's old output."""
+    nodes = list(nodes)
+    readers = {}
+    for n in nodes:
+        for t in n.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    names = {n.output for n in nodes}
+    for i in range(len(nodes) - 1):
+        up, conv = nodes[i], nodes[i + 1]
+        if not (
+            up.op == "resize"
+            and up["mode"] == "nearest"
+            and conv.op == "conv"
+            and conv.inputs == (up.output,)
+            and readers.get(up.output) == 1
+            and up.output != output
+            and conv.conv.kernel == (1, 1, 1)
+            and tuple(conv["stride"]) == (1, 1, 1)
+            and not any(any(p) for p in conv["pads"])
+        ):
+            continue
+        mid = conv.output + "/before-upsampling"
+        while mid in names:
+            mid += "'"
+        names.add(mid)
+        nodes[i] = Node("conv", (up.inputs[0],), mid, conv.name, conv.params)
+        nodes[i + 1] = Node("resize", (mid,), conv.output, up.name, up.params)
+    return tuple(nodes)
+
+
 def _load_dynamic(path, like=None):
     """A dynamic-axes export whose crops and resize sizes are computed from tensor shapes: its
     shape arithmetic is evaluated at two admissible input shapes (:func:`_search`, the second
@@ -733,7 +769,7 @@ def load_onnx(path):
         raise NetworkError(f"{path}: cannot tell the number of input channels; export with a fixed input shape")
     try:
         return Graph(
-            tuple(reader.nodes),
+            _pointwise_before_upsampling(reader.nodes, output),
             reader.input,
             output,
             in_channels,

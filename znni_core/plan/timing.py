@@ -27,7 +27,7 @@ from .primitives import primitive
 from .wisdom import JsonCache, cpu_model, versions
 
 F32 = 4
-CALIBRATION_VERSION = 32  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
+CALIBRATION_VERSION = 33  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
 # 14: outputs from an arena, as the executor runs; 15: larger winograd calls;
 # 16: winograd transforms priced per 1D pass; 17: 1x1x1 chains and exp calibrated; 18: winograd blocks of 3 MiB;
 # 19: a winograd cost per tile; 20: written-out 8-point transforms; 21: a cost per transform position;
@@ -37,7 +37,8 @@ CALIBRATION_VERSION = 32  # bump when the models or the calibration change (7-8:
 # 27: 1x1x1 chains on register tiles, calibrated at 24 and 48 maps; 28: blocks of 1024 voxels, OpenMP threads
 # that stop spinning soon after numba's parallel kernels; 29: direct-numba groups short rows;
 # 30: kernel parameters (layers/tuning.py) measured first, the rates under them; 31: MPF channels last;
-# 32: Winograd transforms on whole vectors, epilogues contracted, stores without masks (AVX2)
+# 32: Winograd transforms on whole vectors, epilogues contracted, stores without masks (AVX2);
+# 33: Winograd output transforms a tile row at a time
 
 
 def machine_key(threads: int) -> str:
