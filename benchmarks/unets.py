@@ -17,9 +17,10 @@ larger of that and the tracemalloc peak.
   pooling, widths 16-64) on 16 x 256 x 256, patches of 16 x 128 x 128, overlap 32: znni vs
   PyTorch eager on the same lattice, and MONAI ``sliding_window_inference`` (Gaussian
   weights, overlap 0.25) if MONAI is installed.
-* ``padded-small-whole``: a generated padded U-Net (1 level, widths 24-48, BN, ELU) on
-  16 x 192 x 192 of ISBI EM, the whole volume in one call: znni ``infer`` vs ONNX Runtime and
-  OpenVINO f32 on the same volume (a small net: per-call overheads and narrow layers count).
+* ``padded-small-whole`` and ``padded-small-flat-whole``: a generated padded U-Net (1 level,
+  widths 24-48, BN, ELU; 3^3 or 1x3x3 kernels) on 16 x 192 x 192 of ISBI EM, the whole volume in
+  one call: znni ``infer`` vs ONNX Runtime and OpenVINO f32 on the same volume (a small net:
+  narrow layers, whose Winograd transforms weigh most, and memory-bound passes count).
 * ``valid-unet``: a MALA-style valid U-Net (3^3 kernels, 2 levels) on a 32 x 204 x 204
   volume: znni (exact tiles) vs PyTorch on the whole volume in one pass.
 
@@ -136,7 +137,7 @@ def onnx_runners(path, threads, shape=None, tmp: Path | None = None):
     return out, notes
 
 
-def torch_padded_unet(depth=3, width=16):
+def torch_padded_unet(depth=3, width=16, kernel=(3, 3, 3)):
     import torch
 
     sys.path.insert(0, str(HERE.parent))
@@ -147,7 +148,7 @@ def torch_padded_unet(depth=3, width=16):
         UNet(
             valid=False,
             depth=depth,
-            kernel=(3, 3, 3),
+            kernel=kernel,
             pool=(1, 2, 2),
             width=width,
             bn=True,
@@ -277,23 +278,24 @@ def build(tmp: Path, threads: int, quick: bool):
             notes,
         )
     )
-    model = torch_padded_unet(depth=1, width=24)
     whole = (16, 192, 192)
     xs = isbi(whole)
-    net = znni_core.load_network(export(model, tmp / "padded-small.onnx", whole))
-    runners, notes = onnx_runners(tmp / "padded-small.onnx", threads)
-    fns = {"znni": lambda n=net: znni_core.infer(n, xs, memory_budget=2 * 2**30)}
-    fns.update({k: (lambda f=f: f(xs)) for k, f in runners.items()})
-    plan = autotune(net, memory_budget=2 * 2**30, input_shape=whole)  # the plan infer makes (cached)
-    out.append(
-        (
-            "padded-small-whole",
-            f"generated padded U-Net (1 level, widths 24-48, BN, ELU), ISBI {whole}, the whole volume in one "
-            "call (znni: infer with 2 GiB, as a user calls it)",
-            fns,
-            dict(notes, predicted_s=predicted_seconds(net, plan, whole)),
+    for case, kernel in (("padded-small-whole", (3, 3, 3)), ("padded-small-flat-whole", (1, 3, 3))):
+        path = export(torch_padded_unet(depth=1, width=24, kernel=kernel), tmp / f"{case}.onnx", whole)
+        net = znni_core.load_network(path)
+        runners, notes = onnx_runners(path, threads)
+        fns = {"znni": lambda n=net: znni_core.infer(n, xs, memory_budget=2 * 2**30)}
+        fns.update({k: (lambda f=f: f(xs)) for k, f in runners.items()})
+        plan = autotune(net, memory_budget=2 * 2**30, input_shape=whole)  # the plan infer makes (cached)
+        out.append(
+            (
+                case,
+                f"generated padded U-Net (1 level, {'x'.join(map(str, kernel))} kernels, widths 24-48, BN, ELU), "
+                f"ISBI {whole}, the whole volume in one call (znni: infer with 2 GiB, as a user calls it)",
+                fns,
+                dict(notes, predicted_s=predicted_seconds(net, plan, whole)),
+            )
         )
-    )
     model = torch_valid_unet()
     exported = tuple(admissible(model, a, lo) for a, lo in enumerate((8, 64, 64)))
     net = znni_core.load_network(export(model, tmp / "valid.onnx", exported))

@@ -156,7 +156,8 @@ def test_transform_runs_equal_the_matrix_on_every_run(a):
 def test_winograd_equals_scipy_correlate(n, ci, co, kernel, extra, bias, threads, seed, low, high):
     """Every tiling edge case: outputs of 1..14 per axis (partial last tiles), single channels,
     more workers than channels; the CPU path and the xp (GPU) path; zero padding read in place
-    (``low``: where the unpadded input starts) equals convolving a padded copy."""
+    (``low``: where the unpadded input starts), from a channels-first or a channels-last input,
+    equals convolving a padded copy."""
     rng = np.random.default_rng(seed)
     shape = tuple(k + e for k, e in zip(kernel, extra))
     x = rng.standard_normal((n, ci) + shape).astype(np.float32)
@@ -175,6 +176,7 @@ def test_winograd_equals_scipy_correlate(n, ci, co, kernel, extra, bias, threads
     padded[(slice(None), slice(None)) + tuple(slice(lo, lo + e) for lo, e in zip(low, inner))] = part
     ref = reference(padded, w, b)
     assert rel_err(conv(np.ascontiguousarray(part), low=low), ref) <= TOL
+    assert rel_err(conv(_channels_last(part), low=low), ref) <= TOL  # rows read in place, edges padded
     assert rel_err(conv._call_xp(part, low), ref) <= TOL
 
 

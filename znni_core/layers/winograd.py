@@ -553,6 +553,17 @@ def _staged_row_out(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  # pr
                     r[o] = S[base + u(o)]
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _padded_row(R, rb, xf, src, C, lx, X, p0, p1):  # pragma: no cover - compiled
+    """R[rb + p * C + c] for p in [p0, p1): the input row at ``xf[src:]`` (X values of C channels,
+    channels last) shifted right by ``lx``, zero outside it."""
+    a = min(max(p0, lx), p1)
+    b = max(a, min(p1, lx + X))
+    R[rb + p0 * C : rb + a * C] = 0.0
+    R[rb + a * C : rb + b * C] = xf[src + (a - lx) * C : src + (b - lx) * C]
+    R[rb + b * C : rb + p1 * C] = 0.0
+
+
 @njit(nogil=True, cache=True)
 def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q, lz, ly, lx, cl):  # pragma: no cover - compiled
     """V[t, (r - r0) * ntx + i, c] (V flat, C order, ``NT`` tiles per position) = position
@@ -563,7 +574,9 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q, lz, ly, lx, c
 
     Channels last, so every 1D transform runs on vectors of C channels whatever the width
     of the plane (MPF fragments are a few tiles wide): the tile row's input rows are first
-    transposed (copied, with ``cl``) into ``R`` (az, ay, W, C), then the row's tiles together
+    transposed into ``R`` (az, ay, W, C) (with ``cl``, only the edge tiles' values are copied
+    there, zero-padded: the others are read from the input row itself; the copy took a quarter of
+    the transform of 24 channels), then the row's tiles together
     (``P`` and ``Q`` (az, ay, ax, ntx, C)): x (into ``P``), y (into ``V`` for one-deep kernels,
     else ``Q``) and z (into ``V``), each a few calls of :func:`_bt_rows` on long runs (per
     tile, about 100 calls of 24 channels each took 1.25x to 1.35x as long, channels last)."""
@@ -577,13 +590,30 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q, lz, ly, lx, c
     T = az * ay * ax
     NT = V.shape[0] // (T * C)
     W = R.shape[0] // (az * ay * C)
+    RC = ntx * C  # P and Q are (az, ay, ax, ntx, C): a point's tiles and channels are one run
+    # the tiles that read inside a channels-last row, straight from it (no copy into R)
+    t_lo = min(ntx, (lx + mx - 1) // mx)
+    t_hi = max(t_lo, min(ntx, (X + lx - ax) // mx + 1 if X + lx >= ax else 0))
+    e0 = 0 if t_lo == 0 else min(W, (t_lo - 1) * mx + ax)  # R's values the edge tiles read
+    s1 = W if t_hi == ntx else t_hi * mx
     for r in range(r0, r1):
         n = r // (ntz * nty)
         z0, y0 = ((r // nty) % ntz) * mz, (r % nty) * my
+        tb = (r - r0) * ntx  # the row's first tile in V
         for i in range(az):
             for j in range(ay):
-                rb = (i * ay + j) * W * C
+                row = i * ay + j
+                rb, pb = row * W * C, row * ax * RC
                 zz, yy = z0 + i - lz, y0 + j - ly
+                if cl and t_hi > t_lo and 0 <= zz < Z and 0 <= yy < Y:
+                    # x: the edge tiles from R, the others from the input row itself
+                    src = ((n * Z + zz) * Y + yy) * X * C
+                    _padded_row(R, rb, xf, src, C, lx, X, 0, e0)
+                    _padded_row(R, rb, xf, src, C, lx, X, s1, W)
+                    _bt_rows(ax, R, rb, C, mx * C, P, pb, RC, C, C, t_lo)
+                    _bt_rows(ax, xf, src + (t_lo * mx - lx) * C, C, mx * C, P, pb + t_lo * C, RC, C, C, t_hi - t_lo)
+                    _bt_rows(ax, R, rb + t_hi * mx * C, C, mx * C, P, pb + t_hi * C, RC, C, C, ntx - t_hi)
+                    continue
                 if 0 <= zz < Z and 0 <= yy < Y:
                     R[rb : rb + lx * C] = 0.0
                     if cl:
@@ -594,10 +624,8 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q, lz, ly, lx, c
                     R[rb + (lx + X) * C : rb + W * C] = 0.0
                 else:
                     R[rb : rb + W * C] = 0.0
-        tb = (r - r0) * ntx  # the row's first tile in V
-        RC = ntx * C  # P and Q are (az, ay, ax, ntx, C): a point's tiles and channels are one run
-        for row in range(az * ay):  # x: per input row, its ntx tiles (mx * C apart in R)
-            _bt_rows(ax, R, row * W * C, C, mx * C, P, row * ax * RC, RC, C, C, ntx)
+                # x: per input row, its ntx tiles (mx * C apart in R)
+                _bt_rows(ax, R, rb, C, mx * C, P, pb, RC, C, C, ntx)
         if az == 1:  # y, into V: per x point, a run of the row's tiles
             _bt_rows(ay, P, 0, ax * RC, RC, V, tb * C, ax * NT * C, NT * C, RC, ax)
         else:

@@ -38,7 +38,7 @@ CALIBRATION_VERSION = 33  # bump when the models or the calibration change (7-8:
 # that stop spinning soon after numba's parallel kernels; 29: direct-numba groups short rows;
 # 30: kernel parameters (layers/tuning.py) measured first, the rates under them; 31: MPF channels last;
 # 32: Winograd transforms on whole vectors, epilogues contracted, stores without masks (AVX2);
-# 33: Winograd output transforms a tile row at a time
+# 33: Winograd output transforms a tile row at a time, channels-last rows read in place
 
 
 def machine_key(threads: int) -> str:
