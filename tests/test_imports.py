@@ -30,6 +30,7 @@ RANK = {
     "plan": 4,
     "exec": 5,
     "inference": 6,
+    "dask": 7,  # infer_dask: inference on a dask array, beside the package root
     "": 7,
     "pipeline": 8,
     "warmup": 8,

@@ -14,27 +14,35 @@ from .layers.xp import require_device
 from .net.protocol import AnyNetwork
 
 
+def check_input(net: AnyNetwork, shape, dtype) -> tuple:
+    """``shape`` as ``(C, Z, Y, X)`` (a ``(Z, Y, X)`` input is one channel) after checking it and
+    ``dtype`` against ``net``: an :class:`InputError` names what is wrong and the fix."""
+    if np.dtype(dtype).kind != "f":
+        raise InputError(
+            f"input dtype is {dtype}, expected float32; convert and normalise explicitly "
+            "(e.g. x.astype(np.float32) / 255) - znni never rescales silently"
+        )
+    shape = tuple(int(n) for n in shape)
+    if len(shape) == 3:
+        shape = (1,) + shape
+    if len(shape) != 4:
+        raise InputError(f"input must be (C, Z, Y, X) or (Z, Y, X); got shape {shape}")
+    if shape[0] != net.in_channels:
+        raise InputError(f"input has {shape[0]} channel(s) but the network expects {net.in_channels}")
+    fov = net.field_of_view
+    if any(n < f for n, f in zip(shape[1:], fov)):
+        raise InputError(
+            f"input spatial shape {shape[1:]} (z, y, x) is smaller than the field of view {fov}; "
+            "give at least one field of view of context on every axis"
+        )
+    return shape
+
+
 def as_input(net: AnyNetwork, x) -> np.ndarray:
     """Validate and normalise ``x`` to float32 ``(C, Z, Y, X)`` (no silent rescaling)."""
     if not isinstance(x, np.ndarray):
         raise InputError(f"input must be a numpy array, got {type(x).__name__}")
-    if x.dtype.kind != "f":
-        raise InputError(
-            f"input dtype is {x.dtype}, expected float32; convert and normalise explicitly "
-            "(e.g. x.astype(np.float32) / 255) - znni never rescales silently"
-        )
-    if x.ndim == 3:
-        x = x[None]
-    if x.ndim != 4:
-        raise InputError(f"input must be (C, Z, Y, X) or (Z, Y, X); got shape {x.shape}")
-    if x.shape[0] != net.in_channels:
-        raise InputError(f"input has {x.shape[0]} channel(s) but the network expects {net.in_channels}")
-    fov = net.field_of_view
-    if any(n < f for n, f in zip(x.shape[1:], fov)):
-        raise InputError(
-            f"input spatial shape {x.shape[1:]} (z, y, x) is smaller than the field of view {fov}; "
-            "give at least one field of view of context on every axis"
-        )
+    x = x.reshape(check_input(net, x.shape, x.dtype))
     with np.errstate(over="ignore"):  # a float64 value beyond float32's range: inf, refused below
         x = np.ascontiguousarray(x, dtype=np.float32)
     if _non_finite(x.reshape(-1).view(np.uint32)):
