@@ -359,6 +359,37 @@ def test_a_petavoxel_with_the_shipped_config_validates_and_estimates(tmp_path):
     text = describe(e)
     assert "shards of about" in text and "sharding       output.shard_bytes auto" in text, text
     assert e["tasks"] == s["num_tasks"] > 10**6
+    # what the tasks read: at least the unique input once, the requests are chunk reads
+    assert e["input_read_bytes"] >= e["input_unique_bytes"] > 10**15 * 0.99
+    assert "input reads" in text and "requests" in text and e["input_requests"] >= s["input_reads"]["unique_chunks"]
+
+
+@pytest.mark.parametrize(
+    "offset,chunk,task,halo",
+    [
+        ((0, 0, 0), (4, 8, 8), (1, 2, 2), ((1, 3, 3), (1, 3, 3))),
+        ((3, 5, 7), (3, 6, 5), (2, 1, 3), ((0, 2, 1), (2, 0, 3))),
+    ],
+)
+def test_input_reads_count_what_every_task_reads(offset, chunk, task, halo):
+    """``input_reads`` (per-axis sums) against every task of the grid read chunk by chunk: each task
+    its write box plus the halo, clipped to the input, grown to the input's chunks."""
+    from znni_core.geometry import ChunkGrid, Halo, Roi, TaskGrid
+    from znni_core.pipeline.schedule import input_reads
+
+    inp = ChunkGrid(Roi(offset, (13, 50, 47)), chunk)
+    h = Halo(*halo)
+    out = ChunkGrid(Roi(Coordinate(offset) + h.low, Coordinate((13, 50, 47)) - h.low - h.high), (2, 7, 9))
+    tasks = TaskGrid(out, task, h, Roi(out.bounds.offset + (1, 3, 2), (9, 30, 33)))
+    voxels = chunks = 0
+    for block in tasks:
+        read = block.read_roi.intersect(inp.bounds)
+        for idx in inp.chunks_in(read):
+            chunks += 1
+            voxels += int(inp.chunk_roi(idx).shape.prod())
+    got = input_reads(tasks, inp)
+    assert (got["voxels"], got["chunks"]) == (voxels, chunks)
+    assert got["amplification"] == pytest.approx(voxels / got["unique_voxels"]) and got["amplification"] > 1
 
 
 # ---- sharded (and otherwise encoded) inputs, written by tensorstore, read by znni ----------------------

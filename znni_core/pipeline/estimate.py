@@ -23,6 +23,8 @@ from .settings import Config, parse_config
 
 DIR_FILES_WARN = 10**5
 DAG_JOBS_WARN = 5 * 10**4
+#: above this, the estimate says how to read less again (each task reads its halo; docs/slurm.md)
+READ_AMPLIFICATION_WARN = 1.3
 
 
 def rate_from_manifests(work, limit: int = 200) -> tuple[float, int] | None:
@@ -106,6 +108,15 @@ def estimate(
         "hours_per_job": job_hours / max(jobs, 1),
         "masked_tasks": schedule.get("masked_tasks"),
     }
+    reads = schedule.get("input_reads")
+    if reads:  # a schedule cached before this was counted has none
+        item = reads["voxel_bytes"]
+        e["input_read_bytes"] = reads["voxels"] * item
+        e["input_unique_bytes"] = reads["unique_voxels"] * item
+        e["read_amplification"] = reads["amplification"]
+        e["input_requests"] = reads["chunks"]
+        # every output object, manifest and job marker is one write request (a retried write more)
+        e["write_requests"] = objects + tasks + jobs
     if device == "gpu":
         e["gpu_hours"] = job_hours
     else:
@@ -125,6 +136,13 @@ def estimate(
         )
     if 2 * jobs > DIR_FILES_WARN:
         w.append(f"{2 * jobs:,} job logs and benchmarks in two directories (> {DIR_FILES_WARN:,} files)")
+    if e.get("read_amplification", 1.0) > READ_AMPLIFICATION_WARN:
+        w.append(
+            f"the tasks read each input byte {e['read_amplification']:.2f} times on average (their halos and "
+            "the input's chunks read again by neighbouring tasks): larger tasks read less again ("
+            + ("output.shard_bytes: a task is one shard" if schedule["sharded"] else "task_chunks")
+            + ", within the infer job's memory)"
+        )
     if rate and e["hours_per_job"] > 24:
         w.append(
             f"a job would compute for {e['hours_per_job']:.0f} h: raise jobs.max_jobs, give a job more threads "
@@ -155,6 +173,16 @@ def describe(e: dict) -> str:
         f"dir(s) + {e['job_logs']:,} job logs/benchmarks",
         f"output         {b(e['output_bytes'])} uncompressed ({e['voxels']:,} voxels)",
     ]
+    if "read_amplification" in e:
+        lines.append(
+            f"input reads    {b(e['input_read_bytes'])} uncompressed in {e['input_requests']:,} chunk reads: "
+            f"{e['read_amplification']:.2f}x the region's unique input ({b(e['input_unique_bytes'])}; "
+            "halos and chunk edges read again by neighbouring tasks)"
+        )
+        lines.append(
+            f"requests       {e['input_requests']:,} reads of input chunks + {e['write_requests']:,} writes "
+            "(output objects, manifests, job markers), before retries"
+        )
     if e["pyramid"]["mips"]:
         p = e["pyramid"]
         lines.append(

@@ -133,6 +133,51 @@ def task_geometry(cfg: Config, net=None, slots: int | None = None):
     return inp, lay, TaskGrid(lay.grid, lay.task_chunks, halo, lay.region), specs
 
 
+def input_reads(tasks: TaskGrid, grid) -> dict:
+    """What the tasks read from an input of chunk grid ``grid``: each task its write box plus the
+    halo, clipped to the input's bounds and grown to whole input chunks (what a reader fetches),
+    against the unique input of the region (its read box, grown alike).  The task grid is a
+    product of per-axis intervals, so the totals are products of per-axis sums (10^7 tasks cost
+    nothing).  ``voxels`` and ``chunks`` (object reads: one request each, ranged reads in a
+    shard) summed over the tasks; ``amplification`` = voxels / unique voxels.  A graph network's
+    task reads its window's patches, which reach past the halo by up to a patch's overlap."""
+    if len(tasks) == 0:
+        return {"voxels": 0, "chunks": 0, "unique_voxels": 0, "unique_chunks": 0, "amplification": 1.0}
+    og, ig = tasks.grid, grid
+    total, chunks, unique, unique_chunks = 1, 1, 1, 1
+    for a in range(3):
+        off, cs, end = int(og.bounds.offset[a]), int(og.chunk_shape[a]), int(og.bounds.end[a])
+        ioff, ics, iend = int(ig.bounds.offset[a]), int(ig.chunk_shape[a]), int(ig.bounds.end[a])
+        lo, hi, tc = int(tasks.lo[a]), int(tasks.hi[a]), int(tasks.task_chunks[a])
+        hl, hh = int(tasks.halo.low[a]), int(tasks.halo.high[a])
+
+        def fetched(b: int, e: int) -> tuple[int, int]:
+            b, e = max(b, ioff), min(e, iend)  # outside the input: the edge policy, nothing read
+            if e <= b:
+                return 0, 0
+            i0, i1 = (b - ioff) // ics, -(-(e - ioff) // ics)
+            return min(iend, ioff + i1 * ics) - (ioff + i0 * ics), i1 - i0
+
+        s_vox = s_chunks = 0
+        first = last = None
+        for t in range(int(tasks.tlo[a]), int(tasks.thi[a])):
+            b = off + max(t * tc, lo) * cs
+            e = min(off + min((t + 1) * tc, hi) * cs, end)
+            v, c = fetched(b - hl, e + hh)
+            s_vox, s_chunks = s_vox + v, s_chunks + c
+            first = b - hl if first is None else first
+            last = e + hh
+        v, c = fetched(first, last)
+        total, chunks, unique, unique_chunks = total * s_vox, chunks * s_chunks, unique * v, unique_chunks * c
+    return {
+        "voxels": total,
+        "chunks": chunks,
+        "unique_voxels": unique,
+        "unique_chunks": unique_chunks,
+        "amplification": total / unique if unique else 1.0,
+    }
+
+
 def compute_schedule(cfg: dict | Config, *, slots: int | None = None, rate: float | None = None) -> dict:
     """The run's tasks and jobs from the config, the network's halo and the input's bounds.
 
@@ -142,7 +187,7 @@ def compute_schedule(cfg: dict | Config, *, slots: int | None = None, rate: floa
 
     cfg = parse_config(cfg)
     net = load_network(Path(cfg.network.path))
-    _, lay, tasks, specs = task_geometry(cfg, net, slots=slots)
+    inp, lay, tasks, specs = task_geometry(cfg, net, slots=slots)
     task_voxels = (lay.task_chunks * lay.grid.chunk_shape).min(lay.bounds.shape).prod()
     source = "given"
     if rate is None:
@@ -169,6 +214,7 @@ def compute_schedule(cfg: dict | Config, *, slots: int | None = None, rate: floa
         "shard_bytes": int(lay.shard_bytes),
         "note": lay.note,
         "region_voxels": int(lay.region.shape.prod()),
+        "input_reads": input_reads(tasks, inp.grid) | {"voxel_bytes": int(inp.channels * np.dtype(inp.dtype).itemsize)},
         "pyramid": pyramid_schedule(dataclasses.replace(cfg, task_chunks=list(lay.box)), specs),
     }
 
