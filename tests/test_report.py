@@ -247,3 +247,38 @@ def test_finalize_writes_the_report_before_its_done_marker_and_a_broken_report_o
     assert warnings == [
         "finalize: warning: the report was not written (RuntimeError: a bug in the report); the run is done"
     ]
+
+
+def test_the_report_counts_what_the_tasks_read_and_wrote_against_the_prediction(tmp_path, monkeypatch):
+    """Each task's manifest records the input chunks its read fetched: the report's sum equals the
+    chunk fetches counted at the reader, the read amplification is the voxels read over the region's
+    unique input, beside the prediction the first job recorded (``znni estimate``'s count)."""
+    from znni_core.io.precomputed import PrecomputedLayer
+
+    rf = prepare(base_config(tmp_path, vol=em((8, 32, 32)), task_chunks=[1, 1, 1]))
+    run = load_run(rf)
+    work = Path(run.work_dir)
+    fetched = []
+    real = PrecomputedLayer._stored
+
+    def spy(self, index):
+        if str(self.url).rstrip("/").endswith("/em"):  # the input, not the output's read-back
+            fetched.append(tuple(index))
+        return real(self, index)
+
+    monkeypatch.setattr(PrecomputedLayer, "_stored", spy)
+    from znni_core.pipeline.run import run_geometry
+
+    n = len(run_geometry(run)[3])
+    assert _run_jobs(rf, n, work / "logs" / "jobs", range(1)) == {}
+    monkeypatch.setattr(PrecomputedLayer, "_stored", real)
+    summary = finalize(rf, log=lambda *a: None)
+    reads = json.loads((work / "report" / "report.json").read_text())["cost"]["reads"]
+    assert reads["chunk_reads"] == len(fetched) > 0 and reads["tasks"] == summary["tasks"]
+    assert reads["amplification"] == pytest.approx(reads["voxels_read"] / reads["unique_voxels"])
+    assert reads["amplification"] > 1  # neighbouring tasks read each other's halo chunks again
+    # every task done, no mask: what znni estimate predicted is what the tasks read
+    assert reads["predicted_chunk_reads"] == reads["chunk_reads"]
+    assert reads["predicted_amplification"] == pytest.approx(reads["amplification"])
+    assert reads["objects_written"] == summary["chunks_written"] + summary["tasks"]
+    assert "read amplification" in (work / "report" / "report.html").read_text()

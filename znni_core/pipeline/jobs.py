@@ -469,7 +469,25 @@ def prediction(run) -> dict:
         doc["gpu_hours" if device == "gpu" else "node_hours"] = (
             job_hours if device == "gpu" else job_hours * threads / cores
         )
+    try:  # what the tasks will read (znni estimate's count), for the report's measured reads
+        doc["input_reads"] = predicted_reads(run)
+    except Exception as exc:  # noqa: BLE001 - an unreadable input fails the tasks, not the prediction
+        doc["input_reads_error"] = str(exc)
     return doc
+
+
+def predicted_reads(run) -> dict:
+    """:func:`~.schedule.input_reads` of the run's tasks on its input's chunk grid, with the bytes
+    of a voxel."""
+    from ..io import open_input, parse_layer_url
+    from .run import run_geometry
+    from .schedule import input_reads
+    from .task import inp_voxel_bytes
+
+    cfg = run.config
+    url = parse_layer_url(run.input.url, endpoint=cfg.input.endpoint_url)
+    inp = open_input(url, run.input.mip, resolution=cfg.input.resolution, checksums="none")
+    return input_reads(run_geometry(run)[3], inp.grid) | {"voxel_bytes": inp_voxel_bytes(inp)}
 
 
 def record_prediction(run) -> dict:

@@ -478,10 +478,37 @@ def attempts_summary(jobs: dict) -> dict:
     }
 
 
-def measured_cost(run, jobs: dict, pred: dict, state: dict) -> dict:
+def measured_reads(manifests: dict, pred: dict) -> dict | None:
+    """What the done tasks read from the input (their manifests' ``input_read``: whole chunks) and
+    wrote (chunks, shards, manifests), against the region's unique input and the predicted read
+    amplification (:func:`~.schedule.input_reads`, recorded with the prediction)."""
+    rows = [m["input_read"] for m in manifests.values() if m.get("input_read")]
+    if not rows:
+        return None
+    reads = {k: sum(int(r.get(k, 0)) for r in rows) for k in ("chunks", "voxels", "bytes")}
+    written = sum(1 for m in manifests.values() for c in m.get("chunks", []) if c.get("status") == "written")
+    shards = sum(1 for m in manifests.values() if m.get("shard"))
+    out = {
+        "tasks": len(rows),
+        "chunk_reads": reads["chunks"],
+        "voxels_read": reads["voxels"],
+        "bytes_read": reads["bytes"],
+        "objects_written": (shards or written) + len(manifests),
+    }
+    p = pred.get("input_reads") or {}
+    if p.get("unique_voxels"):
+        out["unique_voxels"] = int(p["unique_voxels"])
+        out["amplification"] = reads["voxels"] / out["unique_voxels"]
+        out["predicted_amplification"] = float(p["amplification"])
+        out["predicted_chunk_reads"] = int(p["chunks"])
+    return out
+
+
+def measured_cost(run, jobs: dict, pred: dict, state: dict, manifests: dict | None = None) -> dict:
     """The job-hours the run took (every attempt, failed ones too; a running one so far) and the
     node-hours at the prediction's threads and cores per node, beside the prediction (for the
-    whole run, and pro rata for the voxels done)."""
+    whole run, and pro rata for the voxels done); with the done tasks' ``manifests``, what they
+    read and wrote (:func:`measured_reads`)."""
     secs, source = 0.0, None
     for j in jobs.values():
         for a in j.get("attempts") or []:
@@ -520,6 +547,7 @@ def measured_cost(run, jobs: dict, pred: dict, state: dict) -> dict:
         "threads": threads,
         "cores_per_node": cores,
         "prediction": pred,
+        "reads": measured_reads(manifests, pred) if manifests else None,
     }
 
 
@@ -760,6 +788,26 @@ def _cost_html(c: dict) -> str:
             "how": pred.get("note", "recorded before the run"),
         },
     ]
+    r = c.get("reads")
+    if r:
+        whole = r.get("unique_voxels")
+        rows += [
+            {
+                "what": "input read (measured)",
+                "value": f"{r['bytes_read']:,} bytes, {r['chunk_reads']:,} chunk reads",
+                "how": f"the {r['tasks']:,} done tasks' manifests (whole input chunks, decoded)",
+            },
+            {
+                "what": "read amplification: measured / predicted",
+                "value": (f"{r['amplification']:.2f}x / {r['predicted_amplification']:.2f}x" if whole else "n/a"),
+                "how": f"voxels read over the region's unique input ({whole:,} voxels)" if whole else "no prediction",
+            },
+            {
+                "what": "objects written",
+                "value": f"{r['objects_written']:,}",
+                "how": "output chunks or shards, manifests",
+            },
+        ]
     return (
         '<section id="cost"><h2>Cost: predicted and measured</h2>'
         + _table(rows, [("what", ""), ("value", "value"), ("how", "from")])
@@ -907,7 +955,9 @@ def gather_report(
         "failures": failures(state, results, rules),
         "attempts": attempts_summary(jobs),
         "memory": memory_rows(jobs),
-        "cost": _guard("the cost", lambda: measured_cost(run, jobs, pred, state), notes, None) if pred else None,
+        "cost": _guard("the cost", lambda: measured_cost(run, jobs, pred, state, manifests), notes, None)
+        if pred
+        else None,
         "config": run.to_json().get("config"),
         "state": {k: v for k, v in state.items() if k != "jobs"},
         "notes": notes,

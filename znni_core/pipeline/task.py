@@ -51,18 +51,23 @@ def _reflect(coords: np.ndarray, begin: int, end: int) -> np.ndarray:
     return t + begin
 
 
-def gather(inp, read_roi: Roi, edge: str, fill_missing: bool, versions: dict | None = None):
+def gather(inp, read_roi: Roi, edge: str, fill_missing: bool, versions: dict | None = None, reads: dict | None = None):
     """Raw input over ``read_roi`` (C, z, y, x) and a boolean 'inside the input' box for zero padding.
 
     Returns ``(raw, inner_slices, missing)``; ``inner_slices`` is None when every voxel came from
     the input.  ``versions``: filled with ``{object: version}`` of the input objects read, taken
     *before* the read (an object replaced during the read then shows as changed, never the reverse).
+    ``reads``: ``chunks`` and ``voxels`` (whole chunks, as the reader fetches them) added up.
     """
     bounds = inp.bounds
 
     def read(roi):
         if versions is not None:
             versions.update(inp.object_versions(roi))
+        if reads is not None:
+            for idx in inp.grid.chunks_in(roi):
+                reads["chunks"] = reads.get("chunks", 0) + 1
+                reads["voxels"] = reads.get("voxels", 0) + int(inp.grid.chunk_roi(idx).shape.prod())
         return inp.read(roi, fill_missing=fill_missing)
 
     if bounds.contains(read_roi):
@@ -91,6 +96,11 @@ def gather(inp, read_roi: Roi, edge: str, fill_missing: bool, versions: dict | N
     for axis, m in enumerate(maps):
         raw = np.take(raw, m - hull.offset[axis], axis=axis + 1)
     return np.ascontiguousarray(raw), None, missing
+
+
+def inp_voxel_bytes(inp) -> int:
+    """Bytes of one voxel of an input layer, every channel."""
+    return int(inp.channels) * np.dtype(inp.dtype).itemsize
 
 
 def normalise(raw: np.ndarray, scale: float, shift: float, inner=None) -> np.ndarray:
@@ -319,6 +329,7 @@ class TaskInput:
     t_read: float = 0.0
     recomputed: object = None  # the in-run check of sampled voxels (:func:`check_sample`), for the manifest
     versions: dict = None  # {input object: version} read (:func:`gather`), for the manifest
+    reads: dict = None  # input chunks and their voxels read (:func:`gather`), for the manifest
     mask_filled: list = None  # the mask chunks read as 0 (mask.missing: zero), for the manifest
     mask_versions: dict = None  # {mask object: version} read, for the manifest
 
@@ -395,16 +406,16 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
     comp = block.write_roi.intersect(region)
     if masked and live:
         comp = reduce(Roi.union, (grid.chunk_roi(i) for i in live)).intersect(region)
-    window, extent, raw, inner, missing, versions = None, None, None, None, [], {}
+    window, extent, raw, inner, missing, versions, reads = None, None, None, None, [], {}, {"chunks": 0, "voxels": 0}
     if not live:
         pass
     elif net.kind != "chain":  # the patches of the network's grid (valid) or blending lattice (padded)
         window, read_roi, extent = graph_read(net, plan, region, comp, halo)
         block = Block(block.id, block.write_roi, read_roi, block.chunks)
-        raw, inner, missing = gather(inp, read_roi.intersect(extent), cfg.edge, fill, versions)
+        raw, inner, missing = gather(inp, read_roi.intersect(extent), cfg.edge, fill, versions, reads)
     else:
         block = Block(block.id, block.write_roi, halo.read_roi(comp), block.chunks)
-        raw, inner, missing = gather(inp, block.read_roi, cfg.edge, fill, versions)
+        raw, inner, missing = gather(inp, block.read_roi, cfg.edge, fill, versions, reads)
 
     # ---- empty chunks (T26): all-zero input context is skipped and recorded ------------------------
     empty = set()
@@ -431,6 +442,7 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
         t0,
         time.perf_counter() - t0,
         versions=versions,
+        reads=reads,
         mask_filled=sorted(set(mask_filled)),
         mask_versions=mask_versions,
     )
@@ -613,6 +625,9 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
             else {}
         ),
         "input_versions": ti.versions or {},
+        # the input chunks this task's read fetched (whole chunks; the bytes decoded)
+        "input_read": (ti.reads or {"chunks": 0, "voxels": 0})
+        | {"bytes": (ti.reads or {}).get("voxels", 0) * inp_voxel_bytes(ctx.inp)},
         **({"recomputed": ti.recomputed} if ti.recomputed else {}),
         "versions": run.versions | {"python": platform.python_version()},
         "device": device,
