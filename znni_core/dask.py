@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import warnings
 
 import dask
 import dask.array as da
@@ -39,7 +38,7 @@ import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 
 from .errors import InputError, PlanError
-from .exec.tiling import input_extent, run_window, window
+from .exec.tiling import input_extent, run_window, warn_unused, window
 from .inference import as_input, check_input, thread_limits
 from .net.protocol import AnyNetwork
 
@@ -106,12 +105,7 @@ def infer_dask(
             x = da.pad(x, [(0, 0)] + [(0, u - m) for u, m in zip(use, n)])
     else:
         if use != n:
-            warnings.warn(
-                f"input shape {n} is not admissible for {net.name} (n_min {net.geometry.n_min} + k * grid "
-                f"{net.grid}): the last {tuple(a - b for a, b in zip(n, use))} voxels are not used; "
-                f"the output covers {use}",
-                stacklevel=2,
-            )
+            warn_unused(net, n, use, stacklevel=2)
             x = x[(slice(None),) + tuple(slice(0, u) for u in use)]
         out, whole_out = net.output_shape(use), None
     block = block_shape(net, tuple(max(c) for c in x.chunks[1:]) if chunks is None else chunks, out)

@@ -68,6 +68,18 @@ def input_extent(net, shape) -> tuple:
     return net.ceil_admissible(shape)
 
 
+def warn_unused(net, shape, use, stacklevel: int = 2) -> None:
+    """The warning that a chain's or valid graph's input of ``shape`` runs as ``use``
+    (:func:`input_extent`), naming the trailing voxels left out; ``stacklevel`` as the caller's
+    own ``warnings.warn`` would take it."""
+    warnings.warn(
+        f"input shape {tuple(shape)} is not admissible for {net.name} (n_min {net.geometry.n_min} + k * "
+        f"grid {net.grid}): the last {tuple(a - b for a, b in zip(shape, use))} voxels are not used; "
+        f"the output covers {tuple(use)}",
+        stacklevel=stacklevel + 1,
+    )
+
+
 def window(net, plan, lo, hi, whole_out=None) -> Window:
     """The patches of ``plan`` covering the output box ``[lo, hi)``.  Chain: tiles of the plan's
     output (a multiple of the pooling product) from ``lo``.  Valid graph: tiles on the grid from
@@ -183,12 +195,7 @@ def run_tiled(plan, net, x: np.ndarray, *, xp=np, progress=None, cache: dict | N
         x = x[(slice(None),) + tuple(slice(a, b) for a, b in zip(win.in_lo, win.in_hi))]
         return run_window(plan, net, x, win, xp=xp, progress=progress, cache=cache)
     if use != n:
-        warnings.warn(
-            f"input shape {n} is not admissible for {net.name} (n_min {net.geometry.n_min} + k * "
-            f"grid {net.grid}): the last {tuple(a - b for a, b in zip(n, use))} voxels are not used; "
-            f"the output covers {use}",
-            stacklevel=3,
-        )
+        warn_unused(net, n, use, stacklevel=3)
         x = x[(slice(None),) + tuple(slice(0, u) for u in use)]
     win = window(net, plan, (0, 0, 0), net.output_shape(use))
     short = [(0, max(0, b - m)) for b, m in zip(win.in_hi, use)]
