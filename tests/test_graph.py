@@ -329,11 +329,11 @@ def test_activations_after_convs_run_in_the_conv_output_pass(tmp_path, monkeypat
 
 @pytest.mark.parametrize("merge", ["add", "concat"])
 def test_winograd_convs_hand_channels_last_tensors_only_to_readers_that_take_them(tmp_path, monkeypatch, merge):
-    """A Winograd conv writes channels last only where every reader runs on it at speed: a
-    Winograd or 1x1x1 conv, an element-wise node, a max-pool, a nearest upsampling (and so on
-    through them). Never into a concat or the output, never mixed with a channels-first input
-    of an add; the output equals PyTorch's and the channels-first run's (to rounding: a 1x1x1
-    product reads its operand in the other order)."""
+    """A Winograd conv or a run of 1x1x1 convs writes channels last only where every reader runs
+    on it at speed: a Winograd or 1x1x1 conv, an element-wise node, a max-pool, a nearest
+    upsampling (and so on through them). Never into a concat or the output, never mixed with a
+    channels-first input of an add; the output equals PyTorch's and the channels-first run's (to
+    rounding: a 1x1x1 product reads its operand in the other order)."""
     import znni_core.exec.patch as EG
     from znni_core.layers.layout import is_channels_last
     from znni_core.plan.program import program
@@ -347,7 +347,11 @@ def test_winograd_convs_hand_channels_last_tensors_only_to_readers_that_take_the
     x = np.random.default_rng(4).standard_normal((1,) + shape).astype(np.float32)
     plan = autotune(net, memory_budget=2**30, patch_shape=shape, primitives=("winograd",), use_cache=False)
     chosen = EG.channels_last_tensors(program(plan.steps, net))
-    assert chosen and all(plan.steps[i].primitive == "winograd" for i, n in enumerate(net.nodes) if n.output in chosen)
+    assert chosen and all(
+        plan.steps[i].primitive == "winograd" or n.conv.kernel == (1, 1, 1)
+        for i, n in enumerate(net.nodes)
+        if n.output in chosen
+    )
     seen, real_node, real_chain = [], EG._node, EG._chain
 
     def node(step, nd, env, *a, **k):
@@ -360,11 +364,14 @@ def test_winograd_convs_hand_channels_last_tensors_only_to_readers_that_take_the
         return real_chain(nd, followers, env, *a)
 
     real_pointwise = EG.conv_pointwise_chain
-    pointwise_ins = []
+    pointwise_ins, pointwise_outs = [], []
 
     def pointwise(x, stages, **k):  # runs of 1x1x1 convs (block by block in cache)
         pointwise_ins.append(is_channels_last(x))
-        return real_pointwise(x, stages, **k)
+        y = real_pointwise(x, stages, **k)
+        assert is_channels_last(y) == (k.get("channels_last", False) and y.shape[1] > 1)
+        pointwise_outs.append(is_channels_last(y))
+        return y
 
     monkeypatch.setattr(EG, "_node", node)
     monkeypatch.setattr(EG, "_chain", chain)
@@ -381,6 +388,8 @@ def test_winograd_convs_hand_channels_last_tensors_only_to_readers_that_take_the
         if nd.op in ("add", "mul"):
             assert len(set(ins)) == 1, nd.name  # never mixed
     assert any(y for *_, y in seen) and pointwise_cl >= 2  # the upsampling's and the head's 1x1x1 convs
+    # the 1x1x1 conv before each upsampling feeds an add: it writes channels last; into a concat never
+    assert sum(pointwise_outs) == (2 if merge == "add" else 0), pointwise_outs
     monkeypatch.setattr(EG, "channels_last_tensors", lambda prog: set())
     np.testing.assert_allclose(znni_core.infer(net, x, plan=plan), out, rtol=1e-6, atol=1e-6)
 

@@ -250,8 +250,8 @@ def test_gemm_1x1x1_is_one_product_per_item_into_any_destination():
 @pytest.mark.parametrize("threads,block", [(1, 7), (2, 64), (3, 8192)])
 def test_pointwise_chain_equals_torch_layer_by_layer(threads, block):
     """1x1x1 convs chained block by block in cache (every activation kind, blocks that do not
-    divide the volume, several items, a channels-last input) equal PyTorch's conv3d and
-    activations applied in turn."""
+    divide the volume, several items, a channels-last input and output) equal PyTorch's conv3d
+    and activations applied in turn."""
     from znni_core.layers import conv_pointwise_chain
 
     rng = np.random.default_rng(block)
@@ -285,6 +285,16 @@ def test_pointwise_chain_equals_torch_layer_by_layer(threads, block):
     yc = conv_pointwise_chain(xc, stages, threads=threads, block=block)
     assert yc.flags.c_contiguous
     np.testing.assert_allclose(yc, t.numpy(), rtol=1e-5, atol=1e-5)
+    from znni_core.layers.layout import is_channels_last
+
+    for src in (x, xc):  # written channels last (after the softmax's own pass, and without it)
+        for st in (stages, stages[:-1]):
+            want = t.numpy() if st is stages else None
+            ycl = conv_pointwise_chain(src, st, threads=threads, block=block, channels_last=True)
+            assert is_channels_last(ycl) and ycl.shape == (2, st[-1][0].shape[0], 3, 7, 9)
+            if want is None:
+                want = conv_pointwise_chain(src, st, threads=threads, block=block)
+            np.testing.assert_allclose(ycl, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(InputError, match="1x1x1 chain"):
         conv_pointwise_chain(x, [(np.ones((2, 4, 1, 1, 1), np.float32), None, None)])
 

@@ -206,7 +206,13 @@ def _pointwise_run(run: _Run, env, remaining, i, stop):
     if not stages:
         return i, None
     a, b = run.need[nodes[i].output]
-    y = conv_pointwise_chain(as_contiguous(_take(env[nodes[i].inputs[0]], a, b)), stages, threads=steps[i].threads)
+    last = max(k for k in range(i, j) if nodes[k].op == "conv")  # the chain's output is its last conv's
+    y = conv_pointwise_chain(
+        as_contiguous(_take(env[nodes[i].inputs[0]], a, b)),
+        stages,
+        threads=steps[i].threads,
+        channels_last=nodes[last].output in run.cl,
+    )
     for node in ran:
         _release(node, env, remaining)
     return j, y

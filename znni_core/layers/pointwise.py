@@ -34,7 +34,7 @@ from . import arena, microkernel, tuning
 from ._numba import njit
 from .activation import apply_activation
 from .epilogue import FUSABLE, act_row
-from .layout import is_channels_last, memory_order
+from .layout import empty_channels_last, is_channels_last, memory_order
 from .microkernel import fma_tile
 
 __all__ = ["POINTWISE_BLOCK", "conv_pointwise_chain", "pack_weights"]
@@ -116,10 +116,13 @@ def _stage(x, ldx, wp, wo, b, bo, y, ldy, C, O, nv, code, alpha):  # pragma: no 
 
 
 @njit(nogil=True, cache=True)
-def _chain(x, cl, C0, P, wp, b, dims, codes, alphas, y, jobs, block, ld, buf0, buf1):  # pragma: no cover - compiled
+def _chain(
+    x, cl, C0, P, wp, b, dims, codes, alphas, y, cl_out, jobs, block, ld, buf0, buf1
+):  # pragma: no cover - compiled
     """Every stage on each ``(n, j0)`` of ``jobs``: ``block`` voxels from ``j0`` of item ``n``.
     ``x`` flat, channels-first ``(N, C0, P)`` or (``cl``) channels-last ``(N, P, C0)``; ``y``
-    flat ``(N, C_out, P)``; ``dims[s]`` = (C_in, C_out, weight offset, bias offset).  The
+    flat ``(N, C_out, P)`` or (``cl_out``) ``(N, P, C_out)``; ``dims[s]`` = (C_in, C_out, weight
+    offset, bias offset).  The
     block's channels are copied into ``buf1``, rows ``ld`` apart, zeros after its last voxel up
     to a whole tile (the stages compute whole tiles); stage ``s`` writes ``buf0`` (even ``s``)
     or ``buf1``; the last one's rows are copied into ``y``.  Written in place, ``y``'s rows (a
@@ -150,13 +153,19 @@ def _chain(x, cl, C0, P, wp, b, dims, codes, alphas, y, jobs, block, ld, buf0, b
             src, dst = (buf1, buf0) if s % 2 == 0 else (buf0, buf1)
             _stage(src, ld, wp, dims[s, 2], b, dims[s, 3], dst, ld, dims[s, 0], dims[s, 1], nt, codes[s], alphas[s])
         fin = buf0 if S % 2 == 1 else buf1
+        if cl_out:  # the block's rows transposed while in cache: a voxel's channels are one run
+            for v in range(np.uint64(nv)):
+                i1 = np.uint64((n * P + j0) * O) + v * np.uint64(O)
+                for o in range(np.uint64(O)):
+                    y[i1 + o] = fin[o * np.uint64(ld) + v]
+            continue
         for o in range(O):
             i0, i1 = np.uint64(o * ld), np.uint64((n * O + o) * P + j0)
             for v in range(np.uint64(nv)):
                 y[i1 + v] = fin[i0 + v]
 
 
-def conv_pointwise_chain(x, stages, *, threads=1, block=None):
+def conv_pointwise_chain(x, stages, *, threads=1, block=None, channels_last=False):
     """Consecutive 1x1x1 convolutions, each followed by its activation, block by block of voxels.
 
     Run layer by layer, every layer would read and write the whole tensor from memory; here
@@ -164,7 +173,8 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=None):
     the last stage writes to memory.  Bias and ReLU, leaky ReLU or ELU run in the tile that
     computes the values (module docstring); another activation (sigmoid...) ends a run of
     stages, and applies to that run's whole output.  A channels-last ``x`` (``layers/layout``)
-    is read as it is copied into the blocks.  Workers (``threads``) take whole blocks.
+    is read as it is copied into the blocks; ``channels_last``: the output is written channels
+    last (each block transposed while in cache).  Workers (``threads``) take whole blocks.
 
     Parameters
     ----------
@@ -200,14 +210,18 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=None):
 
     run = next((k + 1 for k, (_, _, a) in enumerate(stages) if unfused(a)), len(stages))
     block = tuning.get("pointwise.block") if block is None else int(block)
-    y = _fused(x, stages[:run], threads, max(TV, block // TV * TV))
+    last = run == len(stages)
+    y = _fused(x, stages[:run], threads, max(TV, block // TV * TV), channels_last and last)
     if unfused(stages[run - 1][2]):
         apply_activation(y, *stages[run - 1][2], out=y)
-    return y if run == len(stages) else conv_pointwise_chain(y, stages[run:], threads=threads, block=block)
+    if last:
+        return y
+    return conv_pointwise_chain(y, stages[run:], threads=threads, block=block, channels_last=channels_last)
 
 
-def _fused(x, stages, threads, block):
-    """The stages with their activations the tiles apply (another one's: none)."""
+def _fused(x, stages, threads, block, cl_out=False):
+    """The stages with their activations the tiles apply (another one's: none); ``cl_out``: the
+    output channels last."""
     from .threads import each_worker
 
     cl = is_channels_last(x) and x.dtype == np.float32
@@ -229,8 +243,9 @@ def _fused(x, stages, threads, block):
         wo += O * Ci
         bo += O
     O = dims[-1][1]
-    out = arena.empty((N, O) + x.shape[2:])
+    out = empty_channels_last((N, O) + x.shape[2:]) if cl_out else arena.empty((N, O) + x.shape[2:])
     xf = (memory_order(x) if cl else x).reshape(-1)
+    yf = (memory_order(out) if cl_out else out).reshape(-1)
     args = (
         np.concatenate(wps),
         np.concatenate(bs),
@@ -245,7 +260,7 @@ def _fused(x, stages, threads, block):
     def work(k):
         ld = block + PAD
         bufs = np.empty(ld * wide, np.float32), np.empty(ld * wide, np.float32)
-        _chain(xf, cl, C, P, *args, out.reshape(-1), np.ascontiguousarray(jobs[k::workers]), block, ld, *bufs)
+        _chain(xf, cl, C, P, *args, yf, cl_out, np.ascontiguousarray(jobs[k::workers]), block, ld, *bufs)
 
     each_worker(work, workers)
     return out

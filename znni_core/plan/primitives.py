@@ -227,7 +227,7 @@ class DirectGemm(Primitive):
         """See :class:`Primitive`."""
         w, b = _weights(layer, xp, cache, key)
         if xp is np and math.prod(layer.kernel) == 1:
-            return lambda x: L.conv_pointwise_chain(x, [(w, b, act)], threads=threads)
+            return lambda x: L.conv_pointwise_chain(x, [(w, b, act)], threads=threads, channels_last=channels_last)
         return lambda x: L.conv_direct_gemm(x, w, b, act=act)
 
 

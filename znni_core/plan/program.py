@@ -153,8 +153,9 @@ _KEEPS_LAYOUT = ("act", "affine", "add", "mul", "pool", "resize")
 
 
 def channels_last_tensors(prog: Program, every: bool = False) -> set:
-    """Names of the tensors to write channels last (``layers/layout``): outputs of Winograd convs,
-    and fragments a depth-first pooling node copies out (its input is a layer's output).
+    """Names of the tensors to write channels last (``layers/layout``): outputs of Winograd convs
+    and of 1x1x1 convs run as pointwise chains, and fragments a depth-first pooling node copies
+    out (its input is a layer's output).
 
     A tensor is channels last if such a writer wrote it, or a node that keeps the layout
     (:data:`_KEEPS_LAYOUT`; a max-pool subsampling or in MPF, a nearest upsampling; an add or mul
@@ -194,9 +195,11 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
         node, step = nodes[i], steps[i]
         if node.op == "pool":  # depth first: gather_fragment copies each fragment in the layout asked
             return step.primitive == "pool" and node.inputs[0] != prog.input
+        prim = PRIMITIVES.get(step.primitive)
         return (
             node.op == "conv"
-            and getattr(PRIMITIVES.get(step.primitive), "writes_channels_last", False)
+            and prim is not None
+            and (prim.writes_channels_last or prim.runs_pointwise_chain(node.conv.kernel))
             and not step.tile
             and not step.micro_batch
             and node.conv.out_channels > 1
