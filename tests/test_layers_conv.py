@@ -288,12 +288,12 @@ def test_pointwise_chain_equals_torch_layer_by_layer(threads, block):
     from znni_core.layers.layout import is_channels_last
 
     for src in (x, xc):  # written channels last (after the softmax's own pass, and without it)
-        for st in (stages, stages[:-1]):
-            want = t.numpy() if st is stages else None
-            ycl = conv_pointwise_chain(src, st, threads=threads, block=block, channels_last=True)
-            assert is_channels_last(ycl) and ycl.shape == (2, st[-1][0].shape[0], 3, 7, 9)
+        for part in (stages, stages[:-1]):
+            want = t.numpy() if part is stages else None
+            ycl = conv_pointwise_chain(src, part, threads=threads, block=block, channels_last=True)
+            assert is_channels_last(ycl) and ycl.shape == (2, part[-1][0].shape[0], 3, 7, 9)
             if want is None:
-                want = conv_pointwise_chain(src, st, threads=threads, block=block)
+                want = conv_pointwise_chain(src, part, threads=threads, block=block)
             np.testing.assert_allclose(ycl, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(InputError, match="1x1x1 chain"):
         conv_pointwise_chain(x, [(np.ones((2, 4, 1, 1, 1), np.float32), None, None)])

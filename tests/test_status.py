@@ -131,6 +131,19 @@ def _process_start() -> float:
         return time.time() - 60
 
 
+def _live_pid_started_before(t: float) -> int:
+    """A live process (this one, an ancestor, else init) that started before ``t``: a record of
+    a running attempt started at ``t`` is then its own, whatever this process's age (a pid younger
+    than the attempt is taken for a pid used again)."""
+    import psutil
+
+    p = psutil.Process(os.getpid())
+    for q in [p] + p.parents():
+        if q.create_time() <= t:
+            return q.pid
+    return 1
+
+
 def _dead_pid() -> int:
     p = subprocess.Popen(["true"])
     p.wait()
@@ -160,6 +173,7 @@ def test_status_shows_running_failed_throughput_eta_and_slowest_jobs(tmp_path, m
         failed_tasks={},
         voxels=0,
         updated=now,
+        pid=_live_pid_started_before(now - 30),
     )
     rec = _write_attempt(run, running)
     r = CliRunner().invoke(app, ["status", run.work_dir])  # the work dir is enough
