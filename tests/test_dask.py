@@ -59,6 +59,28 @@ def test_bad_inputs_are_refused_naming_the_fix():
         infer_dask(net, da.from_array(x), chunks=(4, 30, 30)).compute()
 
 
+def test_a_precomputed_layer_read_as_a_dask_array_feeds_infer_dask(tmp_path):
+    """``read_layer``: a precomputed layer (blocks other than its chunks) equals what tensorstore,
+    an independent reader, reads; the network on it equals ``infer`` on the whole array."""
+    ts = pytest.importorskip("tensorstore")
+    from znni_core.dask import read_layer
+    from znni_core.pipeline.demo import write_demo
+
+    write_demo(tmp_path, shape=(8, 40, 36), chunk=(4, 16, 16))
+    url = f"file://{tmp_path}/em"
+    x = read_layer(url, chunks=(3, 20, 20))
+    assert x.shape == (1, 8, 40, 36) and x.dtype == np.uint8 and x.chunks[2] == (20, 20)
+    t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": f"file://{tmp_path}/em"}).result()
+    want = np.asarray(t.read().result()).transpose(3, 2, 1, 0)  # (x, y, z, c) -> (c, z, y, x)
+    got = x.compute()
+    np.testing.assert_array_equal(got, want)
+    net = znni_core.load_network(tmp_path / "net.yaml")
+    y = infer_dask(net, x.astype(np.float32) / 255, chunks=(4, 16, 16))
+    np.testing.assert_array_equal(y.compute(), znni_core.infer(net, want.astype(np.float32) / 255))
+    with pytest.raises(InputError, match="chunks"):
+        read_layer(url, chunks=(0, 1, 1))
+
+
 torch = pytest.importorskip("torch")
 from .unets import UNet, admissible, export, randomise_bn  # noqa: E402
 

@@ -29,6 +29,7 @@ plan the worker's cores (``threads=``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 
@@ -42,10 +43,61 @@ from .exec.tiling import input_extent, run_window, warn_unused, window
 from .inference import as_input, check_input, thread_limits
 from .net.protocol import AnyNetwork
 
-__all__ = ["block_shape", "infer_dask"]
+__all__ = ["block_shape", "infer_dask", "read_layer"]
 
 #: each worker thread's resident kernel spectra (one plan's), kept across its blocks
 _LOCAL = threading.local()
+
+
+def read_layer(
+    url: str, *, mip: int = 0, chunks=None, fill_missing: bool = False, endpoint: str | None = None
+) -> da.Array:
+    """A precomputed or zarr layer (``file://``, ``gs://``, ``s3://``, ``http(s)://``; OME-Zarr
+    too) as a lazy ``(C, Z, Y, X)`` dask array over its bounds (index 0 is the bounds' offset),
+    in blocks of ``chunks`` voxels (z, y, x; default the layer's chunks), read by znni's own
+    readers: checksums verified where the layer carries them, a missing chunk a
+    :class:`~znni_core.errors.DataError` naming it unless ``fill_missing``.  Workers open the
+    layer themselves (from ``url``, once per process): nothing but the URL is shipped.
+
+    >>> import tempfile, numpy as np
+    >>> from znni_core.pipeline.demo import write_demo
+    >>> d = tempfile.mkdtemp()
+    >>> _ = write_demo(d, shape=(8, 32, 32), chunk=(4, 16, 16))
+    >>> x = read_layer("file://" + d + "/em")
+    >>> x.shape, x.dtype, x.chunks[1]
+    ((1, 8, 32, 32), dtype('uint8'), (4, 4))
+    """
+    layer = _layer(url, int(mip), endpoint)
+    bounds = layer.bounds
+    block = tuple(layer.grid.chunk_shape) if chunks is None else tuple(int(c) for c in chunks)
+    if len(block) != 3 or min(block) < 1:
+        raise InputError(f"chunks={chunks!r}: give the block's voxels per axis (z, y, x), each >= 1")
+    edges = [list(range(0, n, b)) + [n] for n, b in zip(bounds.shape, block)]
+    name = "znni-read-" + dask.base.tokenize(url, mip, block, fill_missing, endpoint)
+    layer_dict = {}
+    for idx in itertools.product(*(range(len(e) - 1) for e in edges)):
+        lo = tuple(int(o) + e[i] for o, e, i in zip(bounds.offset, edges, idx))
+        hi = tuple(int(o) + e[i + 1] for o, e, i in zip(bounds.offset, edges, idx))
+        layer_dict[(name, 0) + idx] = (_read_box, url, int(mip), endpoint, lo, hi, fill_missing)
+    chunks_ = ((layer.channels,),) + tuple(tuple(np.diff(e)) for e in edges)
+    return da.Array(
+        HighLevelGraph.from_collections(name, layer_dict), name, chunks=chunks_, dtype=np.dtype(layer.dtype)
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _layer(url: str, mip: int, endpoint):
+    """The input layer at ``url`` (each process opens it once)."""
+    from .io import open_input, parse_layer_url
+
+    return open_input(parse_layer_url(url, endpoint=endpoint, what="layer"), mip)
+
+
+def _read_box(url, mip, endpoint, lo, hi, fill_missing) -> np.ndarray:
+    """The layer's voxels in ``[lo, hi)`` (absolute coordinates), on a worker."""
+    from .geometry import Roi
+
+    return _layer(url, mip, endpoint).read(Roi.from_bounds(lo, hi), fill_missing=fill_missing)[0]
 
 
 def block_shape(net: AnyNetwork, chunks, out_shape) -> tuple:
