@@ -275,6 +275,7 @@ def test_the_report_counts_what_the_tasks_read_and_wrote_against_the_prediction(
     summary = finalize(rf, log=lambda *a: None)
     reads = json.loads((work / "report" / "report.json").read_text())["cost"]["reads"]
     assert reads["chunk_reads"] == len(fetched) > 0 and reads["tasks"] == summary["tasks"]
+    assert reads["bytes_read"] == reads["voxels_read"]  # one uint8 channel
     assert reads["amplification"] == pytest.approx(reads["voxels_read"] / reads["unique_voxels"])
     assert reads["amplification"] > 1  # neighbouring tasks read each other's halo chunks again
     # every task done, no mask: what znni estimate predicted is what the tasks read

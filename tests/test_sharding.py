@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import types
 from pathlib import Path
 
 import numpy as np
@@ -387,8 +388,9 @@ def test_input_reads_count_what_every_task_reads(offset, chunk, task, halo):
         for idx in inp.chunks_in(read):
             chunks += 1
             voxels += int(inp.chunk_roi(idx).shape.prod())
-    got = input_reads(tasks, inp)
-    assert (got["voxels"], got["chunks"]) == (voxels, chunks)
+    layer = types.SimpleNamespace(grid=inp, channels=2, dtype="uint16")  # what input_reads reads of a layer
+    got = input_reads(tasks, layer)
+    assert (got["voxels"], got["chunks"], got["voxel_bytes"]) == (voxels, chunks, 4)
     assert got["amplification"] == pytest.approx(voxels / got["unique_voxels"]) and got["amplification"] > 1
 
 

@@ -477,17 +477,15 @@ def prediction(run) -> dict:
 
 
 def predicted_reads(run) -> dict:
-    """:func:`~.schedule.input_reads` of the run's tasks on its input's chunk grid, with the bytes
-    of a voxel."""
+    """:func:`~.schedule.input_reads` of the run's tasks on its input."""
     from ..io import open_input, parse_layer_url
     from .run import run_geometry
     from .schedule import input_reads
-    from .task import inp_voxel_bytes
 
     cfg = run.config
     url = parse_layer_url(run.input.url, endpoint=cfg.input.endpoint_url)
     inp = open_input(url, run.input.mip, resolution=cfg.input.resolution, checksums="none")
-    return input_reads(run_geometry(run)[3], inp.grid) | {"voxel_bytes": inp_voxel_bytes(inp)}
+    return input_reads(run_geometry(run)[3], inp)
 
 
 def record_prediction(run) -> dict:

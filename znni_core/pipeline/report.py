@@ -485,17 +485,18 @@ def measured_reads(manifests: dict, pred: dict) -> dict | None:
     rows = [m["input_read"] for m in manifests.values() if m.get("input_read")]
     if not rows:
         return None
-    reads = {k: sum(int(r.get(k, 0)) for r in rows) for k in ("chunks", "voxels", "bytes")}
+    reads = {k: sum(int(r.get(k, 0)) for r in rows) for k in ("chunks", "voxels")}
     written = sum(1 for m in manifests.values() for c in m.get("chunks", []) if c.get("status") == "written")
     shards = sum(1 for m in manifests.values() if m.get("shard"))
     out = {
         "tasks": len(rows),
         "chunk_reads": reads["chunks"],
         "voxels_read": reads["voxels"],
-        "bytes_read": reads["bytes"],
         "objects_written": (shards or written) + len(manifests),
     }
     p = pred.get("input_reads") or {}
+    if p.get("voxel_bytes"):
+        out["bytes_read"] = reads["voxels"] * int(p["voxel_bytes"])
     if p.get("unique_voxels"):
         out["unique_voxels"] = int(p["unique_voxels"])
         out["amplification"] = reads["voxels"] / out["unique_voxels"]
@@ -794,7 +795,8 @@ def _cost_html(c: dict) -> str:
         rows += [
             {
                 "what": "input read (measured)",
-                "value": f"{r['bytes_read']:,} bytes, {r['chunk_reads']:,} chunk reads",
+                "value": (f"{r['bytes_read']:,} bytes, " if "bytes_read" in r else f"{r['voxels_read']:,} voxels, ")
+                + f"{r['chunk_reads']:,} chunk reads",
                 "how": f"the {r['tasks']:,} done tasks' manifests (whole input chunks, decoded)",
             },
             {

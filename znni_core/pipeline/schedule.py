@@ -133,17 +133,21 @@ def task_geometry(cfg: Config, net=None, slots: int | None = None):
     return inp, lay, TaskGrid(lay.grid, lay.task_chunks, halo, lay.region), specs
 
 
-def input_reads(tasks: TaskGrid, grid) -> dict:
-    """What the tasks read from an input of chunk grid ``grid``: each task its write box plus the
+def input_reads(tasks: TaskGrid, inp) -> dict:
+    """What the tasks read from the input layer ``inp``: each task its write box plus the
     halo, clipped to the input's bounds and grown to whole input chunks (what a reader fetches),
     against the unique input of the region (its read box, grown alike).  The task grid is a
     product of per-axis intervals, so the totals are products of per-axis sums (10^7 tasks cost
     nothing).  ``voxels`` and ``chunks`` (object reads: one request each, ranged reads in a
-    shard) summed over the tasks; ``amplification`` = voxels / unique voxels.  A graph network's
-    task reads its window's patches, which reach past the halo by up to a patch's overlap."""
+    shard) summed over the tasks; ``amplification`` = voxels / unique voxels; ``voxel_bytes`` of
+    every channel of a voxel.  A graph network's task reads its window's patches, which reach
+    past the halo by up to a patch's overlap."""
+    voxel_bytes = int(inp.channels) * np.dtype(inp.dtype).itemsize
     if len(tasks) == 0:
-        return {"voxels": 0, "chunks": 0, "unique_voxels": 0, "unique_chunks": 0, "amplification": 1.0}
-    og, ig = tasks.grid, grid
+        return {"voxels": 0, "chunks": 0, "unique_voxels": 0, "unique_chunks": 0, "amplification": 1.0} | {
+            "voxel_bytes": voxel_bytes
+        }
+    og, ig = tasks.grid, inp.grid
     total, chunks, unique, unique_chunks = 1, 1, 1, 1
     for a in range(3):
         off, cs, end = int(og.bounds.offset[a]), int(og.chunk_shape[a]), int(og.bounds.end[a])
@@ -175,6 +179,7 @@ def input_reads(tasks: TaskGrid, grid) -> dict:
         "unique_voxels": unique,
         "unique_chunks": unique_chunks,
         "amplification": total / unique if unique else 1.0,
+        "voxel_bytes": voxel_bytes,
     }
 
 
@@ -214,7 +219,7 @@ def compute_schedule(cfg: dict | Config, *, slots: int | None = None, rate: floa
         "shard_bytes": int(lay.shard_bytes),
         "note": lay.note,
         "region_voxels": int(lay.region.shape.prod()),
-        "input_reads": input_reads(tasks, inp.grid) | {"voxel_bytes": int(inp.channels * np.dtype(inp.dtype).itemsize)},
+        "input_reads": input_reads(tasks, inp),
         "pyramid": pyramid_schedule(dataclasses.replace(cfg, task_chunks=list(lay.box)), specs),
     }
 

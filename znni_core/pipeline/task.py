@@ -66,8 +66,8 @@ def gather(inp, read_roi: Roi, edge: str, fill_missing: bool, versions: dict | N
             versions.update(inp.object_versions(roi))
         if reads is not None:
             for idx in inp.grid.chunks_in(roi):
-                reads["chunks"] = reads.get("chunks", 0) + 1
-                reads["voxels"] = reads.get("voxels", 0) + int(inp.grid.chunk_roi(idx).shape.prod())
+                reads["chunks"] += 1
+                reads["voxels"] += int(inp.grid.chunk_roi(idx).shape.prod())
         return inp.read(roi, fill_missing=fill_missing)
 
     if bounds.contains(read_roi):
@@ -96,11 +96,6 @@ def gather(inp, read_roi: Roi, edge: str, fill_missing: bool, versions: dict | N
     for axis, m in enumerate(maps):
         raw = np.take(raw, m - hull.offset[axis], axis=axis + 1)
     return np.ascontiguousarray(raw), None, missing
-
-
-def inp_voxel_bytes(inp) -> int:
-    """Bytes of one voxel of an input layer, every channel."""
-    return int(inp.channels) * np.dtype(inp.dtype).itemsize
 
 
 def normalise(raw: np.ndarray, scale: float, shift: float, inner=None) -> np.ndarray:
@@ -625,9 +620,8 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
             else {}
         ),
         "input_versions": ti.versions or {},
-        # the input chunks this task's read fetched (whole chunks; the bytes decoded)
-        "input_read": (ti.reads or {"chunks": 0, "voxels": 0})
-        | {"bytes": (ti.reads or {}).get("voxels", 0) * inp_voxel_bytes(ctx.inp)},
+        # the input chunks this task's read fetched and their voxels (whole chunks)
+        "input_read": ti.reads or {"chunks": 0, "voxels": 0},
         **({"recomputed": ti.recomputed} if ti.recomputed else {}),
         "versions": run.versions | {"python": platform.python_version()},
         "device": device,
