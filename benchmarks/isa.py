@@ -90,8 +90,20 @@ TARGET_VARS = (
     "OV_CPU_MAX_ISA",
     "ATEN_CPU_CAPABILITY",
 )
-CASES = ("boundary", "n337", "n537", "n726", "detector", "padded-unet", "valid-unet")
+CASES = (
+    "boundary",
+    "n337",
+    "n537",
+    "n726",
+    "detector",
+    "padded-unet",
+    "padded-small",
+    "padded-small-flat",
+    "valid-unet",
+)
 PAUSE_S = 0.2
+#: cases planned as ``infer`` plans a whole volume (one patch), not a task's blended patches
+WHOLE = ("padded-small", "padded-small-flat")
 SLOWER = 1.10  # a step's time beyond this ratio to avx512's is flagged
 
 
@@ -141,6 +153,11 @@ def _case(name: str, tmp: Path):
     if name == "padded-unet":
         path = export(unets.torch_padded_unet(), tmp / "padded.onnx", (16, 128, 128))
         return "generated padded U-Net (BN, ELU, widths 16-128), 16x256x256", path, unets.isbi((16, 256, 256))
+    if name in ("padded-small", "padded-small-flat"):
+        kernel = (1, 3, 3) if name == "padded-small-flat" else (3, 3, 3)
+        path = export(unets.torch_padded_unet(depth=1, width=24, kernel=kernel), tmp / f"{name}.onnx", (16, 192, 192))
+        what = f"generated padded U-Net (1 level, widths 24-48, BN, ELU, {kernel} kernels), 16x192x192 whole"
+        return what, path, unets.isbi((16, 192, 192))
     if name == "valid-unet":
         model = unets.torch_valid_unet()
         path = export(model, tmp / "valid.onnx", tuple(admissible(model, a, lo) for a, lo in enumerate((8, 64, 64))))
@@ -149,14 +166,15 @@ def _case(name: str, tmp: Path):
     raise SystemExit(f"--cases: unknown case {name!r} (one of {', '.join(CASES)})")
 
 
-def _plan(net_path: Path, x: np.ndarray, budget: int, threads: int, out: Path) -> None:
-    """The plan ``infer`` would make for ``x`` (estimate effort), saved for every build to run."""
+def _plan(net_path: Path, x: np.ndarray, budget: int, threads: int, out: Path, whole: bool = False) -> None:
+    """The plan ``infer`` would make for ``x`` (estimate effort), saved for every build to run;
+    a padded U-Net in a task's blended patches unless ``whole``."""
     import znni_core
     from znni_core.plan import autotune
 
     net = znni_core.load_network(net_path)
     kw = {}
-    if net.kind == "padded":  # a padded U-Net runs in overlapping, blended patches as a task does
+    if net.kind == "padded" and not whole:  # a padded U-Net in overlapping, blended patches as a task runs it
         kw = {"patch_shape": tuple(min(s, p) for s, p in zip(x.shape[1:], (16, 128, 128))), "overlap": (0, 32, 32)}
     autotune(net, memory_budget=budget, threads=threads, input_shape=x.shape[1:], **kw).save(out)
 
@@ -214,7 +232,7 @@ def run(cases, builds, rounds: int, budget: int, threads: int, tmp: Path, timeou
         what, net_path, x = made
         np.save(d / "x.npy", x)
         (d / "case.json").write_text(json.dumps({"net": str(net_path)}))
-        _plan(net_path, x, budget, threads, d / "plan.json")
+        _plan(net_path, x, budget, threads, d / "plan.json", whole=name in WHOLE)
         plan = Plan.load(d / "plan.json")
         runs = {b: [] for b in builds}
         for r in range(rounds):
