@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -290,6 +291,34 @@ def test_atomic_write_exclusive_and_stale_cleanup(tmp_path):
     removed = clean_stale_temporaries(tmp_path)
     assert dead in removed and other.exists()
     assert other in clean_stale_temporaries(tmp_path, all_hosts=True)
+
+
+def test_a_chunk_write_lists_only_the_writes_in_flight_not_the_layer(tmp_path, monkeypatch):
+    """A layer's object goes through a temporary in its directory's ``.znni-tmp``: a write looks
+    for dead writers' temporaries there (and removes one of its own name), never listing the
+    directory of the layer's chunks (a million shards: listing it at every write made a run
+    quadratic); the emptied ``.znni-tmp`` goes too."""
+    import znni_core.io.atomic as atomic
+
+    url, spec, layer = make_layer(tmp_path, channels=1)
+    idx = Coordinate(0, 0, 0)
+    name = layer.chunk_name(idx)
+    chunks_dir = url.local_path / spec.key
+    chunks_dir.mkdir(parents=True, exist_ok=True)
+    for k in range(50):  # other chunks beside it
+        (chunks_dir / f"other-{k}").write_bytes(b"x")
+    host = os.uname().nodename.split(".")[0]
+    dead = chunks_dir / atomic.TMP_DIR / f".{name.split('/')[1]}.znni-tmp.{host}.999999999.abcd"
+    dead.parent.mkdir()
+    dead.write_bytes(b"torn")
+    listed = []
+    real = os.scandir
+    monkeypatch.setattr(atomic.os, "scandir", lambda d: listed.append(Path(d)) or real(d))
+    layer.write_chunk(idx, np.ones((1, 4, 8, 16), np.float32), compress="none")
+    assert listed == [chunks_dir / atomic.TMP_DIR], listed
+    assert not dead.exists() and not dead.parent.exists()
+    got, _ = layer.read(layer.grid.chunk_roi(idx))
+    assert (got == 1).all()
 
 
 def test_manifest_roundtrip_and_errors(tmp_path):

@@ -6,7 +6,10 @@ bytes or the new bytes, never a torn file, whatever kills the writer (docs/relia
 
 Temporary names are ``.<name>.znni-tmp.<host>.<pid>.<random>``; :func:`clean_stale_temporaries`
 removes those whose writer is dead (same host) so a crash leaves nothing behind after the next
-good run (T6).
+good run (T6).  A layer's objects are written through a temporary in the subdirectory
+:data:`TMP_DIR` of their directory: a write then looks for its dead writers' temporaries there,
+among the writes in flight, not among the million shards beside it (listing the layer's directory
+at every write made a petavoxel run quadratic).
 """
 
 from __future__ import annotations
@@ -18,15 +21,19 @@ import socket
 from pathlib import Path
 
 TMP_MARK = ".znni-tmp."
+#: the subdirectory a layer's objects are written through (:func:`atomic_write`'s ``tmp_dir``)
+TMP_DIR = ".znni-tmp"
 
 
 def _host() -> str:
     return socket.gethostname().split(".")[0].replace(".", "_") or "host"
 
 
-def temp_name(path: Path) -> Path:
-    """A fresh temporary name next to ``path``: ``.<name>.znni-tmp.<host>.<pid>.<random>``."""
-    return path.with_name(f".{path.name}{TMP_MARK}{_host()}.{os.getpid()}.{secrets.token_hex(4)}")
+def temp_name(path: Path, tmp_dir: Path | None = None) -> Path:
+    """A fresh temporary name next to ``path`` (or in ``tmp_dir``, on the same file system):
+    ``.<name>.znni-tmp.<host>.<pid>.<random>``."""
+    name = f".{path.name}{TMP_MARK}{_host()}.{os.getpid()}.{secrets.token_hex(4)}"
+    return (path.parent if tmp_dir is None else Path(tmp_dir)) / name
 
 
 def fsync_dir(directory: Path) -> None:
@@ -43,17 +50,39 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path, data: bytes, *, exclusive: bool = False) -> bool:
+def _create(tmp: Path):
+    """``open(tmp, "wb")``, its directory made first; made again when another writer removed it
+    empty in between (:func:`release_tmp_dir`)."""
+    for _ in range(8):
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return open(tmp, "wb")
+        except FileNotFoundError:
+            continue
+    return open(tmp, "wb")
+
+
+def release_tmp_dir(tmp_dir: Path) -> None:
+    """Remove a temporaries' directory if it is empty (a write in flight keeps it: :func:`_create`
+    makes it again if it goes between its ``mkdir`` and its ``open``)."""
+    try:
+        os.rmdir(tmp_dir)
+    except OSError:
+        pass
+
+
+def atomic_write(path, data: bytes, *, exclusive: bool = False, tmp_dir: Path | None = None) -> bool:
     """Write ``data`` to ``path`` atomically.
 
     With ``exclusive=True`` the file is only created if absent (``os.link`` fails on an existing
-    name): returns False and leaves the existing file alone when someone was first.
+    name): returns False and leaves the existing file alone when someone was first.  ``tmp_dir``:
+    where the temporary is written (a directory on the same file system; default ``path``'s).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_name(path)
+    tmp = temp_name(path, tmp_dir)
     try:
-        with open(tmp, "wb") as f:
+        with _create(tmp) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -41,7 +41,7 @@ import stat
 from functools import cached_property
 
 from ..errors import DataError, StorageError
-from .atomic import atomic_write, clean_stale_temporaries
+from .atomic import TMP_DIR, atomic_write, clean_stale_temporaries, release_tmp_dir
 from .encodings import ALL_SUFFIXES, ENCODINGS
 from .paths import LayerURL
 
@@ -272,7 +272,9 @@ class LocalStore(ObjectStore):
     def _put(self, name, data, compress, content_type, exclusive) -> bool:
         path = self.root / (name + SUFFIXES[compress])
         try:
-            written = atomic_write(path, _gzip(data) if compress == "gzip" else data, exclusive=exclusive)
+            written = atomic_write(
+                path, _gzip(data) if compress == "gzip" else data, exclusive=exclusive, tmp_dir=path.parent / TMP_DIR
+            )
         except OSError as exc:  # disk full, quota, I/O error: the previous version stays intact
             raise DataError(
                 f"{self.where(name)}: write failed ({exc.strerror or exc}); the previous version, if "
@@ -282,7 +284,8 @@ class LocalStore(ObjectStore):
             for s in ALL_SUFFIXES:
                 if s != SUFFIXES[compress]:
                     (self.root / (name + s)).unlink(missing_ok=True)
-            clean_stale_temporaries(path.parent, os.path.basename(name))
+            clean_stale_temporaries(path.parent / TMP_DIR, os.path.basename(name))
+            release_tmp_dir(path.parent / TMP_DIR)
         return written
 
     def exists(self, name: str) -> bool:

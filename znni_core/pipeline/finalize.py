@@ -246,14 +246,21 @@ def _output_on_zeros(run: Run) -> list | None:
 
 
 def clean_stale_temporaries_in_layer(url) -> list:
-    """Remove temporaries of dead writers on this host from a local layer's directory and its immediate
-    subdirectories; return the paths removed ([] for a cloud layer).
-    """
+    """Remove temporaries of dead writers on this host from a local layer's directory, its immediate
+    subdirectories and their temporaries' directories (:data:`~znni_core.io.atomic.TMP_DIR`, removed
+    once empty); return the paths removed ([] for a cloud layer)."""
+    from ..io.atomic import TMP_DIR, release_tmp_dir
+
     if not url.is_local:
         return []
     removed = []
-    for d in [url.local_path] + [p for p in url.local_path.iterdir() if p.is_dir()]:
+    dirs = [url.local_path] + [p for p in url.local_path.iterdir() if p.is_dir() and p.name != TMP_DIR]
+    for d in dirs:
         removed += clean_stale_temporaries(d, all_hosts=False)
+        tmp = d / TMP_DIR
+        if tmp.is_dir():
+            removed += clean_stale_temporaries(tmp, all_hosts=False)
+            release_tmp_dir(tmp)
     return removed
 
 
