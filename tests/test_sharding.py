@@ -124,8 +124,8 @@ def test_sharded_tasks_verify_and_rerun_rewrites_only_their_shard(tmp_path):
     run = load_run(rf)
     ids = run_all(rf)
     layer = PrecomputedLayer(parse_layer_url(run.output.url), 0)
-    results, _ = check_manifests(run, layer, "checksum", log=lambda *a: None)
-    assert set(results.values()) == {"done"}
+    with check_manifests(run, layer, "checksum", log=lambda *a: None) as tally:
+        assert tally.counts()["done"] == len(ids) == tally.n and not tally.errors
     _, _, _, blocks = run_geometry(run)
     root = Path(layer.url.local_path)
     mtimes = {p: p.stat().st_mtime_ns for p in (root / layer.key).iterdir()}
@@ -134,12 +134,13 @@ def test_sharded_tasks_verify_and_rerun_rewrites_only_their_shard(tmp_path):
     data = bytearray((root / name).read_bytes())
     data[len(data) // 2] ^= 0xFF  # a corrupted shard is found by finalize, naming the task
     (root / name).write_bytes(bytes(data))
-    results, _ = check_manifests(run, layer, "checksum", log=lambda *a: None)
-    assert "read-back sha256" in results[victim.id] and sum(r == "done" for r in results.values()) == len(ids) - 1
+    with check_manifests(run, layer, "checksum", log=lambda *a: None) as tally:
+        assert list(tally.errors) == [victim.id] and "read-back sha256" in tally.errors[victim.id]
+        assert tally.counts()["done"] == len(ids) - 1
     run_task(rf, victim.id, **QUIET)  # re-run: rewrites its shard whole, no other
     changed = [p for p in (root / layer.key).iterdir() if p.stat().st_mtime_ns != mtimes.get(p)]
     assert [p.name for p in changed] == [name.split("/")[-1]]
-    assert set(check_manifests(run, layer, "checksum", log=lambda *a: None)[0].values()) == {"done"}
+    assert check_manifests(run, layer, "checksum", log=lambda *a: None).counts()["done"] == len(ids)
     # a re-run of one chunk of a sharded layer runs its whole shard
     chunk = layer.chunk_name(victim.chunks[-1]).split("/")[-1]
     m = run_task(rf, chunk=chunk, **QUIET)

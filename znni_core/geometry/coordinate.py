@@ -29,8 +29,14 @@ class Coordinate(tuple):
         Raises ``TypeError`` for a value that is not a real number (or is a bool) and ``ValueError`` for
         a float that is not a whole number.
         """
-        if len(args) == 1 and not isinstance(args[0], numbers.Number):
-            args = tuple(args[0])
+        if len(args) == 1:
+            a = args[0]
+            if type(a) is tuple or type(a) is cls:
+                args = a
+            elif type(a) is not int and not isinstance(a, numbers.Number):
+                args = tuple(a)
+        if all(type(v) is int for v in args):  # the common case, checked fast (10^6 tasks name 10^7 chunks)
+            return super().__new__(cls, args)
         vals = []
         for v in args:
             if isinstance(v, bool) or not isinstance(v, numbers.Real):
@@ -47,7 +53,7 @@ class Coordinate(tuple):
         return len(self)
 
     def _other(self, other) -> tuple:
-        if isinstance(other, numbers.Number):
+        if type(other) is int or isinstance(other, numbers.Number):
             return (other,) * len(self)
         other = tuple(other)
         if len(other) != len(self):
@@ -55,7 +61,7 @@ class Coordinate(tuple):
         return other
 
     def _op(self, other, op):
-        return Coordinate(op(a, b) for a, b in zip(self, self._other(other)))
+        return Coordinate(tuple(op(a, b) for a, b in zip(self, self._other(other))))
 
     def __add__(self, other):
         return self._op(other, operator.add)

@@ -54,10 +54,10 @@ def _create(tmp: Path):
     """``open(tmp, "wb")``, its directory made first; made again when another writer removed it
     empty in between (:func:`release_tmp_dir`)."""
     for _ in range(8):
-        tmp.parent.mkdir(parents=True, exist_ok=True)
         try:
+            tmp.parent.mkdir(parents=True, exist_ok=True)
             return open(tmp, "wb")
-        except FileNotFoundError:
+        except (FileNotFoundError, FileExistsError):  # exist_ok's check lost the same race
             continue
     return open(tmp, "wb")
 
@@ -121,10 +121,12 @@ def clean_stale_temporaries(directory, prefix: str = "", *, all_hosts: bool = Fa
     """
     directory = Path(directory)
     removed = []
-    if not directory.is_dir():
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):  # none, or removed empty by another writer
         return removed
     host = _host()
-    for entry in os.scandir(directory):
+    for entry in entries:
         name = entry.name
         if not name.startswith("." + prefix) or TMP_MARK not in name:
             continue

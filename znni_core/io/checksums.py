@@ -9,7 +9,7 @@ A raw precomputed chunk carries no checksum of its own. When znni writes a preco
     <scale key>/znni-sha256/<bz>_<by>_<bx>.json {chunk name: sha256 of its raw bytes}, the chunks
                                                  of grid indices [b * block, (b + 1) * block)
 
-(in a sharded layer a block is a shard's box of chunks: one index file per shard)
+(in a sharded layer a block is a whole number of shards' boxes of chunks, :func:`index_block`)
 
 and a later run that reads the layer as its input compares every chunk it reads with it
 (``input.checksums``). zarr arrays carry their own: the crc32c codec, which zarr-python checks
@@ -32,25 +32,57 @@ def _block(index, block) -> tuple:
     return tuple(int(i) // b for i, b in zip(index, block))
 
 
-def write_index(layer, digests: dict) -> int:
-    """Write the sidecar index of ``layer`` (a :class:`~.precomputed.PrecomputedLayer`) for
-    ``{chunk grid index: sha256}``: the block files, then ``index.json`` (its presence says the
-    index is whole). A sharded layer's blocks are its shards' boxes of chunks (one index file per
-    shard). Returns the number of block files. One writer: ``finalize``."""
-    block = BLOCK
-    if layer.sharded:
-        from .sharding import shard_chunks
+def index_block(layer) -> tuple:
+    """Chunks per index file (z, y, x) of ``layer``: :data:`BLOCK`, or in a sharded layer its
+    shards' box of chunks doubled along its shortest axes until it holds as many (a petavoxel
+    run's 10^6 shards are then 10^4-odd index files, not one file per shard)."""
+    if not layer.sharded:
+        return BLOCK
+    from .sharding import shard_chunks
 
-        block = tuple(shard_chunks(layer.spec.sharding, layer.grid.grid_shape))
-    blocks: dict = {}
-    for idx, digest in digests.items():
-        blocks.setdefault(_block(idx, block), {})[layer.chunk_name(idx)] = digest
-    for b, entries in sorted(blocks.items()):
+    block = [int(v) for v in shard_chunks(layer.spec.sharding, layer.grid.grid_shape)]
+    grid = [int(v) for v in layer.grid.grid_shape]
+    target = BLOCK[0] * BLOCK[1] * BLOCK[2]
+    while block[0] * block[1] * block[2] < target:
+        grow = [a for a in range(3) if block[a] < grid[a]]
+        if not grow:
+            break
+        a = min(grow, key=lambda a: block[a])
+        block[a] *= 2
+    return tuple(block)
+
+
+def write_index(layer, digests) -> int:
+    """Write the sidecar index of ``layer`` (a :class:`~.precomputed.PrecomputedLayer`):
+    ``digests`` is ``{chunk grid index: sha256}`` or a :class:`~znni_core.pipeline.tally.Tally`
+    whose spilled digests are read back a block at a time (bounded memory).  The block files
+    first, then ``index.json`` (its presence says the index is whole).  Returns the number of
+    chunks indexed.  One writer: ``finalize``."""
+    block = index_block(layer)
+    if isinstance(digests, dict):
+        blocks: dict = {}
+        for idx, digest in digests.items():
+            blocks.setdefault(_block(idx, block), []).append((tuple(idx), digest))
+        items = sorted(blocks.items())
+    else:
+        grid = tuple(-(-int(g) // b) for g, b in zip(layer.grid.grid_shape, block))
+
+        def key(z, y, x):
+            return ((z // block[0]) * grid[1] + y // block[1]) * grid[2] + x // block[2]
+
+        def unravel(k):
+            return (k // (grid[1] * grid[2]), k // grid[2] % grid[1], k % grid[2])
+
+        items = ((unravel(k), entries) for k, entries in digests.index_blocks(key))
+    n = 0
+    for b, entries in items:
+        doc = {layer.chunk_name(idx): digest for idx, digest in entries}
         name = f"{layer.key}/{INDEX_DIR}/{'_'.join(map(str, b))}.json"
-        layer.write_object(name, json.dumps(dict(sorted(entries.items())), indent=0).encode())
-    head = {"format": FORMAT, "block": [int(b) for b in block], "chunks": len(digests)}
+        layer.write_object(name, json.dumps(dict(sorted(doc.items())), indent=0).encode())
+        n += len(entries)
+    head = {"format": FORMAT, "block": [int(b) for b in block], "chunks": n}
     layer.write_object(f"{layer.key}/{INDEX_DIR}/index.json", json.dumps(head).encode())
-    return len(blocks)
+    return n
 
 
 class ChunkSums:

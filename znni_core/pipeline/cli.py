@@ -483,7 +483,8 @@ def _register(app: typer.Typer) -> None:
         for line in _pyramid_lines(run):
             typer.echo(line)
         if check_inputs:
-            stale = changed_input_tasks(run, [b for b in blocks if b.id in set(state["done"])])
+            done = set(state["done"])
+            stale = changed_input_tasks(run, [b for b in blocks if b.id in done])
             for task, changed in stale:
                 typer.echo(f"task {task}: {len(changed)} input object(s) changed since it ran: {changed[0]}")
             typer.echo(
@@ -626,13 +627,6 @@ def _pyramid_lines(run) -> list[str]:
         ]
     except ZnniError as exc:
         return [f"pyramid: unknown ({exc})"]
-
-
-def _task_states(run, blocks) -> dict:
-    """:func:`.status.task_states` (kept here for callers of the CLI module)."""
-    from .status import task_states
-
-    return task_states(run, blocks)
 
 
 def _changed_input_tasks(run, blocks) -> list:

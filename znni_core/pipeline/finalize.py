@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import DataError
 from ..io import (
     atomic_write,
@@ -29,9 +31,10 @@ from ..io import (
 from ..progress import bar
 from .done import check_task
 from .mask import load_mask_tasks, positions
-from .report import empty_chunks, neuroglancer_link, preview, verification, write_report
+from .report import empty_chunks, neuroglancer_link, preview, write_report
 from .run import Run, load_run, output_spec, run_geometry
 from .settings import Config
+from .tally import MAX_LISTED, Tally
 
 
 def output_mapping(cfg: Config) -> str:
@@ -53,43 +56,40 @@ def output_mapping(cfg: Config) -> str:
     return text
 
 
-def check_manifests(run: Run, out, verify: str, log=print):
-    """Per task: 'done', 'masked' (the mask is 0 over all of it: never run, by design), or an error
-    string.  Never counts a task without a verified manifest as done."""
+def check_manifests(run: Run, out, verify: str, log=print, *, spill: Path | None = None) -> Tally:
+    """Every task's manifest and stored objects checked (:func:`.done.check_task`), folded into a
+    :class:`~.tally.Tally` one at a time (no manifest is kept): done, ``masked`` (the mask is 0 over
+    all of it: never run, by design) or failed with the reason.  Never counts a task without a
+    verified manifest as done.  ``spill``: where the written chunks' digests go (for the index)."""
     _, _, _, tasks = run_geometry(run)
-    results, manifests = {}, {}
     live = None
     if run.mask:
-        doc = load_mask_tasks(run)
-        live = set(positions(doc))
+        live = np.zeros(len(tasks), bool)
+        live[list(positions(load_mask_tasks(run)))] = True
+    tally = Tally(len(tasks), spill=spill)
     with bar(len(tasks), "finalize: checking tasks", "task") as progress:
         for k, b in enumerate(tasks):
             progress.update(1)
-            if live is not None and k not in live:
-                results[b.id] = "masked"
+            if live is not None and not live[k]:
+                tally.mask(k, b.id)
                 continue
             try:
-                manifests[b.id] = check_task(run, out, b, verify)
-                results[b.id] = "done"
+                tally.add(k, check_task(run, out, b, verify))
             except DataError as exc:
-                results[b.id] = str(exc)
-    return results, manifests
+                tally.fail(k, b.id, str(exc))
+    return tally
 
 
-def _figures(run: Run, out, results: dict, manifests: dict, report_dir: Path) -> list[str]:
+def _figures(run: Run, out, tally: Tally, report_dir: Path) -> list[str]:
     """The report's PNGs besides ``preview.png`` (:mod:`.report`): timeline, task map, previews at a
     quarter and three quarters of the depth (where they differ from the middle)."""
-    from .report import task_map, timeline
+    from .report import state_ranks, task_map, timeline
 
     _, _, _, tasks = run_geometry(run)
-    states = {}
-    for t, r in results.items():
-        if r == "masked":
-            states[t] = "masked"
-        elif r == "done":
-            chunks = manifests[t]["chunks"]
-            states[t] = "empty" if chunks and all(c["status"] == "empty" for c in chunks) else "done"
-    names = [timeline(manifests, report_dir / "timeline.png"), task_map(tasks, states, report_dir / "tasks.png")]
+    names = [
+        timeline(tally, report_dir / "timeline.png"),
+        task_map(tasks, state_ranks(tally), report_dir / "tasks.png"),
+    ]
     depth = run.region["shape"][0]
     for f in (0.25, 0.75):
         if depth > 2:
@@ -105,7 +105,8 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     tasks excepted) nothing is finalized: the partial run's ``report.html`` is written (what failed,
     why, where the log is) and a :class:`DataError` lists the failed tasks; otherwise the
     layer's stale temporaries are removed and ``<work_dir>/report/`` gets ``summary.json``,
-    ``report.html`` and ``preview.png``.
+    ``report.html`` and ``preview.png``.  Memory does not grow with the tasks beyond a few numbers
+    each (:mod:`.tally`): the digests of the checksum index are spilled to ``<work_dir>/report``.
     """
     t0 = time.perf_counter()
     run = load_run(run_file)
@@ -113,36 +114,35 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     verify = verify or cfg.finalize.verify
     out_url = parse_layer_url(run.output.url, endpoint=cfg.output.endpoint_url)
     out = open_output(out_url, output_spec(run))
-    results, manifests = check_manifests(run, out, verify, log)
-    failed = {t: r for t, r in results.items() if r not in ("done", "masked")}
-    n_masked_tasks = sum(1 for r in results.values() if r == "masked")
-    n_written = sum(1 for m in manifests.values() for c in m["chunks"] if c["status"] == "written")
-    n_empty = sum(1 for m in manifests.values() for c in m["chunks"] if c["status"] == "empty")
-    n_masked = sum(1 for m in manifests.values() for c in m["chunks"] if c["status"] == "masked")
-    compute_s = sum(m["timings"]["total_s"] for m in manifests.values())
-    voxels = sum(m["voxels"] for m in manifests.values())
-    filled = sorted({k for m in manifests.values() for k in m.get("missing_input_filled", [])})
-    mask_filled = sorted({k for m in manifests.values() for k in m.get("missing_mask_filled", [])})
-    if run.mask:  # the scan's fills too: a task masked as a whole has no manifest
-        mask_filled = sorted(set(mask_filled) | set(load_mask_tasks(run).get("missing_mask_filled", [])))
-    removed = clean_stale_temporaries_in_layer(out_url) if not failed else []
     report_dir = Path(run.work_dir) / "report"
+    with check_manifests(run, out, verify, log, spill=report_dir if out_url.format != "zarr" else None) as tally:
+        return _finalize(run_file, run, out, out_url, tally, verify, report_dir, t0, log)
+
+
+def _finalize(run_file, run: Run, out, out_url, tally: Tally, verify: str, report_dir: Path, t0: float, log) -> dict:
+    cfg = run.config
+    counts = tally.counts()
+    failed = dict(sorted(tally.errors.items()))
+    n_failed, n_masked_tasks = counts["failed"], counts["masked"]
+    n_written, n_empty, n_masked = tally.chunks["written"], tally.chunks["empty"], tally.chunks["masked"]
+    voxels = int(tally.voxels.sum())
+    filled = tally.filled.listed()
+    mask_filled = tally.mask_filled
+    if run.mask:  # the scan's fills too: a task masked as a whole has no manifest
+        mask_filled.update(load_mask_tasks(run).get("missing_mask_filled", []))
+    removed = clean_stale_temporaries_in_layer(out_url) if not n_failed else []
     summary = {
-        "tasks": len(results),
-        "done": len(results) - len(failed) - n_masked_tasks,
-        "failed": sorted(failed),
-        "failures": {str(k): v for k, v in sorted(failed.items())},
+        "tasks": tally.n,
+        "done": tally.n - n_failed - n_masked_tasks,
+        "failed": tally.failed_ids(),
+        "failures": {str(k): v for k, v in failed.items()},
         "chunks_written": n_written,
         "chunks_empty": n_empty,
         "empty_chunks": empty_chunks(cfg.input.empty, n_empty, _output_on_zeros(run) if n_empty else None),
         "voxels": voxels,
-        "task_seconds": round(compute_s, 3),
-        "voxels_per_s_per_job": round(voxels / compute_s, 1) if compute_s else 0,
-        "wall_seconds": round(
-            max((m["finished"] for m in manifests.values()), default=0)
-            - min((m["finished"] - m["timings"]["total_s"] for m in manifests.values()), default=0),
-            3,
-        ),
+        "task_seconds": round(tally.compute_s, 3),
+        "voxels_per_s_per_job": round(voxels / tally.compute_s, 1) if tally.compute_s else 0,
+        "wall_seconds": round(tally.wall_seconds(), 3),
         "missing_input_filled": filled,
         "verify": verify,
         "stale_temporaries_removed": len(removed),
@@ -150,6 +150,10 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
         "input": run.input.url,
         "run_digest": run.digest,
     }
+    if not tally.filled.complete:
+        summary["missing_input_filled_listed"] = f"the first {MAX_LISTED} (sorted) of more"
+    if n_failed > len(failed):
+        summary["failures_listed"] = f"the first {len(failed)} of {n_failed}"
     pyramid = Path(run.work_dir) / "pyramid.json"
     if cfg.downsample.mips and pyramid.is_file():  # written by `znni pyramid` after its checks
         summary["pyramid"] = [
@@ -162,21 +166,23 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
                 "mask": run.mask.url,
                 "tasks_masked": n_masked_tasks,
                 "chunks_masked": n_masked,
-                "missing_mask_filled": mask_filled,
+                "missing_mask_filled": mask_filled.listed(),
             }
         )
     if summary["wall_seconds"] > 0:
         summary["voxels_per_s_wall"] = round(voxels / summary["wall_seconds"], 1)
-    if failed:
-        for t, why in sorted(failed.items()):
+    if n_failed:
+        for t, why in failed.items():
             log(f"FAILED task {t}: {why}")
+        if n_failed > len(failed):
+            log(f"... and {n_failed - len(failed)} more task(s) not done")
         log(
-            f"finalize: {len(failed)} of {len(results)} task(s) not done; nothing finalized. "
+            f"finalize: {n_failed} of {tally.n} task(s) not done; nothing finalized. "
             f"Re-run the workflow (only those tasks run) or `znni run-task {run_file} --task ID`."
         )
-        path = _partial_report(run_file, results, manifests, log)
+        path = _partial_report(run_file, tally, log)
         raise DataError(
-            f"{len(failed)} task(s) failed or unverified: {sorted(failed)[:20]}"
+            f"{n_failed} task(s) failed or unverified: {summary['failed'][:20]}"
             + (f"; what failed and why: {path}" if path else "")
         )
     if "pyramid" in summary:  # a mip-0 task re-run since: the mips above it are stale
@@ -187,26 +193,23 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     # provenance: an entry for what this run produced; none again when nothing was produced since
     # the last entry of this run (a finalize re-run, a config change that alters no byte)
     prov = read_json(out_url, "provenance") or {"description": "", "owners": [], "processing": [], "sources": []}
-    produced = max((float(m.get("finished") or 0) for m in manifests.values()), default=0.0)
+    produced = tally.last_finished()
     last = next((e for e in reversed(prov.setdefault("processing", [])) if _method(e) == "znni inference"), None)
     if last is not None and last.get("run_digest") == run.digest and last.get("last_task_finished") == produced:
         log("provenance: this run's entry is there already (nothing produced since)")
     else:
-        _append_provenance(prov, run, cfg, filled, n_empty, summary, n_masked_tasks, n_masked, mask_filled, produced)
+        mf = mask_filled.listed()
+        _append_provenance(prov, run, cfg, filled, n_empty, summary, n_masked_tasks, n_masked, mf, produced)
         write_json(out_url, "provenance", prov)
     if out_url.format != "zarr":  # so a later run can verify it as its input
         from ..io.checksums import write_index
 
-        digests = {
-            tuple(c["index"]): c["sha256"] for m in manifests.values() for c in m["chunks"] if c["status"] == "written"
-        }
-        write_index(out, digests)
-        summary["checksum_index_chunks"] = len(digests)
+        summary["checksum_index_chunks"] = write_index(out, tally)
 
     report_dir.mkdir(parents=True, exist_ok=True)
     png = preview(run, out, report_dir / "preview.png")
-    summary.update(verification(manifests))
-    summary["figures"] = _figures(run, out, results, manifests, report_dir)
+    summary.update(tally.verification())
+    summary["figures"] = _figures(run, out, tally, report_dir)
     link, notes = neuroglancer_link(run, cfg.finalize.neuroglancer, cfg.finalize.serve_port)
     summary.update(
         {
@@ -218,7 +221,7 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     )
     # the page first: summary.json is the run's done-marker, written last; a report that fails is a
     # warning, never the failure of a run whose every task checked out
-    _final_report(run_file, results, manifests, summary, [png.name] + summary["figures"], log)
+    _final_report(run_file, tally, summary, [png.name] + summary["figures"], log)
     atomic_write(report_dir / "summary.json", (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
     log(
         f"finalize: {summary['done']}/{summary['tasks']} tasks done, 0 failed"
@@ -264,22 +267,22 @@ def clean_stale_temporaries_in_layer(url) -> list:
     return removed
 
 
-def _final_report(run_file, results: dict, manifests: dict, summary: dict, images: list, log) -> Path | None:
+def _final_report(run_file, tally: Tally, summary: dict, images: list, log) -> Path | None:
     """The finished run's report (:func:`.report.write_report`), before ``summary.json``; None,
     with a one-line warning, if it fails: every task checked out, so the run is done regardless."""
     try:
-        return write_report(run_file, results=results, manifests=manifests, summary=summary, images=images, log=log)
+        return write_report(run_file, tally=tally, summary=summary, images=images, log=log)
     except Exception as exc:  # noqa: BLE001 - the report is best effort: the run's outcome is the tasks'
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         log(f"finalize: warning: the report was not written ({type(exc).__name__}: {first}); the run is done")
         return None
 
 
-def _partial_report(run_file, results: dict, manifests: dict, log) -> Path | None:
+def _partial_report(run_file, tally: Tally, log) -> Path | None:
     """The report of a run finalize refuses (:func:`.report.write_report`: what failed, why, where
     the log is); None, with a note, if even that fails: finalize's own error comes first."""
     try:
-        path = write_report(run_file, results=results, manifests=manifests, log=log)
+        path = write_report(run_file, tally=tally, log=log)
     except Exception as exc:  # noqa: BLE001 - the report is best effort here
         log(f"finalize: the partial run's report was not written ({type(exc).__name__}: {exc})")
         return None

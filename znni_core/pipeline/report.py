@@ -15,7 +15,7 @@ Its figures (static PNGs beside ``report.html``, drawn with matplotlib):
   input; each cell shows the state of the tasks stacked in z there;
 - ``preview_z<Z>.png``: input | output at a quarter, half and three quarters of the region's depth.
 
-Also the verification the tasks did (:func:`verification`) and what the run's empty chunks are
+Also the verification the tasks did (:meth:`.tally.Tally.verification`) and what the run's empty chunks are
 and hold (:func:`empty_chunks`), for the summary.
 """
 
@@ -36,21 +36,6 @@ from ..io import atomic_write
 STATES = ("done", "empty", "masked", "running", "failed")
 COLOURS = {"done": "#2ca02c", "empty": "#c7e9c0", "masked": "#bdbdbd", "running": "#1f77b4", "failed": "#d62728"}
 REPORT_FORMAT = "znni-report/1"
-#: a partial report reads the done tasks' manifests for its timeline up to this many
-TIMELINE_MANIFESTS = 20_000
-
-
-def verification(manifests: dict) -> dict:
-    """What the tasks' own checks recomputed (``recomputed`` of each manifest), summed."""
-    recs = [m["recomputed"] for m in manifests.values() if m.get("recomputed", {}).get("voxels")]
-    if not recs:
-        return {"recomputed_voxels": 0}
-    return {
-        "recomputed_voxels": int(sum(r["voxels"] for r in recs)),
-        "recomputed_tasks": len(recs),
-        "recomputed_max_deviation": float(max(r["max_deviation"] for r in recs)),
-        "recomputed_tolerance": float(min(r["tolerance"] for r in recs)),
-    }
 
 
 #: what an ``empty`` chunk is (``input.empty: skip``), as the report and docs/configuration.md state it
@@ -99,34 +84,39 @@ def _save(fig, path: Path) -> str:
     return path.name
 
 
-def timeline(manifests: dict, path: Path) -> str | None:
-    """``timeline.png`` (see the module's doc); None without finished tasks."""
-    if not manifests:
+def timeline(tally, path: Path) -> str | None:
+    """``timeline.png`` (see the module's doc) from a :class:`~.tally.Tally`'s timed tasks; None
+    without finished tasks."""
+    k = tally.timed()
+    if not len(k):
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ms = sorted(manifests.values(), key=lambda m: m["finished"])
-    t0 = min(m["finished"] - m["timings"]["total_s"] for m in ms)
-    t = np.array([m["finished"] - t0 for m in ms])
-    done = np.cumsum([m["voxels"] for m in ms])
-    secs = np.array([m["timings"]["total_s"] for m in ms])
+    k = k[np.argsort(tally.end[k], kind="stable")]
+    t0 = float(tally.start[k].min())
+    t = tally.end[k] - t0
+    done = np.cumsum(tally.voxels[k])
+    secs = tally.end[k] - tally.start[k]
     fig, (a, j, b) = plt.subplots(1, 3, figsize=(15, 3.2))
     fig.subplots_adjust(wspace=0.35)
     a.step(np.r_[0, t], np.r_[0, done], where="post")
     a.set_xlabel("wall seconds since the first task started")
     a.set_ylabel("output voxels done")
     a.set_title(f"{done[-1]:,} voxels in {t[-1]:.1f} s ({done[-1] / max(t[-1], 1e-9):,.0f} voxels/s)")
-    jobs = job_throughput(ms, t0)
-    for name, (tt, vps) in sorted(jobs.items(), key=lambda kv: kv[1][0][0])[:20]:
-        j.plot(tt, vps, marker=".", label=name)
+    rates = tally.voxels[k] / np.maximum(secs, 1e-9)
+    jobs = tally.job[k]
+    codes = np.unique(jobs)
+    firsts = sorted(codes, key=lambda c: t[np.argmax(jobs == c)])
+    for c in firsts[:20]:
+        sel = jobs == c
+        j.plot(t[sel], rates[sel], marker=".", label=tally.job_names[c] if c >= 0 else "?")
     j.set_xlabel("wall seconds since the first task started")
     j.set_ylabel("voxels/s of each task")
-    rates = np.concatenate([v for _, v in jobs.values()])
-    j.set_title(f"{len(jobs)} job(s): task throughput {np.min(rates):,.0f}-{np.max(rates):,.0f} voxels/s")
-    if 1 < len(jobs) <= 8:
+    j.set_title(f"{len(codes)} job(s): task throughput {np.min(rates):,.0f}-{np.max(rates):,.0f} voxels/s")
+    if 1 < len(codes) <= 8:
         j.legend(fontsize=7)
     b.hist(secs, bins=min(30, max(5, len(secs) // 2)))
     b.set_xlabel("seconds per task (read, compute, write, verify)")
@@ -137,52 +127,61 @@ def timeline(manifests: dict, path: Path) -> str | None:
     return name
 
 
-def job_throughput(manifests, t0: float) -> dict:
-    """``{job: (finish times since t0, voxels/s of each task)}``: a job is the task's SLURM job id,
-    else its host and process (one Snakemake job of a local run).
-
-    >>> m = {"finished": 12.0, "voxels": 100, "timings": {"total_s": 2.0}, "host": "n1", "pid": 7}
-    >>> job_throughput([m], 10.0)
-    {'n1:7': ([2.0], [50.0])}
-    """
-    out: dict = {}
-    for m in manifests:
-        name = str(m.get("slurm_job") or f"{m.get('host', '?')}:{m.get('pid', '?')}")
-        tt, vps = out.setdefault(name, ([], []))
-        tt.append(round(m["finished"] - t0, 6))
-        vps.append(m["voxels"] / max(m["timings"]["total_s"], 1e-9))
-    return out
+#: the task map's most cells per axis: a larger task grid is drawn in blocks of tasks (each block
+#: the state that ranks highest in :data:`STATES` among its tasks)
+MAP_CELLS = 600
 
 
-def task_map(tasks, states: dict, path: Path) -> str | None:
-    """``tasks.png``: each task's (y, x) box coloured by its state (``states``: task id -> one of
-    :data:`STATES`); None without tasks."""
+def state_ranks(tally, running=(), failed=(), tasks=None) -> np.ndarray:
+    """Per task position, 1 + the index in :data:`STATES` of its state (0: not drawn: not done
+    or another run's) from a :class:`~.tally.Tally`; the task ids ``running`` and ``failed`` (of
+    ``znni status``) over it, placed through ``tasks``."""
+    from .tally import DONE, EMPTY, FAILED, MASKED
+
+    table = np.zeros(8, np.int8)
+    for code, name in ((DONE, "done"), (EMPTY, "empty"), (MASKED, "masked"), (FAILED, "failed")):
+        table[code] = STATES.index(name) + 1
+    ranks = table[tally.state]
+    for ids, name in ((running, "running"), (failed, "failed")):
+        for t in ids:
+            try:
+                ranks[tasks.index(t)] = STATES.index(name) + 1
+            except (ValueError, AttributeError):
+                continue
+    return ranks
+
+
+def task_map(tasks, ranks, path: Path) -> str | None:
+    """``tasks.png``: the tasks seen from above (z stacked), each (y, x) cell coloured by the state
+    that ranks highest in :data:`STATES` among the tasks over it; ``ranks``: per task position of
+    ``tasks`` (a :class:`~.geometry.TaskGrid`), :func:`state_ranks`.  A raster (one image whatever
+    the number of tasks; at most :data:`MAP_CELLS` cells per axis); None without tasks."""
     if not len(tasks):
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
 
-    blocks = list(tasks)
-    lo = np.min([tuple(b.write_roi.begin) for b in blocks], axis=0)
-    hi = np.max([tuple(b.write_roi.end) for b in blocks], axis=0)
-    fig, ax = plt.subplots(figsize=(5, 5 * (hi[1] - lo[1]) / max(hi[2] - lo[2], 1) + 0.6))
-    for state in STATES:
-        for b in blocks:
-            if states.get(b.id) == state:
-                (_, y0, x0), (_, y1, x1) = tuple(b.write_roi.begin), tuple(b.write_roi.end)
-                ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, facecolor=COLOURS[state], edgecolor="white", lw=0.5))
-    ax.set_xlim(lo[2], hi[2])
-    ax.set_ylim(hi[1], lo[1])
-    ax.set_aspect("equal")
+    ranks = np.asarray(ranks, np.int8)
+    grid = ranks.reshape(tuple(tasks.shape)).max(axis=0)  # (ty, tx): the highest rank over z
+    step = [max(1, -(-n // MAP_CELLS)) for n in grid.shape]
+    if step != [1, 1]:
+        g = np.pad(grid, [(0, -n % k) for n, k in zip(grid.shape, step)])
+        grid = g.reshape(g.shape[0] // step[0], step[0], g.shape[1] // step[1], step[1]).max(axis=(1, 3))
+    (_, y0, x0), (_, y1, x1) = tuple(tasks.region.begin), tuple(tasks.region.end)
+    fig, ax = plt.subplots(figsize=(5, 5 * (y1 - y0) / max(x1 - x0, 1) + 0.6))
+    cmap = ListedColormap(["#ffffff"] + [COLOURS[s] for s in STATES])
+    ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(STATES) + 0.5, extent=(x0, x1, y1, y0), interpolation="nearest")
     ax.set_xlabel("x (voxels)")
     ax.set_ylabel("y (voxels)")
-    counts = {s: sum(1 for v in states.values() if v == s) for s in STATES}
-    ax.set_title(f"{len(blocks)} tasks seen from above (z stacked)")
+    counts = np.bincount(ranks, minlength=len(STATES) + 1)
+    more = f" in blocks of {step[0]} x {step[1]}" if step != [1, 1] else ""
+    ax.set_title(f"{len(tasks)} tasks seen from above (z stacked){more}")
     ax.legend(
-        handles=[Patch(color=COLOURS[s], label=f"{s}: {counts[s]}") for s in STATES if counts[s]],
+        handles=[Patch(color=COLOURS[s], label=f"{s}: {counts[r]}") for r, s in enumerate(STATES, 1) if counts[r]],
         loc="upper left",
         bbox_to_anchor=(1.01, 1),
     )
@@ -478,21 +477,20 @@ def attempts_summary(jobs: dict) -> dict:
     }
 
 
-def measured_reads(manifests: dict, pred: dict) -> dict | None:
-    """What the done tasks read from the input (their manifests' ``input_read``: whole chunks) and
-    wrote (chunks, shards, manifests), against the region's unique input and the predicted read
-    amplification (:func:`~.schedule.input_reads`, recorded with the prediction)."""
-    rows = [m["input_read"] for m in manifests.values() if m.get("input_read")]
-    if not rows:
+def measured_reads(tally, pred: dict) -> dict | None:
+    """What the done tasks read from the input (their manifests' ``input_read``: whole chunks,
+    summed in the :class:`~.tally.Tally`) and wrote (chunks, shards, manifests), against the
+    region's unique input and the predicted read amplification (:func:`~.schedule.input_reads`,
+    recorded with the prediction)."""
+    reads = tally.reads
+    if not reads["tasks"]:
         return None
-    reads = {k: sum(int(r.get(k, 0)) for r in rows) for k in ("chunks", "voxels")}
-    written = sum(1 for m in manifests.values() for c in m.get("chunks", []) if c.get("status") == "written")
-    shards = sum(1 for m in manifests.values() if m.get("shard"))
+    c = tally.counts()
     out = {
-        "tasks": len(rows),
+        "tasks": reads["tasks"],
         "chunk_reads": reads["chunks"],
         "voxels_read": reads["voxels"],
-        "objects_written": (shards or written) + len(manifests),
+        "objects_written": (tally.shards or tally.chunks["written"]) + c["done"] + c["empty"],
     }
     p = pred.get("input_reads") or {}
     if p.get("voxel_bytes"):
@@ -505,11 +503,11 @@ def measured_reads(manifests: dict, pred: dict) -> dict | None:
     return out
 
 
-def measured_cost(run, jobs: dict, pred: dict, state: dict, manifests: dict | None = None) -> dict:
+def measured_cost(run, jobs: dict, pred: dict, state: dict, tally=None) -> dict:
     """The job-hours the run took (every attempt, failed ones too; a running one so far) and the
     node-hours at the prediction's threads and cores per node, beside the prediction (for the
-    whole run, and pro rata for the voxels done); with the done tasks' ``manifests``, what they
-    read and wrote (:func:`measured_reads`)."""
+    whole run, and pro rata for the voxels done); with finalize's ``tally`` of the done tasks'
+    manifests, what they read and wrote (:func:`measured_reads`)."""
     secs, source = 0.0, None
     for j in jobs.values():
         for a in j.get("attempts") or []:
@@ -548,7 +546,7 @@ def measured_cost(run, jobs: dict, pred: dict, state: dict, manifests: dict | No
         "threads": threads,
         "cores_per_node": cores,
         "prediction": pred,
-        "reads": measured_reads(manifests, pred) if manifests else None,
+        "reads": measured_reads(tally, pred) if tally is not None else None,
     }
 
 
@@ -575,7 +573,7 @@ def memory_rows(jobs: dict) -> list[dict]:
     return rows
 
 
-def failures(state: dict, results: dict | None, rules: list) -> list[dict]:
+def failures(state: dict, tally, rules: list) -> list[dict]:
     """What failed, why and where its log is: the failed tasks grouped by job (their own errors
     first), the tasks finalize found not done with its reason, and other rules Snakemake saw fail."""
     rows, by_job = [], {}
@@ -583,14 +581,20 @@ def failures(state: dict, results: dict | None, rules: list) -> list[dict]:
         key = (f["job"], f["error"])
         by_job.setdefault(key, {"tasks": [], **f})["tasks"].append(t)
     rows += [v for v in by_job.values()]
-    if results:
+    if tally is not None:
         known = set(state["failed"])
-        bad = {t: r for t, r in results.items() if r not in ("done", "masked") and t not in known}
+        bad = {t: r for t, r in tally.errors.items() if t not in known}
+        more = tally.n_failed - len(tally.errors)
         for t, r in sorted(bad.items())[:200]:
             rows.append({"tasks": [t], "job": None, "error": f"finalize: {r}", "kind": "not done", "log": None})
-        if len(bad) > 200:
+        if len(bad) > 200 or more > 0:
             rows.append(
-                {"tasks": [], "job": None, "error": f"... and {len(bad) - 200} more not done", "kind": "not done"}
+                {
+                    "tasks": [],
+                    "job": None,
+                    "error": f"... and {max(0, len(bad) - 200) + more} more not done",
+                    "kind": "not done",
+                }
             )
     for e in rules or []:
         if e.get("job") is None:
@@ -603,9 +607,10 @@ def failures(state: dict, results: dict | None, rules: list) -> list[dict]:
     return rows
 
 
-def outcome(state: dict, results: dict | None) -> str:
-    """``complete`` | ``failed`` (a task failed) | ``running`` | ``partial`` (tasks not done, none failed)."""
-    not_done = [t for t, r in (results or {}).items() if r not in ("done", "masked")]
+def outcome(state: dict, tally) -> str:
+    """``complete`` | ``failed`` (a task failed) | ``running`` | ``partial`` (tasks not done, none
+    failed); ``tally``: finalize's check, or None."""
+    not_done = tally is not None and tally.n_failed
     if state["failed"]:
         return "failed"
     if state["running"]:
@@ -884,15 +889,14 @@ def write_report(
     where,
     *,
     snakemake_logs=(),
-    results: dict | None = None,
-    manifests: dict | None = None,
+    tally=None,
     summary: dict | None = None,
     images: list | None = None,
     log=print,
 ) -> Path | None:
     """Write ``report.html`` and ``report.json`` under ``<work_dir>/report/`` from what is on disk;
     return the page's path.  ``where``: the work dir, its run.json or the config.  finalize passes
-    its check (``results``, ``manifests``), its ``summary`` (None: the run is not finalized) and
+    its check (``tally``, :func:`.finalize.check_manifests`), its ``summary`` (None: the run is not finalized) and
     the ``images`` it drew; otherwise the preview and the task map are drawn here.  Partial state
     (no run file, no layer, no manifests) leaves sections out with a note, never an error.
     :func:`gather_report` reads, :func:`render_report` draws and writes."""
@@ -913,7 +917,7 @@ def write_report(
             log(f"report: no run to report on ({exc})")
             return None
         return _unvalidated_report(work, snakemake_logs, str(exc), log)
-    doc, state = gather_report(run, snakemake_logs, results, manifests)
+    doc, state = gather_report(run, snakemake_logs, tally)
     path = render_report(run, doc, state, summary, images)
     for f in doc["failures"][:5]:
         log(
@@ -925,9 +929,7 @@ def write_report(
     return path
 
 
-def gather_report(
-    run, snakemake_logs=(), results: dict | None = None, manifests: dict | None = None
-) -> tuple[dict, dict]:
+def gather_report(run, snakemake_logs=(), tally=None) -> tuple[dict, dict]:
     """``(report.json's document, the run's state)`` of ``run`` from what is on disk (Snakemake's
     logs recorded first; :func:`write_report`'s arguments).  A section that cannot be had is left
     out with a note in ``doc["notes"]``."""
@@ -938,14 +940,14 @@ def gather_report(
     rules = []
     for sl in snakemake_logs:
         rules += _guard(f"Snakemake log {sl}", lambda sl=sl: record_snakemake_log(work, sl, run.digest), notes, [])
-    state = collect(run, known=(results, manifests) if results is not None else None)
+    state = collect(run, known=tally)
     jobs = state["jobs"]
     pred = _guard("the prediction", lambda: recorded_prediction(run), notes, {})
     doc = {
         "format": REPORT_FORMAT,
-        "written_by": "znni finalize" if results is not None else "znni report",
+        "written_by": "znni finalize" if tally is not None else "znni report",
         "time": time.time(),
-        "outcome": outcome(state, results),
+        "outcome": outcome(state, tally),
         "counts": {
             "tasks": state["tasks"],
             "done": len(state["done"]),
@@ -954,14 +956,12 @@ def gather_report(
             "masked": len(state["masked"]),
             "not started": len(state["not_started"]),
         },
-        "failures": failures(state, results, rules),
+        "failures": failures(state, tally, rules),
         "attempts": attempts_summary(jobs),
         "memory": memory_rows(jobs),
-        "cost": _guard("the cost", lambda: measured_cost(run, jobs, pred, state, manifests), notes, None)
-        if pred
-        else None,
+        "cost": _guard("the cost", lambda: measured_cost(run, jobs, pred, state, tally), notes, None) if pred else None,
         "config": run.to_json().get("config"),
-        "state": {k: v for k, v in state.items() if k != "jobs"},
+        "state": {k: v for k, v in state.items() if k not in ("jobs", "tally")},
         "notes": notes,
     }
     return doc, state
@@ -992,10 +992,9 @@ def render_report(run, doc: dict, state: dict, summary: dict | None = None, imag
 
 def _draw(run, state: dict, report_dir: Path, notes: list) -> list[str]:
     """A partial run's images: ``preview.png`` (what is stored so far), the task map, the timeline
-    of the done tasks (up to :data:`TIMELINE_MANIFESTS`)."""
+    of the done tasks (from their manifests' timings, :func:`.status.collect`'s tally)."""
     from ..io import open_output, parse_layer_url
     from .run import output_spec, run_geometry
-    from .task import manifest_path
 
     names = []
 
@@ -1004,23 +1003,15 @@ def _draw(run, state: dict, report_dir: Path, notes: list) -> list[str]:
         return preview(run, out, report_dir / "preview.png").name
 
     names.append(_guard("the preview", prev, notes))
-    states = {t: "done" for t in state["done"]} | {t: "masked" for t in state["masked"]}
-    states |= {t: "running" for t in state["running"]} | {t: "failed" for t in state["failed"]}
-    names.append(
-        _guard("the task map", lambda: task_map(run_geometry(run)[3], states, report_dir / "tasks.png"), notes)
-    )
-    if 0 < len(state["done"]) <= TIMELINE_MANIFESTS:
+    tally = state["tally"]
 
-        def tl():
-            ms = {}
-            for t in state["done"]:
-                try:
-                    ms[t] = json.loads(manifest_path(run, t).read_text())
-                except (OSError, ValueError):
-                    continue
-            return timeline(ms, report_dir / "timeline.png")
+    def tmap():
+        tasks = run_geometry(run)[3]
+        ranks = state_ranks(tally, state["running"], state["failed"], tasks)
+        return task_map(tasks, ranks, report_dir / "tasks.png")
 
-        names.append(_guard("the timeline", tl, notes))
+    names.append(_guard("the task map", tmap, notes))
+    names.append(_guard("the timeline", lambda: timeline(tally, report_dir / "timeline.png"), notes))
     return [n for n in names if n]
 
 

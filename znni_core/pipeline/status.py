@@ -25,7 +25,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .jobs import attempt_alive, duration, job_record, records_dir
+from .tally import DONE, EMPTY, FAILED, MASKED, OTHER, TODO, Tally, busy_seconds
 
 #: seconds between two redraws of ``znni status --watch`` without a value
 WATCH_EVERY = 10.0
@@ -40,13 +43,12 @@ def run_file_of(path) -> Path:
 
 
 # ---- tasks ---------------------------------------------------------------------------------------
-def task_states(run, blocks, timings: dict | None = None, done_before: dict | None = None) -> dict:
-    """Task ids by state, from the manifests' run digests (no stored object is read): ``done``
-    (a manifest of this run), ``other`` (a manifest of another run: not done for this one),
-    ``masked`` (the mask is 0 over the whole task, after the mask's scan), ``todo`` (the rest).
-    ``timings``: filled with ``{task: (start, end, voxels, host:pid or slurm job)}`` of the done ones.
-    ``done_before``: ``{task: its timing or None}`` of tasks known done for this run (done is
-    permanent for a run digest): their manifests are not read again."""
+def task_states(run, blocks, known: Tally | None = None) -> Tally:
+    """The tasks' states from the manifests' run digests (no stored object is read), as a
+    :class:`~.tally.Tally`: ``done`` (a manifest of this run, with its timing), ``other`` (a
+    manifest of another run: not done for this one), ``masked`` (the mask is 0 over the whole
+    task, after the mask's scan), ``todo`` (the rest).  ``known``: an earlier call's tally (done is
+    permanent for a run digest): its done tasks' manifests are not read again."""
     from ..errors import ZnniError
     from .mask import load_mask_tasks, positions
     from .task import manifest_path
@@ -54,30 +56,30 @@ def task_states(run, blocks, timings: dict | None = None, done_before: dict | No
     live = None
     if run.mask:
         try:
-            live = set(positions(load_mask_tasks(run)))
+            live = np.zeros(len(blocks), bool)
+            live[list(positions(load_mask_tasks(run)))] = True
         except ZnniError:  # not scanned yet: every task counts
             live = None
-    done_before = done_before or {}
-    state = {"done": [], "other": [], "masked": [], "todo": []}
+    tally = known if known is not None and known.n == len(blocks) else Tally(len(blocks))
     for k, b in enumerate(blocks):
-        if live is not None and k not in live:
-            state["masked"].append(b.id)
+        if tally.state[k] == DONE:
             continue
-        if b.id in done_before:
-            state["done"].append(b.id)
-            if timings is not None and done_before[b.id] is not None:
-                timings[b.id] = done_before[b.id]
+        if live is not None and not live[k]:
+            tally.seen(k, b.id, MASKED)
             continue
         try:
             m = json.loads(manifest_path(run, b.id).read_text())
             digest = m.get("run_digest")
         except (OSError, ValueError, AttributeError):  # none, unreadable or not a manifest: not done
-            state["todo"].append(b.id)
+            tally.seen(k, b.id, TODO)
             continue
-        state["done" if digest == run.digest else "other"].append(b.id)
-        if digest == run.digest and timings is not None and (t := task_timing(m)) is not None:
-            timings[b.id] = t
-    return state
+        if digest != run.digest:
+            tally.seen(k, b.id, OTHER)
+        elif (t := task_timing(m)) is not None:
+            tally.timing(k, b.id, *t)
+        else:
+            tally.seen(k, b.id, DONE)
+    return tally
 
 
 def task_timing(m: dict) -> tuple | None:
@@ -259,51 +261,25 @@ def _scheduled_tasks(run, job: int) -> list:
 
 
 # ---- rates ---------------------------------------------------------------------------------------
-def busy_seconds(intervals) -> float:
-    """Length of the union of ``(start, end)`` intervals.
-
-    >>> busy_seconds([(0, 2), (1, 3), (10, 11)])
-    4.0
-    """
-    total, cur = 0.0, None
-    for a, b in sorted(intervals):
-        if cur is None or a > cur[1]:
-            if cur is not None:
-                total += cur[1] - cur[0]
-            cur = [a, b]
-        else:
-            cur[1] = max(cur[1], b)
-    return float(total + (cur[1] - cur[0] if cur else 0.0))
-
-
 # ---- everything --------------------------------------------------------------------------------
-def collect(run, *, now: float | None = None, known: tuple | None = None, cache: dict | None = None) -> dict:
+def collect(run, *, now: float | None = None, known: Tally | None = None, cache: dict | None = None) -> dict:
     """The run's state (module doc): task ids by state, jobs, throughput, ETA, the slowest jobs.
-    ``known``: ``(results, manifests)`` of finalize's check (:func:`.finalize.check_manifests`),
-    used instead of reading the manifests again.  ``cache``: a dict kept between calls (``watch``'s):
-    the run's tasks and those found done, with their timings (done is permanent for a run digest),
-    so a later call reads only the manifests of the tasks not done yet."""
+    ``known``: finalize's check (:func:`.finalize.check_manifests`), used instead of reading the
+    manifests again.  ``cache``: a dict kept between calls (``watch``'s): the run's tasks and the
+    tally of the last call (done is permanent for a run digest), so a later call reads only the
+    manifests of the tasks not done yet.  ``state["tally"]``: the tasks' tally (not serialised)."""
     from .run import run_geometry
 
     now = time.time() if now is None else now
     if cache is not None and cache.get("run_digest") != run.digest:
         cache.clear()
-        cache.update(run_digest=run.digest, done={}, blocks=run_geometry(run)[3])
+        cache.update(run_digest=run.digest, tally=None, blocks=run_geometry(run)[3])
     blocks = cache["blocks"] if cache is not None else run_geometry(run)[3]
-    timings: dict = {}
-    if known is None:
-        state = task_states(run, blocks, timings, cache["done"] if cache is not None else None)
-    else:
-        results, manifests = known
-        state = {"done": [], "other": [], "masked": [], "todo": []}
-        for b in blocks:
-            r = results.get(b.id)
-            state["done" if r == "done" else "masked" if r == "masked" else "todo"].append(b.id)
-        for t, m in (manifests or {}).items():
-            if (timing := task_timing(m)) is not None:
-                timings[t] = timing
+    tally = known if known is not None else task_states(run, blocks, cache["tally"] if cache is not None else None)
     if cache is not None:
-        cache["done"].update({t: timings.get(t) for t in state["done"]})
+        cache["tally"] = tally
+    by = tally.ids_where
+    state = {"done": by(DONE, EMPTY), "other": by(OTHER), "masked": by(MASKED), "todo": by(TODO, FAILED)}
     done = set(state["done"])
     jobs = job_table(run, now)
     running, failed = {}, {}
@@ -325,11 +301,11 @@ def collect(run, *, now: float | None = None, known: tuple | None = None, cache:
                         "attempt": j.get("attempt"),
                     }
     not_done = [t for t in state["todo"] + state["other"] if t not in running and t not in failed]
-    intervals = [(a, b) for a, b, _, _ in timings.values()]
-    intervals += [(float(j["started"]), now) for j in jobs.values() if j["state"] == "running" and j.get("started")]
-    busy = busy_seconds(intervals)
-    voxels = sum(v for _, _, v, _ in timings.values())
-    tasks_per_h = len(timings) / busy * 3600 if busy > 0 else 0.0
+    timed = tally.timed()
+    live = [(float(j["started"]), now) for j in jobs.values() if j["state"] == "running" and j.get("started")]
+    busy = busy_seconds(np.r_[tally.start[timed], [a for a, _ in live]], np.r_[tally.end[timed], [b for _, b in live]])
+    voxels = int(tally.voxels[timed].sum())
+    tasks_per_h = len(timed) / busy * 3600 if busy > 0 else 0.0
     left = len(running) + len(not_done)
     eta = left / tasks_per_h * 3600 if tasks_per_h > 0 and running else None
     return {
@@ -350,11 +326,12 @@ def collect(run, *, now: float | None = None, known: tuple | None = None, cache:
             "voxels": voxels,
         },
         "eta_s": None if eta is None else round(eta, 1),
-        "slowest": slowest_jobs(jobs, timings),
+        "slowest": slowest_jobs(jobs, tally),
+        "tally": tally,
     }
 
 
-def slowest_jobs(jobs: dict, timings: dict, n: int = 5) -> list:
+def slowest_jobs(jobs: dict, tally: Tally, n: int = 5) -> list:
     """The ``n`` longest jobs (their last attempt; running ones so far); without job records the
     processes that ran the done tasks (a SLURM job, else host:pid), from the manifests."""
     rows = []
@@ -375,14 +352,19 @@ def slowest_jobs(jobs: dict, timings: dict, n: int = 5) -> list:
             }
         )
     if not rows:
-        by: dict = {}
-        for a, b, v, who in timings.values():
-            lo, hi, k, vox = by.get(who, (a, b, 0, 0))
-            by[who] = (min(lo, a), max(hi, b), k + 1, vox + v)
-        rows = [
-            {"job": who, "state": "done", "seconds": hi - lo, "tasks": k, "voxels": vox}
-            for who, (lo, hi, k, vox) in by.items()
-        ]
+        t = tally.timed()
+        code = tally.job[t]
+        for c in np.unique(code[code >= 0]):
+            sel = t[code == c]
+            rows.append(
+                {
+                    "job": tally.job_names[c],
+                    "state": "done",
+                    "seconds": float(tally.end[sel].max() - tally.start[sel].min()),
+                    "tasks": len(sel),
+                    "voxels": int(tally.voxels[sel].sum()),
+                }
+            )
     return sorted(rows, key=lambda r: -r["seconds"])[:n]
 
 

@@ -39,6 +39,7 @@ from ..net.definition import DEFINITION_FLOPS, TOLERANCE, flops_per_voxel, sampl
 from ..progress import bar
 from .recompute import graph_sample, reference_plan
 from .run import Run
+from .tally import DONE, EMPTY, Tally
 
 
 def verify_run(
@@ -62,21 +63,22 @@ def verify_run(
     run, out = ctx.run, ctx.out
     cfg = run.config
     record = {"run_digest": run.digest, "seed": seed, "checksums": None, "empty": None, "recomputed": None}
-    done, manifests = [], {}
+    # the manifests folded one at a time (:mod:`.tally`): a fixed-size sample of the empty chunks kept
+    tally = Tally(len(ctx.tasks), empty_sample=max(0, empty), rng=np.random.default_rng([seed, 1]))
     with bar(len(ctx.tasks), "verify: stored objects", "task") as progress:
-        for block in ctx.tasks:
+        for k, block in enumerate(ctx.tasks):
             progress.update(1)
             try:
-                manifests[block.id] = check_task(run, out, block, "checksum" if checksums else "exists")
-                done.append(block.id)
+                tally.add(k, check_task(run, out, block, "checksum" if checksums else "exists"))
             except DataError as exc:
                 record["checksums"] = {"passed": False, "task": block.id, "error": str(exc)}
                 _write(run, record)
                 raise DataError(f"verify: task {block.id}: {exc}") from None
+    done = tally.ids_where(DONE, EMPTY)
     record["checksums"] = {"passed": True, "tasks": len(done), "mode": "checksum" if checksums else "exists"}
     log(f"verify: {len(done)} task(s): every manifest and stored object checks out")
     rng = np.random.default_rng(seed)
-    record["empty"] = _check_empty(ctx, manifests, np.random.default_rng([seed, 1]), empty, record)
+    record["empty"] = _check_empty(ctx, tally, record)
     if record["empty"]["chunks"]:
         log(
             f"verify: {record['empty']['checked']} of {record['empty']['chunks']} empty chunk(s): input context "
@@ -144,26 +146,21 @@ def verify_run(
     return record
 
 
-def _check_empty(ctx, manifests: dict, rng, count: int, record: dict) -> dict:
-    """``count`` of the chunks the manifests record ``empty`` (chosen by ``rng``), each against
-    the definition (:data:`~.report.EMPTY_DEFINITION`): its input context read again through the
-    run's edge policy is all 0, and the stored chunk reads as 0.  A :class:`DataError` naming the
-    task and chunk when one is not (``record`` written first)."""
+def _check_empty(ctx, tally: Tally, record: dict) -> dict:
+    """The tally's sample of the chunks the manifests record ``empty`` (chosen uniformly with the
+    recorded seed), each against the definition (:data:`~.report.EMPTY_DEFINITION`): its input
+    context read again through the run's edge policy is all 0, and the stored chunk reads as 0.
+    A :class:`DataError` naming the task and chunk when one is not (``record`` written first)."""
     from .report import EMPTY_DEFINITION
     from .task import empty_context, gather, read_task
 
     cfg, out = ctx.run.config, ctx.out
-    empties = [
-        (tid, tuple(c["index"])) for tid, m in sorted(manifests.items()) for c in m["chunks"] if c["status"] == "empty"
-    ]
-    result = {"chunks": len(empties), "checked": 0, "definition": EMPTY_DEFINITION}
-    if not empties or count <= 0:
+    result = {"chunks": tally.chunks["empty"], "checked": 0, "definition": EMPTY_DEFINITION}
+    if not tally.empties:
         return result | {"passed": True}
-    pick = sorted(rng.choice(len(empties), size=min(count, len(empties)), replace=False).tolist())
     fill = cfg.input.missing == "zero"
     windows = {}  # a graph task's patch window (its read stage), once per task
-    for k in pick:
-        tid, idx = empties[k]
+    for tid, idx in sorted(tally.empties):
         name = out.chunk_name(idx)
         if ctx.net.kind == "chain":
             croi = empty_context(ctx.grid, ctx.region, ctx.halo, idx)
