@@ -35,7 +35,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 #: output chunk (z, y, x) voxels: small, so that building a run of 10^6 tasks is fast
-CHUNK = (8, 16, 16)
+CHUNK = (4, 8, 8)
 STEPS = ("finalize", "verify", "status")
 
 

@@ -22,6 +22,7 @@ from znni_core.layers import (
     winograd_supports,
 )
 from znni_core.layers.direct import _gemm_blocks
+from znni_core.layers.layout import is_channels_last
 from znni_core.layers.fft import _fft_conv_xp
 
 TOL = 1e-4  # max abs error / max |reference|, float32
@@ -54,6 +55,9 @@ def all_paths(x, w, b, threads=2):
     k = w.shape[1] * int(np.prod(w.shape[2:]))
     yield "gemm-cols", conv_direct_gemm(x, w, b, max_bytes=4 * (k + w.shape[0]) * 2)
     yield "numba", conv_direct_numba(x, w, b)
+    cl = conv_direct_numba(x, w, b, channels_last=True)
+    assert is_channels_last(cl) or w.shape[0] == 1
+    yield "numba-channels-last", cl
     for mode in ("data", "task", "stream"):
         yield f"fft-{mode}", FFTConv(w, b, x.shape[2:], mode=mode, threads=threads, effort="estimate")(x)
     khat = np.conj(np.fft.rfftn(w, s=fft_shape(x.shape[2:]), axes=(2, 3, 4))).reshape(w.shape[0], w.shape[1], -1)
@@ -148,6 +152,8 @@ def test_numba_grouped_rows_equal_torch_conv3d(monkeypatch, group):
             .numpy()
         )
         assert rel_err(conv_direct_numba(x, w, b, act=("relu", 0.0)), ref) <= TOL, kernel
+        cl = conv_direct_numba(x, w, b, act=("relu", 0.0), channels_last=True)
+        assert is_channels_last(cl) and rel_err(cl, ref) <= TOL, kernel
 
 
 @pytest.mark.parametrize("target", [1, 3_000, 20_000, 60_000, 10**9])

@@ -52,12 +52,28 @@ def index_block(layer) -> tuple:
     return tuple(block)
 
 
+def index_keys(layer):
+    """``(key, unravel, count)``: the index block of chunk indices as one int64 per chunk
+    (``key(z, y, x)`` on int arrays, C order over the blocks), its inverse, and the number of
+    blocks, for a layer's :func:`index_block`."""
+    block = index_block(layer)
+    grid = tuple(-(-int(g) // b) for g, b in zip(layer.grid.grid_shape, block))
+
+    def key(z, y, x):
+        return ((z // block[0]) * grid[1] + y // block[1]) * grid[2] + x // block[2]
+
+    def unravel(k: int) -> tuple:
+        return (k // (grid[1] * grid[2]), k // grid[2] % grid[1], k % grid[2])
+
+    return key, unravel, grid[0] * grid[1] * grid[2]
+
+
 def write_index(layer, digests) -> int:
     """Write the sidecar index of ``layer`` (a :class:`~.precomputed.PrecomputedLayer`):
     ``digests`` is ``{chunk grid index: sha256}`` or a :class:`~znni_core.pipeline.tally.Tally`
-    whose spilled digests are read back a block at a time (bounded memory).  The block files
-    first, then ``index.json`` (its presence says the index is whole).  Returns the number of
-    chunks indexed.  One writer: ``finalize``."""
+    made with this layer's :func:`index_keys`, whose spilled digests are read back a block at a
+    time (bounded memory).  The block files first, then ``index.json`` (its presence says the
+    index is whole).  Returns the number of chunks indexed.  One writer: ``finalize``."""
     block = index_block(layer)
     if isinstance(digests, dict):
         blocks: dict = {}
@@ -65,15 +81,8 @@ def write_index(layer, digests) -> int:
             blocks.setdefault(_block(idx, block), []).append((tuple(idx), digest))
         items = sorted(blocks.items())
     else:
-        grid = tuple(-(-int(g) // b) for g, b in zip(layer.grid.grid_shape, block))
-
-        def key(z, y, x):
-            return ((z // block[0]) * grid[1] + y // block[1]) * grid[2] + x // block[2]
-
-        def unravel(k):
-            return (k // (grid[1] * grid[2]), k // grid[2] % grid[1], k % grid[2])
-
-        items = ((unravel(k), entries) for k, entries in digests.index_blocks(key))
+        _, unravel, _ = index_keys(layer)
+        items = ((unravel(k), entries) for k, entries in digests.index_blocks())
     n = 0
     for b, entries in items:
         doc = {layer.chunk_name(idx): digest for idx, digest in entries}

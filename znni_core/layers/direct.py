@@ -34,6 +34,7 @@ from . import arena, tuning
 from ._numba import FAST, njit, prange
 from .activation import apply_activation
 from .epilogue import FUSABLE, act_row, epilogue
+from .layout import empty_channels_last, memory_order
 from .threads import matmul
 from .xp import get_array_module, with_host_variant
 
@@ -381,14 +382,85 @@ def _conv_numba_kernel(x, w, b, out, X, G, code, alpha):  # pragma: no cover - c
                         out[n, o0 + q, z, y0 + r, xx] = acc[q, base + xx]
 
 
-def conv_direct_numba(x, w, b=None, *, act=None):
+@njit(parallel=True, cache=True, fastmath=FAST)
+def _conv_numba_kernel_cl(x, w, b, out, X, G, code, alpha):  # pragma: no cover - compiled
+    # :func:`_conv_numba_kernel` writing channels last: ``out`` is the (N, Zo, Yo, Xo, O) memory.
+    # A task is one group of G output rows of a plane, every block of _OB channels in turn: its
+    # output rows are one run of memory no other task writes (a task per channel block would
+    # write every cache line of the output from several threads, 4 of its 24-48 channels each).
+    N, C, Z, _ = x.shape
+    _, _, kz, ky, kx = w.shape
+    _, Zo, Yo, Xo, O = out.shape
+    nob = w.shape[0] // _OB
+    ng = (Yo + G - 1) // G
+    of = out.reshape(-1)
+    for t in prange(N * Zo * ng):
+        n = t // (Zo * ng)
+        z = (t // ng) % Zo
+        y0 = (t % ng) * G
+        g = min(G, Yo - y0)
+        L = (g - 1) * X + Xo
+        acc = np.empty((_OB, (G - 1) * X + Xo), np.float32)
+        for ob in range(nob):
+            o0 = ob * _OB
+            no = min(_OB, O - o0)
+            for q in range(_OB):
+                for i in range(L):
+                    acc[q, i] = b[o0 + q]
+            for c in range(C):
+                for dz in range(kz):
+                    plane = x[n, c, z + dz]
+                    for dy in range(ky):
+                        s = (y0 + dy) * X
+                        row = plane[s : s + L + kx - 1]
+                        if kx == 3:
+                            _taps3(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
+                            continue
+                        if kx == 4:
+                            _taps4(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
+                            continue
+                        if kx == 5:
+                            _taps5(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
+                            continue
+                        for dx in range(kx):
+                            w0 = w[o0, c, dz, dy, dx]
+                            w1 = w[o0 + 1, c, dz, dy, dx]
+                            w2 = w[o0 + 2, c, dz, dy, dx]
+                            w3 = w[o0 + 3, c, dz, dy, dx]
+                            for i in range(L):
+                                v = row[i + dx]
+                                acc[0, i] += w0 * v
+                                acc[1, i] += w1 * v
+                                acc[2, i] += w2 * v
+                                acc[3, i] += w3 * v
+            for q in range(no):
+                act_row(acc[q], 0, L, code, alpha)
+            u, O_ = np.uint64, np.uint64(O)
+            for r in range(g):
+                base = u(r * X)
+                dst = u(((n * Zo + z) * Yo + y0 + r) * Xo) * O_ + u(o0)
+                if no == _OB:  # unsigned indices, one flat array: LLVM interleaves the 4 rows in vectors
+                    for xx in range(u(Xo)):
+                        d = dst + xx * O_
+                        of[d] = acc[0, base + xx]
+                        of[d + u(1)] = acc[1, base + xx]
+                        of[d + u(2)] = acc[2, base + xx]
+                        of[d + u(3)] = acc[3, base + xx]
+                else:
+                    for xx in range(u(Xo)):
+                        for q in range(no):
+                            of[dst + xx * O_ + u(q)] = acc[q, base + xx]
+
+
+def conv_direct_numba(x, w, b=None, *, act=None, channels_last=False):
     """Valid 3-D convolution by a parallel numba loop nest (numpy arrays only).
 
     Parallel over (item, block of 4 output channels, output plane); each task keeps
     one output row per channel in registers/L1 and streams the input rows.  Rows shorter
     than ``direct.row_group`` input values run several at a time as one row with gaps (MPF
     fragments' rows are 6-8 voxels); a last block of fewer than 4 channels runs on
-    zero-padded weights.
+    zero-padded weights.  With ``channels_last`` the output is a channels-last array
+    (:mod:`.layout`), a task then a group of output rows over every block of channels.
 
     Parameters
     ----------
@@ -397,6 +469,8 @@ def conv_direct_numba(x, w, b=None, *, act=None):
     b : ndarray, shape (C_out,), or None
     act : ``(kind, alpha)`` or None
         An activation applied as the output is written (a fused activation).
+    channels_last : bool
+        Write the output channels last (``(N, Z, Y, X, C)`` memory).
 
     Returns
     -------
@@ -406,7 +480,8 @@ def conv_direct_numba(x, w, b=None, *, act=None):
     if xp is not np:
         raise InputError("conv_direct_numba runs on numpy arrays only; use conv_direct_gemm or FFTConv on the GPU")
     o = w.shape[0]
-    out = arena.empty((x.shape[0], o) + conv_out_shape(x.shape[2:], w.shape[2:]))
+    shape = (x.shape[0], o) + conv_out_shape(x.shape[2:], w.shape[2:])
+    out = empty_channels_last(shape) if channels_last else arena.empty(shape)
     pad = -o % _OB  # a partial last block of output channels: zero weights, never stored
     if pad:
         w = np.concatenate([w, np.zeros((pad,) + w.shape[1:], np.float32)])
@@ -416,7 +491,8 @@ def conv_direct_numba(x, w, b=None, *, act=None):
     code, alpha = epilogue(act)
     n, c, z, y, xw = x.shape
     rows, _ = _row_group(x.shape[2:], w.shape[2:])
-    _conv_numba_kernel(x.reshape(n, c, z, y * xw), np.ascontiguousarray(w), bp, out, xw, rows, code, np.float32(alpha))
+    kernel, dst = (_conv_numba_kernel_cl, memory_order(out)) if channels_last else (_conv_numba_kernel, out)
+    kernel(x.reshape(n, c, z, y * xw), np.ascontiguousarray(w), bp, dst, xw, rows, code, np.float32(alpha))
     return out
 
 

@@ -60,13 +60,20 @@ def check_manifests(run: Run, out, verify: str, log=print, *, spill: Path | None
     """Every task's manifest and stored objects checked (:func:`.done.check_task`), folded into a
     :class:`~.tally.Tally` one at a time (no manifest is kept): done, ``masked`` (the mask is 0 over
     all of it: never run, by design) or failed with the reason.  Never counts a task without a
-    verified manifest as done.  ``spill``: where the written chunks' digests go (for the index)."""
+    verified manifest as done.  ``spill``: where the written chunks' digests go, by block of the
+    layer's checksum index (:func:`~znni_core.io.checksums.write_index`)."""
+    from ..io.checksums import index_keys
+
     _, _, _, tasks = run_geometry(run)
     live = None
     if run.mask:
         live = np.zeros(len(tasks), bool)
         live[list(positions(load_mask_tasks(run)))] = True
-    tally = Tally(len(tasks), spill=spill)
+    index = None
+    if spill is not None:
+        key, _, count = index_keys(out)
+        index = (key, count)
+    tally = Tally(len(tasks), spill=spill, index=index)
     with bar(len(tasks), "finalize: checking tasks", "task") as progress:
         for k, b in enumerate(tasks):
             progress.update(1)

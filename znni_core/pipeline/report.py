@@ -36,6 +36,8 @@ from ..io import atomic_write
 STATES = ("done", "empty", "masked", "running", "failed")
 COLOURS = {"done": "#2ca02c", "empty": "#c7e9c0", "masked": "#bdbdbd", "running": "#1f77b4", "failed": "#d62728"}
 REPORT_FORMAT = "znni-report/1"
+#: the timeline draws every task up to this many (more: every k-th, the totals exact)
+TIMELINE_POINTS = 20_000
 
 
 #: what an ``empty`` chunk is (``input.empty: skip``), as the report and docs/configuration.md state it
@@ -102,7 +104,8 @@ def timeline(tally, path: Path) -> str | None:
     secs = tally.end[k] - tally.start[k]
     fig, (a, j, b) = plt.subplots(1, 3, figsize=(15, 3.2))
     fig.subplots_adjust(wspace=0.35)
-    a.step(np.r_[0, t], np.r_[0, done], where="post")
+    every = max(1, len(k) // TIMELINE_POINTS)  # every task's point up to TIMELINE_POINTS, then thinned
+    a.step(np.r_[0, t[::every], t[-1]], np.r_[0, done[::every], done[-1]], where="post")
     a.set_xlabel("wall seconds since the first task started")
     a.set_ylabel("output voxels done")
     a.set_title(f"{done[-1]:,} voxels in {t[-1]:.1f} s ({done[-1] / max(t[-1], 1e-9):,.0f} voxels/s)")
@@ -111,7 +114,7 @@ def timeline(tally, path: Path) -> str | None:
     codes = np.unique(jobs)
     firsts = sorted(codes, key=lambda c: t[np.argmax(jobs == c)])
     for c in firsts[:20]:
-        sel = jobs == c
+        sel = np.flatnonzero(jobs == c)[::every]
         j.plot(t[sel], rates[sel], marker=".", label=tally.job_names[c] if c >= 0 else "?")
     j.set_xlabel("wall seconds since the first task started")
     j.set_ylabel("voxels/s of each task")

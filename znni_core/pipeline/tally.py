@@ -5,8 +5,8 @@
 few numbers in arrays (state, start, end, voxels, the job that ran it: 30 bytes a task), sums and
 counts, the first :data:`MAX_LISTED` of each list that can grow with the run (failures, input
 chunks read as zero), a fixed-size random sample of the chunks recorded ``empty`` (verify checks
-them), and spills every written chunk's sha256 to a file (:meth:`Tally.index_blocks` reads it back
-a block of the checksum index at a time).
+them), and spills every written chunk's sha256 to files by ranges of checksum-index block
+(:meth:`Tally.index_blocks` reads them back a block at a time).
 
 >>> import types
 >>> t = Tally(2)
@@ -20,7 +20,7 @@ a block of the checksum index at a time).
 
 from __future__ import annotations
 
-import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -32,6 +32,9 @@ TODO, DONE, EMPTY, MASKED, FAILED, OTHER = 0, 1, 2, 3, 4, 5
 NAMES = {TODO: "todo", DONE: "done", EMPTY: "empty", MASKED: "masked", FAILED: "failed", OTHER: "other"}
 #: lists that grow with the run (failures, input chunks read as zero) keep this many entries and a count
 MAX_LISTED = 1000
+#: files the digests are spilled to, by ranges of index block: one is sorted in memory at a time
+#: (10^7 chunks: 160k digests, 7 MB, each)
+BUCKETS = 64
 #: a spilled digest: chunk index (z, y, x) as int32, then the sha256's 32 bytes
 _RECORD = np.dtype([("index", "<i4", (3,)), ("sha256", "u1", (32,))])
 
@@ -65,7 +68,7 @@ class Tally:
     how many of the chunks recorded ``empty`` to keep, chosen uniformly by ``rng`` (reservoir
     sampling: the same manifests and seed, the same sample)."""
 
-    def __init__(self, n: int, *, spill: Path | None = None, empty_sample: int = 0, rng=None):
+    def __init__(self, n: int, *, spill: Path | None = None, index=None, empty_sample: int = 0, rng=None):
         self.n = int(n)
         self.ids = np.full(self.n, -1, np.int64)
         self.state = np.zeros(self.n, np.uint8)
@@ -83,13 +86,15 @@ class Tally:
         self.filled, self.mask_filled = Capped(), Capped()
         self.recomputed = {"voxels": 0, "tasks": 0, "max_deviation": 0.0, "tolerance": float("inf")}
         self.empty_sample, self._rng, self.empties, self._empty_seen = int(empty_sample), rng, [], 0
-        self._spill = None
         self.digests = 0
+        self._spill = None
         if spill is not None:
+            # the digests in BUCKETS files by ranges of index block (``index``: (key of (z, y, x)
+            # arrays, number of keys)): each sorted alone, in order, at the end
+            self._key, self._keys = index
             Path(spill).mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=".digests-", dir=spill)
-            self._spill_path = Path(name)
-            self._spill = os.fdopen(fd, "w+b")
+            self._dir = Path(tempfile.mkdtemp(prefix=".digests-", dir=spill))
+            self._spill = [open(self._dir / f"{b:03d}", "w+b") for b in range(BUCKETS)]
 
     # ---- folding ------------------------------------------------------------------------------
     def _job(self, m: dict) -> int:
@@ -145,7 +150,10 @@ class Tally:
             rows["sha256"] = np.frombuffer(b"".join(bytes.fromhex(c["sha256"]) for c in written), np.uint8).reshape(
                 -1, 32
             )
-            self._spill.write(rows.tobytes())
+            idx = rows["index"].astype(np.int64)
+            bucket = self._key(idx[:, 0], idx[:, 1], idx[:, 2]) * BUCKETS // max(self._keys, 1)
+            for b in np.unique(bucket):
+                self._spill[int(b)].write(rows[bucket == b].tobytes())
             self.digests += len(written)
 
     def _sample_empty(self, task: int, index) -> None:
@@ -236,28 +244,31 @@ class Tally:
             "recomputed_tolerance": q["tolerance"],
         }
 
-    def index_blocks(self, block_of):
-        """``(block, [(chunk index, sha256 hex), ...])`` of the spilled digests, block by block in
-        sorted order; ``block_of(z, y, x arrays)`` gives each chunk's block key as one int64."""
-        if self._spill is None or not self.digests:
+    def index_blocks(self):
+        """``(block key, [(chunk index, sha256 hex), ...])`` of the spilled digests, block by block
+        in key order, one bucket of them in memory at a time."""
+        if self._spill is None:
             return
-        self._spill.flush()
-        rows = np.memmap(self._spill_path, _RECORD, mode="r", shape=(self.digests,))
-        idx = np.asarray(rows["index"], np.int64)
-        keys = block_of(idx[:, 0], idx[:, 1], idx[:, 2])
-        del idx
-        order = np.argsort(keys, kind="stable")
-        keys = keys[order]
-        cuts = np.flatnonzero(np.diff(keys)) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(keys)]):
-            sel = rows[np.sort(order[lo:hi])]
-            yield int(keys[lo]), [(tuple(int(v) for v in r["index"]), bytes(r["sha256"]).hex()) for r in sel]
+        for f in self._spill:
+            f.flush()
+            f.seek(0)
+            rows = np.frombuffer(f.read(), _RECORD)
+            if not len(rows):
+                continue
+            idx = rows["index"].astype(np.int64)
+            keys = self._key(idx[:, 0], idx[:, 1], idx[:, 2])
+            order = np.argsort(keys, kind="stable")
+            keys, rows = keys[order], rows[order]
+            cuts = np.flatnonzero(np.diff(keys)) + 1
+            for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(keys)]):
+                yield int(keys[lo]), [(tuple(int(v) for v in r["index"]), bytes(r["sha256"]).hex()) for r in rows[lo:hi]]
 
     def close(self) -> None:
         """Remove the spilled digests."""
         if self._spill is not None:
-            self._spill.close()
-            self._spill_path.unlink(missing_ok=True)
+            for f in self._spill:
+                f.close()
+            shutil.rmtree(self._dir, ignore_errors=True)
             self._spill = None
 
     def __enter__(self):

@@ -242,6 +242,9 @@ class DirectNumba(Primitive):
     # is not in the rate model (boundary net 200 -> 1 on 256 fragments of 15 x 11^2: 0.08 s
     # against 0.02 s, estimated the other way round)
     runs_1x1x1 = False
+    # channels last where every reader takes it (the first layer of a U-Net feeding Winograd: the
+    # transposition cost the next layer 8 ms of 34 on 24 maps of 16 x 192^2)
+    writes_channels_last = True
 
     def call_bytes(self, n, layer, in_spatial, threads=1):
         """See :class:`Primitive`."""
@@ -265,7 +268,7 @@ class DirectNumba(Primitive):
         """See :class:`Primitive`."""
         if xp is not np:
             raise PlanError("direct-numba is a CPU primitive; re-plan for the GPU")
-        return lambda x: L.conv_direct_numba(x, layer.weight, layer.bias, act=act)
+        return lambda x: L.conv_direct_numba(x, layer.weight, layer.bias, act=act, channels_last=channels_last)
 
 
 class FFT(Primitive):
