@@ -22,8 +22,8 @@ from znni_core.layers import (
     winograd_supports,
 )
 from znni_core.layers.direct import _gemm_blocks
-from znni_core.layers.layout import is_channels_last
 from znni_core.layers.fft import _fft_conv_xp
+from znni_core.layers.layout import is_channels_last
 
 TOL = 1e-4  # max abs error / max |reference|, float32
 
