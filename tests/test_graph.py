@@ -394,6 +394,46 @@ def test_winograd_convs_hand_channels_last_tensors_only_to_readers_that_take_the
     np.testing.assert_allclose(znni_core.infer(net, x, plan=plan), out, rtol=1e-6, atol=1e-6)
 
 
+def test_a_direct_numba_first_layer_writes_channels_last_into_winograd(tmp_path, monkeypatch):
+    """The first conv (one input channel) run by direct-numba writes channels last when its only
+    reader is a Winograd conv: the tensor is chosen, the array is channels last at run time, and
+    the output equals the channels-first run's and PyTorch's."""
+    import dataclasses
+
+    import znni_core.exec.patch as EG
+    from znni_core.layers.layout import is_channels_last
+    from znni_core.plan import primitives as P
+    from znni_core.plan.program import program
+
+    torch.manual_seed(5)
+    model = randomise_bn(UNet(valid=False, depth=1, kernel=(1, 3, 3), pool=(1, 2, 2), width=6, bn=True, act="elu"), 5)
+    shape = _shape(model, (3, 24, 24))
+    net = znni_core.load_network(export(model, tmp_path / "u.onnx", shape))
+    x = np.random.default_rng(5).standard_normal((1,) + shape).astype(np.float32)
+    plan = autotune(net, memory_budget=2**30, patch_shape=shape, primitives=("winograd",), use_cache=False)
+    first = next(i for i, n in enumerate(net.nodes) if n.op == "conv")
+    steps = list(plan.steps)
+    steps[first] = dataclasses.replace(steps[first], primitive="direct-numba")
+    plan = dataclasses.replace(plan, steps=tuple(steps) if isinstance(plan.steps, tuple) else steps)
+    assert EG.channels_last_tensors(program(plan.steps, net)) >= {net.nodes[first].output}
+    layouts, real = [], P.L.conv_direct_numba
+
+    def direct(*a, **k):
+        y = real(*a, **k)
+        layouts.append(is_channels_last(y))
+        return y
+
+    monkeypatch.setattr(P.L, "conv_direct_numba", direct)
+    out = znni_core.infer(net, x, plan=plan)
+    assert layouts == [True]
+    with torch.no_grad():
+        ref = model.eval()(torch.from_numpy(x[None])).numpy()[0]
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+    monkeypatch.setattr(P.DirectNumba, "writes_channels_last", False)
+    np.testing.assert_allclose(znni_core.infer(net, x, plan=plan), out, rtol=1e-6, atol=1e-6)
+    assert layouts == [True, False]
+
+
 def test_exact_tiles_memory_walk_tracks_the_executor(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = randomise_bn(UNet(valid=False, depth=2, kernel=(1, 3, 3), pool=(1, 2, 2), width=6, bn=True, up="linear"), 0)
