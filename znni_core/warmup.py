@@ -101,11 +101,42 @@ def _width_workload(threads: int, ready=None) -> dict:
 
 
 #: the kernel families each compile child runs (:func:`_compile_group`), about half the compile
-#: time each (on a Zen 4 core: Winograd's transforms and products, 1x1x1 chains, activations and
-#: the epilogues 16 s; direct, pooling, FFT and FFT-GEMM 18 s).  No numba function is compiled by
+#: time each on a Zen 4 core: Winograd's input transform (8 s), the 1x1x1 chains, activations,
+#: max-pooling fragments (MPF, 7 s), max filters, copies and FFT-GEMM; Winograd's output
+#: transform and products (6 s), the direct loops (5 s) and the FFTs.  No numba function is compiled by
 #: both (a function's cache index is written under a lock, ``layers/_numba.py``, but two
-#: compilations of one function would only waste a core).
-COMPILE_GROUPS = ("winograd", "others")
+#: compilations of one function would only waste a core): Winograd's two transforms, one numba
+#: function each, are compiled one in each child (the other, and the products in the first,
+#: replaced by no-ops there).
+COMPILE_GROUPS = ("winograd-in", "winograd-out")
+
+
+def _winograd_calls(x_of, skip) -> None:
+    """Winograd layers as runs call them (kernels (1,3,3) and 3^3; register tiles and BLAS;
+    channels first and last in and out; a fused ELU), with the functions ``skip`` (``(module,
+    name)`` pairs: a transform, the products) no-ops: only the others compile here."""
+    from . import layers as L
+
+    real = [(m, name, getattr(m, name)) for m, name in skip]
+    for m, name, _ in real:
+        setattr(m, name, lambda *a: None)
+    try:
+        for c, n, spatial, kernel in ((8, 1, (2, 12, 12), (1, 3, 3)), (8, 2, (4, 8, 8), (3, 3, 3))):
+            w, b = x_of(c, c, *kernel), x_of(c)
+            x_first = x_of(n, c, *spatial)
+            x_last = x_of(n, *spatial, c).transpose(0, 4, 1, 2, 3)
+            for blas in (0, 1):  # the register tiles and BLAS' products
+                with L.tuning.using({"winograd.blas": blas}):
+                    L.WinogradConv(w, b, spatial, threads=1)(x_first)
+                    # the epilogue is a value (code, alpha): one activation compiles them all
+                    conv = L.WinogradConv(w, b, spatial, threads=1).configured(
+                        act=("elu", 1.0), channels_last=True, keep_buffers=True
+                    )
+                    conv(x_last)
+                    conv(x_first)
+    finally:
+        for m, name, f in real:
+            setattr(m, name, f)
 
 
 def _compile_group(group: str) -> dict:
@@ -124,20 +155,26 @@ def _compile_group(group: str) -> dict:
         return rng.standard_normal(shape, dtype=np.float32)
 
     with _compile_count() as compiled, L.arena.using(L.arena.Arena(1 << 28)), run_threads(1):
-        if group == "winograd":
-            for c, n, spatial, kernel in ((8, 1, (2, 12, 12), (1, 3, 3)), (8, 2, (4, 8, 8), (3, 3, 3))):
-                w, b = x_of(c, c, *kernel), x_of(c)
-                x_first = x_of(n, c, *spatial)
-                x_last = x_of(n, *spatial, c).transpose(0, 4, 1, 2, 3)
-                for blas in (0, 1):  # the register tiles and BLAS' products
-                    with L.tuning.using({"winograd.blas": blas}):
-                        L.WinogradConv(w, b, spatial, threads=1)(x_first)
-                        # the epilogue is a value (code, alpha): one activation compiles them all
-                        conv = L.WinogradConv(w, b, spatial, threads=1).configured(
-                            act=("elu", 1.0), channels_last=True, keep_buffers=True
-                        )
-                        conv(x_last)
-                        conv(x_first)
+        if group == "winograd-in":
+            _winograd_calls(x_of, [(L.winograd, "_output_transform"), (L.microkernel, "batched_products")])
+            stages = [(x_of(8, 8, 1, 1, 1), x_of(8), ("relu", 0.0))] * 2
+            L.conv_pointwise_chain(x_of(1, 8, 2, 8, 8), stages, threads=1)
+            L.conv_pointwise_chain(x_of(1, 8, 2, 8, 8), [(s[0], None, None) for s in stages], threads=1)
+            for act in ("relu", "elu", "sigmoid", "tanh"):
+                big = x_of(4096)
+                L.apply_activation(big, act, 1.0, out=big)
+            _non_finite(big.view(np.uint32))  # the input's check before a run
+            xm = x_of(1, 4, 8, 8, 8)
+            L.mpf(xm, (2, 2, 2))
+            L.mpf(np.ascontiguousarray(xm.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3), (2, 2, 2))
+            L.max_pool(xm, (2, 2, 2))
+            copy_into(np.empty((1, 4, 4, 4, 4), np.float32), xm[:, :, ::2, ::2, ::2])
+            L.max_filter_inplace(xm.copy(), (2, 2, 2))
+            L.FFTGemmConv(x_of(4, 4, 1, 3, 3), None, (2, 8, 8), threads=1).configured(keep_buffers=True)(
+                x_of(2, 4, 2, 8, 8)
+            )
+        elif group == "winograd-out":
+            _winograd_calls(x_of, [(L.winograd, "_input_transform")])
             conv = L.WinogradConv(x_of(8, 8, 1, 3, 3), None, (2, 12, 12), threads=1)
             V0, M0, _ = conv._buffers(1, False)[1][0]
             L.microkernel.batched_products(
@@ -148,31 +185,15 @@ def _compile_group(group: str) -> dict:
                 8,
                 L.microkernel.Scratch(8, 8, conv.register_tile),
             )
-            stages = [(x_of(8, 8, 1, 1, 1), x_of(8), ("relu", 0.0))] * 2
-            L.conv_pointwise_chain(x_of(1, 8, 2, 8, 8), stages, threads=1)
-            L.conv_pointwise_chain(x_of(1, 8, 2, 8, 8), [(s[0], None, None) for s in stages], threads=1)
-            for act in ("relu", "elu", "sigmoid", "tanh"):
-                big = x_of(4096)
-                L.apply_activation(big, act, 1.0, out=big)
-            _non_finite(big.view(np.uint32))  # the input's check before a run
-        elif group == "others":
             for x, w in ((x_of(1, 1, 6, 12, 12), x_of(8, 1, 1, 4, 4)), (x_of(2, 8, 6, 6, 6), x_of(8, 8, 3, 3, 3))):
                 L.conv_direct_numba(x, w)
                 L.conv_direct_numba(x, w, x_of(8), act=("relu", 0.0))
+                L.conv_direct_numba(x, w, x_of(8), act=("relu", 0.0), channels_last=True)
                 L.conv_direct_gemm(x, w)
                 L.conv_direct_gemm(x, w, x_of(8), act=("relu", 0.0))
-            xm = x_of(1, 4, 8, 8, 8)
-            L.mpf(xm, (2, 2, 2))
-            L.mpf(np.ascontiguousarray(xm.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3), (2, 2, 2))
-            L.max_pool(xm, (2, 2, 2))
-            L.max_filter_inplace(xm.copy(), (2, 2, 2))
-            copy_into(np.empty((1, 4, 4, 4, 4), np.float32), xm[:, :, ::2, ::2, ::2])
             w = x_of(4, 4, 3, 3, 3)
             for mode in L.fft.MODES:
                 L.FFTConv(w, None, (8, 8, 8), threads=1, mode=mode)(x_of(2, 4, 8, 8, 8))
-            L.FFTGemmConv(x_of(4, 4, 1, 3, 3), None, (2, 8, 8), threads=1).configured(keep_buffers=True)(
-                x_of(2, 4, 2, 8, 8)
-            )
         else:
             raise ValueError(f"compile group {group!r}: one of {', '.join(COMPILE_GROUPS)}")
     return {"functions": compiled()}

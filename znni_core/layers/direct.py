@@ -31,11 +31,11 @@ import numpy as np
 
 from ..errors import InputError
 from . import arena, tuning
-from ._numba import FAST, njit, prange
+from ._numba import FAST, njit
 from .activation import apply_activation
 from .epilogue import FUSABLE, act_row, epilogue
 from .layout import empty_channels_last, memory_order
-from .threads import matmul
+from .threads import matmul, split_tasks
 from .xp import get_array_module, with_host_variant
 
 __all__ = [
@@ -231,16 +231,24 @@ def _bias_act_row(row, add, j0, j1, code, alpha):  # pragma: no cover - compiled
     act_row(row, j0, j1, code, alpha)
 
 
-@njit(parallel=True, cache=True, fastmath={"contract"})
-def _bias_act(y, b, code, alpha):  # pragma: no cover - compiled
+_BIAS_CHUNK = 1 << 14
+
+
+@njit(nogil=True, cache=True, fastmath={"contract"})
+def _bias_act_tasks(y, b, code, alpha, t0, t1):  # pragma: no cover - compiled
     """y[o] = act(y[o] + b[o]) (the epilogue ``(code, alpha)``), in place (y: (O, P) contiguous),
-    in parallel: for a whole output."""
+    for the tasks [t0, t1) of O x ceil(P / _BIAS_CHUNK) (a row's chunk each)."""
     O, P = y.shape
-    chunk = 1 << 14
-    nc = (P + chunk - 1) // chunk
-    for t in prange(O * nc):
-        o, j0 = t // nc, (t % nc) * chunk
-        _bias_act_row(y[o], b[o], j0, min(P, j0 + chunk), code, alpha)
+    nc = (P + _BIAS_CHUNK - 1) // _BIAS_CHUNK
+    for t in range(t0, t1):
+        o, j0 = t // nc, (t % nc) * _BIAS_CHUNK
+        _bias_act_row(y[o], b[o], j0, min(P, j0 + _BIAS_CHUNK), code, alpha)
+
+
+def _bias_act(y, b, code, alpha):
+    """:func:`_bias_act_tasks` over the whole output, on the run's threads."""
+    tasks = y.shape[0] * (-(-y.shape[1] // _BIAS_CHUNK))
+    split_tasks(lambda t0, t1: _bias_act_tasks(y, b, code, alpha, t0, t1), tasks)
 
 
 @njit(nogil=True, cache=True, fastmath={"contract"})
@@ -325,8 +333,8 @@ def _taps5(acc, row, w, n):  # pragma: no cover - compiled
         acc[3, i] += d0 * r0 + d1 * r1 + d2 * r2 + d3 * r3 + d4 * r4
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
-def _conv_numba_kernel(x, w, b, out, X, G, code, alpha):  # pragma: no cover - compiled
+@njit(nogil=True, cache=True, fastmath=FAST)
+def _conv_numba_kernel(x, w, b, out, X, G, code, alpha, t0, t1):  # pragma: no cover - compiled
     # x: (N, C, Z, Y * X), each plane flattened.  G output rows at a time run as one row of
     # (G - 1) * X + Xo values (the X - Xo values between two rows are computed and dropped):
     # short rows (a fragment's 6-8 voxels) then still fill the vector registers.
@@ -336,7 +344,7 @@ def _conv_numba_kernel(x, w, b, out, X, G, code, alpha):  # pragma: no cover - c
     _, _, kz, ky, kx = w.shape
     _, O, Zo, Yo, Xo = out.shape
     nob = w.shape[0] // _OB
-    for t in prange(N * nob * Zo):
+    for t in range(t0, t1):  # tasks N * nob * Zo (split over workers: :func:`_run_tasks`)
         n = t // (nob * Zo)
         o0 = ((t // Zo) % nob) * _OB
         z = t % Zo
@@ -382,8 +390,8 @@ def _conv_numba_kernel(x, w, b, out, X, G, code, alpha):  # pragma: no cover - c
                         out[n, o0 + q, z, y0 + r, xx] = acc[q, base + xx]
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
-def _conv_numba_kernel_cl(x, w, b, out, X, G, code, alpha):  # pragma: no cover - compiled
+@njit(nogil=True, cache=True, fastmath=FAST)
+def _conv_numba_kernel_cl(x, w, b, out, X, G, code, alpha, t0, t1):  # pragma: no cover - compiled
     # :func:`_conv_numba_kernel` writing channels last: ``out`` is the (N, Zo, Yo, Xo, O) memory.
     # A task is one group of G output rows of a plane, every block of _OB channels in turn: its
     # output rows are one run of memory no other task writes (a task per channel block would
@@ -394,7 +402,7 @@ def _conv_numba_kernel_cl(x, w, b, out, X, G, code, alpha):  # pragma: no cover 
     nob = w.shape[0] // _OB
     ng = (Yo + G - 1) // G
     of = out.reshape(-1)
-    for t in prange(N * Zo * ng):
+    for t in range(t0, t1):  # tasks N * Zo * ng
         n = t // (Zo * ng)
         z = (t // ng) % Zo
         y0 = (t % ng) * G
@@ -491,8 +499,13 @@ def conv_direct_numba(x, w, b=None, *, act=None, channels_last=False):
     code, alpha = epilogue(act)
     n, c, z, y, xw = x.shape
     rows, _ = _row_group(x.shape[2:], w.shape[2:])
-    kernel, dst = (_conv_numba_kernel_cl, memory_order(out)) if channels_last else (_conv_numba_kernel, out)
-    kernel(x.reshape(n, c, z, y * xw), np.ascontiguousarray(w), bp, dst, xw, rows, code, np.float32(alpha))
+    zo, yo = out.shape[2], out.shape[3]
+    if channels_last:
+        kernel, dst, tasks = _conv_numba_kernel_cl, memory_order(out), n * zo * (-(-yo // rows))
+    else:
+        kernel, dst, tasks = _conv_numba_kernel, out, n * ((o + pad) // _OB) * zo
+    args = (x.reshape(n, c, z, y * xw), np.ascontiguousarray(w), bp, dst, xw, rows, code, np.float32(alpha))
+    split_tasks(lambda t0, t1: kernel(*args, t0, t1), tasks)
     return out
 
 

@@ -50,9 +50,9 @@ import numpy as np
 from ..cachedir import cache_dir
 from ..errors import InputError
 from . import arena
-from ._numba import njit, prange
+from ._numba import njit
 from .buffers import CallBuffers
-from .threads import each_worker
+from .threads import each_worker, split_tasks
 from .xp import get_array_module
 
 __all__ = [
@@ -255,13 +255,12 @@ def pruned_rfftn(a, fshape, *, threads=1, effort="estimate"):
 # ----------------------------------------------------------------------------- multiply-accumulate
 # 1-D slices in the inner loops and error_model="numpy" let LLVM vectorise the complex
 # multiply-add (3-D indexing there ran 1.5-2x slower in /tmp micro-benchmarks, 80x80 maps).
-@njit(parallel=True, cache=True, fastmath=True, error_model="numpy")
-def _mac_data(X, K, P, block):  # pragma: no cover - compiled
-    """P[n, o] = sum_c X[n, c] * K[o, c]; parallel over frequency blocks (cache-sized)."""
+@njit(nogil=True, cache=True, fastmath=True, error_model="numpy")
+def _mac_data_blocks(X, K, P, block, b0, b1):  # pragma: no cover - compiled
+    """P[n, o] = sum_c X[n, c] * K[o, c] over the frequency blocks [b0, b1) (cache-sized)."""
     N, Ci, F = X.shape
     Co = K.shape[0]
-    nb = (F + block - 1) // block
-    for bi in prange(nb):
+    for bi in range(b0, b1):
         f0 = bi * block
         f1 = min(F, f0 + block)
         m = f1 - f0
@@ -275,6 +274,12 @@ def _mac_data(X, K, P, block):  # pragma: no cover - compiled
                     p = P[n, o, f0:f1]
                     for f in range(m):
                         p[f] += x[f] * k[f]
+
+
+def _mac_data(X, K, P, block):
+    """:func:`_mac_data_blocks` over every frequency block, on the run's threads."""
+    nb = -(-X.shape[2] // block)
+    split_tasks(lambda b0, b1: _mac_data_blocks(X, K, P, block, b0, b1), nb)
 
 
 @njit(nogil=True, cache=True, fastmath=True, error_model="numpy")

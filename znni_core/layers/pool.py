@@ -20,8 +20,9 @@ import numpy as np
 
 from ..errors import InputError
 from . import arena
-from ._numba import FAST, njit, prange
+from ._numba import FAST, njit
 from .layout import copy_into, is_channels_last, memory_order
+from .threads import split_tasks
 from .xp import get_array_module, with_host_variant
 
 __all__ = [
@@ -75,8 +76,8 @@ def _max_into(row, src):  # pragma: no cover - compiled
         row[i] = _max2(row[i], src[i])
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
-def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compiled
+@njit(nogil=True, cache=True, fastmath=FAST)
+def _pool_offsets_kernel(x, p0, p1, p2, offs, out, t0, t1):  # pragma: no cover - compiled
     """``out[n, k, c] = max_pool(x[n, c, oz:, oy:, ox:], p)`` for every offset ``offs[k]``.
 
     Parallel over (item, channel).  Per fragment plane: the max over the ``p0`` input
@@ -89,7 +90,7 @@ def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compil
     N, C, Z, Y, X = x.shape
     K, m0, m1, m2 = out.shape[1], out.shape[3], out.shape[4], out.shape[5]
     L = X - p2 + 1  # columns with a full window to their right
-    for t in prange(N * C):
+    for t in range(t0, t1):  # tasks N * C (:func:`.threads.split_tasks`)
         n = t // C
         c = t % C
         plane = np.empty((Y, X), np.float32)
@@ -127,13 +128,13 @@ def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compil
                         drow[l] = cj[ox + l * p2]
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
-def _max_filter_inplace_kernel(x, p0, p1, p2):  # pragma: no cover - compiled
+@njit(nogil=True, cache=True, fastmath=FAST)
+def _max_filter_inplace_kernel(x, p0, p1, p2, t0, t1):  # pragma: no cover - compiled
     """x[..., i, j, k] = max of the window starting there (valid part), in place.
 
     Axis by axis, ascending: position i reads i..i+p-1, which are not yet overwritten."""
     N, C, Z, Y, X = x.shape
-    for t in prange(N * C):
+    for t in range(t0, t1):  # tasks N * C
         a = x[t // C, t % C]
         for z in range(Z - p0 + 1):
             for u in range(1, p0):
@@ -161,7 +162,8 @@ def max_filter_inplace(x, p):
     instead of once per offset."""
     _check5(x)
     p = _window(p)
-    _max_filter_inplace_kernel(x, p[0], p[1], p[2])
+    n, c = x.shape[:2]
+    split_tasks(lambda t0, t1: _max_filter_inplace_kernel(x, p[0], p[1], p[2], t0, t1), n * c)
     return x
 
 
@@ -174,12 +176,12 @@ def fragment_of_filtered(xf, p, offset):
     return xf[(slice(None), slice(None)) + sl]
 
 
-@njit(parallel=True, cache=True)
-def _gather_channels_last(v, out):  # pragma: no cover - compiled
+@njit(nogil=True, cache=True)
+def _gather_channels_last(v, out, t0, t1):  # pragma: no cover - compiled
     """``out`` (N, mz, my, mx, C) = the strided view ``v`` (N, C, mz, my, mx), row by row of
     ``v``'s x axis (a channels-last row is a small transpose that stays in cache)."""
     N, C, mz, my, mx = v.shape
-    for t in prange(N * mz * my):
+    for t in range(t0, t1):  # tasks N * mz * my
         n, i, j = t // (mz * my), (t // my) % mz, t % my
         dst = out[n, i, j]
         for c in range(C):
@@ -198,7 +200,7 @@ def gather_fragment(xf, p, offset, channels_last=False):
     if channels_last and v.shape[1] > 1:
         n, c, z, y, x = v.shape
         out = arena.empty((n, z, y, x, c), np.float32)
-        _gather_channels_last(v, out)
+        split_tasks(lambda t0, t1: _gather_channels_last(v, out, t0, t1), n * z * y)
         return out.transpose(0, 4, 1, 2, 3)
     out = arena.empty(v.shape, np.float32)
     copy_into(out, v)
@@ -208,7 +210,8 @@ def gather_fragment(xf, p, offset, channels_last=False):
 def _pool_offsets(x, p, m, offsets, out):
     """numpy fast path: ``out`` (N, K, C, *m) gets the pooled fragment of every offset."""
     # views (a slab, a shifted window) are read in place: numba takes any strides
-    _pool_offsets_kernel(x, p[0], p[1], p[2], np.asarray(offsets, dtype=np.int64).reshape(-1, 3), out)
+    offs = np.asarray(offsets, dtype=np.int64).reshape(-1, 3)
+    split_tasks(lambda t0, t1: _pool_offsets_kernel(x, p[0], p[1], p[2], offs, out, t0, t1), x.shape[0] * x.shape[1])
     return out
 
 
@@ -231,8 +234,8 @@ def _pool_into(x, p, m, out):
     return out
 
 
-@njit(parallel=True, cache=True)
-def _mpf_cl(x, pz, py, px, offs, out):  # pragma: no cover - compiled
+@njit(nogil=True, cache=True)
+def _mpf_cl_tasks(x, pz, py, px, offs, out, t0, t1):  # pragma: no cover - compiled
     """:func:`mpf` channels last: ``out[n, k, i, j, l] = max over the window at offset
     ``offs[k]`` of ``x`` (N, Z, Y, X, C), a vector of channels per voxel; ``out`` (N, P, mz,
     my, mx, C) (both C-contiguous).  Windows of 2 x 2 x 2 and 1 x 2 x 2 take their values in
@@ -248,7 +251,7 @@ def _mpf_cl(x, pz, py, px, offs, out):  # pragma: no cover - compiled
     C_, sY, sZ, sN = u(C), u(X * C), u(Y * X * C), u(Z * Y * X * C)
     cube = pz == 2 and py == 2 and px == 2
     square = pz == 1 and py == 2 and px == 2
-    for t in prange(N * mz * my):
+    for t in range(t0, t1):  # tasks N * mz * my
         n, i, j = t // (mz * my), (t // my) % mz, t % my
         for k in range(K):
             src0 = u(n) * sN + u(offs[k, 0] + i * pz) * sZ + u(offs[k, 1] + j * py) * sY + u(offs[k, 2]) * C_
@@ -278,6 +281,12 @@ def _mpf_cl(x, pz, py, px, offs, out):  # pragma: no cover - compiled
                                 s = src + a * sZ + b * sY + c * C_
                                 for q in range(C_):
                                     of[dst + q] = _max2(of[dst + q], xf[s + q])
+
+
+def _mpf_cl(x, pz, py, px, offs, out):
+    """:func:`_mpf_cl_tasks` over every (item, z, y) row of the fragments, on the run's threads."""
+    n, _, mz, my = out.shape[:4]
+    split_tasks(lambda t0, t1: _mpf_cl_tasks(x, pz, py, px, offs, out, t0, t1), n * mz * my)
 
 
 @with_host_variant

@@ -74,6 +74,25 @@ def each_worker(fn, workers: int) -> None:
             raise e
 
 
+def kernel_threads() -> int:
+    """Workers for a compiled kernel's tasks: numba's thread count (the plan's inside a run,
+    :func:`znni_core.inference.thread_limits`; else numba's default, the host's CPUs)."""
+    import numba
+
+    return max(1, int(numba.get_num_threads()))
+
+
+def split_tasks(fn, tasks: int, workers: int | None = None) -> None:
+    """``fn(t0, t1)`` over ``[0, tasks)`` cut into one contiguous range per worker
+    (:func:`each_worker`): a kernel compiled ``nogil`` over a range of its tasks, in place of a
+    ``prange`` loop (numba's parallel compilation took 5 s more per kernel: most of a first
+    ``znni warmup``)."""
+    w = max(1, min(kernel_threads() if workers is None else int(workers), int(tasks)))
+    if tasks <= 0:
+        return
+    each_worker(lambda k: fn(k * tasks // w, (k + 1) * tasks // w), w)
+
+
 @contextlib.contextmanager
 def run_threads(threads: int):
     """A run on ``threads`` threads: BLAS single-threaded, :func:`gemm` on ``threads`` workers

@@ -261,7 +261,10 @@ class Tally:
             keys, rows = keys[order], rows[order]
             cuts = np.flatnonzero(np.diff(keys)) + 1
             for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(keys)]):
-                yield int(keys[lo]), [(tuple(int(v) for v in r["index"]), bytes(r["sha256"]).hex()) for r in rows[lo:hi]]
+                yield (
+                    int(keys[lo]),
+                    [(tuple(int(v) for v in r["index"]), bytes(r["sha256"]).hex()) for r in rows[lo:hi]],
+                )
 
     def close(self) -> None:
         """Remove the spilled digests."""
