@@ -544,3 +544,24 @@ def test_each_worker_runs_every_worker_and_raises_after_all_end():
 
     each_worker(outer, 2)
     assert sorted(inner) == [(0, 0, True), (0, 1, False), (1, 0, True), (1, 1, True)]
+
+
+@pytest.mark.parametrize("tasks,workers", [(0, 2), (1, 2), (3, 2), (7, 2), (1000, 2), (9, 1), (50, 3)])
+def test_split_tasks_runs_every_task_once(tasks, workers):
+    """The compiled kernels' fan-out: ``[0, tasks)`` in contiguous ranges, each task in exactly
+    one range, at most RANGES_PER_WORKER ranges a worker, over at most ``workers`` threads."""
+    import threading
+
+    from znni_core.layers.threads import RANGES_PER_WORKER, split_tasks
+
+    seen, lock, threads = [], threading.Lock(), set()
+
+    def fn(t0, t1):
+        with lock:
+            seen.append((t0, t1))
+            threads.add(threading.get_ident())
+
+    split_tasks(fn, tasks, workers)
+    covered = sorted(t for a, b in seen for t in range(a, b))
+    assert covered == list(range(tasks)) and all(a < b for a, b in seen)
+    assert len(seen) <= max(1, workers * RANGES_PER_WORKER) and len(threads) <= workers
