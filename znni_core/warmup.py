@@ -102,8 +102,8 @@ def _width_workload(threads: int, ready=None) -> dict:
 
 #: the kernel families each compile child runs (:func:`_compile_group`), about half the compile
 #: time each on a Zen 4 core: Winograd's input transform (8 s), the 1x1x1 chains, activations,
-#: max-pooling fragments (MPF, 7 s), max filters, copies and FFT-GEMM; Winograd's output
-#: transform and products (6 s), the direct loops (5 s) and the FFTs.  No numba function is compiled by
+#: max-pooling fragments (MPF, 7 s), copies and FFT-GEMM; Winograd's output transform and
+#: products (6 s), the direct loops (5 s), max filters and the FFTs.  No numba function is compiled by
 #: both (a function's cache index is written under a lock, ``layers/_numba.py``, but two
 #: compilations of one function would only waste a core): Winograd's two transforms, one numba
 #: function each, are compiled one in each child (the other, and the products in the first,
@@ -169,7 +169,6 @@ def _compile_group(group: str) -> dict:
             L.mpf(np.ascontiguousarray(xm.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3), (2, 2, 2))
             L.max_pool(xm, (2, 2, 2))
             copy_into(np.empty((1, 4, 4, 4, 4), np.float32), xm[:, :, ::2, ::2, ::2])
-            L.max_filter_inplace(xm.copy(), (2, 2, 2))
             L.FFTGemmConv(x_of(4, 4, 1, 3, 3), None, (2, 8, 8), threads=1).configured(keep_buffers=True)(
                 x_of(2, 4, 2, 8, 8)
             )
@@ -191,6 +190,7 @@ def _compile_group(group: str) -> dict:
                 L.conv_direct_numba(x, w, x_of(8), act=("relu", 0.0), channels_last=True)
                 L.conv_direct_gemm(x, w)
                 L.conv_direct_gemm(x, w, x_of(8), act=("relu", 0.0))
+            L.max_filter_inplace(x_of(1, 4, 8, 8, 8), (2, 2, 2))
             w = x_of(4, 4, 3, 3, 3)
             for mode in L.fft.MODES:
                 L.FFTConv(w, None, (8, 8, 8), threads=1, mode=mode)(x_of(2, 4, 8, 8, 8))

@@ -21,9 +21,8 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from ._numba import njit
+from ._numba import njit, prange
 from .layout import empty_like_layout, is_channels_last, memory_order
-from .threads import split_tasks
 
 __all__ = ["FUSABLE", "NONE", "act_row", "add_affine_act", "epilogue", "exp_neg"]
 
@@ -108,13 +107,15 @@ def act_row(r, lo, hi, code, alpha):  # pragma: no cover - compiled
             r[i] = (v if pos else zero) + (zero if pos else f)
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"})
-def _add_affine_act_cl(a, b, has_b, s, t, code, alpha, out, k0, k1):  # pragma: no cover - compiled
+# the two below stay numba prange loops: as nogil loops over task ranges (the other kernels') they
+# ran 1.7-2x slower, on one thread too (LLVM vectorised the parallel form's loop body better)
+@njit(parallel=True, cache=True, fastmath={"contract"})
+def _add_affine_act_cl(a, b, has_b, s, t, code, alpha, out):  # pragma: no cover - compiled
     """:func:`_add_affine_act` on channels-last memory (flat, C-contiguous) in runs of
     ``len(s)`` values: ``s`` and ``t`` hold the channels' scale and shift repeated over a
     whole number of voxels, so each run is one plain vector loop (activation in L1)."""
     L, size = np.uint64(s.size), np.uint64(a.size)
-    for k in range(k0, k1):  # runs ceil(size / L) (:func:`.threads.split_tasks`)
+    for k in prange((size + L - np.uint64(1)) // L):
         v0 = np.uint64(k) * L
         n = min(L, size - v0)
         if has_b:
@@ -126,10 +127,10 @@ def _add_affine_act_cl(a, b, has_b, s, t, code, alpha, out, k0, k1):  # pragma: 
         act_row(out, v0, v0 + n, code, alpha)
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"})
-def _add_affine_act(a, b, has_b, s, t, code, alpha, out, k0, k1):  # pragma: no cover - compiled
+@njit(parallel=True, cache=True, fastmath={"contract"})
+def _add_affine_act(a, b, has_b, s, t, code, alpha, out):  # pragma: no cover - compiled
     N, C, Z, Y, X = a.shape
-    for k in range(k0, k1):  # planes N * C * Z
+    for k in prange(N * C * Z):
         n, c, z = k // (C * Z), (k // Z) % C, k % Z
         sc, sh = s[c], t[c]
         for y in range(Y):
@@ -167,18 +168,9 @@ def add_affine_act(a, b=None, scale=None, shift=None, activation=None, *, out=No
     if all(is_channels_last(v) for v in (a, b2, out)):  # channels last: runs of whole voxels
         flat = lambda v: memory_order(v).reshape(-1)  # noqa: E731
         reps = max(1, 1024 // C)
-        args = (
-            flat(a),
-            flat(b2),
-            b is not None,
-            np.tile(s, reps),
-            np.tile(t, reps),
-            code,
-            np.float32(alpha),
-            flat(out),
+        _add_affine_act_cl(
+            flat(a), flat(b2), b is not None, np.tile(s, reps), np.tile(t, reps), code, np.float32(alpha), flat(out)
         )
-        split_tasks(lambda k0, k1: _add_affine_act_cl(*args, k0, k1), -(-a.size // args[3].size))
         return out
-    args = (a, b2, b is not None, s, t, code, np.float32(alpha), out)
-    split_tasks(lambda k0, k1: _add_affine_act(*args, k0, k1), a.shape[0] * a.shape[1] * a.shape[2])
+    _add_affine_act(a, b2, b is not None, s, t, code, np.float32(alpha), out)
     return out

@@ -18,8 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import arena
-from ._numba import njit
-from .threads import split_tasks
+from ._numba import njit, prange
 from .xp import get_array_module, with_host_variant
 
 __all__ = [
@@ -45,16 +44,15 @@ def copy_into(dst, src) -> None:
         and dst.dtype == np.float32
         and src.dtype == np.float32
     ):
-        n, c, z = src.shape[:3]
-        split_tasks(lambda t0, t1: _copy_rows(src, dst, t0, t1), n * c * z)
+        _copy_rows(src, dst)
     else:
         dst[...] = src
 
 
-@njit(nogil=True, cache=True)
-def _copy_rows(v, out, t0, t1):  # pragma: no cover - compiled
+@njit(parallel=True, cache=True)
+def _copy_rows(v, out):  # pragma: no cover - compiled
     N, C, mz, my, mx = v.shape
-    for t in range(t0, t1):  # planes N * C * mz (:func:`.threads.split_tasks`)
+    for t in prange(N * C * mz):
         n, c, i = t // (C * mz), (t // mz) % C, t % mz
         for j in range(my):
             src, dst = v[n, c, i, j], out[n, c, i, j]

@@ -20,9 +20,8 @@ import numpy as np
 
 from ..errors import InputError
 from . import arena
-from ._numba import FAST, njit
+from ._numba import FAST, njit, prange
 from .layout import copy_into, is_channels_last, memory_order
-from .threads import split_tasks
 from .xp import get_array_module, with_host_variant
 
 __all__ = [
@@ -76,8 +75,8 @@ def _max_into(row, src):  # pragma: no cover - compiled
         row[i] = _max2(row[i], src[i])
 
 
-@njit(nogil=True, cache=True, fastmath=FAST)
-def _pool_offsets_kernel(x, p0, p1, p2, offs, out, t0, t1):  # pragma: no cover - compiled
+@njit(parallel=True, cache=True, fastmath=FAST)
+def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compiled
     """``out[n, k, c] = max_pool(x[n, c, oz:, oy:, ox:], p)`` for every offset ``offs[k]``.
 
     Parallel over (item, channel).  Per fragment plane: the max over the ``p0`` input
@@ -90,7 +89,7 @@ def _pool_offsets_kernel(x, p0, p1, p2, offs, out, t0, t1):  # pragma: no cover 
     N, C, Z, Y, X = x.shape
     K, m0, m1, m2 = out.shape[1], out.shape[3], out.shape[4], out.shape[5]
     L = X - p2 + 1  # columns with a full window to their right
-    for t in range(t0, t1):  # tasks N * C (:func:`.threads.split_tasks`)
+    for t in prange(N * C):
         n = t // C
         c = t % C
         plane = np.empty((Y, X), np.float32)
@@ -128,13 +127,13 @@ def _pool_offsets_kernel(x, p0, p1, p2, offs, out, t0, t1):  # pragma: no cover 
                         drow[l] = cj[ox + l * p2]
 
 
-@njit(nogil=True, cache=True, fastmath=FAST)
-def _max_filter_inplace_kernel(x, p0, p1, p2, t0, t1):  # pragma: no cover - compiled
+@njit(parallel=True, cache=True, fastmath=FAST)
+def _max_filter_inplace_kernel(x, p0, p1, p2):  # pragma: no cover - compiled
     """x[..., i, j, k] = max of the window starting there (valid part), in place.
 
     Axis by axis, ascending: position i reads i..i+p-1, which are not yet overwritten."""
     N, C, Z, Y, X = x.shape
-    for t in range(t0, t1):  # tasks N * C
+    for t in prange(N * C):
         a = x[t // C, t % C]
         for z in range(Z - p0 + 1):
             for u in range(1, p0):
@@ -162,8 +161,7 @@ def max_filter_inplace(x, p):
     instead of once per offset."""
     _check5(x)
     p = _window(p)
-    n, c = x.shape[:2]
-    split_tasks(lambda t0, t1: _max_filter_inplace_kernel(x, p[0], p[1], p[2], t0, t1), n * c)
+    _max_filter_inplace_kernel(x, p[0], p[1], p[2])
     return x
 
 
@@ -176,12 +174,12 @@ def fragment_of_filtered(xf, p, offset):
     return xf[(slice(None), slice(None)) + sl]
 
 
-@njit(nogil=True, cache=True)
-def _gather_channels_last(v, out, t0, t1):  # pragma: no cover - compiled
+@njit(parallel=True, cache=True)
+def _gather_channels_last(v, out):  # pragma: no cover - compiled
     """``out`` (N, mz, my, mx, C) = the strided view ``v`` (N, C, mz, my, mx), row by row of
     ``v``'s x axis (a channels-last row is a small transpose that stays in cache)."""
     N, C, mz, my, mx = v.shape
-    for t in range(t0, t1):  # tasks N * mz * my
+    for t in prange(N * mz * my):
         n, i, j = t // (mz * my), (t // my) % mz, t % my
         dst = out[n, i, j]
         for c in range(C):
@@ -200,7 +198,7 @@ def gather_fragment(xf, p, offset, channels_last=False):
     if channels_last and v.shape[1] > 1:
         n, c, z, y, x = v.shape
         out = arena.empty((n, z, y, x, c), np.float32)
-        split_tasks(lambda t0, t1: _gather_channels_last(v, out, t0, t1), n * z * y)
+        _gather_channels_last(v, out)
         return out.transpose(0, 4, 1, 2, 3)
     out = arena.empty(v.shape, np.float32)
     copy_into(out, v)
@@ -210,8 +208,7 @@ def gather_fragment(xf, p, offset, channels_last=False):
 def _pool_offsets(x, p, m, offsets, out):
     """numpy fast path: ``out`` (N, K, C, *m) gets the pooled fragment of every offset."""
     # views (a slab, a shifted window) are read in place: numba takes any strides
-    offs = np.asarray(offsets, dtype=np.int64).reshape(-1, 3)
-    split_tasks(lambda t0, t1: _pool_offsets_kernel(x, p[0], p[1], p[2], offs, out, t0, t1), x.shape[0] * x.shape[1])
+    _pool_offsets_kernel(x, p[0], p[1], p[2], np.asarray(offsets, dtype=np.int64).reshape(-1, 3), out)
     return out
 
 
@@ -234,8 +231,8 @@ def _pool_into(x, p, m, out):
     return out
 
 
-@njit(nogil=True, cache=True)
-def _mpf_cl_tasks(x, pz, py, px, offs, out, t0, t1):  # pragma: no cover - compiled
+@njit(parallel=True, cache=True)
+def _mpf_cl(x, pz, py, px, offs, out):  # pragma: no cover - compiled
     """:func:`mpf` channels last: ``out[n, k, i, j, l] = max over the window at offset
     ``offs[k]`` of ``x`` (N, Z, Y, X, C), a vector of channels per voxel; ``out`` (N, P, mz,
     my, mx, C) (both C-contiguous).  Windows of 2 x 2 x 2 and 1 x 2 x 2 take their values in
@@ -251,7 +248,7 @@ def _mpf_cl_tasks(x, pz, py, px, offs, out, t0, t1):  # pragma: no cover - compi
     C_, sY, sZ, sN = u(C), u(X * C), u(Y * X * C), u(Z * Y * X * C)
     cube = pz == 2 and py == 2 and px == 2
     square = pz == 1 and py == 2 and px == 2
-    for t in range(t0, t1):  # tasks N * mz * my
+    for t in prange(N * mz * my):
         n, i, j = t // (mz * my), (t // my) % mz, t % my
         for k in range(K):
             src0 = u(n) * sN + u(offs[k, 0] + i * pz) * sZ + u(offs[k, 1] + j * py) * sY + u(offs[k, 2]) * C_
@@ -281,12 +278,6 @@ def _mpf_cl_tasks(x, pz, py, px, offs, out, t0, t1):  # pragma: no cover - compi
                                 s = src + a * sZ + b * sY + c * C_
                                 for q in range(C_):
                                     of[dst + q] = _max2(of[dst + q], xf[s + q])
-
-
-def _mpf_cl(x, pz, py, px, offs, out):
-    """:func:`_mpf_cl_tasks` over every (item, z, y) row of the fragments, on the run's threads."""
-    n, _, mz, my = out.shape[:4]
-    split_tasks(lambda t0, t1: _mpf_cl_tasks(x, pz, py, px, offs, out, t0, t1), n * mz * my)
 
 
 @with_host_variant

@@ -20,9 +20,9 @@ import numpy as np
 
 from ..errors import InputError
 from . import arena
-from ._numba import njit
+from ._numba import njit, prange
 from .layout import empty_channels_last, is_channels_last, memory_order
-from .threads import matmul, split_tasks
+from .threads import matmul
 from .xp import get_array_module, with_host_variant
 
 __all__ = [
@@ -65,17 +65,15 @@ def _upsample_nearest_host(x, scale):
         return x.copy()
     if x.dtype == np.float32 and is_channels_last(x):
         out = empty_channels_last((n, c, z * fz, y * fy, w * fx))
-        xm, om = memory_order(x), memory_order(out)
-        split_tasks(lambda t0, t1: _upsample_nearest_cl(xm, om, fz, fy, fx, t0, t1), n * z * y)
+        _upsample_nearest_cl(memory_order(x), memory_order(out), fz, fy, fx)
         return out
     out = arena.empty((n, c, z * fz, y * fy, w * fx), x.dtype)
-    xc = np.ascontiguousarray(x)
-    split_tasks(lambda t0, t1: _upsample_nearest(xc, out, fz, fy, fx, t0, t1), n * c * z)
+    _upsample_nearest(np.ascontiguousarray(x), out, fz, fy, fx)
     return out
 
 
-@njit(nogil=True, cache=True)
-def _upsample_nearest_cl(x, out, fz, fy, fx, t0, t1):  # pragma: no cover - compiled
+@njit(parallel=True, cache=True)
+def _upsample_nearest_cl(x, out, fz, fy, fx):  # pragma: no cover - compiled
     """Channels last: ``x`` (N, Z, Y, X, C), ``out`` (N, Z fz, Y fy, X fx, C), both C-contiguous;
     a run of C channels copied per output voxel (flat unsigned offsets: vector copies)."""
     n, Z, Y, X, C = x.shape
@@ -83,7 +81,7 @@ def _upsample_nearest_cl(x, out, fz, fy, fx, t0, t1):  # pragma: no cover - comp
     xf, of = x.reshape(-1), out.reshape(-1)
     C_, X_, fx_ = u(C), u(X), u(fx)
     Yo, Xo, Zo = Y * fy, X * fx, Z * fz
-    for t in range(t0, t1):  # rows n * Z * Y (:func:`.threads.split_tasks`)
+    for t in prange(n * Z * Y):
         i, z, y = t // (Z * Y), (t // Y) % Z, t % Y
         src = u(((i * Z + z) * Y + y) * X * C)
         for dz in range(fz):
@@ -97,10 +95,10 @@ def _upsample_nearest_cl(x, out, fz, fy, fx, t0, t1):  # pragma: no cover - comp
                             of[d0 + c] = xf[s0 + c]
 
 
-@njit(nogil=True, cache=True)
-def _upsample_nearest(x, out, fz, fy, fx, t0, t1):  # pragma: no cover - compiled
+@njit(parallel=True, cache=True)
+def _upsample_nearest(x, out, fz, fy, fx):  # pragma: no cover - compiled
     n, c, Z, Y, X = x.shape
-    for t in range(t0, t1):  # planes n * c * Z
+    for t in prange(n * c * Z):
         i, ch, z = t // (c * Z), (t // Z) % c, t % Z
         for y in range(Y):
             src = x[i, ch, z, y]
