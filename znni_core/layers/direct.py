@@ -333,6 +333,43 @@ def _taps5(acc, row, w, n):  # pragma: no cover - compiled
         acc[3, i] += d0 * r0 + d1 * r1 + d2 * r2 + d3 * r3 + d4 * r4
 
 
+@njit(nogil=True, cache=True, fastmath=FAST, inline="always")
+def _sums(acc, x, w, b, n, o0, z, y0, L, X):  # pragma: no cover - compiled
+    """acc[q, :L] = b[o0 + q] + the taps over every input row of the grouped output row from y0
+    of plane z, for the _OB output channels from o0 (both kernels' inner loops)."""
+    C = x.shape[1]
+    kz, ky, kx = w.shape[2], w.shape[3], w.shape[4]
+    for q in range(_OB):
+        for i in range(L):
+            acc[q, i] = b[o0 + q]
+    for c in range(C):
+        for dz in range(kz):
+            plane = x[n, c, z + dz]
+            for dy in range(ky):
+                s = (y0 + dy) * X
+                row = plane[s : s + L + kx - 1]
+                if kx == 3:  # a row's taps summed in registers: 3 FMAs per store
+                    _taps3(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
+                    continue
+                if kx == 4:
+                    _taps4(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
+                    continue
+                if kx == 5:
+                    _taps5(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
+                    continue
+                for dx in range(kx):
+                    w0 = w[o0, c, dz, dy, dx]
+                    w1 = w[o0 + 1, c, dz, dy, dx]
+                    w2 = w[o0 + 2, c, dz, dy, dx]
+                    w3 = w[o0 + 3, c, dz, dy, dx]
+                    for i in range(L):
+                        v = row[i + dx]
+                        acc[0, i] += w0 * v
+                        acc[1, i] += w1 * v
+                        acc[2, i] += w2 * v
+                        acc[3, i] += w3 * v
+
+
 @njit(nogil=True, cache=True, fastmath=FAST)
 def _conv_numba_kernel(x, w, b, out, X, G, code, alpha, t0, t1):  # pragma: no cover - compiled
     # x: (N, C, Z, Y * X), each plane flattened.  G output rows at a time run as one row of
@@ -340,11 +377,9 @@ def _conv_numba_kernel(x, w, b, out, X, G, code, alpha, t0, t1):  # pragma: no c
     # short rows (a fragment's 6-8 voxels) then still fill the vector registers.
     # w and b have whole blocks of _OB output channels (zero-padded): a last, partial block runs
     # the same register loops and stores its real channels only.
-    N, C, Z, _ = x.shape
-    _, _, kz, ky, kx = w.shape
     _, O, Zo, Yo, Xo = out.shape
     nob = w.shape[0] // _OB
-    for t in range(t0, t1):  # tasks N * nob * Zo (split over workers: :func:`_run_tasks`)
+    for t in range(t0, t1):  # tasks N * nob * Zo (:func:`.threads.split_tasks`)
         n = t // (nob * Zo)
         o0 = ((t // Zo) % nob) * _OB
         z = t % Zo
@@ -353,35 +388,7 @@ def _conv_numba_kernel(x, w, b, out, X, G, code, alpha, t0, t1):  # pragma: no c
         for y0 in range(0, Yo, G):
             g = min(G, Yo - y0)
             L = (g - 1) * X + Xo
-            for q in range(_OB):
-                for i in range(L):
-                    acc[q, i] = b[o0 + q]
-            for c in range(C):
-                for dz in range(kz):
-                    plane = x[n, c, z + dz]
-                    for dy in range(ky):
-                        s = (y0 + dy) * X
-                        row = plane[s : s + L + kx - 1]
-                        if kx == 3:  # a row's taps summed in registers: 3 FMAs per store
-                            _taps3(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
-                            continue
-                        if kx == 4:
-                            _taps4(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
-                            continue
-                        if kx == 5:
-                            _taps5(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
-                            continue
-                        for dx in range(kx):
-                            w0 = w[o0, c, dz, dy, dx]
-                            w1 = w[o0 + 1, c, dz, dy, dx]
-                            w2 = w[o0 + 2, c, dz, dy, dx]
-                            w3 = w[o0 + 3, c, dz, dy, dx]
-                            for i in range(L):
-                                v = row[i + dx]
-                                acc[0, i] += w0 * v
-                                acc[1, i] += w1 * v
-                                acc[2, i] += w2 * v
-                                acc[3, i] += w3 * v
+            _sums(acc, x, w, b, n, o0, z, y0, L, X)
             for q in range(no):
                 act_row(acc[q], 0, L, code, alpha)
                 for r in range(g):  # unsigned: numba's check for negative indices kept this loop scalar
@@ -396,8 +403,6 @@ def _conv_numba_kernel_cl(x, w, b, out, X, G, code, alpha, t0, t1):  # pragma: n
     # A task is one group of G output rows of a plane, every block of _OB channels in turn: its
     # output rows are one run of memory no other task writes (a task per channel block would
     # write every cache line of the output from several threads, 4 of its 24-48 channels each).
-    N, C, Z, _ = x.shape
-    _, _, kz, ky, kx = w.shape
     _, Zo, Yo, Xo, O = out.shape
     nob = w.shape[0] // _OB
     ng = (Yo + G - 1) // G
@@ -412,35 +417,7 @@ def _conv_numba_kernel_cl(x, w, b, out, X, G, code, alpha, t0, t1):  # pragma: n
         for ob in range(nob):
             o0 = ob * _OB
             no = min(_OB, O - o0)
-            for q in range(_OB):
-                for i in range(L):
-                    acc[q, i] = b[o0 + q]
-            for c in range(C):
-                for dz in range(kz):
-                    plane = x[n, c, z + dz]
-                    for dy in range(ky):
-                        s = (y0 + dy) * X
-                        row = plane[s : s + L + kx - 1]
-                        if kx == 3:
-                            _taps3(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
-                            continue
-                        if kx == 4:
-                            _taps4(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
-                            continue
-                        if kx == 5:
-                            _taps5(acc, row, w[o0 : o0 + _OB, c, dz, dy], L)
-                            continue
-                        for dx in range(kx):
-                            w0 = w[o0, c, dz, dy, dx]
-                            w1 = w[o0 + 1, c, dz, dy, dx]
-                            w2 = w[o0 + 2, c, dz, dy, dx]
-                            w3 = w[o0 + 3, c, dz, dy, dx]
-                            for i in range(L):
-                                v = row[i + dx]
-                                acc[0, i] += w0 * v
-                                acc[1, i] += w1 * v
-                                acc[2, i] += w2 * v
-                                acc[3, i] += w3 * v
+            _sums(acc, x, w, b, n, o0, z, y0, L, X)
             for q in range(no):
                 act_row(acc[q], 0, L, code, alpha)
             u, O_ = np.uint64, np.uint64(O)
