@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ._numba import numba
 from .xp import get_array_module, with_host_variant
 
 _CONTROLLER = None
@@ -78,8 +79,6 @@ def each_worker(fn, workers: int) -> None:
 def kernel_threads() -> int:
     """Workers for a compiled kernel's tasks: numba's thread count (the plan's inside a run,
     :func:`znni_core.inference.thread_limits`; else numba's default, the host's CPUs)."""
-    import numba
-
     return max(1, int(numba.get_num_threads()))
 
 
@@ -89,16 +88,17 @@ RANGES_PER_WORKER = 4
 
 
 def split_tasks(fn, tasks: int, workers: int | None = None) -> None:
-    """``fn(t0, t1)`` over ``[0, tasks)``, on the run's workers (:func:`each_worker`): a kernel
-    compiled ``nogil`` over a range of its tasks, in place of a ``prange`` loop (numba's parallel
-    compilation took 5 s more per kernel: most of a first ``znni warmup``).  For kernels of tens
-    of milliseconds (the direct loops, FFT products): a kernel of a few milliseconds kept
-    ``prange`` (pooling, copies, upsampling, the epilogues), whose threads wake sooner (MPF of 24
-    maps on 16 x 130^2 on 2 threads: 4.8 ms with ``prange``, 7.1 ms through the workers).  The tasks are cut
-    into :data:`RANGES_PER_WORKER` contiguous ranges per worker, each taken by the next free one."""
-    w = max(1, min(kernel_threads() if workers is None else int(workers), int(tasks)))
+    """``fn(t0, t1)`` over ``[0, tasks)``, on the run's workers (:func:`each_worker`), cut into
+    :data:`RANGES_PER_WORKER` contiguous ranges per worker, each taken by the next free one.
+
+    For a kernel compiled ``nogil`` over a range of its tasks in place of a ``prange`` loop
+    (numba's parallel compilation took 5 s more per kernel: most of a first ``znni warmup``), when
+    it runs tens of milliseconds (the direct loops, the FFT products).  Kernels of a few
+    milliseconds keep ``prange`` (pooling, copies, upsampling, the epilogues): its threads wake
+    sooner (MPF of 24 maps on 16 x 130^2, 2 threads: 4.8 ms with ``prange``, 7.1 ms here)."""
     if tasks <= 0:
         return
+    w = max(1, min(kernel_threads() if workers is None else int(workers), int(tasks)))
     if w == 1:
         fn(0, tasks)
         return

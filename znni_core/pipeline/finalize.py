@@ -34,7 +34,7 @@ from .mask import load_mask_tasks, positions
 from .report import empty_chunks, neuroglancer_link, preview, write_report
 from .run import Run, load_run, output_spec, run_geometry
 from .settings import Config
-from .tally import MAX_LISTED, Tally
+from .tally import MASKED, MAX_LISTED, Tally
 
 
 def output_mapping(cfg: Config) -> str:
@@ -78,7 +78,7 @@ def check_manifests(run: Run, out, verify: str, log=print, *, spill: Path | None
         for k, b in enumerate(tasks):
             progress.update(1)
             if live is not None and not live[k]:
-                tally.mask(k, b.id)
+                tally.seen(k, b.id, MASKED)
                 continue
             try:
                 tally.add(k, check_task(run, out, b, verify))

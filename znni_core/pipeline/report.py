@@ -139,9 +139,9 @@ def state_ranks(tally, running=(), failed=(), tasks=None) -> np.ndarray:
     """Per task position, 1 + the index in :data:`STATES` of its state (0: not drawn: not done
     or another run's) from a :class:`~.tally.Tally`; the task ids ``running`` and ``failed`` (of
     ``znni status``) over it, placed through ``tasks``."""
-    from .tally import DONE, EMPTY, FAILED, MASKED
+    from .tally import DONE, EMPTY, FAILED, MASKED, NAMES
 
-    table = np.zeros(8, np.int8)
+    table = np.zeros(len(NAMES), np.int8)
     for code, name in ((DONE, "done"), (EMPTY, "empty"), (MASKED, "masked"), (FAILED, "failed")):
         table[code] = STATES.index(name) + 1
     ranks = table[tally.state]

@@ -2,13 +2,12 @@
 
 ``finalize``, ``znni verify``, ``znni status`` and the report read every task's manifest; a run of
 10^6 tasks and 10^7 chunks held as dicts took tens of GB.  A :class:`Tally` keeps per task only a
-few numbers in arrays (state, start, end, voxels, the job that ran it: 30 bytes a task), sums and
+few numbers in arrays (id, state, start, end, voxels, the job that ran it: 37 bytes a task), sums and
 counts, the first :data:`MAX_LISTED` of each list that can grow with the run (failures, input
 chunks read as zero), a fixed-size random sample of the chunks recorded ``empty`` (verify checks
 them), and spills every written chunk's sha256 to files by ranges of checksum-index block
 (:meth:`Tally.index_blocks` reads them back a block at a time).
 
->>> import types
 >>> t = Tally(2)
 >>> m = {"task": 7, "chunks": [{"index": [0, 0, 0], "status": "written", "sha256": "ab" * 32}],
 ...      "finished": 10.0, "timings": {"total_s": 2.0}, "voxels": 8, "host": "n1", "pid": 1}
@@ -97,8 +96,8 @@ class Tally:
             self._spill = [open(self._dir / f"{b:03d}", "w+b") for b in range(BUCKETS)]
 
     # ---- folding ------------------------------------------------------------------------------
-    def _job(self, m: dict) -> int:
-        name = str(m.get("slurm_job") or f"{m.get('host', '?')}:{m.get('pid', '?')}")
+    def _job(self, name: str) -> int:
+        """The code of the job ``name`` (a SLURM job id, else host:pid), given on first sight."""
         code = self._job_codes.get(name)
         if code is None:
             code = self._job_codes[name] = len(self.job_names)
@@ -129,7 +128,7 @@ class Tally:
         except (KeyError, TypeError, ValueError):
             pass
         self.voxels[k] = int(m.get("voxels") or 0)
-        self.job[k] = self._job(m)
+        self.job[k] = self._job(str(m.get("slurm_job") or f"{m.get('host', '?')}:{m.get('pid', '?')}"))
         r = m.get("input_read")
         if r:
             self.reads["tasks"] += 1
@@ -173,13 +172,9 @@ class Tally:
         if len(self.errors) < MAX_LISTED:
             self.errors[int(task)] = why
 
-    def mask(self, k: int, task: int) -> None:
-        """Task ``k`` is masked as a whole (never run, by design)."""
-        self.ids[k] = int(task)
-        self.state[k] = MASKED
-
     def seen(self, k: int, task: int, state: int) -> None:
-        """Task ``k`` (id ``task``) is in ``state``, nothing else known of it (``znni status``)."""
+        """Task ``k`` (id ``task``) is in ``state``, nothing else known of it (masked as a whole;
+        ``znni status``'s todo and other)."""
         self.ids[k] = int(task)
         self.state[k] = state
 
@@ -188,17 +183,13 @@ class Tally:
         self.ids[k] = int(task)
         self.state[k] = DONE
         self.start[k], self.end[k], self.voxels[k] = start, end, voxels
-        code = self._job_codes.get(who)
-        if code is None:
-            code = self._job_codes[who] = len(self.job_names)
-            self.job_names.append(who)
-        self.job[k] = code
+        self.job[k] = self._job(who)
 
     # ---- reading ------------------------------------------------------------------------------
     def counts(self) -> dict:
         """Tasks per state name."""
         c = np.bincount(self.state, minlength=len(NAMES))
-        return {NAMES[s]: int(c[s]) for s in (DONE, EMPTY, MASKED, FAILED, TODO) if s != OTHER}
+        return {NAMES[s]: int(c[s]) for s in (DONE, EMPTY, MASKED, FAILED, TODO)}
 
     @property
     def n_failed(self) -> int:
@@ -226,11 +217,6 @@ class Tally:
         """The last timed task's end (0 without one)."""
         t = self.timed()
         return float(self.end[t].max()) if len(t) else 0.0
-
-    def busy_seconds(self) -> float:
-        """Length of the union of the timed tasks' ``(start, end)`` intervals."""
-        t = self.timed()
-        return busy_seconds(self.start[t], self.end[t])
 
     def verification(self) -> dict:
         """What the tasks' own checks recomputed, summed."""
