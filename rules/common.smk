@@ -30,7 +30,7 @@ from pathlib import Path
 
 try:
     from znni_core.pipeline.jobs import job_marker_path, summary
-    from znni_core.pipeline.schedule import workflow_schedule
+    from znni_core.pipeline.schedule import JobMap, workflow_schedule
 except ImportError as exc:
     raise WorkflowError(f"znni is not installed in the environment that runs snakemake ({exc}); "
                         "`make setup` (or `pip install -e .`) in this environment") from None
@@ -102,11 +102,22 @@ def live_tasks():
         return json.load(f)["num_live"]
 
 
+def job_map(num_tasks):
+    """Which tasks each job runs: the schedule's boxes of tasks, or (a mask's live tasks) runs of them."""
+    brick = None if MASKED else SCHEDULE.get("brick")
+    return JobMap(SCHEDULE["tasks_per_job"], num_tasks, brick, SCHEDULE.get("task_grid"))
+
+
+def get_job_brick(wildcards):
+    """run-job's --brick: a job's box of tasks (z,y,x), when the schedule has one."""
+    brick = None if MASKED else SCHEDULE.get("brick")
+    return f"--brick {','.join(map(str, brick))}" if brick else ""
+
+
 def get_job_markers(wildcards):
     """Every job's marker (written after all its tasks' manifests)."""
     n = live_tasks() if SCHEDULE["num_jobs"] else 0
-    per = SCHEDULE["tasks_per_job"]
-    return [f"{WORK}/jobs/{j:06d}.json" for j in range(-(-n // per))]
+    return [f"{WORK}/jobs/{j:06d}.json" for j in range(job_map(n).num_jobs)]
 
 
 def get_job_tasks(wildcards):
@@ -157,7 +168,7 @@ def print_summary(ok):
             n, masked = doc["num_live"], doc["num_masked"]
         except (OSError, ValueError, KeyError):
             return
-    s = summary(WORK_DIR, n, SCHEDULE["tasks_per_job"], STARTED)
+    s = summary(WORK_DIR, job_map(n), STARTED)
     print(f"\nznni summary: {s['tasks']} tasks in {s['jobs']} jobs: {s['done_now']} done now, {s['skipped']} skipped "
           f"(already done), {s['not_done']} not done"
           + (f" (jobs {s['jobs_not_done'][:20]})" if s["not_done"] else "")

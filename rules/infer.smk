@@ -20,6 +20,7 @@ rule infer_job:
         env=ZNNI_ENV,
         per_job=SCHEDULE["tasks_per_job"],
         tasks=get_job_tasks,
+        brick=get_job_brick,
     conda:
         "../workflow/envs/znni.yaml"
     log:
@@ -29,4 +30,4 @@ rule infer_job:
         mem_mb=2000,
     shell:
         "{params.env} znni run-job {input.run} --job {wildcards.job} --tasks-per-job {params.per_job} "
-        "{params.tasks} --memory {resources.mem_mb}MiB --marker {output} > {log} 2>&1"
+        "{params.tasks} {params.brick} --memory {resources.mem_mb}MiB --marker {output} > {log} 2>&1"

@@ -375,24 +375,35 @@ def test_a_petavoxel_with_the_shipped_config_validates_and_estimates(tmp_path):
 )
 def test_input_reads_count_what_every_task_reads(offset, chunk, task, halo):
     """``input_reads`` (per-axis sums) against every task of the grid read chunk by chunk: each task
-    its write box plus the halo, clipped to the input, grown to the input's chunks."""
+    the voxels it computes (its write box in the region) plus the halo, clipped to the input, grown
+    to the input's chunks; with jobs of a brick of tasks, each chunk once per job."""
     from znni_core.geometry import ChunkGrid, Halo, Roi, TaskGrid
-    from znni_core.pipeline.schedule import input_reads
+    from znni_core.pipeline.schedule import JobMap, input_reads
 
     inp = ChunkGrid(Roi(offset, (13, 50, 47)), chunk)
     h = Halo(*halo)
     out = ChunkGrid(Roi(Coordinate(offset) + h.low, Coordinate((13, 50, 47)) - h.low - h.high), (2, 7, 9))
     tasks = TaskGrid(out, task, h, Roi(out.bounds.offset + (1, 3, 2), (9, 30, 33)))
-    voxels = chunks = 0
-    for block in tasks:
-        read = block.read_roi.intersect(inp.bounds)
-        for idx in inp.chunks_in(read):
-            chunks += 1
-            voxels += int(inp.chunk_roi(idx).shape.prod())
     layer = types.SimpleNamespace(grid=inp, channels=2, dtype="uint16")  # what input_reads reads of a layer
-    got = input_reads(tasks, layer)
-    assert (got["voxels"], got["chunks"], got["voxel_bytes"]) == (voxels, chunks, 4)
-    assert got["amplification"] == pytest.approx(voxels / got["unique_voxels"]) and got["amplification"] > 1
+    shape = tuple(int(v) for v in tasks.shape)
+    n = len(tasks)
+    maps = [JobMap(1, n), JobMap(3, n), JobMap(7, n)] + [JobMap(1, n, b, shape) for b in ((1, 1, 2), (2, 2, 1), shape)]
+    for jobs in (None, *maps):
+        voxels = chunks = 0
+        for j in range(jobs.num_jobs) if jobs else range(n):
+            fetched = set()  # a job fetches each chunk once (its cache); no jobs: each task alone
+            for k in jobs.positions(j) if jobs else [j]:
+                block = tasks[k]
+                read = h.read_roi(block.write_roi.intersect(tasks.region)).intersect(inp.bounds)
+                now = {tuple(i) for i in inp.chunks_in(read)}
+                chunks += len(now - fetched)
+                voxels += sum(int(inp.chunk_roi(i).shape.prod()) for i in now - fetched)
+                fetched |= now
+        got = input_reads(tasks, layer, jobs)
+        assert (got["voxels"], got["chunks"], got["voxel_bytes"]) == (voxels, chunks, 4), jobs
+        assert got["amplification"] == pytest.approx(voxels / got["unique_voxels"])
+        assert got["amplification"] > 1 if jobs is None else got["amplification"] >= 1
+    assert input_reads(tasks, layer, maps[-1])["amplification"] == 1.0  # one job: the unique input
 
 
 # ---- sharded (and otherwise encoded) inputs, written by tensorstore, read by znni ----------------------

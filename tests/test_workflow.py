@@ -175,6 +175,28 @@ def test_T13_T14_rerun_only_unfinished_or_forced_tasks(two_runs):
     assert _jobs_run(p, "finalize") == 1 and _jobs_run(p, "infer_job") == 0
 
 
+def test_jobs_as_boxes_of_tasks_fetch_the_input_they_share_once(two_runs, tmp_path):
+    """``jobs.tasks_per_job: auto`` makes a job a box of tasks where that fetches less than runs of
+    consecutive tasks (here 1x3x1 of a 2x3x2 task grid: tasks 0, 2, 4 in a job): every task runs in
+    exactly one job, the chunk reads the tasks record equal the prediction and are fewer than tasks
+    alone fetch, and the output is byte for byte that of jobs of one task."""
+    tmp, vol, [(cfg_a, _, _), _] = two_runs
+    cfg, path = write_config(tmp_path, "box", vol, jobs={"voxels_per_second": 1000, "minutes": 0.2})
+    p = snakemake(tmp_path, path, "--cores", "2")
+    work = Path(cfg["work_dir"])
+    s = json.loads((work / "schedule.json").read_text())
+    assert s["brick"] == [1, 3, 1] and s["num_jobs"] == 4 and "a job is a box of 1x3x1 tasks" in s["why"], s
+    assert "12 done now" in p.stderr and "0 not done" in p.stderr
+    runs = [json.loads((work / "jobs" / f"{j:06d}.json").read_text())["tasks"] for j in range(4)]
+    assert sorted(t for r in runs for t in r) == list(range(12)) and runs[0] == [0, 2, 4], runs
+    reads = json.loads((work / "report" / "report.json").read_text())["cost"]["reads"]
+    alone = json.loads((Path(cfg_a["work_dir"]) / "report" / "report.json").read_text())["cost"]["reads"]
+    assert (
+        reads["chunk_reads"] == reads["predicted_chunk_reads"] < alone["chunk_reads"] == alone["predicted_chunk_reads"]
+    )
+    assert layer_files(cfg["output"]["path"]) == layer_files(cfg_a["output"]["path"])
+
+
 @pytest.mark.slow  # ~40 s
 def test_T1_batched_job_killed_inside_resumes_task_by_task(two_runs, tmp_path):
     """Jobs of 5 tasks; the job of tasks 5-9 is SIGKILLed between the two chunk writes of task 8

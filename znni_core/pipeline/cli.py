@@ -330,8 +330,11 @@ def _register(app: typer.Typer) -> None:
             "--tasks-file",
             help="with a mask: the live tasks (`znni mask-tasks`; default <work_dir>/mask_tasks.json)",
         ),
+        brick: Optional[str] = typer.Option(
+            None, "--brick", help="z,y,x: a job is a box of this many tasks (the workflow's schedule)"
+        ),
     ):
-        """Run a job: its range of tasks, skipping those already done and verified; marker last."""
+        """Run a job: its box or range of tasks, skipping those already done and verified; marker last."""
         from ..errors import ZnniError
         from ..exec.device import claimed_gpu
         from .jobs import run_job
@@ -339,6 +342,7 @@ def _register(app: typer.Typer) -> None:
         from .run import load_run, run_geometry
 
         try:
+            box = _brick(brick)
             run = load_run(run_file)
             overlap = True  # the next task's input and the last task's output beside the running one
             mem_mb = memory_mib(memory, mem_mb)
@@ -356,6 +360,7 @@ def _register(app: typer.Typer) -> None:
                     log=_log,
                     overlap=overlap,
                     mem_mb=mem_mb,
+                    brick=box,
                 )
         except ZnniError as exc:
             fail(exc)
@@ -734,3 +739,18 @@ def _check_mem(run, mem_mb, run_geometry, task_bytes):
             f"{run.plan.memory_budget / 2**20:.0f} MiB + task buffers); raise the job's mem_mb or lower task_chunks"
         )
     return buffers
+
+
+def _brick(text: Optional[str]) -> Optional[tuple]:
+    """``--brick z,y,x`` as three positive ints (None when not given)."""
+    from ..errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        brick = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        brick = ()
+    if len(brick) != 3 or min(brick) < 1:
+        raise ConfigError(f"--brick {text!r}: give three positive integers z,y,x (the schedule's job box)")
+    return brick

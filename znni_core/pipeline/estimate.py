@@ -114,6 +114,8 @@ def estimate(
         e["input_read_bytes"] = reads["voxels"] * item
         e["input_unique_bytes"] = reads["unique_voxels"] * item
         e["read_amplification"] = reads["amplification"]
+        e["input_reads_jobs"] = reads.get("jobs", "each task alone")
+        e["input_cache_gb"] = cfg.jobs.cache_gb
         e["input_requests"] = reads["chunks"]
         # every output object, manifest and job marker is one write request (a retried write more)
         e["write_requests"] = objects + tasks + jobs
@@ -139,7 +141,13 @@ def estimate(
     if e.get("read_amplification", 1.0) > READ_AMPLIFICATION_WARN:
         w.append(
             f"the tasks read each input byte {e['read_amplification']:.2f} times on average (their halos and "
-            "the input's chunks read again by neighbouring tasks): larger tasks read less again ("
+            "the input's chunks read again by neighbouring tasks): "
+            + (
+                "give jobs a cache (jobs.cache_gb) and jobs.tasks_per_job: auto (boxes of tasks that share it), or "
+                if not e.get("input_cache_gb") or cfg.jobs.tasks_per_job != "auto"
+                else "raise jobs.cache_gb or jobs.minutes (larger boxes of tasks share more), or "
+            )
+            + "larger tasks ("
             + ("output.shard_bytes: a task is one shard" if schedule["sharded"] else "task_chunks")
             + ", within the infer job's memory)"
         )
@@ -177,7 +185,7 @@ def describe(e: dict) -> str:
         lines.append(
             f"input reads    {b(e['input_read_bytes'])} uncompressed in {e['input_requests']:,} chunk reads: "
             f"{e['read_amplification']:.2f}x the region's unique input ({b(e['input_unique_bytes'])}; "
-            "halos and chunk edges read again by neighbouring tasks)"
+            f"halos and chunk edges read again by neighbouring tasks; fetched once where {e['input_reads_jobs']})"
         )
         lines.append(
             f"requests       {e['input_requests']:,} reads of input chunks + {e['write_requests']:,} writes "

@@ -40,7 +40,6 @@ needed; times as :func:`duration` writes them)::
 from __future__ import annotations
 
 import json
-import math
 import os
 import resource
 import signal
@@ -52,7 +51,7 @@ from typing import NamedTuple
 
 from ..errors import ConfigError, DataError, ZnniError
 from ..io import atomic_write
-from .schedule import job_range
+from .schedule import JobMap
 
 JOB_FORMAT = "znni-job/1"
 #: the format of an attempt's record file (module doc)
@@ -385,8 +384,12 @@ def run_job(
     log=print,
     overlap: bool = True,
     mem_mb: int | None = None,
+    brick=None,
 ) -> dict:
     """Run the tasks of ``job``; skip those already done and verified; write the job's marker last.
+
+    ``brick``: the schedule's box of tasks per job (``schedule.json``; :class:`~.schedule.JobMap`),
+    else ``per_job`` consecutive tasks; the input chunks its tasks share are fetched once.
 
     ``tasks_file``: a run with a mask batches only its live tasks (``mask_tasks.json``).  A task
     that fails is logged and the others still run; the job then fails naming them (no marker), so
@@ -400,7 +403,7 @@ def run_job(
     run = load_run(run_file)  # unreadable: nothing to record in (the error says why)
     record = JobRecord(run.work_dir, job, run.digest, mem_mb=mem_mb, log=log)
     try:
-        record_prediction(run)  # before the first task of the run, for the report
+        record_prediction(run, per_job, brick)  # before the first task of the run, for the report
     except Exception as exc:  # noqa: BLE001 - the prediction is for the report, never the job's failure
         log(f"the run's prediction was not recorded: {exc}")
     main = threading.current_thread() is threading.main_thread()
@@ -408,7 +411,7 @@ def run_job(
     if main and previous == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        doc = _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_file, log, overlap)
+        doc = _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_file, log, overlap, brick)
     except BaseException as exc:
         record.end(exc)
         if isinstance(exc, JobTerminated):  # recorded: now die of it, as without the handler
@@ -422,7 +425,7 @@ def run_job(
     return doc
 
 
-def prediction(run) -> dict:
+def prediction(run, per_job: int = 1, brick=None) -> dict:
     """What the run was predicted to cost (``znni estimate``'s formula): its output voxels (live
     ones with a mask scanned) at ``znni estimate``'s saved rate (``estimate.json``), else the plan's
     predicted rate (validate's estimate), as job-hours and node-hours (``threads`` of
@@ -470,14 +473,16 @@ def prediction(run) -> dict:
             job_hours if device == "gpu" else job_hours * threads / cores
         )
     try:  # what the tasks will read (znni estimate's count), for the report's measured reads
-        doc["input_reads"] = predicted_reads(run)
+        doc["input_reads"] = predicted_reads(run, per_job, brick)
     except Exception as exc:  # noqa: BLE001 - an unreadable input fails the tasks, not the prediction
         doc["input_reads_error"] = str(exc)
     return doc
 
 
-def predicted_reads(run) -> dict:
-    """:func:`~.schedule.input_reads` of the run's tasks on its input."""
+def predicted_reads(run, per_job: int = 1, brick=None) -> dict:
+    """:func:`~.schedule.input_reads` of the run's tasks on its input, in jobs of ``per_job``
+    consecutive tasks or of ``brick`` (each job fetching what its tasks share once, where the
+    config gives jobs a cache and the run has no mask)."""
     from ..io import open_input, parse_layer_url
     from .run import run_geometry
     from .schedule import input_reads
@@ -485,10 +490,12 @@ def predicted_reads(run) -> dict:
     cfg = run.config
     url = parse_layer_url(run.input.url, endpoint=cfg.input.endpoint_url)
     inp = open_input(url, run.input.mip, resolution=cfg.input.resolution, checksums="none")
-    return input_reads(run_geometry(run)[3], inp)
+    tasks = run_geometry(run)[3]
+    jobs = JobMap(per_job, len(tasks), brick, tuple(int(v) for v in tasks.shape))
+    return input_reads(tasks, inp, None if run.mask or not cfg.jobs.cache_bytes else jobs)
 
 
-def record_prediction(run) -> dict:
+def record_prediction(run, per_job: int = 1, brick=None) -> dict:
     """``<work_dir>/prediction.json``: the run's :func:`prediction`, written once per run digest
     (before any task runs: its first job does it), so a later ``znni estimate`` (whose rate comes
     from finished tasks) never turns the prediction into a measurement.  Returns the recorded one."""
@@ -501,17 +508,17 @@ def record_prediction(run) -> dict:
             return doc
     except (OSError, ValueError):
         pass
-    doc = prediction(run)
+    doc = prediction(run, per_job, brick)
     atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
     return doc
 
 
-def _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_file, log, overlap) -> dict:
+def _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_file, log, overlap, brick) -> dict:
     """:func:`run_job`'s work, its attempt recorded in ``record``."""
     from .done import check_task
     from .identity import changed_inputs
     from .mask import load_mask_tasks, positions
-    from .task import manifest_path, open_run
+    from .task import job_cache, manifest_path, open_run
 
     t0 = time.perf_counter()
     ctx = open_run(run_file)
@@ -526,11 +533,13 @@ def _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_fi
             f"the workflow was scheduled for {num_tasks} tasks but {run_file} has {n}: the schedule is "
             f"stale; delete {Path(run.work_dir) / 'schedule.json'} and run the workflow again"
         )
-    ks = [order[i] for i in job_range(job, per_job, n)]
+    # a brick of the task grid, or (a mask's live tasks, or no brick) a run of consecutive ones
+    jobs = JobMap(per_job, n, None if tasks_file is not None or run.mask else brick, tuple(ctx.tasks.shape))
+    ks = [order[i] for i in jobs.positions(job)]
     if job < 0 or not ks:
         raise ConfigError(
-            f"job {job} has no task: {n} tasks at {per_job} per job make "
-            f"{math.ceil(n / per_job)} jobs (0 to {math.ceil(n / per_job) - 1})"
+            f"job {job} has no task: {n} tasks at {jobs.per_job} per job make "
+            f"{jobs.num_jobs} jobs (0 to {jobs.num_jobs - 1})"
         )
     record.update(tasks=[ctx.tasks[k].id for k in ks], threads=getattr(ctx.plan, "threads", None))
     verify = run.config.finalize.verify
@@ -563,7 +572,15 @@ def _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_fi
             rate = r["voxels"] / max(r["seconds"], 1e-9) / 1e6
             log(f"{where} done in {r['seconds']:.1f} s, {rate:.3g} Mvox/s, ETA job {duration(eta)}")
 
-    ran, failed = run_pipelined(ctx, todo, device=device, log=log, overlap=overlap, on_task=progress)
+    with job_cache(ctx, todo) as cache:
+        ran, failed = run_pipelined(ctx, todo, device=device, log=log, overlap=overlap, on_task=progress, cache=cache)
+    if cache.stats["reused_chunks"]:
+        st = cache.stats
+        log(
+            f"job {job}: input chunks fetched {st['fetched_chunks']:,}, served again from the job's cache "
+            f"{st['reused_chunks']:,} (at most {st['peak_bytes'] / 2**20:,.0f} MiB held)"
+        )
+    record.update(input_cache=dict(cache.stats))
     raise_failed(failed, len(ks), f"job {job}")
     doc = {
         "format": JOB_FORMAT,
@@ -646,7 +663,9 @@ class _Failed(NamedTuple):
     error: ZnniError
 
 
-def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True, on_task=None) -> tuple[list, dict]:
+def run_pipelined(
+    ctx, blocks, *, device=None, log=print, overlap: bool = True, on_task=None, cache=None
+) -> tuple[list, dict]:
     """Run the tasks ``blocks`` of an open run, each read -> compute -> store (``pipeline.task``),
     with Dask overlapping the stages of neighbouring tasks: while the engine computes task k, one
     thread reads task k+1's input and another writes and verifies task k-1's chunks.  Memory stays
@@ -664,6 +683,8 @@ def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True, 
     Returns ``(records of the tasks run, {task id: error} of those that failed)``: a task's
     ZnniError in any stage is logged and skips its later stages; the other tasks still run.
     ``on_task(result)``: called after each task's store, in order (its record, or its failure).
+    ``cache``: the job's :class:`~znni_core.io.chunk_cache.ChunkCache` of the input chunks its
+    tasks share (:func:`~.task.job_cache`).
     """
     import queue
     import threading
@@ -679,7 +700,7 @@ def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True, 
 
     def read(block, *after):
         try:
-            return read_task(ctx, block.id, log=log)
+            return read_task(ctx, block.id, log=log, cache=cache)
         except ZnniError as exc:
             return _Failed(block.id, exc)
 
@@ -720,12 +741,14 @@ def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True, 
     def token(_):  # a stage's completion without its data: dependents do not keep arrays alive
         return None
 
-    reads, computed, stored = [], [], []
+    reads, read_done, computed, stored = [], [], [], []
     for k, block in enumerate(blocks):
         after_r = [computed[k - 2]] if k >= 2 else []
         if not overlap and k:
             after_r = [stored[k - 1]]
-        reads.append(delayed(read, pure=False)(block, *after_r))
+        # reads in order, one at a time: a read finds in the job's cache what the last one fetched
+        reads.append(delayed(read, pure=False)(block, *after_r, *read_done[k - 1 : k]))
+        read_done.append(delayed(token, pure=False)(reads[k]))
         after_c = ([computed[k - 1]] if k else []) + ([stored[k - 2]] if k >= 2 else [])
         c = delayed(compute, pure=False)(reads[k], *after_c)
         computed.append(delayed(token, pure=False)(c))
@@ -759,10 +782,10 @@ def run_pipelined(ctx, blocks, *, device=None, log=print, overlap: bool = True, 
     return ran, failed
 
 
-def summary(work, num_tasks: int, per_job: int, started: float) -> dict:
+def summary(work, jobmap: JobMap, started: float) -> dict:
     """Tasks run now, skipped (already done) and not done, from the job markers (never from the
     10^6 task manifests); ``started``: the time this Snakemake run began."""
-    jobs = math.ceil(num_tasks / per_job) if num_tasks else 0
+    num_tasks, jobs = jobmap.num_tasks, jobmap.num_jobs
     now, skipped, missing, voxels, seconds = 0, 0, [], 0, 0.0
     for j in range(jobs):
         p = job_marker_path(work, j)
@@ -779,7 +802,7 @@ def summary(work, num_tasks: int, per_job: int, started: float) -> dict:
             seconds += sum(r["seconds"] for r in m["ran"])
         else:
             skipped += len(m["tasks"])
-    not_done = sum(len(job_range(j, per_job, num_tasks)) for j in missing)
+    not_done = sum(len(jobmap.positions(j)) for j in missing)
     return {
         "tasks": num_tasks,
         "jobs": jobs,

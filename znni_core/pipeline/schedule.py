@@ -21,6 +21,7 @@ The pyramid's mips are scheduled alike (:func:`pyramid_schedule`).  Running the 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -34,7 +35,7 @@ from ..io import atomic_write
 from ..io.mips import task_chunks_of
 from .settings import Config, Jobs, parse_config
 
-SCHEDULE_FORMAT = "znni-schedule/4"
+SCHEDULE_FORMAT = "znni-schedule/5"
 ESTIMATE_FILE = "estimate.json"
 # source voxels a pyramid job reads, averages, writes and reads back per second and thread
 # (about 2-4 x 10^7 on a 2-core machine, raw file:// layers): sizes its jobs
@@ -133,54 +134,226 @@ def task_geometry(cfg: Config, net=None, slots: int | None = None):
     return inp, lay, TaskGrid(lay.grid, lay.task_chunks, halo, lay.region), specs
 
 
-def input_reads(tasks: TaskGrid, inp) -> dict:
-    """What the tasks read from the input layer ``inp``: each task its write box plus the
-    halo, clipped to the input's bounds and grown to whole input chunks (what a reader fetches),
-    against the unique input of the region (its read box, grown alike).  The task grid is a
-    product of per-axis intervals, so the totals are products of per-axis sums (10^7 tasks cost
-    nothing).  ``voxels`` and ``chunks`` (object reads: one request each, ranged reads in a
-    shard) summed over the tasks; ``amplification`` = voxels / unique voxels; ``voxel_bytes`` of
-    every channel of a voxel.  A graph network's task reads its window's patches, which reach
-    past the halo by up to a patch's overlap."""
-    voxel_bytes = int(inp.channels) * np.dtype(inp.dtype).itemsize
-    if len(tasks) == 0:
-        return {"voxels": 0, "chunks": 0, "unique_voxels": 0, "unique_chunks": 0, "amplification": 1.0} | {
-            "voxel_bytes": voxel_bytes
-        }
+def _axis_reads(tasks: TaskGrid, inp, a: int) -> tuple[list, tuple]:
+    """Along axis ``a``: per task position ``(first, end)`` input chunk of what its read fetches
+    (the voxels it computes, the write box within the region, grown by the halo, clipped to the
+    input's bounds, grown to whole chunks; ``(0, 0)`` when it reads nothing there), and the same
+    ``(first, end)`` of the region's whole read box."""
     og, ig = tasks.grid, inp.grid
-    total, chunks, unique, unique_chunks = 1, 1, 1, 1
-    for a in range(3):
-        off, cs, end = int(og.bounds.offset[a]), int(og.chunk_shape[a]), int(og.bounds.end[a])
-        ioff, ics, iend = int(ig.bounds.offset[a]), int(ig.chunk_shape[a]), int(ig.bounds.end[a])
-        lo, hi, tc = int(tasks.lo[a]), int(tasks.hi[a]), int(tasks.task_chunks[a])
-        hl, hh = int(tasks.halo.low[a]), int(tasks.halo.high[a])
+    off, cs = int(og.bounds.offset[a]), int(og.chunk_shape[a])
+    ioff, ics, iend = int(ig.bounds.offset[a]), int(ig.chunk_shape[a]), int(ig.bounds.end[a])
+    r0, r1 = int(tasks.region.begin[a]), int(tasks.region.end[a])
+    lo, hi, tc = int(tasks.lo[a]), int(tasks.hi[a]), int(tasks.task_chunks[a])
+    hl, hh = int(tasks.halo.low[a]), int(tasks.halo.high[a])
 
-        def fetched(b: int, e: int) -> tuple[int, int]:
-            b, e = max(b, ioff), min(e, iend)  # outside the input: the edge policy, nothing read
-            if e <= b:
-                return 0, 0
-            i0, i1 = (b - ioff) // ics, -(-(e - ioff) // ics)
-            return min(iend, ioff + i1 * ics) - (ioff + i0 * ics), i1 - i0
+    def fetched(b: int, e: int) -> tuple[int, int]:
+        b, e = max(b, ioff), min(e, iend)  # outside the input: the edge policy, nothing read
+        if e <= b:
+            return 0, 0
+        return (b - ioff) // ics, -(-(e - ioff) // ics)
 
-        s_vox = s_chunks = 0
-        first = last = None
-        for t in range(int(tasks.tlo[a]), int(tasks.thi[a])):
-            b = off + max(t * tc, lo) * cs
-            e = min(off + min((t + 1) * tc, hi) * cs, end)
-            v, c = fetched(b - hl, e + hh)
-            s_vox, s_chunks = s_vox + v, s_chunks + c
-            first = b - hl if first is None else first
-            last = e + hh
-        v, c = fetched(first, last)
-        total, chunks, unique, unique_chunks = total * s_vox, chunks * s_chunks, unique * v, unique_chunks * c
-    return {
-        "voxels": total,
-        "chunks": chunks,
-        "unique_voxels": unique,
-        "unique_chunks": unique_chunks,
-        "amplification": total / unique if unique else 1.0,
-        "voxel_bytes": voxel_bytes,
-    }
+    per = []
+    for t in range(int(tasks.tlo[a]), int(tasks.thi[a])):
+        b = max(off + max(t * tc, lo) * cs, r0)
+        e = min(off + min((t + 1) * tc, hi) * cs, r1)
+        per.append(fetched(b - hl, e + hh))
+    return per, fetched(r0 - hl, r1 + hh)
+
+
+class _Axes:
+    """The tasks' fetched chunk ranges per axis (:func:`_axis_reads`) and the input's chunking."""
+
+    def __init__(self, tasks: TaskGrid, inp):
+        g = inp.grid
+        reads = [_axis_reads(tasks, inp, a) for a in range(3)]
+        self.per = [r[0] for r in reads]
+        self.whole = [r[1] for r in reads]
+        self.chunking = [(int(g.bounds.offset[a]), int(g.chunk_shape[a]), int(g.bounds.end[a])) for a in range(3)]
+        # the most chunks one task fetches, and the most two neighbouring tasks share, per axis
+        self.own = [max((e - f for f, e in per), default=0) for per in self.per]
+        self.shared = [
+            max((max(0, p[t][1] - p[t + 1][0]) for t in range(len(p) - 1) if p[t + 1][1] > p[t + 1][0]), default=0)
+            for p in self.per
+        ]
+        self._spans: dict = {}
+
+    def span(self, a: int, b: int) -> int:
+        """The most chunks a run of ``b`` consecutive tasks fetches along axis ``a``."""
+        if (a, b) not in self._spans:
+            self._spans[a, b] = max((e - f for f, e in _slabs(self.per[a], b)), default=0)
+        return self._spans[a, b]
+
+    def voxels(self, a: int, first: int, end: int) -> int:
+        """Voxels along axis ``a`` of input chunks ``first..end-1`` (the last one clipped to the bounds)."""
+        ioff, ics, iend = self.chunking[a]
+        return max(0, min(iend, ioff + end * ics) - (ioff + first * ics))
+
+
+def _span(runs: list) -> tuple[int, int]:
+    """``(first, end)`` chunks of the tasks' ranges ``runs`` (consecutive tasks: ascending)
+    together (``(0, 0)``: none)."""
+    if runs and runs[0][1] > runs[0][0] and runs[-1][1] > runs[-1][0]:
+        return runs[0][0], runs[-1][1]
+    runs = [r for r in runs if r[1] > r[0]]  # tasks whose read lies outside the input (edge: zero)
+    return (min(r[0] for r in runs), max(r[1] for r in runs)) if runs else (0, 0)
+
+
+def _slabs(per: list, b: int) -> list[tuple[int, int]]:
+    """``(first, end)`` chunks each run of ``b`` consecutive tasks fetches once (a job's cache keeps
+    what its tasks share)."""
+    return [_span(per[k : k + b]) for k in range(0, len(per), b)]
+
+
+def _boxes(positions: range, shape) -> list[tuple]:
+    """A run of consecutive task positions (C order in a task grid of ``shape``) as at most five
+    boxes ``((z0, z1), (y0, y1), (x0, x1))``: a partial row, rows, planes, rows, a partial row."""
+    _, ny, nx = (int(v) for v in shape)
+    k, end, out = positions.start, positions.stop, []
+    while k < end:
+        z, y, x = k // (ny * nx), k // nx % ny, k % nx
+        if x or end - k < nx:
+            e = min(end, k - x + nx)
+            out.append(((z, z + 1), (y, y + 1), (x, x + e - k)))
+        elif y or end - k < nx * ny:
+            rows = min(ny - y, (end - k) // nx)
+            out.append(((z, z + 1), (y, y + rows), (0, nx)))
+            e = k + rows * nx
+        else:
+            planes = (end - k) // (nx * ny)
+            out.append(((z, z + planes), (0, ny), (0, nx)))
+            e = k + planes * nx * ny
+        k = e
+    return out
+
+
+def _union_size(axes: _Axes, boxes: list) -> tuple[int, int]:
+    """``(voxels, chunks)`` of the union of boxes of input chunks (``((first, end),) * 3``), by
+    inclusion and exclusion (a job's runs of tasks are at most five boxes)."""
+    vox = chunks = 0
+    for r in range(1, len(boxes) + 1):
+        sign = 1 if r % 2 else -1
+        for group in itertools.combinations(boxes, r):
+            inter = [(max(b[a][0] for b in group), min(b[a][1] for b in group)) for a in range(3)]
+            if any(e <= f for f, e in inter):
+                continue
+            vox += sign * math.prod(axes.voxels(a, *inter[a]) for a in range(3))
+            chunks += sign * math.prod(e - f for f, e in inter)
+    return vox, chunks
+
+
+#: above this many jobs of consecutive tasks, their shared chunks are not counted (an upper bound)
+MAX_COUNTED_JOBS = 10**5
+
+
+def input_reads(tasks: TaskGrid, inp, jobs: JobMap | None = None) -> dict:
+    """What the tasks fetch from the input layer ``inp``: each task the voxels it computes plus the
+    halo, clipped to the input's bounds and grown to whole input chunks (what a reader fetches),
+    against the unique input of the region (its read box, grown alike).  With ``jobs``, a job
+    fetches each chunk its tasks share once (its :class:`~znni_core.io.chunk_cache.ChunkCache`):
+    a job of a brick of tasks fetches the box of chunks its tasks read; one of consecutive tasks
+    the union of at most five such boxes.  The task grid and the bricks are products of per-axis
+    intervals, so the totals are products of per-axis sums (10^7 tasks cost nothing).
+    ``voxels`` and ``chunks`` (object reads: one request each, ranged reads in a shard) fetched;
+    ``amplification`` = voxels / unique voxels; ``voxel_bytes`` of every channel of a voxel.
+    A graph network's task reads its window's patches, which reach past the halo by up to a
+    patch's overlap: counted here as the halo."""
+    voxel_bytes = int(inp.channels) * np.dtype(inp.dtype).itemsize
+    out = {"voxels": 0, "chunks": 0, "unique_voxels": 0, "unique_chunks": 0, "amplification": 1.0}
+    if len(tasks) == 0:
+        return out | {"voxel_bytes": voxel_bytes}
+    axes = _Axes(tasks, inp)
+    unique = math.prod(axes.voxels(a, *axes.whole[a]) for a in range(3))
+    unique_chunks = math.prod(e - f for f, e in axes.whole)
+    brick = jobs.brick if jobs is not None else None
+    if jobs is not None and not brick and jobs.per_job > 1 and jobs.num_jobs <= MAX_COUNTED_JOBS:
+        total = chunks = 0
+        for j in range(jobs.num_jobs):
+            boxes = []
+            for box in _boxes(jobs.positions(j), tasks.shape):
+                iv = [_span(axes.per[a][box[a][0] : box[a][1]]) for a in range(3)]
+                if all(e > f for f, e in iv):
+                    boxes.append(iv)
+            v, c = _union_size(axes, boxes)
+            total, chunks = total + v, chunks + c
+    else:
+        total = chunks = 1
+        for a in range(3):
+            runs = _slabs(axes.per[a], int(brick[a])) if brick else axes.per[a]
+            total *= sum(axes.voxels(a, *r) for r in runs)
+            chunks *= sum(e - f for f, e in runs)
+    out.update(voxels=total, chunks=chunks, unique_voxels=unique, unique_chunks=unique_chunks)
+    out["amplification"] = total / unique if unique else 1.0
+    out["jobs"] = (
+        "each task alone"
+        if jobs is None or jobs.per_job == 1
+        else f"a job's {'x'.join(map(str, brick))} tasks share"
+        if brick
+        else "a job's consecutive tasks share"
+        if jobs.num_jobs <= MAX_COUNTED_JOBS
+        else "each task alone (too many jobs to count what they share)"
+    )
+    return out | {"voxel_bytes": voxel_bytes}
+
+
+def cache_chunks(axes: _Axes, brick) -> int:
+    """The most input chunks a job of ``brick`` tasks (run in C order) holds for its later tasks at
+    once: the chunks the next z-layer of tasks shares with the layer done (a plane across the
+    brick), those the next row shares with the row done, those the next task shares with the last,
+    and the current task's own."""
+    span = [axes.span(a, int(brick[a])) for a in range(3)]
+    own = axes.own
+    shared = [axes.shared[a] if int(brick[a]) > 1 else 0 for a in range(3)]
+    return (
+        shared[0] * span[1] * span[2]
+        + shared[1] * own[0] * span[2]
+        + shared[2] * own[0] * own[1]
+        + own[0] * own[1] * own[2]
+    )
+
+
+def choose_jobs(tasks: TaskGrid, inp, per_job: int, max_jobs: int, cache_bytes: int, slots: int | None = None):
+    """``(JobMap, reads)``: runs of ``per_job`` consecutive tasks, or the box of tasks (a brick)
+    that fetches the fewest input bytes when it fetches less than those runs: its jobs of at most
+    ``per_job`` tasks (a quarter more where that reads less), at most ``max_jobs`` of them and at
+    least ``slots`` (jobs at once), its cache of shared chunks within ``cache_bytes``
+    (:func:`cache_chunks`).  ``cache_bytes`` 0: no cache, each task fetches its own."""
+    shape = tuple(int(v) for v in tasks.shape)
+    runs = JobMap(per_job, len(tasks), None, shape)
+    if cache_bytes <= 0:
+        return runs, input_reads(tasks, inp)
+    base = input_reads(tasks, inp, runs)
+    n = len(tasks)
+    if per_job <= 1 or n <= 1:
+        return runs, base
+    item = int(inp.channels) * np.dtype(inp.dtype).itemsize
+    chunk_bytes = int(np.prod([int(c) for c in inp.grid.chunk_shape])) * item
+    cap = max(1, int(per_job * 1.25))
+    axes = _Axes(tasks, inp)
+    fetched = [{} for _ in range(3)]  # per axis: brick extent -> voxels its slabs fetch
+
+    def axis_voxels(a, b):
+        if b not in fetched[a]:
+            fetched[a][b] = sum(axes.voxels(a, *r) for r in _slabs(axes.per[a], b))
+        return fetched[a][b]
+
+    best = None
+    for bz in range(1, min(shape[0], cap) + 1):
+        for by in range(1, min(shape[1], cap // bz) + 1):
+            bx = min(shape[2], cap // (bz * by))
+            jobs = math.ceil(shape[0] / bz) * math.ceil(shape[1] / by) * math.ceil(shape[2] / bx)
+            if jobs > max_jobs or (slots and jobs < min(slots, n)):
+                continue
+            vox = axis_voxels(0, bz) * axis_voxels(1, by) * axis_voxels(2, bx)
+            key = (vox, -(bz * by * bx))
+            if best is not None and key >= best[0]:
+                continue
+            if cache_chunks(axes, (bz, by, bx)) * chunk_bytes > cache_bytes:
+                continue
+            best = (key, (bz, by, bx))
+    if best is None or best[0][0] >= base["voxels"]:
+        return runs, base
+    bricks = JobMap(per_job, n, best[1], shape)
+    return bricks, input_reads(tasks, inp, bricks)
 
 
 def compute_schedule(cfg: dict | Config, *, slots: int | None = None, rate: float | None = None) -> dict:
@@ -204,12 +377,25 @@ def compute_schedule(cfg: dict | Config, *, slots: int | None = None, rate: floa
     per, why = tasks_per_job(len(tasks), task_voxels, cfg.jobs, rate, slots)
     if rate and cfg.jobs.tasks_per_job == "auto":
         why += f" ({source})"
+    cache = cfg.jobs.cache_bytes
+    shape = tuple(int(v) for v in tasks.shape)
+    jobs = JobMap(per, len(tasks), None, shape)
+    if cfg.jobs.tasks_per_job == "auto":
+        jobs, reads = choose_jobs(tasks, inp, per, cfg.jobs.max_jobs, cache, slots)
+    else:
+        reads = input_reads(tasks, inp, jobs if cache else None)
+    brick = jobs.brick
+    if brick:
+        per = jobs.per_job
+        why += f"; a job is a box of {'x'.join(map(str, brick))} tasks (z, y, x): it fetches the input they share once"
     return {
         "format": SCHEDULE_FORMAT,
         "num_tasks": len(tasks),
         "tasks_per_job": per,
+        "brick": list(jobs.brick) if brick else None,
+        "task_grid": list(jobs.shape),
         "slots": slots,
-        "num_jobs": math.ceil(len(tasks) / per),
+        "num_jobs": jobs.num_jobs,
         "why": why,
         "task_voxels": int(task_voxels),
         "task_chunks": list(lay.task_chunks),
@@ -219,7 +405,7 @@ def compute_schedule(cfg: dict | Config, *, slots: int | None = None, rate: floa
         "shard_bytes": int(lay.shard_bytes),
         "note": lay.note,
         "region_voxels": int(lay.region.shape.prod()),
-        "input_reads": input_reads(tasks, inp),
+        "input_reads": reads,
         "pyramid": pyramid_schedule(dataclasses.replace(cfg, task_chunks=list(lay.box)), specs),
     }
 
@@ -260,6 +446,58 @@ def workflow_schedule(cfg: dict | Config, slots: int | None = None) -> dict:
 def job_range(job: int, per_job: int, num_tasks: int) -> range:
     """Positions (in the TaskGrid) of the tasks of ``job``."""
     return range(job * per_job, min((job + 1) * per_job, num_tasks))
+
+
+@dataclasses.dataclass(frozen=True)
+class JobMap:
+    """Which tasks each job runs: runs of ``per_job`` consecutive positions of the task grid, or
+    with ``brick`` (tasks per axis) the boxes of ``brick`` tasks of the task grid ``shape`` (jobs
+    and the tasks in a job in C order), so that a job's tasks share their halos' input chunks.
+
+    >>> m = JobMap(4, 12, (1, 2, 2), (1, 3, 4))
+    >>> m.num_jobs, list(m.positions(0)), list(m.positions(2)), list(m.positions(3))
+    (4, [0, 1, 4, 5], [8, 9], [10, 11])
+    >>> JobMap(5, 12).num_jobs, list(JobMap(5, 12).positions(2))
+    (3, [10, 11])
+    """
+
+    per_job: int
+    num_tasks: int
+    brick: tuple | None = None
+    shape: tuple | None = None
+
+    def __post_init__(self):
+        if self.brick:
+            brick = tuple(min(int(b), int(s)) for b, s in zip(self.brick, self.shape))
+            object.__setattr__(self, "brick", brick)
+            object.__setattr__(self, "per_job", math.prod(brick))
+
+    @property
+    def grid(self) -> tuple:
+        """Jobs per axis (bricks)."""
+        return tuple(-(-int(s) // b) for s, b in zip(self.shape, self.brick))
+
+    @property
+    def num_jobs(self) -> int:
+        """How many jobs (bricks, or runs of ``per_job``)."""
+        if self.brick:
+            return math.prod(self.grid) if self.num_tasks else 0
+        return math.ceil(self.num_tasks / self.per_job) if self.num_tasks else 0
+
+    def positions(self, job: int):
+        """The task grid positions of ``job``'s tasks, in the order it runs them."""
+        if not self.brick:
+            return job_range(job, self.per_job, self.num_tasks)
+        if not 0 <= job < self.num_jobs:
+            return range(0)
+        gy, gx = self.grid[1], self.grid[2]
+        j = (job // (gy * gx), job // gx % gy, job % gx)
+        lo = [j[a] * self.brick[a] for a in range(3)]
+        hi = [min(lo[a] + self.brick[a], self.shape[a]) for a in range(3)]
+        sy, sx = self.shape[1], self.shape[2]
+        return [
+            (z * sy + y) * sx + x for z in range(lo[0], hi[0]) for y in range(lo[1], hi[1]) for x in range(lo[2], hi[2])
+        ]
 
 
 def mip_tasks(spec, task_chunks) -> TaskGrid:

@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import ConfigError
+from ..io.chunk_cache import MEMORY_BYTES
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 
@@ -117,6 +118,12 @@ class Jobs:
     minutes: float
     max_jobs: int
     voxels_per_second: float | None
+    cache_gb: float = 4.0
+
+    @property
+    def cache_bytes(self) -> int:
+        """What a job's input cache may hold: ``cache_gb`` on disk and its share in memory; 0: none."""
+        return int(self.cache_gb * 2**30) + MEMORY_BYTES if self.cache_gb else 0
 
 
 @dataclass(frozen=True)

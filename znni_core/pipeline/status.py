@@ -242,20 +242,20 @@ def snakemake_error_text(e: dict) -> str:
 
 def _scheduled_tasks(run, job: int) -> list:
     """The tasks of ``job`` by the workflow's schedule (``schedule.json``), [] when unknown."""
-    from .schedule import job_range
+    from .run import run_geometry
+    from .schedule import JobMap
 
     try:
-        per = int(json.loads((Path(run.work_dir) / "schedule.json").read_text())["tasks_per_job"])
+        s = json.loads((Path(run.work_dir) / "schedule.json").read_text())
+        blocks = run_geometry(run)[3]
         if run.mask:
             from .mask import load_mask_tasks, positions
 
             order = positions(load_mask_tasks(run))
         else:
             order = range(run.num_tasks)
-        from .run import run_geometry
-
-        blocks = run_geometry(run)[3]
-        return [blocks[order[i]].id for i in job_range(job, per, len(order))]
+        jobs = JobMap(int(s["tasks_per_job"]), len(order), None if run.mask else s.get("brick"), tuple(blocks.shape))
+        return [blocks[order[i]].id for i in jobs.positions(job)]
     except Exception:  # noqa: BLE001 - no schedule, no mask scan: unknown
         return []
 
@@ -509,4 +509,9 @@ def recorded_prediction(run) -> dict:
             return doc
     except (OSError, ValueError):
         pass
-    return prediction(run) | {"note": "not recorded before the run: computed when the report was written"}
+    try:  # the jobs the workflow scheduled: what a job's tasks share is fetched once
+        s = json.loads((Path(run.work_dir) / "schedule.json").read_text())
+        per, brick = int(s["tasks_per_job"]), s.get("brick")
+    except (OSError, ValueError, KeyError, TypeError):
+        per, brick = 1, None
+    return prediction(run, per, brick) | {"note": "not recorded before the run: computed when the report was written"}

@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import DataError, InputError, NonFiniteError
 from ..geometry import Block, Coordinate, Roi
 from ..io import open_input, open_output, parse_layer_url, read_manifest, store_chunks, write_manifest
+from ..io.chunk_cache import ChunkCache, chunk_uses
 from ..layers.xp import require_device
 from .mask import live_chunks, open_mask
 from .run import Run, load_run, output_spec, run_geometry
@@ -51,24 +52,36 @@ def _reflect(coords: np.ndarray, begin: int, end: int) -> np.ndarray:
     return t + begin
 
 
+def read_box(bounds: Roi, read_roi: Roi, edge: str) -> Roi:
+    """The box of the input a read of ``read_roi`` fetches under the edge policy: ``read_roi``
+    inside the input; with ``zero`` its part inside; with ``mirror`` the hull of the voxels its
+    reflections land on.  (``valid`` never reads outside: :func:`gather` refuses.)"""
+    if bounds.contains(read_roi) or edge == "valid":
+        return read_roi
+    if edge == "zero":
+        return read_roi.intersect(bounds)
+    maps = [
+        _reflect(np.arange(b, e), lo, hi)
+        for b, e, lo, hi in zip(read_roi.begin, read_roi.end, bounds.begin, bounds.end)
+    ]
+    return Roi.from_bounds([int(m.min()) for m in maps], [int(m.max()) + 1 for m in maps])
+
+
 def gather(inp, read_roi: Roi, edge: str, fill_missing: bool, versions: dict | None = None, reads: dict | None = None):
     """Raw input over ``read_roi`` (C, z, y, x) and a boolean 'inside the input' box for zero padding.
 
     Returns ``(raw, inner_slices, missing)``; ``inner_slices`` is None when every voxel came from
-    the input.  ``versions``: filled with ``{object: version}`` of the input objects read, taken
+    the input.  ``inp``: an input layer, or a job's :class:`~znni_core.io.chunk_cache.ChunkCache`
+    of one.  ``versions``: filled with ``{object: version}`` of the input objects read, taken
     *before* the read (an object replaced during the read then shows as changed, never the reverse).
-    ``reads``: ``chunks`` and ``voxels`` (whole chunks, as the reader fetches them) added up.
+    ``reads``: ``chunks`` and ``voxels`` fetched (whole chunks, as the reader fetches them) and
+    ``reused`` chunks (served by the job's cache) added up.
     """
     bounds = inp.bounds
+    cache = inp if isinstance(inp, ChunkCache) else ChunkCache(inp)
 
     def read(roi):
-        if versions is not None:
-            versions.update(inp.object_versions(roi))
-        if reads is not None:
-            for idx in inp.grid.chunks_in(roi):
-                reads["chunks"] += 1
-                reads["voxels"] += int(inp.grid.chunk_roi(idx).shape.prod())
-        return inp.read(roi, fill_missing=fill_missing)
+        return cache.read(roi, fill_missing=fill_missing, versions=versions, reads=reads)
 
     if bounds.contains(read_roi):
         raw, missing = read(read_roi)
@@ -90,7 +103,7 @@ def gather(inp, read_roi: Roi, edge: str, fill_missing: bool, versions: dict | N
         _reflect(np.arange(b, e), lo, hi)
         for b, e, lo, hi in zip(read_roi.begin, read_roi.end, bounds.begin, bounds.end)
     ]
-    hull = Roi.from_bounds([int(m.min()) for m in maps], [int(m.max()) + 1 for m in maps])
+    hull = read_box(bounds, read_roi, edge)
     raw_h, missing = read(hull)
     raw = raw_h
     for axis, m in enumerate(maps):
@@ -364,7 +377,34 @@ def empty_context(grid, region: Roi, halo, idx, window=None, extent=None, read_r
     return cin.grow(reach, reach).intersect(extent).intersect(read_roi)
 
 
-def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None, log=print) -> TaskInput:
+def input_box(ctx: RunContext, block: Block) -> Roi | None:
+    """The box of the input :func:`read_task` fetches for ``block`` without a mask (with one, a
+    part of it): its computed voxels grown by the halo (a graph network's patch window), under
+    the edge policy; None when it computes nothing."""
+    comp = block.write_roi.intersect(ctx.region)
+    if comp.empty:
+        return None
+    if ctx.net.kind != "chain":
+        _, read_roi, extent = graph_read(ctx.net, ctx.plan, ctx.region, comp, ctx.halo)
+        read_roi = read_roi.intersect(extent)
+    else:
+        read_roi = ctx.halo.read_roi(comp)
+    return read_box(ctx.inp.bounds, read_roi, ctx.run.config.edge)
+
+
+def job_cache(ctx: RunContext, blocks, spill_dir=None) -> ChunkCache:
+    """A cache of the input chunks that more than one of ``blocks`` (a job's tasks) reads, within
+    ``jobs.cache_gb`` (0: none)."""
+    limit = ctx.run.config.jobs.cache_bytes
+    if not limit:
+        return ChunkCache(ctx.inp)
+    uses = chunk_uses(ctx.inp.grid, (input_box(ctx, b) for b in blocks))
+    return ChunkCache(ctx.inp, {k: v for k, v in uses.items() if v > 1}, limit_bytes=limit, spill_dir=spill_dir)
+
+
+def read_task(
+    ctx: RunContext, task_id: int | None, *, chunk: str | None = None, log=print, cache: ChunkCache | None = None
+) -> TaskInput:
     """Stage 1: the task's block, mask, input (edge policy applied) and empty chunks."""
     t0 = time.perf_counter()
     run, region, grid, halo, tasks = ctx.run, ctx.region, ctx.grid, ctx.halo, ctx.tasks
@@ -407,10 +447,10 @@ def read_task(ctx: RunContext, task_id: int | None, *, chunk: str | None = None,
     elif net.kind != "chain":  # the patches of the network's grid (valid) or blending lattice (padded)
         window, read_roi, extent = graph_read(net, plan, region, comp, halo)
         block = Block(block.id, block.write_roi, read_roi, block.chunks)
-        raw, inner, missing = gather(inp, read_roi.intersect(extent), cfg.edge, fill, versions, reads)
+        raw, inner, missing = gather(cache or inp, read_roi.intersect(extent), cfg.edge, fill, versions, reads)
     else:
         block = Block(block.id, block.write_roi, halo.read_roi(comp), block.chunks)
-        raw, inner, missing = gather(inp, block.read_roi, cfg.edge, fill, versions, reads)
+        raw, inner, missing = gather(cache or inp, block.read_roi, cfg.edge, fill, versions, reads)
 
     # ---- empty chunks (T26): all-zero input context is skipped and recorded ------------------------
     empty = set()
