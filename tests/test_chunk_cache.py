@@ -89,3 +89,29 @@ def test_a_cache_past_its_limit_fetches_again_and_a_missing_chunk_stays_named(tm
             assert len(spy.fetched) == sum(uses.values())
         else:
             assert len(spy.fetched) == len(uses)
+
+
+@pytest.mark.parametrize("brick", [(2, 2, 2), (1, 3, 2), (3, 1, 1)])
+def test_a_box_of_tasks_holds_no_more_than_the_schedule_sized_it_for(tmp_path, brick):
+    """The schedule sizes a job's box of tasks by the chunks it holds at once
+    (``schedule.cache_chunks``); a job run through the cache, task by task in its order, holds no
+    more, and fetches what ``input_reads`` predicts for it."""
+    from znni_core.pipeline.schedule import JobMap, _Axes, cache_chunks, input_reads
+
+    _, _, layer = make_layer(tmp_path, dtype="uint8", channels=1, bounds=Roi((0, 0, 0), (20, 40, 60)), chunk=(4, 8, 8))
+    fill(layer, np.random.default_rng(2).integers(0, 255, (1, 20, 40, 60), dtype=np.uint8))
+    tasks, _ = _tasks(layer, halo=((1, 2, 2), (1, 2, 2)))
+    shape = tuple(int(v) for v in tasks.shape)
+    jobs = JobMap(1, len(tasks), brick, shape)
+    chunk_bytes = 4 * 8 * 8
+    fetched = peak = 0
+    for j in range(jobs.num_jobs):
+        boxes = [tasks.halo.read_roi(tasks[k].write_roi) for k in jobs.positions(j)]
+        uses = {k: v for k, v in chunk_uses(layer.grid, boxes).items() if v > 1}
+        with ChunkCache(layer, uses, limit_bytes=10**9) as cache:
+            for r in boxes:
+                cache.read(r)
+            fetched += cache.stats["fetched_chunks"]
+            peak = max(peak, cache.stats["peak_bytes"])
+    assert 0 < peak <= cache_chunks(_Axes(tasks, layer), brick) * chunk_bytes
+    assert fetched == input_reads(tasks, layer, jobs)["chunks"]
