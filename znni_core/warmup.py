@@ -9,6 +9,7 @@ A first warmup (the default, *quick*):
 2. **Calibrate** the time model for each thread count asked for, ``quick``
    (:data:`.plan.timing.LEVELS`: kernel parameters at their defaults, each rate timed once),
    then run small networks through every primitive (what the groups missed compiles there).
+   Its process starts with the compiles and imports meanwhile (``--after``: it waits for a line).
 
 ``znni warmup --refine`` (on demand, about a minute on 2 cores) measures what the quick one
 takes as given: on an AVX-512 host the **vector width** (:data:`WIDTH_CASES` compiled and timed
@@ -276,7 +277,7 @@ def _compile_and_calibrate(threads_list, level: str = "quick") -> dict:
         ("direct-numba",),
     )
     tuned = None
-    for threads in threads_list:
+    for k, threads in enumerate(threads_list):
         t0 = time.perf_counter()
         # the kernel parameters are timed once, at the first thread count: they size blocks to one
         # core's caches, and each worker runs its own blocks whatever the count
@@ -285,7 +286,9 @@ def _compile_and_calibrate(threads_list, level: str = "quick") -> dict:
             tuned = cal.tuned
             t1 = time.perf_counter()
             runs = 0
-            for n, shape in nets:
+            # the networks compile what the groups missed: once (a kernel compiles for its
+            # argument types, not for a thread count)
+            for n, shape in nets if k == 0 else ():
                 x = rng.random((1,) + shape, dtype=np.float32)
                 for prims in prim_sets:
                     for modes in (None, ("mpf",) + ("pool",) * (len(n.pools) - 1)):
@@ -410,20 +413,24 @@ def _failed(args, p, err):
     raise RuntimeError(f"znni warmup: the step {' '.join(args)} failed (exit {code}):\n" + err.read()[-3000:])
 
 
-def _children(steps, env, timeout: float = 1800) -> list:
+def _children(steps, env, timeout: float = 1800, then=None) -> list:
     """Run ``python -m znni_core.warmup --child STEP ARG`` for each of ``steps`` at once and return
     what each printed (JSON); one that fails or passes ``timeout`` seconds stops the warmup with
-    its stderr (kept in a file: a full pipe would stop it)."""
+    its stderr (kept in a file: a full pipe would stop it).  ``then``: one more step, started
+    with the others so that its imports overlap their work, that waits for them to end before
+    it runs (``--after``); its output is last."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="znni-warmup-") as tmp:
         procs = []
         try:
-            for i, args in enumerate(steps):
+            for i, args in enumerate(list(steps) + ([then] if then else [])):
                 err = open(os.path.join(tmp, f"{i}.err"), "w+")  # noqa: SIM115 - closed below
+                last = then is not None and i == len(steps)
                 p = subprocess.Popen(
-                    [sys.executable, "-m", "znni_core.warmup", "--child", *args],
+                    [sys.executable, "-m", "znni_core.warmup", "--child", *args] + (["--after"] if last else []),
                     env=env,
+                    stdin=subprocess.PIPE if last else None,
                     stdout=subprocess.PIPE,
                     stderr=err,
                     text=True,
@@ -431,7 +438,10 @@ def _children(steps, env, timeout: float = 1800) -> list:
                 procs.append((args, p, err))
             deadline = time.monotonic() + timeout
             out = []
-            for args, p, err in procs:
+            for i, (args, p, err) in enumerate(procs):
+                if then is not None and i == len(steps):  # the others are done: go
+                    p.stdin.write("go\n")
+                    p.stdin.flush()
                 line = _line(p, deadline)
                 if not line or p.wait(max(1.0, deadline - time.monotonic())) != 0:
                     _failed(args, p, err)
@@ -474,15 +484,18 @@ def warmup(threads=(1,), *, tune: bool = True, refresh: bool = False, refine: bo
         report["vector_width"] = {"chosen": entry["width"] if entry else vw.DEFAULT, "measured": entry is not None}
     report["tune_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    echo(f"compiling znni's kernels ({len(COMPILE_GROUPS)} processes) ...")
-    report["compiled"] = dict(zip(COMPILE_GROUPS, _children([["compile", g] for g in COMPILE_GROUPS], base)))
-    report["compile_s"] = time.perf_counter() - t1
     level = "full" if refine else "quick"
-    echo(f"calibrating ({level}) for {', '.join(str(x) for x in threads)} thread(s) ...")
-    t2 = time.perf_counter()
+    echo(
+        f"compiling znni's kernels ({len(COMPILE_GROUPS)} processes), then calibrating ({level}) for "
+        f"{', '.join(str(x) for x in threads)} thread(s) ..."
+    )
     arg = level + ":" + ",".join(str(int(x)) for x in threads)
-    (report["calibration"],) = _children([["calibrate", arg]], base)
-    report["calibrate_s"] = time.perf_counter() - t2
+    # the calibration's process starts beside the compiles (its imports, about a second, overlap
+    # them) and measures once they end
+    *groups, report["calibration"] = _children([["compile", g] for g in COMPILE_GROUPS], base, then=["calibrate", arg])
+    report["compiled"] = dict(zip(COMPILE_GROUPS, groups))
+    report["compile_s"] = report["calibration"].pop("_waited_s", 0.0)
+    report["calibrate_s"] = time.perf_counter() - t1 - report["compile_s"]
     total = time.perf_counter() - t0
     echo(f"warm: kernels in {base['NUMBA_CACHE_DIR']}, calibration in {base['ZNNI_CACHE_DIR']} ({total:.0f} s)")
     if not refine:
@@ -497,8 +510,18 @@ def warmup(threads=(1,), *, tune: bool = True, refresh: bool = False, refine: bo
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m znni_core.warmup")
     p.add_argument("--child", nargs=2, metavar=("STEP", "ARG"), required=True)
+    p.add_argument("--after", action="store_true", help="import, then wait for a line on stdin")
     a = p.parse_args(argv)
     step, arg = a.child
+    waited = None
+    if a.after:
+        t0 = time.perf_counter()
+        from . import infer  # noqa: F401 - the imports a step makes, before the wait
+        from .plan import autotune  # noqa: F401
+        from .plan.timing import calibrate  # noqa: F401
+
+        sys.stdin.readline()
+        waited = time.perf_counter() - t0
     if step == "width":  # "compiled" once compiled; times when the driver writes a line
 
         def ready():
@@ -513,6 +536,8 @@ def main(argv=None) -> int:
         got = _compile_and_calibrate([int(x) for x in counts.split(",")], level)
     else:
         p.error(f"unknown step {step!r}")
+    if waited is not None:
+        got["_waited_s"] = waited
     print(json.dumps(got))
     return 0
 

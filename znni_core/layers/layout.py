@@ -49,6 +49,22 @@ def copy_into(dst, src) -> None:
         dst[...] = src
 
 
+@njit(nogil=True, cache=True, inline="always")
+def fill_run(a, lo, hi, value):  # pragma: no cover - compiled
+    """``a[lo:hi] = value`` in a numba kernel, as a loop: numba's slice assignment compiles its
+    generic setitem with the message of a shape mismatch (string building: 2-2.5 s of a kernel's
+    compile, per kernel)."""
+    for i in range(lo, hi):
+        a[i] = value
+
+
+@njit(nogil=True, cache=True, inline="always")
+def copy_run(dst, d0, src, s0, n):  # pragma: no cover - compiled
+    """``dst[d0:d0 + n] = src[s0:s0 + n]`` in a numba kernel, as a loop (:func:`fill_run`)."""
+    for i in range(n):
+        dst[d0 + i] = src[s0 + i]
+
+
 @njit(parallel=True, cache=True)
 def _copy_rows(v, out):  # pragma: no cover - compiled
     N, C, mz, my, mx = v.shape

@@ -29,6 +29,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ._numba import njit, numba
+from .layout import copy_run, fill_run
 
 __all__ = ["REGISTERS", "SHAPES", "VL", "Scratch", "batched_products", "fits", "fma_tile", "pad_columns", "tile_shape"]
 
@@ -247,8 +248,8 @@ def _products(A, sa, ra, B, C, sc, rc, ldc, t0, t1, n, K, N, Np, sh, R, W, As, C
             rows = min(R, n - r0)
             src, so = A, a0 + r0 * K
             if r0 + R > ra:  # the last rows, padded with zero rows
-                As[: rows * K] = A[so : so + rows * K]
-                As[rows * K : R * K] = 0.0
+                copy_run(As, 0, A, so, rows * K)
+                fill_run(As, rows * K, R * K, np.float32(0.0))
                 src, so = As, 0
             for o0 in range(0, N, W):
                 if r0 + R <= rc and o0 + W <= ldc:
@@ -257,7 +258,7 @@ def _products(A, sa, ra, B, C, sc, rc, ldc, t0, t1, n, K, N, Np, sh, R, W, As, C
                     cols = min(W, N - o0)
                     _tile(sh, src, so, K, B, b0 + o0, Np, Cs, 0, W, K, zb)
                     for r in range(rows):
-                        C[c0 + (r0 + r) * ldc + o0 : c0 + (r0 + r) * ldc + o0 + cols] = Cs[r * W : r * W + cols]
+                        copy_run(C, c0 + (r0 + r) * ldc + o0, Cs, r * W, cols)
 
 
 def pad_columns(B, shape: tuple | None = None):

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import InputError
 from . import arena
 from ._numba import FAST, njit, prange
-from .layout import copy_into, is_channels_last, memory_order
+from .layout import copy_into, copy_run, is_channels_last, memory_order
 from .xp import get_array_module, with_host_variant
 
 __all__ = [
@@ -112,11 +112,11 @@ def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compil
                 if new_z or oy != offs[k - 1, 1]:  # ... and (oz, oy) the row and column maxima
                     for j in range(m1):
                         y0 = oy + j * p1
-                        row[:] = plane[y0]
+                        copy_run(row, 0, plane[y0], 0, X)
                         for w in range(1, p1):
                             _max_into(row, plane[y0 + w])
                         cj = cm[j]
-                        cj[:] = row[:L]
+                        copy_run(cj, 0, row, 0, L)
                         for s in range(1, p2):
                             _max_into(cj, row[s : s + L])
                 dst = out[n, k, c, i]

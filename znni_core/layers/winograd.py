@@ -47,7 +47,7 @@ from ..errors import InputError
 from . import arena, microkernel, tuning
 from ._numba import njit
 from .epilogue import act_row
-from .layout import channels_inner, empty_channels_last, is_channels_last, memory_order
+from .layout import channels_inner, copy_run, empty_channels_last, fill_run, is_channels_last, memory_order
 from .resident import ResidentConv
 from .threads import blas_limit, each_worker, gemm
 from .transform_vectors import AT8, BT8, vector_transform
@@ -559,9 +559,9 @@ def _padded_row(R, rb, xf, src, C, lx, X, p0, p1):  # pragma: no cover - compile
     channels last) shifted right by ``lx``, zero outside it."""
     a = min(max(p0, lx), p1)
     b = max(a, min(p1, lx + X))
-    R[rb + p0 * C : rb + a * C] = 0.0
-    R[rb + a * C : rb + b * C] = xf[src + (a - lx) * C : src + (b - lx) * C]
-    R[rb + b * C : rb + p1 * C] = 0.0
+    fill_run(R, rb + p0 * C, rb + a * C, np.float32(0.0))
+    copy_run(R, rb + a * C, xf, src + (a - lx) * C, (b - a) * C)
+    fill_run(R, rb + b * C, rb + p1 * C, np.float32(0.0))
 
 
 @njit(nogil=True, cache=True)
@@ -615,24 +615,27 @@ def _input_transform(x, V, r0, r1, nty, ntz, ntx, ms, al, R, P, Q, lz, ly, lx, c
                     _bt_rows(ax, R, rb + t_hi * mx * C, C, mx * C, P, pb + t_hi * C, RC, C, C, ntx - t_hi)
                     continue
                 if 0 <= zz < Z and 0 <= yy < Y:
-                    R[rb : rb + lx * C] = 0.0
+                    fill_run(R, rb, rb + lx * C, np.float32(0.0))
                     if cl:
                         src = ((n * Z + zz) * Y + yy) * X * C
-                        R[rb + lx * C : rb + (lx + X) * C] = xf[src : src + X * C]
+                        copy_run(R, rb + lx * C, xf, src, X * C)
                     else:
                         _to_channels_last(x, n, zz, yy, R, rb + lx * C)
-                    R[rb + (lx + X) * C : rb + W * C] = 0.0
+                    fill_run(R, rb + (lx + X) * C, rb + W * C, np.float32(0.0))
                 else:
-                    R[rb : rb + W * C] = 0.0
+                    fill_run(R, rb, rb + W * C, np.float32(0.0))
                 # x: per input row, its ntx tiles (mx * C apart in R)
                 _bt_rows(ax, R, rb, C, mx * C, P, pb, RC, C, C, ntx)
+        # no literal arguments: a literal 0 or 1 makes numba compile _bt_rows once more for it
+        # (three signatures: a second of a warmup's compile each)
+        zero = r - r
         if az == 1:  # y, into V: per x point, a run of the row's tiles
-            _bt_rows(ay, P, 0, ax * RC, RC, V, tb * C, ax * NT * C, NT * C, RC, ax)
+            _bt_rows(ay, P, zero, ax * RC, RC, V, tb * C, ax * NT * C, NT * C, RC, ax)
         else:
             for i in range(az):  # y: per z point, the ax points' runs are one run
-                _bt_rows(ay, P, i * ay * ax * RC, ax * RC, 0, Q, i * ay * ax * RC, ax * RC, 0, ax * RC, 1)
+                _bt_rows(ay, P, i * ay * ax * RC, ax * RC, zero, Q, i * ay * ax * RC, ax * RC, zero, ax * RC, zero + 1)
             # z, into V: per (y, x) point, a run of the row's tiles
-            _bt_rows(az, Q, 0, ay * ax * RC, RC, V, tb * C, ay * ax * NT * C, NT * C, RC, ay * ax)
+            _bt_rows(az, Q, zero, ay * ax * RC, RC, V, tb * C, ay * ax * NT * C, NT * C, RC, ay * ax)
 
 
 @njit(nogil=True, cache=True)
