@@ -30,7 +30,7 @@ import numpy as np
 from ..geometry import Roi
 
 #: what a cache holds in memory; the rest (up to its limit, ``jobs.cache_gb``) goes to files
-MEMORY_BYTES = 128 * 2**20
+MEMORY_BYTES = 64 * 2**20
 
 
 @dataclass
