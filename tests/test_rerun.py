@@ -280,7 +280,7 @@ def test_a_mask_changed_in_place_is_found_too(tmp_path):
     cfg = base_config(tmp_path, vol=vol)
     cfg["mask"] = {"path": write_volume(tmp_path / "mask", mask)}
     rf = prepare(cfg)
-    from znni_core.pipeline.cli import _changed_input_tasks  # what `znni status --check-inputs` lists
+    from znni_core.pipeline.inspect_commands import _changed_input_tasks  # what `znni status --check-inputs` lists
     from znni_core.pipeline.mask import mask_tasks_path, scan
 
     ctx = open_run(rf)
