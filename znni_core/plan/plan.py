@@ -7,8 +7,10 @@ through JSON (``Plan.from_json(plan.to_json()) == plan``).
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import json
+import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -110,15 +112,21 @@ def _ints_within(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**40
 
 
+@functools.cache
+def _hints(cls) -> dict:
+    """``typing.get_type_hints(cls)``, once per class: a plan loaded from the cache on every
+    ``infer`` call checked each of its steps' fields (5-7 ms a call on a 19-step U-Net)."""
+    return typing.get_type_hints(cls)
+
+
 def _check_fields(cls, d: dict, where: str) -> None:
     """Every field of ``cls`` without a default is in ``d``, and every field in ``d`` has its
     declared type (str, int: in [0, 2^63), float: finite, tuple: a list, dict); a :class:`PlanError` naming the
     field otherwise.  Shapes (:data:`_SHAPES`, a step's in/out shapes) hold non-negative integers."""
     import math
-    import typing
     from dataclasses import MISSING
 
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     absent = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING and f.name not in d]
     if absent:
         raise PlanError(f"{where} lacks the field(s) {absent}; re-run `znni plan`")
