@@ -230,21 +230,13 @@ class _compile_count:
         )
 
 
-def _compile_and_calibrate(threads_list, level: str = "quick") -> dict:
-    """Calibrate for each thread count at ``level`` (in a child process), then run small chain
-    networks as the executor runs them, through each primitive and pooling mode: what they
-    compile that the compile groups did not is counted (``compiled``)."""
+def _warmup_networks(rng) -> tuple:
+    """``((network, input shape), ...)``: a 2D chain with two max-poolings and a 3^3 one with one,
+    small enough to run through every primitive in a fraction of a second."""
     import numpy as np
 
-    from . import infer
-    from .errors import ZnniError
     from .net.chain import Activation, Conv, Pool
     from .net.graph import Network
-    from .plan import autotune
-    from .plan.timing import calibrate
-
-    out = {}
-    rng = np.random.default_rng(0)
 
     def net(kernels, pools, width=8):
         layers, c = [], 1
@@ -263,10 +255,26 @@ def _compile_and_calibrate(threads_list, level: str = "quick") -> dict:
             c = c_out
         return Network(tuple(layers), name="warmup")
 
-    nets = (
+    return (
         (net([(1, 4, 4), (1, 5, 5), (1, 3, 3), (1, 1, 1)], [(1, 2, 2), (1, 2, 2)]), (6, 60, 60)),
         (net([(3, 3, 3), (3, 3, 3), (3, 3, 3), (1, 1, 1)], [(2, 2, 2)]), (24, 24, 24)),
     )
+
+
+def _compile_and_calibrate(threads_list, level: str = "quick") -> dict:
+    """Calibrate for each thread count at ``level`` (in a child process), then run small chain
+    networks as the executor runs them, through each primitive and pooling mode: what they
+    compile that the compile groups did not is counted (``compiled``)."""
+    import numpy as np
+
+    from . import infer
+    from .errors import ZnniError
+    from .plan import autotune
+    from .plan.timing import calibrate
+
+    out = {}
+    rng = np.random.default_rng(0)
+    nets = _warmup_networks(rng)
     # each conv primitive (with direct-numba where it cannot run a layer), MPF and plain pooling
     prim_sets = (
         ("winograd", "direct-numba"),

@@ -268,6 +268,8 @@ def _gather(n, offsets, run_offset):
 def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
     """``node``'s output over ``[a, b)``; ``out`` is an input array to overwrite (or None);
     ``cl``: a Winograd conv writes it channels last."""
+    # long: one branch per operator, the executor's only operator dispatch (per-operator functions
+    # registered by operator type would replace it)
     op = node.op
     name = node.inputs[0]
     n_in = shapes[name][1:]

@@ -81,6 +81,11 @@ def apply_activation(x, kind, alpha=0.0, *, out=None):
 
         each_worker(work, workers)
         return out
+    return _apply(xp, x, kind, alpha, out)
+
+
+def _apply(xp, x, kind: str, alpha: float, out):
+    """``out = kind(x)`` in one go (:func:`apply_activation` without its chunking)."""
     if kind == "relu":
         xp.maximum(x, 0, out=out)
     elif kind == "tanh":

@@ -124,6 +124,14 @@ def estimate(
     else:
         e["cores_per_node"] = cores
         e["node_hours"] = job_hours * threads / cores
+    e["warnings"] = scale_warnings(cfg, schedule, e)
+    return e
+
+
+def scale_warnings(cfg: Config, schedule: dict, e: dict) -> list[str]:
+    """What would hurt at the scale of estimate ``e``: too many files in one directory or jobs in
+    the DAG, a high read amplification, days-long jobs; each with what to change."""
+    objects, jobs, rate = e["output_objects"], e["jobs"], e["voxels_per_second"]
     w = []
     if objects > DIR_FILES_WARN:
         what = "shards" if schedule["sharded"] else "chunks"
@@ -156,8 +164,7 @@ def estimate(
             f"a job would compute for {e['hours_per_job']:.0f} h: raise jobs.max_jobs, give a job more threads "
             "or GPUs, or split the run by region"
         )
-    e["warnings"] = w
-    return e
+    return w
 
 
 def describe(e: dict) -> str:

@@ -127,6 +127,8 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
 
 
 def _finalize(run_file, run: Run, out, out_url, tally: Tally, verify: str, report_dir: Path, t0: float, log) -> dict:
+    # long (one sequence): the summary, the checksum index, provenance, the report and the done
+    # marker in the order a finalize must write them (the marker last)
     cfg = run.config
     counts = tally.counts()
     failed = dict(sorted(tally.errors.items()))

@@ -513,15 +513,12 @@ def record_prediction(run, per_job: int = 1, brick=None) -> dict:
     return doc
 
 
-def _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_file, log, overlap, brick) -> dict:
-    """:func:`run_job`'s work, its attempt recorded in ``record``."""
-    from .done import check_task
-    from .identity import changed_inputs
+def job_positions(ctx, run_file, job: int, per_job: int, num_tasks, tasks_file, brick) -> tuple[list, int]:
+    """``(task grid positions of job, tasks the jobs share)``: a brick of the task grid, or (a
+    mask's live tasks, or no brick) a run of ``per_job`` consecutive ones; a :class:`ConfigError`
+    when the run has another number of tasks than the workflow scheduled, or no such job."""
     from .mask import load_mask_tasks, positions
-    from .task import job_cache, manifest_path, open_run
 
-    t0 = time.perf_counter()
-    ctx = open_run(run_file)
     run = ctx.run
     if tasks_file is not None or run.mask:
         order = positions(load_mask_tasks(run, tasks_file))
@@ -533,7 +530,6 @@ def _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_fi
             f"the workflow was scheduled for {num_tasks} tasks but {run_file} has {n}: the schedule is "
             f"stale; delete {Path(run.work_dir) / 'schedule.json'} and run the workflow again"
         )
-    # a brick of the task grid, or (a mask's live tasks, or no brick) a run of consecutive ones
     jobs = JobMap(per_job, n, None if tasks_file is not None or run.mask else brick, tuple(ctx.tasks.shape))
     ks = [order[i] for i in jobs.positions(job)]
     if job < 0 or not ks:
@@ -541,6 +537,19 @@ def _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_fi
             f"job {job} has no task: {n} tasks at {jobs.per_job} per job make "
             f"{jobs.num_jobs} jobs (0 to {jobs.num_jobs - 1})"
         )
+    return ks, n
+
+
+def _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_file, log, overlap, brick) -> dict:
+    """:func:`run_job`'s work, its attempt recorded in ``record``."""
+    from .done import check_task
+    from .identity import changed_inputs
+    from .task import job_cache, manifest_path, open_run
+
+    t0 = time.perf_counter()
+    ctx = open_run(run_file)
+    run = ctx.run
+    ks, n = job_positions(ctx, run_file, job, per_job, num_tasks, tasks_file, brick)
     record.update(tasks=[ctx.tasks[k].id for k in ks], threads=getattr(ctx.plan, "threads", None))
     verify = run.config.finalize.verify
     inputs = run.config.recompute == "inputs"
@@ -686,6 +695,8 @@ def run_pipelined(
     ``cache``: the job's :class:`~znni_core.io.chunk_cache.ChunkCache` of the input chunks its
     tasks share (:func:`~.task.job_cache`).
     """
+    # long (one graph): the three stages, their dependencies and the engine's thread share the
+    # closures' state; the stages' dependencies read best side by side
     import queue
     import threading
 

@@ -596,17 +596,14 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
     return y, time.perf_counter() - t_comp
 
 
-def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str | None = None, log=print) -> dict:
-    """Stage 3: check every chunk is finite (else nothing is written), write and verify the chunks
-    (or the shard), then the manifest; returns it."""
-    run, grid, out, out_url, net, plan = ctx.run, ctx.grid, ctx.out, ctx.out_url, ctx.net, ctx.plan
-    cfg, block, task_id, chunk_index = run.config, ti.block, ti.task_id, ti.chunk_index
-    device = device or cfg.device
-    # ---- check everything before writing anything (T20) ------------------------------------------
-    encoded = {}
-    bad = []
+def encode_chunks(ctx: RunContext, ti: TaskInput, y) -> dict:
+    """``{chunk index: stored values}`` of the task's chunks to write, each finite (else a
+    :class:`NonFiniteError` naming the chunks, before anything is written) and in the output's
+    dtype (:func:`quantise`)."""
+    cfg, grid, out = ctx.run.config, ctx.grid, ctx.out
+    encoded, bad = {}, []
     for idx in ti.todo:
-        sl = grid.chunk_roi(idx).to_slices(block.write_roi.offset)
+        sl = grid.chunk_roi(idx).to_slices(ti.block.write_roi.offset)
         yc = y[(slice(None),) + sl]
         if not np.isfinite(yc).all():
             bad.append((out.chunk_name(idx), int((~np.isfinite(yc)).sum())))
@@ -614,10 +611,20 @@ def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str 
         encoded[idx] = quantise(yc, out.dtype, out.chunk_name(idx), cfg.output.scale, cfg.output.offset)
     if bad:
         raise NonFiniteError(
-            f"task {task_id}: the network produced NaN/Inf in {len(bad)} chunk(s) "
+            f"task {ti.task_id}: the network produced NaN/Inf in {len(bad)} chunk(s) "
             + ", ".join(f"{n} ({k} voxels)" for n, k in bad[:5])
             + "; nothing was written for this task. Check input normalisation (normalize.scale/shift) and the weights."
         )
+    return encoded
+
+
+def store_task(ctx: RunContext, ti: TaskInput, y, t_comp: float, *, device: str | None = None, log=print) -> dict:
+    """Stage 3: check every chunk is finite (else nothing is written), write and verify the chunks
+    (or the shard), then the manifest; returns it."""
+    run, out, out_url, net, plan = ctx.run, ctx.out, ctx.out_url, ctx.net, ctx.plan
+    cfg, block, task_id, chunk_index = run.config, ti.block, ti.task_id, ti.chunk_index
+    device = device or cfg.device
+    encoded = encode_chunks(ctx, ti, y)  # every chunk checked before anything is written (T20)
 
     # ---- write, verify -------------------------------------------------------------------------------
     t_write = time.perf_counter()

@@ -55,6 +55,8 @@ def verify_run(
     """Check a finished run (see the module's doc): ``empty`` of its empty chunks are checked;
     returns the record written to ``<work_dir>/verify.json`` and raises :class:`DataError` when a
     check fails."""
+    # long (one sequence): the stored objects, the empty chunks and the recomputed voxels checked
+    # in turn, every result into the one verify.json record
     from .done import check_task
     from .task import normalise, open_run, quantise, read_task, window_input
 

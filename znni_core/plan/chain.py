@@ -161,6 +161,8 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
     micro-batches (``budget``: device bytes for one call, double-buffered, plus the resident
     kernel transforms); pooling and activations run on the CPU.  ``peak`` is the device's.
     """
+    # long (one candidate): the closures that price each step and record its live memory share the
+    # memory walk's state with the loop over layers
     layers = net.layers
     live_max: dict[int, int] = {}
 

@@ -158,6 +158,8 @@ def autotune_graph(
     decides the blending, so it is ``patch_shape``, else the whole input (one patch: exactly the
     network on it), else the shape the file was exported at; the budget never changes it: a
     patch that does not fit whole runs in exact output tiles."""
+    # long (one search): its candidates (patch shapes, overlaps, budget halvings) share the best plan
+    # so far, the rejected list and the memory walk's cache; split, they would travel as arguments
 
     prims = tuple(p for p in (prims or GRAPH_PRIMITIVES) if p in PRIMITIVES and PRIMITIVES[p].in_graphs) or (FALLBACK,)
     if blend not in BLENDS:
