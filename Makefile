@@ -9,16 +9,21 @@ PY := $(VENV)/bin/python
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml requirements-lock.txt
+# what znni runs with: the demo needs nothing more (the test tools and PyTorch come on top)
+$(VENV)/.runtime: pyproject.toml requirements-lock.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q uv
 	# the exact versions the tests pass with (users get pyproject.toml's ranges)
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -c requirements-lock.txt -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.runtime
 	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -c requirements-lock.txt -e ".[dev]"
 	# PyTorch is a test-only reference; pip (not uv) finds the local CPU wheel.
 	$(VENV)/bin/pip install -q torch==2.13.0
 	touch $@
 
-demo: setup
+demo: $(VENV)/.runtime
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 
 # Subprocess-heavy tests (Snakemake jobs) need bytecode caching; some machines disable it.
