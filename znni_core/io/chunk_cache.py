@@ -7,7 +7,7 @@ chunk; a :class:`ChunkCache` keeps a fetched chunk until the last of those tasks
 (in memory up to ``memory_bytes``, then in a file of a private directory on local disk, under
 ``$TMPDIR``), and drops it then. What a run fetches from its input, read amplification, is
 :func:`~znni_core.pipeline.schedule.input_reads`; jobs are boxes of tasks that share much
-(:func:`~znni_core.pipeline.schedule.choose_brick`).
+(:func:`~znni_core.pipeline.schedule.choose_jobs`).
 
 A cached chunk keeps what its fetch recorded, the versions of the objects it came from (taken
 before the fetch) and whether it was missing and filled, so a task served from the cache records
