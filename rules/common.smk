@@ -102,15 +102,19 @@ def live_tasks():
         return json.load(f)["num_live"]
 
 
+def job_brick():
+    """A job's box of tasks (z, y, x) by the schedule; None for runs of tasks (a mask's live ones too)."""
+    return None if MASKED else SCHEDULE.get("brick")
+
+
 def job_map(num_tasks):
     """Which tasks each job runs: the schedule's boxes of tasks, or (a mask's live tasks) runs of them."""
-    brick = None if MASKED else SCHEDULE.get("brick")
-    return JobMap(SCHEDULE["tasks_per_job"], num_tasks, brick, SCHEDULE.get("task_grid"))
+    return JobMap(SCHEDULE["tasks_per_job"], num_tasks, job_brick(), SCHEDULE.get("task_grid"))
 
 
 def get_job_brick(wildcards):
     """run-job's --brick: a job's box of tasks (z,y,x), when the schedule has one."""
-    brick = None if MASKED else SCHEDULE.get("brick")
+    brick = job_brick()
     return f"--brick {','.join(map(str, brick))}" if brick else ""
 
 

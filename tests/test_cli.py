@@ -245,3 +245,14 @@ def test_memory_takes_sizes_and_names_a_unitless_mistake(tmp_path):
         memory_mib("2000")
     with pytest.raises(ConfigError, match="--memory and --mem-mb"):
         memory_mib("1GiB", 300)
+
+
+@pytest.mark.parametrize("brick", ["1,2", "0,1,1", "a,b,c", "2,2,2,2"])
+def test_a_bad_job_box_is_refused_in_one_line(tmp_path, brick):
+    """``run-job --brick`` takes three positive integers; anything else exits 2 naming the value,
+    before the run file is even read."""
+    r = runner.invoke(
+        app, ["run-job", str(tmp_path / "run.json"), "--job", "0", "--tasks-per-job", "1", "--brick", brick]
+    )
+    assert r.exit_code == 2 and f"--brick {brick!r}" in r.output and "three positive integers" in r.output, r.output
+    assert "Traceback" not in r.output

@@ -155,10 +155,9 @@ class ChunkCache:
         make one (a task whose neighbours' shared chunks are cached), else one read each."""
         grid, layer = self.layer.grid, self.layer
         box = _box(idxs)
-        groups = [idxs] if box is not None else [[i] for i in idxs]
+        groups = [(idxs, box)] if box is not None else [([i], (i, tuple(v + 1 for v in i))) for i in idxs]
         out = {}
-        for group in groups:
-            lo, hi = _box(group)
+        for group, (lo, hi) in groups:
             gbox = Roi.union(grid.chunk_roi(lo), grid.chunk_roi(tuple(h - 1 for h in hi)))
             got = layer.object_versions(gbox)
             arr, missing = layer.read(gbox, fill_missing=fill_missing)

@@ -175,13 +175,22 @@ class _Axes:
             max((max(0, p[t][1] - p[t + 1][0]) for t in range(len(p) - 1) if p[t + 1][1] > p[t + 1][0]), default=0)
             for p in self.per
         ]
-        self._spans: dict = {}
+        self._slabs: dict = {}
+
+    def slabs(self, a: int, b: int) -> list:
+        """``(first, end)`` chunks each run of ``b`` consecutive tasks fetches along axis ``a``
+        (:func:`_slabs`, computed once)."""
+        if (a, b) not in self._slabs:
+            self._slabs[a, b] = _slabs(self.per[a], b)
+        return self._slabs[a, b]
 
     def span(self, a: int, b: int) -> int:
         """The most chunks a run of ``b`` consecutive tasks fetches along axis ``a``."""
-        if (a, b) not in self._spans:
-            self._spans[a, b] = max((e - f for f, e in _slabs(self.per[a], b)), default=0)
-        return self._spans[a, b]
+        return max((e - f for f, e in self.slabs(a, b)), default=0)
+
+    def fetched(self, a: int, b: int) -> int:
+        """Voxels along axis ``a`` that runs of ``b`` consecutive tasks fetch, each run once."""
+        return sum(self.voxels(a, *r) for r in self.slabs(a, b))
 
     def voxels(self, a: int, first: int, end: int) -> int:
         """Voxels along axis ``a`` of input chunks ``first..end-1`` (the last one clipped to the bounds)."""
@@ -265,7 +274,8 @@ def input_reads(tasks: TaskGrid, inp, jobs: JobMap | None = None) -> dict:
     unique = math.prod(axes.voxels(a, *axes.whole[a]) for a in range(3))
     unique_chunks = math.prod(e - f for f, e in axes.whole)
     brick = jobs.brick if jobs is not None else None
-    if jobs is not None and not brick and jobs.per_job > 1 and jobs.num_jobs <= MAX_COUNTED_JOBS:
+    counted = jobs is not None and not brick and jobs.per_job > 1 and jobs.num_jobs <= MAX_COUNTED_JOBS
+    if counted:
         total = chunks = 0
         for j in range(jobs.num_jobs):
             boxes = []
@@ -275,23 +285,20 @@ def input_reads(tasks: TaskGrid, inp, jobs: JobMap | None = None) -> dict:
                     boxes.append(iv)
             v, c = _union_size(axes, boxes)
             total, chunks = total + v, chunks + c
-    else:
-        total = chunks = 1
-        for a in range(3):
-            runs = _slabs(axes.per[a], int(brick[a])) if brick else axes.per[a]
-            total *= sum(axes.voxels(a, *r) for r in runs)
-            chunks *= sum(e - f for f, e in runs)
+    else:  # each task alone (runs of one), or bricks: products of per-axis sums
+        runs = [axes.slabs(a, int(brick[a]) if brick else 1) for a in range(3)]
+        total = math.prod(sum(axes.voxels(a, *r) for r in runs[a]) for a in range(3))
+        chunks = math.prod(sum(e - f for f, e in runs[a]) for a in range(3))
     out.update(voxels=total, chunks=chunks, unique_voxels=unique, unique_chunks=unique_chunks)
     out["amplification"] = total / unique if unique else 1.0
-    out["jobs"] = (
-        "each task alone"
-        if jobs is None or jobs.per_job == 1
-        else f"a job's {'x'.join(map(str, brick))} tasks share"
-        if brick
-        else "a job's consecutive tasks share"
-        if jobs.num_jobs <= MAX_COUNTED_JOBS
-        else "each task alone (too many jobs to count what they share)"
-    )
+    if brick:
+        out["jobs"] = f"a job's {'x'.join(map(str, brick))} tasks share"
+    elif counted:
+        out["jobs"] = "a job's consecutive tasks share"
+    elif jobs is not None and jobs.per_job > 1:
+        out["jobs"] = "each task alone (too many jobs to count what they share)"
+    else:
+        out["jobs"] = "each task alone"
     return out | {"voxel_bytes": voxel_bytes}
 
 
@@ -329,13 +336,6 @@ def choose_jobs(tasks: TaskGrid, inp, per_job: int, max_jobs: int, cache_bytes: 
     chunk_bytes = int(np.prod([int(c) for c in inp.grid.chunk_shape])) * item
     cap = max(1, int(per_job * 1.25))
     axes = _Axes(tasks, inp)
-    fetched = [{} for _ in range(3)]  # per axis: brick extent -> voxels its slabs fetch
-
-    def axis_voxels(a, b):
-        if b not in fetched[a]:
-            fetched[a][b] = sum(axes.voxels(a, *r) for r in _slabs(axes.per[a], b))
-        return fetched[a][b]
-
     best = None
     for bz in range(1, min(shape[0], cap) + 1):
         for by in range(1, min(shape[1], cap // bz) + 1):
@@ -343,7 +343,7 @@ def choose_jobs(tasks: TaskGrid, inp, per_job: int, max_jobs: int, cache_bytes: 
             jobs = math.ceil(shape[0] / bz) * math.ceil(shape[1] / by) * math.ceil(shape[2] / bx)
             if jobs > max_jobs or (slots and jobs < min(slots, n)):
                 continue
-            vox = axis_voxels(0, bz) * axis_voxels(1, by) * axis_voxels(2, bx)
+            vox = axes.fetched(0, bz) * axes.fetched(1, by) * axes.fetched(2, bx)
             key = (vox, -(bz * by * bx))
             if best is not None and key >= best[0]:
                 continue

@@ -52,6 +52,15 @@ def _reflect(coords: np.ndarray, begin: int, end: int) -> np.ndarray:
     return t + begin
 
 
+def _mirror(bounds: Roi, read_roi: Roi) -> tuple[list, Roi]:
+    """Per axis, the input coordinate each coordinate of ``read_roi`` reflects to, and their hull."""
+    maps = [
+        _reflect(np.arange(b, e), lo, hi)
+        for b, e, lo, hi in zip(read_roi.begin, read_roi.end, bounds.begin, bounds.end)
+    ]
+    return maps, Roi.from_bounds([int(m.min()) for m in maps], [int(m.max()) + 1 for m in maps])
+
+
 def read_box(bounds: Roi, read_roi: Roi, edge: str) -> Roi:
     """The box of the input a read of ``read_roi`` fetches under the edge policy: ``read_roi``
     inside the input; with ``zero`` its part inside; with ``mirror`` the hull of the voxels its
@@ -60,11 +69,7 @@ def read_box(bounds: Roi, read_roi: Roi, edge: str) -> Roi:
         return read_roi
     if edge == "zero":
         return read_roi.intersect(bounds)
-    maps = [
-        _reflect(np.arange(b, e), lo, hi)
-        for b, e, lo, hi in zip(read_roi.begin, read_roi.end, bounds.begin, bounds.end)
-    ]
-    return Roi.from_bounds([int(m.min()) for m in maps], [int(m.max()) + 1 for m in maps])
+    return _mirror(bounds, read_roi)[1]
 
 
 def gather(inp, read_roi: Roi, edge: str, fill_missing: bool, versions: dict | None = None, reads: dict | None = None):
@@ -99,11 +104,7 @@ def gather(inp, read_roi: Roi, edge: str, fill_missing: bool, versions: dict | N
         raw[(slice(None),) + sl] = raw_in
         return raw, sl, missing
     # mirror
-    maps = [
-        _reflect(np.arange(b, e), lo, hi)
-        for b, e, lo, hi in zip(read_roi.begin, read_roi.end, bounds.begin, bounds.end)
-    ]
-    hull = read_box(bounds, read_roi, edge)
+    maps, hull = _mirror(bounds, read_roi)
     raw_h, missing = read(hull)
     raw = raw_h
     for axis, m in enumerate(maps):
