@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 try:
+    from znni_core.io.workdir import ENDPOINT_ENV, is_remote_work, work_path
     from znni_core.pipeline.jobs import job_marker_path, summary
     from znni_core.pipeline.schedule import JobMap, workflow_schedule
 except ImportError as exc:
@@ -36,12 +37,33 @@ except ImportError as exc:
                         "`make setup` (or `pip install -e .`) in this environment") from None
 
 # work_dir as Snakemake sees it (a module's `prefix:` is added to it by Snakemake) and where the
-# CLI writes it: the same directory
-WORK = str(Path(config["work_dir"]))
+# CLI writes it: the same directory.  A work_dir on s3:// or gs:// (jobs that share no file
+# system, docs/cloud.md) is znni's alone: Snakemake's own files are then flags under WORK
+# ("znni", below --default-storage-prefix with a storage plugin), each touched after its
+# command succeeded, and the logs beside them.
+REMOTE_WORK = is_remote_work(config["work_dir"])
+WORK = "znni" if REMOTE_WORK else str(Path(config["work_dir"]))
 _PREFIX = getattr(getattr(workflow.modifier, "path_modifier", None), "prefix", None) or ""
-WORK_DIR = WORK if os.path.isabs(WORK) else os.path.abspath(os.path.join(_PREFIX, WORK))
+if REMOTE_WORK:
+    WORK_DIR = str(config["work_dir"]).rstrip("/")
+else:
+    WORK_DIR = WORK if os.path.isabs(WORK) else os.path.abspath(os.path.join(_PREFIX, WORK))
 ZNNI_CONFIG = {**config, "work_dir": WORK_DIR}
+WORK_PATH = work_path(ZNNI_CONFIG)
 STARTED = time.time()
+
+
+def flagged(path):
+    """A rule's output as Snakemake sees it: the file itself, or (an s3:// or gs:// work_dir) its flag."""
+    return f"{path}.done" if REMOTE_WORK else path
+
+
+# the run file the commands read, and what ends a command: with a work_dir on s3:// or gs://
+# znni writes its markers there itself, and the rule's outputs are flags touched after it succeeded
+RUN_FILE = f"{WORK_DIR}/run.json" if REMOTE_WORK else "{input.run}"
+TOUCH = " && touch {output}" if REMOTE_WORK else ""
+MARKER = "" if REMOTE_WORK else "--marker {output}"
+MASK_OUTPUT = "" if REMOTE_WORK else "--output {output}"
 
 # numba's default threading layer kills the process when called from threads (docs/pitfalls.md);
 # compiled kernels are cached with znni's other machine caches (calibration, plans), so a new
@@ -54,8 +76,9 @@ STARTED = time.time()
 # params.env (never shell.prefix, which would reach a parent's rules).
 ZNNI_ENV = (
     "NUMBA_THREADING_LAYER=${NUMBA_THREADING_LAYER:-threadsafe} "
-    f"NUMBA_CACHE_DIR=${{NUMBA_CACHE_DIR:-${{ZNNI_CACHE_DIR:-${{HOME:-{WORK_DIR}}}/.cache/znni}}/numba}} "
+    f"NUMBA_CACHE_DIR=${{NUMBA_CACHE_DIR:-${{ZNNI_CACHE_DIR:-${{HOME:-{'$PWD' if REMOTE_WORK else WORK_DIR}}}/.cache/znni}}/numba}} "
     "PYTHONDONTWRITEBYTECODE="
+    + (f" {ENDPOINT_ENV}={config['work_endpoint_url']}" if config.get("work_endpoint_url") else "")
 )
 
 # tasks and jobs: from the config, the network's halo and the input's bounds (schedule.json caches
@@ -72,10 +95,12 @@ if _CORES and _CORES < sys.maxsize and isinstance(_JOB_THREADS, int) and _JOB_TH
 # planning the schedule may load znni's engine in this (Snakemake's) process, which sets
 # GOMP_SPINCOUNT for its own OpenMP threads: restore_environ() takes it back with the rest (znni's
 # own jobs set it again when they load the engine)
-SCHEDULE = workflow_schedule(ZNNI_CONFIG, SLOTS)
+# (a job parsing the workflow again where it runs takes the schedule the workflow made)
+SCHEDULE = workflow_schedule(ZNNI_CONFIG, SLOTS, job=workflow.remote_exec)
 # schedule.json is rewritten when the config or the network changes: as validate's input it makes a
-# config change rerun validate under `rerun-triggers: mtime` too
-SCHEDULE_FILE = [] if "error" in SCHEDULE else [f"{WORK}/schedule.json"]
+# config change rerun validate under `rerun-triggers: mtime` too (a work_dir on s3:// or gs:// is not
+# Snakemake's: validate's params, the config, do it)
+SCHEDULE_FILE = [] if "error" in SCHEDULE or REMOTE_WORK else [f"{WORK}/schedule.json"]
 if "error" in SCHEDULE:
     print(f"znni: the run cannot be scheduled: {SCHEDULE['error']}", file=sys.stderr)
     SCHEDULE = {"num_tasks": 0, "tasks_per_job": 1, "num_jobs": 0, "pyramid": []}
@@ -87,7 +112,7 @@ CONFIG_JSON = json.dumps({**ZNNI_CONFIG, "task_chunks": SCHEDULE.get("task_box",
 # a mask makes the task list data-dependent: the checkpoint mask_tasks (rules/mask.smk) lists the
 # live tasks and the jobs batch only those
 MASKED = bool(config.get("mask"))
-MASK_TASKS = [f"{WORK}/mask_tasks.json"] if MASKED else []
+MASK_TASKS = [flagged(f"{WORK}/mask_tasks.json")] if MASKED else []
 
 wildcard_constraints:
     job=r"\d{6}",
@@ -98,8 +123,8 @@ def live_tasks():
     """The number of tasks the jobs run: all, or after the mask checkpoint the live ones."""
     if not MASKED:
         return SCHEDULE["num_tasks"]
-    with open(checkpoints.mask_tasks.get().output[0]) as f:
-        return json.load(f)["num_live"]
+    checkpoints.mask_tasks.get()
+    return json.loads((WORK_PATH / "mask_tasks.json").read_text())["num_live"]
 
 
 def job_brick():
@@ -121,7 +146,7 @@ def get_job_brick(wildcards):
 def get_job_markers(wildcards):
     """Every job's marker (written after all its tasks' manifests)."""
     n = live_tasks() if SCHEDULE["num_jobs"] else 0
-    return [f"{WORK}/jobs/{j:06d}.json" for j in range(job_map(n).num_jobs)]
+    return [flagged(f"{WORK}/jobs/{j:06d}.json") for j in range(job_map(n).num_jobs)]
 
 
 def get_job_tasks(wildcards):
@@ -134,7 +159,7 @@ def get_job_tasks(wildcards):
 def pyramid_markers(mip):
     """Every job marker of mip ``mip`` (the schedule: computed when the workflow is parsed)."""
     s = SCHEDULE["pyramid"][mip - 1]
-    return [f"{WORK}/pyramid/mip{mip}/{j:06d}.json" for j in range(s["num_jobs"])]
+    return [flagged(f"{WORK}/pyramid/mip{mip}/{j:06d}.json") for j in range(s["num_jobs"])]
 
 
 def get_pyramid_below(wildcards):
@@ -168,18 +193,18 @@ def print_summary(ok):
     n, masked = SCHEDULE["num_tasks"], None
     if MASKED:
         try:
-            doc = json.loads((Path(WORK_DIR) / "mask_tasks.json").read_text())
+            doc = json.loads((WORK_PATH / "mask_tasks.json").read_text())
             n, masked = doc["num_live"], doc["num_masked"]
         except (OSError, ValueError, KeyError):
             return
-    s = summary(WORK_DIR, job_map(n), STARTED)
+    s = summary(WORK_PATH, job_map(n), STARTED)
     print(f"\nznni summary: {s['tasks']} tasks in {s['jobs']} jobs: {s['done_now']} done now, {s['skipped']} skipped "
           f"(already done), {s['not_done']} not done"
           + (f" (jobs {s['jobs_not_done'][:20]})" if s["not_done"] else "")
           + (f"; {masked} masked (the mask is 0 over them, never run)" if masked is not None else ""),
           file=sys.stderr)
     wall = time.time() - STARTED
-    report_html = Path(WORK_DIR) / "report" / "report.html"
+    report_html = WORK_PATH / "report" / "report.html"
     if s["done_now"]:
         # two clocks, named: this workflow's (Snakemake's start to now: validation, compilation, the
         # jobs, finalize) and the tasks' span, first start to last end, which the report gives
@@ -201,6 +226,8 @@ def print_summary(ok):
 def print_errors():
     """After a failed run: the ``error:`` lines the run's commands logged (validate's refusal, a
     job's failed tasks), so the reason shows here and not only in a log file."""
+    if REMOTE_WORK:  # the logs are Snakemake's storage's, beside its flags
+        return
     logs = [Path(WORK_DIR) / "logs" / "validate.log", *sorted((Path(WORK_DIR) / "logs" / "jobs").glob("*.log"))]
     shown = 0
     for log in logs:

@@ -3,13 +3,13 @@
 
 rule finalize:
     input:
-        run=f"{WORK}/run.json",
+        run=flagged(f"{WORK}/run.json"),
         jobs=get_job_markers,
-        pyramid=[f"{WORK}/pyramid.json"] if config.get("downsample", {}).get("mips", 0) else [],
+        pyramid=[flagged(f"{WORK}/pyramid.json")] if config.get("downsample", {}).get("mips", 0) else [],
     output:
-        summary=f"{WORK}/report/summary.json",
-        report=f"{WORK}/report/report.html",
-        preview=f"{WORK}/report/preview.png",
+        summary=flagged(f"{WORK}/report/summary.json"),
+        report=flagged(f"{WORK}/report/report.html"),
+        preview=flagged(f"{WORK}/report/preview.png"),
     params:
         env=ZNNI_ENV,
     conda:
@@ -17,4 +17,4 @@ rule finalize:
     log:
         f"{WORK}/logs/finalize.log",
     shell:
-        "{params.env} znni finalize {input.run} > {log} 2>&1; rc=$?; cat {log} >&2; exit $rc"
+        f"{{params.env}} znni finalize {RUN_FILE} > {{log}} 2>&1; rc=$?; cat {{log}} >&2; (exit $rc){TOUCH}"

@@ -10,12 +10,12 @@
 
 rule infer_job:
     input:
-        run=f"{WORK}/run.json",
-        plan=f"{WORK}/plan.json",
+        run=flagged(f"{WORK}/run.json"),
+        plan=flagged(f"{WORK}/plan.json"),
         layer=f"{WORK}/layer.json",
         mask_tasks=MASK_TASKS,
     output:
-        f"{WORK}/jobs/{{job}}.json",
+        flagged(f"{WORK}/jobs/{{job}}.json"),
     params:
         env=ZNNI_ENV,
         per_job=SCHEDULE["tasks_per_job"],
@@ -29,5 +29,5 @@ rule infer_job:
     resources:
         mem_mb=2000,
     shell:
-        "{params.env} znni run-job {input.run} --job {wildcards.job} --tasks-per-job {params.per_job} "
-        "{params.tasks} {params.brick} --memory {resources.mem_mb}MiB --marker {output} > {log} 2>&1"
+        f"{{params.env}} znni run-job {RUN_FILE} --job {{wildcards.job}} --tasks-per-job {{params.per_job}} "
+        f"{{params.tasks}} {{params.brick}} --memory {{resources.mem_mb}}MiB {MARKER} > {{log}} 2>&1{TOUCH}"

@@ -4,10 +4,10 @@
 
 checkpoint mask_tasks:
     input:
-        run=f"{WORK}/run.json",
+        run=flagged(f"{WORK}/run.json"),
         layer=f"{WORK}/layer.json",
     output:
-        f"{WORK}/mask_tasks.json",
+        flagged(f"{WORK}/mask_tasks.json"),
     params:
         env=ZNNI_ENV,
     conda:
@@ -15,4 +15,4 @@ checkpoint mask_tasks:
     log:
         f"{WORK}/logs/mask_tasks.log",
     shell:
-        "{params.env} znni mask-tasks {input.run} --output {output} > {log} 2>&1"
+        f"{{params.env}} znni mask-tasks {RUN_FILE} {MASK_OUTPUT} > {{log}} 2>&1{TOUCH}"

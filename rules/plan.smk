@@ -11,8 +11,8 @@ rule validate:
     input:
         SCHEDULE_FILE,
     output:
-        run=f"{WORK}/run.json",
-        plan=f"{WORK}/plan.json",
+        run=flagged(f"{WORK}/run.json"),
+        plan=flagged(f"{WORK}/plan.json"),
         layer=f"{WORK}/layer.json",
     params:
         env=ZNNI_ENV,
@@ -26,4 +26,4 @@ rule validate:
         mem_mb=2000,
     shell:
         "{params.env} znni validate --config-json {params.config:q} --memory {resources.mem_mb}MiB --threads {threads} "
-        "--layer-marker {output.layer} > {log} 2>&1"
+        f"--layer-marker {{output.layer}} > {{log}} 2>&1{TOUCH}"

@@ -7,10 +7,10 @@
 
 rule pyramid_job:
     input:
-        run=f"{WORK}/run.json",
+        run=flagged(f"{WORK}/run.json"),
         below=get_pyramid_below,
     output:
-        f"{WORK}/pyramid/mip{{mip}}/{{job}}.json",
+        flagged(f"{WORK}/pyramid/mip{{mip}}/{{job}}.json"),
     params:
         env=ZNNI_ENV,
         per_job=lambda w: SCHEDULE["pyramid"][int(w.mip) - 1]["tasks_per_job"],
@@ -22,16 +22,16 @@ rule pyramid_job:
     resources:
         mem_mb=2000,
     shell:
-        "{params.env} znni pyramid {input.run} --mip {wildcards.mip} --job {wildcards.job} "
-        "--tasks-per-job {params.per_job} --marker {output} > {log} 2>&1"
+        f"{{params.env}} znni pyramid {RUN_FILE} --mip {{wildcards.mip}} --job {{wildcards.job}} "
+        f"--tasks-per-job {{params.per_job}} {MARKER} > {{log}} 2>&1{TOUCH}"
 
 
 rule pyramid:
     input:
-        run=f"{WORK}/run.json",
+        run=flagged(f"{WORK}/run.json"),
         jobs=get_pyramid_markers,
     output:
-        f"{WORK}/pyramid.json",
+        flagged(f"{WORK}/pyramid.json"),
     params:
         env=ZNNI_ENV,
     conda:
@@ -39,4 +39,4 @@ rule pyramid:
     log:
         f"{WORK}/logs/pyramid.log",
     shell:
-        "{params.env} znni pyramid {input.run} > {log} 2>&1; rc=$?; cat {log} >&2; exit $rc"
+        f"{{params.env}} znni pyramid {RUN_FILE} > {{log}} 2>&1; rc=$?; cat {{log}} >&2; (exit $rc){TOUCH}"

@@ -77,7 +77,10 @@ def atomic_write(path, data: bytes, *, exclusive: bool = False, tmp_dir: Path | 
     With ``exclusive=True`` the file is only created if absent (``os.link`` fails on an existing
     name): returns False and leaves the existing file alone when someone was first.  ``tmp_dir``:
     where the temporary is written (a directory on the same file system; default ``path``'s).
+    An object of a remote work directory (:class:`~.workdir.WorkPath`) is one PUT, atomic per object.
     """
+    if getattr(path, "is_remote", False):
+        return path.write_bytes(data, exclusive=exclusive)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(path, tmp_dir)

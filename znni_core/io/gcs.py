@@ -250,6 +250,35 @@ class GcsObjects:
 
         return self._call("HEAD", name, head)
 
+    def stat(self, name: str) -> tuple[int, float] | None:
+        """``(bytes, last-modified as POSIX seconds)`` of ``name``, or None if absent."""
+
+        def head():
+            blob = self.bucket.get_blob(self.key(name), retry=None, timeout=TIMEOUT_S)
+            return None if blob is None else (int(blob.size or 0), blob.updated.timestamp())
+
+        return self._call("HEAD", name, head)
+
+    def list(self, prefix: str = "", *, delimiter: str = "", limit: int | None = None) -> tuple[list, list]:
+        """``([(name, bytes, last-modified)], [sub-prefixes])`` of the objects whose names start
+        with ``prefix`` (``delimiter="/"``: one level; ``limit``: at most that many), names
+        relative to the layer."""
+        base = self.key("")
+
+        def listing():
+            it = self.bucket.client.list_blobs(
+                self.bucket,
+                prefix=base + prefix,
+                delimiter=delimiter or None,
+                max_results=limit,
+                retry=None,
+                timeout=TIMEOUT_S,
+            )
+            objects = [(b.name[len(base) :], int(b.size or 0), b.updated.timestamp()) for b in it]
+            return objects, sorted(p[len(base) :] for p in it.prefixes)
+
+        return self._call("LIST", prefix, listing)
+
     def version(self, name: str) -> str | None:
         """The object's generation, or None if absent."""
 

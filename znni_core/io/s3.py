@@ -343,6 +343,32 @@ class S3Objects:
         r = self._head(name)
         return None if r is None else int(r.get("ContentLength") or 0)
 
+    def stat(self, name: str) -> tuple[int, float] | None:
+        """``(bytes, last-modified as POSIX seconds)`` of the object, or None if it does not exist."""
+        r = self._head(name)
+        return None if r is None else (int(r.get("ContentLength") or 0), r["LastModified"].timestamp())
+
+    def list(self, prefix: str = "", *, delimiter: str = "", limit: int | None = None) -> tuple[list, list]:
+        """``([(name, bytes, last-modified)], [sub-prefixes])`` of the objects whose names start
+        with ``prefix`` (``delimiter="/"``: one level; the levels below as sub-prefixes), names
+        relative to the layer, in key order (one LIST request per 1000 keys; ``limit``: at most that many)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        base = self.key("")
+        objects, prefixes = [], []
+        kw = {"Bucket": self.bucket, "Prefix": base + prefix} | ({"Delimiter": delimiter} if delimiter else {})
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(**kw, PaginationConfig={"MaxItems": limit})
+            for page in pages:
+                objects += [
+                    (o["Key"][len(base) :], int(o["Size"]), o["LastModified"].timestamp())
+                    for o in page.get("Contents", ())
+                ]
+                prefixes += [p["Prefix"][len(base) :] for p in page.get("CommonPrefixes", ())]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, "LIST", prefix) from exc
+        return objects, prefixes
+
     def version(self, name: str) -> str | None:
         """The object's ETag (with its VersionId on a versioned bucket), or None if it does not exist."""
         r = self._head(name)

@@ -403,6 +403,15 @@ class _RemoteStore(ObjectStore):
         """Delete ``name``; a failed request is a :class:`~znni_core.errors.StorageError`."""
         self._objects.delete(name)
 
+    def stat(self, name: str) -> tuple[int, float] | None:
+        """``(bytes, last-modified as POSIX seconds)`` of ``name``, or None if absent (one HEAD)."""
+        return self._objects.stat(name)
+
+    def list(self, prefix: str = "", *, delimiter: str = "", limit: int | None = None) -> tuple[list, list]:
+        """``([(name, bytes, last-modified)], [sub-prefixes])`` under ``prefix`` (names relative to
+        the store; ``delimiter="/"``: one level; ``limit``: at most that many objects)."""
+        return self._objects.list(prefix, delimiter=delimiter, limit=limit)
+
 
 class S3Store(_RemoteStore):
     """``s3://`` (AWS or any endpoint): one PUT with Content-MD5; retries and errors in :mod:`.s3`."""

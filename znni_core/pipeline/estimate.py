@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..io import atomic_write
+from ..io.workdir import work_path
 from .schedule import ESTIMATE_FILE
 from .settings import Config, parse_config
 
@@ -30,7 +31,8 @@ READ_AMPLIFICATION_WARN = 1.3
 def rate_from_manifests(work, limit: int = 200) -> tuple[float, int] | None:
     """(voxels/s per task, tasks seen) from up to ``limit`` finished manifests of a run."""
     vox, secs, n = 0, 0.0, 0
-    for p in sorted((Path(work) / "manifests").rglob("*.json"))[:limit] if (Path(work) / "manifests").is_dir() else []:
+    d = work_path(work) / "manifests"
+    for p in sorted(d.rglob("*.json"))[:limit] if d.is_dir() else []:
         try:
             m = json.loads(p.read_text())
             vox += int(m["voxels"])
@@ -246,7 +248,7 @@ def masked_schedule(cfg: Config, schedule: dict, log=print) -> dict:
 
 def save_rate(work, e: dict) -> Path:
     """Record ``e``'s rate (voxels/s, source, threads, device, time) in ``<work>/estimate.json``; return its path."""
-    path = Path(work) / ESTIMATE_FILE
+    path = work_path(work) / ESTIMATE_FILE
     atomic_write(
         path,
         (
@@ -271,13 +273,14 @@ def run_estimate(
 ) -> dict:
     """``znni estimate``: the schedule, a rate (see module doc), the numbers; a measured rate is saved."""
     from .. import load_network
+    from .network_file import network_file
     from .resolve import resolve, stored_channels
     from .schedule import compute_schedule
     from .task import tta_variants
 
     cfg = parse_config(cfg)
-    work = Path(cfg.work_dir)
-    net = load_network(Path(cfg.network.path))
+    work = work_path(cfg)
+    net = load_network(network_file(cfg.network))
     threads = threads or 1
     if rate:
         source = "--rate"

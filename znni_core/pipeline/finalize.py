@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -28,6 +29,7 @@ from ..io import (
     read_json,
     write_json,
 )
+from ..io.workdir import local_copy, work_path
 from ..progress import bar
 from .done import check_task
 from .mask import load_mask_tasks, positions
@@ -35,6 +37,9 @@ from .report import empty_chunks, neuroglancer_link, preview, write_report
 from .run import Run, load_run, output_spec, run_geometry
 from .settings import Config
 from .tally import MASKED, MAX_LISTED, Tally
+
+#: the report's file finalize writes last: the run's done-marker
+SUMMARY = "summary.json"
 
 
 def output_mapping(cfg: Config) -> str:
@@ -121,14 +126,20 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     verify = verify or cfg.finalize.verify
     out_url = parse_layer_url(run.output.url, endpoint=cfg.output.endpoint_url)
     out = open_output(out_url, output_spec(run))
-    report_dir = Path(run.work_dir) / "report"
-    with check_manifests(run, out, verify, log, spill=report_dir if out_url.format != "zarr" else None) as tally:
-        return _finalize(run_file, run, out, out_url, tally, verify, report_dir, t0, log)
+    report_at = work_path(run) / "report"
+    remote = getattr(report_at, "is_remote", False)
+    spill = None if out_url.format == "zarr" else Path(tempfile.gettempdir()) if remote else report_at
+    # the report is drawn and written in the work directory (s3://, gs://: locally, then uploaded,
+    # summary.json last: it is the run's done-marker)
+    with check_manifests(run, out, verify, log, spill=spill) as tally, local_copy(report_at, last=SUMMARY) as local:
+        return _finalize(run_file, run, out, out_url, tally, verify, (local, report_at), t0, log)
 
 
-def _finalize(run_file, run: Run, out, out_url, tally: Tally, verify: str, report_dir: Path, t0: float, log) -> dict:
+def _finalize(run_file, run: Run, out, out_url, tally: Tally, verify: str, report: tuple, t0: float, log) -> dict:
     # long (one sequence): the summary, the checksum index, provenance, the report and the done
-    # marker in the order a finalize must write them (the marker last)
+    # marker in the order a finalize must write them (the marker last).  ``report``: (the local
+    # directory the report is written in, where it is kept: the same, or an s3:// / gs:// one)
+    report_dir, report_at = report
     cfg = run.config
     counts = tally.counts()
     failed = dict(sorted(tally.errors.items()))
@@ -163,7 +174,7 @@ def _finalize(run_file, run: Run, out, out_url, tally: Tally, verify: str, repor
         summary["missing_input_filled_listed"] = f"the first {MAX_LISTED} (sorted) of more"
     if n_failed > len(failed):
         summary["failures_listed"] = f"the first {len(failed)} of {n_failed}"
-    pyramid = Path(run.work_dir) / "pyramid.json"
+    pyramid = work_path(run) / "pyramid.json"
     if cfg.downsample.mips and pyramid.is_file():  # written by `znni pyramid` after its checks
         summary["pyramid"] = [
             f"mip {m['mip']} {m['key']} {tuple(m['size_zyx'])} (z, y, x): {m['tasks']} task(s) verified"
@@ -222,7 +233,7 @@ def _finalize(run_file, run: Run, out, out_url, tally: Tally, verify: str, repor
     link, notes = neuroglancer_link(run, cfg.finalize.neuroglancer, cfg.finalize.serve_port)
     summary.update(
         {
-            "preview": str(png),
+            "preview": str(report_at / png.name),
             "neuroglancer": link,
             "viewer_notes": notes,
             "finalize_seconds": round(time.perf_counter() - t0, 3),
@@ -231,7 +242,7 @@ def _finalize(run_file, run: Run, out, out_url, tally: Tally, verify: str, repor
     # the page first: summary.json is the run's done-marker, written last; a report that fails is a
     # warning, never the failure of a run whose every task checked out
     _final_report(run_file, tally, summary, [png.name] + summary["figures"], log)
-    atomic_write(report_dir / "summary.json", (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
+    atomic_write(report_dir / SUMMARY, (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
     log(
         f"finalize: {summary['done']}/{summary['tasks']} tasks done, 0 failed"
         + (f", {n_masked_tasks} masked (the mask is 0 over them)" if run.mask else "")
@@ -249,10 +260,12 @@ def _output_on_zeros(run: Run) -> list | None:
     report's statement of what the empty chunks do not hold; None when the network cannot be read."""
     from .. import load_network
     from ..errors import ZnniError
+    from .network_file import network_file
     from .report import output_on_zeros
 
     try:
-        return output_on_zeros(load_network(run.network.path), run.config.normalize.shift)
+        net = load_network(network_file(run.network.path, run.config.network.endpoint_url))
+        return output_on_zeros(net, run.config.normalize.shift)
     except (ZnniError, OSError):
         return None
 

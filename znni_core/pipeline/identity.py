@@ -35,6 +35,7 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..io.workdir import work_path
 from ..version import NUMERICS_VERSION
 
 #: parts of the identity that shape the output layer itself: a change of them is never
@@ -104,7 +105,10 @@ def differences(old: dict, new: dict) -> list[str]:
 
 def first_manifest(work_dir) -> Path | None:
     """A manifest of a finished task in ``work_dir`` (the first found), or None when no task finished."""
-    stack = [Path(work_dir) / "manifests"]
+    work = work_path(work_dir)
+    if getattr(work, "is_remote", False):
+        return (work / "manifests").first_file(".json")
+    stack = [work / "manifests"]
     while stack:
         try:
             with os.scandir(stack.pop()) as it:
@@ -132,7 +136,7 @@ def previous_identity(work_dir) -> dict | None:
     """The identity document ``work_dir`` holds, or None (none yet); a file that does not read as
     one counts as an identity of its own (a run of unknown settings)."""
     try:
-        doc = json.loads((Path(work_dir) / IDENTITY_FILE).read_text())
+        doc = json.loads((work_path(work_dir) / IDENTITY_FILE).read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
@@ -147,7 +151,7 @@ def check_rerun(previous: dict | None, run, recompute: str) -> list[str]:
     A :class:`ConfigError` in one line names the changes and the ways on when tasks of another
     identity are done and ``recompute`` is ``none``, or when the change is one of the output
     layer's layout (:data:`LAYOUT`), which is never recomputed in place."""
-    manifest = first_manifest(run.work_dir)
+    manifest = first_manifest(run)
     if manifest is None:
         return []
     if previous is None:  # tasks without a recorded identity (an earlier znni): their digest says

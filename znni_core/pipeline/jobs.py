@@ -51,6 +51,8 @@ from typing import NamedTuple
 
 from ..errors import ConfigError, DataError, ZnniError
 from ..io import atomic_write
+from ..io.workdir import as_path, work_path
+from .run import location, plan_path
 from .schedule import JobMap
 
 JOB_FORMAT = "znni-job/1"
@@ -66,12 +68,12 @@ PREDICTION_FILE = "prediction.json"
 
 def job_marker_path(work, job: int) -> Path:
     """The marker job ``job`` writes last: ``<work>/jobs/NNNNNN.json`` (six digits)."""
-    return Path(work) / "jobs" / f"{job:06d}.json"
+    return work_path(work) / "jobs" / f"{job:06d}.json"
 
 
 def records_dir(work) -> Path:
     """Where the jobs' records are: ``<work>/jobs/records/`` (beside the markers, never one of them)."""
-    return Path(work) / "jobs" / "records"
+    return work_path(work) / "jobs" / "records"
 
 
 def job_records_dir(work, job: int) -> Path:
@@ -185,7 +187,7 @@ def read_attempt(path) -> dict | None:
     """The attempt's record in the file ``path``, or None when it is not one (unreadable, not
     JSON, another format, a field of the wrong type): such a file is ignored, never an error."""
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = json.loads(as_path(path).read_text())
     except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
     return doc if valid_attempt(doc) else None
@@ -355,7 +357,7 @@ def _log_file(work, job: int) -> str | None:
             return target
     except OSError:
         pass
-    p = Path(work) / "logs" / "jobs" / f"{job:06d}.log"
+    p = work_path(work) / "logs" / "jobs" / f"{job:06d}.log"
     return str(p) if p.is_file() else None
 
 
@@ -401,7 +403,7 @@ def run_job(
     from .run import load_run
 
     run = load_run(run_file)  # unreadable: nothing to record in (the error says why)
-    record = JobRecord(run.work_dir, job, run.digest, mem_mb=mem_mb, log=log)
+    record = JobRecord(run, job, run.digest, mem_mb=mem_mb, log=log)
     try:
         record_prediction(run, per_job, brick)  # before the first task of the run, for the report
     except Exception as exc:  # noqa: BLE001 - the prediction is for the report, never the job's failure
@@ -432,9 +434,9 @@ def prediction(run, per_job: int = 1, brick=None) -> dict:
     ``cores_per_node``: this machine's) or GPU-hours."""
     from .schedule import ESTIMATE_FILE
 
-    work = Path(run.work_dir)
+    work = work_path(run)
     try:
-        plan = json.loads(Path(run.plan.path).read_text())
+        plan = json.loads(plan_path(run).read_text())
     except (OSError, ValueError):
         plan = {}
     rate, source = None, None
@@ -501,15 +503,19 @@ def record_prediction(run, per_job: int = 1, brick=None) -> dict:
     from finished tasks) never turns the prediction into a measurement.  Returns the recorded one."""
     from ..io import atomic_write
 
-    path = Path(run.work_dir) / PREDICTION_FILE
+    path = work_path(run) / PREDICTION_FILE
     try:
-        doc = json.loads(path.read_text())
+        doc, first = json.loads(path.read_text()), False
         if doc.get("run_digest") == run.digest:
             return doc
+    except FileNotFoundError:
+        first = True
     except (OSError, ValueError):
-        pass
+        first = False
     doc = prediction(run, per_job, brick)
-    atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
+    # the run's first: created only if absent (of two first jobs starting together, one writes it)
+    if not atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode(), exclusive=first):
+        return json.loads(path.read_text())
     return doc
 
 
@@ -528,7 +534,7 @@ def job_positions(ctx, run_file, job: int, per_job: int, num_tasks, tasks_file, 
     if num_tasks is not None and n != num_tasks:
         raise ConfigError(
             f"the workflow was scheduled for {num_tasks} tasks but {run_file} has {n}: the schedule is "
-            f"stale; delete {Path(run.work_dir) / 'schedule.json'} and run the workflow again"
+            f"stale; delete {work_path(run) / 'schedule.json'} and run the workflow again"
         )
     jobs = JobMap(per_job, n, None if tasks_file is not None or run.mask else brick, tuple(ctx.tasks.shape))
     ks = [order[i] for i in jobs.positions(job)]
@@ -602,7 +608,7 @@ def _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_fi
         "finished": time.time(),
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
-    path = Path(marker) if marker else job_marker_path(run.work_dir, job)
+    path = location(marker) if marker else job_marker_path(run, job)
     atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
     vox = sum(r["voxels"] for r in ran)
     log(

@@ -33,7 +33,8 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..geometry import Roi
-from .run import Run
+from ..io.workdir import work_path
+from .run import Run, location
 from .settings import Config
 
 MASK_FILE = "mask_tasks.json"
@@ -180,18 +181,18 @@ def positions(doc: dict) -> list[int]:
 
 def mask_tasks_path(run: Run) -> Path:
     """Where the run's live tasks are recorded: ``<work_dir>/mask_tasks.json``."""
-    return Path(run.work_dir) / MASK_FILE
+    return work_path(run) / MASK_FILE
 
 
 def load_mask_tasks(run: Run, path=None) -> dict:
     """The run's ``mask_tasks.json``; ConfigError when missing or written for another run."""
-    path = Path(path) if path else mask_tasks_path(run)
+    path = location(path) if path else mask_tasks_path(run)
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
         raise ConfigError(
             f"{path} is missing or unreadable: this run has a mask; run `znni mask-tasks "
-            f"{Path(run.work_dir) / 'run.json'}` (the workflow's mask_tasks rule) first"
+            f"{work_path(run) / 'run.json'}` (the workflow's mask_tasks rule) first"
         ) from None
     if doc.get("format") != MASK_FORMAT or doc.get("run_digest") != run.digest:
         raise ConfigError(

@@ -33,7 +33,6 @@ import json
 import os
 import socket
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -42,8 +41,9 @@ from ..geometry import Coordinate, Roi, TaskGrid
 from ..io import atomic_write, open_output, parse_layer_url, store_chunks, write_manifest
 from ..io.precomputed import encode_raw
 from ..io.store import sha256
+from ..io.workdir import work_path
 from .jobs import run_blocks
-from .run import Run
+from .run import Run, location
 from .schedule import job_range, mip_tasks
 
 __all__ = ["downsample", "run_pyramid_job", "build_pyramid", "pyramid_status"]
@@ -88,7 +88,7 @@ class _Pyramid:
         if len(self.specs) < 2:
             raise DataError(f"downsample.mips is 0 in {run.work_dir}/run.json: the run has no pyramid to build")
         self.url = parse_layer_url(run.output.url, endpoint=cfg.output.endpoint_url)
-        self.run_file = Path(run.work_dir) / "run.json"
+        self.run_file = work_path(run) / "run.json"
         self._layers, self._grids, self._live = {}, {}, None
 
     def layer(self, k: int):
@@ -311,7 +311,7 @@ def run_pyramid_job(run_file, mip: int, job: int, per_job: int, *, marker=None, 
         "seconds": round(time.perf_counter() - t0, 3),
         "finished": time.time(),
     }
-    path = Path(marker) if marker else Path(run.work_dir) / "pyramid" / f"mip{mip}" / f"{job:06d}.json"
+    path = location(marker) if marker else work_path(run) / "pyramid" / f"mip{mip}" / f"{job:06d}.json"
     atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
     log(f"mip {mip} job {job}: {len(ran)} task(s) run, {len(skipped)} skipped (already done) in {doc['seconds']:.1f} s")
     return doc
@@ -347,7 +347,7 @@ def build_pyramid(run: Run, log=print) -> dict:
             f"now, all verified"
         )
     record["seconds"] = round(time.perf_counter() - t0, 3)
-    atomic_write(Path(run.work_dir) / RECORD, (json.dumps(record, indent=1) + "\n").encode())
+    atomic_write(work_path(run) / RECORD, (json.dumps(record, indent=1) + "\n").encode())
     return record
 
 
@@ -377,5 +377,5 @@ def require_pyramid(run: Run, log=print) -> None:
     if bad:
         raise DataError(
             f"the pyramid has {len(bad)} task(s) not done or stale (first: mip {bad[0][0]} task {bad[0][1]}: "
-            f"{bad[0][2]}); run `znni pyramid {Path(run.work_dir) / 'run.json'}` (it rebuilds only those)"
+            f"{bad[0][2]}); run `znni pyramid {work_path(run) / 'run.json'}` (it rebuilds only those)"
         )

@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from ..io import atomic_write
+from ..io.workdir import local_copy, work_path
+from .run import location, plan_path
 
 #: task states in the map, drawn in this order (a later one wins where tasks are stacked in z)
 STATES = ("done", "empty", "masked", "running", "failed")
@@ -264,7 +266,7 @@ def _preview_source(run, out):
     cfg = run.config
     region = Roi.from_dict(run.region)
     inp_url = parse_layer_url(run.input.url, endpoint=cfg.input.endpoint_url)
-    if cfg.downsample.mips and (Path(run.work_dir) / "pyramid.json").is_file():
+    if cfg.downsample.mips and (work_path(run) / "pyramid.json").is_file():
         specs = output_specs(run)
         for k in range(1, len(specs)):
             scale = Coordinate(int(v) ** k for v in cfg.downsample.factor)
@@ -521,7 +523,7 @@ def measured_cost(run, jobs: dict, pred: dict, state: dict, tally=None) -> dict:
     if secs:
         source = "the jobs' records: every attempt, failed ones included"
     else:
-        d = Path(run.work_dir) / "jobs"
+        d = work_path(run) / "jobs"
         for p in sorted(d.glob("[0-9]" * 6 + ".json")) if d.is_dir() else []:
             try:
                 secs += float(json.loads(p.read_text())["seconds"])
@@ -874,7 +876,7 @@ def _plan_text(run) -> str:
     try:
         from ..plan.plan import Plan
 
-        return Plan.load(run.plan.path).describe()
+        return Plan.load(plan_path(run)).describe()
     except Exception:  # noqa: BLE001 - a moved work directory: its record
         return json.dumps(asdict(run.plan), indent=1)
 
@@ -908,11 +910,11 @@ def write_report(
     from .settings import load_config
     from .status import run_file_of
 
-    where = Path(where)
+    where = location(where)
     try:
         rf = run_file_of(where)
         if rf.suffix in (".yaml", ".yml"):
-            rf = Path(load_config(rf).work_dir) / "run.json"
+            rf = work_path(load_config(rf)) / "run.json"
         run = load_run(rf)
     except (ZnniError, OSError, ValueError) as exc:
         work = where if where.is_dir() else where.parent if where.name == "run.json" else None
@@ -938,7 +940,7 @@ def gather_report(run, snakemake_logs=(), tally=None) -> tuple[dict, dict]:
     out with a note in ``doc["notes"]``."""
     from .status import collect, recorded_prediction
 
-    work = Path(run.work_dir)
+    work = work_path(run)
     notes: list = []
     rules = []
     for sl in snakemake_logs:
@@ -973,8 +975,12 @@ def gather_report(run, snakemake_logs=(), tally=None) -> tuple[dict, dict]:
 def render_report(run, doc: dict, state: dict, summary: dict | None = None, images: list | None = None) -> Path:
     """Draw what :func:`gather_report` found (``images`` None: the previews, the task map and the
     timeline drawn here) and write ``report.json`` and ``report.html``; return the page's path."""
-    report_dir = Path(run.work_dir) / "report"
-    report_dir.mkdir(parents=True, exist_ok=True)
+    report_dir = work_path(run) / "report"
+    with local_copy(report_dir) as local:  # the work directory's, or (s3://, gs://) uploaded after
+        return report_dir / _render(run, doc, state, summary, images, local).name
+
+
+def _render(run, doc: dict, state: dict, summary: dict | None, images: list | None, report_dir: Path) -> Path:
     notes = doc["notes"]
     if images is None:
         images = _draw(run, state, report_dir, notes)

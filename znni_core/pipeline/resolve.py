@@ -205,6 +205,7 @@ def resolve(
     """
     from .. import load_network
     from .mask import check_mask, open_mask
+    from .network_file import is_remote_network, network_file
 
     cfg = parse_config(cfg)
     if cfg.output.scale is not None and cfg.output.dtype != "uint8":
@@ -213,7 +214,8 @@ def resolve(
             f"{cfg.output.dtype}: set output.dtype: uint8 or remove output.scale"
         )
     _check_destinations(cfg)
-    net_path = Path(cfg.network.path).resolve()
+    net_path = network_file(cfg.network)
+    net_path = net_path if is_remote_network(cfg.network.path) else net_path.resolve()
     net = load_network(net_path)  # T19: NaN/Inf weights refused here
     halo = net_halo(net)
     _check_tta(cfg.tta, net, net_path, halo)
@@ -253,18 +255,19 @@ def _check_tta(tta: Tta, net, net_path: Path, halo: Halo) -> None:
 
 def _check_destinations(cfg: Config) -> None:
     """What znni writes must be writable: the output not on http(s):// (read-only), the work
-    directory a local path (not a URL), refused before anything is read."""
-    import re
-
+    directory a local path or an s3:// or gs:// prefix, refused before anything is read."""
     from ..io.layers import check_writable
+    from ..io.workdir import is_remote_work, parse_work_dir
 
     check_writable(
         parse_layer_url(cfg.output.path, endpoint=cfg.output.endpoint_url, what="output.path"), "output.path"
     )
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", str(cfg.work_dir)):
+    if is_remote_work(cfg.work_dir):
+        parse_work_dir(cfg.work_dir, cfg.work_endpoint_url)  # s3:// or gs:// (docs/cloud.md)
+    elif cfg.work_endpoint_url:
         raise ConfigError(
-            f"work_dir {cfg.work_dir!r} is a URL; it must be a local (or shared-filesystem) directory: "
-            "run.json, manifests and logs are written there"
+            f"work_endpoint_url {cfg.work_endpoint_url!r} is set but work_dir {cfg.work_dir!r} is a local "
+            "directory; remove work_endpoint_url, or give an s3:// work_dir"
         )
 
 
@@ -390,14 +393,18 @@ def _check_valid_graph_read(net, plan, region: Roi, halo: Halo, inp) -> None:
 
 def _run_record(cfg, net, net_path, halo, iu, inp, ou, specs, lay, mask, num_tasks, plan, plan_out, mem_mb) -> Run:
     """The run (``run.json``): what every later step reads, with its digest."""
-    work = Path(cfg.work_dir).resolve()
+    from ..io.workdir import work_path
+    from .network_file import is_remote_network
+
+    work = work_path(cfg)
+    work = work if getattr(work, "is_remote", False) else work.resolve()
     plan_path = Path(plan_out) if plan_out else work / "plan.json"
     doc = {
         "format": RUN_FORMAT,
         "config": cfg.to_dict(),
         "work_dir": str(work),
         "network": {
-            "path": str(net_path),
+            "path": cfg.network.path if is_remote_network(cfg.network.path) else str(net_path),
             "digest": net.digest(),
             "field_of_view": list(net.field_of_view),
             "kind": net.kind,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from ..errors import ConfigError
 from ..geometry import ChunkGrid, Coordinate, Halo, Roi, TaskGrid
 from ..io import ScaleSpec, atomic_write
 from ..io.info import scale_spec
+from ..io.workdir import is_remote_work, work_path
 from .settings import Config, load_config, parse_config
 
 RUN_FORMAT = "znni-run/1"
@@ -160,13 +162,14 @@ def _record(cls, doc: dict, where: str, prefix: str):
     return cls(**values)
 
 
-def save_run(run: Run, plan, work: Path) -> Path:
-    """Save ``plan`` to ``run.plan.path`` and ``run`` atomically to ``<work>/run.json`` (and its
-    identity to ``identity.json``, :mod:`.identity`); return the run file's path."""
+def save_run(run: Run, plan, work=None) -> Path:
+    """Save ``plan`` to ``run.plan.path`` and ``run`` atomically to ``<work>/run.json`` (``work``:
+    the run's work directory unless given; its identity to ``identity.json``, :mod:`.identity`);
+    return the run file's path."""
     from .identity import IDENTITY_FILE, identity_document
 
-    work = Path(work)
-    plan.save(run.plan.path)
+    work = work_path(run) if work is None else work_path(work)
+    plan.save(plan_path(run))
     path = work / "run.json"
     atomic_write(path, (json.dumps(run.to_json(), indent=1, sort_keys=True) + "\n").encode())
     atomic_write(work / IDENTITY_FILE, identity_document(run))
@@ -174,11 +177,12 @@ def save_run(run: Run, plan, work: Path) -> Path:
 
 
 def load_run(path) -> Run:
-    """Read a run file (``<work_dir>/run.json``); a config.yaml is accepted and mapped to its run file."""
-    path = Path(path)
+    """Read a run file (``<work_dir>/run.json``, on a file system or an ``s3://``/``gs://`` work
+    directory); a config.yaml is accepted and mapped to its run file."""
+    path = location(path)
     if path.suffix in (".yaml", ".yml"):
         cfg = load_config(path)
-        path = Path(cfg.work_dir) / "run.json"
+        path = work_path(cfg) / "run.json"
     try:
         run = json.loads(path.read_text())
     except FileNotFoundError:
@@ -190,6 +194,24 @@ def load_run(path) -> Run:
             f"{path} cannot be read ({exc.strerror or exc}); give the run file <work_dir>/run.json"
         ) from exc
     return Run.from_json(run, str(path))
+
+
+def location(path):
+    """A path given on a command line or in a file: a local :class:`Path`, or a :class:`WorkPath`
+    for an ``s3://`` / ``gs://`` URL (also as a shell or ``Path`` leaves it: ``s3:/bucket/key``)."""
+    if getattr(path, "is_remote", False):
+        return path
+    s = re.sub(r"^(s3|gs):/(?=[^/])", r"\1://", str(path))
+    return work_path(s) if is_remote_work(s) else Path(path)
+
+
+def plan_path(run: Run):
+    """Where the run's plan is: ``run.plan.path``, under the run's work directory when that is a URL."""
+    work = work_path(run)
+    base = str(work)
+    if getattr(work, "is_remote", False) and run.plan.path.startswith(base + "/"):
+        return work / run.plan.path[len(base) + 1 :]
+    return location(run.plan.path)
 
 
 def run_geometry(run: Run):

@@ -166,13 +166,13 @@ def validate_cmd(
     cfg = parse_config(json.loads(config_json)) if config_json else load_config(config)
     run, plan = resolve(cfg, mem_mb=memory_mib(memory, mem_mb), threads=threads, progress=_log)
     _log(plan.describe(max_rejected=3))
-    changed = check_rerun(previous_identity(run.work_dir), run, cfg.recompute)  # one_line_errors reports it
+    changed = check_rerun(previous_identity(run), run, cfg.recompute)  # one_line_errors reports it
     if changed:
         _log(f"recompute: {cfg.recompute}: the tasks another run made are made again for: " + "; ".join(changed[:6]))
     if dry_run:
         _log("dry run: nothing written")
         return
-    path = save_run(run, plan, Path(run.work_dir))
+    path = save_run(run, plan)
     _log(f"run file {path}; plan {run.plan.path}; {run.num_tasks} tasks")
     _log_estimate(cfg, run, plan)
     if layer_marker:
@@ -258,8 +258,12 @@ def mask_tasks_cmd(
     if ctx.mask is None:
         raise ConfigError(f"{run_file}: the run has no mask (config key `mask`)")
     doc = scan(ctx.tasks, ctx.mask, log=_log) | {"run_digest": ctx.run.digest}
-    path = output or mask_tasks_path(ctx.run)
-    atomic_write(path, (json.dumps(doc, separators=(",", ":")) + "\n").encode())
+    data = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+    path = mask_tasks_path(ctx.run)
+    if getattr(path, "is_remote", False):  # the work directory's copy (the report's), then --output
+        atomic_write(path, data)
+    path = output or path
+    atomic_write(path, data)
     _log(
         f"mask: {doc['num_live']:,} of {doc['num_tasks']:,} tasks live ({doc['num_masked']:,} masked), "
         f"{doc['chunks_live']:,} live chunks, {doc['voxels_live']:,} voxels -> {path}"

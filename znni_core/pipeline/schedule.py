@@ -25,7 +25,6 @@ import itertools
 import json
 import math
 import os
-from pathlib import Path
 
 import numpy as np
 
@@ -33,6 +32,7 @@ from ..errors import ZnniError
 from ..geometry import Halo, TaskGrid
 from ..io import atomic_write
 from ..io.mips import task_chunks_of
+from ..io.workdir import work_path
 from .settings import Config, Jobs, parse_config
 
 SCHEDULE_FORMAT = "znni-schedule/5"
@@ -86,7 +86,7 @@ def measured_rate(cfg: Config) -> float | None:
     if cfg.jobs.voxels_per_second:
         return float(cfg.jobs.voxels_per_second)
     try:
-        return float(json.loads((Path(cfg.work_dir) / ESTIMATE_FILE).read_text())["voxels_per_second"])
+        return float(json.loads((work_path(cfg) / ESTIMATE_FILE).read_text())["voxels_per_second"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -123,9 +123,10 @@ def task_geometry(cfg: Config, net=None, slots: int | None = None):
     for ``task_chunks: auto``)."""
     from .. import load_network
     from ..io import open_input, parse_layer_url
+    from .network_file import network_file
     from .resolve import layout, net_halo, output_scales, stored_channels
 
-    net = load_network(Path(cfg.network.path)) if net is None else net
+    net = load_network(network_file(cfg.network)) if net is None else net
     iu = parse_layer_url(cfg.input.path, endpoint=cfg.input.endpoint_url, what="input.path")
     inp = open_input(iu, cfg.input.mip, resolution=cfg.input.resolution)
     halo = net_halo(net)
@@ -362,9 +363,10 @@ def compute_schedule(cfg: dict | Config, *, slots: int | None = None, rate: floa
     ``slots``: jobs Snakemake runs at once; ``rate``: output voxels/s of one job, else measured
     (``jobs.voxels_per_second``, ``znni estimate``) or, last, the time model's prediction."""
     from .. import load_network
+    from .network_file import network_file
 
     cfg = parse_config(cfg)
-    net = load_network(Path(cfg.network.path))
+    net = load_network(network_file(cfg.network))
     inp, lay, tasks, specs = task_geometry(cfg, net, slots=slots)
     task_voxels = (lay.task_chunks * lay.grid.chunk_shape).min(lay.bounds.shape).prod()
     source = "given"
@@ -414,25 +416,27 @@ def schedule_key(cfg: Config) -> dict:
     """What the schedule depends on: the config and the network file (size, mtime).  Kept in
     clear (not hashed), so a moved work directory whose paths were rewritten still matches."""
     try:
-        st = os.stat(cfg.network.path)
+        st = os.stat(cfg.network.path)  # a network in storage: its URL (the key's config has it)
         net = [st.st_size, st.st_mtime_ns]
     except OSError:
         net = None
     return json.loads(json.dumps({"config": cfg.to_dict(), "network_file": net}, sort_keys=True, default=str))
 
 
-def workflow_schedule(cfg: dict | Config, slots: int | None = None) -> dict:
+def workflow_schedule(cfg: dict | Config, slots: int | None = None, *, job: bool = False) -> dict:
     """The schedule, cached in ``<work_dir>/schedule.json`` (computed again when the config or the
     network changes, not when ``slots`` does: a resume with another ``--jobs`` keeps the job
-    ranges its markers name).  Never raises for a bad run: ``{"error": message}`` instead, so
-    that the workflow's ``validate`` job reports it with its log."""
+    ranges its markers name).  ``job``: for a job of the workflow (Snakemake parsing it again
+    where the job runs, perhaps another machine, with other slots and the network file at another
+    mtime): the schedule the workflow made, whatever the key.  Never raises for a bad run:
+    ``{"error": message}`` instead, so that the workflow's ``validate`` job reports it with its log."""
     try:
         cfg = parse_config(cfg)
         key = schedule_key(cfg)
-        path = Path(cfg.work_dir) / "schedule.json"
+        path = work_path(cfg) / "schedule.json"
         try:
             s = json.loads(path.read_text())
-            if s.get("format") == SCHEDULE_FORMAT and s.get("key") == key:
+            if s.get("format") == SCHEDULE_FORMAT and (job or s.get("key") == key):
                 return s
         except (OSError, ValueError):
             pass

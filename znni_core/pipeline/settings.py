@@ -66,6 +66,7 @@ class NetworkSettings:
 
     path: str
     resolution: list | None
+    endpoint_url: str | None = None  # an s3:// network's endpoint
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,7 @@ class Config:
     recompute: str  # none | changed | inputs
     finalize: FinalizeSettings
     mask: MaskSettings | None = None
+    work_endpoint_url: str | None = None  # an s3:// work_dir's endpoint
 
     def to_dict(self) -> dict:
         """The checked mapping this config was made from (``mask`` left out when there is none)."""

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..io.workdir import work_path
 from .jobs import attempt_alive, duration, job_record, records_dir
+from .run import location
 from .tally import DONE, EMPTY, FAILED, MASKED, OTHER, TODO, Tally, busy_seconds
 
 #: seconds between two redraws of ``znni status --watch`` without a value
@@ -38,7 +40,7 @@ SNAKEMAKE_ERRORS = "snakemake-errors.json"
 
 def run_file_of(path) -> Path:
     """``path`` as a run file: a work directory means its ``run.json``."""
-    path = Path(path)
+    path = location(path)
     return path / "run.json" if path.is_dir() else path
 
 
@@ -184,7 +186,7 @@ def job_table(run, now: float | None = None) -> dict:
     processes of one job, a resubmission while the old one still runs), ``attempts_total``.
     Snakemake's failures count when recorded for this run (:func:`snakemake_errors`)."""
     now = time.time() if now is None else now
-    work = run.work_dir
+    work = work_path(run)
     sm = snakemake_errors(work, run.digest)
     jobs = {}
     for job, doc in read_records(work, run.digest).items():
@@ -246,7 +248,7 @@ def _scheduled_tasks(run, job: int) -> list:
     from .schedule import JobMap
 
     try:
-        s = json.loads((Path(run.work_dir) / "schedule.json").read_text())
+        s = json.loads((work_path(run) / "schedule.json").read_text())
         blocks = run_geometry(run)[3]
         if run.mask:
             from .mask import load_mask_tasks, positions
@@ -504,13 +506,13 @@ def recorded_prediction(run) -> dict:
     from .jobs import PREDICTION_FILE, prediction
 
     try:
-        doc = json.loads((Path(run.work_dir) / PREDICTION_FILE).read_text())
+        doc = json.loads((work_path(run) / PREDICTION_FILE).read_text())
         if doc.get("run_digest") == run.digest:
             return doc
     except (OSError, ValueError):
         pass
     try:  # the jobs the workflow scheduled: what a job's tasks share is fetched once
-        s = json.loads((Path(run.work_dir) / "schedule.json").read_text())
+        s = json.loads((work_path(run) / "schedule.json").read_text())
         per, brick = int(s["tasks_per_job"]), s.get("brick")
     except (OSError, ValueError, KeyError, TypeError):
         per, brick = 1, None

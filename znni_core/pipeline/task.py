@@ -27,9 +27,10 @@ from ..errors import DataError, InputError, NonFiniteError
 from ..geometry import Block, Coordinate, Roi
 from ..io import open_input, open_output, parse_layer_url, read_manifest, store_chunks, write_manifest
 from ..io.chunk_cache import ChunkCache, chunk_uses
+from ..io.workdir import work_path
 from ..layers.xp import require_device
 from .mask import live_chunks, open_mask
-from .run import Run, load_run, output_spec, run_geometry
+from .run import Run, load_run, output_spec, plan_path, run_geometry
 from .settings import Tta
 
 MANIFESTS_PER_DIR = 10_000  # manifests/<id // 10^4>/<id>.json: no directory of 10^5+ files at petascale
@@ -37,7 +38,8 @@ MANIFESTS_PER_DIR = 10_000  # manifests/<id // 10^4>/<id>.json: no directory of 
 
 def manifest_path(run: Run, task_id: int, mip: int = 0) -> Path:
     """``manifests/NNNN/ID.json`` of an inference task; ``manifests/mipK/NNNN/ID.json`` of a pyramid's."""
-    base = Path(run.work_dir) / "manifests" / (f"mip{mip}" if mip else "")
+    base = work_path(run) / "manifests"
+    base = base / f"mip{mip}" if mip else base
     return base / f"{task_id // MANIFESTS_PER_DIR:04d}" / f"{task_id:06d}.json"
 
 
@@ -288,19 +290,20 @@ def open_run(run_file) -> RunContext:
     """Open a run's output layer, network, plan and input; DataError if any changed since validate."""
     from .. import load_network
     from ..plan.plan import Plan
+    from .network_file import network_file
 
     run = load_run(run_file)
     cfg = run.config
     region, grid, halo, tasks = run_geometry(run)
     out_url = parse_layer_url(run.output.url, endpoint=cfg.output.endpoint_url)
     out = open_output(out_url, output_spec(run))  # T18: the layer must exist and match
-    net = load_network(run.network.path)
+    net = load_network(network_file(run.network.path, run.config.network.endpoint_url))
     if net.digest() != run.network.digest:
         raise DataError(
             f"network {run.network.path} changed since `znni validate` (digest mismatch); "
             "re-run the workflow from validate (delete the work_dir's run.json)"
         )
-    plan = Plan.load(run.plan.path)
+    plan = Plan.load(plan_path(run))
     if plan.digest() != run.plan.digest:
         raise DataError(f"plan {run.plan.path} changed since `znni validate`; re-run validate")
     in_url = parse_layer_url(run.input.url, endpoint=cfg.input.endpoint_url)
@@ -420,7 +423,7 @@ def read_task(
     except ValueError:
         raise InputError(
             f"task {task_id} does not exist; this run has {len(tasks)} tasks, ids {tasks[0].id} to "
-            f"{tasks[-1].id} (`znni tasks {Path(run.work_dir) / 'run.json'}` lists them)"
+            f"{tasks[-1].id} (`znni tasks {work_path(run) / 'run.json'}` lists them)"
         ) from None
     if chunk_index is not None and out.sharded:
         log(

@@ -35,6 +35,7 @@ import numpy as np
 from ..errors import DataError
 from ..geometry import Coordinate, Roi
 from ..io import atomic_write
+from ..io.workdir import work_path
 from ..net.definition import DEFINITION_FLOPS, TOLERANCE, flops_per_voxel, sample_voxels
 from ..progress import bar
 from .recompute import graph_sample, reference_plan
@@ -211,7 +212,7 @@ def _chain_sample(ctx, ti, x: np.ndarray, rng, samples: int) -> tuple[np.ndarray
 
 
 def _write(run: Run, record: dict) -> Path:
-    path = Path(run.work_dir) / "verify.json"
+    path = work_path(run) / "verify.json"
     atomic_write(path, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
     return path
 

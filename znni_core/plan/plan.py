@@ -265,7 +265,11 @@ class Plan:
         return cls.from_dict(d)
 
     def save(self, path) -> Path:
-        """Write the plan to ``path`` atomically; returns the path."""
+        """Write the plan to ``path`` atomically (an object of a remote work directory: one PUT,
+        ``is_remote``); returns the path."""
+        if getattr(path, "is_remote", False):
+            path.write_text(self.to_json())
+            return path
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -275,8 +279,9 @@ class Plan:
 
     @classmethod
     def load(cls, path) -> "Plan":
-        """The plan saved at ``path``; a missing or unreadable file is a :class:`PlanError`."""
-        path = Path(path)
+        """The plan saved at ``path`` (a file, or an object of a remote work directory); a missing
+        or unreadable file is a :class:`PlanError`."""
+        path = path if getattr(path, "is_remote", False) else Path(path)
         if not path.is_file():
             raise PlanError(f"plan file {path} does not exist; create it with `znni plan`")
         try:
