@@ -64,6 +64,8 @@ RUN_FILE = f"{WORK_DIR}/run.json" if REMOTE_WORK else "{input.run}"
 TOUCH = " && touch {output}" if REMOTE_WORK else ""
 MARKER = "" if REMOTE_WORK else "--marker {output}"
 MASK_OUTPUT = "" if REMOTE_WORK else "--output {output}"
+# the image the rules run in with --software-deployment-method apptainer (workflow/envs/Dockerfile)
+CONTAINER = config.get("container")
 
 # numba's default threading layer kills the process when called from threads (docs/pitfalls.md);
 # compiled kernels are cached with znni's other machine caches (calibration, plans), so a new

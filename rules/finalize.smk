@@ -14,6 +14,8 @@ rule finalize:
         env=ZNNI_ENV,
     conda:
         "../workflow/envs/znni.yaml"
+    container:
+        CONTAINER
     log:
         f"{WORK}/logs/finalize.log",
     shell:

@@ -23,6 +23,8 @@ rule infer_job:
         brick=get_job_brick,
     conda:
         "../workflow/envs/znni.yaml"
+    container:
+        CONTAINER
     log:
         f"{WORK}/logs/jobs/{{job}}.log",
     threads: 1

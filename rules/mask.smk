@@ -12,6 +12,8 @@ checkpoint mask_tasks:
         env=ZNNI_ENV,
     conda:
         "../workflow/envs/znni.yaml"
+    container:
+        CONTAINER
     log:
         f"{WORK}/logs/mask_tasks.log",
     shell:

@@ -19,6 +19,8 @@ rule validate:
         config=CONFIG_JSON,
     conda:
         "../workflow/envs/znni.yaml"
+    container:
+        CONTAINER
     log:
         f"{WORK}/logs/validate.log",
     threads: 1

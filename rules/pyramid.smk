@@ -16,6 +16,8 @@ rule pyramid_job:
         per_job=lambda w: SCHEDULE["pyramid"][int(w.mip) - 1]["tasks_per_job"],
     conda:
         "../workflow/envs/znni.yaml"
+    container:
+        CONTAINER
     log:
         f"{WORK}/logs/pyramid/mip{{mip}}/{{job}}.log",
     threads: 1
@@ -36,6 +38,8 @@ rule pyramid:
         env=ZNNI_ENV,
     conda:
         "../workflow/envs/znni.yaml"
+    container:
+        CONTAINER
     log:
         f"{WORK}/logs/pyramid.log",
     shell:

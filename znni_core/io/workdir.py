@@ -120,8 +120,9 @@ class WorkPath:
 
     is_remote = True
 
-    def __init__(self, store, name: str):
-        self.store, self._name = store, name.strip("/")
+    def __init__(self, store, name: str, kind: str | None = None):
+        # kind: "file" or "dir" where a listing said so (no request to ask again), else None
+        self.store, self._name, self._kind = store, name.strip("/"), kind
 
     # ---- names -----------------------------------------------------------------------------------
     def __truediv__(self, other) -> WorkPath:
@@ -217,11 +218,15 @@ class WorkPath:
 
     def is_file(self) -> bool:
         """Whether the object exists (one HEAD)."""
+        if self._kind is not None:
+            return self._kind == "file"
         with _as_os_error(self):
             return bool(self._name) and self.store.exists(self._name)
 
     def is_dir(self) -> bool:
         """Whether any object lies below (one LIST)."""
+        if self._kind is not None:
+            return self._kind == "dir"
         objects, prefixes = self._list(delimiter="/")
         return bool(objects or prefixes)
 
@@ -245,21 +250,21 @@ class WorkPath:
     def iterdir(self):
         """The objects and prefixes one level below, in name order."""
         objects, prefixes = self._list(delimiter="/")
-        names = [n for n, _, _ in objects] + [p.rstrip("/") for p in prefixes]
-        return iter(WorkPath(self.store, n) for n in sorted(names))
+        names = [(n, "file") for n, _, _ in objects] + [(p.rstrip("/"), "dir") for p in prefixes]
+        return iter(WorkPath(self.store, n, kind) for n, kind in sorted(names))
 
     def glob(self, pattern: str):
         """Objects matching ``pattern`` (``*``, ``?``, ``[...]`` per level; ``**`` any depth)."""
         objects, _ = self._list()
         rx = re.compile(fnmatch.translate(pattern).replace(".*", "[^/]*").replace("[^/]*[^/]*", ".*"))
         base = len(self._prefix())
-        return iter(WorkPath(self.store, n) for n, _, _ in sorted(objects) if rx.match(n[base:]))
+        return iter(WorkPath(self.store, n, "file") for n, _, _ in sorted(objects) if rx.match(n[base:]))
 
     def rglob(self, pattern: str):
         """Objects at any depth below whose name matches ``pattern``."""
         objects, _ = self._list()
         return iter(
-            WorkPath(self.store, n)
+            WorkPath(self.store, n, "file")
             for n, _, _ in sorted(objects)
             if fnmatch.fnmatchcase(posixpath.basename(n), pattern)
         )
@@ -269,10 +274,11 @@ class WorkPath:
         objects, _ = self._list(limit=1000)
         return next((WorkPath(self.store, n) for n, _, _ in objects if n.endswith(suffix)), None)
 
-    def listing(self) -> list[tuple[WorkPath, int, float]]:
-        """Every object below with its bytes and modification time: one listing, no HEAD each."""
-        objects, _ = self._list()
-        return [(WorkPath(self.store, n), size, mtime) for n, size, mtime in sorted(objects)]
+    def listing(self, *, recursive: bool = True) -> list[tuple[WorkPath, int, float]]:
+        """Every object below (``recursive=False``: one level) with its bytes and modification
+        time: one listing, no HEAD each."""
+        objects, _ = self._list(delimiter="" if recursive else "/")
+        return [(WorkPath(self.store, n, "file"), size, mtime) for n, size, mtime in sorted(objects)]
 
 
 @contextlib.contextmanager

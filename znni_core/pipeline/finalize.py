@@ -40,6 +40,8 @@ from .tally import MASKED, MAX_LISTED, Tally
 
 #: the report's file finalize writes last: the run's done-marker
 SUMMARY = "summary.json"
+#: tasks checked at once where the manifests or the output are in object storage
+REMOTE_CHECKS = 16
 
 
 def output_mapping(cfg: Config) -> str:
@@ -79,17 +81,56 @@ def check_manifests(run: Run, out, verify: str, log=print, *, spill: Path | None
         key, _, count = index_keys(out)
         index = (key, count)
     tally = Tally(len(tasks), spill=spill, index=index)
+    # in object storage (the work directory's manifests, the output's objects) a check is requests
+    # that wait: REMOTE_CHECKS tasks at once, folded in task order (a window: memory stays bounded)
+    out_url = getattr(out, "url", None)
+    remote = getattr(work_path(run), "is_remote", False) or (out_url is not None and not out_url.is_local)
+    workers = REMOTE_CHECKS if remote else 1
+
+    def check(b):
+        try:
+            return check_task(run, out, b, verify)
+        except DataError as exc:
+            return exc
+
     with bar(len(tasks), "finalize: checking tasks", "task") as progress:
-        for k, b in enumerate(tasks):
+
+        def to_check():
+            for k, b in enumerate(tasks):
+                if live is not None and not live[k]:
+                    tally.seen(k, b.id, MASKED)
+                    progress.update(1)
+                else:
+                    yield k, b
+
+        for k, b, got in _in_order(to_check(), check, workers):
             progress.update(1)
-            if live is not None and not live[k]:
-                tally.seen(k, b.id, MASKED)
-                continue
-            try:
-                tally.add(k, check_task(run, out, b, verify))
-            except DataError as exc:
-                tally.fail(k, b.id, str(exc))
+            if isinstance(got, DataError):
+                tally.fail(k, b.id, str(got))
+            else:
+                tally.add(k, got)
     return tally
+
+
+def _in_order(items, fn, workers: int):
+    """``(k, b, fn(b))`` for ``(k, b)`` of ``items`` in order, ``workers`` calls at once (a bounded window)."""
+    if workers <= 1:
+        for k, b in items:
+            yield k, b, fn(b)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        window: deque = deque()
+        for k, b in items:
+            window.append((k, b, pool.submit(fn, b)))
+            if len(window) >= 2 * workers:
+                k0, b0, f = window.popleft()
+                yield k0, b0, f.result()
+        while window:
+            k0, b0, f = window.popleft()
+            yield k0, b0, f.result()
 
 
 def _figures(run: Run, out, tally: Tally, report_dir: Path) -> list[str]:

@@ -192,6 +192,7 @@ class Config:
     finalize: FinalizeSettings
     mask: MaskSettings | None = None
     work_endpoint_url: str | None = None  # an s3:// work_dir's endpoint
+    container: str | None = None  # the rules' container: directive (docs/cloud.md)
 
     def to_dict(self) -> dict:
         """The checked mapping this config was made from (``mask`` left out when there is none)."""
