@@ -23,6 +23,7 @@ def restore_environ():
             os.environ[key] = value
 
 
+import hashlib
 import json
 import sys
 import time
@@ -63,6 +64,9 @@ def flagged(path):
 RUN_FILE = f"{WORK_DIR}/run.json" if REMOTE_WORK else "{input.run}"
 TOUCH = " && touch {output}" if REMOTE_WORK else ""
 MARKER = "" if REMOTE_WORK else "--marker {output}"
+# the rules' logs as this process finds them (with a work_dir on s3:// or gs:// they are Snakemake's,
+# under WORK: local files, or with a storage plugin objects under --default-storage-prefix)
+LOGS = Path(WORK if REMOTE_WORK else WORK_DIR) / "logs"
 MASK_OUTPUT = "" if REMOTE_WORK else "--output {output}"
 # the image the rules run in with --software-deployment-method apptainer (workflow/envs/Dockerfile)
 CONTAINER = config.get("container")
@@ -110,6 +114,7 @@ if "error" in SCHEDULE:
 # that made schedule.json; a resume with another --jobs keeps it, and with it the tasks' ids)
 CONFIG_JSON = json.dumps({**ZNNI_CONFIG, "task_chunks": SCHEDULE.get("task_box", ZNNI_CONFIG.get("task_chunks"))},
                          sort_keys=True)
+CONFIG_DIGEST = hashlib.sha256(CONFIG_JSON.encode()).hexdigest()[:16]
 
 # a mask makes the task list data-dependent: the checkpoint mask_tasks (rules/mask.smk) lists the
 # live tasks and the jobs batch only those
@@ -188,9 +193,22 @@ def cancel_rate_timers():
             t.cancel()
 
 
+def validate_refused():
+    """Whether this run's validate logged an error (its settings refused: no task ran)."""
+    try:
+        log = LOGS / "validate.log"
+        return log.stat().st_mtime >= STARTED and "\nerror: " in "\n" + log.read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def print_summary(ok):
     """End-of-run summary from the job markers: tasks done now / already done (skipped) / not done."""
     if not SCHEDULE["num_jobs"]:
+        return
+    if not ok and validate_refused():  # the markers are another run's: nothing of this one ran
+        print(f"\nznni summary: validate refused the run (above; {LOGS / 'validate.log'}); no task ran",
+              file=sys.stderr)
         return
     n, masked = SCHEDULE["num_tasks"], None
     if MASKED:
@@ -221,16 +239,14 @@ def print_summary(ok):
     if ok and report_html.is_file():
         print(f"  report: {report_html}\n  preview: {report_html.with_name('preview.png')}", file=sys.stderr)
     if not ok:
-        print(f"  re-run the same command to retry only the unfinished tasks; logs: {WORK_DIR}/logs/jobs/",
+        print(f"  re-run the same command to retry only the unfinished tasks; logs: {LOGS / 'jobs'}/",
               file=sys.stderr)
 
 
 def print_errors():
     """After a failed run: the ``error:`` lines the run's commands logged (validate's refusal, a
     job's failed tasks), so the reason shows here and not only in a log file."""
-    if REMOTE_WORK:  # the logs are Snakemake's storage's, beside its flags
-        return
-    logs = [Path(WORK_DIR) / "logs" / "validate.log", *sorted((Path(WORK_DIR) / "logs" / "jobs").glob("*.log"))]
+    logs = [LOGS / "validate.log", *sorted((LOGS / "jobs").glob("*.log"))]
     shown = 0
     for log in logs:
         try:

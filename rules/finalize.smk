@@ -12,6 +12,9 @@ rule finalize:
         preview=flagged(f"{WORK}/report/preview.png"),
     params:
         env=ZNNI_ENV,
+        # the config's digest: after a change validate refused (Snakemake then deleted its outputs)
+        # a re-run is not "nothing to be done" over the other settings' report: it asks again
+        config=CONFIG_DIGEST,
     conda:
         "../workflow/envs/znni.yaml"
     container:

@@ -243,6 +243,14 @@ def test_workflow_runs_every_job_in_an_empty_directory_with_work_dir_on_s3(moto_
     # Snakemake's own files: flags and logs under its storage prefix, beside nothing of znni's
     sm = _objects(moto_s3, "snakemake/znni/")
     assert "report/summary.json.done" in sm and any(k.startswith("logs/jobs/") for k in sm)
+    # the run watched from anywhere, by its run file's URL
+    p = subprocess.run(
+        [*znni, "status", "s3://znni/work/run.json"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(tmp_path) | {"ZNNI_WORK_ENDPOINT_URL": moto_s3},
+    )
+    assert p.returncode == 0 and f"{n} of {n} tasks done" in p.stdout + p.stderr, p.stdout + p.stderr
     # the output equals the local run's, object for object
     got = {
         k: v

@@ -244,7 +244,8 @@ def test_status_check_inputs_lists_the_changed_tasks(tmp_path):
 def test_the_workflow_refuses_a_changed_rerun_then_recomputes_it(tmp_path):
     """Through Snakemake as users run it: ``validate``'s outputs are deleted before it runs, so
     the identity it compares with lives beside them (identity.json).  The refusal shows on
-    Snakemake's stderr; nothing is written, not even provenance; ``--config recompute=changed``
+    Snakemake's stderr, again on the same command; nothing is written, not even provenance;
+    ``--config recompute=changed``
     then gives the bytes of a fresh run of the new settings."""
     import yaml
 
@@ -261,6 +262,11 @@ def test_the_workflow_refuses_a_changed_rerun_then_recomputes_it(tmp_path):
     assert p.returncode != 0
     assert "znni: validate.log: error: work_dir" in p.stderr and "science.normalize.shift 0.0 -> 0.5" in p.stderr
     assert layer_files(str(out)) == before and (out / "provenance").read_bytes() == prov
+    # the same command again (Snakemake deleted validate's outputs when it failed): refused again,
+    # never "nothing to be done" over the other settings' report
+    p = snakemake(tmp_path, path, check=False)
+    assert p.returncode != 0 and "Nothing to be done" not in p.stdout + p.stderr
+    assert "znni summary: validate refused the run" in p.stderr and "skipped (already done)" not in p.stderr
     p = snakemake(tmp_path, path, "--config", "recompute=changed")
     n = json.loads((Path(cfg["work_dir"]) / "run.json").read_text())["num_tasks"]
     assert f"{n} done now, 0 skipped" in p.stderr, p.stderr[-2000:]
