@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 try:
-    from znni_core.io.workdir import ENDPOINT_ENV, is_remote_work, work_path
+    from znni_core.io.workdir import ENDPOINT_ENV, is_remote_work, work_endpoint, work_path
     from znni_core.pipeline.jobs import job_marker_path, summary
     from znni_core.pipeline.schedule import JobMap, workflow_schedule
 except ImportError as exc:
@@ -84,7 +84,7 @@ ZNNI_ENV = (
     "NUMBA_THREADING_LAYER=${NUMBA_THREADING_LAYER:-threadsafe} "
     f"NUMBA_CACHE_DIR=${{NUMBA_CACHE_DIR:-${{ZNNI_CACHE_DIR:-${{HOME:-{'$PWD' if REMOTE_WORK else WORK_DIR}}}/.cache/znni}}/numba}} "
     "PYTHONDONTWRITEBYTECODE="
-    + (f" {ENDPOINT_ENV}={config['work_endpoint_url']}" if config.get("work_endpoint_url") else "")
+    + (f" {ENDPOINT_ENV}={work_endpoint(config)}" if work_endpoint(config) else "")
 )
 
 # tasks and jobs: from the config, the network's halo and the input's bounds (schedule.json caches

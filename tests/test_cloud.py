@@ -111,6 +111,13 @@ def test_work_dir_urls_are_checked_before_anything_runs(tmp_path):
             resolve(parse_config(cfg | {"work_dir": bad}))
     with pytest.raises(ConfigError, match="work_endpoint_url"):
         resolve(parse_config(cfg | {"work_endpoint_url": "http://127.0.0.1:9"}))
+    from znni_core.io.workdir import work_endpoint
+
+    out = {"path": "s3://o/out", "endpoint_url": "http://o:1"}
+    assert work_endpoint({"work_dir": "s3://w/x", "output": out}) == "http://o:1"
+    assert work_endpoint({"work_dir": "s3://w/x", "work_endpoint_url": "http://w:2", "output": out}) == "http://w:2"
+    assert work_endpoint({"work_dir": "gs://w/x", "output": out}) is None
+    assert work_endpoint(parse_config(cfg | {"work_dir": "s3://w/x", "output": out})) == "http://o:1"
     with pytest.raises(ConfigError, match="work_endpoint_url"):
         resolve(parse_config(cfg | {"work_dir": "gs://b/w", "work_endpoint_url": "http://h:1"}))
 
@@ -170,8 +177,7 @@ def test_workflow_runs_every_job_in_an_empty_directory_with_work_dir_on_s3(moto_
         _s3(moto_s3).put_object(Bucket="znni", Key=f"models/{f.name}", Body=f.read_bytes())
     cfg = ref | {
         "network": {"path": f"s3://znni/models/{net.name}", "endpoint_url": moto_s3},
-        "work_dir": "s3://znni/work",
-        "work_endpoint_url": moto_s3,
+        "work_dir": "s3://znni/work",  # its endpoint: the output's (work_endpoint_url unset)
         "input": ref["input"] | {"path": "s3://znni/em", "endpoint_url": moto_s3},
         "output": ref["output"] | {"path": "s3://znni/out", "endpoint_url": moto_s3},
     }

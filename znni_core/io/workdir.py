@@ -68,18 +68,32 @@ def parse_work_dir(work_dir: str, endpoint: str | None = None) -> LayerURL:
     return LayerURL("precomputed", proto, rest, endpoint or None)
 
 
+def work_endpoint(cfg) -> str | None:
+    """The S3 endpoint of the work directory of ``cfg`` (a config or run, or its dict):
+    ``work_endpoint_url``, else, for an ``s3://`` work_dir beside an ``s3://`` output, the
+    output's ``endpoint_url`` (one S3-compatible server for both), else None."""
+    cfg = getattr(cfg, "config", cfg)
+
+    def get(obj, key):
+        return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+    if get(cfg, "work_endpoint_url"):
+        return get(cfg, "work_endpoint_url")
+    out = get(cfg, "output") or {}
+    if str(get(cfg, "work_dir")).startswith("s3://") and "s3://" in str(get(out, "path")):
+        return get(out, "endpoint_url") or None
+    return None
+
+
 def work_path(where, endpoint: str | None = None):
-    """The work directory of ``where``: a run or config (its ``work_dir`` and
-    ``work_endpoint_url``), a config dict, or a path or URL string (its endpoint ``endpoint``, else
+    """The work directory of ``where``: a run or config (its ``work_dir``, at
+    :func:`work_endpoint`), a config dict, or a path or URL string (its endpoint ``endpoint``, else
     ``$ZNNI_WORK_ENDPOINT_URL``, which the workflow sets for its jobs, else boto3's own chain); a
     local :class:`Path` (``file://`` prefixes removed) or a :class:`WorkPath`."""
     if isinstance(where, (WorkPath, Path)):
         return where
-    if isinstance(where, dict):
-        where, endpoint = where.get("work_dir"), where.get("work_endpoint_url")
-    elif hasattr(where, "work_dir"):
-        cfg = getattr(where, "config", where)
-        where, endpoint = where.work_dir, getattr(cfg, "work_endpoint_url", None)
+    if isinstance(where, dict) or hasattr(where, "work_dir"):
+        where, endpoint = (where.get("work_dir") if isinstance(where, dict) else where.work_dir), work_endpoint(where)
     endpoint = endpoint or os.environ.get(ENDPOINT_ENV) or None
     s = str(where)
     if s.startswith("file://"):

@@ -257,13 +257,13 @@ def _check_destinations(cfg: Config) -> None:
     """What znni writes must be writable: the output not on http(s):// (read-only), the work
     directory a local path or an s3:// or gs:// prefix, refused before anything is read."""
     from ..io.layers import check_writable
-    from ..io.workdir import is_remote_work, parse_work_dir
+    from ..io.workdir import is_remote_work, parse_work_dir, work_endpoint
 
     check_writable(
         parse_layer_url(cfg.output.path, endpoint=cfg.output.endpoint_url, what="output.path"), "output.path"
     )
     if is_remote_work(cfg.work_dir):
-        parse_work_dir(cfg.work_dir, cfg.work_endpoint_url)  # s3:// or gs:// (docs/cloud.md)
+        parse_work_dir(cfg.work_dir, work_endpoint(cfg))  # s3:// or gs:// (docs/cloud.md)
     elif cfg.work_endpoint_url:
         raise ConfigError(
             f"work_endpoint_url {cfg.work_endpoint_url!r} is set but work_dir {cfg.work_dir!r} is a local "
