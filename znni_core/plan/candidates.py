@@ -18,6 +18,7 @@ from ..errors import PlanError
 from ..net.chain import Pool
 from ..net.graph import Graph
 from . import memory as M
+from .pooling import MPF, DepthFirst, Slab
 
 SLAB_SLICES = 8  # depth of the thin patches tried for networks flat in z (patch_candidates)
 FFT_TILE_EDGES = (32, 48, 64, 96, 128)  # overlap-save block edges tried for FFT convolutions
@@ -92,10 +93,10 @@ def patch_candidates(net: Graph, max_voxels: int, input_shape=None, slabs: bool 
 def pool_mode_candidates(n_pools: int) -> list[tuple]:
     """The pooling-mode combinations the search tries for a net of ``n_pools`` pooling layers."""
     if n_pools <= 2:
-        return list(itertools.product(("mpf", "pool"), repeat=n_pools))
+        return list(itertools.product((MPF(), DepthFirst()), repeat=n_pools))
     # three or more pooling layers: depth-first on a prefix, MPF after (the ZNNi choices;
     # the other assignments trade memory the same way and took most of the planning time)
-    return [("pool",) * k + ("mpf",) * (n_pools - k) for k in range(n_pools + 1)]
+    return [(DepthFirst(),) * k + (MPF(),) * (n_pools - k) for k in range(n_pools + 1)]
 
 
 def slab_modes(net: Graph, patch, mode_sets) -> list[tuple]:
@@ -106,7 +107,7 @@ def slab_modes(net: Graph, patch, mode_sets) -> list[tuple]:
     rows_total = M.slab_geometry(net.layers, net.in_channels, k, patch, 1)["frag"][0]
     heights = sorted({max(1, rows_total // 8), max(1, rows_total // 2)})
     rests = sorted({m[1:] for m in mode_sets})
-    return [(f"slab:{h}",) + rest for h in heights for rest in rests]
+    return [(Slab(h),) + rest for h in heights for rest in rests]
 
 
 class ConvOption(NamedTuple):
@@ -126,7 +127,7 @@ class Candidate(NamedTuple):
 
     voxels_per_s: float  # over the input the plan is for (:func:`rate`)
     patch: tuple
-    modes: tuple  # per pooling layer: mpf | pool | slab:ROWS
+    modes: tuple  # per pooling layer: a :class:`~.pooling.Pooling` (MPF, DepthFirst or Slab)
     steps: tuple
     seconds: float  # per patch
     peak: int  # bytes (the device's for GPU plans)
@@ -136,7 +137,7 @@ class Candidate(NamedTuple):
 
     def describe(self) -> str:
         """``patch (z, y, x) pools mpf/pool [on placement]``, as rejected candidates are listed."""
-        return f"patch {self.patch} pools {'/'.join(self.modes) or '-'}" + (
+        return f"patch {self.patch} pools {'/'.join(map(str, self.modes)) or '-'}" + (
             f" on {self.placement}" if self.placement else ""
         )
 

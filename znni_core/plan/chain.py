@@ -13,7 +13,6 @@ layers between the CPU and the GPU (:func:`_pipeline`).  :func:`.search.autotune
 from __future__ import annotations
 
 import math
-import re
 
 from ..errors import MemoryBudgetError, PlanError
 from ..net.chain import Activation, Conv, Pool
@@ -34,6 +33,7 @@ from .candidates import (
 )
 from .memory import MAX_PATCH_VOXELS
 from .plan import CPU_PRIMITIVES, Plan, Rejected, Step, chosen_plan, fuses
+from .pooling import MPF, DepthFirst, Slab, parse
 from .pricing import CALL_OVERHEAD_S, PATCH_OVERHEAD_S, Pricer
 from .primitives import FALLBACK, PRIMITIVES
 from .program import channels_last_tensors, program
@@ -53,11 +53,11 @@ def _repeats(net: Graph, patch, modes) -> dict:
         reps[i] = repeat
         if isinstance(layer, Pool):
             mode = next(mode_iter)
-            if mode.startswith("slab"):  # layers before, and this max-pool, run per offset and per z-slab
-                g = M.slab_geometry(layers, net.in_channels, i, patch, int(mode.split(":")[1]))
+            if isinstance(mode, Slab):  # layers before, and this max-pool, run per offset and per z-slab
+                g = M.slab_geometry(layers, net.in_channels, i, patch, mode.rows)
                 for j in range(i + 1):
                     reps[j] = math.prod(layer.window) * g["n_slabs"]
-            if mode != "mpf":
+            if mode.per_offset:
                 repeat *= math.prod(layer.window)
     return reps
 
@@ -98,7 +98,8 @@ def _pools_reading_channels_last(net: Graph, modes, steps_mem, decisions) -> set
             tile = M.conv_blocks(sm.in_shape[2:], layer.kernel, tile)[0] if tile else ()
             steps.append(Step(sm.index, "conv", prim, (), (), 0 if mb >= sm.in_shape[0] else mb, tile=tile))
         elif isinstance(layer, Pool):
-            steps.append(Step(sm.index, "pool", next(pool_modes).partition(":")[0], (), ()))
+            mode = next(pool_modes)
+            steps.append(Step(sm.index, "pool", mode.primitive, (), (), mode.micro_batch))
         else:
             steps.append(Step(sm.index, "act", layer.kind, (), ()))
     prog = program(steps, net)
@@ -139,11 +140,10 @@ def _priced_steps(net: Graph, modes, steps_mem, decisions, reps, timer: Pricer, 
             mode = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)]
             t = (host["model"] if host else timer.model).pool(
                 M.nbytes(sm.in_shape),
-                depth_first=mode == "pool",
+                depth_first=isinstance(mode, DepthFirst),
                 channels_last=sm.index in cl_input,
             )
-            prim_name, _, rows = mode.partition(":")
-            mbv = int(rows or 0)
+            prim_name, mbv = mode.primitive, mode.micro_batch
             t = (t + CALL_OVERHEAD_S) * reps[sm.index]
         total += t
         steps.append(
@@ -321,21 +321,22 @@ def _chain_modes(net: Graph, pool_modes, device) -> tuple[list, tuple | None]:
     """(the pooling-mode assignments to try, the caller's fixed one or None)."""
     mode_sets = pool_mode_candidates(len(net.pools))
     if pool_modes is not None:
-        pool_modes = tuple(pool_modes)
-        if (
-            len(pool_modes) != len(net.pools)
-            or any(m not in ("mpf", "pool") for m in pool_modes[1:])
-            or not (pool_modes[0] in ("mpf", "pool") or re.fullmatch(r"slab:[1-9][0-9]*", pool_modes[0]))
-        ):
+        given = tuple(pool_modes)
+        try:
+            pool_modes = tuple(parse(m) for m in given)
+            ok = len(pool_modes) == len(net.pools) and not any(isinstance(m, Slab) for m in pool_modes[1:])
+        except ValueError:
+            ok = False
+        if not ok:
             raise PlanError(
-                f"pool_modes {pool_modes} must give 'mpf' or 'pool' (first one also 'slab:ROWS') for each of the "
+                f"pool_modes {given} must give 'mpf' or 'pool' (first one also 'slab:ROWS') for each of the "
                 f"{len(net.pools)} pooling layers"
             )
         mode_sets = [pool_modes]
     if device == "cpu+gpu":  # the pipeline hands MPF fragments from the CPU stage to the GPU stage
-        if pool_modes is not None and any(m != "mpf" for m in pool_modes):
-            raise PlanError(f"pool_modes {pool_modes}: a cpu+gpu plan runs every pooling layer as MPF")
-        mode_sets = [("mpf",) * len(net.pools)]
+        if pool_modes is not None and any(m != MPF() for m in pool_modes):
+            raise PlanError(f"pool_modes {tuple(map(str, pool_modes))}: a cpu+gpu plan runs every pooling layer as MPF")
+        mode_sets = [(MPF(),) * len(net.pools)]
         pool_modes = mode_sets[0]
     return mode_sets, pool_modes
 
@@ -368,7 +369,7 @@ class _ChainSearch:
         none fits."""
         net, input_shape = self.net, self.input_shape
         self.mode_sets, self.pool_modes = mode_sets, pool_modes
-        self.frugal_first = sorted(mode_sets, key=lambda m: -sum(v == "pool" for v in m))
+        self.frugal_first = sorted(mode_sets, key=lambda m: -sum(isinstance(v, DepthFirst) for v in m))
         for patches in series:
             self.walk_series(patches)
         whole = input_patch(net, input_shape) if input_shape is not None and whole else None
@@ -422,8 +423,8 @@ class _ChainSearch:
         # MPF/depth-first assignment fits this patch
         # all-depth-first (the least memory) goes first: if even it does not fit, no other
         # MPF/depth-first assignment does, and only the slab modes remain
-        for group in [self.mode_sets] if self.pool_modes is not None else [self.frugal_first, "slab"]:
-            if group == "slab":
+        for group in [self.mode_sets] if self.pool_modes is not None else [self.frugal_first, None]:
+            if group is None:  # the slab choices
                 if best:
                     break
                 group = slab_modes(net, patch, [self.frugal_first[0]])
@@ -445,7 +446,9 @@ class _ChainSearch:
                             net, patch, modes, budget, self.timer, self.prims, host=host
                         )
                     self.evaluated += 1
-                    desc = f"patch {patch} pools {'/'.join(modes) or '-'}" + (f" on {placement}" if placement else "")
+                    desc = f"patch {patch} pools {'/'.join(map(str, modes)) or '-'}" + (
+                        f" on {placement}" if placement else ""
+                    )
                     vps = rate(net, patch, secs, input_shape)
                     if peak > budget:
                         self.rejected.append(

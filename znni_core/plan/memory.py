@@ -16,6 +16,7 @@ from .. import layers as L
 from ..geometry.blocks import conv_blocks
 from ..net.chain import Conv
 from ..net.graph import Graph
+from .pooling import MPF, DepthFirst, Slab
 from .primitives import primitive as primitive_of
 from .program import chain_after, fragment_shape, fuses_next, in_place_input, readers_left
 from .ranges import conv_window, needed_ranges
@@ -119,7 +120,7 @@ def walk(
     ``choose(index, n, in_spatial, live) -> (primitive, micro_batch, tile[, resident])``: a conv
     node's choice on ``n`` fragments of ``in_spatial`` with ``live`` bytes alive before it (shapes
     only, independent of the choices); ``resident`` bytes (its kernel transforms) stay from there
-    on.  ``pooling``: ``{node index: "mpf" | "pool" | "slab:ROWS"}``, the pooling nodes run in
+    on.  ``pooling``: ``{node index: MPF() | DepthFirst() | Slab(rows)}`` (:mod:`.pooling`), the pooling nodes run in
     fragments (a chain's: then every node is a conv, an activation or a max-pool; the layers
     after a depth-first pooling node run once per offset, and in slab mode the first pooling
     node's predecessors once per offset and z-slab); other pooling subsamples.  ``held``: bytes
@@ -166,8 +167,8 @@ class _Walk:
         shape = {net.input: (1,) + self.patch}
         live = {net.input: patch_b}
         first = min(self.pooling, default=None)  # slab mode is the first pooling node's only
-        if first is not None and self.pooling[first].startswith("slab"):
-            _, peak, y_bytes = self.slab(first, int(self.pooling[first].split(":")[1]), patch_b)
+        if first is not None and isinstance(self.pooling[first], Slab):
+            _, peak, y_bytes = self.slab(first, self.pooling[first].rows, patch_b)
         else:
             _, peak, y_bytes = self.nodes_from(0, len(nodes), shape, live, self.held, self.consumers.copy())
         if self.pooling:  # recombine: fragments -> dense copy
@@ -198,13 +199,13 @@ class _Walk:
                 continue
             src = shape[node.inputs[0]]
             mode = self.pooling.get(i)
-            if mode == "pool":  # depth first: every offset through the rest, results gathered
+            if isinstance(mode, DepthFirst):  # depth first: every offset through the rest, results gathered
                 x_total = held + sum(live.values()) + resident
                 self.release(node, live, remaining, keep=node.inputs[0])
                 shape_out, p, gather = self.depth_first(i, stop, src, x_total, remaining)
                 return shape_out, max(peak, p), gather
             out = self.out_shape(node, src)
-            if mode == "mpf":
+            if isinstance(mode, MPF):
                 out = (src[0] * math.prod(node["window"]),) + out[1:]
             elif mode is not None:
                 raise ValueError("slab mode is only for the first pooling node")

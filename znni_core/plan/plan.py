@@ -17,6 +17,7 @@ from pathlib import Path
 from ..errors import PlanError
 from ..layers import tuning
 from . import wisdom as W
+from .pooling import of_step
 from .primitives import PRIMITIVES, names
 
 PLAN_FORMAT = "znni-plan/1"
@@ -24,8 +25,6 @@ PLAN_FORMAT = "znni-plan/1"
 CONV_PRIMITIVES = tuple(PRIMITIVES)
 #: the ones that run on the CPU (direct-torch: cuDNN through PyTorch, a GPU primitive)
 CPU_PRIMITIVES = names("cpu", strides=False)
-POOL_MODES = ("mpf", "pool", "slab")  # mpf: fragments batched; pool: one offset at a time through the rest;
-# slab (first pooling layer only): also the layers before it recomputed per offset in z-slabs (micro_batch = rows)
 
 
 def fuses(step_primitive: str, kind: str) -> bool:
@@ -47,11 +46,12 @@ class Step:
     index: int  # position in the graph's nodes (a chain's: in its layers)
     op: str  # the node's operator: conv | pool | act | add | concat | ...
     # conv: a registered primitive; pool: mpf | pool (depth first) | slab (fragments: a chain's)
-    # or max | avg (subsampling: another graph's); act: the activation kind; else the operator
+    # or max | avg (subsampling: another graph's), :func:`.pooling.of_step` reads it as a type;
+    # act: the activation kind; else the operator
     primitive: str
     in_shape: tuple  # (N, C, z, y, x) as this step sees it (N = fragments in flight)
     out_shape: tuple
-    micro_batch: int = 0  # conv: fragments per primitive call (0 = all)
+    micro_batch: int = 0  # conv: fragments per primitive call (0 = all); a slab: its rows
     threads: int = 1
     seconds: float = 0.0  # predicted time of this step over the whole patch
     bytes: int = 0  # predicted live bytes at this step's peak
@@ -214,10 +214,8 @@ class Plan:
 
     @property
     def pool_modes(self) -> tuple:
-        """Per pooling layer: ``mpf``, ``pool`` or ``slab:<rows>``."""
-        return tuple(
-            f"slab:{s.micro_batch}" if s.primitive == "slab" else s.primitive for s in self.steps if s.op == "pool"
-        )
+        """Per pooling layer: ``mpf``, ``pool`` or ``slab:<rows>`` (a graph's: ``max`` or ``avg``)."""
+        return tuple(str(of_step(s)) for s in self.steps if s.op == "pool")
 
     # ---- serialisation --------------------------------------------------------
     def to_dict(self) -> dict:
