@@ -43,7 +43,7 @@ except ImportError as exc:
 # ("znni", below --default-storage-prefix with a storage plugin), each touched after its
 # command succeeded, and the logs beside them.
 REMOTE_WORK = is_remote_work(config["work_dir"])
-WORK = "znni" if REMOTE_WORK else str(Path(config["work_dir"]))
+WORK = "znni" if REMOTE_WORK else str(work_path(config["work_dir"]))  # file:// removed
 _PREFIX = getattr(getattr(workflow.modifier, "path_modifier", None), "prefix", None) or ""
 if REMOTE_WORK:
     WORK_DIR = str(config["work_dir"]).rstrip("/")

@@ -69,6 +69,12 @@ def test_work_path_reads_writes_and_lists_objects(proto, request, monkeypatch):
     assert [p.name for p in (work / "jobs").iterdir()] == ["000001.json", "000002.json", "records"]
     assert [str(p) for p in (work / "jobs").rglob("1-*.json")] == [f"{proto}://znni/w/jobs/records/000001/1-h-2.json"]
     assert (work / "jobs" / "000001.json").stat().st_size == 8
+    # levels as pathlib's glob: `*` and `?` within one, `**` any number of them
+    assert [p.name for p in work.glob("jobs/*.json")] == ["000001.json", "000002.json"]
+    assert [p.name for p in work.glob("**/1-*.json")] == ["1-h-2.json"]
+    assert [p.name for p in work.glob("jobs?000001.json")] == [] and [p.name for p in work.glob("*.json")] == [
+        "prediction.json"
+    ]
     assert (work / "jobs").first_file(".json").name == "000001.json"
     (work / "jobs" / "000002.json").unlink()
     (work / "jobs" / "000002.json").unlink(missing_ok=True)
@@ -94,6 +100,8 @@ def test_work_path_reads_writes_and_lists_objects(proto, request, monkeypatch):
     dead = work_path({"work_dir": "s3://znni/w", "work_endpoint_url": "http://127.0.0.1:9"})
     with pytest.raises(OSError, match="000001.json"):
         (dead / "jobs" / "000001.json").read_text()
+    with pytest.raises(OSError, match="LIST"):  # a listing refused: the same (never a KeyError)
+        list(work_path({"work_dir": "s3://no-such-bucket/w", "work_endpoint_url": server}).iterdir())
 
 
 def test_work_dir_urls_are_checked_before_anything_runs(tmp_path):

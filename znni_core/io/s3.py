@@ -185,6 +185,7 @@ class S3Objects:
             "GET": "s3:GetObject",
             "HEAD": "s3:GetObject (and s3:ListBucket)",
             "DELETE": "s3:DeleteObject",
+            "LIST": "s3:ListBucket",
         }[op]
         if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
             return StoragePermissionError(

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fnmatch
+import functools
 import os
 import posixpath
 import re
@@ -100,11 +101,42 @@ def work_path(where, endpoint: str | None = None):
         return Path(s[len("file://") :])
     if not _URL.match(s):
         return Path(s)
-    from .store import object_store
-
     url = parse_work_dir(s, endpoint)
     bucket, _, key = url.path.partition("/")
-    return WorkPath(object_store(LayerURL(url.format, url.protocol, bucket, url.endpoint)), key)
+    return WorkPath(_store(url.protocol, bucket, url.endpoint, _client_env()), key)
+
+
+def _matches(names: list, parts: list) -> bool:
+    """Whether the levels ``names`` match the pattern's levels ``parts`` (``**``: zero or more)."""
+    if not parts:
+        return not names
+    if parts[0] == "**":
+        return any(_matches(names[i:], parts[1:]) for i in range(len(names) + 1))
+    return bool(names) and fnmatch.fnmatchcase(names[0], parts[0]) and _matches(names[1:], parts[1:])
+
+
+#: what else decides which server and credentials a store's client uses
+_CLIENT_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_PROFILE",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "STORAGE_EMULATOR_HOST",
+    "ZNNI_SIGN_REQUESTS",
+)
+
+
+def _client_env() -> tuple:
+    return (os.getpid(),) + tuple(os.environ.get(k) for k in _CLIENT_ENV)
+
+
+@functools.lru_cache(maxsize=32)
+def _store(protocol: str, bucket: str, endpoint: str | None, env: tuple):
+    """One store per bucket, endpoint and client environment (``env``) in a process: its client
+    made once, not once per path."""
+    from .store import object_store
+
+    return object_store(LayerURL("precomputed", protocol, bucket, endpoint))
 
 
 @contextlib.contextmanager
@@ -268,11 +300,14 @@ class WorkPath:
         return iter(WorkPath(self.store, n, kind) for n, kind in sorted(names))
 
     def glob(self, pattern: str):
-        """Objects matching ``pattern`` (``*``, ``?``, ``[...]`` per level; ``**`` any depth)."""
+        """Objects matching ``pattern``, level by level (``*``, ``?`` and ``[...]`` within a level,
+        as pathlib's; a ``**`` level: any number of levels)."""
         objects, _ = self._list()
-        rx = re.compile(fnmatch.translate(pattern).replace(".*", "[^/]*").replace("[^/]*[^/]*", ".*"))
         base = len(self._prefix())
-        return iter(WorkPath(self.store, n, "file") for n, _, _ in sorted(objects) if rx.match(n[base:]))
+        parts = pattern.split("/")
+        return iter(
+            WorkPath(self.store, n, "file") for n, _, _ in sorted(objects) if _matches(n[base:].split("/"), parts)
+        )
 
     def rglob(self, pattern: str):
         """Objects at any depth below whose name matches ``pattern``."""

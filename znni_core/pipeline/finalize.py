@@ -169,6 +169,8 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     out = open_output(out_url, output_spec(run))
     report_at = work_path(run) / "report"
     remote = getattr(report_at, "is_remote", False)
+    if remote:  # the done-marker of an earlier finalize never outlives this one's failure
+        (report_at / SUMMARY).unlink(missing_ok=True)
     spill = None if out_url.format == "zarr" else Path(tempfile.gettempdir()) if remote else report_at
     # the report is drawn and written in the work directory (s3://, gs://: locally, then uploaded,
     # summary.json last: it is the run's done-marker)

@@ -403,6 +403,10 @@ def run_job(
     from .run import load_run
 
     run = load_run(run_file)  # unreadable: nothing to record in (the error says why)
+    if marker is None and getattr(work_path(run), "is_remote", False):
+        # as Snakemake removes a job's output before it runs it: an earlier attempt's marker never
+        # outlives a failed one (on s3:// / gs:// the rule's output is a flag, znni's marker is here)
+        job_marker_path(run, job).unlink(missing_ok=True)
     record = JobRecord(run, job, run.digest, mem_mb=mem_mb, log=log)
     try:
         record_prediction(run, per_job, brick)  # before the first task of the run, for the report

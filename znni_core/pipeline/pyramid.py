@@ -290,6 +290,9 @@ def run_pyramid_job(run_file, mip: int, job: int, per_job: int, *, marker=None, 
 
     t0 = time.perf_counter()
     run = load_run(run_file)
+    path = location(marker) if marker else work_path(run) / "pyramid" / f"mip{mip}" / f"{job:06d}.json"
+    if marker is None and getattr(path, "is_remote", False):  # as Snakemake removes a local output
+        path.unlink(missing_ok=True)
     p = _Pyramid(run)
     tasks = p.tasks(mip)
     ks = list(job_range(job, per_job, len(tasks)))
@@ -311,7 +314,6 @@ def run_pyramid_job(run_file, mip: int, job: int, per_job: int, *, marker=None, 
         "seconds": round(time.perf_counter() - t0, 3),
         "finished": time.time(),
     }
-    path = location(marker) if marker else work_path(run) / "pyramid" / f"mip{mip}" / f"{job:06d}.json"
     atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
     log(f"mip {mip} job {job}: {len(ran)} task(s) run, {len(skipped)} skipped (already done) in {doc['seconds']:.1f} s")
     return doc
@@ -323,6 +325,8 @@ def build_pyramid(run: Run, log=print) -> dict:
     anything is written if a task of mip 0 is not done."""
 
     t0 = time.perf_counter()
+    if getattr(work_path(run), "is_remote", False):  # as Snakemake removes a local output first
+        (work_path(run) / RECORD).unlink(missing_ok=True)
     p = _Pyramid(run)
     p.require(0, p.grid(0))
     record = {"factor": list(p.factor), "mips": []}

@@ -252,6 +252,7 @@ def mask_tasks_cmd(
     from ..errors import ConfigError
     from ..io import atomic_write
     from .mask import mask_tasks_path, scan
+    from .run import location
     from .task import open_run
 
     ctx = open_run(run_file)
@@ -262,7 +263,7 @@ def mask_tasks_cmd(
     path = mask_tasks_path(ctx.run)
     if getattr(path, "is_remote", False):  # the work directory's copy (the report's), then --output
         atomic_write(path, data)
-    path = output or path
+    path = location(output) if output else path
     atomic_write(path, data)
     _log(
         f"mask: {doc['num_live']:,} of {doc['num_tasks']:,} tasks live ({doc['num_masked']:,} masked), "
@@ -387,7 +388,7 @@ def finalize_cmd(
         raise ConfigError(f"--verify {verify!r}: give checksum or exists")
     s = finalize(run_file, verify=verify, log=_log)
     typer.echo(f"output:      {s['output']}")
-    typer.echo(f"report:      {Path(s['preview']).with_name('report.html')}")
+    typer.echo(f"report:      {s['preview'].rsplit('/', 1)[0]}/report.html")
     typer.echo(f"preview:     {s['preview']}")
     typer.echo(f"neuroglancer: {s['neuroglancer'][:120]}... (full link in the report)")
     for n in s["viewer_notes"]:

@@ -438,8 +438,11 @@ def workflow_schedule(cfg: dict | Config, slots: int | None = None, *, job: bool
             s = json.loads(path.read_text())
             if s.get("format") == SCHEDULE_FORMAT and (job or s.get("key") == key):
                 return s
-        except (OSError, ValueError):
-            pass
+            why = "was made by another version of znni"
+        except (OSError, ValueError) as exc:
+            why = f"cannot be read ({exc})"
+        if job:  # never another schedule than the one the workflow's jobs were made from
+            return {"error": f"{path} {why}; the workflow writes it when it starts: run it again"}
         s = compute_schedule(cfg, slots=slots) | {"key": key}
         atomic_write(path, (json.dumps(s, indent=1, sort_keys=True) + "\n").encode())
         return s
