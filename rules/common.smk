@@ -197,7 +197,9 @@ def validate_refused():
     """Whether this run's validate logged an error (its settings refused: no task ran)."""
     try:
         log = LOGS / "validate.log"
-        return log.stat().st_mtime >= STARTED and "\nerror: " in "\n" + log.read_text(errors="replace")
+        return log.stat().st_mtime >= STARTED and any(
+            line.startswith("error: ") for line in log.read_text(errors="replace").splitlines()
+        )
     except OSError:
         return False
 

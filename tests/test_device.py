@@ -158,10 +158,11 @@ def test_gpu_plus_host_plan_fits_whatever_the_timings_prefer(gpu, monkeypatch, p
 def _gpu_only(net, x, budget):
     from znni_core.plan import chain as C
     from znni_core.plan import search as S
+    from znni_core.plan.pooling import DepthFirst
 
     cal_budget, cal, _ = S.device_budget(budget)
     timer = C.Pricer("estimate", 1, cal)
-    _, _, peak, _ = C._evaluate(net, x.shape[1:], ("pool", "pool"), cal_budget, timer, S.GPU_PRIMITIVES)
+    _, _, peak, _ = C._evaluate(net, x.shape[1:], (DepthFirst(),) * 2, cal_budget, timer, S.GPU_PRIMITIVES)
     if peak > budget:
         raise MemoryBudgetError("does not fit")
 

@@ -58,7 +58,7 @@ from ..layers.xp import get_array_module
 from ..net.graph import Graph
 from ..plan.memory import slab_geometry
 from ..plan.plan import fused_act
-from ..plan.pooling import MPF, Slab, of_step
+from ..plan.pooling import MPF, Slab
 from ..plan.primitives import PRIMITIVES
 from ..plan.program import (
     Program,
@@ -152,7 +152,7 @@ def _run_node(run: _Run, env, remaining, i, stop):
     if in_fragments(step):
         x = env[node.inputs[0]][0]
         _release(node, env, remaining)
-        if isinstance(of_step(step), MPF):
+        if isinstance(step.pooling, MPF):
             env[node.output] = (mpf(x, node["window"]), a)
             return i + 1, None
         return stop, _depth_first(run, remaining, i, stop, x)
@@ -498,7 +498,7 @@ def _run_dense(prog: Program, net: Graph, x, xp, convs):
     x = x[None]
     run = _dense_run(prog, x, xp, convs)
     k = next(j for j, s in enumerate(prog.steps) if in_fragments(s))
-    if isinstance(of_step(prog.steps[k]), Slab):
+    if isinstance(prog.steps[k].pooling, Slab):
         # the first pooling node in slab mode: the nodes before it are recomputed per offset,
         # z-slab by z-slab, so their full-size output never exists
         window = prog.nodes[k]["window"]
@@ -521,7 +521,7 @@ def _slab_fragment(run: _Run, net: Graph, k, x, offset):
     slab by slab in z."""
     prog = run.prog
     step, window = prog.steps[k], prog.nodes[k]["window"]
-    g = slab_geometry(net.layers, x.shape[1], step.index, x.shape[2:], of_step(step).rows)
+    g = slab_geometry(net.layers, x.shape[1], step.index, x.shape[2:], step.pooling.rows)
     ez = g["extent"][0]
     frag = arena.empty((x.shape[0], g["channels"]) + g["frag"], xp=get_array_module(x))
     oz, oy, ox = offset

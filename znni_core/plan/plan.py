@@ -46,7 +46,7 @@ class Step:
     index: int  # position in the graph's nodes (a chain's: in its layers)
     op: str  # the node's operator: conv | pool | act | add | concat | ...
     # conv: a registered primitive; pool: mpf | pool (depth first) | slab (fragments: a chain's)
-    # or max | avg (subsampling: another graph's), :func:`.pooling.of_step` reads it as a type;
+    # or max | avg (subsampling: another graph's), read as a type by :attr:`pooling`;
     # act: the activation kind; else the operator
     primitive: str
     in_shape: tuple  # (N, C, z, y, x) as this step sees it (N = fragments in flight)
@@ -56,6 +56,12 @@ class Step:
     seconds: float = 0.0  # predicted time of this step over the whole patch
     bytes: int = 0  # predicted live bytes at this step's peak
     tile: tuple = ()  # conv: input block (z, y, x) per primitive call (overlap-save); () = the whole input
+
+    @property
+    def pooling(self):
+        """A pool step's pooling choice as a type (:mod:`.pooling`: MPF, DepthFirst, Slab,
+        Subsample); None for any other step."""
+        return of_step(self)
 
     def __post_init__(self):
         object.__setattr__(self, "in_shape", _tuple(self.in_shape))
@@ -215,7 +221,7 @@ class Plan:
     @property
     def pool_modes(self) -> tuple:
         """Per pooling layer: ``mpf``, ``pool`` or ``slab:<rows>`` (a graph's: ``max`` or ``avg``)."""
-        return tuple(str(of_step(s)) for s in self.steps if s.op == "pool")
+        return tuple(str(s.pooling) for s in self.steps if s.op == "pool")
 
     # ---- serialisation --------------------------------------------------------
     def to_dict(self) -> dict:

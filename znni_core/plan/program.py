@@ -19,7 +19,7 @@ from ..layers.activation import commutes_with_max
 from ..layers.epilogue import FUSABLE
 from ..net.graph import Graph, Node
 from .plan import fuse, fuses
-from .pooling import DepthFirst, of_step
+from .pooling import DepthFirst
 from .primitives import PRIMITIVES
 
 #: element-wise nodes (one may write into an input that dies there)
@@ -82,7 +82,7 @@ def readers_left(graph: Graph, ran) -> dict:
 def in_fragments(step) -> bool:
     """Whether ``step`` is a pooling step run in fragments (MPF, depth first or slab: a dense
     network's pooling, :mod:`.pooling`)."""
-    pooling = of_step(step)
+    pooling = step.pooling
     return pooling is not None and pooling.fragments
 
 
@@ -174,7 +174,7 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
         node = nodes[i]
         return (
             node.op in _KEEPS_LAYOUT
-            and (node.op != "pool" or (node["kind"] == "max" and not of_step(steps[i]).per_offset))
+            and (node.op != "pool" or (node["kind"] == "max" and not steps[i].pooling.per_offset))
             and (node.op != "resize" or node["mode"] == "nearest")
         )
 
@@ -193,7 +193,7 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
     def writes(i):
         node, step = nodes[i], steps[i]
         if node.op == "pool":  # depth first: gather_fragment copies each fragment in the layout asked
-            return isinstance(of_step(step), DepthFirst) and node.inputs[0] != prog.input
+            return isinstance(step.pooling, DepthFirst) and node.inputs[0] != prog.input
         prim = PRIMITIVES.get(step.primitive)
         return (
             node.op == "conv"
