@@ -25,11 +25,13 @@ def restore_environ():
 
 import hashlib
 import json
+import posixpath
 import sys
 import time
 from pathlib import Path
 
 try:
+    from znni_core.io.atomic import atomic_write
     from znni_core.io.workdir import ENDPOINT_ENV, is_remote_work, work_endpoint, work_path
     from znni_core.pipeline.jobs import job_marker_path, summary
     from znni_core.pipeline.schedule import JobMap, workflow_schedule
@@ -65,8 +67,22 @@ RUN_FILE = f"{WORK_DIR}/run.json" if REMOTE_WORK else "{input.run}"
 TOUCH = " && touch {output}" if REMOTE_WORK else ""
 MARKER = "" if REMOTE_WORK else "--marker {output}"
 # the rules' logs as this process finds them (with a work_dir on s3:// or gs:// they are Snakemake's,
-# under WORK: local files, or with a storage plugin objects under --default-storage-prefix)
-LOGS = Path(WORK if REMOTE_WORK else WORK_DIR) / "logs"
+# under WORK: local files, or with a storage plugin objects under --default-storage-prefix, read
+# through znni's own store with the work_dir's endpoint)
+_STORAGE_PREFIX = str(workflow.storage_settings.default_storage_prefix or "").replace("gcs://", "gs://", 1)
+_IN_STORAGE = bool(workflow.storage_settings.default_storage_provider) and is_remote_work(_STORAGE_PREFIX)
+
+
+def snakemake_file(name):
+    """Where this process reads (and writes) Snakemake's file ``name`` under WORK: a local path, or
+    with a bucket work_dir and a storage plugin the object under --default-storage-prefix."""
+    if REMOTE_WORK and _IN_STORAGE:
+        key = os.path.normpath(os.path.join(_PREFIX, WORK, name))
+        return work_path(posixpath.join(_STORAGE_PREFIX, key), work_endpoint(config))
+    return Path(WORK if REMOTE_WORK else WORK_DIR) / name
+
+
+LOGS = snakemake_file("logs")
 MASK_OUTPUT = "" if REMOTE_WORK else "--output {output}"
 # the image the rules run in with --software-deployment-method apptainer (workflow/envs/Dockerfile)
 CONTAINER = config.get("container")
@@ -107,6 +123,7 @@ SCHEDULE = workflow_schedule(ZNNI_CONFIG, SLOTS, job=workflow.remote_exec)
 # config change rerun validate under `rerun-triggers: mtime` too (a work_dir on s3:// or gs:// is not
 # Snakemake's: validate's params, the config, do it)
 SCHEDULE_FILE = [] if "error" in SCHEDULE or REMOTE_WORK else [f"{WORK}/schedule.json"]
+SCHEDULE_ERROR = {"error": SCHEDULE["error"]} if "error" in SCHEDULE else {}
 if "error" in SCHEDULE:
     print(f"znni: the run cannot be scheduled: {SCHEDULE['error']}", file=sys.stderr)
     SCHEDULE = {"num_tasks": 0, "tasks_per_job": 1, "num_jobs": 0, "pyramid": []}
@@ -115,6 +132,23 @@ if "error" in SCHEDULE:
 CONFIG_JSON = json.dumps({**ZNNI_CONFIG, "task_chunks": SCHEDULE.get("task_box", ZNNI_CONFIG.get("task_chunks"))},
                          sort_keys=True)
 CONFIG_DIGEST = hashlib.sha256(CONFIG_JSON.encode()).hexdigest()[:16]
+
+# With a bucket work_dir the config itself is validate's input, rewritten here when it changed
+# (this process only, never a job's): as schedule.json does on a file system, it makes validate run
+# again on a changed config by modification time alone, with no record of Snakemake's (a launch
+# machine's .snakemake/ may be new, and a change back to earlier settings must be checked again)
+CONFIG_FILE = [f"{WORK}/config.json"] if REMOTE_WORK and not SCHEDULE_ERROR else []
+if CONFIG_FILE and not workflow.remote_exec:
+    _config = snakemake_file("config.json")
+    try:
+        _same = _config.read_text() == CONFIG_JSON
+    except OSError:
+        _same = False
+    if not _same:
+        try:
+            atomic_write(_config, CONFIG_JSON.encode())
+        except OSError as exc:
+            raise WorkflowError(f"znni: {_config} cannot be written ({exc})") from None
 
 # a mask makes the task list data-dependent: the checkpoint mask_tasks (rules/mask.smk) lists the
 # live tasks and the jobs batch only those

@@ -10,6 +10,7 @@
 rule validate:
     input:
         SCHEDULE_FILE,
+        CONFIG_FILE,
     output:
         run=flagged(f"{WORK}/run.json"),
         plan=flagged(f"{WORK}/plan.json"),

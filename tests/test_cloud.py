@@ -273,3 +273,14 @@ def test_workflow_runs_every_job_in_an_empty_directory_with_work_dir_on_s3(moto_
     }
     assert got.keys() == want.keys()
     assert all(got[k] == want[k] for k in want), [k for k in want if got[k] != want[k]][:5]
+    # changed settings in the same work_dir, launched from a new machine (no .snakemake/ records):
+    # refused in the job that validates, the reason (read from the log Snakemake stored in the
+    # bucket) on this machine's stderr, and nothing written
+    shutil.rmtree(root / ".snakemake")
+    (root / "config.yaml").write_text(json.dumps(cfg | {"normalize": cfg["normalize"] | {"shift": 0.5}}))
+    env.pop("ZNNI_FAULT", None)
+    again = [*cmd[: cmd.index("--retries")], *cmd[cmd.index("--retries") + 2 :]]  # a refusal is not retried
+    p = subprocess.run(again, capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    assert p.returncode != 0 and "science.normalize.shift 0.0 -> 0.5" in p.stderr, p.stderr[-3000:]
+    assert "validate refused the run" in p.stderr and "skipped (already done)" not in p.stderr
+    assert _objects(moto_s3, "out/").keys() >= got.keys() and all(_objects(moto_s3, "out/")[k] == got[k] for k in got)
