@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import DataError
 from .atomic import atomic_write
+from .workdir import as_path
 
 MANIFEST_FORMAT = "znni-manifest/1"
 CHUNK_STATUSES = ("written", "empty", "masked")
@@ -25,7 +26,7 @@ def write_manifest(path, manifest: dict) -> Path:
     Raises :class:`DataError` if the write fails: the task is then not marked done.
     """
     manifest = dict(manifest, format=MANIFEST_FORMAT)
-    path = path if getattr(path, "is_remote", False) else Path(path)
+    path = as_path(path)
     try:
         atomic_write(path, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
     except OSError as exc:  # disk full, I/O error (docs/reliability.md, T6): no manifest, so the task is not done
@@ -38,7 +39,7 @@ def write_manifest(path, manifest: dict) -> Path:
 
 def read_manifest(path) -> dict:
     """Load and structurally check a manifest; :class:`DataError` names the file and the problem."""
-    path = path if getattr(path, "is_remote", False) else Path(path)
+    path = as_path(path)
     try:
         m = json.loads(path.read_text())
     except FileNotFoundError:

@@ -48,7 +48,7 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/+(.*)$")
 
 def is_remote_work(work_dir) -> bool:
     """Whether ``work_dir`` (a string, Path or WorkPath) names object storage."""
-    return isinstance(work_dir, WorkPath) or bool(_URL.match(str(work_dir))) and not str(work_dir).startswith("file:")
+    return isinstance(work_dir, WorkPath) or (bool(_URL.match(str(work_dir))) and not str(work_dir).startswith("file:"))
 
 
 def parse_work_dir(work_dir: str, endpoint: str | None = None) -> LayerURL:
@@ -148,6 +148,14 @@ def _as_os_error(path):
         yield
     except StorageError as exc:
         raise OSError(errno.EIO, str(exc), str(path)) from exc
+
+
+def remove_before_rewrite(path) -> None:
+    """Remove ``path`` when it is in a bucket, before the work that writes it again: as Snakemake
+    removes a rule's output before its job runs (there the rule's output is a flag, and this object
+    is znni's), so that an earlier attempt's marker never outlives a failed one."""
+    if isinstance(path, WorkPath):
+        path.unlink(missing_ok=True)
 
 
 def as_path(p):
@@ -311,12 +319,7 @@ class WorkPath:
 
     def rglob(self, pattern: str):
         """Objects at any depth below whose name matches ``pattern``."""
-        objects, _ = self._list()
-        return iter(
-            WorkPath(self.store, n, "file")
-            for n, _, _ in sorted(objects)
-            if fnmatch.fnmatchcase(posixpath.basename(n), pattern)
-        )
+        return self.glob(f"**/{pattern}")
 
     def first_file(self, suffix: str = ""):
         """An object below whose name ends with ``suffix`` (the first listed), or None: one LIST."""

@@ -29,7 +29,7 @@ from ..io import (
     read_json,
     write_json,
 )
-from ..io.workdir import local_copy, work_path
+from ..io.workdir import is_remote_work, local_copy, remove_before_rewrite, work_path
 from ..progress import bar
 from .done import check_task
 from .mask import load_mask_tasks, positions
@@ -84,7 +84,7 @@ def check_manifests(run: Run, out, verify: str, log=print, *, spill: Path | None
     # in object storage (the work directory's manifests, the output's objects) a check is requests
     # that wait: REMOTE_CHECKS tasks at once, folded in task order (a window: memory stays bounded)
     out_url = getattr(out, "url", None)
-    remote = getattr(work_path(run), "is_remote", False) or (out_url is not None and not out_url.is_local)
+    remote = is_remote_work(run.work_dir) or (out_url is not None and not out_url.is_local)
     workers = REMOTE_CHECKS if remote else 1
 
     def check(b):
@@ -168,9 +168,8 @@ def finalize(run_file, *, verify: str | None = None, log=print) -> dict:
     out_url = parse_layer_url(run.output.url, endpoint=cfg.output.endpoint_url)
     out = open_output(out_url, output_spec(run))
     report_at = work_path(run) / "report"
-    remote = getattr(report_at, "is_remote", False)
-    if remote:  # the done-marker of an earlier finalize never outlives this one's failure
-        (report_at / SUMMARY).unlink(missing_ok=True)
+    remote = is_remote_work(report_at)
+    remove_before_rewrite(report_at / SUMMARY)  # an earlier finalize's done-marker
     spill = None if out_url.format == "zarr" else Path(tempfile.gettempdir()) if remote else report_at
     # the report is drawn and written in the work directory (s3://, gs://: locally, then uploaded,
     # summary.json last: it is the run's done-marker)

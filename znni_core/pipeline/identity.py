@@ -35,7 +35,7 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..io.workdir import work_path
+from ..io.workdir import is_remote_work, work_path
 from ..version import NUMERICS_VERSION
 
 #: parts of the identity that shape the output layer itself: a change of them is never
@@ -106,7 +106,7 @@ def differences(old: dict, new: dict) -> list[str]:
 def first_manifest(work_dir) -> Path | None:
     """A manifest of a finished task in ``work_dir`` (the first found), or None when no task finished."""
     work = work_path(work_dir)
-    if getattr(work, "is_remote", False):
+    if is_remote_work(work):
         return (work / "manifests").first_file(".json")
     stack = [work / "manifests"]
     while stack:

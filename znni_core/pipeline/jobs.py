@@ -51,7 +51,7 @@ from typing import NamedTuple
 
 from ..errors import ConfigError, DataError, ZnniError
 from ..io import atomic_write
-from ..io.workdir import as_path, work_path
+from ..io.workdir import as_path, is_remote_work, remove_before_rewrite, work_path
 from .run import location, plan_path
 from .schedule import JobMap
 
@@ -403,10 +403,8 @@ def run_job(
     from .run import load_run
 
     run = load_run(run_file)  # unreadable: nothing to record in (the error says why)
-    if marker is None and getattr(work_path(run), "is_remote", False):
-        # as Snakemake removes a job's output before it runs it: an earlier attempt's marker never
-        # outlives a failed one (on s3:// / gs:// the rule's output is a flag, znni's marker is here)
-        job_marker_path(run, job).unlink(missing_ok=True)
+    if marker is None:
+        remove_before_rewrite(job_marker_path(run, job))
     record = JobRecord(run, job, run.digest, mem_mb=mem_mb, log=log)
     try:
         record_prediction(run, per_job, brick)  # before the first task of the run, for the report
@@ -815,7 +813,7 @@ def _markers(work, jobs: int):
         except (OSError, ValueError):
             return None, 0.0
 
-    if not getattr(work, "is_remote", False) or jobs < 2:
+    if not is_remote_work(work) or jobs < 2:
         mtimes = None
         yield from map(read, paths)
         return

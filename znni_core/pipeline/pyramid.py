@@ -41,7 +41,7 @@ from ..geometry import Coordinate, Roi, TaskGrid
 from ..io import atomic_write, open_output, parse_layer_url, store_chunks, write_manifest
 from ..io.precomputed import encode_raw
 from ..io.store import sha256
-from ..io.workdir import work_path
+from ..io.workdir import remove_before_rewrite, work_path
 from .jobs import run_blocks
 from .run import Run, location
 from .schedule import job_range, mip_tasks
@@ -291,8 +291,8 @@ def run_pyramid_job(run_file, mip: int, job: int, per_job: int, *, marker=None, 
     t0 = time.perf_counter()
     run = load_run(run_file)
     path = location(marker) if marker else work_path(run) / "pyramid" / f"mip{mip}" / f"{job:06d}.json"
-    if marker is None and getattr(path, "is_remote", False):  # as Snakemake removes a local output
-        path.unlink(missing_ok=True)
+    if marker is None:
+        remove_before_rewrite(path)
     p = _Pyramid(run)
     tasks = p.tasks(mip)
     ks = list(job_range(job, per_job, len(tasks)))
@@ -325,8 +325,7 @@ def build_pyramid(run: Run, log=print) -> dict:
     anything is written if a task of mip 0 is not done."""
 
     t0 = time.perf_counter()
-    if getattr(work_path(run), "is_remote", False):  # as Snakemake removes a local output first
-        (work_path(run) / RECORD).unlink(missing_ok=True)
+    remove_before_rewrite(work_path(run) / RECORD)
     p = _Pyramid(run)
     p.require(0, p.grid(0))
     record = {"factor": list(p.factor), "mips": []}

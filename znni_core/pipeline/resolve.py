@@ -393,11 +393,11 @@ def _check_valid_graph_read(net, plan, region: Roi, halo: Halo, inp) -> None:
 
 def _run_record(cfg, net, net_path, halo, iu, inp, ou, specs, lay, mask, num_tasks, plan, plan_out, mem_mb) -> Run:
     """The run (``run.json``): what every later step reads, with its digest."""
-    from ..io.workdir import work_path
+    from ..io.workdir import is_remote_work, work_path
     from .network_file import is_remote_network
 
     work = work_path(cfg)
-    work = work if getattr(work, "is_remote", False) else work.resolve()
+    work = work if is_remote_work(work) else work.resolve()
     plan_path = Path(plan_out) if plan_out else work / "plan.json"
     doc = {
         "format": RUN_FORMAT,

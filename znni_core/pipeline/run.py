@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from ..geometry import ChunkGrid, Coordinate, Halo, Roi, TaskGrid
 from ..io import ScaleSpec, atomic_write
 from ..io.info import scale_spec
-from ..io.workdir import is_remote_work, work_path
+from ..io.workdir import WorkPath, is_remote_work, work_path
 from .settings import Config, load_config, parse_config
 
 RUN_FORMAT = "znni-run/1"
@@ -199,7 +199,7 @@ def load_run(path) -> Run:
 def location(path):
     """A path given on a command line or in a file: a local :class:`Path`, or a :class:`WorkPath`
     for an ``s3://`` / ``gs://`` URL (also as a shell or ``Path`` leaves it: ``s3:/bucket/key``)."""
-    if getattr(path, "is_remote", False):
+    if isinstance(path, WorkPath):
         return path
     s = re.sub(r"^(s3|gs):/(?=[^/])", r"\1://", str(path))
     return work_path(s) if is_remote_work(s) else Path(path)
@@ -209,7 +209,7 @@ def plan_path(run: Run):
     """Where the run's plan is: ``run.plan.path``, under the run's work directory when that is a URL."""
     work = work_path(run)
     base = str(work)
-    if getattr(work, "is_remote", False) and run.plan.path.startswith(base + "/"):
+    if is_remote_work(work) and run.plan.path.startswith(base + "/"):
         return work / run.plan.path[len(base) + 1 :]
     return location(run.plan.path)
 

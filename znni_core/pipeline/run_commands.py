@@ -251,6 +251,7 @@ def mask_tasks_cmd(
     """With a mask: list the tasks a non-zero mask voxel overlaps (the others are masked, never run)."""
     from ..errors import ConfigError
     from ..io import atomic_write
+    from ..io.workdir import is_remote_work
     from .mask import mask_tasks_path, scan
     from .run import location
     from .task import open_run
@@ -261,7 +262,7 @@ def mask_tasks_cmd(
     doc = scan(ctx.tasks, ctx.mask, log=_log) | {"run_digest": ctx.run.digest}
     data = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
     path = mask_tasks_path(ctx.run)
-    if getattr(path, "is_remote", False):  # the work directory's copy (the report's), then --output
+    if is_remote_work(path):  # the work directory's copy (the report's), then --output
         atomic_write(path, data)
     path = location(output) if output else path
     atomic_write(path, data)
