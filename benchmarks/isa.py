@@ -181,7 +181,7 @@ def _plan(net_path: Path, x: np.ndarray, budget: int, threads: int, out: Path, w
 
 def child(case_dir: Path) -> dict:
     """Run the case's plan in this process (its build): one warm call, a timed call after a
-    pause, then a profiled call; each step's seconds."""
+    pause, then ``calls`` profiled calls (a pause before each); each step's median seconds."""
     import znni_core
     from znni_core.exec.patch import profiled
     from znni_core.plan import Plan
@@ -197,10 +197,15 @@ def child(case_dir: Path) -> dict:
     t0 = time.perf_counter()
     znni_core.infer(net, x, plan=plan)
     total = time.perf_counter() - t0
-    time.sleep(PAUSE_S)
-    with profiled() as seconds:
-        znni_core.infer(net, x, plan=plan)
-    return {"total_s": total, "steps": {str(k): v for k, v in seconds.items()}, "host": host_class()}
+    samples: dict = {}
+    for _ in range(meta.get("calls", 1)):
+        time.sleep(PAUSE_S)
+        with profiled() as seconds:
+            znni_core.infer(net, x, plan=plan)
+        for k, v in seconds.items():
+            samples.setdefault(str(k), []).append(v)
+    steps = {k: statistics.median(v) for k, v in samples.items()}
+    return {"total_s": total, "steps": steps, "host": host_class()}
 
 
 def _run_child(case_dir: Path, build: str, timeout: float) -> dict:
@@ -218,7 +223,9 @@ def _run_child(case_dir: Path, build: str, timeout: float) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run(cases, builds, rounds: int, budget: int, threads: int, tmp: Path, timeout: float, log=print) -> list:
+def run(
+    cases, builds, rounds: int, budget: int, threads: int, tmp: Path, timeout: float, calls: int = 1, log=print
+) -> list:
     from znni_core.plan import Plan
 
     results = []
@@ -231,7 +238,7 @@ def run(cases, builds, rounds: int, budget: int, threads: int, tmp: Path, timeou
             continue
         what, net_path, x = made
         np.save(d / "x.npy", x)
-        (d / "case.json").write_text(json.dumps({"net": str(net_path)}))
+        (d / "case.json").write_text(json.dumps({"net": str(net_path), "calls": calls}))
         _plan(net_path, x, budget, threads, d / "plan.json", whole=name in WHOLE)
         plan = Plan.load(d / "plan.json")
         runs = {b: [] for b in builds}
@@ -315,6 +322,9 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--calls", type=int, default=1, help="profiled calls per build and round (a step's time: their median)"
+    )
     ap.add_argument("--memory", default="2GiB", help="the plans' memory budget")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per build's process")
     ap.add_argument("--out", default=str(HERE / "isa"))
@@ -349,7 +359,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"--builds: unknown {unknown} (one of {', '.join(BUILDS)})")
     cases = [c.strip() for c in a.cases.split(",") if c.strip()]
     with tempfile.TemporaryDirectory() as tmp:
-        results = run(cases, builds, a.rounds, parse_bytes(a.memory), a.threads, Path(tmp), a.timeout)
+        results = run(cases, builds, a.rounds, parse_bytes(a.memory), a.threads, Path(tmp), a.timeout, a.calls)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.isa " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -237,6 +237,19 @@ def test_winograd_writes_into_a_strided_destination_and_reuses_buffers():
     assert (big[mask] == 7.0).all()  # nothing written outside the destination
 
 
+def test_winograd_block_buffers_start_apart_within_a_page():
+    """Each pass reads one of a worker's buffers and writes another, points a multiple of 4 KiB
+    apart: the six start at six offsets within a page, a cache line or more apart, so no read
+    stream shares its low address bits with a write stream's."""
+    w = np.ones((24, 24, 3, 3, 3), np.float32)
+    conv = WinogradConv(w, None, (10, 40, 40), threads=2)
+    _, sets, _ = conv._buffers(1, False)
+    for V, M, scratch in sets:
+        starts = sorted(a.ctypes.data % 4096 for a in (V, M, *scratch))
+        assert len(starts) == 6 and all(b - a >= 64 for a, b in zip(starts, starts[1:]))
+        assert not V.any()  # rows past a block's tiles are read: zeros, not garbage
+
+
 def test_winograd_refuses_what_it_cannot_run():
     w = np.ones((2, 2, 6, 5, 3), np.float32)
     with pytest.raises(InputError, match="1-5 on every axis"):

@@ -46,6 +46,7 @@ import numpy as np
 from ..errors import InputError
 from . import arena, microkernel, tuning
 from ._numba import njit
+from .buffers import staggered
 from .epilogue import act_row
 from .layout import channels_inner, copy_run, empty_channels_last, fill_run, is_channels_last, memory_order
 from .resident import ResidentConv
@@ -796,16 +797,21 @@ class WinogradConv(ResidentConv):
         c = max(self.c_in, ldm)
         sets = []
         for _ in range(workers):
-            V = np.zeros((self.T, tiles, self.c_in), np.float32)  # per position: tiles x channels
-            M = np.empty((self.T, tiles, ldm), np.float32)
-            # a tile row's input rows channels last, its two stage buffers, staged output rows
-            scratch = (
-                np.empty(az * ay * (ntx * mx + ax - mx) * self.c_in, np.float32),
-                np.empty(self.T * ntx * c, np.float32),
-                np.empty(self.T * ntx * c, np.float32),
-                np.empty(mz * my * ntx * mx * ldm, np.float32),
+            # V (per position: tiles x channels) and M; a tile row's input rows channels last, its
+            # two stage buffers, staged output rows: each pass reads one and writes another,
+            # their starts apart within a page (:func:`.buffers.staggered`)
+            V, M, *scratch = staggered(
+                (
+                    self.T * tiles * self.c_in,
+                    self.T * tiles * ldm,
+                    az * ay * (ntx * mx + ax - mx) * self.c_in,
+                    self.T * ntx * c,
+                    self.T * ntx * c,
+                    mz * my * ntx * mx * ldm,
+                )
             )
-            sets.append((V, M, scratch))
+            V[:] = 0.0  # rows past a block's tiles are read by whole register tiles
+            sets.append((V.reshape(self.T, tiles, self.c_in), M.reshape(self.T, tiles, ldm), tuple(scratch)))
         # the register tiles' scratch, one per thread (one worker splits its products over them)
         tails = [] if blas else [microkernel.Scratch(self.c_in, self.c_out, shape) for _ in range(self.threads)]
         bufs = (br, sets, tails)  # run by the caller and pooled threads (each_worker)
