@@ -77,3 +77,23 @@ def test_processes_saving_one_function_at_once_keep_every_signature(tmp_path):
         assert p.wait(timeout=300) == 0, p.stderr.read()[-2000:]
     r = subprocess.run([sys.executable, "-c", READER, *DTYPES], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_kernels_cache_folder_follows_every_kernel_source(tmp_path):
+    """numba checks a cached function against its own file only: a helper changed in another
+    module (an inlined activation, a transform intrinsic) must move every kernel to a new folder."""
+    import shutil
+
+    import numba
+
+    from znni_core.layers import _numba
+
+    assert numba.config.CACHE_DIR == str(_numba.KERNELS_CACHE)
+    assert _numba.KERNELS_CACHE.name == f"znni-{_numba.sources_digest()}"
+    copy = tmp_path / "layers"
+    shutil.copytree(ROOT / "znni_core" / "layers", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = _numba.sources_digest(copy)
+    assert before == _numba.sources_digest()
+    helper = copy / "transform_vectors.py"
+    helper.write_text(helper.read_text() + "\n# changed\n")
+    assert _numba.sources_digest(copy) != before

@@ -7,10 +7,13 @@ for a thread-safe one (``omp`` or ``tbb``) before the first parallel launch.
 
 from __future__ import annotations
 
+import hashlib
 import os
+from pathlib import Path
 
 import numba
 
+from ..cachedir import numba_cache_dir
 from . import vector_width
 
 # the environment's NUMBA_ settings first (numba may have been imported before this module), then
@@ -20,6 +23,25 @@ numba.config.reload_config()
 #: where this process's vector width came from (``user``, ``env``, ``measured``, ``default`` or
 #: ``llvm``: :mod:`.vector_width`)
 VECTOR_WIDTH_SOURCE = vector_width.apply(numba.config)
+
+
+def sources_digest(folder: Path | None = None) -> str:
+    """A digest of the kernel modules' sources (``folder``'s ``*.py``, this package by default)."""
+    h = hashlib.sha256()
+    for p in sorted(Path(folder or Path(__file__).parent).glob("*.py")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+#: numba's cache, one folder per version of the kernels' sources: numba checks a cached function
+#: against its own file's time stamp only, so a change to a helper it inlines from another module
+#: (an activation, a transform, a register tile) left the old machine code in use (seen here:
+#: a Winograd layer ran the previous transform after ``transform_vectors.py`` changed); a
+#: ``git pull`` or a second znni version on a shared cache would do the same.  Under
+#: ``$NUMBA_CACHE_DIR``, else ``<cache_dir>/numba`` (where ``znni warmup`` compiles); numba
+#: falls back to its own places where that folder cannot be written.
+KERNELS_CACHE = numba_cache_dir() / f"znni-{sources_digest()}"
+numba.config.CACHE_DIR = str(KERNELS_CACHE)
 
 if os.environ.get("NUMBA_THREADING_LAYER") is None and numba.config.THREADING_LAYER == "default":
     numba.config.THREADING_LAYER = "threadsafe"
@@ -77,4 +99,4 @@ prange = numba.prange
 #: microcoded store on AMD cores
 FAST = {"nnan", "ninf", "arcp", "contract", "afn", "reassoc"}
 
-__all__ = ["FAST", "njit", "prange", "numba"]
+__all__ = ["FAST", "KERNELS_CACHE", "njit", "numba", "prange", "sources_digest"]
