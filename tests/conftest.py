@@ -10,6 +10,9 @@ import tempfile
 os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
 _CACHE = tempfile.mkdtemp(prefix="znni-test-cache-")
 os.environ.setdefault("ZNNI_CACHE_DIR", _CACHE)
+# numba's kernels: one cache for every test process and the commands they start (a folder per
+# version of the kernel sources inside it, ``layers/_numba.KERNELS_CACHE``), not one per session
+os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "znni-tests-numba"))
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402

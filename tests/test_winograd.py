@@ -120,6 +120,28 @@ def test_eight_point_transforms_on_whole_vectors_equal_the_matrices(L):
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("a", [4, 6])
+@pytest.mark.parametrize("L", [7, 8, 9, 15, 16, 17, 24, 33, 48])
+def test_six_and_four_point_input_transforms_on_whole_vectors_equal_the_matrix(a, L):
+    """The 6- and 4-point BT on runs of a vector or more (:mod:`~znni_core.layers.transform_vectors`, the
+    last vector overlapping; 7 lanes stay on the loop) equals the float64 matrix on every lane of
+    ``nb`` runs and writes nothing past them."""
+    from znni_core.layers.winograd import _bt_rows
+
+    rng = np.random.default_rng(L)
+    nb, ds, vs, dstep, vstep = 3, L + 5, 3 * L + 2, 2, 3 * (L + 1)
+    d = rng.standard_normal(1 + a * ds + nb * dstep).astype(np.float32)
+    got = np.full(a * vs + nb * vstep + 4, -7.0, np.float32)
+    want = got.astype(np.float64)
+    BT = toom_cook(a, 2)[0]
+    for b in range(nb):
+        rows = np.array([d[1 + b * dstep + k * ds :][:L] for k in range(a)], np.float64)
+        for k, row in enumerate(BT @ rows):
+            want[b * vstep + k * vs :][:L] = row
+    _bt_rows(a, d, 1, ds, dstep, got, 0, vs, vstep, L, nb)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("a", [1, 4, 6, 8])
 def test_transform_runs_equal_the_matrix_on_every_run(a):
     """``_bt_rows`` on ``nb`` runs of ``L`` lanes, ``dstep`` and ``vstep`` apart (the input

@@ -53,15 +53,19 @@ def copy_into(dst, src) -> None:
 def fill_run(a, lo, hi, value):  # pragma: no cover - compiled
     """``a[lo:hi] = value`` in a numba kernel, as a loop: numba's slice assignment compiles its
     generic setitem with the message of a shape mismatch (string building: 2-2.5 s of a kernel's
-    compile, per kernel)."""
-    for i in range(lo, hi):
+    compile, per kernel).  Unsigned indices: with signed ones numba wraps a negative index, and
+    LLVM vectorised that select of indices as a scatter in AVX-512 code (microcoded: the Winograd
+    input transform's edge rows ran 3-4x slower than in AVX2 code)."""
+    for i in range(np.uint64(lo), np.uint64(hi)):
         a[i] = value
 
 
 @njit(nogil=True, cache=True, inline="always")
 def copy_run(dst, d0, src, s0, n):  # pragma: no cover - compiled
-    """``dst[d0:d0 + n] = src[s0:s0 + n]`` in a numba kernel, as a loop (:func:`fill_run`)."""
-    for i in range(n):
+    """``dst[d0:d0 + n] = src[s0:s0 + n]`` in a numba kernel, as a loop (:func:`fill_run`; unsigned
+    indices, as there)."""
+    d0, s0 = np.uint64(d0), np.uint64(s0)
+    for i in range(np.uint64(max(n, 0))):
         dst[d0 + i] = src[s0 + i]
 
 

@@ -19,10 +19,14 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-__all__ = ["AT8", "BT8", "vector_transform"]
+__all__ = ["AT8", "BT4", "BT6", "BT8", "vector_transform"]
 
 #: ``kind`` of :func:`vector_transform`: the input transform BT (8 values in, 8 out)
 BT8 = 0
+#: ... the 6-point input transform (6 in, 6 out: ``F(4,3)``'s points 0, +-1, +-2, infinity)
+BT6 = 1
+#: ... the 4-point input transform (z's ``F(2,3)``: points 0, +-1, infinity)
+BT4 = 2
 #: ... and the output transform AT: ``AT8 + m`` for ``m`` outputs (4-7)
 AT8 = 10
 
@@ -42,6 +46,28 @@ def _bt8(b, x, c):
         out += [add(e, o), sub(e, o)]
     out.append(add(sub(x7, x1), mul(c(5.25), sub(x3, x5))))
     return out
+
+
+def _bt6(b, x, c):
+    """BT d for the 6 points 0, +-1, +-2, infinity (as ``winograd._bt_rows`` with ``a = 6``)."""
+    x0, x1, x2, x3, x4, x5 = x
+    add, sub, mul = b.add, b.sub, b.mul
+    four, five, two = c(4.0), c(5.0), c(2.0)
+    d42, d31 = sub(x4, x2), sub(x3, x1)
+    return [
+        add(sub(mul(four, x0), mul(five, x2)), x4),
+        sub(add(x3, x4), mul(four, add(x1, x2))),
+        add(sub(x4, x3), mul(four, sub(x1, x2))),
+        add(d42, mul(two, d31)),
+        sub(d42, mul(two, d31)),
+        add(sub(mul(four, x1), mul(five, x3)), x5),
+    ]
+
+
+def _bt4(b, x, c):
+    """BT d for the 4 points 0, +-1, infinity (as ``winograd._bt_rows`` with ``a = 4``)."""
+    x0, x1, x2, x3 = x
+    return [b.sub(x0, x2), b.add(x1, x2), b.sub(x2, x1), b.sub(x1, x3)]
 
 
 def _at8(b, x, c, m):
@@ -79,11 +105,14 @@ class _Ops:
 def vector_transform(typingctx, kind, vl, d, j, o, v, k, vs):
     """``vector_transform(kind, vl, d, j, o, v, k, vs)``: for the ``vl`` lanes ``i`` (constants
     ``kind`` and ``vl``), ``v[k + r * vs + i] = sum_p T[r, p] d[j + o_p + i]``, ``T`` the
-    8-point BT (:data:`BT8`) or AT with m outputs (``AT8 + m``); ``o`` the offsets of points 1-7
-    from point 0 (a tuple of 7); ``d`` and ``v`` flat float32 arrays, distinct."""
+    8-point BT (:data:`BT8`) or AT with m outputs (``AT8 + m``), or the 6- or 4-point BT
+    (:data:`BT6`, :data:`BT4`); ``o`` the offsets of points 1-7 (1-5, 1-3) from point 0, a tuple; ``d`` and ``v`` flat float32 arrays,
+    distinct."""
     if not (isinstance(kind, types.IntegerLiteral) and isinstance(vl, types.IntegerLiteral)):
         return None
     K, W = int(kind.literal_value), int(vl.literal_value)
+    if len(o) != {BT6: 5, BT4: 3}.get(K, 7):
+        return None
     sig = types.void(kind, vl, d, j, o, v, k, vs)
 
     def codegen(context, builder, signature, args):  # pragma: no cover - runs in the compiler
@@ -97,7 +126,10 @@ def vector_transform(typingctx, kind, vl, d, j, o, v, k, vs):
         dp = context.make_array(st[2])(context, builder, args[2]).data
         vp = context.make_array(st[5])(context, builder, args[5]).data
         j0, k0, step = idx(args[3], st[3]), idx(args[6], st[6]), idx(args[7], st[7])
-        offs = [ir.Constant(i64, 0)] + [idx(builder.extract_value(args[4], p), st[4].types[p]) for p in range(7)]
+        points = {BT6: 6, BT4: 4}.get(K, 8)
+        offs = [ir.Constant(i64, 0)] + [
+            idx(builder.extract_value(args[4], p), st[4].types[p]) for p in range(points - 1)
+        ]
 
         def load(off):
             ptr = builder.bitcast(builder.gep(dp, [builder.add(j0, off)]), vt.as_pointer())
@@ -110,7 +142,10 @@ def vector_transform(typingctx, kind, vl, d, j, o, v, k, vs):
 
         x = [load(off) for off in offs]
         ops = _Ops(builder)
-        ys = _bt8(ops, x, const) if K == BT8 else _at8(ops, x, const, K - AT8)
+        if K >= AT8:
+            ys = _at8(ops, x, const, K - AT8)
+        else:
+            ys = {BT8: _bt8, BT6: _bt6, BT4: _bt4}[K](ops, x, const)
         for r, y in enumerate(ys):
             at = builder.add(k0, builder.mul(ir.Constant(i64, r), step))
             s = builder.store(y, builder.bitcast(builder.gep(vp, [at]), vt.as_pointer()))

@@ -51,7 +51,7 @@ from .epilogue import act_row
 from .layout import channels_inner, copy_run, empty_channels_last, fill_run, is_channels_last, memory_order
 from .resident import ResidentConv
 from .threads import blas_limit, each_worker, gemm
-from .transform_vectors import AT8, BT8, vector_transform
+from .transform_vectors import AT8, BT4, BT6, BT8, vector_transform
 from .xp import get_array_module
 
 __all__ = [
@@ -280,6 +280,73 @@ def _bt8(d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover - compi
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _bt6(d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover - compiled
+    """v[:, i] = BT d[:, i] for i < L, a = 6 (:data:`_BT`).  Runs of a vector or more go a vector
+    at a time, the last one overlapping (:mod:`.transform_vectors`): the input transform's x pass
+    runs on ``C`` channels per tile, which LLVM's loop (unrolled to 32 floats in AVX2 code) left
+    to its scalar remainder (the 6-point input transform of 512 fragments of 10^3, 24 maps: 32 ms
+    in AVX2 code, 20 in AVX-512, one Zen 4 core)."""
+    u = np.uint64
+    c2, c4, c5 = np.float32(2.0), np.float32(4.0), np.float32(5.0)
+    d0, ds, v0, vs = u(d0), u(ds), u(v0), u(vs)
+    offs = (ds, u(2) * ds, u(3) * ds, u(4) * ds, u(5) * ds)
+    s1, s2, s3, t1, t2, t3 = ds, u(2) * ds, u(3) * ds, vs, u(2) * vs, u(3) * vs
+    for b in range(np.uint64(nb)):
+        db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
+        if L >= _VL:
+            for i in range(0, L - _VL, _VL):
+                vector_transform(BT6, _VL, d, db + u(i), offs, v, vb + u(i), vs)
+            vector_transform(BT6, _VL, d, db + u(L - _VL), offs, v, vb + u(L - _VL), vs)
+            continue
+        if _VL == 16 and L >= 8:
+            for i in range(0, L - 8, 8):
+                vector_transform(BT6, 8, d, db + u(i), offs, v, vb + u(i), vs)
+            vector_transform(BT6, 8, d, db + u(L - 8), offs, v, vb + u(L - 8), vs)
+            continue
+        for i in range(np.uint64(L)):
+            j = db + i
+            x0, x1, x2, x3, x4, x5 = d[j], d[j + s1], d[j + s2], d[j + s3], d[j + s2 + s2], d[j + s2 + s3]
+            k = vb + i
+            v[k] = c4 * x0 - c5 * x2 + x4
+            v[k + t1] = (x3 + x4) - c4 * (x1 + x2)
+            v[k + t2] = (x4 - x3) + c4 * (x1 - x2)
+            v[k + t3] = (x4 - x2) + c2 * (x3 - x1)
+            v[k + t2 + t2] = (x4 - x2) - c2 * (x3 - x1)
+            v[k + t2 + t3] = c4 * x1 - c5 * x3 + x5
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _bt4(d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover - compiled
+    """v[:, i] = BT d[:, i] for i < L, a = 4 (z's points), as :func:`_bt6`: the z pass of a tile row
+    a few tiles wide runs on ``ntx * C`` lanes (48 on n337's 14^3 fragments), short enough for
+    LLVM's unrolled loop to leave to its scalar remainder in AVX2 code."""
+    u = np.uint64
+    d0, ds, v0, vs = u(d0), u(ds), u(v0), u(vs)
+    offs = (ds, u(2) * ds, u(3) * ds)
+    t1, t2, t3 = vs, u(2) * vs, u(3) * vs
+    for b in range(np.uint64(nb)):
+        db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
+        if L >= _VL:
+            for i in range(0, L - _VL, _VL):
+                vector_transform(BT4, _VL, d, db + u(i), offs, v, vb + u(i), vs)
+            vector_transform(BT4, _VL, d, db + u(L - _VL), offs, v, vb + u(L - _VL), vs)
+            continue
+        if _VL == 16 and L >= 8:
+            for i in range(0, L - 8, 8):
+                vector_transform(BT4, 8, d, db + u(i), offs, v, vb + u(i), vs)
+            vector_transform(BT4, 8, d, db + u(L - 8), offs, v, vb + u(L - 8), vs)
+            continue
+        for i in range(np.uint64(L)):
+            j = db + i
+            x0, x1, x2, x3 = d[j], d[j + ds], d[j + u(2) * ds], d[j + u(3) * ds]
+            k = vb + i
+            v[k] = x0 - x2
+            v[k + t1] = x1 + x2
+            v[k + t2] = x2 - x1
+            v[k + t3] = x1 - x3
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _pairs8(x, j, xs):  # pragma: no cover - compiled
     """The 8 values at x[j + k * xs] as (value at 0, sum and difference per pair of points
     +-1, +-2, +-1/2, value at infinity)."""
@@ -389,40 +456,20 @@ def _at8(m, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
 @njit(nogil=True, cache=True)
 def _bt_rows(a, d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover - compiled
     """v[:, i] = BT d[:, i] for i < L, on ``nb`` runs ``dstep`` and ``vstep`` apart."""
-    c2, c4, c5 = np.float32(2.0), np.float32(4.0), np.float32(5.0)
     if a == 8:
         _bt8(d, d0, ds, dstep, v, v0, vs, vstep, L, nb)
         return
-    d0, s1, s2, s3, v0, t1, t2, t3 = _strides(d0, ds, v0, vs)
     if a == 6:
-        for b in range(np.uint64(nb)):
-            db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
-            for i in range(np.uint64(L)):
-                j = db + i
-                x0, x1, x2, x3, x4, x5 = d[j], d[j + s1], d[j + s2], d[j + s3], d[j + s2 + s2], d[j + s2 + s3]
-                k = vb + i
-                v[k] = c4 * x0 - c5 * x2 + x4
-                v[k + t1] = (x3 + x4) - c4 * (x1 + x2)
-                v[k + t2] = (x4 - x3) + c4 * (x1 - x2)
-                v[k + t3] = (x4 - x2) + c2 * (x3 - x1)
-                v[k + t2 + t2] = (x4 - x2) - c2 * (x3 - x1)
-                v[k + t2 + t3] = c4 * x1 - c5 * x3 + x5
-    elif a == 4:
-        for b in range(np.uint64(nb)):
-            db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
-            for i in range(np.uint64(L)):
-                j = db + i
-                x0, x1, x2, x3 = d[j], d[j + s1], d[j + s2], d[j + s3]
-                k = vb + i
-                v[k] = x0 - x2
-                v[k + t1] = x1 + x2
-                v[k + t2] = x2 - x1
-                v[k + t3] = x1 - x3
-    else:
-        for b in range(np.uint64(nb)):
-            db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
-            for i in range(np.uint64(L)):
-                v[vb + i] = d[db + i]
+        _bt6(d, d0, ds, dstep, v, v0, vs, vstep, L, nb)
+        return
+    if a == 4:
+        _bt4(d, d0, ds, dstep, v, v0, vs, vstep, L, nb)
+        return
+    d0, v0 = np.uint64(d0), np.uint64(v0)
+    for b in range(np.uint64(nb)):
+        db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
+        for i in range(np.uint64(L)):
+            v[vb + i] = d[db + i]
 
 
 @njit(nogil=True, cache=True, inline="always")
