@@ -387,17 +387,19 @@ def _channels_last(a):
 
 
 @pytest.mark.parametrize("kernel", [(1, 3, 3), (3, 3, 3), (1, 5, 5), (2, 1, 4)])
-def test_winograd_reads_and_writes_channels_last_as_channels_first(kernel):
+@pytest.mark.parametrize("co", [7, 19])
+def test_winograd_reads_and_writes_channels_last_as_channels_first(kernel, co):
     """A channels-last input (``layers/layout``) reads as its channels-first self, zero padding
     included; ``channels_last`` makes the output channels last (ELU applied); a strided
-    channels-last destination gets only its block.  Against the float64 reference."""
+    channels-last destination gets only its block.  Against the float64 reference.  19 output
+    channels: a voxel's values copied a vector at a time, the last vector overlapping."""
     from znni_core.layers.activation import apply_activation
     from znni_core.layers.layout import is_channels_last
 
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 5, 6, 13, 11)).astype(np.float32)
-    w = rng.standard_normal((7, 5) + kernel).astype(np.float32)
-    b = rng.standard_normal(7).astype(np.float32)
+    w = rng.standard_normal((co, 5) + kernel).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
     low = tuple(k // 2 for k in kernel)
     spatial = tuple(n + k - 1 for n, k in zip(x.shape[2:], kernel))  # "same" output
     xpad = np.zeros(x.shape[:2] + spatial, np.float32)
@@ -412,7 +414,7 @@ def test_winograd_reads_and_writes_channels_last_as_channels_first(kernel):
             y = conv(src, low=low)
             assert is_channels_last(y) == cl
             assert rel_err(y, ref) <= TOL
-    big = _channels_last(np.full((2, 7, 8, 15, 13), 5.0, np.float32))
+    big = _channels_last(np.full((2, co, 8, 15, 13), 5.0, np.float32))
     dst = big[:, :, 1:7, 1:14, 2:13]
     conv.channels_last = False  # the destination decides
     assert conv(xc, out=dst, low=low) is dst and rel_err(np.ascontiguousarray(dst), ref) <= TOL

@@ -19,7 +19,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-__all__ = ["AT8", "BT4", "BT6", "BT8", "vector_transform"]
+__all__ = ["AT8", "BT4", "BT6", "BT8", "vector_copy", "vector_transform"]
 
 #: ``kind`` of :func:`vector_transform`: the input transform BT (8 values in, 8 out)
 BT8 = 0
@@ -150,6 +150,35 @@ def vector_transform(typingctx, kind, vl, d, j, o, v, k, vs):
             at = builder.add(k0, builder.mul(ir.Constant(i64, r), step))
             s = builder.store(y, builder.bitcast(builder.gep(vp, [at]), vt.as_pointer()))
             s.align = 4
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def vector_copy(typingctx, vl, v, k, a, i):
+    """``vector_copy(vl, v, k, a, i)``: ``v[k + l] = a[i + l]`` for the ``vl`` lanes ``l`` (a
+    constant), ``k`` and ``i`` counted in elements from the arrays' first (any dimensions, the
+    lanes contiguous): a voxel's 24-48 channels in one or a few vectors, where LLVM's loop left
+    them to a scalar remainder in AVX2 code; a copy, so a last vector may overlap the one before."""
+    if not isinstance(vl, types.IntegerLiteral):
+        return None
+    W = int(vl.literal_value)
+    sig = types.void(vl, v, k, a, i)
+
+    def codegen(context, builder, signature, args):  # pragma: no cover - runs in the compiler
+        st = signature.args
+        vt = ir.VectorType(ir.FloatType(), W)
+
+        def ptr(n, at):
+            data = context.make_array(st[n])(context, builder, args[n]).data
+            off = context.cast(builder, args[at], st[at], types.int64)
+            return builder.bitcast(builder.gep(data, [off]), vt.as_pointer())
+
+        x = builder.load(ptr(3, 4))
+        x.align = 4
+        s = builder.store(x, ptr(1, 2))
+        s.align = 4
         return context.get_dummy_value()
 
     return sig, codegen

@@ -51,7 +51,7 @@ from .epilogue import act_row
 from .layout import channels_inner, copy_run, empty_channels_last, fill_run, is_channels_last, memory_order
 from .resident import ResidentConv
 from .threads import blas_limit, each_worker, gemm
-from .transform_vectors import AT8, BT4, BT6, BT8, vector_transform
+from .transform_vectors import AT8, BT4, BT6, BT8, vector_copy, vector_transform
 from .xp import get_array_module
 
 __all__ = [
@@ -580,23 +580,32 @@ def _to_channels_first(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  #
 def _staged_row_out(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  # pragma: no cover - compiled
     """out[n, z, y, i, o] = act(S[sb + (k * ntx + t) * ldm + o] + bias[o]) for i = t * mx + k: one
     staged output row into a channels-last output's memory ``out`` (N, Z, Y, X, C_out) (a strided
-    view allowed); the epilogue runs on the whole staged row in ``S`` first (one long loop, not
-    one per voxel; the padding columns from ``C_out`` to ``ldm`` go along, unread)."""
+    view allowed); ``bias`` is the layer's bias, zero-padded to ``ldm`` and repeated over the
+    staged row's ``mx * ntx`` voxels, so bias and epilogue run on the whole staged row in ``S``
+    (two long loops; the padding columns go along, unread).  Then each voxel's ``C_out`` values
+    are copied a vector at a time, the last vector overlapping (:func:`.vector_copy`): per voxel,
+    LLVM's loops over 24-48 channels ran as their scalar remainder in AVX2 code."""
     _, _, _, Xo, O = out.shape
     u = np.uint64
-    L, sb = u(ldm), u(sb)
-    for q in range(mx * ntx):
-        base = sb + u(q) * L
-        for o in range(O):
-            S[base + u(o)] += bias[o]
-    act_row(S, sb, sb + u(mx * ntx) * L, code, alpha)
+    L, sb, m = u(ldm), u(sb), u(mx * ntx) * u(ldm)
+    for j in range(m):
+        S[sb + j] += bias[j]
+    act_row(S, sb, sb + m, code, alpha)
     orow = out[n, z, y]
+    vec = O >= _VL and orow.strides[1] == 4
+    s0 = u(orow.strides[0] // 4)
     for t in range(ntx):
         for k in range(mx):
             i = t * mx + k
             if i < Xo:
-                r = orow[i]
                 base = sb + u(k * ntx + t) * L
+                if vec:
+                    d = u(i) * s0
+                    for c in range(0, O - _VL, _VL):
+                        vector_copy(_VL, orow, d + u(c), S, base + u(c))
+                    vector_copy(_VL, orow, d + u(O - _VL), S, base + u(O - _VL))
+                    continue
+                r = orow[i]
                 for o in range(O):
                     r[o] = S[base + u(o)]
 
@@ -692,8 +701,10 @@ def _output_transform(
 ):  # pragma: no cover - compiled
     """out[n, o, tile (r, i)] = act(AT M[:, tile, o] + bias[o]) (the epilogue, M flat:
     (T, NT, ldm) in C order, ``ldm >= C_out``) for tile rows [r0, r1); outputs past the edge are
-    dropped.  Channels last as in :func:`_input_transform`, a tile row at a time: a position's
-    tiles in the row are one run of ``ntx * ldm`` values in ``M`` (padding columns go along), so
+    dropped; ``bias`` (``ntx * mx * ldm``) is the layer's bias zero-padded to ``ldm`` columns and
+    repeated over a staged row's voxels (:func:`_staged_row_out`).  Channels last as in
+    :func:`_input_transform`, a tile row at a time: a position's tiles in the row are one run of
+    ``ntx * ldm`` values in ``M`` (padding columns go along), so
     each pass is a few calls on long runs: z (into ``P`` (mz, ay, ax, ntx, ldm)), y (into ``Q``
     (mz, my, ax, ntx, ldm)), x (into the staged output rows ``S`` (mz, my, mx, ntx, ldm)); then
     ``S`` is transposed into ``out`` (copied, with ``cl``: ``out`` is then a channels-last
@@ -881,7 +892,12 @@ class WinogradConv(ResidentConv):
             )
         cl_out = channels_inner(out)  # a channels-last destination, whole or a block of one
         dst = memory_order(out) if cl_out else out
-        bias = self.bias if self.bias is not None else np.zeros(O, np.float32)
+        # the bias per staged output row: zero-padded to M's columns, repeated over its voxels
+        ldm = sets[0][1].shape[2]
+        bias = np.zeros((ntx * self.ms[2], ldm), np.float32)
+        if self.bias is not None:
+            bias[:, :O] = self.bias
+        bias = bias.reshape(-1)
         code, alpha = self.epilogue
         rows = n * ntz * nty
         blocks = [(r0, min(rows, r0 + br)) for r0 in range(0, rows, br)]
@@ -911,7 +927,7 @@ class WinogradConv(ResidentConv):
                 _input_transform(xs, Vf, r0, r1, nty, ntz, ntx, self.ms, self.al, R, P, Q, *low, cl_in)
                 products(w, V, M, k)
                 _output_transform(
-                    Mf, M.shape[2], dst, r0, r1, nty, ntz, ntx, self.ms, self.al, bias, code, alpha, P, Q, S, cl_out
+                    Mf, ldm, dst, r0, r1, nty, ntz, ntx, self.ms, self.al, bias, code, alpha, P, Q, S, cl_out
                 )
 
         if workers == 1:
