@@ -238,6 +238,34 @@ _VL = microkernel.VL
 _AT4, _AT5, _AT6, _AT7 = AT8 + 4, AT8 + 5, AT8 + 6, AT8 + 7
 
 
+def _vector_runs(kind):
+    """``runs(d, db, offs, v, vb, vs, L)``: the input transform ``kind`` on ``L`` lanes from ``db``
+    and ``vb`` a vector at a time (:mod:`.transform_vectors`; ``_VL`` floats, or 8 in a 512-bit
+    build when the run is shorter than 16), the last vector overlapping the one before; False
+    (nothing done) for runs shorter than 8, which the caller's loop transforms.  ``kind`` is a
+    constant of each function made (``vector_transform`` takes it as a literal)."""
+
+    @njit(nogil=True, cache=True, inline="always")
+    def runs(d, db, offs, v, vb, vs, L):  # pragma: no cover - compiled
+        u = np.uint64
+        if L >= _VL:
+            for i in range(0, L - _VL, _VL):
+                vector_transform(kind, _VL, d, db + u(i), offs, v, vb + u(i), vs)
+            vector_transform(kind, _VL, d, db + u(L - _VL), offs, v, vb + u(L - _VL), vs)
+            return True
+        if _VL == 16 and L >= 8:
+            for i in range(0, L - 8, 8):
+                vector_transform(kind, 8, d, db + u(i), offs, v, vb + u(i), vs)
+            vector_transform(kind, 8, d, db + u(L - 8), offs, v, vb + u(L - 8), vs)
+            return True
+        return False
+
+    return runs
+
+
+_bt8_runs, _bt6_runs, _bt4_runs = _vector_runs(BT8), _vector_runs(BT6), _vector_runs(BT4)
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _bt8(d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover - compiled
     """v[:, i] = BT d[:, i] for i < L, a = 8 (:data:`_BT`): per pair of points +-p the even
@@ -251,15 +279,7 @@ def _bt8(d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover - compi
     offs = (ds, u(2) * ds, u(3) * ds, u(4) * ds, u(5) * ds, u(6) * ds, u(7) * ds)
     for b in range(np.uint64(nb)):
         db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
-        if L >= _VL:
-            for i in range(0, L - _VL, _VL):
-                vector_transform(BT8, _VL, d, db + u(i), offs, v, vb + u(i), vs)
-            vector_transform(BT8, _VL, d, db + u(L - _VL), offs, v, vb + u(L - _VL), vs)
-            continue
-        if _VL == 16 and L >= 8:
-            for i in range(0, L - 8, 8):
-                vector_transform(BT8, 8, d, db + u(i), offs, v, vb + u(i), vs)
-            vector_transform(BT8, 8, d, db + u(L - 8), offs, v, vb + u(L - 8), vs)
+        if _bt8_runs(d, db, offs, v, vb, vs, L):
             continue
         for i in range(np.uint64(L)):
             j = db + i
@@ -293,15 +313,7 @@ def _bt6(d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover - compi
     s1, s2, s3, t1, t2, t3 = ds, u(2) * ds, u(3) * ds, vs, u(2) * vs, u(3) * vs
     for b in range(np.uint64(nb)):
         db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
-        if L >= _VL:
-            for i in range(0, L - _VL, _VL):
-                vector_transform(BT6, _VL, d, db + u(i), offs, v, vb + u(i), vs)
-            vector_transform(BT6, _VL, d, db + u(L - _VL), offs, v, vb + u(L - _VL), vs)
-            continue
-        if _VL == 16 and L >= 8:
-            for i in range(0, L - 8, 8):
-                vector_transform(BT6, 8, d, db + u(i), offs, v, vb + u(i), vs)
-            vector_transform(BT6, 8, d, db + u(L - 8), offs, v, vb + u(L - 8), vs)
+        if _bt6_runs(d, db, offs, v, vb, vs, L):
             continue
         for i in range(np.uint64(L)):
             j = db + i
@@ -326,15 +338,7 @@ def _bt4(d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover - compi
     t1, t2, t3 = vs, u(2) * vs, u(3) * vs
     for b in range(np.uint64(nb)):
         db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
-        if L >= _VL:
-            for i in range(0, L - _VL, _VL):
-                vector_transform(BT4, _VL, d, db + u(i), offs, v, vb + u(i), vs)
-            vector_transform(BT4, _VL, d, db + u(L - _VL), offs, v, vb + u(L - _VL), vs)
-            continue
-        if _VL == 16 and L >= 8:
-            for i in range(0, L - 8, 8):
-                vector_transform(BT4, 8, d, db + u(i), offs, v, vb + u(i), vs)
-            vector_transform(BT4, 8, d, db + u(L - 8), offs, v, vb + u(L - 8), vs)
+        if _bt4_runs(d, db, offs, v, vb, vs, L):
             continue
         for i in range(np.uint64(L)):
             j = db + i
