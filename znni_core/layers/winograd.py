@@ -238,116 +238,91 @@ _VL = microkernel.VL
 _AT4, _AT5, _AT6, _AT7 = AT8 + 4, AT8 + 5, AT8 + 6, AT8 + 7
 
 
-def _vector_runs(kind):
-    """``runs(d, db, offs, v, vb, vs, L)``: the input transform ``kind`` on ``L`` lanes from ``db``
-    and ``vb`` a vector at a time (:mod:`.transform_vectors`; ``_VL`` floats, or 8 in a 512-bit
-    build when the run is shorter than 16), the last vector overlapping the one before; False
-    (nothing done) for runs shorter than 8, which the caller's loop transforms.  ``kind`` is a
-    constant of each function made (``vector_transform`` takes it as a literal)."""
+@njit(nogil=True, cache=True, inline="always")
+def _bt8_lane(d, j, ds, v, k, vs):  # pragma: no cover - compiled
+    """v[k + r * vs] = (BT d)[r] for the 8 values d[j + p * ds], a = 8 (:data:`_BT`): per pair of
+    points +-p the even and odd columns' sums E and O, then E + O and E - O (one load per value,
+    30 operations instead of 64)."""
+    u = np.uint64
+    c2, c17, c21 = np.float32(2.0), np.float32(4.25), np.float32(5.25)
+    c05, c025, c125, c25 = np.float32(0.5), np.float32(0.25), np.float32(1.25), np.float32(2.5)
+    x0, x1, x2, x3 = d[j], d[j + ds], d[j + u(2) * ds], d[j + u(3) * ds]
+    x4, x5, x6, x7 = d[j + u(4) * ds], d[j + u(5) * ds], d[j + u(6) * ds], d[j + u(7) * ds]
+    v[k] = (x0 - x6) + c21 * (x4 - x2)
+    e, o = (x2 + x6) - c17 * x4, (x1 + x5) - c17 * x3
+    v[k + vs] = e + o
+    v[k + u(2) * vs] = e - o
+    e, o = (c025 * x2 + x6) - c125 * x4, (c05 * x1 + c2 * x5) - c25 * x3
+    v[k + u(3) * vs] = e + o
+    v[k + u(4) * vs] = e - o
+    e, o = (c2 * x2 + c05 * x6) - c25 * x4, (x1 + c025 * x5) - c125 * x3
+    v[k + u(5) * vs] = e + o
+    v[k + u(6) * vs] = e - o
+    v[k + u(7) * vs] = (x7 - x1) + c21 * (x3 - x5)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _bt6_lane(d, j, ds, v, k, vs):  # pragma: no cover - compiled
+    """:func:`_bt8_lane` for a = 6."""
+    u = np.uint64
+    c2, c4, c5 = np.float32(2.0), np.float32(4.0), np.float32(5.0)
+    x0, x1, x2, x3 = d[j], d[j + ds], d[j + u(2) * ds], d[j + u(3) * ds]
+    x4, x5 = d[j + u(4) * ds], d[j + u(5) * ds]
+    v[k] = c4 * x0 - c5 * x2 + x4
+    v[k + vs] = (x3 + x4) - c4 * (x1 + x2)
+    v[k + u(2) * vs] = (x4 - x3) + c4 * (x1 - x2)
+    v[k + u(3) * vs] = (x4 - x2) + c2 * (x3 - x1)
+    v[k + u(4) * vs] = (x4 - x2) - c2 * (x3 - x1)
+    v[k + u(5) * vs] = c4 * x1 - c5 * x3 + x5
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _bt4_lane(d, j, ds, v, k, vs):  # pragma: no cover - compiled
+    """:func:`_bt8_lane` for a = 4 (z's points)."""
+    u = np.uint64
+    x0, x1, x2, x3 = d[j], d[j + ds], d[j + u(2) * ds], d[j + u(3) * ds]
+    v[k] = x0 - x2
+    v[k + vs] = x1 + x2
+    v[k + u(2) * vs] = x2 - x1
+    v[k + u(3) * vs] = x1 - x3
+
+
+def _transform_runs(kind, lane):
+    """``runs(d, d0, ds, dstep, v, v0, vs, vstep, L, nb, offs)``: v[:, i] = BT d[:, i] for i < L on
+    ``nb`` runs ``dstep`` and ``vstep`` apart, for the input transform ``kind``
+    (:mod:`.transform_vectors`; ``offs``: the points' offsets ``p * ds`` for p >= 1).
+
+    A run of a vector or more goes a vector at a time (``_VL`` floats, or 8 in a 512-bit build when
+    the run is shorter than 16), the last vector overlapping the one before; shorter ones a lane at
+    a time (``lane``).  The x pass runs on ``C`` channels per tile and the z pass of a tile row a
+    few tiles wide on ``ntx * C``: LLVM's own loop (unrolled to 32 floats in AVX2 code) left such
+    runs to its scalar remainder (the 6-point input transform of 512 fragments of 10^3, 24 maps:
+    32 ms in AVX2 code, 20 in AVX-512, one Zen 4 core).  ``kind`` is a constant of each function
+    made (``vector_transform`` takes it as a literal)."""
 
     @njit(nogil=True, cache=True, inline="always")
-    def runs(d, db, offs, v, vb, vs, L):  # pragma: no cover - compiled
+    def runs(d, d0, ds, dstep, v, v0, vs, vstep, L, nb, offs):  # pragma: no cover - compiled
         u = np.uint64
-        if L >= _VL:
-            for i in range(0, L - _VL, _VL):
-                vector_transform(kind, _VL, d, db + u(i), offs, v, vb + u(i), vs)
-            vector_transform(kind, _VL, d, db + u(L - _VL), offs, v, vb + u(L - _VL), vs)
-            return True
-        if _VL == 16 and L >= 8:
-            for i in range(0, L - 8, 8):
-                vector_transform(kind, 8, d, db + u(i), offs, v, vb + u(i), vs)
-            vector_transform(kind, 8, d, db + u(L - 8), offs, v, vb + u(L - 8), vs)
-            return True
-        return False
+        for b in range(u(nb)):
+            db, vb = d0 + b * u(dstep), v0 + b * u(vstep)
+            if L >= _VL:
+                for i in range(0, L - _VL, _VL):
+                    vector_transform(kind, _VL, d, db + u(i), offs, v, vb + u(i), vs)
+                vector_transform(kind, _VL, d, db + u(L - _VL), offs, v, vb + u(L - _VL), vs)
+            elif _VL == 16 and L >= 8:
+                for i in range(0, L - 8, 8):
+                    vector_transform(kind, 8, d, db + u(i), offs, v, vb + u(i), vs)
+                vector_transform(kind, 8, d, db + u(L - 8), offs, v, vb + u(L - 8), vs)
+            else:
+                for i in range(u(L)):
+                    lane(d, db + i, ds, v, vb + i, vs)
 
     return runs
 
 
-_bt8_runs, _bt6_runs, _bt4_runs = _vector_runs(BT8), _vector_runs(BT6), _vector_runs(BT4)
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _bt8(d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover - compiled
-    """v[:, i] = BT d[:, i] for i < L, a = 8 (:data:`_BT`): per pair of points +-p the even
-    and odd columns' sums E and O, then E + O and E - O (one load per value, 30 operations
-    instead of 64).  Runs of a vector or more go a vector at a time, the last one overlapping
-    (:mod:`.transform_vectors`); shorter ones through the loop."""
-    u = np.uint64
-    c2, c17, c21 = np.float32(2.0), np.float32(4.25), np.float32(5.25)
-    c05, c025, c125, c25 = np.float32(0.5), np.float32(0.25), np.float32(1.25), np.float32(2.5)
-    d0, ds, v0, vs = u(d0), u(ds), u(v0), u(vs)
-    offs = (ds, u(2) * ds, u(3) * ds, u(4) * ds, u(5) * ds, u(6) * ds, u(7) * ds)
-    for b in range(np.uint64(nb)):
-        db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
-        if _bt8_runs(d, db, offs, v, vb, vs, L):
-            continue
-        for i in range(np.uint64(L)):
-            j = db + i
-            x0, x1, x2, x3 = d[j], d[j + ds], d[j + u(2) * ds], d[j + u(3) * ds]
-            x4, x5, x6, x7 = d[j + u(4) * ds], d[j + u(5) * ds], d[j + u(6) * ds], d[j + u(7) * ds]
-            k = vb + i
-            v[k] = (x0 - x6) + c21 * (x4 - x2)
-            e, o = (x2 + x6) - c17 * x4, (x1 + x5) - c17 * x3
-            v[k + vs] = e + o
-            v[k + u(2) * vs] = e - o
-            e, o = (c025 * x2 + x6) - c125 * x4, (c05 * x1 + c2 * x5) - c25 * x3
-            v[k + u(3) * vs] = e + o
-            v[k + u(4) * vs] = e - o
-            e, o = (c2 * x2 + c05 * x6) - c25 * x4, (x1 + c025 * x5) - c125 * x3
-            v[k + u(5) * vs] = e + o
-            v[k + u(6) * vs] = e - o
-            v[k + u(7) * vs] = (x7 - x1) + c21 * (x3 - x5)
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _bt6(d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover - compiled
-    """v[:, i] = BT d[:, i] for i < L, a = 6 (:data:`_BT`).  Runs of a vector or more go a vector
-    at a time, the last one overlapping (:mod:`.transform_vectors`): the input transform's x pass
-    runs on ``C`` channels per tile, which LLVM's loop (unrolled to 32 floats in AVX2 code) left
-    to its scalar remainder (the 6-point input transform of 512 fragments of 10^3, 24 maps: 32 ms
-    in AVX2 code, 20 in AVX-512, one Zen 4 core)."""
-    u = np.uint64
-    c2, c4, c5 = np.float32(2.0), np.float32(4.0), np.float32(5.0)
-    d0, ds, v0, vs = u(d0), u(ds), u(v0), u(vs)
-    offs = (ds, u(2) * ds, u(3) * ds, u(4) * ds, u(5) * ds)
-    s1, s2, s3, t1, t2, t3 = ds, u(2) * ds, u(3) * ds, vs, u(2) * vs, u(3) * vs
-    for b in range(np.uint64(nb)):
-        db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
-        if _bt6_runs(d, db, offs, v, vb, vs, L):
-            continue
-        for i in range(np.uint64(L)):
-            j = db + i
-            x0, x1, x2, x3, x4, x5 = d[j], d[j + s1], d[j + s2], d[j + s3], d[j + s2 + s2], d[j + s2 + s3]
-            k = vb + i
-            v[k] = c4 * x0 - c5 * x2 + x4
-            v[k + t1] = (x3 + x4) - c4 * (x1 + x2)
-            v[k + t2] = (x4 - x3) + c4 * (x1 - x2)
-            v[k + t3] = (x4 - x2) + c2 * (x3 - x1)
-            v[k + t2 + t2] = (x4 - x2) - c2 * (x3 - x1)
-            v[k + t2 + t3] = c4 * x1 - c5 * x3 + x5
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _bt4(d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover - compiled
-    """v[:, i] = BT d[:, i] for i < L, a = 4 (z's points), as :func:`_bt6`: the z pass of a tile row
-    a few tiles wide runs on ``ntx * C`` lanes (48 on n337's 14^3 fragments), short enough for
-    LLVM's unrolled loop to leave to its scalar remainder in AVX2 code."""
-    u = np.uint64
-    d0, ds, v0, vs = u(d0), u(ds), u(v0), u(vs)
-    offs = (ds, u(2) * ds, u(3) * ds)
-    t1, t2, t3 = vs, u(2) * vs, u(3) * vs
-    for b in range(np.uint64(nb)):
-        db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
-        if _bt4_runs(d, db, offs, v, vb, vs, L):
-            continue
-        for i in range(np.uint64(L)):
-            j = db + i
-            x0, x1, x2, x3 = d[j], d[j + ds], d[j + u(2) * ds], d[j + u(3) * ds]
-            k = vb + i
-            v[k] = x0 - x2
-            v[k + t1] = x1 + x2
-            v[k + t2] = x2 - x1
-            v[k + t3] = x1 - x3
+_bt8 = _transform_runs(BT8, _bt8_lane)
+_bt6 = _transform_runs(BT6, _bt6_lane)
+_bt4 = _transform_runs(BT4, _bt4_lane)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -460,16 +435,29 @@ def _at8(m, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
 @njit(nogil=True, cache=True)
 def _bt_rows(a, d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover - compiled
     """v[:, i] = BT d[:, i] for i < L, on ``nb`` runs ``dstep`` and ``vstep`` apart."""
+    u = np.uint64
+    d0, ds, v0, vs = u(d0), u(ds), u(v0), u(vs)
     if a == 8:
-        _bt8(d, d0, ds, dstep, v, v0, vs, vstep, L, nb)
+        _bt8(
+            d,
+            d0,
+            ds,
+            dstep,
+            v,
+            v0,
+            vs,
+            vstep,
+            L,
+            nb,
+            (ds, u(2) * ds, u(3) * ds, u(4) * ds, u(5) * ds, u(6) * ds, u(7) * ds),
+        )
         return
     if a == 6:
-        _bt6(d, d0, ds, dstep, v, v0, vs, vstep, L, nb)
+        _bt6(d, d0, ds, dstep, v, v0, vs, vstep, L, nb, (ds, u(2) * ds, u(3) * ds, u(4) * ds, u(5) * ds))
         return
     if a == 4:
-        _bt4(d, d0, ds, dstep, v, v0, vs, vstep, L, nb)
+        _bt4(d, d0, ds, dstep, v, v0, vs, vstep, L, nb, (ds, u(2) * ds, u(3) * ds))
         return
-    d0, v0 = np.uint64(d0), np.uint64(v0)
     for b in range(np.uint64(nb)):
         db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
         for i in range(np.uint64(L)):
