@@ -201,3 +201,28 @@ def test_copy_into_copies_any_strides_in_parallel():
     f64 = np.zeros((2, 3), np.float64)
     copy_into(f64, np.ones((2, 3)))
     assert (f64 == 1).all()
+
+
+@pytest.mark.parametrize("p", [(2, 2, 2), (1, 2, 2)])
+@pytest.mark.parametrize("c", [19, 24])
+def test_channels_last_pool_takes_each_voxels_channels_a_vector_at_a_time(p, c):
+    """A channels-last max-pool of 19 or 24 channels (whole vectors, the last one overlapping)
+    equals the same kernel run channel by channel (one channel: its scalar loop), bit for bit,
+    NaN, infinities and signed zeros included (numba's ``max``: the first value when unordered,
+    in the same order of pairs)."""
+    from znni_core.layers.layout import memory_order
+    from znni_core.layers.pool import _mpf_cl
+
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((2, c, 4, 6, 10)).astype(np.float32)
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0], np.float32)
+    mask = rng.random(x.shape) < 0.2
+    x[mask] = rng.choice(special, mask.sum())
+    mem = np.ascontiguousarray(memory_order(x))
+    got = memory_order(max_pool(mem.transpose(0, 4, 1, 2, 3), p))
+    m = tuple(n // q for n, q in zip(x.shape[2:], p))
+    for ch in range(c):
+        want = np.empty((2, 1) + m + (1,), np.float32)
+        _mpf_cl(np.ascontiguousarray(mem[..., ch : ch + 1]), *p, np.zeros((1, 3), np.int64), want)
+        np.testing.assert_array_equal(np.signbit(got[..., ch]), np.signbit(want[:, 0, ..., 0]))
+        np.testing.assert_array_equal(got[..., ch], want[:, 0, ..., 0])

@@ -19,7 +19,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-__all__ = ["AT8", "BT4", "BT6", "BT8", "vector_copy", "vector_transform"]
+__all__ = ["AT8", "BT4", "BT6", "BT8", "MAX4", "MAX8", "vector_copy", "vector_transform"]
 
 #: ``kind`` of :func:`vector_transform`: the input transform BT (8 values in, 8 out)
 BT8 = 0
@@ -27,6 +27,10 @@ BT8 = 0
 BT6 = 1
 #: ... the 4-point input transform (z's ``F(2,3)``: points 0, +-1, infinity)
 BT4 = 2
+#: ... the maximum of 4 or 8 points (max pooling's 1x2x2 and 2x2x2 windows), one output:
+#: ``max(max(x0, x1), max(x2, x3))`` (and of the two halves), each ``max(a, b)`` numba's: ``b``
+#: where ``b > a``, else ``a`` (the first when unordered)
+MAX4, MAX8 = 4, 8
 #: ... and the output transform AT: ``AT8 + m`` for ``m`` outputs (4-7)
 AT8 = 10
 
@@ -85,6 +89,18 @@ def _at8(b, x, c, m):
     return out
 
 
+def _max_tree(builder, x):
+    """numba's ``max`` over pairs, then pairs of pairs: ``max(a, b)`` is ``b`` where ``b > a``
+    (ordered), else ``a``."""
+
+    def mx(a, b):
+        return builder.select(builder.fcmp_ordered(">", b, a), b, a)
+
+    while len(x) > 1:
+        x = [mx(x[i], x[i + 1]) for i in range(0, len(x), 2)]
+    return x[0]
+
+
 class _Ops:
     """Vector arithmetic with LLVM's contraction allowed (a product and a sum may fuse)."""
 
@@ -105,13 +121,14 @@ class _Ops:
 def vector_transform(typingctx, kind, vl, d, j, o, v, k, vs):
     """``vector_transform(kind, vl, d, j, o, v, k, vs)``: for the ``vl`` lanes ``i`` (constants
     ``kind`` and ``vl``), ``v[k + r * vs + i] = sum_p T[r, p] d[j + o_p + i]``, ``T`` the
-    8-point BT (:data:`BT8`) or AT with m outputs (``AT8 + m``), or the 6- or 4-point BT
-    (:data:`BT6`, :data:`BT4`); ``o`` the offsets of points 1-7 (1-5, 1-3) from point 0, a tuple; ``d`` and ``v`` flat float32 arrays,
+    8-point BT (:data:`BT8`) or AT with m outputs (``AT8 + m``), the 6- or 4-point BT
+    (:data:`BT6`, :data:`BT4`), or the maximum of 8 or 4 points (:data:`MAX8`, :data:`MAX4`: one
+    output); ``o`` the offsets of points 1-7 (1-5, 1-3) from point 0, a tuple; ``d`` and ``v`` flat float32 arrays,
     distinct."""
     if not (isinstance(kind, types.IntegerLiteral) and isinstance(vl, types.IntegerLiteral)):
         return None
     K, W = int(kind.literal_value), int(vl.literal_value)
-    if len(o) != {BT6: 5, BT4: 3}.get(K, 7):
+    if len(o) != {BT6: 5, BT4: 3, MAX4: 3}.get(K, 7):
         return None
     sig = types.void(kind, vl, d, j, o, v, k, vs)
 
@@ -126,7 +143,7 @@ def vector_transform(typingctx, kind, vl, d, j, o, v, k, vs):
         dp = context.make_array(st[2])(context, builder, args[2]).data
         vp = context.make_array(st[5])(context, builder, args[5]).data
         j0, k0, step = idx(args[3], st[3]), idx(args[6], st[6]), idx(args[7], st[7])
-        points = {BT6: 6, BT4: 4}.get(K, 8)
+        points = {BT6: 6, BT4: 4, MAX4: 4}.get(K, 8)
         offs = [ir.Constant(i64, 0)] + [
             idx(builder.extract_value(args[4], p), st[4].types[p]) for p in range(points - 1)
         ]
@@ -144,6 +161,8 @@ def vector_transform(typingctx, kind, vl, d, j, o, v, k, vs):
         ops = _Ops(builder)
         if K >= AT8:
             ys = _at8(ops, x, const, K - AT8)
+        elif K in (MAX4, MAX8):
+            ys = [_max_tree(builder, x)]
         else:
             ys = {BT8: _bt8, BT6: _bt6, BT4: _bt4}[K](ops, x, const)
         for r, y in enumerate(ys):
