@@ -265,7 +265,7 @@ def test_winograd_block_buffers_start_apart_within_a_page():
     stream shares its low address bits with a write stream's."""
     w = np.ones((24, 24, 3, 3, 3), np.float32)
     conv = WinogradConv(w, None, (10, 40, 40), threads=2)
-    _, sets, _ = conv._buffers(1, False)
+    _, sets, _, _ = conv._buffers(1, False)
     for V, M, scratch in sets:
         starts = sorted(a.ctypes.data % 4096 for a in (V, M, *scratch))
         assert len(starts) == 6 and all(b - a >= 64 for a, b in zip(starts, starts[1:]))

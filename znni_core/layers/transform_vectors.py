@@ -31,6 +31,8 @@ BT4 = 2
 #: ``max(max(x0, x1), max(x2, x3))`` (and of the two halves), each ``max(a, b)`` numba's: ``b``
 #: where ``b > a``, else ``a`` (the first when unordered)
 MAX4, MAX8 = 4, 8
+#: points read per lane by the kinds that read other than 8
+_POINTS = {BT6: 6, BT4: 4, MAX4: 4}
 #: ... and the output transform AT: ``AT8 + m`` for ``m`` outputs (4-7)
 AT8 = 10
 
@@ -123,12 +125,13 @@ def vector_transform(typingctx, kind, vl, d, j, o, v, k, vs):
     ``kind`` and ``vl``), ``v[k + r * vs + i] = sum_p T[r, p] d[j + o_p + i]``, ``T`` the
     8-point BT (:data:`BT8`) or AT with m outputs (``AT8 + m``), the 6- or 4-point BT
     (:data:`BT6`, :data:`BT4`), or the maximum of 8 or 4 points (:data:`MAX8`, :data:`MAX4`: one
-    output); ``o`` the offsets of points 1-7 (1-5, 1-3) from point 0, a tuple; ``d`` and ``v`` flat float32 arrays,
-    distinct."""
+    output); ``o`` the offsets of points 1-7 (1-5, 1-3) from point 0, a tuple; ``d`` and ``v``
+    flat float32 arrays, distinct."""
     if not (isinstance(kind, types.IntegerLiteral) and isinstance(vl, types.IntegerLiteral)):
         return None
     K, W = int(kind.literal_value), int(vl.literal_value)
-    if len(o) != {BT6: 5, BT4: 3, MAX4: 3}.get(K, 7):
+    points = _POINTS.get(K, 8)
+    if len(o) != points - 1:
         return None
     sig = types.void(kind, vl, d, j, o, v, k, vs)
 
@@ -143,7 +146,6 @@ def vector_transform(typingctx, kind, vl, d, j, o, v, k, vs):
         dp = context.make_array(st[2])(context, builder, args[2]).data
         vp = context.make_array(st[5])(context, builder, args[5]).data
         j0, k0, step = idx(args[3], st[3]), idx(args[6], st[6]), idx(args[7], st[7])
-        points = {BT6: 6, BT4: 4, MAX4: 4}.get(K, 8)
         offs = [ir.Constant(i64, 0)] + [
             idx(builder.extract_value(args[4], p), st[4].types[p]) for p in range(points - 1)
         ]

@@ -437,26 +437,16 @@ def _bt_rows(a, d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover 
     """v[:, i] = BT d[:, i] for i < L, on ``nb`` runs ``dstep`` and ``vstep`` apart."""
     u = np.uint64
     d0, ds, v0, vs = u(d0), u(ds), u(v0), u(vs)
-    if a == 8:
-        _bt8(
-            d,
-            d0,
-            ds,
-            dstep,
-            v,
-            v0,
-            vs,
-            vstep,
-            L,
-            nb,
-            (ds, u(2) * ds, u(3) * ds, u(4) * ds, u(5) * ds, u(6) * ds, u(7) * ds),
-        )
-        return
-    if a == 6:
-        _bt6(d, d0, ds, dstep, v, v0, vs, vstep, L, nb, (ds, u(2) * ds, u(3) * ds, u(4) * ds, u(5) * ds))
-        return
+    o3 = (ds, u(2) * ds, u(3) * ds)  # points 1-3 (1-5, 1-7) from point 0
     if a == 4:
-        _bt4(d, d0, ds, dstep, v, v0, vs, vstep, L, nb, (ds, u(2) * ds, u(3) * ds))
+        _bt4(d, d0, ds, dstep, v, v0, vs, vstep, L, nb, o3)
+        return
+    o5 = o3 + (u(4) * ds, u(5) * ds)
+    if a == 6:
+        _bt6(d, d0, ds, dstep, v, v0, vs, vstep, L, nb, o5)
+        return
+    if a == 8:
+        _bt8(d, d0, ds, dstep, v, v0, vs, vstep, L, nb, o5 + (u(6) * ds, u(7) * ds))
         return
     for b in range(np.uint64(nb)):
         db, vb = d0 + b * np.uint64(dstep), v0 + b * np.uint64(vstep)
@@ -584,8 +574,8 @@ def _staged_row_out(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  # pr
         S[sb + j] += bias[j]
     act_row(S, sb, sb + m, code, alpha)
     orow = out[n, z, y]
-    vec = O >= _VL and orow.strides[1] == 4
-    s0 = u(orow.strides[0] // 4)
+    vec = O >= _VL and orow.strides[1] == orow.itemsize
+    s0 = u(orow.strides[0] // orow.itemsize)
     for t in range(ntx):
         for k in range(mx):
             i = t * mx + k
@@ -864,7 +854,11 @@ class WinogradConv(ResidentConv):
             sets.append((V.reshape(self.T, tiles, self.c_in), M.reshape(self.T, tiles, ldm), tuple(scratch)))
         # the register tiles' scratch, one per thread (one worker splits its products over them)
         tails = [] if blas else [microkernel.Scratch(self.c_in, self.c_out, shape) for _ in range(self.threads)]
-        bufs = (br, sets, tails)  # run by the caller and pooled threads (each_worker)
+        # the bias per staged output row: zero-padded to M's columns, repeated over its voxels
+        bias = np.zeros((ntx * mx, ldm), np.float32)
+        if self.bias is not None:
+            bias[:, : self.c_out] = self.bias
+        bufs = (br, sets, tails, bias.reshape(-1))  # run by the caller and pooled threads (each_worker)
         self._work = ((n, blas), bufs)
         return bufs
 
@@ -872,7 +866,7 @@ class WinogradConv(ResidentConv):
         n, O = x.shape[0], self.c_out
         ntz, nty, ntx = self.nt
         blas = bool(tuning.get("winograd.blas"))
-        br, sets, tails = self._buffers(n, blas)
+        br, sets, tails, bias = self._buffers(n, blas)
         workers = len(sets)
         cl_in = is_channels_last(x) and x.dtype == np.float32
         xs = memory_order(x) if cl_in else np.ascontiguousarray(x, dtype=np.float32)
@@ -884,12 +878,7 @@ class WinogradConv(ResidentConv):
             )
         cl_out = channels_inner(out)  # a channels-last destination, whole or a block of one
         dst = memory_order(out) if cl_out else out
-        # the bias per staged output row: zero-padded to M's columns, repeated over its voxels
         ldm = sets[0][1].shape[2]
-        bias = np.zeros((ntx * self.ms[2], ldm), np.float32)
-        if self.bias is not None:
-            bias[:, :O] = self.bias
-        bias = bias.reshape(-1)
         code, alpha = self.epilogue
         rows = n * ntz * nty
         blocks = [(r0, min(rows, r0 + br)) for r0 in range(0, rows, br)]
