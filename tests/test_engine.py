@@ -259,7 +259,7 @@ def test_monotone_activations_move_after_pooling():
             prog = program(steps, net)
             got = [s.op for s in prog.steps]
             assert got == (["conv", "pool", "act", "conv"] if moves else list(ops)), (act.kind, mode)
-            assert [n.op for n in prog.nodes] == got and [s.index for s in prog.steps] == (
+            assert [n.op.label for n in prog.nodes] == got and [s.index for s in prog.steps] == (
                 [0, 2, 1, 3] if moves else [0, 1, 2, 3]
             )
             # the tensors flow through the swapped nodes: pooled first, then the activation

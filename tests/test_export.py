@@ -122,7 +122,7 @@ def test_shape_arithmetic_of_dynamic_exports_folds(tmp_path, exporter, dynamic, 
 
 
 def _structure(net):
-    return [(n.op, {k: v for k, v in n.params.items() if isinstance(v, tuple)}) for n in net.nodes]
+    return [(n.op.label, {k: v for k, v in n.op.params().items() if isinstance(v, tuple)}) for n in net.nodes]
 
 
 @pytest.mark.parametrize("depth,pool", [(3, (1, 2, 2)), (3, (2, 2, 2)), (2, (1, 3, 3))])

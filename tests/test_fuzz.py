@@ -552,7 +552,7 @@ def _arrays(net) -> list:
     """Every parameter array of a graph network's nodes."""
     out = []
     for node in net.nodes:
-        for k, v in node.params.items():
+        for k, v in node.op.params().items():
             if k == "conv":
                 out += [v.weight] + ([v.bias] if v.bias is not None else [])
             elif isinstance(v, np.ndarray):

@@ -202,9 +202,9 @@ def test_a_pointwise_conv_after_nearest_upsampling_runs_first_and_equals_torch(t
     torch.manual_seed(0)
     model = _UpThenPointwise()
     net = znni_core.load_network(export(model, tmp_path / "u.onnx", (4, 12, 12)))
-    ops = [(n.op, n.name) for n in net.nodes]
+    ops = [(n.op.label, n.name) for n in net.nodes]
     assert [o for o, _ in ops] == ["conv", "act", "pool", "conv", "resize"], ops
-    assert net.nodes[-1].output == net.output and net.nodes[3].conv.kernel == (1, 1, 1)
+    assert net.nodes[-1].output == net.output and net.nodes[3].op.conv.kernel == (1, 1, 1)
     x = np.random.default_rng(0).standard_normal((1, 4, 12, 12)).astype(np.float32)
     np.testing.assert_allclose(znni_core.infer(net, x), run(model, x), rtol=1e-5, atol=1e-6)
     big = np.random.default_rng(1).standard_normal((1, 6, 40, 40)).astype(np.float32)
@@ -213,7 +213,7 @@ def test_a_pointwise_conv_after_nearest_upsampling_runs_first_and_equals_torch(t
     )
     np.testing.assert_allclose(whole, run(model, big), rtol=1e-5, atol=1e-6)
     kept = znni_core.load_network(export(_UpThenPointwise(twice=True), tmp_path / "t.onnx", (4, 12, 12)))
-    assert [n.op for n in kept.nodes][:4] == ["conv", "act", "pool", "resize"]
+    assert [n.op.label for n in kept.nodes][:4] == ["conv", "act", "pool", "resize"]
 
 
 def test_padded_unet_blends_overlapping_patches_as_documented(tmp_path):
@@ -304,8 +304,8 @@ def test_activations_after_convs_run_in_the_conv_output_pass(tmp_path, monkeypat
     calls = []
     real = EG.apply_activation
     monkeypatch.setattr(EG, "apply_activation", lambda x, kind, *a, **k: calls.append(kind) or real(x, kind, *a, **k))
-    after_conv = [i for i, n in enumerate(net.nodes) if n.op == "act" and n["act"].kind != "sigmoid"]
-    assert len(after_conv) == 6 and all(net.nodes[i - 1].op == "conv" for i in after_conv)
+    after_conv = [i for i, n in enumerate(net.nodes) if n.op.label == "act" and n.op.act.kind != "sigmoid"]
+    assert len(after_conv) == 6 and all(net.nodes[i - 1].op.label == "conv" for i in after_conv)
     for prims in (("winograd",), ("direct-gemm",), ("direct-numba",)):
         whole = autotune(net, memory_budget=2**30, patch_shape=shape, primitives=prims, use_cache=False)
         tiled = autotune(
@@ -348,19 +348,19 @@ def test_winograd_convs_hand_channels_last_tensors_only_to_readers_that_take_the
     plan = autotune(net, memory_budget=2**30, patch_shape=shape, primitives=("winograd",), use_cache=False)
     chosen = EG.channels_last_tensors(program(plan.steps, net))
     assert chosen and all(
-        plan.steps[i].primitive == "winograd" or n.conv.kernel == (1, 1, 1)
+        plan.steps[i].primitive == "winograd" or n.op.conv.kernel == (1, 1, 1)
         for i, n in enumerate(net.nodes)
         if n.output in chosen
     )
-    seen, real_node, real_chain = [], EG._node, EG._chain
+    seen, real_node, real_chain = [], EG._execute, EG._chain
 
-    def node(step, nd, env, *a, **k):
-        y = real_node(step, nd, env, *a, **k)
+    def node(op, nd, step, env, *a, **k):
+        y = real_node(op, nd, step, env, *a, **k)
         seen.append((nd, step.primitive, [is_channels_last(env[i][0]) for i in nd.inputs], is_channels_last(y)))
         return y
 
     def chain(nd, followers, env, *a):
-        seen.append((nd, nd.op, [is_channels_last(env[i][0]) for i in nd.inputs], None))
+        seen.append((nd, nd.op.label, [is_channels_last(env[i][0]) for i in nd.inputs], None))
         return real_chain(nd, followers, env, *a)
 
     real_pointwise = EG.conv_pointwise_chain
@@ -373,19 +373,19 @@ def test_winograd_convs_hand_channels_last_tensors_only_to_readers_that_take_the
         pointwise_outs.append(is_channels_last(y))
         return y
 
-    monkeypatch.setattr(EG, "_node", node)
+    monkeypatch.setattr(EG, "_execute", node)
     monkeypatch.setattr(EG, "_chain", chain)
     monkeypatch.setattr(EG, "conv_pointwise_chain", pointwise)
     out = znni_core.infer(net, x, plan=plan)
     np.testing.assert_allclose(out, run(model, x), rtol=1e-4, atol=1e-5)
     pointwise_cl = sum(pointwise_ins)
     for nd, prim, ins, y in seen:
-        if nd.op == "conv":
+        if nd.op.label == "conv":
             assert y == (nd.output in chosen), nd.name
             assert prim == "winograd" or not any(ins), nd.name  # others read channels first
-        if nd.op == "concat":
+        if nd.op.label == "concat":
             assert not any(ins)
-        if nd.op in ("add", "mul"):
+        if nd.op.label in ("add", "mul"):
             assert len(set(ins)) == 1, nd.name  # never mixed
     assert any(y for *_, y in seen) and pointwise_cl >= 2  # the upsampling's and the head's 1x1x1 convs
     # the 1x1x1 conv before each upsampling feeds an add: it writes channels last; into a concat never
@@ -411,7 +411,7 @@ def test_a_direct_numba_first_layer_writes_channels_last_into_winograd(tmp_path,
     net = znni_core.load_network(export(model, tmp_path / "u.onnx", shape))
     x = np.random.default_rng(5).standard_normal((1,) + shape).astype(np.float32)
     plan = autotune(net, memory_budget=2**30, patch_shape=shape, primitives=("winograd",), use_cache=False)
-    first = next(i for i, n in enumerate(net.nodes) if n.op == "conv")
+    first = next(i for i, n in enumerate(net.nodes) if n.op.label == "conv")
     steps = list(plan.steps)
     steps[first] = dataclasses.replace(steps[first], primitive="direct-numba")
     plan = dataclasses.replace(plan, steps=tuple(steps) if isinstance(plan.steps, tuple) else steps)
@@ -475,10 +475,10 @@ def test_budget_bounds_the_patch_and_too_small_a_budget_names_the_need(tmp_path)
 def test_loader_reads_crops_relative_and_folds_batchnorm(tmp_path):
     model = randomise_bn(UNet(valid=True, depth=1, kernel=(1, 3, 3), pool=(1, 2, 2), width=2, bn=True), 1)
     net = znni_core.load_network(export(model, tmp_path / "v.onnx", _shape(model, (3, 40, 40))))
-    ops = [n.op for n in net.nodes]
+    ops = [n.op.label for n in net.nodes]
     assert "affine" not in ops  # BatchNorm after a conv folds into it
-    crops = [n for n in net.nodes if n.op == "crop"]
-    assert crops and all(n["low"] == n["high"] for n in crops)  # centre crops, relative to the shape
+    crops = [n.op for n in net.nodes if n.op.label == "crop"]
+    assert crops and all(c.low == c.high for c in crops)  # centre crops, relative to the shape
 
 
 def test_batchnorm_after_an_add_stays_an_affine_node(tmp_path):
@@ -494,7 +494,7 @@ def test_batchnorm_after_an_add_stays_an_affine_node(tmp_path):
 
     model = randomise_bn(Res(), 4)
     net = znni_core.load_network(export(model, tmp_path / "r.onnx", (6, 10, 10)))
-    assert [n.op for n in net.nodes].count("affine") >= 1
+    assert [n.op.label for n in net.nodes].count("affine") >= 1
     x = np.random.default_rng(0).standard_normal((1, 6, 10, 10)).astype(np.float32)
     np.testing.assert_allclose(znni_core.infer(net, x), run(model, x), rtol=1e-4, atol=1e-5)
 
@@ -547,15 +547,15 @@ def test_real_detector_runs_adds_batchnorms_and_elus_in_one_pass(monkeypatch):
 
     net = znni_core.load_network(DETECTOR)
     consumers = net.consumers()
-    chains = {i: chain_after(net.nodes, i, consumers) for i, n in enumerate(net.nodes) if n.op == "add"}
-    assert len(chains) == 7 and all([net.nodes[j].op for j in c] == ["affine", "act"] for c in chains.values())
+    chains = {i: chain_after(net.nodes, i, consumers) for i, n in enumerate(net.nodes) if n.op.label == "add"}
+    assert len(chains) == 7 and all([net.nodes[j].op.label for j in c] == ["affine", "act"] for c in chains.values())
     calls = []
     real = EG.apply_activation
     monkeypatch.setattr(EG, "apply_activation", lambda x, kind, *a, **k: calls.append(kind) or real(x, kind, *a, **k))
     ref = np.load(DETECTOR_REFERENCE)
     plan = autotune(net, input_shape=ref["input"].shape, memory_budget=2**31, use_cache=False)
     skipped = [s for s in plan.steps if s.op in ("affine", "act") and s.seconds == 0.0]
-    assert len(skipped) == sum(1 for n in net.nodes if n.op == "act") - 1 + 7  # all but the sigmoid, 7 affines
+    assert len(skipped) == sum(1 for n in net.nodes if n.op.label == "act") - 1 + 7  # all but the sigmoid, 7 affines
     out = znni_core.infer(net, ref["input"], plan=plan)
     np.testing.assert_allclose(out[0], ref["output"], rtol=1e-4, atol=1e-4)
     assert calls == ["sigmoid"]
@@ -766,7 +766,8 @@ def test_a_strided_convolution_runs_through_the_registry(tmp_path):
     and its memory bound holds the output; the searches give plain convolutions to the others
     only, and a U-Net that downsamples by strided convolutions is planned with it there."""
     from znni_core.net.chain import Conv
-    from znni_core.net.graph import Node, StridedConv
+    from znni_core.net.graph import Node
+    from znni_core.net.ops import Convolution, StridedConv
     from znni_core.plan.graph import GRAPH_PRIMITIVES
     from znni_core.plan.plan import CPU_PRIMITIVES
     from znni_core.plan.primitives import PRIMITIVES, names
@@ -774,8 +775,8 @@ def test_a_strided_convolution_runs_through_the_registry(tmp_path):
     rng = np.random.default_rng(5)
     w = rng.standard_normal((4, 3, 2, 3, 3)).astype(np.float32)
     b = rng.standard_normal(4).astype(np.float32)
-    node = Node("conv", ("x",), "y", "down", {"conv": Conv(w, b), "stride": (1, 2, 3), "pads": ((0, 0, 0),) * 2})
-    layer = node.layer
+    node = Node(Convolution(Conv(w, b), stride=(1, 2, 3)), ("x",), "y", "down")
+    layer = node.op.layer
     assert isinstance(layer, StridedConv) and layer.stride == (1, 2, 3) and layer.kernel == (2, 3, 3)
     (name,) = names("cpu", strides=True)
     prim = PRIMITIVES[name]
@@ -790,7 +791,7 @@ def test_a_strided_convolution_runs_through_the_registry(tmp_path):
     shape = tuple(admissible(model, a, lo) for a, lo in enumerate((2, 18, 18)))
     net = znni_core.load_network(export(model, tmp_path / "s.onnx", shape))
     plan = autotune(net, patch_shape=shape, memory_budget=1 << 30, use_cache=False)
-    by_node = {n.name: s.primitive for n, s in zip(net.nodes, plan.steps) if n.op == "conv"}
-    strided = [n.name for n in net.nodes if n.op == "conv" and any(s > 1 for s in n["stride"])]
+    by_node = {n.name: s.primitive for n, s in zip(net.nodes, plan.steps) if n.op.label == "conv"}
+    strided = [n.name for n in net.nodes if n.op.label == "conv" and any(s > 1 for s in n.op.stride)]
     assert strided and all(by_node[n] == name for n in strided)
-    assert all(by_node[n.name] != name for n in net.nodes if n.op == "conv" and n.name not in strided)
+    assert all(by_node[n.name] != name for n in net.nodes if n.op.label == "conv" and n.name not in strided)

@@ -161,22 +161,22 @@ def _as_graph(net, then_identity: bool = True):
     """The pooling-free chain ``net`` as graph nodes of the same operators; ``then_identity``: an
     identity affine node after them, so that the nodes no longer form a chain and the graph
     planner and executor run them."""
+    from znni_core.net import ops
     from znni_core.net.chain import Activation
     from znni_core.net.graph import Graph, Node
 
     nodes, current = [], "x"
     for i, layer in enumerate(net.layers):
         if isinstance(layer, Conv):
-            params = {"conv": layer, "stride": (1, 1, 1), "pads": ((0, 0, 0), (0, 0, 0))}
-            nodes.append(Node("conv", (current,), f"t{i}", f"n{i}", params))
+            nodes.append(Node(ops.Convolution(layer), (current,), f"t{i}", f"n{i}"))
         else:
             assert isinstance(layer, Activation)
-            nodes.append(Node("act", (current,), f"t{i}", f"n{i}", {"act": layer}))
+            nodes.append(Node(ops.Act(layer), (current,), f"t{i}", f"n{i}"))
         current = f"t{i}"
     if then_identity:
         c = net.out_channels
-        params = {"scale": np.ones(c, np.float32), "shift": np.zeros(c, np.float32)}
-        nodes.append(Node("affine", (current,), "y", "identity", params))
+        identity = ops.Affine(np.ones(c, np.float32), np.zeros(c, np.float32))
+        nodes.append(Node(identity, (current,), "y", "identity"))
         current = "y"
     return Graph(tuple(nodes), "x", current, net.in_channels)
 
@@ -250,7 +250,7 @@ def test_a_line_of_nodes_is_the_chain_of_its_layers_whatever_built_it(tmp_path):
     net = make_net(NETS["iso2pool"])
     nodes, current = [], "in"
     for i, node in enumerate(net.nodes):
-        nodes.append(Node(node.op, (current,), f"x{i}", node.name, dict(node.params)))
+        nodes.append(Node(node.op, (current,), f"x{i}", node.name))
         current = f"x{i}"
     graph = Graph(tuple(nodes), "in", current, net.in_channels, name="from-nodes")
     assert graph.kind == "chain" and graph.digest() == net.digest()

@@ -32,6 +32,7 @@ together equal the whole patch exactly (halos are recomputed).  The executor nev
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 import time
@@ -53,9 +54,10 @@ from ..layers import (
 )
 from ..layers.epilogue import add_affine_act
 from ..layers.layout import as_contiguous
-from ..layers.resample import avg_pool, conv_transpose, interpolate, linear_index, pad, upsample_nearest
+from ..layers.resample import avg_pool, conv_transpose, interpolate, pad, upsample_nearest
 from ..layers.xp import get_array_module
 from ..net.graph import Graph
+from ..net.ops import Act, Add, Affine, Concat, Convolution, Crop, Deconvolution, Mul, Pad, Pooling, Resize
 from ..plan.memory import slab_geometry
 from ..plan.plan import fused_act
 from ..plan.pooling import MPF, Slab
@@ -69,7 +71,7 @@ from ..plan.program import (
     program,
     readers_left,
 )
-from ..plan.ranges import conv_window, in_range, needed_ranges, tile_starts
+from ..plan.ranges import needed_ranges, tile_starts
 from .steps import conv_fn, plan_arena, run_conv
 
 # ---- one run --------------------------------------------------------------------------------
@@ -144,7 +146,7 @@ def _run_node(run: _Run, env, remaining, i, stop):
         env[node.output] = env[node.inputs[0]]  # the conv or element-wise node before applied it
         _release(node, env, remaining)
         return i + 1, None
-    if node.op == "conv" and xp is np:
+    if isinstance(node.op, Convolution) and xp is np:
         j, y = _pointwise_run(run, env, remaining, i, stop)
         if y is not None:
             env[prog.nodes[j - 1].output] = (y, a)
@@ -153,14 +155,14 @@ def _run_node(run: _Run, env, remaining, i, stop):
         x = env[node.inputs[0]][0]
         _release(node, env, remaining)
         if isinstance(step.pooling, MPF):
-            env[node.output] = (mpf(x, node["window"]), a)
+            env[node.output] = (mpf(x, node.op.window), a)
             return i + 1, None
         return stop, _depth_first(run, remaining, i, stop, x)
     target = in_place_input(node, remaining, run.need, prog.input)
     if i in prog.chains:
         y = _chain(node, [prog.nodes[j] for j in prog.chains[i]], env, a, b, target)
     else:
-        y = _node(prog.step(i), node, env, a, b, run.shapes, target, xp, run.convs, node.output in run.cl)
+        y = _execute(node.op, node, prog.step(i), env, a, b, run, target)
     env[node.output] = (y, a)
     del y
     _release(node, env, remaining)
@@ -180,10 +182,9 @@ def _pointwise_run(run: _Run, env, remaining, i, stop):
     def pointwise(k):
         node, step = nodes[k], steps[k]
         return (
-            node.op == "conv"
-            and tuple(node["stride"]) == (1, 1, 1)
-            and not any(map(any, node["pads"]))
-            and PRIMITIVES[step.primitive].runs_pointwise_chain(node.conv.kernel)
+            isinstance(node.op, Convolution)
+            and node.op.plain
+            and PRIMITIVES[step.primitive].runs_pointwise_chain(node.op.conv.kernel)
             and not step.tile
             and not 0 < step.micro_batch < n
         )
@@ -198,16 +199,16 @@ def _pointwise_run(run: _Run, env, remaining, i, stop):
         if j in prog.fused:  # before stop: a conv's fused activation is on its side of any split
             ran.append(nodes[j])
             j += 1
-        elif act is None and j < stop and nodes[j].op == "act" and follows(j) and j not in prog.skip:
-            kind = nodes[j]["act"]
+        elif act is None and j < stop and isinstance(nodes[j].op, Act) and follows(j) and j not in prog.skip:
+            kind = nodes[j].op.act
             act = None if kind.kind == "identity" else (kind.kind, kind.alpha)
             ran.append(nodes[j])
             j += 1
-        stages.append((conv.conv.weight, conv.conv.bias, act))
+        stages.append((conv.op.conv.weight, conv.op.conv.bias, act))
     if not stages:
         return i, None
     a, b = run.need[nodes[i].output]
-    last = max(k for k in range(i, j) if nodes[k].op == "conv")  # the chain's output is its last conv's
+    last = max(k for k in range(i, j) if isinstance(nodes[k].op, Convolution))  # the chain's output is its last conv's
     y = conv_pointwise_chain(
         as_contiguous(_take(env[nodes[i].inputs[0]], a, b)),
         stages,
@@ -223,7 +224,7 @@ def _depth_first(run: _Run, remaining, i, stop, x):
     """Pooling node ``i`` depth first: every offset's fragment of ``x`` through nodes ``(i, stop)``,
     the results gathered as MPF would have batched them."""
     node = run.prog.nodes[i]
-    window = node["window"]
+    window = node.op.window
     offsets = list(itertools.product(*(range(p) for p in window)))
     if (
         get_array_module(x) is np
@@ -266,110 +267,149 @@ def _gather(n, offsets, run_offset):
     return out.reshape((-1,) + out.shape[3:])
 
 
-def _node(step, node, env, a, b, shapes, out, xp, convs, cl=False):
-    """``node``'s output over ``[a, b)``; ``out`` is an input array to overwrite (or None);
-    ``cl``: a Winograd conv writes it channels last."""
-    # long: one branch per operator, the executor's only operator dispatch (per-operator functions
-    # registered by operator type would replace it)
-    op = node.op
+# ---- one operator ------------------------------------------------------------------------------
+
+
+@functools.singledispatch
+def _execute(op, node, step, env, a, b, run: _Run, out):
+    """``node``'s output over ``[a, b)`` (operator ``op``, run as ``step`` says); ``out`` is an
+    input to overwrite (or None).  One function per operator class."""
+    raise PlanError(f"{node.name}: no executor for {type(op).__name__}")
+
+
+def _input(node, env, a, b, run: _Run):
+    """The part of ``node``'s input that its output ``[a, b)`` reads, and that part's origin."""
     name = node.inputs[0]
-    n_in = shapes[name][1:]
-    if op == "conv":
-        raw_lo, raw_hi = conv_window(node, a, b)
-        clip_lo = tuple(max(0, v) for v in raw_lo)
-        clip_hi = tuple(min(n, v) for n, v in zip(n_in, raw_hi))
-        x = _take(env[name], clip_lo, clip_hi)
-        low = tuple(c - r for c, r in zip(clip_lo, raw_lo))
-        high = tuple(r - c for c, r in zip(clip_hi, raw_hi))
-        pads_input = getattr(PRIMITIVES.get(step.primitive), "pads_input", False)
-        if (any(low) or any(high)) and pads_input and not step.tile and get_array_module(x) is xp:
-            # zeros read in place of the padding: no padded copy
-            spatial = tuple(r1 - r0 for r0, r1 in zip(raw_lo, raw_hi))
-            return conv_fn(step, node.layer, spatial, xp, convs, cl)(as_contiguous(x), low=low)
-        x = pad(x, low, high) if any(low) or any(high) else as_contiguous(x)
-        return run_conv(step, node.layer, x, xp, convs, channels_last=cl)
-    r = [in_range(node, ax, a[ax], b[ax], n_in[ax]) for ax in range(3)]
+    n_in = run.shapes[name][1:]
+    r = [node.op.in_range(ax, a[ax], b[ax], n_in[ax]) for ax in range(3)]
     lo, hi = tuple(v[0] for v in r), tuple(v[1] for v in r)
-    if op in ("deconv", "resize"):
-        x = _take(env[name], lo, hi)
-        if op == "resize" and node["mode"] == "linear":
-            tables = []
-            for ax, f in enumerate(node["scale"]):
-                if f == 1:
-                    tables.append(None)
-                    continue
-                i0, i1, w = linear_index(n_in[ax], f, node["coord"])
-                tables.append((i0[a[ax] : b[ax]] - lo[ax], i1[a[ax] : b[ax]] - lo[ax], w[a[ax] : b[ax]]))
-            return interpolate(xp.ascontiguousarray(x), tables)
-        f = node["stride" if op == "deconv" else "scale"]
-        y = (
-            conv_transpose(
-                xp.ascontiguousarray(x),
-                xp.asarray(node["weight"]),
-                None if node["bias"] is None else xp.asarray(node["bias"]),
-                f,
-            )
-            if op == "deconv"
-            else upsample_nearest(x, f)
-        )
-        sl = tuple(slice(s - l * ff, s - l * ff + (e - s)) for s, e, l, ff in zip(a, b, lo, f))
-        return (
-            y
-            if all(s.start == 0 and s.stop == n for s, n in zip(sl, y.shape[2:]))
-            else as_contiguous(y[(slice(None), slice(None)) + sl])
-        )
-    if op == "pool":
-        x = _take(env[name], lo, hi)
-        return max_pool(x, node["window"]) if node["kind"] == "max" else avg_pool(x, node["window"])
-    if op == "crop":
-        return xp.ascontiguousarray(_take(env[name], lo, hi))
-    if op == "pad":
-        raw_lo = tuple(v - p for v, p in zip(a, node["low"]))
-        raw_hi = tuple(v - p for v, p in zip(b, node["low"]))
-        return pad(
-            _take(env[name], lo, hi),
-            tuple(c - r for c, r in zip(lo, raw_lo)),
-            tuple(r - c for c, r in zip(hi, raw_hi)),
-            node["value"],
-        )
+    return _take(env[name], lo, hi), lo, hi
+
+
+@_execute.register
+def _(op: Convolution, node, step, env, a, b, run, out):
+    name, xp = node.inputs[0], run.xp
+    n_in = run.shapes[name][1:]
+    raw_lo, raw_hi = op.window(a, b)
+    clip_lo = tuple(max(0, v) for v in raw_lo)
+    clip_hi = tuple(min(n, v) for n, v in zip(n_in, raw_hi))
+    x = _take(env[name], clip_lo, clip_hi)
+    low = tuple(c - r for c, r in zip(clip_lo, raw_lo))
+    high = tuple(r - c for c, r in zip(clip_hi, raw_hi))
+    cl = node.output in run.cl  # a Winograd conv writes it channels last
+    pads_input = getattr(PRIMITIVES.get(step.primitive), "pads_input", False)
+    if (any(low) or any(high)) and pads_input and not step.tile and get_array_module(x) is xp:
+        # zeros read in place of the padding: no padded copy
+        spatial = tuple(r1 - r0 for r0, r1 in zip(raw_lo, raw_hi))
+        return conv_fn(step, op.layer, spatial, xp, run.convs, cl)(as_contiguous(x), low=low)
+    x = pad(x, low, high) if any(low) or any(high) else as_contiguous(x)
+    return run_conv(step, op.layer, x, xp, run.convs, channels_last=cl)
+
+
+def _cut(y, a, b, lo, f):
+    """Output ``[a, b)`` of ``y``, the upsampling by ``f`` of an input part starting at ``lo``."""
+    sl = tuple(slice(s - l * ff, s - l * ff + (e - s)) for s, e, l, ff in zip(a, b, lo, f))
+    if all(s.start == 0 and s.stop == n for s, n in zip(sl, y.shape[2:])):
+        return y
+    return as_contiguous(y[(slice(None), slice(None)) + sl])
+
+
+@_execute.register
+def _(op: Deconvolution, node, step, env, a, b, run, out):
+    xp = run.xp
+    x, lo, _ = _input(node, env, a, b, run)
+    bias = None if op.bias is None else xp.asarray(op.bias)
+    return _cut(conv_transpose(xp.ascontiguousarray(x), xp.asarray(op.weight), bias, op.stride), a, b, lo, op.stride)
+
+
+@_execute.register
+def _(op: Resize, node, step, env, a, b, run, out):
+    x, lo, _ = _input(node, env, a, b, run)
+    if not op.linear:
+        return _cut(upsample_nearest(x, op.scale), a, b, lo, op.scale)
+    n_in = run.shapes[node.inputs[0]][1:]
+    tables = []
+    for ax, f in enumerate(op.scale):
+        if f == 1:
+            tables.append(None)
+            continue
+        i0, i1, w = op.table(ax, n_in[ax])
+        tables.append((i0[a[ax] : b[ax]] - lo[ax], i1[a[ax] : b[ax]] - lo[ax], w[a[ax] : b[ax]]))
+    return interpolate(run.xp.ascontiguousarray(x), tables)
+
+
+@_execute.register
+def _(op: Pooling, node, step, env, a, b, run, out):
+    x = _input(node, env, a, b, run)[0]
+    return max_pool(x, op.window) if op.kind == "max" else avg_pool(x, op.window)
+
+
+@_execute.register
+def _(op: Crop, node, step, env, a, b, run, out):
+    return run.xp.ascontiguousarray(_input(node, env, a, b, run)[0])
+
+
+@_execute.register
+def _(op: Pad, node, step, env, a, b, run, out):
+    x, lo, hi = _input(node, env, a, b, run)
+    # the padding before the input part (all of the range where the part is empty), then after it
+    low = tuple(min(e - s, max(0, c - (s - p))) for s, e, c, p in zip(a, b, lo, op.low))
+    high = tuple(e - s - w - (h - c) for s, e, c, h, w in zip(a, b, lo, hi, low))
+    return pad(x, low, high, op.value)
+
+
+@_execute.register
+def _(op: Concat, node, step, env, a, b, run, out):
+    return run.xp.concatenate([_take(env[i], a, b) for i in node.inputs], axis=1)
+
+
+@_execute.register
+def _(op: Act, node, step, env, a, b, run, out):
+    x = _take(env[node.inputs[0]], a, b)
+    if op.act.kind == "identity":
+        return x if out is not None else x.copy()
+    return apply_activation(x, op.act.kind, op.act.alpha, out=x if out is not None else None)
+
+
+@_execute.register
+def _(op: Affine, node, step, env, a, b, run, out):
+    xp = run.xp
+    x = _take(env[node.inputs[0]], a, b)
+    s = xp.asarray(op.scale).reshape(1, -1, 1, 1, 1)
+    t = xp.asarray(op.shift).reshape(1, -1, 1, 1, 1)
+    if out is None:
+        return x * s + t
+    x *= s
+    x += t
+    return x
+
+
+def _join(op, node, step, env, a, b, run, out):
+    """An element-wise add or product of two tensors (into the one that dies here, if any)."""
     ins = [_take(env[i], a, b) for i in node.inputs]
-    if op == "concat":
-        return xp.concatenate(ins, axis=1)
-    x = ins[0]
-    if op == "act":
-        act = node["act"]
-        if act.kind == "identity":
-            return x if out is not None else x.copy()
-        return apply_activation(x, act.kind, act.alpha, out=x if out is not None else None)
-    if op == "affine":
-        s = xp.asarray(node["scale"]).reshape(1, -1, 1, 1, 1)
-        t = xp.asarray(node["shift"]).reshape(1, -1, 1, 1, 1)
-        if out is None:
-            return x * s + t
-        x *= s
-        x += t
-        return x
-    if op in ("add", "mul"):
-        ufunc = xp.add if op == "add" else xp.multiply
-        if out is None:
-            return ufunc(ins[0], ins[1])
-        target = env[out][0]
-        other = ins[1] if target is ins[0] else ins[0]
-        return ufunc(target, other, out=target)
-    raise PlanError(f"{node.name}: no executor for operator {op!r}")
+    ufunc = run.xp.add if isinstance(op, Add) else run.xp.multiply
+    if out is None:
+        return ufunc(ins[0], ins[1])
+    target = env[out][0]
+    other = ins[1] if target is ins[0] else ins[0]
+    return ufunc(target, other, out=target)
+
+
+for _cls in (Add, Mul):
+    _execute.register(_cls, _join)
 
 
 def _chain(node, followers, env, a, b, out):
     """An add or affine node and the affine and activation after it (:func:`chain_after`) in
     one pass; ``out``: the input to overwrite, or None."""
     ins = [_take(env[i], a, b) for i in node.inputs]
-    affine = node if node.op == "affine" else next((f for f in followers if f.op == "affine"), None)
-    act = next((f["act"] for f in followers if f.op == "act"), None)
+    affine = next((n.op for n in (node, *followers) if isinstance(n.op, Affine)), None)
+    act = next((f.op.act for f in followers if isinstance(f.op, Act)), None)
     return add_affine_act(
         ins[0],
-        ins[1] if node.op == "add" else None,
-        None if affine is None else affine["scale"],
-        None if affine is None else affine["shift"],
+        ins[1] if isinstance(node.op, Add) else None,
+        None if affine is None else affine.scale,
+        None if affine is None else affine.shift,
         None if act is None else (act.kind, act.alpha),
         out=None if out is None else env[out][0],
     )
@@ -501,7 +541,7 @@ def _run_dense(prog: Program, net: Graph, x, xp, convs):
     if isinstance(prog.steps[k].pooling, Slab):
         # the first pooling node in slab mode: the nodes before it are recomputed per offset,
         # z-slab by z-slab, so their full-size output never exists
-        window = prog.nodes[k]["window"]
+        window = prog.nodes[k].op.window
         offsets = list(itertools.product(*(range(p) for p in window)))
         remaining = readers_left(net, prog.nodes[: k + 1])
         name = prog.nodes[k].output
@@ -520,7 +560,7 @@ def _slab_fragment(run: _Run, net: Graph, k, x, offset):
     """Fragment ``offset`` of the pooling node ``k`` (slab mode), computing the nodes before it
     slab by slab in z."""
     prog = run.prog
-    step, window = prog.steps[k], prog.nodes[k]["window"]
+    step, window = prog.steps[k], prog.nodes[k].op.window
     g = slab_geometry(net.layers, x.shape[1], step.index, x.shape[2:], step.pooling.rows)
     ez = g["extent"][0]
     frag = arena.empty((x.shape[0], g["channels"]) + g["frag"], xp=get_array_module(x))

@@ -5,9 +5,10 @@ Semantics are PyTorch's (and ONNX's, as exported by it):
 
 * :func:`upsample_nearest`: every voxel repeated ``f`` times per axis (``nn.Upsample``,
   nearest, integer factors).
-* :func:`upsample_linear`: separable linear interpolation; ``half_pixel``
-  (``align_corners=False``: source ``max(0, (j + 0.5) / f - 0.5)``, clamped at the last
-  voxel) or ``align_corners`` (source ``j (n - 1) / (m - 1)``).
+* :func:`interpolate`: separable linear interpolation by per-axis index tables (a linear
+  resize's, ``net.ops.Resize.table``: ``half_pixel``, ``align_corners=False``: source
+  ``max(0, (j + 0.5) / f - 0.5)``, clamped at the last voxel, or ``align_corners``: source
+  ``j (n - 1) / (m - 1)``).
 * :func:`conv_transpose`: ``ConvTranspose3d`` with stride = kernel, no padding: one GEMM.
 * :func:`conv_strided`: ``Conv3d`` with any stride (valid; pad first): strided lowering.
 """
@@ -31,9 +32,7 @@ __all__ = [
     "conv_strided_memory",
     "conv_transpose",
     "interpolate",
-    "linear_index",
     "pad",
-    "upsample_linear",
     "upsample_nearest",
 ]
 
@@ -109,28 +108,6 @@ def _upsample_nearest(x, out, fz, fy, fx):  # pragma: no cover - compiled
                         v = src[k]
                         for dx in range(fx):
                             dst[k * fx + dx] = v
-
-
-def linear_index(n: int, f: int, coord: str):
-    """(i0, i1, w): output voxel ``j`` of an axis of ``n`` voxels upsampled ``f`` times is
-    ``(1 - w[j]) x[i0[j]] + w[j] x[i1[j]]``."""
-    m = n * f
-    j = np.arange(m, dtype=np.float64)
-    if coord == "align_corners":
-        src = j * (n - 1) / (m - 1) if m > 1 else np.zeros(m)
-    else:
-        src = np.maximum((j + 0.5) / f - 0.5, 0.0)
-    i0 = np.minimum(np.floor(src).astype(np.int64), n - 1)
-    i1 = np.minimum(i0 + 1, n - 1)
-    return i0, i1, (src - i0).astype(np.float32)
-
-
-def upsample_linear(x, scale, coord: str = "half_pixel"):
-    """Separable (tri)linear upsampling by integer factors (see the module docstring)."""
-    if coord not in ("half_pixel", "align_corners"):
-        raise InputError(f"coordinate mode {coord!r} is not half_pixel or align_corners")
-    tables = [None if int(f) == 1 else linear_index(n, int(f), coord) for n, f in zip(x.shape[2:], scale)]
-    return interpolate(x, tables)
 
 
 def interpolate(x, tables):

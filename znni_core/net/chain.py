@@ -134,14 +134,10 @@ def line_layers(nodes, source: str, output: str) -> tuple | None:
     for node in nodes:
         if node.inputs != (current,):
             return None
-        if node.op == "conv" and all(s == 1 for s in node["stride"]) and not any(map(any, node["pads"])):
-            layers.append(node.conv)
-        elif node.op == "pool" and node["kind"] == "max":
-            layers.append(Pool(node["window"], name=node.name))
-        elif node.op == "act":
-            layers.append(node["act"])
-        else:
+        layer = node.op.chain_layer(node.name)
+        if layer is None:
             return None
+        layers.append(layer)
         current = node.output
     if current != output or not any(isinstance(l, Conv) for l in layers):
         return None

@@ -5,21 +5,22 @@ tensors and writes one.  Tensors are ``(C, z, y, x)``.  A **chain** is a graph w
 form a line of stride-1 unpadded convolutions, max-pooling and activations (``kind ==
 "chain"``, :attr:`Graph.layers`; :class:`Network` builds one from layers): its max-pooling
 is read as a dense sliding filter, run through max-pooling fragments (``net/chain.py``), so
-its output is dense whatever its pooling.  Operators (``Node.op``):
+its output is dense whatever its pooling.  A node's operator (``Node.op``) is an instance of
+a class of :mod:`.ops` (its label in YAML specs and plans):
 
-==============  ============================================================================
-``conv``        a :class:`~.chain.Conv` with ``stride`` and zero ``pads`` (low, high) per axis
-``deconv``      transposed convolution, stride = kernel (``weight`` (C_in, C_out, k), ``bias``)
-``pool``        ``kind`` max or avg, window = stride, no padding
-``resize``      integer ``scale`` per axis, ``mode`` nearest or linear (``coord``: half_pixel,
-                align_corners, asymmetric)
-``crop``        removes ``low``/``high`` voxels per axis (a Slice, relative to its input)
-``pad``         adds ``low``/``high`` voxels of ``value`` per axis
-``add`` ``mul`` element-wise on two tensors, or on one tensor and per-channel constants
-``affine``      ``x * scale[c] + shift[c]`` (BatchNorm not foldable into a conv, Mul/Add by constants)
-``concat``      along channels
-``act``         an :class:`~.chain.Activation`
-==============  ============================================================================
+==================  ========================================================================
+``Convolution``     ``conv``: a :class:`~.chain.Conv` with ``stride`` and zero ``pads`` (low, high)
+``Deconvolution``   ``deconv``: transposed convolution, stride = kernel (``weight``, ``bias``)
+``Pooling``         ``pool``: ``kind`` max or avg, window = stride, no padding
+``Resize``          ``resize``: integer ``scale`` per axis, ``mode`` nearest or linear (``coord``:
+                    half_pixel, align_corners)
+``Crop``            ``crop``: removes ``low``/``high`` voxels per axis (a Slice, relative to its input)
+``Pad``             ``pad``: adds ``low``/``high`` voxels of ``value`` per axis
+``Add`` ``Mul``     ``add``, ``mul``: element-wise on two tensors
+``Affine``          ``affine``: ``x * scale[c] + shift[c]`` (BatchNorm not foldable into a conv)
+``Concat``          ``concat``: along channels
+``Act``             ``act``: an :class:`~.chain.Activation`
+==================  ========================================================================
 
 In any other graph, geometry is propagated axis by axis (every operator is separable): the **context** ``c``
 (output = input - c), the **grid** ``g`` (product of the downsampling factors: patches
@@ -59,9 +60,9 @@ from .chain import (
     pooling_product,
 )
 from .geometry import Geometric, NetGeometry
+from .ops import Act, Convolution, Inadmissible, Operator, Pooling
 
 Shape3 = tuple[int, int, int]
-OPS = ("conv", "deconv", "pool", "resize", "crop", "pad", "add", "mul", "affine", "concat", "act")
 #: operators whose output depends on the whole patch: no sliding-window meaning
 PATCH_DEPENDENT = {
     "InstanceNormalization": "normalises each channel over the whole patch",
@@ -75,128 +76,30 @@ PATCH_DEPENDENT = {
 _MAX_SCAN = 4096  # longest admissible length searched for (per axis)
 
 
-class _Inadmissible(Exception):
-    """``need``: how many voxels longer the node's input must be to pass (None: unknown);
-    ``short``: the input is too short (rather than of the wrong length)."""
-
-    def __init__(self, node, reason, need=None, short=False):
-        super().__init__(f"{node}: {reason}")
-        self.node, self.reason, self.need, self.short = node, reason, need, short
-
-
 @dataclass(frozen=True, eq=False)
 class Node:
     """One operator of a :class:`Graph`: reads the tensors ``inputs``, writes the tensor ``output``.
 
-    ``params`` holds the operator's parameters (see the module docstring), also read as ``node[key]``;
-    an unknown ``op`` is a :class:`~znni_core.errors.NetworkError`.
+    ``op`` is the operator, an instance of a class of :mod:`.ops` (made by a loader or by hand).
     """
 
-    op: str
+    op: Operator
     inputs: tuple
     output: str
     name: str
-    params: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.op not in OPS:
-            raise NetworkError(f"{self.name}: unknown graph operator {self.op!r}; one of {OPS}")
+        if not isinstance(self.op, Operator):
+            raise NetworkError(f"{self.name}: {self.op!r} is not a graph operator (one of znni_core.net.ops)")
         object.__setattr__(self, "inputs", tuple(self.inputs))
 
-    def __getitem__(self, key):
-        return self.params[key]
+    def length(self, axis: int, sizes: list, exact: bool = True) -> int:
+        """The output length on ``axis`` for input lengths ``sizes`` (:meth:`.ops.Operator.length`)."""
+        return self.op.length(axis, sizes, exact, self.name)
 
-    def get(self, key, default=None):
-        """Parameter ``key``, or ``default`` if the node has none."""
-        return self.params.get(key, default)
-
-    @property
-    def conv(self) -> Conv:
-        """The :class:`~.chain.Conv` of a ``conv`` node (KeyError for other operators)."""
-        return self.params["conv"]
-
-    @functools.cached_property
-    def layer(self) -> Conv | StridedConv:
-        """What a convolution primitive runs for a ``conv`` node: its :class:`~.chain.Conv`, or a
-        :class:`StridedConv` where the stride is above 1 on some axis."""
-        conv, stride = self.conv, tuple(self["stride"])
-        return conv if stride == (1, 1, 1) else StridedConv(conv, stride)
-
-
-@dataclass(frozen=True, eq=False)
-class StridedConv:
-    """A valid convolution with a stride above 1 on some axis (a graph's downsampling conv), as the
-    primitives read it: the :class:`~.chain.Conv`'s kernel, channels and weights, and the stride."""
-
-    conv: Conv
-    stride: Shape3
-
-    kernel = property(lambda self: self.conv.kernel)
-    in_channels = property(lambda self: self.conv.in_channels)
-    out_channels = property(lambda self: self.conv.out_channels)
-    weight = property(lambda self: self.conv.weight)
-    bias = property(lambda self: self.conv.bias)
-    name = property(lambda self: self.conv.name)
-
-
-def _axis_len(node: Node, axis: int, sizes: list[int], exact: bool = True) -> int:
-    """Length of ``node``'s output on ``axis`` for input lengths ``sizes``; raises
-    :class:`_Inadmissible` where PyTorch would fail or mismatch, and (``exact``) where a
-    pooling or strided layer would drop trailing voxels (PyTorch floors them)."""
-    n = sizes[0]
-    op = node.op
-    if op == "conv":
-        k, s = node.conv.kernel[axis], node["stride"][axis]
-        span = n + node["pads"][0][axis] + node["pads"][1][axis] - k
-        if span < 0:
-            raise _Inadmissible(
-                node.name, f"input length {n} on axis {'zyx'[axis]} is shorter than the kernel {k}", -span, True
-            )
-        if span % s and exact:
-            raise _Inadmissible(node.name, f"stride {s} does not divide {span} on axis {'zyx'[axis]}", -span % s)
-        return span // s + 1
-    if op == "deconv":
-        return n * node["stride"][axis]
-    if op == "pool":
-        p = node["window"][axis]
-        if n < p or (n % p and exact):
-            raise _Inadmissible(
-                node.name, f"pooling window {p} does not divide length {n} on axis {'zyx'[axis]}", -n % p or p, n < p
-            )
-        return n // p
-    if op == "resize":
-        return n * node["scale"][axis]
-    if op == "crop":
-        out = n - node["low"][axis] - node["high"][axis]
-        if out < 1:
-            raise _Inadmissible(
-                node.name, f"crop of {node['low'][axis]}+{node['high'][axis]} leaves nothing of {n}", 1 - out, True
-            )
-        return out
-    if op == "pad":
-        return n + node["low"][axis] + node["high"][axis]
-    if op in ("add", "mul", "concat") and len(set(sizes)) > 1:
-        raise _Inadmissible(node.name, f"inputs meet with lengths {sizes} on axis {'zyx'[axis]}")
-    return n
-
-
-def _step_origin(node: Node, axis: int, step: Fraction, origin: Fraction) -> tuple[Fraction, Fraction]:
-    """(step, origin) of the output: input voxels per tensor voxel, input position of voxel 0."""
-    op = node.op
-    if op == "conv":
-        k, s = node.conv.kernel[axis], node["stride"][axis]
-        return step * s, origin + step * (Fraction(k - 1, 2) - node["pads"][0][axis])
-    if op == "pool":
-        p = node["window"][axis]
-        return step * p, origin + step * Fraction(p - 1, 2)
-    if op in ("deconv", "resize"):
-        f = node["stride" if op == "deconv" else "scale"][axis]
-        return step / f, origin - step * Fraction(f - 1, 2 * f)
-    if op == "crop":
-        return step, origin + step * node["low"][axis]
-    if op == "pad":
-        return step, origin - step * node["low"][axis]
-    return step, origin
+    def with_op(self, op: Operator, inputs=None, output=None) -> Node:
+        """This node (its name) running ``op``, optionally on other tensors."""
+        return Node(op, self.inputs if inputs is None else inputs, self.output if output is None else output, self.name)
 
 
 @dataclass(frozen=True, eq=False)
@@ -206,7 +109,7 @@ class Graph(Geometric):
     >>> import numpy as np
     >>> net = Network((Conv(np.ones((2, 1, 3, 3, 3), np.float32)), Pool((2, 2, 2)),
     ...                Conv(np.ones((1, 2, 3, 3, 3), np.float32))))
-    >>> net.kind, net.field_of_view, [n.op for n in net.nodes]
+    >>> net.kind, net.field_of_view, [n.op.label for n in net.nodes]
     ('chain', (8, 8, 8), ['conv', 'pool', 'conv'])
     """
 
@@ -221,7 +124,7 @@ class Graph(Geometric):
     def __post_init__(self):
         nodes = tuple(self.nodes)
         object.__setattr__(self, "nodes", nodes)
-        if not any(n.op == "conv" for n in nodes):
+        if not any(isinstance(n.op, Convolution) for n in nodes):
             raise NetworkError(f"{self.name}: the network has no convolution")
         channels = {self.input: int(self.in_channels)}
         for node in nodes:
@@ -229,38 +132,18 @@ class Graph(Geometric):
             if missing:
                 raise NetworkError(f"{node.name}: reads {missing}, which no earlier node writes")
             cin = [channels[i] for i in node.inputs]
-            channels[node.output] = self._channels(node, cin)
+            channels[node.output] = node.op.channels(cin, node.name)
         if self.output not in channels:
             raise NetworkError(f"{self.name}: the output {self.output!r} is not computed by any node")
         object.__setattr__(self, "channels", channels)
         _ = self.geometry  # validates admissibility and the output resolution now, at load
-
-    @staticmethod
-    def _channels(node: Node, cin: list[int]) -> int:
-        def need(c, what):
-            if cin[0] != c:
-                raise NetworkError(f"{node.name}: {what} expects {c} input channels but gets {cin[0]}")
-
-        if node.op == "conv":
-            need(node.conv.in_channels, "convolution")
-            return node.conv.out_channels
-        if node.op == "deconv":
-            need(node["weight"].shape[0], "transposed convolution")
-            return int(node["weight"].shape[1])
-        if node.op == "concat":
-            return sum(cin)
-        if node.op in ("add", "mul") and len(cin) == 2 and cin[0] != cin[1] and 1 not in cin:
-            raise NetworkError(f"{node.name}: {node.op} of tensors with {cin[0]} and {cin[1]} channels")
-        if node.op == "affine" and node["scale"].size not in (1, cin[0]):
-            raise NetworkError(f"{node.name}: {node['scale'].size} per-channel constants for {cin[0]} channels")
-        return max(cin)
 
     # ---- geometry --------------------------------------------------------
     def axis_lengths(self, axis: int, n: int) -> dict:
         """Every tensor's length on ``axis`` for an input of length ``n``."""
         lens = {self.input: int(n)}
         for node in self.nodes:
-            lens[node.output] = _axis_len(node, axis, [lens[i] for i in node.inputs], self.kind == "valid")
+            lens[node.output] = node.length(axis, [lens[i] for i in node.inputs], self.kind == "valid")
         return lens
 
     def shapes(self, in_shape) -> dict:
@@ -273,7 +156,7 @@ class Graph(Geometric):
         for axis, n in enumerate(in_shape):
             try:
                 per_axis.append(self.axis_lengths(axis, n))
-            except _Inadmissible as exc:
+            except Inadmissible as exc:
                 lo, hi = self.admissible_around(axis, n)
                 raise InputError(
                     f"input length {n} on axis {'zyx'[axis]} is not admissible for {self.name}: node {exc}. "
@@ -316,8 +199,8 @@ class Graph(Geometric):
         for axis in range(3):
             step, origin = {self.input: Fraction(1)}, {self.input: Fraction(0)}
             for node in self.nodes:
-                step[node.output], origin[node.output] = _step_origin(
-                    node, axis, step[node.inputs[0]], origin[node.inputs[0]]
+                step[node.output], origin[node.output] = node.op.step_origin(
+                    axis, step[node.inputs[0]], origin[node.inputs[0]]
                 )
             if step[self.output] != 1:
                 raise NetworkError(
@@ -330,7 +213,7 @@ class Graph(Geometric):
             for n in range(1, _MAX_SCAN):
                 try:
                     out = self.axis_lengths(axis, n)[self.output]
-                except _Inadmissible as exc:
+                except Inadmissible as exc:
                     reason = str(exc)
                     continue
                 first = (n, out)
@@ -342,7 +225,7 @@ class Graph(Geometric):
             n0, out0 = first
             try:
                 out1 = self.axis_lengths(axis, n0 + g)[self.output]
-            except _Inadmissible as exc:
+            except Inadmissible as exc:
                 raise NetworkError(
                     f"{self.name}: input lengths {n0} and {n0 + g} are not both admissible on axis "
                     f"{'zyx'[axis]} ({exc}); the graph's downsampling is irregular"
@@ -372,15 +255,7 @@ class Graph(Geometric):
     @functools.cached_property
     def padded_by(self) -> list[str]:
         """Nodes that make the output depend on the patch position (empty for a valid graph)."""
-        why = []
-        for n in self.nodes:
-            if n.op == "conv" and any(n["pads"][0]) or n.op == "conv" and any(n["pads"][1]):
-                why.append(f"{n.name} (zero-padded convolution)")
-            elif n.op == "pad":
-                why.append(f"{n.name} (padding)")
-            elif n.op == "resize" and n["mode"] == "linear":
-                why.append(f"{n.name} (linear resize clamps at the border)")
-        return why
+        return [f"{n.name} ({n.op.padding})" for n in self.nodes if n.op.padding]
 
     @property
     def kind(self) -> str:
@@ -423,9 +298,10 @@ class Graph(Geometric):
             return chain_digest(self._line)
         h = hashlib.sha256(f"graph|{self.input}|{self.output}|{self.in_channels}".encode())
         for node in self.nodes:
-            h.update(f"|{node.op}|{node.inputs}|{node.output}|".encode())
-            for key in sorted(node.params):
-                v = node.params[key]
+            h.update(f"|{node.op.label}|{node.inputs}|{node.output}|".encode())
+            params = node.op.params()
+            for key in sorted(params):
+                v = params[key]
                 if isinstance(v, Conv):
                     h.update(b"conv" + str(v.weight.shape).encode() + v.weight.tobytes())
                     h.update(v.bias.tobytes() if v.bias is not None else b"none")
@@ -444,22 +320,7 @@ class Graph(Geometric):
             rows = describe_layers(self._line)
             rows.append(f"field of view {self.field_of_view}, in {self.in_channels} ch, out {self.out_channels} ch")
             return "\n".join(rows)
-        rows = []
-        for n in self.nodes:
-            if n.op == "conv":
-                c = n.conv
-                extra = "".join(
-                    [
-                        f" stride {n['stride']}" if any(s > 1 for s in n["stride"]) else "",
-                        f" pads {n['pads']}" if any(map(any, n["pads"])) else "",
-                    ]
-                )
-                rows.append(f"{n.name}: conv {c.in_channels}->{c.out_channels} k={c.kernel}{extra}")
-            elif n.op == "act":
-                rows.append(f"{n.name}: {n['act'].kind}")
-            else:
-                shown = {k: v for k, v in n.params.items() if not isinstance(v, np.ndarray)}
-                rows.append(f"{n.name}: {n.op} {shown if shown else ''}".rstrip())
+        rows = [f"{n.name}: {n.op.describe()}" for n in self.nodes]
         rows.append(f"in {self.in_channels} ch, out {self.out_channels} ch")
         return "\n".join(rows)
 
@@ -477,13 +338,11 @@ class Graph(Geometric):
 def _chain_node(layer: Layer, i: int, source: str) -> Node:
     """The graph node of ``layer``, the ``i``-th of a chain, reading ``source``."""
     if isinstance(layer, Conv):
-        return Node(
-            "conv", (source,), f"t{i}", layer.name, {"conv": layer, "stride": (1, 1, 1), "pads": ((0, 0, 0),) * 2}
-        )
+        return Node(Convolution(layer), (source,), f"t{i}", layer.name)
     if isinstance(layer, Pool):
-        return Node("pool", (source,), f"t{i}", layer.name, {"window": layer.window, "kind": "max"})
+        return Node(Pooling(layer.window), (source,), f"t{i}", layer.name)
     if isinstance(layer, Activation):
-        return Node("act", (source,), f"t{i}", layer.name, {"act": layer})
+        return Node(Act(layer), (source,), f"t{i}", layer.name)
     raise NetworkError(f"layer {i} is a {type(layer).__name__}; a chain holds Conv, Pool and Activation layers")
 
 
@@ -516,11 +375,3 @@ class Network(metaclass=_ChainType):
     >>> type(net).__name__, isinstance(net, Network), net.field_of_view, net.pooling_product
     ('Graph', True, (8, 8, 8), (2, 2, 2))
     """
-
-
-def as_shape3(value, what: str) -> Shape3:
-    """``value`` as 3 ints (z, y, x); a :class:`~znni_core.errors.NetworkError` naming ``what`` otherwise."""
-    t = tuple(int(v) for v in value)
-    if len(t) != 3:
-        raise NetworkError(f"{what} must have 3 values (z, y, x), got {value!r}")
-    return t  # type: ignore[return-value]

@@ -49,7 +49,8 @@ import yaml
 
 from ..errors import NetworkError
 from .chain import ACTIVATIONS, Activation, Conv, Pool
-from .graph import Graph, Network, Node, as_shape3
+from .graph import Graph, Network, Node
+from .ops import make, shape3
 
 FORMAT = "znni-network/1"
 _DEFAULT_ALPHA = {"leaky_relu": 0.01, "elu": 1.0}
@@ -190,21 +191,23 @@ def _node(path: Path, i: int, entry: dict, weights: dict) -> Node:
         params[key] = arr
     for key in _SHAPES:
         if key in params and not isinstance(params[key], np.ndarray):
-            params[key] = as_shape3(params[key], f"{path}: node {name} {key}")
+            params[key] = shape3(params[key], f"{path}: node {name} {key}")
     if op == "conv":
         if "weight" not in params:
             raise NetworkError(f"{path}: node {i} ({name}) needs a weight")
         params = {
             "conv": Conv(params.pop("weight"), params.pop("bias", None), name=name),
             "stride": params.get("stride", (1, 1, 1)),
-            "pads": tuple(as_shape3(p, f"{path}: node {name} pads") for p in params.get("pads", [[0] * 3] * 2)),
+            "pads": tuple(shape3(p, f"{path}: node {name} pads") for p in params.get("pads", [[0] * 3] * 2)),
         }
     elif op == "act":
         kind = str(params.get("kind"))
         params = {"act": Activation(kind, float(params.get("alpha", _DEFAULT_ALPHA.get(kind, 0.0))), name=name)}
-    elif op == "deconv" and params.get("bias") is None:
-        params["bias"] = np.zeros(params["weight"].shape[1], np.float32)
-    return Node(op, tuple(entry.get("inputs", ())), str(entry.get("output", name)), name, params)
+    try:
+        operator = make(op, name, params)
+    except NetworkError as exc:
+        raise NetworkError(f"{path}: node {i} {exc}") from None
+    return Node(operator, tuple(entry.get("inputs", ())), str(entry.get("output", name)), name)
 
 
 def _load_graph(path: Path, spec: dict, weights: dict) -> Graph:
@@ -224,8 +227,8 @@ def _load_graph(path: Path, spec: dict, weights: dict) -> Graph:
 def _save_graph(net: Graph, path: Path, wpath: Path) -> tuple[dict, dict]:
     tensors, entries = {}, []
     for i, node in enumerate(net.nodes):
-        entry = {"op": node.op, "name": node.name, "inputs": list(node.inputs), "output": node.output}
-        for key, v in node.params.items():
+        entry = {"op": node.op.label, "name": node.name, "inputs": list(node.inputs), "output": node.output}
+        for key, v in node.op.params().items():
             if isinstance(v, Conv):
                 tensors[f"n{i}.weight"] = v.weight
                 entry["weight"] = f"n{i}.weight"

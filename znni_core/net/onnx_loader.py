@@ -26,7 +26,8 @@ import numpy as np
 
 from ..errors import NetworkError, UnsupportedOperatorError
 from .chain import Activation, Conv, line_layers
-from .graph import PATCH_DEPENDENT, Graph, Node, _axis_len, _Inadmissible, _step_origin
+from .graph import PATCH_DEPENDENT, Graph, Node
+from .ops import Convolution, Inadmissible, Resize, make, replace
 
 _ACT = {
     "Relu": "relu",
@@ -184,25 +185,25 @@ class _Reader:
             )
         return self.consts[name]
 
-    def add(self, op, node, inputs, **params) -> None:
-        name = node.name or f"{op}{len(self.nodes)}"
+    def add(self, label, node, inputs, **params) -> None:
+        name = node.name or f"{label}{len(self.nodes)}"
         inputs = [self.data(i) for i in inputs]
-        new = Node(op, tuple(inputs), node.output[0], name, params)
+        new = Node(make(label, name, params), tuple(inputs), node.output[0], name)
         if self.search and all(i in self.shape for i in inputs):
             self.shape[new.output] = tuple(self.probe_len(new, a, inputs) for a in range(3))
             step = self.step.get(inputs[0], (Fraction(1),) * 3)
-            self.step[new.output] = tuple(_step_origin(new, a, step[a], Fraction(0))[0] for a in range(3))
+            self.step[new.output] = tuple(new.op.step_origin(a, step[a], Fraction(0))[0] for a in range(3))
         elif self.export_shape and all(i in self.shape for i in inputs):
             try:
                 self.shape[new.output] = tuple(
-                    _axis_len(new, a, [self.shape[i][a] for i in inputs], exact=False) for a in range(3)
+                    new.length(a, [self.shape[i][a] for i in inputs], exact=False) for a in range(3)
                 )
-            except _Inadmissible as exc:
+            except Inadmissible as exc:
                 raise NetworkError(f"{self.path}: at the exported input shape {self.export_shape}: {exc}") from None
             for a in range(3):
                 try:
-                    _axis_len(new, a, [self.shape[i][a] for i in inputs])
-                except _Inadmissible as exc:  # PyTorch floored here when it exported
+                    new.length(a, [self.shape[i][a] for i in inputs])
+                except Inadmissible as exc:  # PyTorch floored here when it exported
                     self.floored = self.floored or str(exc)
         self.nodes.append(new)
 
@@ -211,13 +212,13 @@ class _Reader:
         where the probe is not admissible)."""
         sizes = [self.shape[i][axis] for i in inputs]
         try:
-            return _axis_len(node, axis, sizes)
-        except _Inadmissible as exc:
+            return node.length(axis, sizes)
+        except Inadmissible as exc:
             step = self.step.get(inputs[0], (Fraction(1),) * 3)[axis]
             self.flag(axis, math.ceil(exc.need * step) if exc.need else 1, exc.short, str(exc))
         try:
-            return _axis_len(node, axis, sizes, exact=False)
-        except _Inadmissible as exc:
+            return node.length(axis, sizes, exact=False)
+        except Inadmissible as exc:
             return 1 if exc.short else sizes[0]
 
     def flag(self, axis: int, grow: int, short: bool, why: str) -> None:
@@ -379,16 +380,15 @@ class _Reader:
         (a PyTorch idiom for upsampling some axes only): fold the slice into the resize."""
         src = self.data(node.input[0])
         prev = self.producer(src)
-        if prev is None or prev.op != "resize" or prev["mode"] != "nearest" or self.readers.get(node.input[0], 0) != 1:
+        resize = None if prev is None else prev.op
+        if not isinstance(resize, Resize) or resize.linear or self.readers.get(node.input[0], 0) != 1:
             return False
-        scale = list(prev["scale"])
+        scale = list(resize.scale)
         for a, s, e, st in zip(axes, starts, ends, steps):
             if a < 2 or s != 0 or e < _BIG // 4 or scale[a - 2] % st:
                 return False
             scale[a - 2] //= st
-        self.nodes[self.nodes.index(prev)] = Node(
-            "resize", prev.inputs, prev.output, prev.name, {**prev.params, "scale": tuple(scale)}
-        )
+        self.nodes[self.nodes.index(prev)] = prev.with_op(replace(resize, scale=tuple(scale)))
         if prev.inputs[0] in self.shape:
             self.shape[prev.output] = tuple(n * f for n, f in zip(self.shape[prev.inputs[0]], scale))
             self.shape[node.output[0]] = self.shape[prev.output]
@@ -448,12 +448,12 @@ class _Reader:
         n = max(scale.size, shift.size)
         if (
             prev is not None
-            and prev.op == "conv"
+            and isinstance(prev.op, Convolution)
             and self.readers.get(data, 0) == 1
-            and n in (1, prev.conv.out_channels)
+            and n in (1, prev.op.conv.out_channels)
         ):
             # fold into the convolution before it: W' = s W, b' = s b + t
-            conv = prev.conv
+            conv = prev.op.conv
             s = np.broadcast_to(scale, (conv.out_channels,))
             t = np.broadcast_to(shift, (conv.out_channels,))
             bias = conv.bias if conv.bias is not None else np.zeros(conv.out_channels, np.float32)
@@ -462,9 +462,7 @@ class _Reader:
                 (bias.astype(np.float64) * s + t).astype(np.float32),
                 name=conv.name,
             )
-            self.nodes[self.nodes.index(prev)] = Node(
-                "conv", prev.inputs, prev.output, prev.name, {**prev.params, "conv": folded}
-            )
+            self.nodes[self.nodes.index(prev)] = prev.with_op(replace(prev.op, conv=folded))
             self.alias[node.output[0]] = self.data(data)
             if prev.output in self.shape:
                 self.shape[node.output[0]] = self.shape[prev.output]
@@ -645,7 +643,7 @@ _MAX_PROBE_LEN = 8192  # per axis
 
 def _params(nodes) -> list:
     """What of each node depends on shape arithmetic (crops, scales, pads), for comparison."""
-    return [(n.op, n.name, {k: v for k, v in n.params.items() if isinstance(v, tuple)}) for n in nodes]
+    return [(n.op.label, n.name, {k: v for k, v in n.op.params().items() if isinstance(v, tuple)}) for n in nodes]
 
 
 _STATIC = (
@@ -699,24 +697,28 @@ def _pointwise_before_upsampling(nodes, output) -> tuple:
     for i in range(len(nodes) - 1):
         up, conv = nodes[i], nodes[i + 1]
         if not (
-            up.op == "resize"
-            and up["mode"] == "nearest"
-            and conv.op == "conv"
+            isinstance(up.op, Resize)
+            and not up.op.linear
+            and isinstance(conv.op, Convolution)
             and conv.inputs == (up.output,)
             and readers.get(up.output) == 1
             and up.output != output
-            and conv.conv.kernel == (1, 1, 1)
-            and tuple(conv["stride"]) == (1, 1, 1)
-            and not any(any(p) for p in conv["pads"])
+            and conv.op.conv.kernel == (1, 1, 1)
+            and conv.op.plain
         ):
             continue
         mid = conv.output + "/before-upsampling"
         while mid in names:
             mid += "'"
         names.add(mid)
-        nodes[i] = Node("conv", (up.inputs[0],), mid, conv.name, conv.params)
-        nodes[i + 1] = Node("resize", (mid,), conv.output, up.name, up.params)
+        nodes[i] = conv.with_op(conv.op, (up.inputs[0],), mid)
+        nodes[i + 1] = up.with_op(up.op, (mid,), conv.output)
     return tuple(nodes)
+
+
+def _first_conv(reader):
+    """The first convolution that reads the input (None: none does)."""
+    return next((n.op.conv for n in reader.nodes if isinstance(n.op, Convolution) and reader.input in n.inputs), None)
 
 
 def _load_dynamic(path, like=None):
@@ -726,7 +728,7 @@ def _load_dynamic(path, like=None):
     size, as in valid U-Nets that crop skips to the decoder's shape) that graph is the network,
     else the node that differs is named."""
     ra, out_a = _search(path, PROBE, like)
-    first = next((n.conv for n in ra.nodes if n.op == "conv" and ra.input in n.inputs), None)
+    first = _first_conv(ra)
     in_channels = ra.in_channels or (first.in_channels if first is not None else 1)
     grid = Graph(tuple(ra.nodes), ra.input, out_a, in_channels, name=str(path)).grid
     rb, out_b = _search(path, tuple(n + g for n, g in zip(ra.probe, grid)), ra)
@@ -762,7 +764,7 @@ def load_onnx(path):
         first = next(l for l in line if isinstance(l, Conv))
         in_channels, export_shape = first.in_channels, None
     else:
-        first = next((n.conv for n in reader.nodes if n.op == "conv" and reader.input in n.inputs), None)
+        first = _first_conv(reader)
         in_channels = reader.in_channels or (first.in_channels if first is not None else None)
         export_shape = reader.export_shape
     if in_channels is None:

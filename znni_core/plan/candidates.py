@@ -127,7 +127,7 @@ class Candidate(NamedTuple):
 
     voxels_per_s: float  # over the input the plan is for (:func:`rate`)
     patch: tuple
-    modes: tuple  # per pooling layer: a :class:`~.pooling.Pooling` (MPF, DepthFirst or Slab)
+    modes: tuple  # per pooling layer: a :class:`~.pooling.PoolingChoice` (MPF, DepthFirst or Slab)
     steps: tuple
     seconds: float  # per patch
     peak: int  # bytes (the device's for GPU plans)

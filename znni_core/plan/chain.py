@@ -17,6 +17,7 @@ import math
 from ..errors import MemoryBudgetError, PlanError
 from ..net.chain import Activation, Conv, Pool
 from ..net.graph import Graph
+from ..net.ops import Convolution
 from ..units import format_bytes
 from . import memory as M
 from .candidates import (
@@ -96,15 +97,15 @@ def _pools_reading_channels_last(net: Graph, modes, steps_mem, decisions) -> set
         if isinstance(layer, Conv):
             prim, mb, tile = decisions[sm.index]
             tile = M.conv_blocks(sm.in_shape[2:], layer.kernel, tile)[0] if tile else ()
-            steps.append(Step(sm.index, "conv", prim, (), (), 0 if mb >= sm.in_shape[0] else mb, tile=tile))
+            steps.append(Step(sm.index, sm.op, prim, (), (), 0 if mb >= sm.in_shape[0] else mb, tile=tile))
         elif isinstance(layer, Pool):
             mode = next(pool_modes)
-            steps.append(Step(sm.index, "pool", mode.primitive, (), (), mode.micro_batch))
+            steps.append(Step(sm.index, sm.op, mode.primitive, (), (), mode.micro_batch))
         else:
-            steps.append(Step(sm.index, "act", layer.kind, (), ()))
+            steps.append(Step(sm.index, sm.op, layer.kind, (), ()))
     prog = program(steps, net)
     cl = channels_last_tensors(prog, every=True)
-    return {s.index for node, s in zip(prog.nodes, prog.steps) if s.op == "pool" and node.inputs[0] in cl}
+    return {s.index for node, s in zip(prog.nodes, prog.steps) if s.pooling is not None and node.inputs[0] in cl}
 
 
 def _priced_steps(net: Graph, modes, steps_mem, decisions, reps, timer: Pricer, host, measure) -> tuple[list, float]:
@@ -129,7 +130,7 @@ def _priced_steps(net: Graph, modes, steps_mem, decisions, reps, timer: Pricer, 
             tile = ()
             # an activation right after a conv that fuses it costs nothing: the executor applies it
             # in that conv's output pass (exec/patch.program)
-            fused = steps and steps[-1].op == "conv" and fuses(steps[-1].primitive, layer.kind)
+            fused = steps and isinstance(layers[steps[-1].index], Conv) and fuses(steps[-1].primitive, layer.kind)
             t = 0.0
             if not fused:
                 t = (host["model"] if host else timer.model).activation(layer.kind, M.nbytes(sm.in_shape))
@@ -172,7 +173,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
 
     reps = _repeats(net, patch, modes)
     threads = timer.cal.threads
-    pooling = dict(zip((i for i, node in enumerate(net.nodes) if node.op == "pool"), modes))
+    pooling = dict(zip((i for i, layer in enumerate(layers) if isinstance(layer, Pool)), modes))
     result = M.nbytes((net.out_channels,) + tuple(net.output_shape(patch)))  # what the tiler fills
     M.walk(net, patch, record, pooling=pooling, threads=threads, held=result)  # pass 1: what is alive before each conv
     no_cache: set[int] = set()  # layers refused resident kernel spectra (they did not fit)
@@ -254,7 +255,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
                 (
                     M.device_call_bytes(p, mb, layers[i], sm.in_shape[2:], tl, threads)
                     for sm in steps_mem
-                    if sm.op == "conv"
+                    if isinstance(layers[sm.index], Conv)
                     for i, (p, mb, tl) in [(sm.index, decisions[sm.index])]
                 ),
                 default=0,
@@ -521,7 +522,7 @@ def _pipeline(net, patch, modes, budget, timer, prims, host):
     out = M.nbytes((net.out_channels,) + tuple(net.output_shape(patch)))
     best = (math.inf, None, budget + 1)
     for k, s in enumerate(gpu):
-        if s.op != "conv":
+        if not issubclass(s.operator, Convolution):
             continue
         front = sum(x.seconds for x in cpu[:k])
         back = sum(x.seconds for x in gpu[k:]) + timer.model.transfer(M.nbytes(s.in_shape) + out)

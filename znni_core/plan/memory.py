@@ -16,10 +16,11 @@ from .. import layers as L
 from ..geometry.blocks import conv_blocks
 from ..net.chain import Conv
 from ..net.graph import Graph
+from ..net.ops import Act, Add, Affine, Concat, Convolution, Crop, Deconvolution, Mul, Pad, Pooling, Resize
 from .pooling import MPF, DepthFirst, Slab
 from .primitives import primitive as primitive_of
-from .program import chain_after, fragment_shape, fuses_next, in_place_input, readers_left
-from .ranges import conv_window, needed_ranges
+from .program import chain_after, fuses_next, in_place_input, readers_left
+from .ranges import needed_ranges
 
 F32 = 4
 MAX_PATCH_VOXELS = 512**3  # the largest patch the planner considers
@@ -181,7 +182,7 @@ class _Walk:
         if self.need is not None:
             a, b = self.need[node.output]
             return (src[0], self.shapes[node.output][0]) + tuple(h - l for l, h in zip(a, b))
-        return (src[0],) + fragment_shape(node, src[1:])
+        return (src[0],) + node.op.fragment_shape(src[1:], node.name)
 
     def nodes_from(self, i, stop, shape, live, held, remaining):
         """Nodes ``[i, stop)`` with tensors of ``shape`` alive (``live``: bytes each owns) on top of
@@ -206,30 +207,21 @@ class _Walk:
                 return shape_out, max(peak, p), gather
             out = self.out_shape(node, src)
             if isinstance(mode, MPF):
-                out = (src[0] * math.prod(node["window"]),) + out[1:]
+                out = (src[0] * math.prod(node.op.window),) + out[1:]
             elif mode is not None:
                 raise ValueError("slab mode is only for the first pooling node")
             out_b = nbytes(out)
             base = held + sum(live.values())
-            rec = StepMemory(i, node.op, src, out, 0)
-            if node.op == "conv":
-                extra = self.conv(rec, node, base + resident)
-                resident += rec.choice[3]
-            elif fused or i in self.skip:  # applied in the pass of the conv or element-wise node before
+            rec = StepMemory(i, node.op.label, src, out, 0)
+            if fused or i in self.skip:  # applied in the pass of the conv or element-wise node before
                 extra, rec.skipped = 0, True
-            elif node.op == "act":
-                target = self.in_place(node, remaining)
-                extra = act_extra_bytes(node["act"].kind, out) + (0 if target else out_b)
-            elif node.op == "deconv":
-                extra = 2 * out_b
-            elif node.op == "resize":
-                extra = out_b * (3 if node["mode"] == "linear" else 1)
             else:
-                extra = 0 if self.in_place(node, remaining) else out_b
+                extra = node_bytes(node.op, self, rec, node, base + resident, remaining)
+                resident += rec.choice[3] if rec.choice else 0  # a conv's kernel transforms stay
             rec.peak = base + resident + extra
             self.note(rec)
             peak = max(peak, rec.peak)
-            fused = node.op == "conv" and fuses_next(self.nodes, i, rec.choice[0], self.consumers)
+            fused = bool(rec.choice) and fuses_next(self.nodes, i, rec.choice[0], self.consumers)
             self.release(node, live, remaining)
             shape[node.output], live[node.output] = out, out_b
             name = node.output
@@ -243,13 +235,13 @@ class _Walk:
         result exists, the others beside it; (the gathered shape, the peak, its bytes)."""
         node = self.nodes[i]
         out = self.out_shape(node, src)
-        self.note(StepMemory(i, "pool", src, out, x_total + nbytes(out)))
+        self.note(StepMemory(i, node.op.label, src, out, x_total + nbytes(out)))
 
         def rest(held):
             return self.nodes_from(i + 1, stop, {node.output: out}, {node.output: nbytes(out)}, held, dict(remaining))
 
         fshape, p0, y_bytes = rest(x_total)
-        nfrag = math.prod(node["window"])
+        nfrag = math.prod(node.op.window)
         gather = nfrag * y_bytes
         peak = max(p0, x_total + y_bytes + gather)
         if nfrag > 1:
@@ -263,19 +255,19 @@ class _Walk:
         prim, mb, tl, *kept = self.choose(rec.index, rec.in_shape[0], spatial, live)
         if copy and getattr(primitive_of(prim), "pads_input", False):  # zeros read in place: a copy of the part only
             n_in = self.shapes[node.inputs[0]][1:]
-            raw_lo, raw_hi = conv_window(node, *self.need[node.output])
+            raw_lo, raw_hi = node.op.window(*self.need[node.output])
             part = tuple(min(n, h) - max(0, l) for n, l, h in zip(n_in, raw_lo, raw_hi))
             copy_b = nbytes(rec.in_shape[:2] + part) if part != rec.in_shape[2:] else 0
         else:
             copy_b = nbytes(rec.in_shape[:2] + spatial) if copy else 0
         rec.choice, rec.spatial, rec.copy_bytes = (prim, mb, tl, kept[0] if kept else 0), spatial, copy_b
-        return copy_b + conv_step_bytes(prim, rec.in_shape[0], mb, node.layer, spatial, tl, self.threads)
+        return copy_b + conv_step_bytes(prim, rec.in_shape[0], mb, node.op.layer, spatial, tl, self.threads)
 
     def conv_input(self, node, src) -> tuple[tuple, bool]:
         """(the extent a conv node convolves, whether that is a padded copy of its input)."""
         if self.need is None:
             return tuple(src[2:]), False
-        raw_lo, raw_hi = conv_window(node, *self.need[node.output])
+        raw_lo, raw_hi = node.op.window(*self.need[node.output])
         spatial = tuple(b - a for a, b in zip(raw_lo, raw_hi))
         return spatial, spatial != tuple(src[2:]) or self.need[node.inputs[0]][0] != raw_lo
 
@@ -313,7 +305,7 @@ class _Walk:
             return p
 
         name = nodes[k].output
-        nfrag = math.prod(nodes[k]["window"])
+        nfrag = math.prod(nodes[k].op.window)
         p_pre0 = prefix(0)
         fshape, p0, y_bytes = self.nodes_from(k + 1, len(nodes), {name: frag}, {name: fb}, base, dict(after))
         gather = nfrag * y_bytes
@@ -321,6 +313,47 @@ class _Walk:
         _, p1, _ = self.nodes_from(k + 1, len(nodes), {name: frag}, {name: fb}, base + gather, dict(after))
         peak = max(p_pre0, p0, base + y_bytes + gather, p_pre1, p1)
         return (fshape[0] * nfrag,) + fshape[1:], peak, gather
+
+
+# ---- what each operator adds beside its inputs -------------------------------------------------
+
+
+@functools.singledispatch
+def node_bytes(op, walk: _Walk, rec: StepMemory, node, live: int, remaining: dict) -> int:
+    """Bytes node ``node`` (operator ``op``, its record ``rec``) adds beside its inputs while it
+    runs, with ``live`` bytes alive before it: its output (none where it overwrites an input
+    that dies there) and its working arrays.  One function per operator class."""
+    raise TypeError(f"{node.name}: the memory walk has no rule for {type(op).__name__}")
+
+
+@node_bytes.register
+def _(op: Convolution, walk, rec, node, live, remaining):
+    return walk.conv(rec, node, live)  # the primitive chosen here, its copy of the input and its peak
+
+
+@node_bytes.register
+def _(op: Act, walk, rec, node, live, remaining):
+    own = 0 if walk.in_place(node, remaining) else nbytes(rec.out_shape)
+    return act_extra_bytes(op.act.kind, rec.out_shape) + own
+
+
+@node_bytes.register
+def _(op: Deconvolution, walk, rec, node, live, remaining):
+    return 2 * nbytes(rec.out_shape)  # the output and the product before it is scattered
+
+
+@node_bytes.register
+def _(op: Resize, walk, rec, node, live, remaining):
+    return nbytes(rec.out_shape) * (3 if op.linear else 1)  # linear: one temporary per axis pass
+
+
+def _output(op, walk, rec, node, live, remaining):
+    """The output, unless it overwrites an input that dies there."""
+    return 0 if walk.in_place(node, remaining) else nbytes(rec.out_shape)
+
+
+for _cls in (Pooling, Crop, Pad, Add, Mul, Affine, Concat):
+    node_bytes.register(_cls, _output)
 
 
 class _Whole(dict):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import PlanError
 from ..layers import tuning
+from ..net.ops import BY_LABEL, Convolution
 from . import wisdom as W
 from .pooling import of_step
 from .primitives import PRIMITIVES, names
@@ -44,7 +45,7 @@ class Step:
     """One node of the network as the plan runs it."""
 
     index: int  # position in the graph's nodes (a chain's: in its layers)
-    op: str  # the node's operator: conv | pool | act | add | concat | ...
+    op: str  # the label of the node's operator (conv | pool | act | ...; :attr:`operator` its class)
     # conv: a registered primitive; pool: mpf | pool (depth first) | slab (fragments: a chain's)
     # or max | avg (subsampling: another graph's), read as a type by :attr:`pooling`;
     # act: the activation kind; else the operator
@@ -56,6 +57,11 @@ class Step:
     seconds: float = 0.0  # predicted time of this step over the whole patch
     bytes: int = 0  # predicted live bytes at this step's peak
     tile: tuple = ()  # conv: input block (z, y, x) per primitive call (overlap-save); () = the whole input
+
+    @property
+    def operator(self) -> type:
+        """The class of the node's operator (:mod:`znni_core.net.ops`), from its label."""
+        return BY_LABEL[self.op]
 
     @property
     def pooling(self):
@@ -221,7 +227,7 @@ class Plan:
     @property
     def pool_modes(self) -> tuple:
         """Per pooling layer: ``mpf``, ``pool`` or ``slab:<rows>`` (a graph's: ``max`` or ``avg``)."""
-        return tuple(str(s.pooling) for s in self.steps if s.op == "pool")
+        return tuple(str(s.pooling) for s in self.steps if s.pooling is not None)
 
     # ---- serialisation --------------------------------------------------------
     def to_dict(self) -> dict:
@@ -330,7 +336,7 @@ class Plan:
             f"{'#':>3} {'layer':<6} {'primitive':<13} {'in (N,C,z,y,x)':<28} {'out':<28} {'mb':>4} {'seconds':>9} {'GiB':>8}",
         ]
         for s in self.steps:
-            mb = str(s.micro_batch) if s.op == "conv" and s.micro_batch else ""
+            mb = str(s.micro_batch) if issubclass(s.operator, Convolution) and s.micro_batch else ""
             tile = f"  blocks {'x'.join(map(str, s.tile))}" if s.tile else ""
             lines.append(
                 f"{s.index:>3} {s.op:<6} {s.primitive:<13} {str(s.in_shape):<28} {str(s.out_shape):<28} "

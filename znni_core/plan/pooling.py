@@ -11,8 +11,8 @@ A chain's max-pooling layer runs one of three ways (the ZNNi choices, :mod:`.cha
 
 A graph's pooling node subsamples (:class:`Subsample`: ``max`` or ``avg``).  A plan's JSON keeps
 its words: a pool step's ``primitive`` (``mpf``, ``pool``, ``slab``, ``max``, ``avg``) and, for a
-slab, its rows in ``micro_batch``; :func:`of_step` reads them back, :attr:`Pooling.primitive` and
-:attr:`Pooling.micro_batch` write them, so plans stay byte for byte what they were.
+slab, its rows in ``micro_batch``; :func:`of_step` reads them back, :attr:`PoolingChoice.primitive` and
+:attr:`PoolingChoice.micro_batch` write them, so plans stay byte for byte what they were.
 
 >>> parse("slab:4"), str(parse("slab:4")), parse("pool").per_offset, MPF().per_offset
 (Slab(rows=4), 'slab:4', True, False)
@@ -26,9 +26,11 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..net.ops import Pooling
+
 
 @dataclass(frozen=True)
-class Pooling:
+class PoolingChoice:
     """A pooling layer's way of running (see the module docstring)."""
 
     #: the layers after it run once per pooling offset
@@ -51,7 +53,7 @@ class Pooling:
 
 
 @dataclass(frozen=True)
-class MPF(Pooling):
+class MPF(PoolingChoice):
     """Max-pooling fragments: every offset batched through the rest."""
 
     @property
@@ -61,7 +63,7 @@ class MPF(Pooling):
 
 
 @dataclass(frozen=True)
-class DepthFirst(Pooling):
+class DepthFirst(PoolingChoice):
     """One pooling offset at a time through the rest of the network."""
 
     per_offset: ClassVar[bool] = True
@@ -73,7 +75,7 @@ class DepthFirst(Pooling):
 
 
 @dataclass(frozen=True)
-class Slab(Pooling):
+class Slab(PoolingChoice):
     """Depth first, the layers before recomputed per offset in z-slabs of ``rows`` fragment rows."""
 
     rows: int
@@ -98,7 +100,7 @@ class Slab(Pooling):
 
 
 @dataclass(frozen=True)
-class Subsample(Pooling):
+class Subsample(PoolingChoice):
     """A graph's pooling node: max or average over each window, no fragments."""
 
     kind: str  # max | avg
@@ -114,10 +116,10 @@ class Subsample(Pooling):
 CHAIN_CHOICES = {"mpf": MPF(), "pool": DepthFirst()}
 
 
-def parse(text) -> Pooling:
+def parse(text) -> PoolingChoice:
     """The choice a word names (``mpf``, ``pool``, ``slab:ROWS``); a choice is returned as it is;
     ValueError for anything else."""
-    if isinstance(text, Pooling):
+    if isinstance(text, PoolingChoice):
         return text
     if text in CHAIN_CHOICES:
         return CHAIN_CHOICES[text]
@@ -127,9 +129,9 @@ def parse(text) -> Pooling:
     raise ValueError(f"{text!r} is no pooling choice: mpf, pool or slab:ROWS")
 
 
-def of_step(step) -> Pooling | None:
+def of_step(step) -> PoolingChoice | None:
     """The pooling a plan's step runs (None for a step that is no pooling)."""
-    if step.op != "pool":
+    if not issubclass(step.operator, Pooling):
         return None
     if step.primitive == "slab":
         return Slab(int(step.micro_batch))

@@ -17,19 +17,17 @@ import numpy as np
 from ..errors import PlanError
 from ..layers.activation import commutes_with_max
 from ..layers.epilogue import FUSABLE
-from ..net.graph import Graph, Node
+from ..net.graph import Graph
+from ..net.ops import Act, Add, Affine, Convolution, Mul, Pooling
 from .plan import fuse, fuses
 from .pooling import DepthFirst
 from .primitives import PRIMITIVES
-
-#: element-wise nodes (one may write into an input that dies there)
-ELEMENTWISE = ("add", "mul", "affine", "act")
 
 
 def in_place_input(node, remaining: dict, need: dict, graph_input: str):
     """The input an element-wise node overwrites: one it is the last reader of, not the
     caller's array, computed over exactly the output's range (None: a new array)."""
-    if node.op not in ELEMENTWISE:
+    if not node.op.elementwise:
         return None
     for name in dict.fromkeys(node.inputs):
         if name != graph_input and remaining[name] == node.inputs.count(name) and need[name] == need[node.output]:
@@ -41,10 +39,10 @@ def fuses_next(nodes, i: int, primitive: str, consumers: dict) -> bool:
     """Whether conv node ``i`` (run by ``primitive``) applies node ``i + 1`` in its output
     pass: an activation of ``FUSABLE`` that is the conv output's only reader (the executor
     then skips it; the walk charges it nothing)."""
-    if i + 1 >= len(nodes) or nodes[i].op != "conv" or nodes[i + 1].op != "act":
+    if i + 1 >= len(nodes) or not isinstance(nodes[i].op, Convolution) or not isinstance(nodes[i + 1].op, Act):
         return False
     nxt = nodes[i + 1]
-    return fuses(primitive, nxt["act"].kind) and nxt.inputs == (nodes[i].output,) and consumers[nodes[i].output] == 1
+    return fuses(primitive, nxt.op.act.kind) and nxt.inputs == (nodes[i].output,) and consumers[nodes[i].output] == 1
 
 
 def chain_after(nodes, i: int, consumers: dict) -> list[int]:
@@ -52,20 +50,22 @@ def chain_after(nodes, i: int, consumers: dict) -> list[int]:
     own pass (``layers.epilogue.add_affine_act``): an affine (after an add), then an
     activation of ``FUSABLE``, each the only reader of the one before (the executor skips
     them; the walk charges them nothing).  Empty when nothing follows that way."""
-    if nodes[i].op not in ("add", "affine") or (nodes[i].op == "add" and len(nodes[i].inputs) != 2):
+    op = nodes[i].op
+    if not (isinstance(op, Affine) or (isinstance(op, Add) and len(nodes[i].inputs) == 2)):
         return []
-    out, allowed = [], (("affine", "act") if nodes[i].op == "add" else ("act",))
+    out, allowed = [], ((Affine, Act) if isinstance(op, Add) else (Act,))
     for j in range(i + 1, len(nodes)):
         prev, nxt = nodes[j - 1], nodes[j]
+        kind = next((k for k in allowed if isinstance(nxt.op, k)), None)
         if (
-            nxt.op not in allowed
+            kind is None
             or nxt.inputs != (prev.output,)
             or consumers[prev.output] != 1
-            or (nxt.op == "act" and nxt["act"].kind not in FUSABLE)
+            or (kind is Act and nxt.op.act.kind not in FUSABLE)
         ):
             break
         out.append(j)
-        allowed = allowed[allowed.index(nxt.op) + 1 :]
+        allowed = allowed[allowed.index(kind) + 1 :]
     return out
 
 
@@ -110,12 +110,12 @@ class Program:
         """Node ``i``'s step, applying the activation after it where it fuses it (a
         :class:`~.plan.FusedStep`)."""
         step = self.steps[i]
-        return fuse(step, self.nodes[i + 1]["act"]) if i + 1 in self.fused else step
+        return fuse(step, self.nodes[i + 1].op.act) if i + 1 in self.fused else step
 
     @property
     def windows(self) -> list:
         """The windows of the pooling nodes run in fragments, in order (what recombines them)."""
-        return [n["window"] for n, s in zip(self.nodes, self.steps) if in_fragments(s)]
+        return [n.op.window for n, s in zip(self.nodes, self.steps) if in_fragments(s)]
 
 
 def program(steps, graph: Graph, xp=np) -> Program:
@@ -130,25 +130,21 @@ def program(steps, graph: Graph, xp=np) -> Program:
     for j in range(len(nodes) - 1):
         a, b = nodes[j], nodes[j + 1]
         if (
-            a.op == "act"
+            isinstance(a.op, Act)
             and j not in fused
             and in_fragments(steps[j + 1])
             and b.inputs == (a.output,)
             and consumers[a.output] == 1
-            and commutes_with_max(a["act"])
+            and commutes_with_max(a.op.act)
         ):
-            nodes[j] = Node("pool", a.inputs, a.output, b.name, b.params)
-            nodes[j + 1] = Node("act", (a.output,), b.output, a.name, a.params)
+            nodes[j] = b.with_op(b.op, a.inputs, a.output)
+            nodes[j + 1] = a.with_op(a.op, (a.output,), b.output)
             steps[j], steps[j + 1] = steps[j + 1], steps[j]
     skip = frozenset(fused | {j for c in chains.values() for j in c})
     return Program(tuple(nodes), tuple(steps), graph.input, graph.output, frozenset(fused), chains, skip)
 
 
 # ---- which tensors are channels last ----------------------------------------------------------
-
-#: nodes that keep their input's layout and run channels last at speed (``add``/``mul``: when
-#: every input is channels last)
-_KEEPS_LAYOUT = ("act", "affine", "add", "mul", "pool", "resize")
 
 
 def channels_last_tensors(prog: Program, every: bool = False) -> set:
@@ -157,7 +153,7 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
     out (its input is a layer's output).
 
     A tensor is channels last if such a writer wrote it, or a node that keeps the layout
-    (:data:`_KEEPS_LAYOUT`; a max-pool subsampling or in MPF, a nearest upsampling; an add or mul
+    (``Operator.keeps_layout``: an activation, an affine; a max-pool subsampling or in MPF, a nearest upsampling; an add or mul
     of channels-last inputs) made it from one.  A writer is chosen while every channels-last tensor
     that flows from it is read only by untiled Winograd or 1x1x1 convs and such nodes, never
     mixed with a channels-first input, and is not the network's output; the others are dropped
@@ -172,19 +168,15 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
 
     def keeps(i):
         node = nodes[i]
-        return (
-            node.op in _KEEPS_LAYOUT
-            and (node.op != "pool" or (node["kind"] == "max" and not steps[i].pooling.per_offset))
-            and (node.op != "resize" or node["mode"] == "nearest")
-        )
+        return node.op.keeps_layout and not (isinstance(node.op, Pooling) and steps[i].pooling.per_offset)
 
     def reads(i):  # reads a channels-last input at speed (a mixed add is checked apart)
         node, step = nodes[i], steps[i]
-        if node.op == "conv":  # Winograd, or a 1x1x1 conv (conv_pointwise_chain reads it in place)
+        if isinstance(node.op, Convolution):  # Winograd, or a 1x1x1 conv (conv_pointwise_chain reads it in place)
             prim = PRIMITIVES.get(step.primitive)
             return (
                 prim is not None
-                and prim.reads_channels_last(node.conv.kernel)
+                and prim.reads_channels_last(node.op.conv.kernel)
                 and not step.tile
                 and not step.micro_batch
             )
@@ -192,16 +184,16 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
 
     def writes(i):
         node, step = nodes[i], steps[i]
-        if node.op == "pool":  # depth first: gather_fragment copies each fragment in the layout asked
+        if isinstance(node.op, Pooling):  # depth first: gather_fragment copies each fragment in the layout asked
             return isinstance(step.pooling, DepthFirst) and node.inputs[0] != prog.input
         prim = PRIMITIVES.get(step.primitive)
         return (
-            node.op == "conv"
+            isinstance(node.op, Convolution)
             and prim is not None
-            and (prim.writes_channels_last or prim.runs_pointwise_chain(node.conv.kernel))
+            and (prim.writes_channels_last or prim.runs_pointwise_chain(node.op.conv.kernel))
             and not step.tile
             and not step.micro_batch
-            and node.conv.out_channels > 1
+            and node.op.conv.out_channels > 1
         )
 
     chosen = {nodes[i].output for i in range(len(nodes)) if writes(i)}
@@ -219,7 +211,7 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
         for name, src in sources.items():
             bad = name == prog.output or not all(reads(i) for i in readers.get(name, ()))
             bad = bad or any(
-                nodes[i].op in ("add", "mul") and nodes[i].output not in sources for i in readers.get(name, ())
+                isinstance(nodes[i].op, (Add, Mul)) and nodes[i].output not in sources for i in readers.get(name, ())
             )  # mixed with a channels-first input
             if bad:
                 drop |= src
@@ -233,18 +225,5 @@ def fragment_shapes(nodes, in_shape) -> dict:
     alike; their number is the batch), the first reading ``in_shape``."""
     shapes = {nodes[0].inputs[0]: tuple(in_shape)} if nodes else {}
     for node in nodes:
-        shapes[node.output] = fragment_shape(node, shapes[node.inputs[0]])
+        shapes[node.output] = node.op.fragment_shape(shapes[node.inputs[0]], node.name)
     return shapes
-
-
-def fragment_shape(node, shape) -> tuple:
-    """The ``(C, z, y, x)`` node ``node`` makes of ``shape`` in a network pooled into fragments:
-    a valid convolution, a pooling fragment ``(n - p + 1) // p``, an activation's input."""
-    c, sp = shape[0], shape[1:]
-    if node.op == "conv":
-        return (node.conv.out_channels,) + tuple(n - k + 1 for n, k in zip(sp, node.conv.kernel))
-    if node.op == "pool":
-        return (c,) + tuple((n - p + 1) // p for n, p in zip(sp, node["window"]))
-    if node.op == "act":
-        return (c,) + tuple(sp)
-    raise PlanError(f"{node.name}: a network pooled into fragments runs conv, act and max-pool nodes only")
