@@ -377,8 +377,8 @@ def test_output_buffers_are_reused_within_the_budget(monkeypatch):
     within the plan's budget (tracemalloc counts both)."""
     import tracemalloc
 
+    from znni_core.exec.executor import Executor
     from znni_core.exec.patch import run_patch
-    from znni_core.exec.steps import kernel_cache
     from znni_core.plan import autotune
 
     net = make_net(
@@ -389,14 +389,14 @@ def test_output_buffers_are_reused_within_the_budget(monkeypatch):
     monkeypatch.setenv("ZNNI_REUSE_BUFFERS", "0")
     ref = run_patch(plan, net, x)
     monkeypatch.delenv("ZNNI_REUSE_BUFFERS")
-    convs = kernel_cache({}, plan)
+    run = Executor(plan, net)
     tracemalloc.start()
     tracemalloc.reset_peak()
-    run_patch(plan, net, x, convs=convs)  # the first patch: every buffer is new
-    a = convs["arena"]
+    run.patch(x)  # the first patch: every buffer is new
+    a = run.state["arena"]
     assert a.misses > 0 and a.held_bytes > 0
     misses = a.misses
-    y = run_patch(plan, net, x, convs=convs)
+    y = run.patch(x)
     _, peak = tracemalloc.get_traced_memory()  # both patches: live arrays + held buffers + spectra
     tracemalloc.stop()
     assert a.misses == misses and a.hits > 0  # the second patch: all from the arena
@@ -405,10 +405,12 @@ def test_output_buffers_are_reused_within_the_budget(monkeypatch):
     assert a.held_bytes <= plan.memory_budget - plan.predicted_peak_bytes
     # a tight budget leaves no slack: nothing is held, and the result is still the same
     tight = autotune(net, memory_budget=plan.predicted_peak_bytes, patch_shape=(37, 37, 37))
-    convs = kernel_cache({}, tight)
-    for _ in range(2):
-        np.testing.assert_array_equal(run_patch(tight, net, x, convs=convs), ref)
-    assert convs["arena"].held_bytes <= max(0, tight.memory_budget - tight.predicted_peak_bytes)
+    with Executor(tight, net) as run:
+        for _ in range(2):
+            np.testing.assert_array_equal(run.patch(x), ref)
+        assert run.state["arena"].held_bytes <= max(0, tight.memory_budget - tight.predicted_peak_bytes)
+    with pytest.raises(PlanError, match="closed"):
+        run.patch(x)
     assert peak <= plan.memory_budget
 
 

@@ -217,7 +217,8 @@ def test_one_tiler_covers_a_chain_and_a_graph_the_same_way():
     of the pooling product, the last shifted back) and a pooling-free chain loaded as a graph
     the same way; ``run_tiled`` gives the same output under the chain's plan (its own search) and the
     graph's, equal to PyTorch."""
-    from znni_core.exec.tiling import run_tiled, window
+    from znni_core.exec.executor import Executor
+    from znni_core.exec.tiling import window
     from znni_core.plan import autotune
 
     net = make_net([("conv", 3, 3), ("act", "relu"), ("conv", 2, (1, 3, 3)), ("act", "sigmoid")])
@@ -231,8 +232,10 @@ def test_one_tiler_covers_a_chain_and_a_graph_the_same_way():
     assert wc.tile == wg.tile == net.output_shape(patch) and wc.starts == wg.starts
     assert wc.starts == ((0, 4), (0, 8, 16, 17), (0, 8, 16, 19)) and wc.count == 32
     seen = []
-    yc = run_tiled(chain_plan, net, x, progress=seen.append)
-    yg = run_tiled(graph_plan, graph, x)
+    with Executor(chain_plan, net) as run:
+        yc = run.volume(x, progress=seen.append)
+    with Executor(graph_plan, graph) as run:
+        yg = run.volume(x)
     assert len(seen) == wc.count
     ref = torch_dense(net, x)
     assert max_rel_err(yc, ref) < 1e-5 and max_rel_err(yg, ref) < 1e-5

@@ -39,8 +39,8 @@ import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 
 from .errors import InputError, PlanError
-from .exec.tiling import input_extent, run_window, warn_unused, window
-from .inference import as_input, check_input, thread_limits
+from .exec.tiling import input_extent, warn_unused, window
+from .inference import as_input, check_input, executor_for, thread_limits
 from .net.protocol import AnyNetwork
 
 __all__ = ["block_shape", "infer_dask", "read_layer"]
@@ -227,8 +227,8 @@ def _block(net, plan, parts: list, where: list, shape: tuple, win, short: tuple)
     x = as_input(net, x)  # NaN and Inf refused, naming the z-slice of the block's input
     if any(short):
         x = np.pad(x, [(0, 0)] + [(0, s) for s in short], mode="edge")
-    cache = getattr(_LOCAL, "cache", None)
-    if cache is None:
-        cache = _LOCAL.cache = {}
+    holder = getattr(_LOCAL, "holder", None)
+    if holder is None:
+        holder = _LOCAL.holder = {}
     with thread_limits(plan.threads):
-        return run_window(plan, net, x, win, cache=cache)
+        return executor_for(holder, plan, net).window(x, win)

@@ -8,8 +8,10 @@ import numpy as np
 
 from .errors import InputError, PlanError
 from .exec.device import device_limits
-from .exec.tiling import input_extent, run_tiled
+from .exec.executor import Executor
+from .exec.tiling import input_extent
 from .layers._numba import njit, prange
+from .layers.arena import give_back_memory
 from .layers.xp import require_device
 from .net.protocol import AnyNetwork
 
@@ -106,11 +108,12 @@ def infer(
     of available RAM) for this input's shape (no patch larger than ``x``; an input smaller
     than one good patch runs as one patch) and cached on disk for the next call.  The
     budget bounds the engine's working memory per patch; the whole input and the
-    returned array are extra.  Resident FFT kernel spectra (counted in the plan's budget) are
-    kept after the call for the next call with the same plan (at most one plan's: a call
-    with another plan replaces them; :func:`release_cache` drops them); ``cache``: pass the same dict to
-    several calls with one plan (e.g. the blocks of a task) to build the plan's resident
-    FFT kernel spectra once for all of them; it holds at most one plan's spectra.
+    returned array are extra.  What the plan's primitives build (transformed kernels, FFT
+    spectra: counted in the plan's budget) and its buffers stay after the call in the
+    :class:`~.exec.executor.Executor` it ran, for the next call with the same plan (at most one
+    plan's: a call with another plan replaces it; :func:`release_cache` closes it).  ``cache``:
+    a dict of the caller's that keeps its own executor instead (e.g. the blocks of a task, or
+    several plans at once, one dict each).
 
     >>> import numpy as np
     >>> from znni_core.net import Network, Conv
@@ -131,18 +134,30 @@ def infer(
     elif plan.device != device:
         raise PlanError(f"the plan is for device {plan.device!r} but device={device!r} was requested")
     limits = contextlib.nullcontext() if device == "cpu" else device_limits(xp, plan)
+    run = executor_for(_LAST if cache is None else cache, plan, net, xp)
     with thread_limits(plan.threads), limits:
-        return run_tiled(plan, net, x, xp=xp, progress=progress, cache=_WARM if cache is None else cache)
+        return run.volume(x, progress=progress)
 
 
-#: the resident kernel spectra of the last plan ``infer`` ran without a ``cache`` of its caller's
-_WARM: dict = {}
+#: the executor of the last plan ``infer`` ran without a ``cache`` of its caller's
+_LAST: dict = {}
+
+
+def executor_for(holder: dict, plan, net, xp=np) -> Executor:
+    """The :class:`~.exec.executor.Executor` ``holder`` keeps for ``plan``, built (and the one it
+    kept for another plan closed) when it keeps none for it."""
+    run = holder.get("executor")
+    if run is None or not run.runs(plan, xp):
+        if run is not None:
+            run.close()
+        run = holder["executor"] = Executor(plan, net, xp=xp)
+    return run
 
 
 def release_cache() -> None:
-    """Drop the kernel spectra and buffers ``infer`` keeps between calls and hand the memory the
-    process keeps for reuse back to the OS (``layers.arena.give_back_memory``)."""
-    from .layers.arena import give_back_memory
-
-    _WARM.clear()
+    """Close the executor ``infer`` keeps between calls (its kernels, spectra and buffers) and hand
+    the memory the process keeps for reuse back to the OS (``layers.arena.give_back_memory``)."""
+    run = _LAST.pop("executor", None)
+    if run is not None:
+        run.close()
     give_back_memory()

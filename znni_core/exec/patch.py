@@ -509,7 +509,7 @@ def run_back(plan, net: Graph, h, *, xp, convs=None):
     return (recombine(y, prog.windows) if prog.windows else y)[0]
 
 
-def run_patch(plan, net: Graph, x, *, xp=np, convs=None):
+def run_patch(plan, net: Graph, x, *, xp=np, convs=None, prog=None):
     """The network's output on one admissible patch ``(C, n)``: a chain's dense output
     ``(C_out, n - F + 1)``, another graph's ``(C_out, n - context)``, whole or in the plan's exact
     output tiles.
@@ -517,15 +517,15 @@ def run_patch(plan, net: Graph, x, *, xp=np, convs=None):
     The plan's choices (primitives, pooling, micro-batches) apply to any admissible patch; a patch
     no larger than the plan's stays within its memory budget.  ``convs``: a dict that keeps what
     the primitives build once per run (kernel spectra, weights on the device, the arena of
-    buffers) between calls; pass the same one for every patch of a run of this plan
-    (:func:`~.steps.kernel_cache` gives the one for a plan).
+    buffers) between calls, and ``prog`` the plan's :class:`Program`: what an
+    :class:`~.executor.Executor` holds for its plan and passes here.
     """
     _check(plan, net)
     convs = {} if convs is None else convs
     tuning.apply(plan.tuning)  # the kernel parameters the plan was made with (its host's)
     if plan.placement == "cpu+gpu":  # the two stages in turn (exec/tiling.py overlaps them across patches)
         return run_back(plan, net, run_front(plan, net, x, convs=convs), xp=xp, convs=convs)
-    prog = program(plan.steps, net, xp)
+    prog = program(plan.steps, net, xp) if prog is None else prog
     with arena.using(plan_arena(plan, convs, xp)):
         if prog.dense:
             return _run_dense(prog, net, x, xp, convs)

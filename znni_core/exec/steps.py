@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from ..geometry.blocks import conv_blocks
-from ..layers import arena, tuning
+from ..layers import arena
 from ..layers.buffers import CallBuffers
 from ..layers.xp import get_array_module, is_numpy
 from ..net.chain import Conv
@@ -74,18 +74,6 @@ def run_conv(step, layer: Conv, x, xp, convs, channels_last=False):
         for src, dst in blocks:
             fn(x[src], out=out[dst])  # straight into the output block
     return out
-
-
-def kernel_cache(cache: dict | None, plan) -> dict:
-    """The per-plan part of a caller's cache dict (``{}`` when ``cache`` is None); puts the plan's
-    kernel parameters in force (``Plan.tuning``: the resident kernels built next follow them)."""
-    tuning.apply(plan.tuning)
-    if cache is None:
-        return {}
-    key = (plan.network_digest, plan.device, tuple((s.index, s.primitive, s.in_shape) for s in plan.steps))
-    for other in [k for k in cache if k != key]:  # another plan's spectra: not ours to keep alive
-        del cache[other]
-    return cache.setdefault(key, {})
 
 
 def plan_arena(plan, convs, xp=np) -> arena.Arena | None:

@@ -26,8 +26,6 @@ import numpy as np
 
 from ..errors import InputError
 from .blend import axis_plan, lattice
-from .patch import run_back, run_front, run_patch
-from .steps import kernel_cache
 
 
 @dataclass(frozen=True)
@@ -125,18 +123,16 @@ def window(net, plan, lo, hi, whole_out=None) -> Window:
     )
 
 
-def run_window(plan, net, x: np.ndarray, win: Window, *, xp=np, progress=None, cache: dict | None = None) -> np.ndarray:
-    """The output over ``[win.lo, win.hi)`` from ``x``, the input over ``[win.in_lo, win.in_hi)``.
-
-    ``cache``: a dict kept by the caller across calls with the same plan, so resident FFT
-    kernel spectra are built once for all of them (e.g. every task of a job)."""
+def run_window(run, x: np.ndarray, win: Window, *, progress=None) -> np.ndarray:
+    """The output over ``[win.lo, win.hi)`` from ``x``, the input over ``[win.in_lo, win.in_hi)``,
+    by ``run`` (an :class:`~.executor.Executor`: what it built stays for its next call)."""
+    plan, net, xp = run.plan, run.net, run.xp
     want = tuple(b - a for a, b in zip(win.in_lo, win.in_hi))
     if tuple(x.shape[1:]) != want:
         raise InputError(f"window input has shape {tuple(x.shape[1:])}, the window's patches read {want}")
     blended = bool(win.weights) and any(len(s) > 1 for s in win.starts)
     shape = (net.out_channels,) + tuple(b - a for a, b in zip(win.lo, win.hi))
     result = np.zeros(shape, np.float32) if blended else np.empty(shape, np.float32)
-    convs = kernel_cache(cache, plan)  # FFT kernel spectra, shared by every patch (all of one shape)
     on_host = xp is np or plan.placement in ("gpu+host", "cpu+gpu")  # where the patch goes in
 
     def cut(start):
@@ -160,10 +156,10 @@ def run_window(plan, net, x: np.ndarray, win: Window, *, xp=np, progress=None, c
 
     starts = list(itertools.product(*win.starts))
     if plan.placement == "cpu+gpu":
-        _pipelined(plan, net, starts, cut, put, xp, convs)
+        _pipelined(run, starts, cut, put)
         return result
     if len(starts) == 1 and not blended:  # one patch: its output is the result when nothing is cropped
-        y = run_patch(plan, net, cut(starts[0]), xp=xp, convs=convs)
+        y = run.patch(cut(starts[0]))
         y = xp.asnumpy(y) if xp is not np else y
         if y.shape == result.shape and y.dtype == np.float32 and y.flags.c_contiguous:
             if progress is not None:
@@ -172,20 +168,22 @@ def run_window(plan, net, x: np.ndarray, win: Window, *, xp=np, progress=None, c
         put(starts[0], y)
         return result
     for start in starts:
-        put(start, run_patch(plan, net, cut(start), xp=xp, convs=convs))
+        put(start, run.patch(cut(start)))
     if blended:
         result /= np.einsum("i,j,k->ijk", *win.norms).astype(np.float32)
     return result
 
 
-def run_tiled(plan, net, x: np.ndarray, *, xp=np, progress=None, cache: dict | None = None) -> np.ndarray:
-    """The network's output on the whole of ``x`` (C, Z, Y, X): exact tiles (chain, valid graph)
-    or overlapping patches blended on the lattice of ``exec/blend.py`` (padded graph).
+def run_tiled(run, x: np.ndarray, *, progress=None) -> np.ndarray:
+    """The network's output on the whole of ``x`` (C, Z, Y, X) by ``run`` (an
+    :class:`~.executor.Executor`): exact tiles (chain, valid graph) or overlapping patches blended
+    on the lattice of ``exec/blend.py`` (padded graph).
 
     A valid graph's input is cut down to its largest admissible shape (a warning names the
     voxels left out); a padded graph's is padded with zeros up to admissible and its output
     cropped back; an input smaller than one chain patch is padded at the end with its edge
     values (only outputs that are cropped see them)."""
+    plan, net = run.plan, run.net
     n = tuple(x.shape[1:])
     use = input_extent(net, n)
     if net.kind == "padded":
@@ -193,7 +191,7 @@ def run_tiled(plan, net, x: np.ndarray, *, xp=np, progress=None, cache: dict | N
             x = np.pad(x, [(0, 0)] + [(0, u - m) for u, m in zip(use, n)])  # zeros: what the padded net assumes
         win = window(net, plan, (0, 0, 0), net.output_shape(n), whole_out=net.output_shape(n))
         x = x[(slice(None),) + tuple(slice(a, b) for a, b in zip(win.in_lo, win.in_hi))]
-        return run_window(plan, net, x, win, xp=xp, progress=progress, cache=cache)
+        return run_window(run, x, win, progress=progress)
     if use != n:
         warn_unused(net, n, use, stacklevel=3)
         x = x[(slice(None),) + tuple(slice(0, u) for u in use)]
@@ -201,22 +199,20 @@ def run_tiled(plan, net, x: np.ndarray, *, xp=np, progress=None, cache: dict | N
     short = [(0, max(0, b - m)) for b, m in zip(win.in_hi, use)]
     if any(p[1] for p in short):  # a chain input smaller than one patch
         x = np.pad(x, [(0, 0)] + short, mode="edge")
-    return run_window(plan, net, x, win, xp=xp, progress=progress, cache=cache)
+    return run_window(run, x, win, progress=progress)
 
 
-def _pipelined(plan, net, starts, cut, put, xp, convs) -> None:
+def _pipelined(run, starts, cut, put) -> None:
     """A cpu+gpu plan over its patches: the CPU stage of patch i + 1 (a worker thread) runs
     while the GPU stage of patch i runs here; at most two patches' fragments are alive."""
     from concurrent.futures import ThreadPoolExecutor
 
-    front_convs = convs.setdefault("front", {})
-    back_convs = convs.setdefault("back", {})
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="znni-cpu-stage") as pool:
         pending = None
         for start in starts:
-            fut = pool.submit(lambda s: run_front(plan, net, cut(s), convs=front_convs), start)
+            fut = pool.submit(lambda s: run.front(cut(s)), start)
             if pending is not None:
-                put(pending[0], run_back(plan, net, pending[1].result(), xp=xp, convs=back_convs))
+                put(pending[0], run.back(pending[1].result()))
             pending = (start, fut)
         if pending is not None:
-            put(pending[0], run_back(plan, net, pending[1].result(), xp=xp, convs=back_convs))
+            put(pending[0], run.back(pending[1].result()))

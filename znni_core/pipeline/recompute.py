@@ -44,7 +44,7 @@ def graph_sample(ctx, ti, x: np.ndarray, rng, ref_plan) -> tuple[np.ndarray, np.
     alone by ``ref_plan``; the voxels of its tile inside the task's live chunks that no other
     patch of the lattice covers (a valid graph: the whole tile; a padded graph: not the blended
     margins, whose value mixes neighbours)."""
-    from ..exec.patch import run_patch
+    from ..exec.executor import Executor
     from ..inference import thread_limits
 
     win, region = ti.window, ctx.region
@@ -72,8 +72,8 @@ def graph_sample(ctx, ti, x: np.ndarray, rng, ref_plan) -> tuple[np.ndarray, np.
         if not mask.any():
             continue
         src = (slice(None),) + tuple(slice(s - a, s - a + p) for s, a, p in zip(start, win.in_lo, win.patch))
-        with thread_limits(ref_plan.threads):
-            y = run_patch(ref_plan, ctx.net, np.ascontiguousarray(x[src]))
+        with thread_limits(ref_plan.threads), Executor(ref_plan, ctx.net) as ref:
+            y = ref.patch(np.ascontiguousarray(x[src]))
         points = np.argwhere(mask) + np.array(tuple(box.offset))
         rel = points - (np.array(tuple(region.offset)) + np.array(start))
         return points, y[:, rel[:, 0], rel[:, 1], rel[:, 2]].T.astype(np.float64)

@@ -17,7 +17,7 @@ import os
 import platform
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
 
@@ -284,6 +284,7 @@ class RunContext:
     inp: object
     mask: object = None  # pipeline.mask.Mask, when the run has one
     reference: object = None  # a graph network's (plan, what it is) for its tasks' checks (pipeline.recompute)
+    executors: dict = field(default_factory=dict)  # the plan's executor, kept for the job's next task
 
 
 def open_run(run_file) -> RunContext:
@@ -560,11 +561,10 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
     if ti.todo and window is not None:
         x = window_input(ti, normalise(raw, cfg.normalize.scale, cfg.normalize.shift, inner))
         del raw
-        from ..exec.tiling import run_window
-        from ..inference import thread_limits
+        from ..inference import executor_for, thread_limits
 
         with thread_limits(plan.threads):
-            y = run_window(plan, net, x, window, xp=require_device(device))
+            y = executor_for(ctx.executors, plan, net, require_device(device)).window(x, window)
         from .recompute import check_graph_task
 
         ti.recomputed = check_graph_task(ctx, ti, x, y, cfg.verify_voxels, VERIFY_SHARE)
