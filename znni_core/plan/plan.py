@@ -61,9 +61,10 @@ class Step:
     @property
     def operator(self) -> type:
         """The class of the node's operator (:mod:`znni_core.net.ops`), from its label."""
-        if self.op not in BY_LABEL:
+        cls = BY_LABEL.get(self.op)
+        if cls is None:
             raise PlanError(f"step {self.index}: unknown operator {self.op!r}; re-run `znni plan`")
-        return BY_LABEL[self.op]
+        return cls
 
     @property
     def pooling(self):
