@@ -140,3 +140,40 @@ def test_imports_flow_one_way():
         and (RANK[package(b)] >= RANK[package(a)] or package(b) in NEVER.get(package(a), ()))
     ]
     assert not upward, "imports against the flow:\n" + "\n".join(upward)
+
+
+def lazy_imports_without_reason(root: Path = ROOT) -> list[str]:
+    """In-function imports with no comment on their line or the line above (``# lazy: loads numba
+    and scipy only when called``): an import belongs at the module's top unless a comment names
+    what importing it there would cost."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines), str(path))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    above = lines[node.lineno - 2].strip() if node.lineno >= 2 else ""
+                    # the comment may sit above a group of imports
+                    k = node.lineno - 2
+                    while k > 0 and lines[k].strip().startswith(("from ", "import ")):
+                        k -= 1
+                    if (
+                        "#" not in lines[node.lineno - 1]
+                        and not above.startswith("#")
+                        and not lines[k].strip().startswith("#")
+                    ):
+                        out.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_imports_are_at_the_top_unless_a_comment_says_why(tmp_path):
+    found = lazy_imports_without_reason()
+    assert not found, "imports inside functions without a reason:\n" + "\n".join(found)
+    pkg = tmp_path / "znni_core"
+    pkg.mkdir()
+    (pkg / "m.py").write_text(
+        "def f():\n    import json\n\n\ndef g():\n    # lazy: loads numba only when called\n    import numba\n"
+    )
+    assert [s.split(": ", 1)[1] for s in lazy_imports_without_reason(pkg)] == ["import json"]

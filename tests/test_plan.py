@@ -32,7 +32,9 @@ def measured_peak(net, plan):
         znni_core.infer(net, x, plan=plan)
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-    spectra = sum(c.kernel_cache_bytes for c in inference._LAST["executor"].state.values() if hasattr(c, "kernel_cache_bytes"))
+    spectra = sum(
+        c.kernel_cache_bytes for c in inference._LAST["executor"].state.values() if hasattr(c, "kernel_cache_bytes")
+    )
     return peak + spectra + x.nbytes
 
 

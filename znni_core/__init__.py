@@ -12,6 +12,7 @@ from .version import __version__
 
 def infer(net, x, *, device="cpu", memory_budget=None, plan=None, progress=None, cache=None):
     """Dense sliding-window output; see :func:`znni_core.inference.infer`."""
+    # lazy: loads numba and scipy only when called
     from .inference import infer as _infer
 
     return _infer(net, x, device=device, memory_budget=memory_budget, plan=plan, progress=progress, cache=cache)
@@ -20,6 +21,7 @@ def infer(net, x, *, device="cpu", memory_budget=None, plan=None, progress=None,
 def release_cache():
     """Free the FFT kernel spectra ``infer`` keeps for its next call; see
     :func:`znni_core.inference.release_cache`."""
+    # lazy: loads numba and scipy only when called
     from .inference import release_cache as _release
 
     _release()

@@ -8,10 +8,20 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import typer
 
+from . import infer, load_network
+from .errors import ZnniError
+from .geometry import Coordinate
+from .io.volumes import read_volume, write_volume
+from .pipeline import cli as pipeline_cli
 from .pipeline.cli import MEMORY_HELP, fail
+from .pipeline.resolve import net_halo
 from .progress import bar
+from .units import parse_bytes as parse
+from .version import __version__
+from .warmup import warmup as run
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -22,8 +32,6 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from .version import __version__
-
         typer.echo(f"znni {__version__}")
         raise typer.Exit()
 
@@ -68,8 +76,6 @@ DEVICE_HELP = (
 
 def parse_bytes(text: str) -> int:
     """``"2GiB"``, ``"500MB"``, ``"1e9"`` -> bytes."""
-    from .units import parse_bytes as parse
-
     try:
         return parse(text)
     except ValueError as exc:
@@ -79,9 +85,6 @@ def parse_bytes(text: str) -> int:
 @app.command()
 def info(net: Path = typer.Argument(..., help="network (.onnx or .yaml)")):
     """Describe a network: layers, field of view, halo, digest."""
-    from . import load_network
-    from .errors import ZnniError
-
     try:
         n = load_network(net)
     except ZnniError as exc:
@@ -118,8 +121,7 @@ def plan(
     blend: Blend = typer.Option(Blend.bump, help="window of blended patches (padded graphs)"),
 ):
     """Autotune and print a plan (ZNNi Table IV style); write it with --output."""
-    from . import load_network
-    from .errors import ZnniError
+    # lazy: loads numba and scipy only when called
     from .plan import autotune
 
     try:
@@ -143,7 +145,6 @@ def plan(
 
 
 def _shape3(text: Optional[str], option: str):
-    from .errors import ZnniError
 
     if not text:
         return None
@@ -187,12 +188,7 @@ def infer_cmd(
     device: Device = typer.Option(Device.cpu, help=DEVICE_HELP),
 ):
     """Dense sliding-window output of NET on an array file or a region of a layer."""
-    import numpy as np
-
-    from . import infer, load_network
-    from .errors import ZnniError
-    from .geometry import Coordinate
-    from .io.volumes import read_volume, write_volume
+    # lazy: loads numba and scipy only when called
     from .plan import Plan
 
     try:
@@ -216,8 +212,6 @@ def infer_cmd(
             )
         at = Coordinate(0, 0, 0) if roi is None else roi.offset
         if y.shape[-3:] != x.shape[-3:]:  # a valid network: output voxel 0 lies at the halo's low end
-            from .pipeline.resolve import net_halo
-
             at = at + net_halo(n).low
         wrote = write_volume(
             output,
@@ -254,8 +248,6 @@ def warmup(
     """Ready this host for jobs: compile every kernel (two processes) and calibrate quickly, in
     about half a minute; --refine measures the vector width and tunes the kernels.  Everything is
     cached in $ZNNI_CACHE_DIR (shared: every node of a type finds it)."""
-    from .warmup import warmup as run
-
     if any(t < 1 for t in threads):
         fail(ValueError(f"--threads {min(threads)}: a thread count is 1 or more"), 2)
     try:
@@ -265,7 +257,6 @@ def warmup(
 
 
 def _register_pipeline() -> None:
-    from .pipeline import cli as pipeline_cli
 
     pipeline_cli.register(app)
 

@@ -40,8 +40,11 @@ from dask.highlevelgraph import HighLevelGraph
 
 from .errors import InputError, PlanError
 from .exec.tiling import input_extent, warn_unused, window
+from .geometry import Roi
 from .inference import as_input, check_input, executor_for, thread_limits
+from .io import open_input, parse_layer_url
 from .net.protocol import AnyNetwork
+from .plan import autotune
 
 __all__ = ["block_shape", "infer_dask", "read_layer"]
 
@@ -88,15 +91,11 @@ def read_layer(
 @functools.lru_cache(maxsize=8)
 def _layer(url: str, mip: int, endpoint):
     """The input layer at ``url`` (each process opens it once)."""
-    from .io import open_input, parse_layer_url
-
     return open_input(parse_layer_url(url, endpoint=endpoint, what="layer"), mip)
 
 
 def _read_box(url, mip, endpoint, lo, hi, fill_missing) -> np.ndarray:
     """The layer's voxels in ``[lo, hi)`` (absolute coordinates), on a worker."""
-    from .geometry import Roi
-
     return _layer(url, mip, endpoint).read(Roi.from_bounds(lo, hi), fill_missing=fill_missing)[0]
 
 
@@ -141,8 +140,6 @@ def infer_dask(
     >>> y.shape, y.chunks[1], float(y.sum().compute())
     ((1, 5, 5, 5), (3, 2), 1000.0)
     """
-    from .plan import autotune
-
     if not isinstance(x, da.Array):
         if not isinstance(x, np.ndarray):
             raise InputError(f"input must be a dask or numpy array, got {type(x).__name__}")

@@ -12,8 +12,10 @@ from .exec.executor import Executor
 from .exec.tiling import input_extent
 from .layers._numba import njit, prange
 from .layers.arena import give_back_memory
+from .layers.threads import openmp_limit, run_threads
 from .layers.xp import require_device
 from .net.protocol import AnyNetwork
+from .plan import autotune
 
 
 def check_input(net: AnyNetwork, shape, dtype) -> tuple:
@@ -72,10 +74,8 @@ def _non_finite(bits) -> bool:  # pragma: no cover - compiled
 def thread_limits(threads: int):
     """Give numba and OpenMP the plan's thread count for the duration of a run, BLAS one thread
     and znni's GEMMs the plan's threads (:func:`~znni_core.layers.threads.run_threads`)."""
-    from .layers.threads import openmp_limit, run_threads
-
     try:
-        import numba
+        import numba  # loaded already (the kernels); the try guards a numba without thread control
 
         old = numba.get_num_threads()
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
@@ -121,8 +121,6 @@ def infer(
     >>> infer(net, np.ones((3, 3, 3), np.float32)).shape
     (1, 2, 2, 2)
     """
-    from .plan import autotune
-
     xp = require_device(device)
     x = as_input(net, x)
     input_extent(net, x.shape[1:])  # names the smallest admissible input when x is below it

@@ -14,6 +14,7 @@ import sys
 def bar(total: int | None, desc: str, unit: str = "it", *, stream=None):
     """A ``tqdm`` bar over ``total`` units (None: counts, no ETA) on ``stream`` (stderr), disabled
     unless it is a terminal; use as a context manager and call ``update(n)``."""
+    # lazy: loads tqdm only when called
     from tqdm import tqdm
 
     stream = sys.stderr if stream is None else stream

@@ -29,11 +29,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import selectors
 import subprocess
 import sys
+import tempfile
 import time
 
+import numpy as np
+
+from . import infer
 from .cachedir import cache_dir, numba_cache_dir
+from .errors import ZnniError
+from .net.chain import Activation, Conv, Pool
+from .net.graph import Network
 
 __all__ = ["WIDTH_CASES", "warmup"]
 
@@ -56,8 +64,7 @@ WIDTH_CASES = (
 def _width_workload(threads: int, ready=None) -> dict:
     """Best-of-5 seconds of each :data:`WIDTH_CASES` kernel (in a child process); ``ready()`` is
     called once every kernel is compiled, before any is timed."""
-    import numpy as np
-
+    # lazy: loads numba and scipy only when called
     from . import layers as L
     from .layers.threads import run_threads
     from .plan.timing import _best_of
@@ -90,6 +97,7 @@ def _width_workload(threads: int, ready=None) -> dict:
         lambda: L.mpf(xm, (2, 2, 2)),
         lambda: L.apply_activation(big, "elu", 1.0, out=big),
     )
+    # lazy: loads numba and scipy only when called
     from .layers._numba import numba
 
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
@@ -116,6 +124,7 @@ def _winograd_calls(x_of, skip) -> None:
     """Winograd layers as runs call them (kernels (1,3,3) and 3^3; register tiles and BLAS;
     channels first and last in and out; a fused ELU), with the functions ``skip`` (``(module,
     name)`` pairs: a transform, the products) no-ops: only the others compile here."""
+    # lazy: loads numba and scipy only when called
     from . import layers as L
 
     real = [(m, name, getattr(m, name)) for m, name in skip]
@@ -143,8 +152,7 @@ def _winograd_calls(x_of, skip) -> None:
 def _compile_group(group: str) -> dict:
     """Run one group of kernels once on small inputs (numba compiles each for the types a run
     passes: layouts and dtypes, not sizes); returns ``{"functions": N compiled here}``."""
-    import numpy as np
-
+    # lazy: loads numba and scipy only when called
     from . import layers as L
     from .inference import _non_finite
     from .layers.layout import copy_into
@@ -205,6 +213,7 @@ class _compile_count:
     cache) inside it: ``with _compile_count() as n: ...; n()``."""
 
     def __enter__(self):
+        # lazy: loads numba only when called
         from numba.core import event
 
         self._listener = event.RecordingListener()
@@ -212,6 +221,7 @@ class _compile_count:
         return self.count
 
     def __exit__(self, *exc):
+        # lazy: loads numba only when called
         from numba.core import event
 
         event.unregister("numba:compile", self._listener)
@@ -233,10 +243,6 @@ class _compile_count:
 def _warmup_networks(rng) -> tuple:
     """``((network, input shape), ...)``: a 2D chain with two max-poolings and a 3^3 one with one,
     small enough to run through every primitive in a fraction of a second."""
-    import numpy as np
-
-    from .net.chain import Activation, Conv, Pool
-    from .net.graph import Network
 
     def net(kernels, pools, width=8):
         layers, c = [], 1
@@ -265,10 +271,7 @@ def _compile_and_calibrate(threads_list, level: str = "quick") -> dict:
     """Calibrate for each thread count at ``level`` (in a child process), then run small chain
     networks as the executor runs them, through each primitive and pooling mode: what they
     compile that the compile groups did not is counted (``compiled``)."""
-    import numpy as np
-
-    from . import infer
-    from .errors import ZnniError
+    # lazy: loads numba and scipy only when called
     from .plan import autotune
     from .plan.timing import calibrate
 
@@ -332,6 +335,7 @@ WIDTH_TIE = 0.05
 
 def choose_width(seconds: dict) -> str:
     """The width of the least time, unless the default's is within :data:`WIDTH_TIE` of it."""
+    # lazy: loads numba and scipy only when called
     from .layers import vector_width as vw
 
     fastest = min(seconds, key=seconds.get)
@@ -347,8 +351,7 @@ def _width_children(widths, threads: int, base: dict, timeout: float = 1800) -> 
     effect compiles into the shared cache, the others into throw-away ones.  A child's stderr goes
     to a file (a full pipe would stop it); a child that fails or passes ``timeout`` seconds stops
     the warmup with its stderr."""
-    import tempfile
-
+    # lazy: loads numba and scipy only when called
     from .layers import vector_width as vw
 
     entry = vw.chosen()
@@ -396,8 +399,6 @@ def _width_children(widths, threads: int, base: dict, timeout: float = 1800) -> 
 def _line(p, deadline: float) -> str:
     """The child's next line on stdout that is a protocol line ("compiled" or JSON), skipping any
     other output; "" at its end or past ``deadline`` (then it is killed)."""
-    import selectors
-
     with selectors.DefaultSelector() as sel:
         sel.register(p.stdout, selectors.EVENT_READ)
         while True:
@@ -427,8 +428,6 @@ def _children(steps, env, timeout: float = 1800, then=None) -> list:
     its stderr (kept in a file: a full pipe would stop it).  ``then``: one more step, started
     with the others so that its imports overlap their work, that waits for them to end before
     it runs (``--after``); its output is last."""
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="znni-warmup-") as tmp:
         procs = []
         try:
@@ -468,6 +467,7 @@ def warmup(threads=(1,), *, tune: bool = True, refresh: bool = False, refine: bo
     for each of ``threads``: quickly, or with ``refine`` (or ``refresh``) the vector width measured
     first (AVX-512 hosts; unless recorded already, or ``refresh``; not with ``tune`` False) and
     a full calibration.  Returns what it did."""
+    # lazy: loads numba and scipy only when called
     from .layers import vector_width as vw
     from .layers._numba import VECTOR_WIDTH_SOURCE
 
@@ -524,7 +524,7 @@ def main(argv=None) -> int:
     waited = None
     if a.after:
         t0 = time.perf_counter()
-        from . import infer  # noqa: F401 - the imports a step makes, before the wait
+        # lazy: loads numba and scipy only when called
         from .plan import autotune  # noqa: F401
         from .plan.timing import calibrate  # noqa: F401
 

@@ -4,10 +4,15 @@ claim on a GPU shared by jobs.  Choosing the array module is :func:`znni_core.la
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import tempfile
+import time
+from pathlib import Path
 
 from ..errors import MemoryBudgetError
 from ..layers.xp import require_device
+from ..plan.budget import device_headroom
 
 
 @contextlib.contextmanager
@@ -16,8 +21,6 @@ def device_limits(xp, plan):
     headroom the planner left (CUDA context, cuFFT plans): an allocation past it is the
     plan's fault, reported as a :class:`MemoryBudgetError` naming the plan's prediction,
     never a crash with the pool grown into the rest of the device."""
-    from ..plan.budget import device_headroom
-
     pool = xp.get_default_memory_pool()
     old = pool.get_limit()
     total = int(xp.cuda.runtime.memGetInfo()[1])
@@ -95,11 +98,6 @@ def claimed_gpu(device: str, *, poll_s: float = 1.0):
     process if it dies) and make it current; yields its index (``None`` for the CPU).
     Under SLURM ``--gpus=1`` a job sees one device, and takes it.  With every GPU taken
     (more jobs than GPUs: the workflow's ``gpu`` resource should prevent it) it waits."""
-    import fcntl
-    import tempfile
-    import time
-    from pathlib import Path
-
     if device == "cpu":
         yield None
         return

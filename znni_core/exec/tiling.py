@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -205,8 +206,6 @@ def run_tiled(run, x: np.ndarray, *, progress=None) -> np.ndarray:
 def _pipelined(run, starts, cut, put) -> None:
     """A cpu+gpu plan over its patches: the CPU stage of patch i + 1 (a worker thread) runs
     while the GPU stage of patch i runs here; at most two patches' fragments are alive."""
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="znni-cpu-stage") as pool:
         pending = None
         for start in starts:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 
 from ..errors import DataError
+from .sharding import shard_chunks
 from .store import sha256
 
 INDEX_DIR = "znni-sha256"
@@ -38,7 +39,6 @@ def index_block(layer) -> tuple:
     run's 10^6 shards are then 10^4-odd index files, not one file per shard)."""
     if not layer.sharded:
         return BLOCK
-    from .sharding import shard_chunks
 
     block = [int(v) for v in shard_chunks(layer.spec.sharding, layer.grid.grid_shape)]
     grid = [int(v) for v in layer.grid.grid_shape]

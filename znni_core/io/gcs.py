@@ -69,9 +69,11 @@ def _client():
         key = _key()
         if key in _clients:
             return _clients[key]
+        # lazy: loads google.cloud only when called
         from google.cloud import storage
 
         if emulator:
+            # lazy: loads google.auth only when called
             from google.auth.credentials import AnonymousCredentials
 
             client = storage.Client(credentials=AnonymousCredentials(), project="znni")
@@ -79,10 +81,12 @@ def _client():
             client = storage.Client.create_anonymous_client()
             _unsigned.add(key)
         else:
+            # lazy: loads cloudfiles only when called
             from cloudfiles.secrets import secretpath
 
             path = secretpath("google-secret.json")
             if os.path.exists(path):
+                # lazy: loads google.oauth2 only when called
                 from google.oauth2 import service_account
 
                 try:
@@ -138,6 +142,7 @@ class GcsObjects:
 
     def _call(self, op: str, name: str, fn):
         """``fn()`` with bounded retries of transient failures; a znni error for the others."""
+        # lazy: loads google.api_core only when called
         from google.api_core import exceptions as E
 
         attempt = 0
@@ -178,6 +183,7 @@ class GcsObjects:
             except Exception as exc:  # requests' and urllib3's connection errors
                 if type(exc).__module__.split(".")[0] not in ("requests", "urllib3", "google"):
                     raise
+                # lazy: loads google.auth only when called
                 from google.auth import exceptions as A
 
                 # a 401 the credentials cannot recover from (google-auth refreshes them and asks
@@ -203,6 +209,7 @@ class GcsObjects:
         self, name: str, data: bytes, *, content_type: str, content_encoding: str | None = None, exclusive: bool = False
     ) -> bool:
         """Upload ``data`` whole (``exclusive``: only if absent; returns whether it was written)."""
+        # lazy: loads google.api_core only when called
         from google.api_core import exceptions as E
 
         if self.unsigned:
@@ -225,6 +232,7 @@ class GcsObjects:
     def get(self, name: str, byte_range: tuple[int, int] | None = None) -> tuple[bytes, str] | None:
         """``(bytes as stored, Content-Encoding)``, or None if absent; ``byte_range`` ``(start,
         end)``: only those bytes (end exclusive)."""
+        # lazy: loads google.api_core only when called
         from google.api_core import exceptions as E
 
         span = {} if byte_range is None else {"start": byte_range[0], "end": byte_range[1] - 1}
@@ -290,6 +298,7 @@ class GcsObjects:
 
     def delete(self, name: str) -> None:
         """Delete ``name``; absent is fine."""
+        # lazy: loads google.api_core only when called
         from google.api_core import exceptions as E
 
         if self.unsigned:

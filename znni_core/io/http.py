@@ -54,6 +54,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import urllib.request
 from dataclasses import replace
 from urllib.parse import quote, urljoin, urlsplit
 
@@ -123,8 +124,7 @@ def check_proxy(scheme: str, proxy: str) -> None:
 def _pool(scheme: str, host: str):
     """The process's ``urllib3`` pool manager for ``scheme://host`` (a proxy manager where the
     environment names a proxy for it)."""
-    import urllib.request
-
+    # lazy: loads urllib3 only when called
     import urllib3
 
     ca = ca_bundle()
@@ -155,6 +155,7 @@ def _pool(scheme: str, host: str):
 
 def _no_retries():
     """urllib3's own retries: none (this module retries, and follows redirects itself)."""
+    # lazy: loads urllib3 only when called
     import urllib3
 
     return urllib3.Retry(
@@ -225,6 +226,7 @@ class HttpObjects:
     def _request(self, method: str, name: str, headers: dict, accept=()):
         """One request with bounded retries: the response (2xx, or a status in ``accept``), or None
         when the object is absent (404, 410); a znni error for the others."""
+        # lazy: loads urllib3 only when called
         from urllib3.exceptions import HTTPError, MaxRetryError, SSLError
 
         where = self.where(name)

@@ -72,6 +72,7 @@ def s3_alias(endpoint: str) -> str:
 
     ``CloudVolume("s3://http://host:port/...")`` is refused (docs/pitfalls.md); an alias works.
     """
+    # lazy: loads cloudfiles only when called
     from cloudfiles import paths as cfpaths
 
     if not re.match(r"^https?://[^/]+/?$", endpoint):

@@ -17,14 +17,18 @@ retry of every error cannot be configured.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 
 import numpy as np
 
 from ..errors import ConfigError, DataError, InputError
 from ..geometry import ChunkGrid, Roi
-from .info import ScaleSpec, scale_spec, validate_info
+from .checksums import ChunkSums
+from .info import ScaleSpec, compare_scale, scale_spec, validate_info
+from .mips import layer_info
 from .paths import LayerURL, check_key
+from .sharding import ShardReader, build_shard, chunk_key, shard_name
 from .store import COMPRESSIONS, StoredObjects, read_json, sha256, write_json
 
 
@@ -71,8 +75,6 @@ class PrecomputedLayer(StoredObjects):
         """Verify reads against the layer's sidecar sha256 index (``io/checksums.py``, written when
         znni finalized it): ``auto`` where there is one, ``required`` refuses a layer without one
         or in an encoding other than raw, ``none`` skips."""
-        from .checksums import ChunkSums
-
         self._guard_fills = True  # in every mode: a recorded chunk that is absent is lost, never filled
         if mode == "none":
             return "none"
@@ -124,7 +126,6 @@ class PrecomputedLayer(StoredObjects):
     # ---- reading ---------------------------------------------------------------------------
     @cached_property
     def _shards(self):
-        from .sharding import ShardReader
 
         return ShardReader(self.store, self.key, self.info["scales"][self.mip]["sharding"])
 
@@ -134,8 +135,6 @@ class PrecomputedLayer(StoredObjects):
         if not self.sharded:
             data = self.read_chunk_bytes(index)
         else:
-            from .sharding import chunk_key
-
             data = self._shards.get(chunk_key(index, self.grid.grid_shape))
         if data:
             return data, ""
@@ -144,8 +143,6 @@ class PrecomputedLayer(StoredObjects):
     def _absent_in_shard(self, index) -> str | None:
         """Why chunk ``index`` of a sharded layer cannot be read (``<chunk> (shard <name> missing
         or empty)`` or ``<chunk> (not in shard <name>)``), or None if its shard lists it."""
-        from .sharding import chunk_key
-
         shard, offset, size = self._shards.find(chunk_key(index, self.grid.grid_shape))
         if size == "shard":
             return f"{self.chunk_name(index)} (shard {self.key}/{shard} missing or empty)"
@@ -169,7 +166,6 @@ class PrecomputedLayer(StoredObjects):
         idxs = list(self.grid.chunks_in(roi.intersect(self.bounds)))
         if not self.sharded:
             return [self.chunk_name(i) for i in idxs]
-        from .sharding import chunk_key
 
         shards = {self._shards.location(chunk_key(i, self.grid.grid_shape))[0] for i in idxs}
         return sorted(f"{self.key}/{s}" for s in shards)
@@ -192,8 +188,6 @@ class PrecomputedLayer(StoredObjects):
         by cloud-volume's codecs.  Missing or 0-byte chunks raise :class:`DataError` naming them
         unless ``fill_missing``.
         """
-        from concurrent.futures import ThreadPoolExecutor
-
         if not self.bounds.contains(roi):
             raise InputError(f"read {roi} is outside the layer bounds {self.bounds} of {self.url}")
         idxs = list(self.grid.chunks_in(roi))
@@ -237,6 +231,7 @@ class PrecomputedLayer(StoredObjects):
                 return decode_raw(data, self.dtype, shape, writable=False)  # copied into the box read
             except DataError as exc:
                 raise DataError(f"{where}: {exc}") from None
+        # lazy: loads cloudvolume only when called
         from cloudvolume.chunks import decode
 
         scale = self.info["scales"][self.mip]
@@ -257,8 +252,6 @@ class PrecomputedLayer(StoredObjects):
         sha256 index records: they existed when znni wrote the layer, so their absence is data
         loss, which ``input.missing: zero`` never fills.  Nothing without an index (the index is
         read here even under ``input.checksums: none``)."""
-        from .checksums import ChunkSums
-
         sums = self._sums
         if sums is None:
             sums = self.__dict__.get("_lookup_sums")
@@ -321,16 +314,12 @@ class PrecomputedLayer(StoredObjects):
     # ---- sharded layers: one object per shard, written whole ------------------------------------
     def shard_name(self, index) -> str:
         """``<key>/<hex>.shard``: the object holding chunk ``index`` of a sharded layer."""
-        from .sharding import chunk_key, shard_name
-
         return f"{self.key}/{shard_name(self.spec.sharding, chunk_key(index, self.grid.grid_shape))}"
 
     def write_shard(self, chunks: dict) -> dict:
         """Build one shard from ``{chunk index: (C, z, y, x) array}`` (chunks of one shard; the
         absent ones read as 0), write it whole and atomically, read it back and compare.
         Returns ``{"name", "sha256", "nbytes", "chunks": {index: sha256 of the raw chunk}}``."""
-        from .sharding import build_shard, chunk_key
-
         raw, digests = {}, {}
         for idx, arr in chunks.items():
             self._check_chunk(idx, arr)
@@ -354,8 +343,6 @@ class PrecomputedLayer(StoredObjects):
 
 def precomputed_differences(url: LayerURL, specs: list[ScaleSpec]) -> list[str] | None:
     """What keeps the precomputed layer at ``url`` from holding ``specs`` (None: no layer)."""
-    from .info import compare_scale
-
     info = read_json(url, "info")
     if info is None:
         return None
@@ -371,8 +358,6 @@ def create_precomputed(url: LayerURL, specs: list[ScaleSpec], provenance: dict) 
     """Write a precomputed layer's ``info`` (checked by the caller) and ``provenance`` once;
     ``created`` or ``exists``.  On ``file://`` the info is created with an exclusive link, so of
     many simultaneous creators exactly one writes it; a layer of fewer scales gains the others."""
-    from .mips import layer_info
-
     for spec in specs:
         check_key(spec.key, "output scale key")
     info = layer_info(specs)
@@ -389,8 +374,6 @@ def create_precomputed(url: LayerURL, specs: list[ScaleSpec], provenance: dict) 
 
 def open_precomputed_output(url: LayerURL, spec: ScaleSpec, mip: int = 0) -> PrecomputedLayer:
     """Mip ``mip`` of an existing precomputed output, checked against ``spec``."""
-    from .info import compare_scale
-
     try:
         layer = PrecomputedLayer(url, mip)
     except DataError as exc:

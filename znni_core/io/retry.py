@@ -7,6 +7,7 @@ of times; the bound is a default a user may lower or raise through the environme
 from __future__ import annotations
 
 import os
+import random
 
 from ..errors import ConfigError
 
@@ -36,6 +37,4 @@ def jittered_backoff(attempt: int, base: float, cap: float, rng=None) -> float:
     >>> all(0 <= jittered_backoff(k, 0.1, 20.0) <= min(20.0, 0.1 * 2 ** (k - 1)) for k in range(1, 12))
     True
     """
-    import random
-
     return (rng or random).uniform(0, min(cap, base * 2 ** (attempt - 1)))

@@ -72,6 +72,7 @@ def _service(url: LayerURL) -> str:
 
 def _secret_file(bucket: str, service: str) -> dict:
     """The first cloud-volume/cloudfiles secrets file that exists (cloudfiles' own lookup order), or {}."""
+    # lazy: loads cloudfiles only when called
     from cloudfiles.secrets import secretpath
 
     for name in (f"{bucket}-{service}-secret.json", f"{service}-secret.json"):
@@ -132,6 +133,7 @@ class S3Objects:
         with _lock:
             c = _clients.get(ck)
             if c is None:
+                # lazy: loads boto3 only when called
                 import boto3
                 from botocore import UNSIGNED
                 from botocore.config import Config
@@ -177,6 +179,7 @@ class S3Objects:
     # ---- errors --------------------------------------------------------------------------------
     def _error(self, exc: Exception, op: str, name: str) -> Exception:
         """A znni error for a failed request: what, where, why, how many attempts, the fix."""
+        # lazy: loads botocore only when called
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
         where = self.where(name)
@@ -245,6 +248,7 @@ class S3Objects:
         return StorageError(f"{op} {where}: {type(exc).__name__}: {exc}")
 
     def _call(self, op: str, name: str, fn, **kw):
+        # lazy: loads botocore only when called
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
@@ -266,6 +270,7 @@ class S3Objects:
         rejects a body corrupted in transit.  ``exclusive``: a conditional PUT (``If-None-Match: *``):
         of simultaneous creators exactly one stores it, the others get False (a server without
         conditional writes ignores the header, and the last writer wins)."""
+        # lazy: loads botocore only when called
         from botocore.exceptions import ClientError
 
         if self.unsigned:
@@ -298,6 +303,7 @@ class S3Objects:
         A whole body whose md5 differs from a single-part ETag raises :class:`DataError`
         (docs/reliability.md, T8); a range past the object's end is a :class:`DataError` too.
         """
+        # lazy: loads botocore only when called
         from botocore.exceptions import BotoCoreError, ClientError
 
         kw = {} if byte_range is None else {"Range": f"bytes={byte_range[0]}-{byte_range[1] - 1}"}
@@ -328,6 +334,7 @@ class S3Objects:
 
     def _head(self, name: str) -> dict | None:
         """The object's HEAD response, or None if it does not exist."""
+        # lazy: loads botocore only when called
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
@@ -353,6 +360,7 @@ class S3Objects:
         """``([(name, bytes, last-modified)], [sub-prefixes])`` of the objects whose names start
         with ``prefix`` (``delimiter="/"``: one level; the levels below as sub-prefixes), names
         relative to the layer, in key order (one LIST request per 1000 keys; ``limit``: at most that many)."""
+        # lazy: loads botocore only when called
         from botocore.exceptions import BotoCoreError, ClientError
 
         base = self.key("")

@@ -25,8 +25,11 @@ from __future__ import annotations
 import math
 import threading
 
+import numpy as np
+
 from ..errors import ConfigError, DataError
 from ..geometry import Coordinate
+from .store import _gunzip
 
 __all__ = [
     "SHARD_TYPE",
@@ -141,6 +144,7 @@ def check_sharding(sharding: dict, where: str, grid_shape=None) -> dict:
 def auto_sharding(shape_zyx, chunk_zyx, dtype: str, channels: int, shard_bytes: int, data_encoding: str) -> dict:
     """cloud-volume's recommended spec (igneous' defaults: shard index <= 8 KiB, <= 4000 chunks
     per minishard) for shards of about ``shard_bytes`` uncompressed."""
+    # lazy: loads cloudvolume only when called
     from cloudvolume.datasource.precomputed.sharding import compute_shard_params_for_image
 
     spec = compute_shard_params_for_image(
@@ -157,6 +161,7 @@ def auto_sharding(shape_zyx, chunk_zyx, dtype: str, channels: int, shard_bytes: 
 
 def build_shard(sharding: dict, chunks: dict) -> bytes:
     """The bytes of one shard file from ``{key: encoded chunk bytes}`` (all of one shard)."""
+    # lazy: loads cloudvolume only when called
     from cloudvolume.datasource.precomputed.sharding import ShardingSpecification
 
     spec = ShardingSpecification.from_dict(dict(sharding))
@@ -196,6 +201,7 @@ class ShardReader:
     def _hash(self, value: int) -> int:
         if self.spec["hash"] == "identity":
             return value
+        # lazy: loads cloudvolume only when called
         from cloudvolume.datasource.precomputed import mmh3  # cloud-volume's own murmurhash3
 
         return mmh3.hash64(int(value).to_bytes(8, "little"), x64arch=False)[0] & (2**64 - 1)
@@ -210,7 +216,6 @@ class ShardReader:
         return f"{self.key}/{shard}"
 
     def _decode(self, data: bytes, encoding: str, where: str) -> bytes:
-        from .store import _gunzip
 
         return data if encoding == "raw" else _gunzip(data, where)
 
@@ -228,7 +233,6 @@ class ShardReader:
         return got
 
     def _read_shard_index(self, shard: str):
-        import numpy as np
 
         path = self._path(shard)
         if not self.store.sizes([path]).get(path):
@@ -253,8 +257,6 @@ class ShardReader:
 
     def _read_minishard(self, shard: str, minishard: int, start: int, end: int) -> dict:
         """``{chunk id: (offset, size)}`` from the minishard index at bytes ``[start, end)``."""
-        import numpy as np
-
         if end <= start:
             return {}
         where = f"{self.store.where(self._path(shard))} minishard {minishard}"

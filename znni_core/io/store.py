@@ -38,12 +38,16 @@ import hashlib
 import json
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 
 from ..errors import DataError, StorageError
 from .atomic import TMP_DIR, atomic_write, clean_stale_temporaries, release_tmp_dir
 from .encodings import ALL_SUFFIXES, ENCODINGS
+from .gcs import GcsObjects
+from .http import HttpObjects
 from .paths import LayerURL
+from .s3 import S3Objects
 
 COMPRESSIONS = ("none", "gzip")
 SUFFIXES = {"none": "", "gzip": ".gz"}
@@ -65,6 +69,7 @@ def _decompress(data: bytes, encoding: str, where: str) -> bytes:
     """``data`` stored with ``encoding`` (gzip, br, zstd, xz, bz2: what cloud-volume writes), decoded."""
     if encoding == "gzip":
         return _gunzip(data, where)
+    # lazy: loads cloudfiles only when called
     from cloudfiles.compression import decompress
 
     try:
@@ -383,8 +388,6 @@ class _RemoteStore(ObjectStore):
 
     def sizes(self, names: list[str]) -> dict:
         """``{name: bytes stored, or None if absent}`` (HEAD requests, 8 in flight)."""
-        from concurrent.futures import ThreadPoolExecutor
-
         if len(names) < 2:
             return {n: self._objects.size(n) for n in names}
         with ThreadPoolExecutor(8) as pool:
@@ -392,8 +395,6 @@ class _RemoteStore(ObjectStore):
 
     def versions(self, names: list[str]) -> dict:
         """``{name: ETag or generation, or None if absent}`` (HEAD requests, 8 in flight)."""
-        from concurrent.futures import ThreadPoolExecutor
-
         if len(names) < 2:
             return {n: self._objects.version(n) for n in names}
         with ThreadPoolExecutor(8) as pool:
@@ -418,7 +419,6 @@ class S3Store(_RemoteStore):
 
     @cached_property
     def _objects(self):
-        from .s3 import S3Objects
 
         return S3Objects(self.url)
 
@@ -428,7 +428,6 @@ class GcsStore(_RemoteStore):
 
     @cached_property
     def _objects(self):
-        from .gcs import GcsObjects
 
         return GcsObjects(self.url)
 
@@ -444,7 +443,6 @@ class HttpStore(_RemoteStore):
 
     @cached_property
     def _objects(self):
-        from .http import HttpObjects
 
         return HttpObjects(self.url, suffixes=("",) if self.raw_names else None)
 

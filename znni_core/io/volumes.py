@@ -13,6 +13,12 @@ import numpy as np
 
 from ..errors import InputError
 from ..geometry import Coordinate, Halo, Roi, TaskGrid
+from .info import ScaleSpec
+from .layers import create_layer, open_input, open_output
+from .manifest import store_chunks
+from .mips import task_chunks_of
+from .paths import parse_layer_url
+from .zarr_output import zarr_sharding
 
 ARRAY_SUFFIXES = (".npy", ".tif", ".tiff")
 
@@ -30,6 +36,7 @@ def read_volume(path: str, *, offset=None, shape=None, mip: int = 0, endpoint=No
         if str(path).endswith(".npy"):
             x = np.load(path, allow_pickle=False)
         else:
+            # lazy: loads tifffile only when called
             import tifffile
 
             x = tifffile.imread(path)
@@ -38,8 +45,6 @@ def read_volume(path: str, *, offset=None, shape=None, mip: int = 0, endpoint=No
         full = Roi((0, 0, 0), x.shape[-3:])
         roi = _region(full, offset, shape, path)
         return x[(...,) + roi.to_slices()], roi, None
-    from . import open_input, parse_layer_url
-
     layer = open_input(parse_layer_url(path, endpoint=endpoint, what="input"), mip)
     roi = _region(layer.bounds, offset, shape, f"{path} mip {mip}")
     raw, _ = layer.read(roi)
@@ -66,17 +71,11 @@ def write_volume(
         if str(path).endswith(".npy"):
             np.save(path, y)
         else:
+            # lazy: loads tifffile only when called
             import tifffile
 
             tifffile.imwrite(path, y)
         return f"{path}: {y.shape} float32"
-    from .info import ScaleSpec
-    from .layers import create_layer, open_output
-    from .manifest import store_chunks
-    from .mips import task_chunks_of
-    from .paths import parse_layer_url
-    from .zarr_output import zarr_sharding
-
     url = parse_layer_url(path, endpoint=endpoint, what="output")
     bounds = Roi(Coordinate(offset), y.shape[1:])
     chunk = Coordinate(chunk).min(bounds.shape)

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, StorageError
 from .paths import LayerURL
+from .store import object_store
 
 #: the protocols a work directory may be on besides a file system
 REMOTE_WORK = ("s3", "gs")
@@ -134,8 +135,6 @@ def _client_env() -> tuple:
 def _store(protocol: str, bucket: str, endpoint: str | None, env: tuple):
     """One store per bucket, endpoint and client environment (``env``) in a process: its client
     made once, not once per path."""
-    from .store import object_store
-
     return object_store(LayerURL("precomputed", protocol, bucket, endpoint))
 
 

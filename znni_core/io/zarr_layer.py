@@ -14,14 +14,18 @@ same bounded retries and errors as a precomputed input; a local one through zarr
 
 from __future__ import annotations
 
+import itertools
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..errors import ConfigError, DataError, InputError, StorageError, ZnniError
 from ..geometry import ChunkGrid, Coordinate, Roi
+from .ome import ome_dataset
 from .paths import LayerURL
 from .store import local_size, object_store
+from .zarr_store import ObjectZarrStore
 
 _EMPTY = (2**64 - 1, 2**64 - 1)  # a shard index's (offset, nbytes) of a chunk not stored
 
@@ -87,7 +91,6 @@ def open_zarr_input(url: LayerURL, mip: int = 0, *, resolution=None, voxel_offse
                 "datasets: give the image's group as the path)"
             )
         return ZarrLayer(url, resolution=resolution, voxel_offset=voxel_offset, what=what)
-    from .ome import ome_dataset
 
     return ZarrLayer(None, resolution=resolution, ome=ome_dataset(url, attrs, fmt, mip, what), what=what)
 
@@ -117,6 +120,7 @@ class ZarrLayer:
     """
 
     def __init__(self, url: LayerURL | None, *, resolution=None, voxel_offset=None, ome=None, what: str = "input"):
+        # lazy: loads zarr only when called
         import zarr
 
         url = ome.url if ome is not None else url
@@ -126,8 +130,6 @@ class ZarrLayer:
             if self.store is None:
                 self.array = zarr.open_array(str(url.local_path), mode="r")
             else:
-                from .zarr_store import ObjectZarrStore
-
                 self.array = zarr.open_array(store=ObjectZarrStore(self.store), mode="r")
         except ZnniError:
             raise
@@ -228,8 +230,6 @@ class ZarrLayer:
     def _leads(self, per) -> list[tuple]:
         """The chunk (or shard, ``per``: their shape) indices of the axes before z: the time
         axis's only one, every one of the channel axis."""
-        import itertools
-
         ranges = [
             range(1) if a == "t" else range(-(-self.array.shape[k] // int(per[k])))
             for k, a in enumerate(self.axes[:-3])
@@ -257,8 +257,6 @@ class ZarrLayer:
                 return None
             raw = self.store.get_range(key, total - size if at_end else 0, total if at_end else size)
             return None if raw is None else _parse_index(raw, size)
-
-        from concurrent.futures import ThreadPoolExecutor
 
         keys = list(keys)
         with ThreadPoolExecutor(min(8, max(len(keys), 1))) as pool:

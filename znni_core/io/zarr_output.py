@@ -50,6 +50,7 @@ def zarr_sharding(task_chunks, compression: str, crc32c: bool = True) -> dict:
 
 def _template(spec: ScaleSpec):
     """The array in a fresh in-memory store, with exactly the metadata of the stored one."""
+    # lazy: loads zarr only when called
     import zarr
     from zarr.codecs import Crc32cCodec, GzipCodec
     from zarr.storage import MemoryStore
@@ -232,6 +233,7 @@ class ZarrOutput(StoredObjects):
         """``(C, z, y, x)`` of ``roi`` (absent chunks: 0).  ``file://``: zarr-python reads the
         chunks' byte ranges; ``s3://``/``gs://``: the shards under ``roi`` are fetched whole
         through the layer's storage (the last few kept) and decoded by zarr-python."""
+        # lazy: loads zarr only when called
         import zarr
         from zarr.core.buffer import default_buffer_prototype
 

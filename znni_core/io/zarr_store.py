@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
+from zarr.core.buffer import default_buffer_prototype
 
 from ..errors import ConfigError
 from .store import ObjectStore
@@ -65,8 +66,6 @@ class ObjectZarrStore(Store):
 
     async def get(self, key: str, prototype=None, byte_range=None):
         """The object's bytes (or a range of them) as a zarr buffer, or None if absent."""
-        from zarr.core.buffer import default_buffer_prototype
-
         data = await asyncio.to_thread(self._get, key, byte_range)
         if data is None:
             return None

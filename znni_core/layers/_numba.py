@@ -7,11 +7,14 @@ for a thread-safe one (``omp`` or ``tbb``) before the first parallel launch.
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import hashlib
 import os
 from pathlib import Path
 
 import numba
+from numba.core import caching
 
 from ..cachedir import numba_cache_dir
 from . import vector_width
@@ -65,11 +68,6 @@ def _lock_cache_saves() -> None:
     keys the same number, and a later process then loads one signature's code for another's
     (seen: the width children's entries lost, every later job recompiling the Winograd kernels).
     Under the lock each save re-reads the index it extends."""
-    import fcntl
-    import functools
-
-    from numba.core import caching
-
     save = caching.IndexDataCacheFile.save
     if getattr(save, "_znni_locked", False):
         return

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 from ..errors import InputError
+from ._numba import numba
+from .threads import each_worker
 from .xp import get_array_module
 
 __all__ = ["ACTIVATIONS", "activation_memory", "apply_activation", "commutes_with_max"]
@@ -68,8 +72,6 @@ def apply_activation(x, kind, alpha=0.0, *, out=None):
     ):
         # several passes each: run them chunk by chunk in cache, not each over the whole array,
         # on the run's threads (numba's count, which the executor sets to the plan's)
-        from ._numba import numba
-        from .threads import each_worker
 
         xf, of = x.reshape(-1), out.reshape(-1)
         starts = range(0, xf.size, CHUNK)
@@ -127,13 +129,9 @@ def activation_memory(kind, shape, itemsize=4, in_place=True, *, chunked=False) 
     ``chunked``: the CPU path on contiguous arrays, whose temporaries are one chunk per worker
     (at most numba's thread count); the default is the whole-array bound, true on any device,
     which the planners use."""
-    import math
-
     size = itemsize * math.prod(shape)
     extra = size if kind in ("leaky_relu", "elu") else 0
     if extra and chunked and math.prod(shape) > 2 * CHUNK:
-        from ._numba import numba
-
         extra = min(size, numba.config.NUMBA_NUM_THREADS * CHUNK * itemsize)
     if kind == "softmax":
         extra = size // max(1, shape[1])  # the channel max, freed before the sum

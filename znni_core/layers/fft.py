@@ -167,6 +167,7 @@ def load_wisdom(path=None):
 def _fftw():
     """pyfftw, imported on first use: it imports dask.array and scipy.fftpack (0.6 s), which a
     process that only looks up a cached plan (the workflow's parse, validate) never needs."""
+    # lazy: loads pyfftw only when called
     import pyfftw
 
     return pyfftw

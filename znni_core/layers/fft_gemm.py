@@ -176,6 +176,7 @@ def _kernel_spectra(w, tshape, threads, xp):
     F = _freqs(tshape)
     khat = xp.empty((F, C, O), dtype=xp.complex64)
     if xp is np:  # pocketfft with threads
+        # lazy: loads scipy only when called
         import scipy.fft as fft
 
         kw = {"workers": threads}
@@ -255,6 +256,7 @@ class FFTGemmConv(ResidentConv):
     def _buffers(self, n):
         """Per worker: a block of items' real and complex buffers and single-threaded FFTW
         plans (workers never share a buffer; no thread pool fights another)."""
+        # lazy: loads pyfftw only when called
         import pyfftw
 
         hit = self._work

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
+from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic
 
 from ._numba import njit, numba
@@ -39,8 +40,6 @@ def _target_features() -> list:
     keys on it too, so tiles and their cached loops always agree), else the host's, whatever
     ``NUMBA_CPU_NAME`` says (numba passes the host's features with any CPU name: an AVX2 build on
     an AVX-512 host needs ``NUMBA_CPU_FEATURES``, ``benchmarks/isa.py``)."""
-    from numba.core.codegen import get_host_cpu_features
-
     feats = numba.config.CPU_FEATURES
     return (feats if feats is not None else get_host_cpu_features()).split(",")
 

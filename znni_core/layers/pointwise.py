@@ -36,6 +36,7 @@ from .activation import apply_activation
 from .epilogue import FUSABLE, act_row
 from .layout import empty_channels_last, is_channels_last, memory_order
 from .microkernel import fma_tile
+from .threads import each_worker
 
 __all__ = ["POINTWISE_BLOCK", "conv_pointwise_chain", "pack_weights"]
 
@@ -222,8 +223,6 @@ def conv_pointwise_chain(x, stages, *, threads=1, block=None, channels_last=Fals
 def _fused(x, stages, threads, block, cl_out=False):
     """The stages with their activations the tiles apply (another one's: none); ``cl_out``: the
     output channels last."""
-    from .threads import each_worker
-
     cl = is_channels_last(x) and x.dtype == np.float32
     x = x if cl else np.ascontiguousarray(x, dtype=np.float32)
     N, C = x.shape[:2]

@@ -32,6 +32,8 @@ import weakref
 import numpy as np
 import scipy.fft
 
+from ..units import parse_bytes
+
 __all__ = ["DeviceArray", "OutOfMemoryError", "module"]
 
 ENV = "ZNNI_SIMULATED_GPU"
@@ -283,7 +285,6 @@ _MODULE = None
 
 
 def parse_capacity(text: str) -> int:
-    from ..units import parse_bytes
 
     n = parse_bytes(text)
     if n <= 0:

@@ -50,6 +50,7 @@ def _controller():
     by an import (numba's OpenMP pool and SciPy's OpenBLAS arrive at numba's first compiled call)."""
     global _CONTROLLER
     if _CONTROLLER is None or _CONTROLLER[0] != len(sys.modules):
+        # lazy: loads threadpoolctl only when called
         from threadpoolctl import ThreadpoolController
 
         controller = ThreadpoolController()

@@ -48,6 +48,7 @@ class TorchConv:
     a fused activation (applied to the copied output, in place), or None."""
 
     def __init__(self, w, b, xp):
+        # lazy: loads torch only when called
         import torch
 
         torch.backends.cudnn.allow_tf32 = False

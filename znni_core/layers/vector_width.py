@@ -28,7 +28,10 @@ import functools
 import hashlib
 import json
 import os
+import warnings
 from importlib.metadata import PackageNotFoundError, version
+
+import llvmlite.binding as ll
 
 from ..cachedir import cache_dir
 
@@ -56,8 +59,6 @@ DEFAULT = "512"
 @functools.lru_cache(maxsize=1)
 def host_features() -> str:
     """The host's CPU features as LLVM names them (``+avx512f,...``), as numba reads them."""
-    import llvmlite.binding as ll
-
     try:
         return ll.get_host_cpu_features().flatten()
     except RuntimeError:  # LLVM cannot read this CPU's features: numba uses none either
@@ -66,7 +67,6 @@ def host_features() -> str:
 
 @functools.lru_cache(maxsize=1)
 def host_cpu_name() -> str:
-    import llvmlite.binding as ll
 
     return ll.get_host_cpu_name()
 
@@ -143,8 +143,6 @@ def target(environ=None) -> tuple[str, str | None]:
         return "llvm", None
     if want != "auto":
         if want not in VARIANTS:
-            import warnings
-
             warnings.warn(
                 f"ZNNI_VECTOR_WIDTH={want!r} is not one of 512, 256, host, auto: ignored (LLVM's own choice)",
                 stacklevel=2,

@@ -137,7 +137,7 @@ SIMULATED = "ZNNI_SIMULATED_GPU"
 def cupy_module():
     """Return the ``cupy`` module if a CUDA device is usable, else raise :class:`DeviceError`."""
     try:
-        import cupy
+        import cupy  # optional: only where a GPU is asked for
     except Exception as exc:  # not installed, or broken CUDA libraries
         raise DeviceError(
             f"device 'gpu' needs CuPy ({exc.__class__.__name__}: {exc}); install znni[gpu] "
@@ -156,11 +156,10 @@ def cupy_module():
 def require_device(device: str):
     """Validate a device name; returns the array module for it."""
     if device == "cpu":
-        import numpy
-
         return numpy
     if device in ("gpu", "cuda", "cpu+gpu"):  # cpu+gpu: the GPU stage's module
         if os.environ.get(SIMULATED):
+            # lazy: loads charset_normalizer only when called
             from . import simdevice
 
             return simdevice.module()

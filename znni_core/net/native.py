@@ -62,6 +62,7 @@ def _load_weights(path: Path) -> dict[str, np.ndarray]:
     suffix = path.suffix.lower()
     try:
         if suffix == ".safetensors":
+            # lazy: loads safetensors only when called
             from safetensors.numpy import load_file
 
             return dict(load_file(str(path)))
@@ -261,6 +262,7 @@ def _save_graph(net: Graph, path: Path, wpath: Path) -> tuple[dict, dict]:
 
 def save_network(net: Graph, path) -> Path:
     """Write ``net`` as ``path`` (YAML) plus ``<stem>.safetensors`` beside it; returns the YAML path."""
+    # lazy: loads safetensors only when called
     from safetensors.numpy import save_file
 
     path = Path(path)

@@ -20,6 +20,7 @@ valid U-Net's skip crops come out wrong); it loads when both give the same crops
 from __future__ import annotations
 
 import math
+import os
 from fractions import Fraction
 
 import numpy as np
@@ -62,6 +63,7 @@ _BIG = 2**62
 
 
 def _attrs(node) -> dict:
+    # lazy: loads onnx only when called
     import onnx
 
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
@@ -110,6 +112,7 @@ class _Reader:
     ``like``: an earlier reader of the same file, whose parsed model and weights are reused."""
 
     def __init__(self, path, probe=None, search=False, like=None):
+        # lazy: loads onnx only when called
         import onnx
         from onnx import numpy_helper
 
@@ -526,6 +529,7 @@ class _Reader:
             return self.fold_shape(node)
         if not node.input or any(i and i not in self.consts for i in node.input):
             return False
+        # lazy: loads onnx only when called
         import onnx
         from onnx.reference import ReferenceEvaluator
 
@@ -600,8 +604,7 @@ class _Reader:
 def _missing_external_data(path) -> list:
     """The external data files (``location``) a readable ONNX file names but that are not files
     beside it; empty where the file itself is unreadable."""
-    import os
-
+    # lazy: loads onnx only when called
     import onnx
 
     try:
@@ -620,6 +623,7 @@ def _missing_external_data(path) -> list:
 def _channels(model) -> dict:
     """``{tensor: channels}`` from ONNX's shape inference (channels are static even when the
     spatial axes of a dynamic-axes export are not)."""
+    # lazy: loads onnx only when called
     import onnx
 
     try:

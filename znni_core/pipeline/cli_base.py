@@ -5,9 +5,13 @@ setup and the workflow's steps) and :mod:`.inspect_commands` (looking at a run).
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import typer
+
+from ..errors import ConfigError, DataError, ZnniError
+from ..units import parse_bytes
 
 RUN_HELP = "the run file <work_dir>/run.json written by `znni validate` (or the config.yaml, mapped to it)"
 
@@ -34,11 +38,9 @@ def one_line_errors(command):
     file is expected, a path that cannot be read or written) or text that is not UTF-8 as a
     :class:`~znni_core.errors.ConfigError` (the path is wrong: exit 2) or a
     :class:`~znni_core.errors.DataError` (the storage failed: exit 1) naming the file."""
-    import functools
 
     @functools.wraps(command)
     def run(*args, **kwargs):
-        from ..errors import ConfigError, DataError, ZnniError
 
         try:
             return command(*args, **kwargs)
@@ -92,9 +94,6 @@ MEMORY_HELP = "e.g. 4GiB or 4000MiB (a bare number is bytes)"
 def memory_mib(text: Optional[str], mem_mb: Optional[int] = None, option: str = "--memory") -> Optional[int]:
     """``--memory`` (a size: ``4GiB``, ``4000MiB``) in MiB, the unit of Snakemake's ``mem_mb``;
     ``mem_mb`` is the deprecated ``--mem-mb`` (MiB), accepted with a warning."""
-    from ..errors import ConfigError
-    from ..units import parse_bytes
-
     if mem_mb is not None:
         if text is not None:
             raise ConfigError(f"{option} and --mem-mb given: give {option} only (--mem-mb is deprecated)")

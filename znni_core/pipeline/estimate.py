@@ -17,9 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import load_network
 from ..io import atomic_write
 from ..io.workdir import work_path
-from .schedule import ESTIMATE_FILE
+from .mask import check_mask, open_mask, scan
+from .network_file import network_file
+from .resolve import resolve, stored_channels
+from .schedule import ESTIMATE_FILE, compute_schedule, task_geometry
 from .settings import Config, parse_config
 
 DIR_FILES_WARN = 10**5
@@ -45,6 +49,7 @@ def rate_from_manifests(work, limit: int = 200) -> tuple[float, int] | None:
 
 def time_plan(net, plan, repeats: int = 2) -> float:
     """Output voxels per second of ``plan`` on one patch of random input (after a warm-up call)."""
+    # lazy: loads numba and scipy only when called
     from ..inference import infer, thread_limits
 
     shape = tuple(plan.patch_shape)
@@ -228,9 +233,6 @@ def describe(e: dict) -> str:
 def masked_schedule(cfg: Config, schedule: dict, log=print) -> dict:
     """The schedule counting only the work a mask leaves: live tasks, their jobs, live chunks and
     voxels (the mask is read over the whole region, as the workflow's checkpoint will)."""
-    from .mask import check_mask, open_mask, scan
-    from .schedule import task_geometry
-
     inp, lay, tasks, _ = task_geometry(cfg, slots=schedule.get("slots"))
     mask = open_mask(cfg, inp.resolution)
     check_mask(mask, lay.region)
@@ -272,10 +274,7 @@ def run_estimate(
     log=print,
 ) -> dict:
     """``znni estimate``: the schedule, a rate (see module doc), the numbers; a measured rate is saved."""
-    from .. import load_network
-    from .network_file import network_file
-    from .resolve import resolve, stored_channels
-    from .schedule import compute_schedule
+    # lazy: loads numba and scipy only when called
     from .task import tta_variants
 
     cfg = parse_config(cfg)

@@ -15,12 +15,15 @@ import datetime
 import json
 import tempfile
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
+from .. import load_network
+from ..errors import DataError, ZnniError
 from ..io import (
     atomic_write,
     clean_stale_temporaries,
@@ -29,11 +32,24 @@ from ..io import (
     read_json,
     write_json,
 )
+from ..io.atomic import TMP_DIR, release_tmp_dir
+from ..io.checksums import index_keys, write_index
 from ..io.workdir import is_remote_work, local_copy, remove_before_rewrite, work_path
 from ..progress import bar
 from .done import check_task
 from .mask import load_mask_tasks, positions
-from .report import empty_chunks, neuroglancer_link, preview, write_report
+from .network_file import network_file
+from .pyramid import require_pyramid
+from .report import (
+    empty_chunks,
+    neuroglancer_link,
+    output_on_zeros,
+    preview,
+    state_ranks,
+    task_map,
+    timeline,
+    write_report,
+)
 from .run import Run, load_run, output_spec, run_geometry
 from .settings import Config
 from .tally import MASKED, MAX_LISTED, Tally
@@ -69,8 +85,6 @@ def check_manifests(run: Run, out, verify: str, log=print, *, spill: Path | None
     all of it: never run, by design) or failed with the reason.  Never counts a task without a
     verified manifest as done.  ``spill``: where the written chunks' digests go, by block of the
     layer's checksum index (:func:`~znni_core.io.checksums.write_index`)."""
-    from ..io.checksums import index_keys
-
     _, _, _, tasks = run_geometry(run)
     live = None
     if run.mask:
@@ -118,8 +132,6 @@ def _in_order(items, fn, workers: int):
         for k, b in items:
             yield k, b, fn(b)
         return
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(workers) as pool:
         window: deque = deque()
@@ -136,8 +148,6 @@ def _in_order(items, fn, workers: int):
 def _figures(run: Run, out, tally: Tally, report_dir: Path) -> list[str]:
     """The report's PNGs besides ``preview.png`` (:mod:`.report`): timeline, task map, previews at a
     quarter and three quarters of the depth (where they differ from the middle)."""
-    from .report import state_ranks, task_map, timeline
-
     _, _, _, tasks = run_geometry(run)
     names = [
         timeline(tally, report_dir / "timeline.png"),
@@ -248,8 +258,6 @@ def _finalize(run_file, run: Run, out, out_url, tally: Tally, verify: str, repor
             + (f"; what failed and why: {path}" if path else "")
         )
     if "pyramid" in summary:  # a mip-0 task re-run since: the mips above it are stale
-        from .pyramid import require_pyramid
-
         require_pyramid(run, log)
 
     # provenance: an entry for what this run produced; none again when nothing was produced since
@@ -264,8 +272,6 @@ def _finalize(run_file, run: Run, out, out_url, tally: Tally, verify: str, repor
         _append_provenance(prov, run, cfg, filled, n_empty, summary, n_masked_tasks, n_masked, mf, produced)
         write_json(out_url, "provenance", prov)
     if out_url.format != "zarr":  # so a later run can verify it as its input
-        from ..io.checksums import write_index
-
         summary["checksum_index_chunks"] = write_index(out, tally)
 
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -300,11 +306,6 @@ def _finalize(run_file, run: Run, out, out_url, tally: Tally, verify: str, repor
 def _output_on_zeros(run: Run) -> list | None:
     """What the network gives on an all-zero raw input (:func:`.report.output_on_zeros`), for the
     report's statement of what the empty chunks do not hold; None when the network cannot be read."""
-    from .. import load_network
-    from ..errors import ZnniError
-    from .network_file import network_file
-    from .report import output_on_zeros
-
     try:
         net = load_network(network_file(run.network.path, run.config.network.endpoint_url))
         return output_on_zeros(net, run.config.normalize.shift)
@@ -316,8 +317,6 @@ def clean_stale_temporaries_in_layer(url) -> list:
     """Remove temporaries of dead writers on this host from a local layer's directory, its immediate
     subdirectories and their temporaries' directories (:data:`~znni_core.io.atomic.TMP_DIR`, removed
     once empty); return the paths removed ([] for a cloud layer)."""
-    from ..io.atomic import TMP_DIR, release_tmp_dir
-
     if not url.is_local:
         return []
     removed = []

@@ -6,19 +6,26 @@ loading the engine (numpy, numba, the layers: about a second).
 
 from __future__ import annotations
 
+import time as _time
 from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperCommand
 
+from ..errors import ConfigError, ZnniError
 from .cli_base import RUN_HELP, _log, command, fail
+from .pyramid import pyramid_status
+from .report import write_report
+from .run import load_run, run_geometry
+from .serve import LayerServer, run_layers
+from .status import WATCH_EVERY, changed_input_tasks, collect, finished, render, run_file_of
+from .status import watch as watch_run
+from .verify import verify_run
 
 
 def _watch_command():
     """``znni status``'s command class: ``--watch`` with an optional value (:mod:`.status`)."""
-    from typer.core import TyperCommand
-
-    from .status import WATCH_EVERY
 
     class WatchCommand(TyperCommand):
         def parse_args(self, ctx, args):
@@ -40,11 +47,8 @@ def _watch_command():
 def _pyramid_lines(run) -> list[str]:
     """``znni status``'s lines of the pyramid (from the manifests: stale tasks, mip 0 re-run under
     them, are not done)."""
-    from ..errors import ZnniError
-
     if not run.config.downsample.mips:
         return []
-    from .pyramid import pyramid_status
 
     try:
         return [
@@ -58,8 +62,6 @@ def _pyramid_lines(run) -> list[str]:
 
 def _changed_input_tasks(run, blocks) -> list:
     """:func:`.status.changed_input_tasks` (what ``znni status --check-inputs`` lists)."""
-    from .status import changed_input_tasks
-
     return changed_input_tasks(run, blocks)
 
 
@@ -85,12 +87,6 @@ def status_cmd(
 ):
     """Tasks done, running, failed, masked and not started; throughput, ETA and the slowest jobs
     (from the manifests and the jobs' records; nothing stored is read)."""
-    import time as _time
-
-    from .run import load_run, run_geometry
-    from .status import changed_input_tasks, collect, finished, render, run_file_of
-    from .status import watch as watch_run
-
     run = load_run(run_file_of(run_file))
     if watch is not None:
         try:
@@ -137,8 +133,6 @@ def verify_cmd(
 ):
     """Check a finished run: every stored object against its manifest, and a sample of voxels
     recomputed from the network's definition; writes <work_dir>/verify.json."""
-    from .verify import verify_run
-
     verify_run(run_file, tasks=tasks, samples=samples, seed=seed, checksums=not exists_only, empty=empty, log=_log)
     typer.echo("verify: passed")
 
@@ -155,8 +149,6 @@ def report_cmd(
     """Write <work_dir>/report/report.html from whatever is on disk (a failed or partial run
     too): what failed, why and where its log is; retries, OOMs, timeouts; cost; previews; the
     config.  Never fails on a partial run (the workflow's onerror runs it)."""
-    from .report import write_report
-
     try:
         path = write_report(work_dir, snakemake_logs=snakemake_log, log=_log)
     except Exception as exc:  # noqa: BLE001 - a report is best effort: say why, never fail the caller
@@ -184,10 +176,6 @@ def serve_cmd(
     ),
 ):
     """Serve a run's layers and the bundled Neuroglancer client over HTTP (nothing else)."""
-    from ..errors import ConfigError, ZnniError
-    from .run import load_run
-    from .serve import LayerServer, run_layers
-
     try:
         layers = {}
         if run_file is not None:

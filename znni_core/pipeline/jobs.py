@@ -41,19 +41,23 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import resource
 import signal
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import ConfigError, DataError, ZnniError
-from ..io import atomic_write
+from ..errors import ConfigError, DataError, StorageError, ZnniError
+from ..io import atomic_write, open_input, parse_layer_url
 from ..io.workdir import as_path, is_remote_work, remove_before_rewrite, work_path
-from .run import location, plan_path
-from .schedule import JobMap
+from .identity import changed_inputs
+from .mask import load_mask_tasks, positions
+from .run import load_run, location, plan_path, run_geometry
+from .schedule import ESTIMATE_FILE, JobMap, input_reads
 
 JOB_FORMAT = "znni-job/1"
 #: the format of an attempt's record file (module doc)
@@ -124,6 +128,7 @@ def attempt_alive(attempt: dict) -> bool | None:
     except (OSError, OverflowError):  # not a pid at all
         return False
     try:  # a pid used again since: a process younger than the attempt is not it
+        # lazy: loads psutil only when called
         import psutil
 
         return psutil.Process(pid).create_time() <= float(attempt.get("started", 0)) + 2
@@ -400,8 +405,6 @@ def run_job(
     holds one task's buffers only.  ``mem_mb``: the job's memory, for its record (module doc),
     which says how each attempt started and ended.
     """
-    from .run import load_run
-
     run = load_run(run_file)  # unreadable: nothing to record in (the error says why)
     if marker is None:
         remove_before_rewrite(job_marker_path(run, job))
@@ -434,8 +437,6 @@ def prediction(run, per_job: int = 1, brick=None) -> dict:
     ones with a mask scanned) at ``znni estimate``'s saved rate (``estimate.json``), else the plan's
     predicted rate (validate's estimate), as job-hours and node-hours (``threads`` of
     ``cores_per_node``: this machine's) or GPU-hours."""
-    from .schedule import ESTIMATE_FILE
-
     work = work_path(run)
     try:
         plan = json.loads(plan_path(run).read_text())
@@ -487,10 +488,6 @@ def predicted_reads(run, per_job: int = 1, brick=None) -> dict:
     """:func:`~.schedule.input_reads` of the run's tasks on its input, in jobs of ``per_job``
     consecutive tasks or of ``brick`` (each job fetching what its tasks share once, where the
     config gives jobs a cache and the run has no mask)."""
-    from ..io import open_input, parse_layer_url
-    from .run import run_geometry
-    from .schedule import input_reads
-
     cfg = run.config
     url = parse_layer_url(run.input.url, endpoint=cfg.input.endpoint_url)
     inp = open_input(url, run.input.mip, resolution=cfg.input.resolution, checksums="none")
@@ -503,8 +500,6 @@ def record_prediction(run, per_job: int = 1, brick=None) -> dict:
     """``<work_dir>/prediction.json``: the run's :func:`prediction`, written once per run digest
     (before any task runs: its first job does it), so a later ``znni estimate`` (whose rate comes
     from finished tasks) never turns the prediction into a measurement.  Returns the recorded one."""
-    from ..io import atomic_write
-
     path = work_path(run) / PREDICTION_FILE
     try:
         doc, first = json.loads(path.read_text()), False
@@ -525,8 +520,6 @@ def job_positions(ctx, run_file, job: int, per_job: int, num_tasks, tasks_file, 
     """``(task grid positions of job, tasks the jobs share)``: a brick of the task grid, or (a
     mask's live tasks, or no brick) a run of ``per_job`` consecutive ones; a :class:`ConfigError`
     when the run has another number of tasks than the workflow scheduled, or no such job."""
-    from .mask import load_mask_tasks, positions
-
     run = ctx.run
     if tasks_file is not None or run.mask:
         order = positions(load_mask_tasks(run, tasks_file))
@@ -550,8 +543,8 @@ def job_positions(ctx, run_file, job: int, per_job: int, num_tasks, tasks_file, 
 
 def _run_job(run_file, job, per_job, num_tasks, record, marker, device, tasks_file, log, overlap, brick) -> dict:
     """:func:`run_job`'s work, its attempt recorded in ``record``."""
+    # lazy: loads numba and scipy only when called
     from .done import check_task
-    from .identity import changed_inputs
     from .task import job_cache, manifest_path, open_run
 
     t0 = time.perf_counter()
@@ -626,8 +619,6 @@ def pending_blocks(blocks, check, log=print) -> tuple[list, list]:
     check out (run again).  Any other failure of the check itself (an ``OSError`` of the storage,
     a ``StorageError``) is a :class:`DataError` naming the task: the job stops before running
     anything, never taking the task as done nor redoing everything (docs/reliability.md, T16)."""
-    from ..errors import StorageError
-
     todo, skipped = [], []
     for block in blocks:
         try:
@@ -705,12 +696,12 @@ def run_pipelined(
     """
     # long (one graph): the three stages, their dependencies and the engine's thread share the
     # closures' state; the stages' dependencies read best side by side
-    import queue
-    import threading
 
+    # lazy: loads dask only when called
     import dask
     from dask import delayed
 
+    # lazy: loads numba and scipy only when called
     from ..layers.arena import retain_freed_memory
     from .task import compute_task, read_task, store_task
 
@@ -817,7 +808,6 @@ def _markers(work, jobs: int):
         mtimes = None
         yield from map(read, paths)
         return
-    from concurrent.futures import ThreadPoolExecutor
 
     try:
         mtimes = {p.name: mtime for p, _, mtime in (work / "jobs").listing(recursive=False)}

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..geometry import Roi
+from ..io import open_input, parse_layer_url
 from ..io.workdir import work_path
 from .run import Run, location
 from .settings import Config
@@ -92,8 +93,6 @@ class Mask:
 
 def open_mask(cfg: Config, in_resolution) -> Mask | None:
     """The config's mask (``mask.path``), or None without one."""
-    from ..io import open_input, parse_layer_url
-
     m = cfg.mask
     if m is None:
         return None

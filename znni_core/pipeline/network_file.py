@@ -19,7 +19,13 @@ import posixpath
 import re
 from pathlib import Path
 
+import yaml
+
+from ..cachedir import cache_dir
 from ..errors import NetworkError
+from ..io.atomic import atomic_write
+from ..io.paths import parse_layer_url
+from ..io.store import object_store
 
 _URL = re.compile(r"^(s3|gs|https?)://")
 
@@ -37,8 +43,6 @@ def network_file(path, endpoint: str | None = None) -> Path:
     path = str(path)
     if not is_remote_network(path):
         return Path(path)
-    from ..cachedir import cache_dir
-    from ..io.atomic import atomic_write
 
     dest = cache_dir() / "networks" / hashlib.sha256(f"{path} {endpoint}".encode()).hexdigest()[:16]
     name = posixpath.basename(path.rstrip("/"))
@@ -52,8 +56,6 @@ def network_file(path, endpoint: str | None = None) -> Path:
 
 
 def _fetch(url: str, endpoint: str | None) -> bytes:
-    from ..io.paths import parse_layer_url
-    from ..io.store import object_store
 
     parent, name = posixpath.split(url.rstrip("/"))
     store = object_store(parse_layer_url(parent, endpoint=endpoint, what="network.path"), raw_names=True)
@@ -65,8 +67,6 @@ def _fetch(url: str, endpoint: str | None) -> bytes:
 
 def _weights_name(spec: bytes, url: str) -> str | None:
     """The ``weights:`` file a YAML spec names beside itself; a path elsewhere is refused."""
-    import yaml
-
     try:
         doc = yaml.safe_load(spec)
     except yaml.YAMLError as exc:

@@ -43,7 +43,8 @@ from ..io.precomputed import encode_raw
 from ..io.store import sha256
 from ..io.workdir import remove_before_rewrite, work_path
 from .jobs import run_blocks
-from .run import Run, location
+from .mask import load_mask_tasks, positions
+from .run import Run, load_run, location, output_specs, run_geometry
 from .schedule import job_range, mip_tasks
 
 __all__ = ["downsample", "run_pyramid_job", "build_pyramid", "pyramid_status"]
@@ -80,7 +81,6 @@ class _Pyramid:
     """A run's output, mip by mip, opened once per process."""
 
     def __init__(self, run: Run):
-        from .run import output_specs
 
         cfg = run.config
         self.run, self.factor = run, Coordinate(cfg.downsample.factor)
@@ -103,16 +103,12 @@ class _Pyramid:
 
     def grid(self, j: int) -> TaskGrid:
         """The tasks of mip ``j``: the run's inference tasks for mip 0."""
-        from .run import run_geometry
-
         if j not in self._grids:
             self._grids[j] = run_geometry(self.run)[3] if j == 0 else self.tasks(j)
         return self._grids[j]
 
     def masked(self, block) -> bool:
         """A mip-0 task the mask is 0 over (never run: no manifest, every chunk absent)."""
-        from .mask import load_mask_tasks, positions
-
         if not self.run.mask:
             return False
         if self._live is None:
@@ -127,6 +123,7 @@ class _Pyramid:
     def manifest(self, j: int, block) -> dict:
         """Task ``block`` of mip ``j``'s manifest, if it is this run's (:func:`.done.this_runs_manifest`,
         no stored object read); DataError naming it and the fix."""
+        # lazy: loads numba and scipy only when called
         from .done import this_runs_manifest
         from .task import manifest_path
 
@@ -224,6 +221,7 @@ class _Pyramid:
         return a
 
     def done(self, k: int, block) -> bool:
+        # lazy: loads numba and scipy only when called
         from .done import check_task
         from .task import manifest_path
 
@@ -235,6 +233,7 @@ class _Pyramid:
 
     def run_task(self, k: int, block) -> dict:
         """Average the box of mip k-1 under ``block``, write its chunks (or shard), then its manifest."""
+        # lazy: loads numba and scipy only when called
         from .task import manifest_path
 
         t0 = time.perf_counter()
@@ -286,8 +285,6 @@ class _Pyramid:
 def run_pyramid_job(run_file, mip: int, job: int, per_job: int, *, marker=None, log=print) -> dict:
     """Run the tasks of ``job`` of mip ``mip`` (skipping those done and verified); marker last.
     DataError before anything is written if a task of mip ``mip - 1`` under them is not done."""
-    from .run import load_run
-
     t0 = time.perf_counter()
     run = load_run(run_file)
     path = location(marker) if marker else work_path(run) / "pyramid" / f"mip{mip}" / f"{job:06d}.json"

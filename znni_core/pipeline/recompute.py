@@ -9,16 +9,19 @@ finished run; a running task does it when ``verify_voxels`` allows (:func:`check
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
-from ..errors import DataError
+from ..errors import DataError, ZnniError
 from ..geometry import Coordinate, Roi
+from ..net.definition import TOLERANCE
 
 
 def reference_plan(ctx):
     """(plan, what it is): the run's patch with every convolution direct (no FFT, no Winograd),
     on the CPU; the run's own plan where that one cannot be made (a primitive the network needs)."""
-    from ..errors import ZnniError
+    # lazy: loads numba and scipy only when called
     from ..plan import autotune
 
     plan = ctx.plan
@@ -44,6 +47,7 @@ def graph_sample(ctx, ti, x: np.ndarray, rng, ref_plan) -> tuple[np.ndarray, np.
     alone by ``ref_plan``; the voxels of its tile inside the task's live chunks that no other
     patch of the lattice covers (a valid graph: the whole tile; a padded graph: not the blended
     margins, whose value mixes neighbours)."""
+    # lazy: loads numba and scipy only when called
     from ..exec.executor import Executor
     from ..inference import thread_limits
 
@@ -86,8 +90,6 @@ def check_graph_task(ctx, ti, x: np.ndarray, y: np.ndarray, setting, share: floa
     anything is written; a :class:`DataError` on a deviation. ``setting`` (``verify_voxels``): a
     positive number checks one patch; ``auto`` checks one where the reference plan's predicted time
     is within ``share`` of the task's. Returns the record kept in the manifest."""
-    import time
-
     t0 = time.perf_counter()
     if setting != "auto" and int(setting) <= 0:
         return {"voxels": 0}
@@ -119,8 +121,6 @@ def judge(task_id, points, got: np.ndarray, ref: np.ndarray, gives: str) -> dict
     >>> judge(7, [(0, 0, 0)], np.array([[1.0]]), np.array([[1.00001]]), "the network gives")["voxels"]
     1
     """
-    from ..net.definition import TOLERANCE
-
     if not np.isfinite(got).all():  # the store stage refuses the task, naming its chunks (T20)
         return {"voxels": 0, "skipped": "non-finite output"}
     dev = np.abs(got - ref)

@@ -22,17 +22,28 @@ and hold (:func:`empty_chunks`), for the summary.
 from __future__ import annotations
 
 import html
+import io
 import json
 import re
 import time
 import urllib.parse
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+import yaml
 
-from ..io import atomic_write
+from ..errors import ZnniError
+from ..geometry import Coordinate, Roi
+from ..io import atomic_write, open_input, open_output, parse_layer_url
 from ..io.workdir import local_copy, work_path
-from .run import location, plan_path
+from ..net.definition import DEFINITION_FLOPS, flops_per_voxel, plain_forward
+from .jobs import duration, records_dir
+from .run import load_run, location, output_spec, output_specs, plan_path, run_geometry
+from .serve import VIEWER_TOKEN
+from .settings import load_config
+from .status import KINDS, SNAKEMAKE_ERRORS, collect, mem_text, recorded_prediction, run_file_of, snakemake_error_text
+from .tally import DONE, EMPTY, FAILED, MASKED, NAMES
 
 #: task states in the map, drawn in this order (a later one wins where tasks are stacked in z)
 STATES = ("done", "empty", "masked", "running", "failed")
@@ -54,8 +65,6 @@ def output_on_zeros(net, shift: float) -> list | None:
     """The network's output (per channel) where the raw input is all 0 (its normalised input is
     ``shift`` everywhere): a chain network's definition on one field of view, when that costs
     under a second; None otherwise (a graph network's output there depends on the position)."""
-    from ..net.definition import DEFINITION_FLOPS, flops_per_voxel, plain_forward
-
     if net.kind != "chain" or flops_per_voxel(net) / DEFINITION_FLOPS > 1.0:
         return None
     x = np.full((1, net.in_channels) + tuple(net.field_of_view), np.float32(shift), np.float32)
@@ -80,7 +89,6 @@ def empty_chunks(setting: str, n_empty: int, value: list | None = None) -> str:
 
 
 def _save(fig, path: Path) -> str:
-    import io
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
@@ -94,9 +102,11 @@ def timeline(tally, path: Path) -> str | None:
     k = tally.timed()
     if not len(k):
         return None
+    # lazy: loads matplotlib only when called
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: loads matplotlib only when called
     import matplotlib.pyplot as plt
 
     k = k[np.argsort(tally.end[k], kind="stable")]
@@ -141,8 +151,6 @@ def state_ranks(tally, running=(), failed=(), tasks=None) -> np.ndarray:
     """Per task position, 1 + the index in :data:`STATES` of its state (0: not drawn: not done
     or another run's) from a :class:`~.tally.Tally`; the task ids ``running`` and ``failed`` (of
     ``znni status``) over it, placed through ``tasks``."""
-    from .tally import DONE, EMPTY, FAILED, MASKED, NAMES
-
     table = np.zeros(len(NAMES), np.int8)
     for code, name in ((DONE, "done"), (EMPTY, "empty"), (MASKED, "masked"), (FAILED, "failed")):
         table[code] = STATES.index(name) + 1
@@ -163,9 +171,11 @@ def task_map(tasks, ranks, path: Path) -> str | None:
     the number of tasks; at most :data:`MAP_CELLS` cells per axis); None without tasks."""
     if not len(tasks):
         return None
+    # lazy: loads matplotlib only when called
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: loads matplotlib only when called
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
@@ -200,8 +210,6 @@ def neuroglancer_link(run, base: str, port: int) -> tuple[str, list[str]]:
     """A link showing input and output.  ``base`` ``local``: the Neuroglancer client that
     ``znni serve`` bundles (works offline); else a viewer's URL.  file:// layers are read
     through ``znni serve`` (notes say how)."""
-    from .serve import VIEWER_TOKEN
-
     notes = []
     local = base == "local"
     server = f"http://127.0.0.1:{port}"
@@ -259,10 +267,6 @@ PREVIEW_CHANNELS = 8
 def _preview_source(run, out):
     """``(output layer, box to preview in its voxels, input layer at that resolution or None, mip)``:
     a pyramid's mip where one was built (``pyramid.json``), else mip 0."""
-    from ..geometry import Coordinate, Roi
-    from ..io import open_input, open_output, parse_layer_url
-    from .run import output_specs
-
     cfg = run.config
     region = Roi.from_dict(run.region)
     inp_url = parse_layer_url(run.input.url, endpoint=cfg.input.endpoint_url)
@@ -279,8 +283,6 @@ def _preview_source(run, out):
 
 def _input_at(url, resolution):
     """The input's mip at ``resolution`` (z, y, x nm), or None."""
-    from ..io import open_input
-
     for j in range(0, 12):
         try:
             layer = open_input(url, j)
@@ -293,8 +295,6 @@ def _input_at(url, resolution):
 
 def _window(box, depth: float, side: int):
     """The z slice at ``depth`` (0-1) of ``box``, at most ``side`` voxels in y and x about its centre."""
-    from ..geometry import Roi
-
     off, shape = tuple(box.offset), tuple(box.shape)
     z = off[0] + min(shape[0] - 1, int(shape[0] * depth))
     h, w = min(shape[1], side), min(shape[2], side)
@@ -313,6 +313,7 @@ def preview(run, out, path: Path, depth: float = 0.5) -> Path:
     channel: 3 channels (affinities) as one RGB panel, otherwise one panel per channel (at most
     :data:`PREVIEW_CHANNELS`).  Bounded: a pyramid's mip where one was built, else a window of
     :data:`PREVIEW_SIDE` voxels about the region's centre; absent chunks read as 0."""
+    # lazy: loads PIL only when called
     from PIL import Image, ImageDraw
 
     layer, box, inp, mip = _preview_source(run, out)
@@ -410,9 +411,6 @@ def record_snakemake_log(work, log_file, run_digest: str) -> list[dict]:
     ``znni status`` and the report, with the run they are of (``run_digest``; those of another
     run are ignored, :func:`.status.snakemake_errors`) and the time they were recorded; returns
     them ([] when it cannot be read)."""
-    from .jobs import records_dir
-    from .status import SNAKEMAKE_ERRORS
-
     p = Path(log_file)
     try:
         text = p.read_text(errors="replace")
@@ -603,8 +601,6 @@ def failures(state: dict, tally, rules: list) -> list[dict]:
             )
     for e in rules or []:
         if e.get("job") is None:
-            from .status import snakemake_error_text
-
             rows.append(
                 {"tasks": [], "job": None, "rule": e.get("rule"), "kind": "rule", "log": e.get("log")}
                 | {"error": snakemake_error_text(e)}
@@ -691,8 +687,6 @@ work dir <code>{_esc(run.work_dir)}</code>; run digest {_esc(run.digest[:12])}</
 
 def _tasks_html(doc: dict) -> str:
     """The tasks section: the counts by state and the throughput."""
-    from .jobs import duration
-
     st, counts = doc["state"], doc["counts"]
     th = st["throughput"]
     return (
@@ -712,8 +706,6 @@ def _tasks_html(doc: dict) -> str:
 
 def _failures_html(doc: dict) -> str:
     """The failures section: per job (or rule, or task) the tasks, the kind, the error, the log."""
-    from .status import KINDS
-
     rows = [
         f
         | {
@@ -741,8 +733,6 @@ _KILL_COLUMNS = [
 
 def _jobs_html(doc: dict) -> str:
     """The jobs section: retries, OOMs, timeouts, the slowest jobs and the memory efficiency."""
-    from .status import mem_text
-
     a, st = doc["attempts"], doc["state"]
     slowest = [r | {"mem": mem_text(r.get("max_rss_mb"), r.get("mem_mb"))} for r in st["slowest"]]
     return (
@@ -853,8 +843,6 @@ def _summary_html(summary: dict) -> str:
 
 def _config_html(run, doc: dict, plan_text: str) -> list[str]:
     """The config that ran, the network and the plan."""
-    from dataclasses import asdict
-
     return [
         '<section id="config"><h2>Config</h2><pre>' + _esc(_config_text(doc["config"])) + "</pre></section>",
         f"<h2>Network</h2><pre>{_esc(json.dumps(asdict(run.network), indent=1))}</pre>",
@@ -864,16 +852,13 @@ def _config_html(run, doc: dict, plan_text: str) -> list[str]:
 
 def _config_text(cfg) -> str:
     """The config that ran (every key, defaults filled in), as YAML."""
-    import yaml
-
     return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None, width=120)
 
 
 def _plan_text(run) -> str:
     """The plan per layer, as ``znni plan`` prints it; its record where the plan cannot be read."""
-    from dataclasses import asdict
-
     try:
+        # lazy: loads numba and scipy only when called
         from ..plan.plan import Plan
 
         return Plan.load(plan_path(run)).describe()
@@ -905,11 +890,6 @@ def write_report(
     the ``images`` it drew; otherwise the preview and the task map are drawn here.  Partial state
     (no run file, no layer, no manifests) leaves sections out with a note, never an error.
     :func:`gather_report` reads, :func:`render_report` draws and writes."""
-    from ..errors import ZnniError
-    from .run import load_run
-    from .settings import load_config
-    from .status import run_file_of
-
     where = location(where)
     try:
         rf = run_file_of(where)
@@ -938,8 +918,6 @@ def gather_report(run, snakemake_logs=(), tally=None) -> tuple[dict, dict]:
     """``(report.json's document, the run's state)`` of ``run`` from what is on disk (Snakemake's
     logs recorded first; :func:`write_report`'s arguments).  A section that cannot be had is left
     out with a note in ``doc["notes"]``."""
-    from .status import collect, recorded_prediction
-
     work = work_path(run)
     notes: list = []
     rules = []
@@ -1002,9 +980,6 @@ def _render(run, doc: dict, state: dict, summary: dict | None, images: list | No
 def _draw(run, state: dict, report_dir: Path, notes: list) -> list[str]:
     """A partial run's images: ``preview.png`` (what is stored so far), the task map, the timeline
     of the done tasks (from their manifests' timings, :func:`.status.collect`'s tally)."""
-    from ..io import open_output, parse_layer_url
-    from .run import output_spec, run_geometry
-
     names = []
 
     def prev():
@@ -1042,7 +1017,6 @@ def _unvalidated_report(work: Path, snakemake_logs, why: str, log) -> Path | Non
     if not work.is_dir():
         log(f"report: {work} is not a work directory ({why})")
         return None
-    from .status import snakemake_error_text
 
     body = "".join(f"<li><code>{_esc(ln)}</code> (<code>{_esc(vlog)}</code>)</li>" for ln in lines)
     body += "".join(

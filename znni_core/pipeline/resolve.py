@@ -16,15 +16,23 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import load_network
 from ..errors import ConfigError, DataError, InputError, PlanError
+from ..exec.tiling import window
 from ..geometry import EDGE_POLICIES, ChunkGrid, Coordinate, Halo, Roi, TaskGrid, output_bounds
+from ..geometry.grid import choose_task_chunks
 from ..io import ScaleSpec, open_input, parse_layer_url
-from ..io.layers import layer_differences
+from ..io.layers import check_writable, layer_differences
 from ..io.mips import layer_info, mip_specs
-from ..io.sharding import shard_chunks
+from ..io.sharding import auto_sharding, check_sharding, shard_chunks
+from ..io.workdir import is_remote_work, parse_work_dir, work_endpoint, work_path
 from ..io.zarr_output import zarr_sharding
+from ..units import parse_bytes
+from ..version import __version__
 from .identity import digest as run_digest
 from .identity import identity
+from .mask import check_mask, open_mask
+from .network_file import is_remote_network, network_file
 from .run import RUN_FORMAT, Run
 from .settings import Config, OutputSettings, Tta, parse_config
 
@@ -32,8 +40,8 @@ from .settings import Config, OutputSettings, Tta, parse_config
 def versions() -> dict:
     """The versions that shape the output (from metadata: importing cloud-volume, dask and zarr
     to read them cost validate about 1 s)."""
+    # lazy: loads numba and scipy only when called
     from ..plan.wisdom import dist_version
-    from ..version import __version__
 
     return {"znni": __version__, "numpy": np.__version__} | {
         d: dist_version(d) for d in ("cloud-volume", "dask", "zarr")
@@ -86,8 +94,6 @@ AUTO_TASK_VOXELS = 1 << 26
 def auto_task_chunks(cfg: Config, net, inp, halo: Halo, region: Roi, grid: ChunkGrid, slots: int | None) -> Coordinate:
     """``task_chunks: auto``: the box that finishes the region soonest on ``slots`` jobs (default:
     this machine's CPUs), within a job's memory (``choose_task_chunks``)."""
-    from ..geometry.grid import choose_task_chunks
-
     cap = (1 - cfg.plan.memory_fraction) * JOB_MEM_MB * 2**20 / 2
     in_size, out_size = np.dtype(inp.dtype).itemsize, np.dtype(cfg.output.dtype).itemsize
 
@@ -172,8 +178,6 @@ def auto_shard_bytes(cfg: Config, net, inp, halo: Halo, bounds: Roi, grid: Chunk
     :data:`MAX_AUTO_SHARD_BYTES`, halving) whose task, one shard with its input and output held
     in memory (:func:`task_bytes`), fits what the plan leaves of an infer job of
     :data:`JOB_MEM_MB` (``1 - plan.memory_fraction`` of it, 10% kept free); ``(bytes, note)``."""
-    from ..io.sharding import shard_chunks
-
     cap = 0.9 * (1 - cfg.plan.memory_fraction) * JOB_MEM_MB * 2**20
     in_size, out_size = np.dtype(inp.dtype).itemsize, np.dtype(cfg.output.dtype).itemsize
     chunk_bytes = int(np.prod(tuple(grid.chunk_shape))) * stored_channels(cfg, net) * out_size
@@ -203,10 +207,6 @@ def resolve(
     Nothing is written to the output layer here.  ``mem_mb`` is the memory of one infer job (the
     plan's budget is ``plan.memory_fraction`` of it).
     """
-    from .. import load_network
-    from .mask import check_mask, open_mask
-    from .network_file import is_remote_network, network_file
-
     cfg = parse_config(cfg)
     if cfg.output.scale is not None and cfg.output.dtype != "uint8":
         raise ConfigError(
@@ -256,9 +256,6 @@ def _check_tta(tta: Tta, net, net_path: Path, halo: Halo) -> None:
 def _check_destinations(cfg: Config) -> None:
     """What znni writes must be writable: the output not on http(s):// (read-only), the work
     directory a local path or an s3:// or gs:// prefix, refused before anything is read."""
-    from ..io.layers import check_writable
-    from ..io.workdir import is_remote_work, parse_work_dir, work_endpoint
-
     check_writable(
         parse_layer_url(cfg.output.path, endpoint=cfg.output.endpoint_url, what="output.path"), "output.path"
     )
@@ -331,8 +328,6 @@ def _engine_budget(cfg: Config, mem_mb, lay: Layout, halo: Halo, net, inp, out_s
     if mem_mb is not None:
         budget = _host_budget(cfg, mem_mb, lay, halo, net, inp, out_spec, task_shape)
     if cfg.device != "cpu":  # mem_mb is the job's host RAM; the plan's budget is the device's memory
-        from ..units import parse_bytes
-
         try:
             budget = parse_bytes(cfg.plan.gpu_memory) if cfg.plan.gpu_memory else None
         except ValueError as exc:
@@ -364,6 +359,7 @@ def _host_budget(cfg: Config, mem_mb: int, lay: Layout, halo: Halo, net, inp, ou
 
 def _the_plan(cfg: Config, net, budget, threads, task_shape, region):
     """The run's plan (once; every task reuses it): ``plan.file``, checked, or autotuned."""
+    # lazy: loads numba and scipy only when called
     from ..plan.plan import Plan
 
     if not cfg.plan.file:
@@ -378,8 +374,6 @@ def _the_plan(cfg: Config, net, budget, threads, task_shape, region):
 
 def _check_valid_graph_read(net, plan, region: Roi, halo: Halo, inp) -> None:
     """A valid graph tiles on its grid: with ``edge: valid`` every patch must read inside the input."""
-    from ..exec.tiling import window
-
     win = window(net, plan, (0, 0, 0), tuple(region.shape))
     read = Roi(region.offset - halo.low + Coordinate(win.in_lo), Coordinate(win.in_hi) - Coordinate(win.in_lo))
     if not inp.bounds.contains(read):
@@ -393,9 +387,6 @@ def _check_valid_graph_read(net, plan, region: Roi, halo: Halo, inp) -> None:
 
 def _run_record(cfg, net, net_path, halo, iu, inp, ou, specs, lay, mask, num_tasks, plan, plan_out, mem_mb) -> Run:
     """The run (``run.json``): what every later step reads, with its digest."""
-    from ..io.workdir import is_remote_work, work_path
-    from .network_file import is_remote_network
-
     work = work_path(cfg)
     work = work if is_remote_work(work) else work.resolve()
     plan_path = Path(plan_out) if plan_out else work / "plan.json"
@@ -489,6 +480,7 @@ def task_plan(net, cfg, budget, threads, task_shape, region):
     smaller patches where they run the task faster (a net flat in z: thinner patches in MPF beat
     one patch in depth-first pooling under a job's budget, 4.2 s against 7.8 s for 15 x 512^2 on
     2 threads at 1 GiB); for a graph network :func:`_graph_plan`."""
+    # lazy: loads numba and scipy only when called
     from ..plan import autotune
 
     if net.kind != "chain":
@@ -508,6 +500,7 @@ def task_plan(net, cfg, budget, threads, task_shape, region):
 def _graph_plan(net, cfg, budget, threads, task_shape, region):
     """A graph network's plan: patches no larger than a task's read; a padded graph's default
     overlap is a quarter of the patch wherever one patch does not cover the whole region."""
+    # lazy: loads numba and scipy only when called
     from ..plan import autotune
     from ..plan.graph import default_overlap
 
@@ -528,8 +521,6 @@ AUTO_SHARD_CHUNKS = 10_000  # output.sharding: auto shards a layer of more chunk
 
 def output_sharding(out: OutputSettings, bounds: Roi, channels: int) -> dict | None:
     """The output's sharding spec (None: a file per chunk) from ``output.sharding``."""
-    from ..io.sharding import auto_sharding, check_sharding
-
     mode = out.sharding
     grid = bounds.shape.ceil_div(Coordinate(out.chunk_size))
     if isinstance(mode, dict):

@@ -29,6 +29,7 @@ from ..geometry import ChunkGrid, Coordinate, Halo, Roi, TaskGrid
 from ..io import ScaleSpec, atomic_write
 from ..io.info import scale_spec
 from ..io.workdir import WorkPath, is_remote_work, work_path
+from .identity import IDENTITY_FILE, identity_document
 from .settings import Config, load_config, parse_config
 
 RUN_FORMAT = "znni-run/1"
@@ -166,8 +167,6 @@ def save_run(run: Run, plan, work=None) -> Path:
     """Save ``plan`` to ``run.plan.path`` and ``run`` atomically to ``<work>/run.json`` (``work``:
     the run's work directory unless given; its identity to ``identity.json``, :mod:`.identity`);
     return the run file's path."""
-    from .identity import IDENTITY_FILE, identity_document
-
     work = work_path(run) if work is None else work_path(work)
     plan.save(plan_path(run))
     path = work / "run.json"

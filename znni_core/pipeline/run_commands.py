@@ -11,17 +11,29 @@ import json
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import typer
 
+from ..errors import ConfigError, PlanError, ZnniError
+from ..io import atomic_write, create_layer, parse_layer_url
+from ..io.workdir import is_remote_work
 from .cli_base import MEMORY_HELP, RUN_HELP, _deprecated_mem_mb, _log, command, fail, memory_mib
+from .demo import write_demo, write_demo_config
+from .estimate import describe, estimate, run_estimate
+from .identity import check_rerun, previous_identity
+from .jobs import run_job
+from .mask import mask_tasks_path, scan
+from .pyramid import build_pyramid, run_pyramid_job
+from .resolve import resolve, task_bytes
+from .run import load_run, location, output_specs, run_geometry, save_run
+from .schedule import compute_schedule
+from .settings import load_config, parse_config
 
 
 def _create_output_layer(run_file: Path, marker: Optional[Path]) -> None:
     """The output layer's info and provenance, once (an existing layer must match), then ``marker``."""
-    from ..errors import ZnniError
-    from ..io import atomic_write, create_layer, parse_layer_url
+    # lazy: loads numba and scipy only when called
     from .finalize import output_mapping
-    from .run import load_run, output_specs
 
     try:
         run = load_run(run_file)
@@ -62,10 +74,6 @@ def _create_output_layer(run_file: Path, marker: Optional[Path]) -> None:
 
 def _log_estimate(cfg, run, plan) -> None:
     """validate's estimate, at the plan's predicted rate (`znni estimate` measures)."""
-    from ..errors import ZnniError
-    from .estimate import describe, estimate
-    from .schedule import compute_schedule
-
     try:
         rate = plan.predicted_voxels_per_s
         e = estimate(
@@ -93,10 +101,6 @@ def _log_estimate(cfg, run, plan) -> None:
 
 def _check_mem(run, mem_mb, run_geometry, task_bytes):
     """PlanError when the plan's budget and one task's buffers exceed ``mem_mb``; returns the buffers' bytes."""
-    import numpy as np
-
-    from ..errors import PlanError
-
     _, grid, halo, tasks = run_geometry(run)
     biggest = (tasks.task_chunks * grid.chunk_shape).min(grid.bounds.shape)  # a whole task
     buffers = task_bytes(
@@ -118,8 +122,6 @@ def _check_mem(run, mem_mb, run_geometry, task_bytes):
 
 def _brick(text: Optional[str]) -> Optional[tuple]:
     """``--brick z,y,x`` as three positive ints (None when not given)."""
-    from ..errors import ConfigError
-
     if text is None:
         return None
     try:
@@ -156,11 +158,6 @@ def validate_cmd(
 ):
     """Check config, network and layers (everything that can fail before scheduling); write the plan
     (and with --layer-marker create the output layer: the workflow's first job does both)."""
-    from .identity import check_rerun, previous_identity
-    from .resolve import resolve
-    from .run import save_run
-    from .settings import load_config, parse_config
-
     if config_json is None and config is None:
         fail(ValueError("give CONFIG (config.yaml) or --config-json"), 2)
     cfg = parse_config(json.loads(config_json)) if config_json else load_config(config)
@@ -196,9 +193,6 @@ def estimate_cmd(
     as_json: bool = typer.Option(False, "--json", help="print the numbers as JSON"),
 ):
     """Tasks, jobs, chunks, shards, files, output bytes and node/GPU-hours of a run, before it runs."""
-    from .estimate import describe, run_estimate
-    from .settings import load_config
-
     e = run_estimate(
         load_config(config),
         mem_mb=memory_mib(None if mem_mb is not None else memory, mem_mb),
@@ -225,8 +219,7 @@ def tasks_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the task list as JSON"),
 ):
     """List the tasks: whole output chunks, disjoint, covering the region."""
-    from ..io import atomic_write
-    from .run import load_run
+    # lazy: loads numba and scipy only when called
     from .task import task_list
 
     run = load_run(run_file)
@@ -249,11 +242,7 @@ def mask_tasks_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="default <work_dir>/mask_tasks.json"),
 ):
     """With a mask: list the tasks a non-zero mask voxel overlaps (the others are masked, never run)."""
-    from ..errors import ConfigError
-    from ..io import atomic_write
-    from ..io.workdir import is_remote_work
-    from .mask import mask_tasks_path, scan
-    from .run import location
+    # lazy: loads numba and scipy only when called
     from .task import open_run
 
     ctx = open_run(run_file)
@@ -288,9 +277,8 @@ def run_task_cmd(
     progress: bool = typer.Option(True, help="progress bar over patches"),
 ):
     """Run one task (or rewrite one chunk): read, infer, write whole chunks atomically, verify, manifest."""
+    # lazy: loads numba and scipy only when called
     from ..exec.device import claimed_gpu
-    from .resolve import task_bytes
-    from .run import load_run, run_geometry
     from .task import run_task
 
     if (task is None) == (chunk is None):
@@ -327,10 +315,8 @@ def run_job_cmd(
     ),
 ):
     """Run a job: its box or range of tasks, skipping those already done and verified; marker last."""
+    # lazy: loads numba and scipy only when called
     from ..exec.device import claimed_gpu
-    from .jobs import run_job
-    from .resolve import task_bytes
-    from .run import load_run, run_geometry
 
     box = _brick(brick)
     run = load_run(run_file)
@@ -364,10 +350,6 @@ def pyramid_cmd(
 ):
     """Mips 1..downsample.mips of the output: with --mip/--job one job of one mip; without, build
     what is not done, check every mip's manifests and objects, and write pyramid.json."""
-    from ..errors import ConfigError
-    from .pyramid import build_pyramid, run_pyramid_job
-    from .run import load_run
-
     if (mip is None) != (job is None):
         raise ConfigError("give --mip and --job together (one job of one mip), or neither (the whole pyramid)")
     if mip is not None:
@@ -382,7 +364,7 @@ def finalize_cmd(
     verify: Optional[str] = typer.Option(None, help="checksum | exists (default from the config)"),
 ):
     """Check every manifest and chunk, append provenance, write report, preview and viewer link."""
-    from ..errors import ConfigError
+    # lazy: loads numba and scipy only when called
     from .finalize import finalize
 
     if verify not in (None, "checksum", "exists"):
@@ -402,8 +384,6 @@ def demo_data_cmd(
     seed: int = typer.Option(0, help="random seed of the volume"),
 ):
     """Generate the demo: an EM-like precomputed layer, a small network and a config using them."""
-    from .demo import write_demo, write_demo_config
-
     out_dir = out_dir.resolve()
     r = write_demo(out_dir, seed=seed)
     cfg = write_demo_config(

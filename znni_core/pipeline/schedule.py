@@ -28,11 +28,14 @@ import os
 
 import numpy as np
 
+from .. import load_network
 from ..errors import ZnniError
 from ..geometry import Halo, TaskGrid
-from ..io import atomic_write
+from ..io import atomic_write, open_input, parse_layer_url
 from ..io.mips import task_chunks_of
 from ..io.workdir import work_path
+from .network_file import network_file
+from .resolve import JOB_MEM_MB, layout, net_halo, output_scales, stored_channels, task_plan
 from .settings import Config, Jobs, parse_config
 
 SCHEDULE_FORMAT = "znni-schedule/5"
@@ -97,9 +100,8 @@ def predicted_rate(cfg: Config, net, lay) -> float | None:
     cache makes ``validate``'s own search a hit; the machine's calibration is made here once when
     absent (it is cached).  None for a ``plan.file`` run (its plan says) or when planning fails
     (``validate`` then reports why)."""
-    from .resolve import JOB_MEM_MB, task_plan
-
     if cfg.plan.file:
+        # lazy: loads numba and scipy only when called
         from ..plan.plan import Plan
 
         try:
@@ -121,11 +123,6 @@ def task_geometry(cfg: Config, net=None, slots: int | None = None):
     """``(input layer, Layout, TaskGrid, output scales)`` of a validated config, without a plan
     (``net``: the loaded network, else it is loaded from the config; ``slots``: jobs at once,
     for ``task_chunks: auto``)."""
-    from .. import load_network
-    from ..io import open_input, parse_layer_url
-    from .network_file import network_file
-    from .resolve import layout, net_halo, output_scales, stored_channels
-
     net = load_network(network_file(cfg.network)) if net is None else net
     iu = parse_layer_url(cfg.input.path, endpoint=cfg.input.endpoint_url, what="input.path")
     inp = open_input(iu, cfg.input.mip, resolution=cfg.input.resolution)
@@ -362,9 +359,6 @@ def compute_schedule(cfg: dict | Config, *, slots: int | None = None, rate: floa
 
     ``slots``: jobs Snakemake runs at once; ``rate``: output voxels/s of one job, else measured
     (``jobs.voxels_per_second``, ``znni estimate``) or, last, the time model's prediction."""
-    from .. import load_network
-    from .network_file import network_file
-
     cfg = parse_config(cfg)
     net = load_network(network_file(cfg.network))
     inp, lay, tasks, specs = task_geometry(cfg, net, slots=slots)

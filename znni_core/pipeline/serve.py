@@ -32,6 +32,7 @@ import urllib.parse
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..io.paths import parse_layer_url
 from .run import Run
 
 __all__ = ["VIEWER_TOKEN", "LayerServer", "run_layers", "viewer_dir"]
@@ -53,6 +54,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 def viewer_dir() -> Path | None:
     """The Neuroglancer client bundled in the ``neuroglancer`` package (None when not installed)."""
     try:
+        # lazy: loads neuroglancer only when called
         import neuroglancer
     except ImportError:
         return None
@@ -62,8 +64,6 @@ def viewer_dir() -> Path | None:
 
 def run_layers(run: Run) -> dict[str, Path]:
     """``{name: directory}`` of a run's local layers (``input``, ``output``)."""
-    from ..io.paths import parse_layer_url
-
     layers = {}
     for name, layer in (("input", run.input), ("output", run.output)):
         url = parse_layer_url(layer.url)

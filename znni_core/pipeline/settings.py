@@ -210,6 +210,7 @@ def schema() -> dict:
 
 @functools.lru_cache(maxsize=1)
 def _validator():
+    # lazy: loads jsonschema only when called
     import jsonschema
 
     base = jsonschema.Draft202012Validator

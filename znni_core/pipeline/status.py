@@ -27,9 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import ZnniError
+from ..io import open_input, parse_layer_url, read_manifest
 from ..io.workdir import work_path
-from .jobs import attempt_alive, duration, job_record, records_dir
-from .run import location
+from .identity import changed_inputs
+from .jobs import PREDICTION_FILE, attempt_alive, duration, job_record, prediction, records_dir
+from .mask import load_mask_tasks, open_mask, positions
+from .run import location, run_geometry
+from .schedule import JobMap
 from .tally import DONE, EMPTY, FAILED, MASKED, OTHER, TODO, Tally, busy_seconds
 
 #: seconds between two redraws of ``znni status --watch`` without a value
@@ -51,8 +56,7 @@ def task_states(run, blocks, known: Tally | None = None) -> Tally:
     manifest of another run: not done for this one), ``masked`` (the mask is 0 over the whole
     task, after the mask's scan), ``todo`` (the rest).  ``known``: an earlier call's tally (done is
     permanent for a run digest): its done tasks' manifests are not read again."""
-    from ..errors import ZnniError
-    from .mask import load_mask_tasks, positions
+    # lazy: loads numba and scipy only when called
     from .task import manifest_path
 
     live = None
@@ -97,9 +101,7 @@ def task_timing(m: dict) -> tuple | None:
 def changed_input_tasks(run, blocks) -> list:
     """``[(task id, [changed object, ...])]`` of the done ``blocks`` whose recorded input versions
     differ from the input's now."""
-    from ..io import open_input, parse_layer_url, read_manifest
-    from .identity import changed_inputs
-    from .mask import open_mask
+    # lazy: loads numba and scipy only when called
     from .task import manifest_path
 
     cfg = run.config
@@ -244,15 +246,10 @@ def snakemake_error_text(e: dict) -> str:
 
 def _scheduled_tasks(run, job: int) -> list:
     """The tasks of ``job`` by the workflow's schedule (``schedule.json``), [] when unknown."""
-    from .run import run_geometry
-    from .schedule import JobMap
-
     try:
         s = json.loads((work_path(run) / "schedule.json").read_text())
         blocks = run_geometry(run)[3]
         if run.mask:
-            from .mask import load_mask_tasks, positions
-
             order = positions(load_mask_tasks(run))
         else:
             order = range(run.num_tasks)
@@ -270,8 +267,6 @@ def collect(run, *, now: float | None = None, known: Tally | None = None, cache:
     manifests again.  ``cache``: a dict kept between calls (``watch``'s): the run's tasks and the
     tally of the last call (done is permanent for a run digest), so a later call reads only the
     manifests of the tasks not done yet.  ``state["tally"]``: the tasks' tally (not serialised)."""
-    from .run import run_geometry
-
     now = time.time() if now is None else now
     if cache is not None and cache.get("run_digest") != run.digest:
         cache.clear()
@@ -503,8 +498,6 @@ def watch(run, every: float, echo=print, *, max_iterations: int | None = None, s
 def recorded_prediction(run) -> dict:
     """The prediction recorded for this run (:func:`.jobs.record_prediction`), else computed now
     (and said so)."""
-    from .jobs import PREDICTION_FILE, prediction
-
     try:
         doc = json.loads((work_path(run) / PREDICTION_FILE).read_text())
         if doc.get("run_digest") == run.digest:

@@ -13,6 +13,7 @@ chunks atomically, read them back, then write the manifest (the only thing Snake
 
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 import socket
@@ -23,13 +24,21 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import infer, load_network
 from ..errors import DataError, InputError, NonFiniteError
+from ..exec.tiling import window
 from ..geometry import Block, Coordinate, Roi
+from ..inference import executor_for, thread_limits
 from ..io import open_input, open_output, parse_layer_url, read_manifest, store_chunks, write_manifest
 from ..io.chunk_cache import ChunkCache, chunk_uses
 from ..io.workdir import work_path
 from ..layers.xp import require_device
+from ..net.definition import DEFINITION_FLOPS, flops_per_voxel, plain_forward, sample_voxels
+from ..plan.plan import Plan
+from ..progress import bar as progress_bar
 from .mask import live_chunks, open_mask
+from .network_file import network_file
+from .recompute import check_graph_task, judge
 from .run import Run, load_run, output_spec, plan_path, run_geometry
 from .settings import Tta
 
@@ -139,8 +148,6 @@ def compute(net, plan, x: np.ndarray, out_shape, *, device: str = "cpu", progres
     """Dense output ``(C_out,) + out_shape`` of a chain network on ``x`` (input = output + F - 1):
     the plan's patches over it (``exec/tiling``), the resident kernel spectra kept for the job's
     next task.  ``progress(1)`` after each patch."""
-    from .. import infer
-
     y = infer(net, x, device=device, plan=plan, progress=progress)
     if tuple(y.shape[1:]) != tuple(out_shape):
         raise InputError(f"the network's output has shape {tuple(y.shape[1:])}, the task's is {tuple(out_shape)}")
@@ -154,8 +161,6 @@ def tta_variants(tta: Tta | None) -> list[tuple[tuple[int, ...], bool]]:
     >>> tta_variants(Tta(flips=["y", "x"], transpose_xy=False, variance=False))
     [((), False), ((3,), False), ((2,), False), ((2, 3), False)]
     """
-    import itertools
-
     axes = [{"z": 1, "y": 2, "x": 3}[a] for a in (tta.flips if tta else [])]
     subsets = [
         tuple(sorted(a for a, on in zip(axes, pick) if on)) for pick in itertools.product((0, 1), repeat=len(axes))
@@ -178,8 +183,6 @@ def definition_tta(net, wins: np.ndarray, tta: Tta | None) -> np.ndarray:
     >>> definition_tta(net, w, Tta(flips=["x"], transpose_xy=False, variance=True)).tolist()
     [[9.0, 25.0]]
     """
-    from ..net.definition import plain_forward
-
     ys = []
     for flips, transpose in tta_variants(tta):
         w = np.flip(wins, tuple(a + 1 for a in flips)) if flips else wins  # variant axes are of (C, z, y, x)
@@ -223,8 +226,6 @@ def graph_read(net, plan, region: Roi, write_roi: Roi, halo):
     a run of ``infer`` over the whole region's input would use for these voxels; ``extent`` is
     that whole input (the region grown by the halo): a padded network sees zeros beyond it,
     exactly as ``infer`` pads a volume; a valid one reads through the edge policy."""
-    from ..exec.tiling import window  # the engine loads on first use: finalize needs none of it
-
     lo = tuple(write_roi.offset - region.offset)
     hi = tuple(Coordinate(lo) + write_roi.shape)
     win = window(net, plan, lo, hi, whole_out=tuple(region.shape))
@@ -289,10 +290,6 @@ class RunContext:
 
 def open_run(run_file) -> RunContext:
     """Open a run's output layer, network, plan and input; DataError if any changed since validate."""
-    from .. import load_network
-    from ..plan.plan import Plan
-    from .network_file import network_file
-
     run = load_run(run_file)
     cfg = run.config
     region, grid, halo, tasks = run_geometry(run)
@@ -495,8 +492,6 @@ VERIFY_SHARE = 0.02
 def verify_count(setting, net, plan, voxels: int) -> int:
     """Voxels a task of ``voxels`` output voxels recomputes: ``setting``, or with ``auto`` as many
     as :data:`VERIFY_SHARE` of its predicted time pays for (at most 64)."""
-    from ..net.definition import DEFINITION_FLOPS, flops_per_voxel
-
     if setting != "auto":
         return int(setting)
     rate = plan.predicted_voxels_per_s or 0.0
@@ -512,9 +507,6 @@ def check_sample(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray, s
     (:func:`znni_core.net.definition.plain_forward`) and compare with ``y``; a :class:`DataError`
     when one deviates by more than the tolerance (the task is then not marked done).  Returns the
     record kept in the manifest."""
-    from ..net.definition import sample_voxels
-    from .recompute import judge
-
     t0 = time.perf_counter()
     n = verify_count(setting, ctx.net, ctx.plan, int(np.prod(tuple(ti.comp.shape))))
     if n <= 0:
@@ -554,31 +546,23 @@ def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, s
     """Stage 2: ``(output of the task's write box or None, seconds)``; frees the task's input."""
     net, plan, cfg, block = ctx.net, ctx.plan, ctx.run.config, ti.block
     device = device or cfg.device
-    comp, raw, inner, window = ti.comp, ti.raw, ti.inner, ti.window
+    comp, raw, inner, win = ti.comp, ti.raw, ti.inner, ti.window
     ti.raw = ti.inner = None
     t_comp = time.perf_counter()
     y = None
-    if ti.todo and window is not None:
+    if ti.todo and win is not None:
         x = window_input(ti, normalise(raw, cfg.normalize.scale, cfg.normalize.shift, inner))
         del raw
-        from ..inference import executor_for, thread_limits
-
         with thread_limits(plan.threads):
-            y = executor_for(ctx.executors, plan, net, require_device(device)).window(x, window)
-        from .recompute import check_graph_task
-
+            y = executor_for(ctx.executors, plan, net, require_device(device)).window(x, win)
         ti.recomputed = check_graph_task(ctx, ti, x, y, cfg.verify_voxels, VERIFY_SHARE)
         del x
     elif ti.todo:
         x = normalise(raw, cfg.normalize.scale, cfg.normalize.shift, inner)
         del raw
         bar = None
-        from ..exec.tiling import window
-
         ntiles = len(tta_variants(cfg.tta)) * window(net, plan, (0, 0, 0), tuple(comp.shape)).count
         if show_progress:
-            from ..progress import bar as progress_bar
-
             bar = progress_bar(ntiles, f"task {ti.task_id} patches", "patch")
         y = compute_tta(
             net,

@@ -39,6 +39,7 @@ from ..io.workdir import work_path
 from ..net.definition import DEFINITION_FLOPS, TOLERANCE, flops_per_voxel, sample_voxels
 from ..progress import bar
 from .recompute import graph_sample, reference_plan
+from .report import EMPTY_DEFINITION
 from .run import Run
 from .tally import DONE, EMPTY, Tally
 
@@ -58,6 +59,7 @@ def verify_run(
     check fails."""
     # long (one sequence): the stored objects, the empty chunks and the recomputed voxels checked
     # in turn, every result into the one verify.json record
+    # lazy: loads numba and scipy only when called
     from .done import check_task
     from .task import normalise, open_run, quantise, read_task, window_input
 
@@ -154,7 +156,7 @@ def _check_empty(ctx, tally: Tally, record: dict) -> dict:
     recorded seed), each against the definition (:data:`~.report.EMPTY_DEFINITION`): its input
     context read again through the run's edge policy is all 0, and the stored chunk reads as 0.
     A :class:`DataError` naming the task and chunk when one is not (``record`` written first)."""
-    from .report import EMPTY_DEFINITION
+    # lazy: loads numba and scipy only when called
     from .task import empty_context, gather, read_task
 
     cfg, out = ctx.run.config, ctx.out
@@ -203,6 +205,7 @@ def _chain_sample(ctx, ti, x: np.ndarray, rng, samples: int) -> tuple[np.ndarray
     points = [p for p in sample_voxels(ti.comp, samples + 8, rng) if any(r.contains(Roi(p, (1, 1, 1))) for r in live)]
     if not points:
         return np.zeros((0, 3), np.int64), np.zeros((0, ctx.net.out_channels))
+    # lazy: loads numba and scipy only when called
     from .task import definition_tta
 
     origin = ti.block.read_roi.offset

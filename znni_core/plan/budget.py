@@ -26,6 +26,7 @@ def device_headroom(total: int) -> int:
 
 def default_budget() -> int:
     """The memory budget without one given: :data:`DEFAULT_BUDGET_FRACTION` of the RAM available now."""
+    # lazy: loads psutil only when called
     import psutil
 
     return int(psutil.virtual_memory().available * DEFAULT_BUDGET_FRACTION)

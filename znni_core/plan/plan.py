@@ -10,8 +10,9 @@ import datetime
 import functools
 import hashlib
 import json
+import math
 import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..errors import PlanError
@@ -138,9 +139,6 @@ def _check_fields(cls, d: dict, where: str) -> None:
     """Every field of ``cls`` without a default is in ``d``, and every field in ``d`` has its
     declared type (str, int: in [0, 2^63), float: finite, tuple: a list, dict); a :class:`PlanError` naming the
     field otherwise.  Shapes (:data:`_SHAPES`, a step's in/out shapes) hold non-negative integers."""
-    import math
-    from dataclasses import MISSING
-
     hints = _hints(cls)
     absent = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING and f.name not in d]
     if absent:

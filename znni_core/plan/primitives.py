@@ -30,6 +30,8 @@ import numpy as np
 from .. import layers as L
 from ..errors import PlanError
 from ..layers.epilogue import FUSABLE
+from ..layers.resample import conv_strided, conv_strided_memory, conv_strided_out_shape
+from ..layers.torch_conv import TorchConv, torch_conv_memory
 from ..layers.winograd import winograd_supports
 from . import formulas as F
 from .calibration import CpuCalibration, GpuCalibration
@@ -504,8 +506,6 @@ class DirectTorch(Primitive):
 
     def call_bytes(self, n, layer, in_spatial, threads=1):
         """See :class:`Primitive`."""
-        from ..layers.torch_conv import torch_conv_memory
-
         return int(torch_conv_memory(n, layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel))
 
     def cpu_seconds(self, cal, n, layer, in_spatial, micro_batch=None):
@@ -523,8 +523,6 @@ class DirectTorch(Primitive):
 
     def build(self, layer, in_spatial, *, xp=np, threads=1, act=None, channels_last=False, cache=None, key=None):
         """See :class:`Primitive`."""
-        from ..layers.torch_conv import TorchConv
-
         key = ("torch", id(layer) if key is None else key)
         if cache is None or key not in cache:
             made = TorchConv(layer.weight, layer.bias, xp)
@@ -552,15 +550,11 @@ class StridedGemm(Primitive):
     @staticmethod
     def _equivalent(layer, in_spatial):
         """The stride-1 input that gives the same output voxels, which the GEMM's work is priced on."""
-        from ..layers.resample import conv_strided_out_shape
-
         out = conv_strided_out_shape(in_spatial, layer.kernel, _stride(layer))
         return tuple(o + k - 1 for o, k in zip(out, layer.kernel))
 
     def call_bytes(self, n, layer, in_spatial, threads=1):
         """See :class:`Primitive`: the output, one lowered block and its product."""
-        from ..layers.resample import conv_strided_memory
-
         return int(
             conv_strided_memory(
                 n, layer.in_channels, layer.out_channels, tuple(in_spatial), layer.kernel, _stride(layer)
@@ -579,8 +573,6 @@ class StridedGemm(Primitive):
 
     def build(self, layer, in_spatial, *, xp=np, threads=1, act=None, channels_last=False, cache=None, key=None):
         """See :class:`Primitive` (``act`` is applied after the call: it does not fuse)."""
-        from ..layers.resample import conv_strided
-
         w, b = _weights(layer, xp, cache, key)
 
         def run(x):

@@ -19,6 +19,7 @@ import numpy as np
 from .. import layers as L
 from ..cachedir import cache_dir
 from ..errors import PlanError
+from ..layers._numba import numba
 from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.chain import Conv
 from .calibration import CpuCalibration
@@ -232,7 +233,6 @@ def _measure(threads: int) -> dict:
     # activations with an exponential (elu, sigmoid, tanh): numpy's exp sets their pace, not memory
     # (a U-Net's elu on 28 x 18 x 160^2: 23 ms, against 7 ms for two passes at memory bandwidth)
     big[:] = rng.standard_normal(big.size, dtype=np.float32)
-    from ..layers._numba import numba  # apply_activation runs on numba's thread count, as in a run
 
     old_threads = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))

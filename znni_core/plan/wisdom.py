@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import platform
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +32,6 @@ def cpu_model() -> str:
 def dist_version(name: str) -> str | None:
     """An installed distribution's version from its metadata (None if absent): importing a
     package to read ``__version__`` costs its import (pyfftw: dask.array and scipy.fftpack, 0.6 s)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(name)
     except PackageNotFoundError:
