@@ -580,3 +580,25 @@ def test_the_definition_equals_torch():
         got = plain_forward(net, wins)
         want = np.stack([dense[(slice(None),) + p] for p in pos])
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(act))
+
+
+def test_an_executor_is_kept_per_plan_and_closed_when_replaced():
+    """``executor_for`` gives the same executor for the same plan (built once: its kernels stay),
+    and for another plan a new one, closing the one it replaces; a closed executor refuses to
+    run, naming the fix."""
+    from znni_core.inference import executor_for
+
+    net = make_net([("conv", 4, 3), ("act", "relu"), ("conv", 2, 3)], seed=2)
+    x = _input(net, (6, 5, 4), seed=2)
+    a = autotune(net, memory_budget=2**30, primitives=("direct-numba",), patch_shape=(9, 9, 9))
+    b = autotune(net, memory_budget=2**30, primitives=("direct-gemm",), patch_shape=(9, 9, 9))
+    holder = {}
+    first = executor_for(holder, a, net)
+    assert executor_for(holder, a, net) is first and first.runs(a, np) and not first.runs(b, np)
+    ya = first.volume(x)
+    second = executor_for(holder, b, net)
+    assert second is not first and holder["executor"] is second
+    with pytest.raises(PlanError, match="closed"):
+        first.volume(x)
+    np.testing.assert_allclose(second.volume(x), ya, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ya, torch_dense(net, x), rtol=1e-4, atol=1e-5)

@@ -219,7 +219,27 @@ class Convolution(Operator):
 
 
 @dataclass(frozen=True, eq=False)
-class Deconvolution(Operator):
+class _Upsampling(Operator):
+    """``factor`` output voxels per input voxel on each axis (a transposed convolution, a resize)."""
+
+    @property
+    def factor(self) -> Shape3:
+        raise NotImplementedError
+
+    def length(self, axis, sizes, exact, name):
+        return sizes[0] * self.factor[axis]
+
+    def step_origin(self, axis, step, origin):
+        f = self.factor[axis]
+        return step / f, origin - step * Fraction(f - 1, 2 * f)
+
+    def in_range(self, axis, a, b, n_in):
+        f = self.factor[axis]
+        return a // f, -(-b // f)
+
+
+@dataclass(frozen=True, eq=False)
+class Deconvolution(_Upsampling):
     """Transposed convolution with stride = kernel: ``weight`` (C_in, C_out, k), ``bias`` (C_out,)."""
 
     label: ClassVar[str] = "deconv"
@@ -242,16 +262,9 @@ class Deconvolution(Operator):
             )
         return int(self.weight.shape[1])
 
-    def length(self, axis, sizes, exact, name):
-        return sizes[0] * self.stride[axis]
-
-    def step_origin(self, axis, step, origin):
-        f = self.stride[axis]
-        return step / f, origin - step * Fraction(f - 1, 2 * f)
-
-    def in_range(self, axis, a, b, n_in):
-        f = self.stride[axis]
-        return a // f, -(-b // f)
+    @property
+    def factor(self):
+        return self.stride
 
 
 @dataclass(frozen=True, eq=False)
@@ -297,7 +310,7 @@ class Pooling(Operator):
 
 
 @dataclass(frozen=True, eq=False)
-class Resize(Operator):
+class Resize(_Upsampling):
     """Upsampling by an integer ``scale`` per axis, ``mode`` nearest or linear (``coord``:
     half_pixel or align_corners; empty for nearest)."""
 
@@ -317,19 +330,15 @@ class Resize(Operator):
     def linear(self) -> bool:
         return self.mode == "linear"
 
-    def length(self, axis, sizes, exact, name):
-        return sizes[0] * self.scale[axis]
-
-    def step_origin(self, axis, step, origin):
-        f = self.scale[axis]
-        return step / f, origin - step * Fraction(f - 1, 2 * f)
+    @property
+    def factor(self):
+        return self.scale
 
     def in_range(self, axis, a, b, n_in):
-        f = self.scale[axis]
-        if self.linear and f > 1:
+        if self.linear and self.scale[axis] > 1:
             i0, i1, _ = self.table(axis, n_in)
             return int(i0[a]), int(i1[b - 1]) + 1
-        return a // f, -(-b // f)
+        return super().in_range(axis, a, b, n_in)
 
     def table(self, axis: int, n: int):
         """(i0, i1, w) of a linear resize on ``axis`` of an input of ``n`` voxels: output voxel ``j``
