@@ -2,14 +2,16 @@
 
 A first warmup (the default, *quick*):
 
-1. **Compile** every numba kernel a run uses, for the vector width in effect (the one measured on
-   this host, else the default), into numba's cache (``$NUMBA_CACHE_DIR``, else
+1. **Compile** every numba kernel a chain network's run uses, for the vector width in effect (the
+   one measured on this host, else the default), into numba's cache (``$NUMBA_CACHE_DIR``, else
    ``<cache_dir>/numba``: where the workflow's jobs look): two child processes at once, each a
-   disjoint group of kernel families (:data:`COMPILE_GROUPS`; numba compiles on one core).
+   disjoint group of kernel families (:data:`COMPILE_GROUPS`; numba compiles on one core).  A
+   U-Net's own kernels (the residual add and affine epilogues, upsampling, depth-first pooling's
+   gathers: about 10 s on one core) compile in its first job.
 2. **Calibrate** the time model for each thread count asked for, ``quick``
-   (:data:`.plan.timing.LEVELS`: kernel parameters at their defaults, each rate timed once),
-   then run small networks through every primitive (what the groups missed compiles there).
-   Its process starts with the compiles and imports meanwhile (``--after``: it waits for a line).
+   (:data:`.plan.timing.LEVELS`: kernel parameters at their defaults, each rate timed once).
+   Its process starts with the compiles and meanwhile imports, loads pyFFTW and readies numba's
+   code generator (``--after``: it waits for a line), so the calibration itself times kernels only.
 
 ``znni warmup --refine`` (on demand, about a minute on 2 cores) measures what the quick one
 takes as given: on an AVX-512 host the **vector width** (:data:`WIDTH_CASES` compiled and timed
@@ -110,9 +112,10 @@ def _width_workload(threads: int, ready=None) -> dict:
 
 
 #: the kernel families each compile child runs (:func:`_compile_group`), about half the compile
-#: time each on a Zen 4 core: Winograd's input transform (8 s), the 1x1x1 chains, activations,
-#: max-pooling fragments (MPF, 7 s), copies and FFT-GEMM; Winograd's output transform and
-#: products (6 s), the direct loops (5 s), max filters and the FFTs.  No numba function is compiled by
+#: time each (a 2-core Xeon, the two at once: 16-17 and 19-21 s before the max filter moved to the
+#: first): Winograd's input transform (5 s), the 1x1x1 chains, activations, max-pooling fragments
+#: (MPF, 6.5 s), plain pooling and the max filter, copies; Winograd's output transform and products
+#: (7 s), the direct loops (7 s), the FFTs and FFT-GEMM.  No numba function is compiled by
 #: both (a function's cache index is written under a lock, ``layers/_numba.py``, but two
 #: compilations of one function would only waste a core): Winograd's two transforms, one numba
 #: function each, are compiled one in each child (the other, and the products in the first,
@@ -151,7 +154,7 @@ def _winograd_calls(x_of, skip) -> None:
 
 def _compile_group(group: str) -> dict:
     """Run one group of kernels once on small inputs (numba compiles each for the types a run
-    passes: layouts and dtypes, not sizes); returns ``{"functions": N compiled here}``."""
+    passes: layouts and dtypes, not sizes); returns ``{"functions": N compiled here, "s": seconds}``."""
     # lazy: loads numba and scipy only when called
     from . import layers as L
     from .inference import _non_finite
@@ -163,6 +166,7 @@ def _compile_group(group: str) -> dict:
     def x_of(*shape):
         return rng.standard_normal(shape, dtype=np.float32)
 
+    t0 = time.perf_counter()
     with _compile_count() as compiled, L.arena.using(L.arena.Arena(1 << 28)), run_threads(1):
         if group == "winograd-in":
             _winograd_calls(x_of, [(L.winograd, "_output_transform"), (L.microkernel, "batched_products")])
@@ -177,10 +181,8 @@ def _compile_group(group: str) -> dict:
             L.mpf(xm, (2, 2, 2))
             L.mpf(np.ascontiguousarray(xm.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3), (2, 2, 2))
             L.max_pool(xm, (2, 2, 2))
+            L.max_filter_inplace(x_of(1, 4, 8, 8, 8), (2, 2, 2))
             copy_into(np.empty((1, 4, 4, 4, 4), np.float32), xm[:, :, ::2, ::2, ::2])
-            L.FFTGemmConv(x_of(4, 4, 1, 3, 3), None, (2, 8, 8), threads=1).configured(keep_buffers=True)(
-                x_of(2, 4, 2, 8, 8)
-            )
         elif group == "winograd-out":
             _winograd_calls(x_of, [(L.winograd, "_input_transform")])
             conv = L.WinogradConv(x_of(8, 8, 1, 3, 3), None, (2, 12, 12), threads=1)
@@ -199,13 +201,15 @@ def _compile_group(group: str) -> dict:
                 L.conv_direct_numba(x, w, x_of(8), act=("relu", 0.0), channels_last=True)
                 L.conv_direct_gemm(x, w)
                 L.conv_direct_gemm(x, w, x_of(8), act=("relu", 0.0))
-            L.max_filter_inplace(x_of(1, 4, 8, 8, 8), (2, 2, 2))
             w = x_of(4, 4, 3, 3, 3)
             for mode in L.fft.MODES:
                 L.FFTConv(w, None, (8, 8, 8), threads=1, mode=mode)(x_of(2, 4, 8, 8, 8))
+            L.FFTGemmConv(x_of(4, 4, 1, 3, 3), None, (2, 8, 8), threads=1).configured(keep_buffers=True)(
+                x_of(2, 4, 2, 8, 8)
+            )
         else:
             raise ValueError(f"compile group {group!r}: one of {', '.join(COMPILE_GROUPS)}")
-    return {"functions": compiled()}
+    return {"functions": compiled(), "s": round(time.perf_counter() - t0, 2)}
 
 
 class _compile_count:
@@ -267,17 +271,33 @@ def _warmup_networks(rng) -> tuple:
     )
 
 
-def _compile_and_calibrate(threads_list, level: str = "quick") -> dict:
-    """Calibrate for each thread count at ``level`` (in a child process), then run small chain
-    networks as the executor runs them, through each primitive and pooling mode: what they
-    compile that the compile groups did not is counted (``compiled``)."""
+def _calibrate(threads_list, level: str = "quick") -> dict:
+    """Calibrate for each thread count at ``level`` (in a child process, after the compiles):
+    ``compiled`` counts what the calibration compiled that the compile groups did not (none:
+    ``tests/test_vector_width.py``)."""
     # lazy: loads numba and scipy only when called
-    from .plan import autotune
     from .plan.timing import calibrate
 
-    out = {}
+    out, tuned = {}, None
+    for threads in threads_list:
+        t0 = time.perf_counter()
+        # the kernel parameters are timed once, at the first thread count: they size blocks to one
+        # core's caches, and each worker runs its own blocks whatever the count
+        with _compile_count() as compiled:
+            cal = calibrate(int(threads), tuned=tuned, level=level)
+        tuned = cal.tuned
+        out[str(threads)] = {"level": cal.level, "calibrate_s": time.perf_counter() - t0, "compiled": compiled()}
+    return out
+
+
+def _run_networks(threads: int = 1) -> dict:
+    """Run small chain networks as jobs run them, through each conv primitive and pooling mode:
+    ``compiled`` counts the kernels they compiled (none after a warmup: the compile groups cover
+    what chains run; the warmup itself no longer runs them, 1 s of a first one)."""
+    # lazy: loads numba and scipy only when called
+    from .plan import autotune
+
     rng = np.random.default_rng(0)
-    nets = _warmup_networks(rng)
     # each conv primitive (with direct-numba where it cannot run a layer), MPF and plain pooling
     prim_sets = (
         ("winograd", "direct-numba"),
@@ -287,44 +307,27 @@ def _compile_and_calibrate(threads_list, level: str = "quick") -> dict:
         ("fft-stream", "direct-numba"),
         ("direct-numba",),
     )
-    tuned = None
-    for k, threads in enumerate(threads_list):
-        t0 = time.perf_counter()
-        # the kernel parameters are timed once, at the first thread count: they size blocks to one
-        # core's caches, and each worker runs its own blocks whatever the count
-        with _compile_count() as compiled:
-            cal = calibrate(int(threads), tuned=tuned, level=level)
-            tuned = cal.tuned
-            t1 = time.perf_counter()
-            runs = 0
-            # the networks compile what the groups missed: once (a kernel compiles for its
-            # argument types, not for a thread count)
-            for n, shape in nets if k == 0 else ():
-                x = rng.random((1,) + shape, dtype=np.float32)
-                for prims in prim_sets:
-                    for modes in (None, ("mpf",) + ("pool",) * (len(n.pools) - 1)):
-                        try:
-                            plan = autotune(
-                                n,
-                                memory_budget=2**30,
-                                threads=int(threads),
-                                primitives=prims,
-                                pool_modes=modes,
-                                input_shape=shape,
-                                use_cache=False,
-                            )
-                        except ZnniError:
-                            continue  # a combination this network cannot run
-                        infer(n, x, plan=plan)
-                        runs += 1
-            out[str(threads)] = {
-                "level": cal.level,
-                "calibrate_s": t1 - t0,
-                "networks_s": time.perf_counter() - t1,
-                "runs": runs,
-                "compiled": compiled(),
-            }
-    return out
+    runs = 0
+    with _compile_count() as compiled:
+        for n, shape in _warmup_networks(rng):
+            x = rng.random((1,) + shape, dtype=np.float32)
+            for prims in prim_sets:
+                for modes in (None, ("mpf",) + ("pool",) * (len(n.pools) - 1)):
+                    try:
+                        plan = autotune(
+                            n,
+                            memory_budget=2**30,
+                            threads=int(threads),
+                            primitives=prims,
+                            pool_modes=modes,
+                            input_shape=shape,
+                            use_cache=False,
+                        )
+                    except ZnniError:
+                        continue  # a combination this network cannot run
+                    infer(n, x, plan=plan)
+                    runs += 1
+    return {"runs": runs, "compiled": compiled()}
 
 
 #: the other width replaces the default only when faster by more than this: the two sums came
@@ -515,6 +518,23 @@ def warmup(threads=(1,), *, tune: bool = True, refresh: bool = False, refine: bo
     return report
 
 
+def _ready_to_time() -> None:
+    """What a calibration would otherwise pay inside its first timed calls, done while the compiles
+    run: importing pyFFTW (and the dask it imports) and scipy's FFT, numba's first compilation in
+    the process (its code generator's set-up), the calibration's input values (1.5-2 s of a quick
+    calibration on a 2-core Xeon)."""
+    # lazy: loads pyFFTW and scipy only when called
+    import pyfftw  # noqa: F401
+    import scipy.fft  # noqa: F401
+
+    # lazy: loads numba only when called
+    from .layers._numba import njit
+    from .plan.timing import _noise
+
+    njit(lambda a: a + 1)(1.0)  # not cached: compiles here, loads nothing of znni's
+    _noise(1)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m znni_core.warmup")
     p.add_argument("--child", nargs=2, metavar=("STEP", "ARG"), required=True)
@@ -528,6 +548,7 @@ def main(argv=None) -> int:
         from .plan import autotune  # noqa: F401
         from .plan.timing import calibrate  # noqa: F401
 
+        _ready_to_time()
         sys.stdin.readline()
         waited = time.perf_counter() - t0
     if step == "width":  # "compiled" once compiled; times when the driver writes a line
@@ -541,7 +562,7 @@ def main(argv=None) -> int:
         got = _compile_group(arg)
     elif step == "calibrate":  # LEVEL:THREADS,THREADS...
         level, _, counts = arg.partition(":")
-        got = _compile_and_calibrate([int(x) for x in counts.split(",")], level)
+        got = _calibrate([int(x) for x in counts.split(",")], level)
     else:
         p.error(f"unknown step {step!r}")
     if waited is not None:

@@ -73,6 +73,22 @@ def _best_of(fn, repeats=5) -> float:
     return float(min(ts))
 
 
+#: values the timed calls' inputs and weights are cut from: a prime count of float32 normal values,
+#: repeated (:func:`_noise`)
+_NOISE_VALUES = 1_000_003
+_NOISE = []
+
+
+def _noise(shape) -> np.ndarray:
+    """A new float32 array of ``shape`` holding normal values: a fixed draw of
+    :data:`_NOISE_VALUES` repeated (drawing every input afresh, about 130 million values, took 3 s
+    of each thread count's quick calibration on a 2-core Xeon, 40% of it; no kernel timed here
+    runs faster or slower on the values it gets)."""
+    if not _NOISE:
+        _NOISE.append(np.random.default_rng(0).standard_normal(_NOISE_VALUES, dtype=np.float32))
+    return np.resize(_NOISE[0], shape)
+
+
 # --------------------------------------------------------------------- calibration
 def calibrate(
     threads: int = 1, *, refresh: bool = False, tuned: dict | None = None, level: str | None = None
@@ -132,10 +148,9 @@ TUNING_ROUNDS = 5
 def _tuning_cases(threads: int) -> dict:
     """Per kernel parameter (``layers/tuning.py``), the calls it is timed on: factories, so a
     Winograd layer is built under the value being tried (its tile size is chosen when built)."""
-    rng = np.random.default_rng(0)
 
     def arr(*shape):
-        return rng.standard_normal(shape, dtype=np.float32)
+        return _noise(shape)
 
     def winograd(c, n, spatial, kernel):
         w, x = arr(c, c, *kernel), arr(n, *spatial, c).transpose(0, 4, 1, 2, 3)  # channels last, as between layers
@@ -200,16 +215,15 @@ def _tune(threads: int) -> tuple[dict, dict]:
 
 
 def _measure(threads: int) -> dict:
-    rng = np.random.default_rng(0)
     # direct convolution (BLAS lowering): effective FLOP/s on a mid-size layer
-    x = rng.standard_normal((1, 24) + NUMBA_CALIBRATION_SHAPE[0], dtype=np.float32)
-    w = rng.standard_normal((24, 24) + NUMBA_CALIBRATION_SHAPE[1], dtype=np.float32)
+    x = _noise((1, 24) + NUMBA_CALIBRATION_SHAPE[0])
+    w = _noise((24, 24) + NUMBA_CALIBRATION_SHAPE[1])
     flops = 2 * 24 * 24 * 27 * 32**3
     gemm = flops / _best_of(lambda: L.conv_direct_gemm(x, w))
     numba_rate = flops / _best_of(lambda: L.conv_direct_numba(x, w))
     # a first layer (one input channel): a short reduction (K = 27), far from BLAS peak
-    x1 = rng.standard_normal((1, 1, 66, 66, 66), dtype=np.float32)
-    w1 = rng.standard_normal((24, 1, 3, 3, 3), dtype=np.float32)
+    x1 = _noise((1, 1, 66, 66, 66))
+    w1 = _noise((24, 1, 3, 3, 3))
     flops1 = 2 * 24 * 27 * 64**3
     direct_points = {
         "gemm": [[27, flops1 / _best_of(lambda: L.conv_direct_gemm(x1, w1))], [24 * 27, gemm]],
@@ -220,8 +234,8 @@ def _measure(threads: int) -> dict:
     # block's copies weigh more on narrow stages: 24 maps ran at 0.75x the 48-map rate)
     pointwise = []
     for c in (24, 48):
-        xp1 = rng.standard_normal((1, c, 16, 128, 128), dtype=np.float32)
-        stages = [(rng.standard_normal((c, c, 1, 1, 1), dtype=np.float32), None, ("relu", 0.0))] * 4
+        xp1 = _noise((1, c, 16, 128, 128))
+        stages = [(_noise((c, c, 1, 1, 1)), None, ("relu", 0.0))] * 4
         pointwise.append(
             [c, 4 * 2 * c * c * xp1[0, 0].size / _best_of(lambda: L.conv_pointwise_chain(xp1, stages, threads=threads))]
         )
@@ -232,7 +246,7 @@ def _measure(threads: int) -> dict:
     bw = big.nbytes * 2 / _best_of(lambda: np.maximum(big, 0, out=big))
     # activations with an exponential (elu, sigmoid, tanh): numpy's exp sets their pace, not memory
     # (a U-Net's elu on 28 x 18 x 160^2: 23 ms, against 7 ms for two passes at memory bandwidth)
-    big[:] = rng.standard_normal(big.size, dtype=np.float32)
+    big[:] = _noise(big.size)
 
     old_threads = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
@@ -242,7 +256,7 @@ def _measure(threads: int) -> dict:
         numba.set_num_threads(old_threads)
     # pooling: MPF of a 64 MiB layer (the numba kernel, not an elementwise pass: the elementwise
     # rate predicted n337's three MPF layers at 0.04 s where 0.42 s were measured)
-    layer_in = rng.standard_normal((1, 16, 100, 100, 100), dtype=np.float32)
+    layer_in = _noise((1, 16, 100, 100, 100))
     pool = _best_of(lambda: L.mpf(layer_in, (2, 2, 2))) / layer_in.nbytes
     # ... and channels last (after a Winograd layer): another kernel, 2-4x faster per byte
     layer_cl = np.ascontiguousarray(layer_in.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)
@@ -283,7 +297,6 @@ def _fft_rates(threads: int) -> dict:
     (the kernel transforms it redoes per call); building the resident kernel cache of
     ``data``/``task`` costs ``d * C_in C_out VlogV`` once.
     """
-    rng = np.random.default_rng(0)
     cfg = dict(_FFT_CAL, **(_FFT_CAL_QUICK if _LEVEL == "quick" else {}))
     m, k = cfg["size"], cfg["kernel"]
     v = float(m**3)
@@ -291,8 +304,8 @@ def _fft_rates(threads: int) -> dict:
     sp = (m, m, m)
     calls, builds = {}, {}
     for n, c in cfg["mixes"]:
-        x = rng.standard_normal((n, c, m, m, m), dtype=np.float32)
-        w = rng.standard_normal((c, c, k, k, k), dtype=np.float32)
+        x = _noise((n, c, m, m, m))
+        w = _noise((c, c, k, k, k))
         for mode in L.fft.MODES:
             if mode == "stream" and n != cfg["mixes"][0][0]:
                 continue
@@ -321,8 +334,8 @@ def _fft_rates(threads: int) -> dict:
     m1, (n, c) = cfg["large"], cfg["large_mix"]
     v1 = float(m1**3)
     vlog1 = v1 * math.log2(v1)
-    x = rng.standard_normal((n, c, m1, m1, m1), dtype=np.float32)
-    w = rng.standard_normal((c, c, k, k, k), dtype=np.float32)
+    x = _noise((n, c, m1, m1, m1))
+    w = _noise((c, c, k, k, k))
     size = {"v0": v, "v1": v1, "call": {}}
     for mode in ("data", "task"):
         t0 = time.perf_counter()
@@ -348,20 +361,19 @@ def _fft_gemm_rates(threads: int) -> dict:
     """Seconds per unit of :func:`.formulas.fft_gemm_terms`: the products timed on their own (a batched
     ``cgemm`` of the calibration's shape: a clean rate), the rest of a whole call at few maps
     (transforms, transposes, padding) as the transform rate; and per kernel spectrum value built."""
-    rng = np.random.default_rng(0)
     sp, k = _FFT_GEMM_CAL["shape"], _FFT_GEMM_CAL["kernel"]
     (n1, c1), (n2, c2) = _FFT_GEMM_CAL["mixes"]
     items2, _, f = L.fft_gemm_sizes(n2, sp, k)
-    a = (rng.standard_normal((f, items2, c2)) + 0j).astype(np.complex64)
-    b = (rng.standard_normal((f, c2, c2)) + 0j).astype(np.complex64)
+    a = _noise((f, items2, c2)).astype(np.complex64)
+    b = _noise((f, c2, c2)).astype(np.complex64)
     out = np.empty((f, items2, c2), np.complex64)
     per_mac = _best_of(lambda: np.matmul(a, b, out=out)) / (f * items2 * c2 * c2)
-    x = rng.standard_normal((n1, c1) + sp, dtype=np.float32)
-    w = rng.standard_normal((c1, c1) + k, dtype=np.float32)
+    x = _noise((n1, c1) + sp)
+    w = _noise((c1, c1) + k)
     conv = L.FFTGemmConv(w, None, sp, threads=threads).configured(keep_buffers=True)
     tr1, macs1, _ = fft_gemm_terms(n1, c1, c1, sp, k)
     per_t = max(_best_of(lambda: conv(x)) - macs1 * per_mac, 0.0) / tr1
-    w2 = rng.standard_normal((c2, c2) + k, dtype=np.float32)
+    w2 = _noise((c2, c2) + k)
     build = _best_of(lambda: L.FFTGemmConv(w2, None, sp, threads=threads), repeats=2)
     return {
         "s_per_transform": per_t,
@@ -393,11 +405,10 @@ def _winograd_rates(threads: int) -> dict:
     each worker its own blocks of tiles on one BLAS thread, at two reduction lengths), per
     transformed value and per channel row (the rest of a call, on wide and on narrow planes),
     and per kernel-transform value built."""
-    rng = np.random.default_rng(0)
     sp, k = _WINOGRAD_CAL["shape"], _WINOGRAD_CAL["kernel"]
     points, blocks = [], 8
     for c in _WINOGRAD_CAL["channels"]:
-        conv = L.WinogradConv(rng.standard_normal((c, c) + k, dtype=np.float32), None, sp, threads=threads)
+        conv = L.WinogradConv(_noise((c, c) + k), None, sp, threads=threads)
         blas = bool(L.tuning.get("winograd.blas"))  # the products as the calls run them
         V0, M0, _ = conv._buffers(1, blas)[1][0]
         conv.release()
@@ -420,9 +431,9 @@ def _winograd_rates(threads: int) -> dict:
     terms, times = [], []
     many, few = _WINOGRAD_CAL["transform_channels"], _WINOGRAD_CAL["few_channels"]
     for c, (n, shape) in ((many, _WINOGRAD_CAL["wide"]), (many, _WINOGRAD_CAL["narrow"]), (few, _WINOGRAD_CAL["wide"])):
-        w = rng.standard_normal((c, c) + k, dtype=np.float32)
+        w = _noise((c, c) + k)
         # channels last in and out, as a Winograd layer between Winograd layers (and MPF) runs
-        x = rng.standard_normal((n,) + shape + (c,), dtype=np.float32).transpose(0, 4, 1, 2, 3)
+        x = _noise((n,) + shape + (c,)).transpose(0, 4, 1, 2, 3)
         conv = L.WinogradConv(w, None, shape, threads=threads).configured(channels_last=True, keep_buffers=True)
         values, macs, rows, positions = winograd_terms(n, c, c, shape, k)
         terms.append((values, rows, positions))
@@ -442,7 +453,7 @@ def _winograd_rates(threads: int) -> dict:
             per_row = max(times[1] - v2 * per_value, 0.0) / r2
         per_position = max(times[2] - v3 * per_value - r3 * per_row, 0.0) / t3
     c = _WINOGRAD_CAL["channels"][1]
-    w2 = rng.standard_normal((c, c) + k, dtype=np.float32)
+    w2 = _noise((c, c) + k)
     build = _best_of(lambda: L.WinogradConv(w2, None, sp, threads=threads), repeats=2)
     return {
         "mac_points": points,
@@ -467,8 +478,7 @@ class Measurements:
         key = f"{primitive_name}|{n}|{layer.in_channels}|{layer.out_channels}|{tuple(in_spatial)}|{layer.kernel}"
         if (hit := self.cache.get(key)) is not None:
             return hit
-        rng = np.random.default_rng(0)
-        x = rng.standard_normal((n, layer.in_channels) + tuple(in_spatial), dtype=np.float32)
+            x = _noise((n, layer.in_channels) + tuple(in_spatial))
         # the call only: resident kernel transforms are built once per run (their setup's price)
         conv = primitive(primitive_name).build(layer, tuple(in_spatial), threads=self.threads)
         fn = lambda: conv(x)  # noqa: E731
