@@ -572,25 +572,28 @@ def test_job_whose_compute_has_a_bug_stops_with_it(tmp_path, monkeypatch):
 
 
 def test_task_compute_tiles_the_plan_over_a_larger_box_as_one_infer():
-    """``task.compute`` cuts a task's box into the plan's output tiles (the last one per axis
-    shifted back, so 3 per axis here) and equals one ``infer`` over the whole box; it reports
-    one progress step per patch."""
+    """``task.compute`` runs a chain task's window: the plan's output tiles over the task's box
+    (the last one per axis shifted back, so 3 per axis here), equal to one ``infer`` over the
+    whole box, one progress step per patch; a task smaller than one patch is its input padded
+    with edge values (only outputs cropped away see them), equal to ``infer`` too."""
     from tests.nets import make_net
+    from znni_core.exec.executor import Executor
+    from znni_core.exec.tiling import window
     from znni_core.pipeline.task import compute
     from znni_core.plan import autotune
 
     net = make_net([("conv", 3, 3), ("act", "relu"), ("pool", 2), ("conv", 2, 3)])
     fov = net.field_of_view
     plan = autotune(net, patch_shape=tuple(f + 3 for f in fov), memory_budget=1 << 30, use_cache=False)
-    out_shape = tuple(2 * o + 1 for o in plan.output_shape)  # two tiles and a partial third per axis
-    x = np.random.default_rng(0).standard_normal(
-        (1,) + tuple(o + f - 1 for o, f in zip(out_shape, fov)), dtype=np.float32
-    )
-    steps = []
-    y = compute(net, plan, x, out_shape, progress=steps.append)
-    assert y.shape == (net.out_channels,) + out_shape
-    assert len(steps) == 27
-    np.testing.assert_allclose(y, znni_core.infer(net, x), rtol=1e-5, atol=1e-5)
+    rng = np.random.default_rng(0)
+    with Executor(plan, net) as run:
+        for out_shape, patches in ((tuple(2 * o + 1 for o in plan.output_shape), 27), ((3, 1, 2), 1)):
+            x = rng.standard_normal((1,) + tuple(o + f - 1 for o, f in zip(out_shape, fov)), dtype=np.float32)
+            steps = []
+            y = compute(run, x, window(net, plan, (0, 0, 0), out_shape), progress=steps.append)
+            assert y.shape == (net.out_channels,) + out_shape
+            assert len(steps) == patches
+            np.testing.assert_allclose(y, znni_core.infer(net, x), rtol=1e-5, atol=1e-5)
 
 
 def test_a_tasks_plan_may_cut_the_task_into_smaller_patches():
@@ -725,14 +728,14 @@ def test_each_task_recomputes_sampled_voxels_before_it_is_done(tmp_path, monkeyp
     run_task(rf, 0, **QUIET)
     rec = json.loads(manifest_path(load_run(rf), 0).read_text())["recomputed"]
     assert rec["voxels"] >= 8 and rec["max_deviation"] <= rec["tolerance"], rec
-    real = T.compute_tta
+    real = T.compute
 
     def wrong(*a, **kw):
         y = real(*a, **kw)
         y[(slice(None),) + (0, 0, 0)] += 0.25  # a corner: always sampled
         return y
 
-    monkeypatch.setattr(T, "compute_tta", wrong)
+    monkeypatch.setattr(T, "compute", wrong)
     with pytest.raises(DataError, match="the network gives"):
         run_task(rf, 1, **QUIET)
     assert not manifest_path(load_run(rf), 1).exists()

@@ -143,10 +143,17 @@ def infer(
         raise PlanError("the plan was made for another network (digest mismatch); re-run `znni plan`")
     elif plan.device != device:
         raise PlanError(f"the plan is for device {plan.device!r} but device={device!r} was requested")
-    limits = contextlib.nullcontext() if device == "cpu" else device_limits(xp, plan)
     run = executor_for(_LAST if cache is None else cache, plan, net, xp)
-    with thread_limits(plan.threads), limits:
+    with run_limits(plan, xp):
         return run.volume(x, progress=progress)
+
+
+@contextlib.contextmanager
+def run_limits(plan, xp=np):
+    """A run of ``plan``: its thread count (:func:`thread_limits`) and, on a device (``xp`` not
+    numpy), the device's memory pool capped at the plan's budget (:func:`.exec.device.device_limits`)."""
+    with thread_limits(plan.threads), contextlib.nullcontext() if xp is np else device_limits(xp, plan):
+        yield
 
 
 #: the executor of the last plan ``infer`` ran without a ``cache`` of its caller's

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import infer, load_network
+from .. import load_network
 from ..errors import DataError, InputError, NonFiniteError
-from ..exec.tiling import window
+from ..exec.tiling import Window, window
 from ..geometry import Block, Coordinate, Roi
-from ..inference import executor_for, thread_limits
+from ..inference import executor_for, run_limits
 from ..io import open_input, open_output, parse_layer_url, read_manifest, store_chunks, write_manifest
 from ..io.chunk_cache import ChunkCache, chunk_uses
 from ..io.workdir import work_path
@@ -144,16 +144,6 @@ def normalise(raw: np.ndarray, scale: float, shift: float, inner=None) -> np.nda
     return x
 
 
-def compute(net, plan, x: np.ndarray, out_shape, *, device: str = "cpu", progress=None) -> np.ndarray:
-    """Dense output ``(C_out,) + out_shape`` of a chain network on ``x`` (input = output + F - 1):
-    the plan's patches over it (``exec/tiling``), the resident kernel spectra kept for the job's
-    next task.  ``progress(1)`` after each patch."""
-    y = infer(net, x, device=device, plan=plan, progress=progress)
-    if tuple(y.shape[1:]) != tuple(out_shape):
-        raise InputError(f"the network's output has shape {tuple(y.shape[1:])}, the task's is {tuple(out_shape)}")
-    return y
-
-
 def tta_variants(tta: Tta | None) -> list[tuple[tuple[int, ...], bool]]:
     """``[(axes to flip, transpose y/x)]`` of ``tta`` (axes of a (C, z, y, x) array), the identity
     first: every subset of ``flips``, each with and without the transpose when ``transpose_xy``.
@@ -175,7 +165,7 @@ def definition_tta(net, wins: np.ndarray, tta: Tta | None) -> np.ndarray:
     the network on the voxel's window transformed as the variant transforms the input (the
     valid output of a flipped or transposed input is the flipped or transposed output), so each
     is one more plain forward pass over the transformed windows; mean and variance as
-    :func:`compute_tta` forms them.
+    :func:`compute` forms them.
 
     >>> from znni_core.net import Conv, Network
     >>> net = Network((Conv(np.arange(4, dtype=np.float32).reshape(1, 1, 1, 1, 4), None),))
@@ -194,22 +184,37 @@ def definition_tta(net, wins: np.ndarray, tta: Tta | None) -> np.ndarray:
     return np.concatenate([mean, np.maximum((ys * ys).mean(axis=0) - mean * mean, 0.0)], axis=1)
 
 
-def compute_tta(net, plan, x: np.ndarray, out_shape, tta: Tta | None, **kw) -> np.ndarray:
-    """:func:`compute` averaged over the variants of ``tta`` (:func:`tta_variants`): the network
-    on each transformed input, its output transformed back (exact per variant; the mean in
-    float64, stored as float32); with ``tta.variance`` the per-voxel variance across the variants
-    follows as as many more channels."""
+def fit_window(x: np.ndarray, win: Window) -> np.ndarray:
+    """``x`` padded at its end with its edge values up to what ``win``'s patches read: a chain task
+    smaller than one patch (only outputs cropped away see them, as ``infer`` pads a small input)."""
+    short = [(0, max(0, (b - a) - n)) for a, b, n in zip(win.in_lo, win.in_hi, x.shape[1:])]
+    return np.pad(x, [(0, 0)] + short, mode="edge") if any(p for _, p in short) else x
+
+
+def compute(run, x: np.ndarray, win: Window, tta: Tta | None = None, *, progress=None) -> np.ndarray:
+    """The output over ``win`` from ``x`` (the input over the window's reach, :func:`fit_window`) by
+    ``run`` (the job's :class:`~znni_core.exec.executor.Executor`), for chains and graphs alike;
+    ``progress(1)`` after each patch.
+
+    With ``tta``, the mean over its variants (:func:`tta_variants`): the network on each transformed
+    input, its output transformed back (exact per variant; the mean in float64, stored as float32);
+    with ``tta.variance`` the per-voxel variance across the variants follows as as many more
+    channels.  A variant's window is the plan's tiles over its transformed box: a chain's voxels
+    do not depend on where its patches start (a graph's do: its variants would need windows on
+    the region's reflected lattice, so the run's settings refuse ``tta`` for graphs)."""
     variants = tta_variants(tta)
     variance = tta is not None and tta.variance
     if len(variants) == 1 and not variance:
-        return compute(net, plan, x, out_shape, **kw)
+        return run.window(fit_window(x, win), win, progress=progress)
+    if run.net.kind != "chain":
+        raise InputError("tta: test-time augmentation runs chain networks only; remove tta")
     acc = sq = None
     for flips, transpose in variants:
-        xv = np.flip(x, flips) if flips else x
-        shape = tuple(out_shape)
+        xv, wv = (np.flip(x, flips) if flips else x), win
         if transpose:
-            xv, shape = xv.swapaxes(2, 3), (shape[0], shape[2], shape[1])
-        y = compute(net, plan, np.ascontiguousarray(xv), shape, **kw)
+            shape = tuple(b - a for a, b in zip(win.lo, win.hi))
+            xv, wv = xv.swapaxes(2, 3), window(run.net, run.plan, (0, 0, 0), (shape[0], shape[2], shape[1]))
+        y = run.window(fit_window(np.ascontiguousarray(xv), wv), wv, progress=progress)
         if transpose:
             y = y.swapaxes(2, 3)
         y = (np.flip(y, flips) if flips else y).astype(np.float64)
@@ -221,13 +226,21 @@ def compute_tta(net, plan, x: np.ndarray, out_shape, tta: Tta | None, **kw) -> n
     return np.concatenate([mean, var]).astype(np.float32)
 
 
-def graph_read(net, plan, region: Roi, write_roi: Roi, halo):
-    """(window, read ROI, extent) of a task of a graph network.  The window's patches are those
-    a run of ``infer`` over the whole region's input would use for these voxels; ``extent`` is
-    that whole input (the region grown by the halo): a padded network sees zeros beyond it,
-    exactly as ``infer`` pads a volume; a valid one reads through the edge policy."""
-    lo = tuple(write_roi.offset - region.offset)
-    hi = tuple(Coordinate(lo) + write_roi.shape)
+def task_window(net, plan, region: Roi, comp: Roi, halo) -> tuple[Window, Roi, Roi]:
+    """``(window, read ROI, extent)`` of a task that computes the voxels ``comp``, for every kind of
+    network: the patches it runs, the input it reads and where that input ends.
+
+    Chain: the plan's tiles over the task's own box from its corner (a chain's voxel depends on its
+    field of view only: any tiling gives the same values), reading the box grown by the halo;
+    ``extent`` is that read.  Graph: the patches a run of ``infer`` over the whole region's input
+    would use for these voxels (a graph's voxels depend on the patch lattice); ``extent`` is that
+    whole input (the region grown by the halo): a padded network sees zeros beyond it, exactly as
+    ``infer`` pads a volume; a valid one reads through the edge policy."""
+    if net.kind == "chain":
+        read = halo.read_roi(comp)
+        return window(net, plan, (0, 0, 0), tuple(comp.shape)), read, read
+    lo = tuple(comp.offset - region.offset)
+    hi = tuple(Coordinate(lo) + comp.shape)
     win = window(net, plan, lo, hi, whole_out=tuple(region.shape))
     origin = region.offset - halo.low
     read = Roi(origin + Coordinate(win.in_lo), Coordinate(win.in_hi) - Coordinate(win.in_lo))
@@ -333,7 +346,7 @@ class TaskInput:
     missing: list
     raw: object = None
     inner: object = None
-    window: object = None  # a graph network's patch window
+    window: object = None  # the patches the task runs (:func:`task_window`)
     extent: object = None
     t0: float = 0.0
     t_read: float = 0.0
@@ -386,12 +399,8 @@ def input_box(ctx: RunContext, block: Block) -> Roi | None:
     comp = block.write_roi.intersect(ctx.region)
     if comp.empty:
         return None
-    if ctx.net.kind != "chain":
-        _, read_roi, extent = graph_read(ctx.net, ctx.plan, ctx.region, comp, ctx.halo)
-        read_roi = read_roi.intersect(extent)
-    else:
-        read_roi = ctx.halo.read_roi(comp)
-    return read_box(ctx.inp.bounds, read_roi, ctx.run.config.edge)
+    _, read_roi, extent = task_window(ctx.net, ctx.plan, ctx.region, comp, ctx.halo)
+    return read_box(ctx.inp.bounds, read_roi.intersect(extent), ctx.run.config.edge)
 
 
 def job_cache(ctx: RunContext, blocks, spill_dir=None) -> ChunkCache:
@@ -443,22 +452,19 @@ def read_task(
     comp = block.write_roi.intersect(region)
     if masked and live:
         comp = reduce(Roi.union, (grid.chunk_roi(i) for i in live)).intersect(region)
-    window, extent, raw, inner, missing, versions, reads = None, None, None, None, [], {}, {"chunks": 0, "voxels": 0}
-    if not live:
-        pass
-    elif net.kind != "chain":  # the patches of the network's grid (valid) or blending lattice (padded)
-        window, read_roi, extent = graph_read(net, plan, region, comp, halo)
+    win, extent, raw, inner, missing, versions, reads = None, None, None, None, [], {}, {"chunks": 0, "voxels": 0}
+    if live:
+        win, read_roi, extent = task_window(net, plan, region, comp, halo)
         block = Block(block.id, block.write_roi, read_roi, block.chunks)
         raw, inner, missing = gather(cache or inp, read_roi.intersect(extent), cfg.edge, fill, versions, reads)
-    else:
-        block = Block(block.id, block.write_roi, halo.read_roi(comp), block.chunks)
-        raw, inner, missing = gather(cache or inp, block.read_roi, cfg.edge, fill, versions, reads)
 
     # ---- empty chunks (T26): all-zero input context is skipped and recorded ------------------------
     empty = set()
     if cfg.input.empty == "skip":
+        # a chain's chunk depends on the chunk grown by the halo, a graph's on its window's patches
+        reach = () if net.kind == "chain" else (win, extent, block.read_roi)
         for idx in live:
-            croi = empty_context(grid, region, halo, idx, window, extent, block.read_roi)
+            croi = empty_context(grid, region, halo, idx, *reach)
             if not raw[(slice(None),) + croi.to_slices(block.read_roi.offset)].any():
                 empty.add(idx)
     todo = [i for i in live if i not in empty and (chunk_index is None or i == chunk_index)]
@@ -474,7 +480,7 @@ def read_task(
         missing,
         raw,
         inner,
-        window,
+        win,
         extent,
         t0,
         time.perf_counter() - t0,
@@ -531,8 +537,9 @@ def check_sample(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray, s
 
 
 def window_input(ti: TaskInput, x: np.ndarray) -> np.ndarray:
-    """A graph task's normalised input ``x`` (its read inside the region's input) over the whole of
-    what its window's patches read: zeros beyond the region's input, as ``infer`` pads a volume."""
+    """A task's normalised input ``x`` (its read inside ``ti.extent``) over the whole of what its
+    read covers: a graph's patches beyond the region's input read zeros, as ``infer`` pads a
+    volume (a chain's read is its extent: ``x`` as it is)."""
     block = ti.block
     inside = block.read_roi.intersect(ti.extent)
     if inside == block.read_roi:
@@ -542,40 +549,41 @@ def window_input(ti: TaskInput, x: np.ndarray) -> np.ndarray:
     return full
 
 
+def check_task(ctx: RunContext, ti: TaskInput, x: np.ndarray, y: np.ndarray) -> dict:
+    """The in-run check of a task's output, the one its network's kind allows
+    (``verify_voxels``): a chain's sampled voxels against its definition (:func:`check_sample`:
+    any voxel, alone), a graph's recomputed patch by a reference plan over the same lattice
+    (:func:`~.recompute.check_graph_task`: a voxel depends on the patch computing it)."""
+    setting = ctx.run.config.verify_voxels
+    if ctx.net.kind == "chain":
+        return check_sample(ctx, ti, x, y, setting)
+    return check_graph_task(ctx, ti, x, y, setting, VERIFY_SHARE)
+
+
 def compute_task(ctx: RunContext, ti: TaskInput, *, device: str | None = None, show_progress: bool = False) -> tuple:
-    """Stage 2: ``(output of the task's write box or None, seconds)``; frees the task's input."""
+    """Stage 2: ``(output of the task's write box or None, seconds)``; frees the task's input.  One
+    path for every network: the input over the task's window (:func:`window_input`), its patches
+    on the job's executor (test-time augmentation around them: :func:`compute`), then the check
+    of the network's kind (:func:`check_task`)."""
     net, plan, cfg, block = ctx.net, ctx.plan, ctx.run.config, ti.block
     device = device or cfg.device
     comp, raw, inner, win = ti.comp, ti.raw, ti.inner, ti.window
     ti.raw = ti.inner = None
     t_comp = time.perf_counter()
     y = None
-    if ti.todo and win is not None:
+    if ti.todo:
         x = window_input(ti, normalise(raw, cfg.normalize.scale, cfg.normalize.shift, inner))
         del raw
-        with thread_limits(plan.threads):
-            y = executor_for(ctx.executors, plan, net, require_device(device)).window(x, win)
-        ti.recomputed = check_graph_task(ctx, ti, x, y, cfg.verify_voxels, VERIFY_SHARE)
-        del x
-    elif ti.todo:
-        x = normalise(raw, cfg.normalize.scale, cfg.normalize.shift, inner)
-        del raw
+        xp = require_device(device)
+        run = executor_for(ctx.executors, plan, net, xp)
         bar = None
-        ntiles = len(tta_variants(cfg.tta)) * window(net, plan, (0, 0, 0), tuple(comp.shape)).count
         if show_progress:
-            bar = progress_bar(ntiles, f"task {ti.task_id} patches", "patch")
-        y = compute_tta(
-            net,
-            plan,
-            x,
-            tuple(comp.shape),
-            cfg.tta,
-            device=device,
-            progress=bar.update if bar is not None else None,
-        )
+            bar = progress_bar(len(tta_variants(cfg.tta)) * win.count, f"task {ti.task_id} patches", "patch")
+        with run_limits(plan, xp):
+            y = compute(run, x, win, cfg.tta, progress=bar.update if bar is not None else None)
         if bar is not None:
             bar.close()
-        ti.recomputed = check_sample(ctx, ti, x, y, cfg.verify_voxels)
+        ti.recomputed = check_task(ctx, ti, x, y)
         del x
     if y is not None and comp != block.write_roi:
         full = np.zeros((y.shape[0],) + tuple(block.write_roi.shape), y.dtype)
