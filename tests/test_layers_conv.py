@@ -156,6 +156,62 @@ def test_numba_grouped_rows_equal_torch_conv3d(monkeypatch, group):
         assert is_channels_last(cl) and rel_err(cl, ref) <= TOL, kernel
 
 
+ACTIVATIONS = {
+    None: lambda r: r,
+    ("relu", 0.0): lambda r: np.maximum(r, 0.0),
+    ("leaky_relu", 0.1): lambda r: np.where(r > 0, r, 0.1 * r),
+    ("elu", 1.0): lambda r: np.where(r > 0, r, np.expm1(np.minimum(r, 0.0))),
+}
+
+
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_numba_register_tiles_equal_torch_conv3d(act):
+    """Output rows of a register tile or more (one tile, a tile and a few values: the last tile
+    shifted back over the first; several) run on tiles: blocks of 4 output channels and lone
+    ones (1, 3, 5, 9 channels), every kernel row length, inputs and outputs channels first and
+    last, each fused activation, equal to float64 torch; and equal to the grouped rows' loop."""
+    import znni_core.layers.direct as D
+
+    W = D.TILE_WIDTH
+    rng = np.random.default_rng(7)
+    cases = (
+        (1, 1, 5, (1, 5, 5), (2, 6, W + 4)),
+        (2, 6, 1, (1, 5, 5), (1, 7, 2 * W + 7)),
+        (1, 3, 9, (3, 3, 3), (4, 4, W + 2)),
+        (1, 8, 4, (2, 2, 2), (3, 3, W + 1)),
+        (1, 2, 3, (1, 1, 4), (2, 3, 3 * W + 3)),
+        (3, 4, 6, (1, 2, 1), (2, 3, W)),
+    )
+    for n, ci, co, kernel, spatial in cases:
+        assert D.direct_numba_tiles(spatial, kernel)
+        x = rng.standard_normal((n, ci) + spatial).astype(np.float32)
+        w = rng.standard_normal((co, ci) + kernel).astype(np.float32)
+        b = rng.standard_normal(co).astype(np.float32)
+        t = [torch.from_numpy(a).double() for a in (x, w, b)]
+        ref = ACTIVATIONS[act](torch.nn.functional.conv3d(*t).numpy())
+        x_cl = np.ascontiguousarray(x.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)
+        for xin in (x, x_cl):
+            for cl in (False, True):
+                y = conv_direct_numba(xin, w, b, act=act, channels_last=cl)
+                assert is_channels_last(y) == (cl and co > 1) and rel_err(y, ref) <= TOL, (kernel, co, cl)
+        rows = conv_direct_numba(x, w, b, act=act, tiles=False)
+        assert rel_err(rows, ref) <= TOL, (kernel, co)
+
+
+def test_numba_register_tiles_priced_by_their_own_efficiency():
+    """The model's efficiency of a layer on tiles: whole tiles and blocks of 4 channels run at the
+    full rate; a row a tile and a bit long recomputes most of a tile; a lone channel runs at
+    ``LONE_CHANNEL`` of a block's rate per channel; rows shorter than a tile take the rows' loop."""
+    import znni_core.layers.direct as D
+
+    W = D.TILE_WIDTH
+    assert D.direct_numba_efficiency(24, (3, 3, 2 * W + 2), (3, 3, 3)) == 1.0
+    assert D.direct_numba_efficiency(24, (3, 3, W + 3), (3, 3, 3)) == pytest.approx((W + 1) / (2 * W))
+    assert D.direct_numba_efficiency(1, (3, 3, W + 2), (3, 3, 3)) == pytest.approx(D.LONE_CHANNEL)
+    assert D.direct_numba_efficiency(5, (3, 3, W + 2), (3, 3, 3)) == pytest.approx(5 / (4 + 1 / D.LONE_CHANNEL))
+    assert not D.direct_numba_tiles((3, 3, W + 1), (3, 3, 3)) and D.direct_numba_tiles((3, 3, W + 2), (3, 3, 3))
+
+
 @pytest.mark.parametrize("target", [1, 3_000, 20_000, 60_000, 10**9])
 def test_gemm_every_block_geometry(monkeypatch, target):
     """Small block targets force multi-plane blocks with a short last one, row blocks

@@ -135,6 +135,11 @@ _EXACT = textwrap.dedent("""
         with tuning.using({"winograd.blas": 1}):
             errs[f"winograd {k} blas"] = t.rel_err(L.WinogradConv(w, b, shape, threads=2)(x), ref)
         errs[f"direct-numba {k}"] = t.rel_err(L.conv_direct_numba(x, w, b), ref)
+    for co in (5, 1):  # register tiles: rows of 68 values (a tile and a part of every width)
+        x = rng.standard_normal((1, 3, 2, 5, 70), dtype=np.float32)
+        w = rng.standard_normal((co, 3, 1, 3, 3), dtype=np.float32)
+        b = rng.standard_normal(co, dtype=np.float32)
+        errs[f"direct-numba tiles {co}"] = t.rel_err(L.conv_direct_numba(x, w, b, tiles=True), t.reference(x, w, b))
     x, stages = t._wide_chain(5)
     y = pointwise.conv_pointwise_chain(x, stages, threads=2, block=48)
     errs["1x1x1 chain"] = float(np.abs(y - t._pointwise_reference(x, stages)).max())

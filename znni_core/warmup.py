@@ -195,6 +195,8 @@ def _compile_group(group: str) -> dict:
                 8,
                 L.microkernel.Scratch(8, 8, conv.register_tile),
             )
+            # direct-numba's register tiles (rows of a tile or more: one signature, both layouts)
+            L.conv_direct_numba(x_of(1, 2, 1, 3, L.direct.TILE_WIDTH + 2), x_of(5, 2, 1, 3, 3))
             for x, w in ((x_of(1, 1, 6, 12, 12), x_of(8, 1, 1, 4, 4)), (x_of(2, 8, 6, 6, 6), x_of(8, 8, 3, 3, 3))):
                 L.conv_direct_numba(x, w)
                 L.conv_direct_numba(x, w, x_of(8), act=("relu", 0.0))

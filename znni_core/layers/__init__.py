@@ -24,6 +24,7 @@ from .direct import (
     conv_direct_numba_memory,
     conv_out_shape,
     direct_numba_efficiency,
+    direct_numba_tiles,
 )
 from .fft import (
     FFTConv,
@@ -80,6 +81,7 @@ __all__ = [
     "conv_out_shape",
     "cupy_or_none",
     "direct_numba_efficiency",
+    "direct_numba_tiles",
     "default_wisdom_path",
     "fft_conv",
     "fft_conv_memory",

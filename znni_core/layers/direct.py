@@ -17,7 +17,9 @@ Two CPU paths:
         |#######  ..      |          keep [:, :, :Xo] of every row
         +-----------------+
 
-* :func:`conv_direct_numba` is a parallel numba loop nest (fallback and reference).
+* :func:`conv_direct_numba` runs numba loops: register tiles of output channels x a row's
+  values, summed over every tap in registers (rows of a tile or more), else a loop over grouped
+  rows (a few-voxel row of an MPF fragment).
 
 Both are CPU-only; ``conv_direct_gemm`` is written against ``xp`` and runs on CuPy
 too (``as_strided`` and ``matmul`` exist there).
@@ -30,7 +32,7 @@ import math
 import numpy as np
 
 from ..errors import InputError
-from . import arena, tuning
+from . import arena, microkernel, tuning
 from ._numba import FAST, njit
 from .activation import apply_activation
 from .epilogue import FUSABLE, act_row, epilogue
@@ -277,12 +279,25 @@ def _row_group(in_spatial, kernel) -> tuple[int, int]:
     return rows, (rows - 1) * x + xo
 
 
+def direct_numba_tiles(in_spatial, kernel) -> bool:
+    """Whether :func:`conv_direct_numba` runs this layer on register tiles (output rows of at least
+    one tile, :data:`TILE_WIDTH` values) rather than on its loop of grouped rows."""
+    return int(in_spatial[2]) - int(kernel[2]) + 1 >= TILE_WIDTH
+
+
 def direct_numba_efficiency(c_out, in_spatial, kernel) -> float:
-    """The fraction of :func:`conv_direct_numba`'s long-row rate that is useful output on this
-    layer: the output values a grouped row keeps, over the values it computes plus its fixed
-    cost, times the real channels over the padded ones (whole blocks of 4)."""
-    rows, values = _row_group(in_spatial, kernel)
+    """The fraction of :func:`conv_direct_numba`'s full rate that is useful output on this layer.
+    On register tiles (:func:`direct_numba_tiles`): the row's values over its tiles' (the last
+    one shifted back recomputes some), times the channels over the blocks' (a lone channel's tile
+    is bound by its loads: :data:`LONE_CHANNEL` of a block's rate per channel).  On grouped rows:
+    the output values a grouped row keeps over the values it computes plus its fixed cost, times
+    the real channels over the padded ones (whole blocks of 4)."""
     xo = int(in_spatial[2]) - int(kernel[2]) + 1
+    if direct_numba_tiles(in_spatial, kernel):
+        c = int(c_out)
+        blocks = c // _TR + (c % _TR) / (_TR * LONE_CHANNEL)
+        return xo / (-(-xo // TILE_WIDTH) * TILE_WIDTH) * c / (blocks * _TR)
+    rows, values = _row_group(in_spatial, kernel)
     channels = int(c_out) / (-(-int(c_out) // _OB) * _OB)
     return channels * rows * xo / (values + ROW_OVERHEAD)
 
@@ -437,10 +452,89 @@ def _conv_numba_kernel_cl(x, w, b, out, X, G, code, alpha, t0, t1):  # pragma: n
                             of[dst + xx * O_ + u(q)] = acc[q, base + xx]
 
 
-def conv_direct_numba(x, w, b=None, *, act=None, channels_last=False):
-    """Valid 3-D convolution by a parallel numba loop nest (numpy arrays only).
+# ----------------------------------------------------------------------------- register tiles
+# Output rows of at least one vector run on register tiles (:func:`.microkernel.fma_taps`): a tile
+# keeps ``rows`` output channels x ``nv`` vectors along x in registers over every tap (input
+# channel, kernel row, shift along x), loads each input vector once per shift for all its
+# channels and stores once.  The loop above keeps its sums in memory rows (a load and a store of
+# each per kernel row) and blocks of 4 channels (one output channel ran 4 times its work): the
+# 28 -> 1 (1,5,5) last layer of the synapse detector ran at 5 GMAC/s on one Xeon core, 1 -> 28 at
+# 12-17.  Blocks of 4 channels, the rest one at a time; tiles of ``nv`` vectors, else of one
+# (rows shorter than ``nv`` vectors), the last tile of a row shifted back to end with it.
+_TR = 4
+_TNV = min(4, (microkernel.REGISTERS - 1) // (_TR + 1))
+(_R0, _N0, _V0), (_R1, _N1, _V1) = _TAPS = ((_TR, _TNV, microkernel.VL), (1, _TNV, microkernel.VL))
+#: output values along x per register tile: rows of at least this many run on tiles
+TILE_WIDTH = _TNV * microkernel.VL
+#: a lone channel's tile (1 x ``nv`` vectors: a load per multiply-add) against a block of 4's rate
+#: per channel: 17 against 43 GMAC/s on one Xeon core (28 -> 1 and 28 -> 4 (1,5,5), 16 x 128^2)
+LONE_CHANNEL = 0.4
 
-    Parallel over (item, block of 4 output channels, output plane); each task keeps
+
+@njit(nogil=True, cache=True)
+def _conv_taps_kernel(x, w, b, offs, out, dims, cl, code, alpha, t0, t1):  # pragma: no cover - compiled
+    """Output rows ``[t0, t1)`` of ``N * Zo * Yo`` on register tiles: ``x`` the flat input
+    (N, C, Z, Y, X), ``w`` the flat weights (O, K1 * kx), ``offs`` the K1 input rows' offsets,
+    ``out`` the flat output, channels first (N, O, Zo, Yo, Xo) or with ``cl`` last (N, Zo, Yo, Xo,
+    O: each tile through a scratch); ``dims`` (O, Zo, Yo, Xo, kx, input item, plane and row
+    strides).  ELU (code 3) runs on each tile's rows after it (the tile's epilogue: ReLU, leaky)."""
+    O, Zo, Yo, Xo, kx, sn, sz, sy = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]
+    K1, ar = offs.size, offs.size * kx
+    tcode = code if code < 3 else 0
+    W = TILE_WIDTH
+    scratch = np.empty(_TR * W, np.float32)
+    plane = Zo * Yo * Xo
+    u = np.uint64
+    for t in range(t0, t1):
+        n, zy = t // (Zo * Yo), t % (Zo * Yo)
+        xin = n * sn + (zy // Yo) * sz + (zy % Yo) * sy
+        for x0 in range(0, Xo, W):
+            x0 = min(x0, Xo - W)  # the last tile ends with the row
+            o = 0
+            while o < O:
+                rows = _TR if O - o >= _TR else 1
+                c, co, ldc = (scratch, 0, W) if cl else (out, (n * O + o) * plane + zy * Xo + x0, plane)
+                if rows == _TR:
+                    microkernel.fma_taps(
+                        _R0, _N0, _V0, w, o * ar, ar, x, xin + x0, offs, K1, kx, c, co, ldc, b, o, tcode, alpha
+                    )
+                else:
+                    microkernel.fma_taps(
+                        _R1, _N1, _V1, w, o * ar, ar, x, xin + x0, offs, K1, kx, c, co, ldc, b, o, tcode, alpha
+                    )
+                for r in range(rows):
+                    if code == 3:
+                        act_row(c, co + r * ldc, co + r * ldc + W, code, alpha)
+                    if cl:
+                        dst = u(((n * Zo * Yo + zy) * Xo + x0) * O + o + r)
+                        for v in range(u(W)):
+                            out[dst + v * u(O)] = scratch[u(r * W) + v]
+                o += rows
+
+
+def _conv_taps(x, w, b, code, alpha, out, channels_last):
+    """:func:`conv_direct_numba` on register tiles (output rows of at least one vector)."""
+    n, c, z, y, xw = x.shape
+    o, _, kz, ky, kx = w.shape
+    xf = np.ascontiguousarray(x).reshape(-1)
+    offs = np.array(
+        [ci * z * y * xw + dz * y * xw + dy * xw for ci in range(c) for dz in range(kz) for dy in range(ky)], np.int64
+    )
+    _, zo, yo, xo = out.shape[1:]
+    dims = np.array([o, zo, yo, xo, kx, c * z * y * xw, y * xw, xw], np.int64)
+    dst = memory_order(out).reshape(-1) if channels_last else out.reshape(-1)
+    wf = np.ascontiguousarray(w).reshape(-1)
+    args = (xf, wf, b, offs, dst, dims, channels_last, code, np.float32(alpha))
+    split_tasks(lambda t0, t1: _conv_taps_kernel(*args, t0, t1), n * zo * yo)
+    return out
+
+
+def conv_direct_numba(x, w, b=None, *, act=None, channels_last=False, tiles=None):
+    """Valid 3-D convolution by numba loops on the run's threads (numpy arrays only).
+
+    Output rows of at least :data:`TILE_WIDTH` values run on register tiles (4 output channels,
+    or one, x a tile of the row summed over every tap in registers; a task an output row).
+    Otherwise parallel over (item, block of 4 output channels, output plane); each task keeps
     one output row per channel in registers/L1 and streams the input rows.  Rows shorter
     than ``direct.row_group`` input values run several at a time as one row with gaps (MPF
     fragments' rows are 6-8 voxels); a last block of fewer than 4 channels runs on
@@ -456,6 +550,9 @@ def conv_direct_numba(x, w, b=None, *, act=None, channels_last=False):
         An activation applied as the output is written (a fused activation).
     channels_last : bool
         Write the output channels last (``(N, Z, Y, X, C)`` memory).
+    tiles : bool or None
+        Run on register tiles or on grouped rows; None: tiles where the output rows are at least
+        :data:`TILE_WIDTH` long (:func:`direct_numba_tiles`).  Tiles need such rows.
 
     Returns
     -------
@@ -467,13 +564,16 @@ def conv_direct_numba(x, w, b=None, *, act=None, channels_last=False):
     o = w.shape[0]
     shape = (x.shape[0], o) + conv_out_shape(x.shape[2:], w.shape[2:])
     out = empty_channels_last(shape) if channels_last else arena.empty(shape)
+    code, alpha = epilogue(act)
+    if direct_numba_tiles(x.shape[2:], w.shape[2:]) if tiles is None else tiles:
+        bias = np.zeros(o, np.float32) if b is None else np.ascontiguousarray(b, dtype=np.float32)
+        return _conv_taps(x, w, bias, code, alpha, out, channels_last)
     pad = -o % _OB  # a partial last block of output channels: zero weights, never stored
     if pad:
         w = np.concatenate([w, np.zeros((pad,) + w.shape[1:], np.float32)])
     bp = np.zeros(o + pad, np.float32)
     if b is not None:
         bp[:o] = b
-    code, alpha = epilogue(act)
     n, c, z, y, xw = x.shape
     rows, _ = _row_group(x.shape[2:], w.shape[2:])
     zo, yo = out.shape[2], out.shape[3]

@@ -32,7 +32,18 @@ from numba.extending import intrinsic
 from ._numba import njit, numba
 from .layout import copy_run, fill_run
 
-__all__ = ["REGISTERS", "SHAPES", "VL", "Scratch", "batched_products", "fits", "fma_tile", "pad_columns", "tile_shape"]
+__all__ = [
+    "REGISTERS",
+    "SHAPES",
+    "VL",
+    "Scratch",
+    "batched_products",
+    "fits",
+    "fma_taps",
+    "fma_tile",
+    "pad_columns",
+    "tile_shape",
+]
 
 
 def _target_features() -> list:
@@ -58,6 +69,76 @@ def fits(rows: int, nv: int) -> bool:
     return rows * nv + nv + 1 <= REGISTERS
 
 
+class _TileIR:
+    """The parts every register tile's LLVM function shares: its vector type, constants, splats,
+    vector pointers, the accumulators (started at the bias) and the store of each with the
+    epilogue.  ``acc[r][j]`` are allocas of vectors (mem2reg makes them registers)."""
+
+    def __init__(self, module, fn, R: int, NV: int, VL: int, bias):
+        self.module, self.R, self.NV, self.VL = module, R, NV, VL
+        self.f32, self.i64 = ir.FloatType(), ir.IntType(64)
+        self.vt = ir.VectorType(self.f32, VL)
+        self.builder = ir.IRBuilder(fn.append_basic_block("entry"))
+        self.undef = ir.Constant(self.vt, ir.Undefined)
+        self.lane0 = ir.Constant(ir.VectorType(ir.IntType(32), VL), [0] * VL)
+        self.fma = cgutils.get_or_insert_function(
+            module, ir.FunctionType(self.vt, [self.vt, self.vt, self.vt]), f"llvm.fma.v{VL}f32"
+        )
+        b = self.builder
+        self.acc = []
+        for r in range(R):
+            br = self.splat(b.load(b.gep(bias, [self.const(r)])))
+            row = [cgutils.alloca_once(b, self.vt) for _ in range(NV)]
+            for x in row:
+                b.store(br, x)
+            self.acc.append(row)
+
+    def const(self, v):
+        return ir.Constant(self.i64, v)
+
+    def splat(self, s):
+        b = self.builder
+        return b.shuffle_vector(b.insert_element(self.undef, s, ir.Constant(ir.IntType(32), 0)), self.undef, self.lane0)
+
+    def vec(self, base, off):
+        """The VL floats at ``base + off`` (an i64 value or an int) as a vector pointer."""
+        off = self.const(off) if isinstance(off, int) else off
+        return self.builder.bitcast(self.builder.gep(base, [off]), self.vt.as_pointer())
+
+    def load_row(self, base, off):
+        """The ``NV`` vectors from ``base + off`` (unaligned loads)."""
+        b, out = self.builder, []
+        for j in range(self.NV):
+            v = b.load(self.vec(b.gep(base, [off]), j * self.VL))
+            v.align = 4
+            out.append(v)
+        return out
+
+    def fma_row(self, r, av, bv):
+        """``acc[r][j] += av * bv[j]`` for every ``j``."""
+        b = self.builder
+        for j in range(self.NV):
+            b.store(b.call(self.fma, [av, bv[j], b.load(self.acc[r][j])]), self.acc[r][j])
+
+    def store(self, c, ldc, code, alpha):
+        """Row ``r`` of the tile to ``c + r * ldc``, the epilogue ``code`` applied: 0 none, 1 ReLU,
+        2 leaky ReLU of slope ``alpha``."""
+        b = self.builder
+        zero = ir.Constant(self.vt, [0.0] * self.VL)
+        slope = self.splat(alpha)
+        relu = b.icmp_signed("==", code, self.const(1))
+        leaky = b.icmp_signed("==", code, self.const(2))
+        for r in range(self.R):
+            crow = b.gep(c, [b.mul(self.const(r), ldc)])
+            for j in range(self.NV):
+                v = b.load(self.acc[r][j])
+                pos = b.fcmp_ordered(">", v, zero)
+                out = b.select(relu, b.select(pos, v, zero), b.select(leaky, b.select(pos, v, b.fmul(v, slope)), v))
+                s = b.store(out, self.vec(crow, j * self.VL))
+                s.align = 4
+        b.ret_void()
+
+
 def _tile_function(module, R: int, NV: int, VL: int):
     """The tile as a function of its own in ``module`` (defined once per module): kept out of the
     loops that call it, its accumulators get the registers to themselves (inlined into a loop
@@ -68,67 +149,55 @@ def _tile_function(module, R: int, NV: int, VL: int):
         return fn
     f32, i64 = ir.FloatType(), ir.IntType(64)
     fp = f32.as_pointer()
-    vt = ir.VectorType(f32, VL)
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [fp, i64, i64, fp, i64, fp, i64, i64, fp, i64, f32]), name)
     fn.linkage = "internal"
     fn.attributes.add("noinline")
     a, ar, ac, b, ldb, c, ldc, K, bias, code, alpha = fn.args
     for p in (a, b, c, bias):
         p.add_attribute("noalias")
-    builder = ir.IRBuilder(fn.append_basic_block("entry"))
-
-    def const(v):
-        return ir.Constant(i64, v)
-
-    undef = ir.Constant(vt, ir.Undefined)
-    lane0 = ir.Constant(ir.VectorType(ir.IntType(32), VL), [0] * VL)
-
-    def splat(s):
-        return builder.shuffle_vector(builder.insert_element(undef, s, ir.Constant(ir.IntType(32), 0)), undef, lane0)
-
-    def vec(base, off):  # the VL floats at base + off as a vector pointer
-        return builder.bitcast(builder.gep(base, [const(off)]), vt.as_pointer())
-
-    # accumulators start at the bias; allocas of vectors become registers (mem2reg)
-    acc, arows = [], []
-    for r in range(R):
-        br = splat(builder.load(builder.gep(bias, [const(r)])))
-        row = [cgutils.alloca_once(builder, vt) for _ in range(NV)]
-        for x in row:
-            builder.store(br, x)
-        acc.append(row)
-        arows.append(builder.gep(a, [builder.mul(const(r), ar)]))
-    fma = cgutils.get_or_insert_function(module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{VL}f32")
+    t = _TileIR(module, fn, R, NV, VL, bias)
+    builder = t.builder
+    arows = [builder.gep(a, [builder.mul(t.const(r), ar)]) for r in range(R)]
     with cgutils.for_range(builder, K) as loop:
         k = loop.index
-        brow = builder.gep(b, [builder.mul(k, ldb)])
-        bv = []
-        for j in range(NV):
-            v = builder.load(vec(brow, j * VL))
-            v.align = 4
-            bv.append(v)
+        bv = t.load_row(b, builder.mul(k, ldb))
         kc = builder.mul(k, ac)
         for r in range(R):
-            av = splat(builder.load(builder.gep(arows[r], [kc])))
-            for j in range(NV):
-                builder.store(builder.call(fma, [av, bv[j], builder.load(acc[r][j])]), acc[r][j])
-    zero = ir.Constant(vt, [0.0] * VL)
-    slope = splat(alpha)
-    relu = builder.icmp_signed("==", code, const(1))
-    leaky = builder.icmp_signed("==", code, const(2))
-    for r in range(R):
-        crow = builder.gep(c, [builder.mul(const(r), ldc)])
-        for j in range(NV):
-            v = builder.load(acc[r][j])
-            pos = builder.fcmp_ordered(">", v, zero)
-            out = builder.select(
-                relu,
-                builder.select(pos, v, zero),
-                builder.select(leaky, builder.select(pos, v, builder.fmul(v, slope)), v),
-            )
-            s = builder.store(out, vec(crow, j * VL))
-            s.align = 4
-    builder.ret_void()
+            t.fma_row(r, t.splat(builder.load(builder.gep(arows[r], [kc]))), bv)
+    t.store(c, ldc, code, alpha)
+    return fn
+
+
+def _taps_function(module, R: int, NV: int, VL: int):
+    """The tile of a direct convolution (:func:`fma_taps`) as a function of its own in ``module``:
+    its inner dimension is ``K1`` rows of ``B`` at the offsets ``offs`` (an input row per channel
+    and kernel row), each read at ``K2`` shifts by one value (the kernel's taps along x)."""
+    name = f"znni_fma_taps_{R}x{NV}x{VL}"
+    fn = module.globals.get(name)
+    if fn is not None:
+        return fn
+    f32, i64 = ir.FloatType(), ir.IntType(64)
+    fp, ip = f32.as_pointer(), i64.as_pointer()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [fp, i64, fp, ip, i64, i64, fp, i64, fp, i64, f32]), name)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    a, ar, b, offs, K1, K2, c, ldc, bias, code, alpha = fn.args
+    for p in (a, b, c, bias, offs):
+        p.add_attribute("noalias")
+    t = _TileIR(module, fn, R, NV, VL, bias)
+    builder = t.builder
+    arows = [builder.gep(a, [builder.mul(t.const(r), ar)]) for r in range(R)]
+    with cgutils.for_range(builder, K1) as outer:
+        k1 = outer.index
+        brow = builder.gep(b, [builder.load(builder.gep(offs, [k1]))])
+        ak = builder.mul(k1, K2)
+        with cgutils.for_range(builder, K2) as inner:
+            k2 = inner.index
+            bv = t.load_row(brow, k2)
+            kc = builder.add(ak, k2)
+            for r in range(R):
+                t.fma_row(r, t.splat(builder.load(builder.gep(arows[r], [kc]))), bv)
+    t.store(c, ldc, code, alpha)
     return fn
 
 
@@ -167,6 +236,53 @@ def fma_tile(typingctx, rows, nv, vl, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, 
                 idx(13),
                 at(14, 15),
                 idx(16),  # K, bias, code
+                context.cast(builder, args[17], st[17], types.float32),
+            ],
+        )
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def fma_taps(typingctx, rows, nv, vl, a, ao, ar, b, bo, offs, K1, K2, c, co, ldc, bias, bio, code, alpha):
+    """``fma_taps(rows, nv, vl, a, ao, ar, b, bo, offs, K1, K2, c, co, ldc, bias, bio, code, alpha)``:
+    for ``r < rows`` and ``v < nv * vl``, ``c[co + r*ldc + v] = act(bias[bio + r] + sum_{k1 < K1,
+    k2 < K2} a[ao + r*ar + k1*K2 + k2] * b[bo + offs[k1] + k2 + v])``: a direct convolution's
+    output rows (``v`` along x) for ``rows`` output channels, its weights ``a`` (per channel
+    ``K1 * K2`` taps), ``offs`` (int64) the input rows' offsets; flat arrays; ``rows``, ``nv``,
+    ``vl`` constants; ``act`` as :func:`fma_tile`'s."""
+    if not all(isinstance(v, types.IntegerLiteral) for v in (rows, nv, vl)):
+        return None
+    R, NV, W = int(rows.literal_value), int(nv.literal_value), int(vl.literal_value)
+    sig = types.void(rows, nv, vl, a, ao, ar, b, bo, offs, K1, K2, c, co, ldc, bias, bio, code, alpha)
+
+    def codegen(context, builder, signature, args):  # pragma: no cover - runs in the compiler
+        st = signature.args
+
+        def idx(k):
+            return context.cast(builder, args[k], st[k], types.int64)
+
+        def at(k, off):  # element ``off`` of flat array argument k
+            return builder.gep(context.make_array(st[k])(context, builder, args[k]).data, [idx(off)])
+
+        def data(k):
+            return context.make_array(st[k])(context, builder, args[k]).data
+
+        fn = _taps_function(builder.module, R, NV, W)
+        builder.call(
+            fn,
+            [
+                at(3, 4),
+                idx(5),  # a, ar
+                at(6, 7),
+                data(8),
+                idx(9),
+                idx(10),  # b, offs, K1, K2
+                at(11, 12),
+                idx(13),  # c, ldc
+                at(14, 15),
+                idx(16),
                 context.cast(builder, args[17], st[17], types.float32),
             ],
         )

@@ -14,8 +14,11 @@ from .. import layers as L
 
 F32 = 4
 C64 = 8
-#: (input, kernel) of the direct-conv calibration, 24 -> 24 maps (its efficiency: the model's reference)
+#: (input, kernel) of the direct-conv calibration, 24 -> 24 maps (its efficiency: the model's reference
+#: for direct-numba's grouped rows)
 NUMBA_CALIBRATION_SHAPE = ((34, 34, 34), (3, 3, 3))
+#: ... and of its register tiles: output rows of 192 values, whole tiles of every build
+NUMBA_TILES_CALIBRATION_SHAPE = ((6, 34, 194), (3, 3, 3))
 DIRECT_ITEM_S = 6e-5  # direct-gemm's Python work per fragment (see primitives.DirectGemm)
 FFT_GEMM_ROWS = 16  # items per product at and above which the calibrated GEMM rate holds
 FFT_GEMM_COPY = 6.0  # transposes, padding and cropping, in units of log2(V) per transformed value

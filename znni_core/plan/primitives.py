@@ -255,16 +255,20 @@ class DirectNumba(Primitive):
         )
 
     def cpu_seconds(self, cal, n, layer, in_spatial, micro_batch=None):
-        """See :class:`Primitive`: the calibrated rate scaled by the loop's efficiency on these
-        shapes relative to the calibration's (n337's 24 -> 3 layer on 512 x 8^3 fragments: 4x
-        below it), and the output written once at memory bandwidth."""
+        """See :class:`Primitive`: the calibrated rate of register tiles at this reduction length,
+        for rows too short for them the grouped rows' rate, each scaled by its efficiency on
+        these shapes (n337's 24 -> 3 layer on 512 x 8^3 fragments: 4x below the rows' rate), and
+        the output written once at memory bandwidth."""
         cin, cout, k, out = _shapes(layer, in_spatial)
         flops = 2.0 * n * cin * cout * math.prod(k) * math.prod(out)
         out_bytes = F.F32 * n * cout * math.prod(out)
-        eff = L.direct_numba_efficiency(cout, in_spatial, layer.kernel) / L.direct_numba_efficiency(
-            24, *F.NUMBA_CALIBRATION_SHAPE
-        )
-        return flops / (F.direct_rate("numba", cin * math.prod(k), cal) * eff) + out_bytes / cal.mem_bw
+        reduction = cin * math.prod(k)
+        rate = F.direct_rate("numba", reduction, cal) * L.direct_numba_efficiency(cout, in_spatial, layer.kernel)
+        if not L.direct_numba_tiles(in_spatial, layer.kernel):
+            # grouped rows: their calibrated rate against the tiles' at the same reduction length
+            rows = cal.numba_flops / L.direct_numba_efficiency(24, *F.NUMBA_CALIBRATION_SHAPE)
+            rate *= rows / F.direct_rate("numba", 24 * 27, cal)
+        return flops / rate + out_bytes / cal.mem_bw
 
     def build(self, layer, in_spatial, *, xp=np, threads=1, act=None, channels_last=False, cache=None, key=None):
         """See :class:`Primitive`."""

@@ -23,12 +23,12 @@ from ..layers._numba import numba
 from ..layers.threads import blas_limit, each_worker, run_threads
 from ..net.chain import Conv
 from .calibration import CpuCalibration
-from .formulas import NUMBA_CALIBRATION_SHAPE, fft_gemm_terms, loglog, winograd_terms
+from .formulas import NUMBA_CALIBRATION_SHAPE, NUMBA_TILES_CALIBRATION_SHAPE, fft_gemm_terms, loglog, winograd_terms
 from .primitives import primitive
 from .wisdom import JsonCache, cpu_model, versions
 
 F32 = 4
-CALIBRATION_VERSION = 33  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
+CALIBRATION_VERSION = 34  # bump when the models or the calibration change (7-8: fft-gemm, 9-12: winograd, 13: pooling,
 # 14: outputs from an arena, as the executor runs; 15: larger winograd calls;
 # 16: winograd transforms priced per 1D pass; 17: 1x1x1 chains and exp calibrated; 18: winograd blocks of 3 MiB;
 # 19: a winograd cost per tile; 20: written-out 8-point transforms; 21: a cost per transform position;
@@ -39,7 +39,8 @@ CALIBRATION_VERSION = 33  # bump when the models or the calibration change (7-8:
 # that stop spinning soon after numba's parallel kernels; 29: direct-numba groups short rows;
 # 30: kernel parameters (layers/tuning.py) measured first, the rates under them; 31: MPF channels last;
 # 32: Winograd transforms on whole vectors, epilogues contracted, stores without masks (AVX2);
-# 33: Winograd output transforms a tile row at a time, channels-last rows read in place
+# 33: Winograd output transforms a tile row at a time, channels-last rows read in place;
+# 34: direct-numba on register tiles (its points: the tiles' rate; numba_flops: the grouped rows')
 
 
 def machine_key(threads: int) -> str:
@@ -220,14 +221,26 @@ def _measure(threads: int) -> dict:
     w = _noise((24, 24) + NUMBA_CALIBRATION_SHAPE[1])
     flops = 2 * 24 * 24 * 27 * 32**3
     gemm = flops / _best_of(lambda: L.conv_direct_gemm(x, w))
-    numba_rate = flops / _best_of(lambda: L.conv_direct_numba(x, w))
+    # direct-numba's loop of grouped rows (rows shorter than a register tile: 32 here) ...
+    numba_rate = flops / _best_of(lambda: L.conv_direct_numba(x, w, tiles=False))
+    # ... and its register tiles, on rows of whole tiles of every build (192 values: 3 of 64,
+    # 6 of 32, 8 of 24), at their full rate (the efficiency divided out)
+    shape_t, kernel_t = NUMBA_TILES_CALIBRATION_SHAPE
+    xt = _noise((1, 24) + shape_t)
+    out_t = tuple(s - k + 1 for s, k in zip(shape_t, kernel_t))
+    flops_t = 2 * 24 * 24 * math.prod(kernel_t) * math.prod(out_t)
+    tiles = flops_t / _best_of(lambda: L.conv_direct_numba(xt, w, tiles=True))
+    tiles /= L.direct_numba_efficiency(24, shape_t, kernel_t)
     # a first layer (one input channel): a short reduction (K = 27), far from BLAS peak
     x1 = _noise((1, 1, 66, 66, 66))
     w1 = _noise((24, 1, 3, 3, 3))
     flops1 = 2 * 24 * 27 * 64**3
+    first = (
+        flops1 / _best_of(lambda: L.conv_direct_numba(x1, w1)) / L.direct_numba_efficiency(24, x1.shape[2:], (3, 3, 3))
+    )
     direct_points = {
         "gemm": [[27, flops1 / _best_of(lambda: L.conv_direct_gemm(x1, w1))], [24 * 27, gemm]],
-        "numba": [[27, flops1 / _best_of(lambda: L.conv_direct_numba(x1, w1))], [24 * 27, numba_rate]],
+        "numba": [[27, first], [24 * 27, tiles]],
     }
     # 1x1x1 convs run as chains in cache (conv_pointwise_chain): four stages of 24 and of 48 maps
     # on 16 x 128^2 voxels, the input's read and the output's write shared by the four (the
