@@ -491,7 +491,7 @@ class Measurements:
         key = f"{primitive_name}|{n}|{layer.in_channels}|{layer.out_channels}|{tuple(in_spatial)}|{layer.kernel}"
         if (hit := self.cache.get(key)) is not None:
             return hit
-            x = _noise((n, layer.in_channels) + tuple(in_spatial))
+        x = _noise((n, layer.in_channels) + tuple(in_spatial))
         # the call only: resident kernel transforms are built once per run (their setup's price)
         conv = primitive(primitive_name).build(layer, tuple(in_spatial), threads=self.threads)
         fn = lambda: conv(x)  # noqa: E731
