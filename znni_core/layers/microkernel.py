@@ -201,6 +201,34 @@ def _taps_function(module, R: int, NV: int, VL: int):
     return fn
 
 
+class _Args:
+    """An intrinsic's arguments as its tile function takes them: ``idx(k)`` argument ``k`` as an
+    int64, ``at(k, off)`` a pointer to element ``off`` of flat array ``k``, ``data(k)`` array
+    ``k``'s data pointer, ``f32(k)`` a float32."""
+
+    def __init__(self, context, builder, signature, args):
+        self.context, self.builder, self.types, self.args = context, builder, signature.args, args
+
+    def idx(self, k):
+        return self.context.cast(self.builder, self.args[k], self.types[k], types.int64)
+
+    def data(self, k):
+        return self.context.make_array(self.types[k])(self.context, self.builder, self.args[k]).data
+
+    def at(self, k, off):
+        return self.builder.gep(self.data(k), [self.idx(off)])
+
+    def f32(self, k):
+        return self.context.cast(self.builder, self.args[k], self.types[k], types.float32)
+
+
+def _literal_shape(rows, nv, vl):
+    """``(rows, nv, vl)`` as ints when all three are compile-time constants, else None."""
+    if not all(isinstance(v, types.IntegerLiteral) for v in (rows, nv, vl)):
+        return None
+    return int(rows.literal_value), int(nv.literal_value), int(vl.literal_value)
+
+
 @intrinsic
 def fma_tile(typingctx, rows, nv, vl, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, bias, bio, code, alpha):
     """``fma_tile(rows, nv, vl, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, bias, bio, code, alpha)``: for
@@ -208,36 +236,19 @@ def fma_tile(typingctx, rows, nv, vl, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, 
     a[ao + r*ar + k*ac] * b[bo + k*ldb + v])``; flat float32 arrays; ``rows``, ``nv`` and ``vl``
     (floats per vector: :data:`VL`, or 8 in a 512-bit build) constants; ``act`` the epilogue
     ``code``: 0 none, 1 ReLU, 2 leaky ReLU of slope ``alpha``."""
-    if not all(isinstance(v, types.IntegerLiteral) for v in (rows, nv, vl)):
+    shape = _literal_shape(rows, nv, vl)
+    if shape is None:
         return None
-    R, NV, W = int(rows.literal_value), int(nv.literal_value), int(vl.literal_value)
     sig = types.void(rows, nv, vl, a, ao, ar, ac, b, bo, ldb, c, co, ldc, K, bias, bio, code, alpha)
 
     def codegen(context, builder, signature, args):  # pragma: no cover - runs in the compiler
-        st = signature.args
-
-        def idx(k):
-            return context.cast(builder, args[k], st[k], types.int64)
-
-        def at(k, off):  # element ``off`` of flat array argument k
-            return builder.gep(context.make_array(st[k])(context, builder, args[k]).data, [idx(off)])
-
-        fn = _tile_function(builder.module, R, NV, W)
+        g = _Args(context, builder, signature, args)
+        fn = _tile_function(builder.module, *shape)
+        # a, ar, ac; b, ldb; c, ldc; K, bias, code, alpha
         builder.call(
             fn,
-            [
-                at(3, 4),
-                idx(5),
-                idx(6),  # a, ar, ac
-                at(7, 8),
-                idx(9),  # b, ldb
-                at(10, 11),
-                idx(12),  # c, ldc
-                idx(13),
-                at(14, 15),
-                idx(16),  # K, bias, code
-                context.cast(builder, args[17], st[17], types.float32),
-            ],
+            [g.at(3, 4), g.idx(5), g.idx(6), g.at(7, 8), g.idx(9), g.at(10, 11), g.idx(12)]
+            + [g.idx(13), g.at(14, 15), g.idx(16), g.f32(17)],
         )
         return context.get_dummy_value()
 
@@ -252,39 +263,19 @@ def fma_taps(typingctx, rows, nv, vl, a, ao, ar, b, bo, offs, K1, K2, c, co, ldc
     output rows (``v`` along x) for ``rows`` output channels, its weights ``a`` (per channel
     ``K1 * K2`` taps), ``offs`` (int64) the input rows' offsets; flat arrays; ``rows``, ``nv``,
     ``vl`` constants; ``act`` as :func:`fma_tile`'s."""
-    if not all(isinstance(v, types.IntegerLiteral) for v in (rows, nv, vl)):
+    shape = _literal_shape(rows, nv, vl)
+    if shape is None:
         return None
-    R, NV, W = int(rows.literal_value), int(nv.literal_value), int(vl.literal_value)
     sig = types.void(rows, nv, vl, a, ao, ar, b, bo, offs, K1, K2, c, co, ldc, bias, bio, code, alpha)
 
     def codegen(context, builder, signature, args):  # pragma: no cover - runs in the compiler
-        st = signature.args
-
-        def idx(k):
-            return context.cast(builder, args[k], st[k], types.int64)
-
-        def at(k, off):  # element ``off`` of flat array argument k
-            return builder.gep(context.make_array(st[k])(context, builder, args[k]).data, [idx(off)])
-
-        def data(k):
-            return context.make_array(st[k])(context, builder, args[k]).data
-
-        fn = _taps_function(builder.module, R, NV, W)
+        g = _Args(context, builder, signature, args)
+        fn = _taps_function(builder.module, *shape)
+        # a, ar; b, offs, K1, K2; c, ldc; bias, code, alpha
         builder.call(
             fn,
-            [
-                at(3, 4),
-                idx(5),  # a, ar
-                at(6, 7),
-                data(8),
-                idx(9),
-                idx(10),  # b, offs, K1, K2
-                at(11, 12),
-                idx(13),  # c, ldc
-                at(14, 15),
-                idx(16),
-                context.cast(builder, args[17], st[17], types.float32),
-            ],
+            [g.at(3, 4), g.idx(5), g.at(6, 7), g.data(8), g.idx(9), g.idx(10), g.at(11, 12), g.idx(13)]
+            + [g.at(14, 15), g.idx(16), g.f32(17)],
         )
         return context.get_dummy_value()
 
