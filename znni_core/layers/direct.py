@@ -453,17 +453,18 @@ def _conv_numba_kernel_cl(x, w, b, out, X, G, code, alpha, t0, t1):  # pragma: n
 
 
 # ----------------------------------------------------------------------------- register tiles
-# Output rows of at least one vector run on register tiles (:func:`.microkernel.fma_taps`): a tile
+# Output rows of at least one tile run on register tiles (:func:`.microkernel.fma_taps`): a tile
 # keeps ``rows`` output channels x ``nv`` vectors along x in registers over every tap (input
 # channel, kernel row, shift along x), loads each input vector once per shift for all its
 # channels and stores once.  The loop above keeps its sums in memory rows (a load and a store of
 # each per kernel row) and blocks of 4 channels (one output channel ran 4 times its work): the
 # 28 -> 1 (1,5,5) last layer of the synapse detector ran at 5 GMAC/s on one Xeon core, 1 -> 28 at
-# 12-17.  Blocks of 4 channels, the rest one at a time; tiles of ``nv`` vectors, else of one
-# (rows shorter than ``nv`` vectors), the last tile of a row shifted back to end with it.
+# 12-17.  Blocks of 4 channels, the rest one at a time; ``nv`` the most vectors (up to 4) that
+# leave a block's sums, its loads and a broadcast in the registers (4 with AVX-512, 3 with AVX2);
+# the last tile of a row shifted back to end with it.
 _TR = 4
 _TNV = min(4, (microkernel.REGISTERS - 1) // (_TR + 1))
-(_R0, _N0, _V0), (_R1, _N1, _V1) = _TAPS = ((_TR, _TNV, microkernel.VL), (1, _TNV, microkernel.VL))
+(_R0, _N0, _V0), (_R1, _N1, _V1) = (_TR, _TNV, microkernel.VL), (1, _TNV, microkernel.VL)
 #: output values along x per register tile: rows of at least this many run on tiles
 TILE_WIDTH = _TNV * microkernel.VL
 #: a lone channel's tile (1 x ``nv`` vectors: a load per multiply-add) against a block of 4's rate
@@ -477,7 +478,7 @@ def _conv_taps_kernel(x, w, b, offs, out, dims, cl, code, alpha, t0, t1):  # pra
     (N, C, Z, Y, X), ``w`` the flat weights (O, K1 * kx), ``offs`` the K1 input rows' offsets,
     ``out`` the flat output, channels first (N, O, Zo, Yo, Xo) or with ``cl`` last (N, Zo, Yo, Xo,
     O: a tile's every channel into a scratch, then written voxel by voxel, each voxel's channels
-    one run; strided stores of each channel's row ran the layer 2.5x slower); ``dims`` (O, Zo,
+    one run; strided stores of each channel's row ran the layer 1.5x slower); ``dims`` (O, Zo,
     Yo, Xo, kx, input item, plane and row strides).  ELU (code 3) runs on each tile's rows after
     it (the tile's epilogue: ReLU, leaky)."""
     O, Zo, Yo, Xo, kx, sn, sz, sy = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]
