@@ -201,7 +201,8 @@ def test_numba_register_tiles_equal_torch_conv3d(act):
 def test_numba_register_tiles_priced_by_their_own_efficiency():
     """The model's efficiency of a layer on tiles: whole tiles and blocks of 4 channels run at the
     full rate; a row a tile and a bit long recomputes most of a tile; a lone channel runs at
-    ``LONE_CHANNEL`` of a block's rate per channel; rows shorter than a tile take the rows' loop."""
+    ``LONE_CHANNEL`` of a block's rate per channel; rows shorter than a tile take the rows' loop,
+    and asking for tiles on them is a clear error (a tile would reach past the arrays)."""
     import znni_core.layers.direct as D
 
     W = D.TILE_WIDTH
@@ -210,6 +211,9 @@ def test_numba_register_tiles_priced_by_their_own_efficiency():
     assert D.direct_numba_efficiency(1, (3, 3, W + 2), (3, 3, 3)) == pytest.approx(D.LONE_CHANNEL)
     assert D.direct_numba_efficiency(5, (3, 3, W + 2), (3, 3, 3)) == pytest.approx(5 / (4 + 1 / D.LONE_CHANNEL))
     assert not D.direct_numba_tiles((3, 3, W + 1), (3, 3, 3)) and D.direct_numba_tiles((3, 3, W + 2), (3, 3, 3))
+    x = np.zeros((1, 1, 3, 3, W + 1), np.float32)  # rows one value short of a tile
+    with pytest.raises(InputError, match="shorter than a register tile"):
+        conv_direct_numba(x, np.zeros((2, 1, 3, 3, 3), np.float32), tiles=True)
 
 
 @pytest.mark.parametrize("target", [1, 3_000, 20_000, 60_000, 10**9])

@@ -518,7 +518,7 @@ def _conv_taps_kernel(x, w, b, offs, out, dims, cl, code, alpha, t0, t1):  # pra
 
 
 def _conv_taps(x, w, b, code, alpha, out, channels_last):
-    """:func:`conv_direct_numba` on register tiles (output rows of at least one vector)."""
+    """:func:`conv_direct_numba` on register tiles (output rows of at least :data:`TILE_WIDTH`)."""
     n, c, z, y, xw = x.shape
     o, _, kz, ky, kx = w.shape
     xf = np.ascontiguousarray(x).reshape(-1)
@@ -570,7 +570,13 @@ def conv_direct_numba(x, w, b=None, *, act=None, channels_last=False, tiles=None
     shape = (x.shape[0], o) + conv_out_shape(x.shape[2:], w.shape[2:])
     out = empty_channels_last(shape) if channels_last else arena.empty(shape)
     code, alpha = epilogue(act)
-    if direct_numba_tiles(x.shape[2:], w.shape[2:]) if tiles is None else tiles:
+    fits = direct_numba_tiles(x.shape[2:], w.shape[2:])
+    if tiles and not fits:  # a tile reaching past the row would read and write beyond the arrays
+        raise InputError(
+            f"conv_direct_numba(tiles=True): output rows of {shape[4]} values are shorter than a register tile "
+            f"({TILE_WIDTH}); leave tiles=None to choose"
+        )
+    if fits if tiles is None else tiles:
         bias = np.zeros(o, np.float32) if b is None else np.ascontiguousarray(b, dtype=np.float32)
         return _conv_taps(x, w, bias, code, alpha, out, channels_last)
     pad = -o % _OB  # a partial last block of output channels: zero weights, never stored
