@@ -136,19 +136,20 @@ def test_gpu_plus_host_plan_fits_whatever_the_timings_prefer(gpu, monkeypatch, p
     one by one may not fit together (an early call's blocks beside a later layer's resident
     kernel transforms). Whatever the calibration favours (the largest calls, the smallest, the
     resident primitives), a tight device budget still gets a plan that fits it."""
-    from znni_core.plan import chain as S
+    from znni_core.plan import pricing
+    from znni_core.plan.primitives import PRIMITIVES
 
     net = make_net(NETS["iso2pool"], seed=4)
     x = _input(net, extra=20)
     budget = 8_000_000
-    real = S._streamed
+    real = pricing.streamed_seconds
 
     def streamed(timer, prim, n, layer, spatial, mb, reps, tile, host_cal):
         t = real(timer, prim, n, layer, spatial, mb, reps, tile, host_cal)
         size = math.prod(spatial if not tile else tile) * (mb or n)
-        return {"large": 1.0 / size, "small": size, "resident": 1.0 if S.PRIMITIVES[prim].resident else 2.0}[prefer] * t
+        return {"large": 1.0 / size, "small": size, "resident": 1.0 if PRIMITIVES[prim].resident else 2.0}[prefer] * t
 
-    monkeypatch.setattr(S, "_streamed", streamed)
+    monkeypatch.setattr(pricing, "streamed_seconds", streamed)
     plan = autotune(
         net, device="gpu", memory_budget=budget, patch_shape=x.shape[1:], use_cache=False, placement="gpu+host"
     )

@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent / "znni_core"
 
 def _tables():
     from znni_core.exec.patch import _execute
-    from znni_core.plan.graph import step_cost
     from znni_core.plan.memory import node_bytes
+    from znni_core.plan.pricing import step_of
 
-    return {"memory (plan/memory.node_bytes)": node_bytes, "cost (plan/graph.step_cost)": step_cost, "run": _execute}
+    return {"memory (plan/memory.node_bytes)": node_bytes, "cost (plan/pricing.step_of)": step_of, "run": _execute}
 
 
 def test_every_operator_is_registered_in_every_table():

@@ -15,11 +15,12 @@ from __future__ import annotations
 import math
 
 from ..errors import MemoryBudgetError, PlanError
-from ..net.chain import Activation, Conv, Pool
+from ..net.chain import Conv, Pool
 from ..net.graph import Graph
 from ..net.ops import Convolution
 from ..units import format_bytes
 from . import memory as M
+from . import pricing as P
 from .candidates import (
     Candidate,
     ConvOption,
@@ -33,9 +34,9 @@ from .candidates import (
     slab_modes,
 )
 from .memory import MAX_PATCH_VOXELS
-from .plan import CPU_PRIMITIVES, Plan, Rejected, Step, chosen_plan, fuses
+from .plan import CPU_PRIMITIVES, Plan, Rejected, Step, chosen_plan
 from .pooling import MPF, DepthFirst, Slab, parse
-from .pricing import CALL_OVERHEAD_S, PATCH_OVERHEAD_S, Pricer
+from .pricing import PATCH_OVERHEAD_S, Pricer, StepContext, priced_steps
 from .primitives import FALLBACK, PRIMITIVES
 from .program import channels_last_tensors, program
 
@@ -77,7 +78,7 @@ def _ranked_options(timer: Pricer, i, layer, n, spatial, reps, allowed, host, th
             for mb in micro_batches(n):
                 if host:
                     need = M.device_call_bytes(prim, mb, layer, spatial, tile, threads) + keep
-                    t = _streamed(timer, prim, n, layer, spatial, mb, reps, tile, host["cal"])
+                    t = P.streamed_seconds(timer, prim, n, layer, spatial, mb, reps, tile, host["cal"])
                 else:
                     need = M.conv_step_bytes(prim, n, mb, layer, spatial, tile, threads) + keep
                     t = timer.layer(prim, n, layer, spatial, mb, reps, tile=tile)
@@ -110,47 +111,18 @@ def _pools_reading_channels_last(net: Graph, modes, steps_mem, decisions) -> set
 
 def _priced_steps(net: Graph, modes, steps_mem, decisions, reps, timer: Pricer, host, measure) -> tuple[list, float]:
     """The plan's steps of one candidate from its memory walk and conv choices, each with its time
-    (a fused activation costs nothing); and their total."""
-    layers = net.layers
-    steps, total = [], 0.0
-    cl_input = _pools_reading_channels_last(net, modes, steps_mem, decisions)
-    for sm in steps_mem:
-        layer = layers[sm.index]
-        if isinstance(layer, Conv):
-            prim, mb, tile = decisions[sm.index]
-            n = sm.in_shape[0]
-            t = (
-                _streamed(timer, prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], tile, host["cal"])
-                if host
-                else timer.layer(prim, n, layer, sm.in_shape[2:], mb, reps[sm.index], measure, tile)
-            )
-            prim_name, mbv = prim, (0 if mb >= n else mb)
-            tile = M.conv_blocks(sm.in_shape[2:], layer.kernel, tile)[0] if tile else ()
-        elif isinstance(layer, Activation):
-            tile = ()
-            # an activation right after a conv that fuses it costs nothing: the executor applies it
-            # in that conv's output pass (exec/patch.program)
-            fused = steps and isinstance(layers[steps[-1].index], Conv) and fuses(steps[-1].primitive, layer.kind)
-            t = 0.0
-            if not fused:
-                t = (host["model"] if host else timer.model).activation(layer.kind, M.nbytes(sm.in_shape))
-                t = (t + CALL_OVERHEAD_S) * reps[sm.index]
-            prim_name, mbv = layer.kind, 0
-        else:
-            tile = ()
-            mode = modes[[j for j, l in enumerate(layers) if isinstance(l, Pool)].index(sm.index)]
-            t = (host["model"] if host else timer.model).pool(
-                M.nbytes(sm.in_shape),
-                depth_first=isinstance(mode, DepthFirst),
-                channels_last=sm.index in cl_input,
-            )
-            prim_name, mbv = mode.primitive, mode.micro_batch
-            t = (t + CALL_OVERHEAD_S) * reps[sm.index]
-        total += t
-        steps.append(
-            Step(sm.index, sm.op, prim_name, sm.in_shape, sm.out_shape, mbv, timer.cal.threads, t, sm.peak, tile)
-        )
-    return steps, total
+    (:func:`.pricing.step_of`, as the graph's search prices its steps); and their total."""
+    pooling = dict(zip((i for i, layer in enumerate(net.layers) if isinstance(layer, Pool)), modes))
+    ctx = StepContext(
+        timer,
+        timer.cal.threads,
+        reps,
+        pooling,
+        frozenset(_pools_reading_channels_last(net, modes, steps_mem, decisions)),
+        measure,
+        host,
+    )
+    return priced_steps(net, steps_mem, ctx)
 
 
 def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=None):
@@ -284,23 +256,6 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
         )
         peak = max(peak, budget + 1)  # does not fit
     return steps, total, peak, notes
-
-
-def _streamed(timer, prim, n, layer, spatial, mb, reps, tile, host_cal) -> float:
-    """Seconds of a conv streamed through the device block by block (GPU + host RAM): the
-    transfers of every block in and out and the host's copies of them into and out of the
-    pinned buffers overlap the compute (two streams), and the first block's transfer does not.
-    The copies are a read and a write of each block at the host's calibrated bandwidth; on
-    the H100 they were not priced, and the plans ran 4-6x their prediction."""
-    compute = timer.layer(prim, n, layer, spatial, mb, reps, tile=tile)
-    shape, origins = M.conv_blocks(tuple(spatial), layer.kernel, tile)
-    calls = reps * math.ceil(n / (mb or n)) * len(origins)
-    one = M.nbytes(((mb or n), layer.in_channels) + shape) + M.nbytes(
-        ((mb or n), layer.out_channels) + tuple(s - k + 1 for s, k in zip(shape, layer.kernel))
-    )
-    moved = timer.model.transfer(calls * one, pinned=True)
-    staged = 2 * calls * one / host_cal.mem_bw
-    return max(compute, moved, staged) + timer.model.transfer(one, pinned=True) + 2 * one / host_cal.mem_bw
 
 
 def _chain_patches(net: Graph, patch_shape, input_shape) -> list[list[tuple]]:

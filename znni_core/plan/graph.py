@@ -12,29 +12,16 @@ graph's patch also decides its blending, so it is fixed by ``patch_shape`` when 
 
 from __future__ import annotations
 
-import functools
 import math
 
 from ..errors import MemoryBudgetError, PlanError
 from ..net.graph import Graph
-from ..net.ops import (
-    Act,
-    Add,
-    Affine,
-    Concat,
-    Convolution,
-    Crop,
-    Deconvolution,
-    Mul,
-    Pad,
-    Pooling,
-    Resize,
-    StridedConv,
-)
+from ..net.ops import StridedConv
 from ..units import format_bytes
 from . import memory as M
 from .candidates import Candidate, ConvOption
-from .plan import Plan, Rejected, Step, chosen_plan
+from .plan import Plan, Rejected, chosen_plan
+from .pricing import StepContext, priced_steps
 from .primitives import FALLBACK, PRIMITIVES, names
 
 BLENDS = ("bump", "gaussian", "linear")
@@ -84,68 +71,8 @@ def priced(graph: Graph, patch, prims, timer, threads: int, frugal: bool = False
     out_n = graph.output_shape(patch)
     tile = tuple(min(t, o) for t, o in zip(tile or out_n, out_n))
     tiles = math.prod(-(-o // t) for o, t in zip(out_n, tile))
-    total, steps = 0.0, []
-    for r in records:
-        node = graph.nodes[r.index]
-        prim, secs = step_cost(node.op, r, timer, options)
-        if r.skipped:  # applied in the pass of the conv or element-wise node before
-            secs = 0.0
-        total += secs
-        steps.append(Step(r.index, r.op, prim, r.in_shape, r.out_shape, 0, threads, secs, int(r.peak)))
-    total += len(graph.nodes) * 2e-5  # Python and dispatch per node
+    steps, total = priced_steps(graph, records, StepContext(timer, threads))
     return steps, total * tiles, peak
-
-
-# ---- what each operator costs -------------------------------------------------------------------
-
-
-@functools.singledispatch
-def step_cost(op, r, timer, options: dict) -> tuple[str, float]:
-    """(the step's primitive, its predicted seconds) of a node with operator ``op`` and memory
-    record ``r`` (:class:`.memory.StepMemory`); ``options``: the conv options chosen, by node.
-    One function per operator class."""
-    raise TypeError(f"the cost model has no rule for {type(op).__name__}")
-
-
-@step_cost.register
-def _(op: Convolution, r, timer, options):
-    copy = timer.model.elementwise(r.copy_bytes, 2.0) if r.copy_bytes else 0.0  # its padded copy
-    return r.choice[0], options[r.index].seconds + copy
-
-
-@step_cost.register
-def _(op: Deconvolution, r, timer, options):
-    src, out = r.in_shape[1:], r.out_shape[1:]
-    flops = 2.0 * math.prod(src) * out[0] * math.prod(op.stride)
-    return "gemm", flops / timer.cal.gemm_flops + timer.model.elementwise(M.nbytes(out), 3.0)
-
-
-@step_cost.register
-def _(op: Resize, r, timer, options):
-    return op.mode, timer.model.elementwise(M.nbytes(r.out_shape[1:]), 4.0 if op.linear else 2.0)
-
-
-@step_cost.register
-def _(op: Act, r, timer, options):
-    return op.act.kind, timer.model.activation(op.act.kind, M.nbytes(r.out_shape[1:]))
-
-
-@step_cost.register
-def _(op: Pooling, r, timer, options):
-    return op.kind, _one_pass(r, timer)
-
-
-def _passed(op, r, timer, options):
-    """A pass reading the input and writing the output."""
-    return op.label, _one_pass(r, timer)
-
-
-def _one_pass(r, timer) -> float:
-    return timer.model.elementwise(M.nbytes(r.in_shape[1:]) + M.nbytes(r.out_shape[1:]), 1.0)
-
-
-for _cls in (Crop, Pad, Add, Mul, Affine, Concat):
-    step_cost.register(_cls, _passed)
 
 
 def _shrink(graph: Graph, patch) -> tuple | None:
