@@ -47,7 +47,7 @@ from ..errors import InputError
 from . import arena, microkernel, tuning
 from ._numba import njit
 from .buffers import staggered
-from .epilogue import bias_act_row
+from .epilogue import act_row
 from .layout import channels_inner, copy_run, empty_channels_last, fill_run, is_channels_last, memory_order
 from .resident import ResidentConv
 from .threads import blas_limit, each_worker, gemm
@@ -543,23 +543,19 @@ def _to_channels_last(x, n, z, y, R, rb):  # pragma: no cover - compiled
 def _to_channels_first(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  # pragma: no cover - compiled
     """out[n, o, z, y, i] = act(S[sb + (k * ntx + t) * ldm + o] + bias[o]) for i = t * mx + k: one
     staged output row (:func:`_output_transform`'s layout: per x point ``k`` of the tiles, the
-    row's ``ntx`` tiles of ``ldm`` channels) back to channels first (``out`` may be a strided view);
-    ``bias`` as :func:`_staged_row_out`'s.  Bias and activation in one pass over the staged row,
-    then a voxel at a time, its channels read as a run and written a row apart: reading each
-    row's values a voxel apart in the staged row (a channel at a time) took 1.5-2x as long in
-    AVX-512 code (a 24-map (1,3,3) layer's output transform 62 -> 29 ms, one Xeon core)."""
+    row's ``ntx`` tiles of ``ldm`` channels) back to channels first (``out`` may be a strided view)."""
     _, O, _, _, Xo = out.shape
     u = np.uint64
     L, sb = u(ldm), u(sb)
-    bias_act_row(S, sb, sb + u(mx * ntx) * L, bias, code, alpha)
-    rows = out[n, :, z, y]
-    for t in range(ntx):
-        for k in range(mx):
-            i = t * mx + k
-            if i < Xo:
-                base = sb + u(k * ntx + t) * L
-                for o in range(O):
-                    rows[o, i] = S[base + u(o)]
+    for o in range(O):
+        b = bias[o]
+        orow = out[n, o, z, y]
+        for t in range(ntx):
+            for k in range(mx):
+                i = t * mx + k
+                if i < Xo:
+                    orow[i] = S[sb + u(k * ntx + t) * L + u(o)] + b
+        act_row(orow, 0, Xo, code, alpha)  # a second pass on the row in L1: contiguous, so it vectorises
 
 
 @njit(nogil=True, cache=True, fastmath={"contract"})
@@ -568,13 +564,15 @@ def _staged_row_out(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  # pr
     staged output row into a channels-last output's memory ``out`` (N, Z, Y, X, C_out) (a strided
     view allowed); ``bias`` is the layer's bias, zero-padded to ``ldm`` and repeated over the
     staged row's ``mx * ntx`` voxels, so bias and epilogue run on the whole staged row in ``S``
-    (one long loop, :func:`.bias_act_row`; the padding columns go along, unread).  Then each voxel's ``C_out`` values
+    (two long loops; the padding columns go along, unread).  Then each voxel's ``C_out`` values
     are copied a vector at a time, the last vector overlapping (:func:`.vector_copy`): per voxel,
     LLVM's loops over 24-48 channels ran as their scalar remainder in AVX2 code."""
     _, _, _, Xo, O = out.shape
     u = np.uint64
     L, sb, m = u(ldm), u(sb), u(mx * ntx) * u(ldm)
-    bias_act_row(S, sb, sb + m, bias, code, alpha)
+    for j in range(m):
+        S[sb + j] += bias[j]
+    act_row(S, sb, sb + m, code, alpha)
     orow = out[n, z, y]
     vec = O >= _VL and orow.strides[1] == orow.itemsize
     s0 = u(orow.strides[0] // orow.itemsize)
