@@ -241,21 +241,31 @@ def _check_wide_winograd(W, shape, kernel, c):
     return W.winograd_tiles(ref.shape[2:], kernel)[1]
 
 
-def test_winograd_writes_into_a_strided_destination_and_reuses_buffers():
+@pytest.mark.parametrize("co", [4, 19])
+def test_winograd_writes_into_a_strided_destination_and_reuses_buffers(co):
+    """A channels-first block of a larger array gets exactly its block, twice from kept buffers;
+    19 channels: each voxel's channels go out a vector at a time (the last overlapping), with a
+    bias and ELU."""
+    from znni_core.layers.activation import apply_activation
+
     rng = np.random.default_rng(2)
-    x = rng.standard_normal((2, 3, 5, 12, 10)).astype(np.float32)
-    w = rng.standard_normal((4, 3, 1, 3, 3)).astype(np.float32)
-    ref = reference(x, w, None)
-    big = np.full((2, 4, 7, 14, 12), 7.0, np.float32)
-    dst = big[:, :, 1:6, 2:12, 3:11]
-    conv = WinogradConv(w, None, x.shape[2:], threads=2)
+    x = rng.standard_normal((2, 3, 5, 12, 40)).astype(np.float32)
+    w = rng.standard_normal((co, 3, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32) if co > 4 else None
+    ref = reference(x, w, b)
+    if b is not None:
+        ref = apply_activation(ref.astype(np.float32), "elu", 1.0)
+    big = np.full((2, co + 3, 7, 14, 42), 7.0, np.float32)
+    dst = big[:, 2 : 2 + co, 1:6, 2:12, 3:41]
+    conv = WinogradConv(w, b, x.shape[2:], threads=2)
     conv.keep_buffers = True
+    conv.act = ("elu", 1.0) if b is not None else None
     for _ in range(2):  # the kept block buffers serve the second call
         assert conv(x, out=dst) is dst
         assert rel_err(np.ascontiguousarray(dst), ref) <= TOL
     conv.release()
     mask = np.ones(big.shape, bool)
-    mask[:, :, 1:6, 2:12, 3:11] = False
+    mask[:, 2 : 2 + co, 1:6, 2:12, 3:41] = False
     assert (big[mask] == 7.0).all()  # nothing written outside the destination
 
 

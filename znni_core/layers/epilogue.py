@@ -107,6 +107,33 @@ def act_row(r, lo, hi, code, alpha):  # pragma: no cover - compiled
             r[i] = (v if pos else zero) + (zero if pos else f)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def bias_act_row(r, lo, hi, bias, code, alpha):  # pragma: no cover - compiled
+    """``r[i] = act(r[i] + bias[i - lo])`` for ``i`` in ``[lo, hi)``: :func:`act_row` with a bias
+    added in the same pass (the same selects, the same ``exp_neg``)."""
+    zero = np.float32(0.0)
+    lo, hi = np.uint64(lo), np.uint64(hi)
+    if code == 0:
+        for i in range(lo, hi):
+            r[i] += bias[i - lo]
+    elif code == 1:
+        for i in range(lo, hi):
+            v = r[i] + bias[i - lo]
+            m = max(v, zero)
+            r[i] = m + (zero if v > zero else m - m)
+    elif code == 2:
+        for i in range(lo, hi):
+            v = r[i] + bias[i - lo]
+            pos = v > zero
+            r[i] = (v if pos else zero) + (zero if pos else alpha * v)
+    else:
+        for i in range(lo, hi):
+            v = r[i] + bias[i - lo]
+            pos = v > zero
+            f = alpha * (exp_neg(min(v, zero)) - np.float32(1.0))
+            r[i] = (v if pos else zero) + (zero if pos else f)
+
+
 # the two below stay numba prange loops: as nogil loops over task ranges (the other kernels') they
 # ran 1.7-2x slower, on one thread too (LLVM vectorised the parallel form's loop body better)
 @njit(parallel=True, cache=True, fastmath={"contract"})
