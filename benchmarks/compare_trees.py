@@ -133,12 +133,13 @@ def plans_of(path: Path, env: dict, cal: Path, graphs: list) -> dict:
 
 
 def plan_difference(a, b) -> str:
-    """``identical``, ``seconds only (...)`` (the same choices, other predictions) or the
-    first choices that differ."""
+    """``identical``, ``seconds only (...)`` (the same choices, other predictions), the first
+    choices that differ, or what one tree did where the other planned (refused it: the error; no
+    such case: ``absent``)."""
     if a == b:
         return "identical"
-    if isinstance(a, str) or isinstance(b, str):
-        return f"{a if isinstance(a, str) else 'planned'} / {b if isinstance(b, str) else 'planned'}"
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return " / ".join("absent" if v is None else v if isinstance(v, str) else "planned" for v in (a, b))
     predicted = {"predicted_seconds", "predicted_voxels_per_s", "seconds", "rejected"}
 
     def choices(d):
@@ -148,15 +149,11 @@ def plan_difference(a, b) -> str:
     ca, cb = choices(a), choices(b)
     if ca == cb:
         return f"seconds only ({a['predicted_seconds']:.4g} -> {b['predicted_seconds']:.4g} s)"
-    keys = [k for k in ca if ca[k] != cb.get(k)]
-    if keys == ["steps"]:
-        i = (
-            next(i for i, (x, y) in enumerate(zip(ca["steps"], cb["steps"])) if x != y)
-            if len(ca["steps"]) == len(cb["steps"])
-            else None
-        )
-        return "steps differ" + (f" from step {i}: {ca['steps'][i]} / {cb['steps'][i]}" if i is not None else "")
-    return "choices differ: " + ", ".join(f"{k} {ca[k]} / {cb.get(k)}" for k in keys)
+    keys = sorted(k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k))
+    if keys == ["steps"] and len(ca["steps"]) == len(cb["steps"]):
+        i = next(i for i, (x, y) in enumerate(zip(ca["steps"], cb["steps"])) if x != y)
+        return f"steps differ from step {i}: {ca['steps'][i]} / {cb['steps'][i]}"
+    return "choices differ: " + ", ".join(f"{k} {ca.get(k)} / {cb.get(k)}" for k in keys)
 
 
 def run_tree(path: Path, env: dict) -> dict:
@@ -199,8 +196,9 @@ def main(argv=None) -> None:
                 graphs = _graphs(Path(tmp), Path(env["ZNNI_DATA"]))
                 plans = {rev: plans_of(path, env, cal, graphs) for rev, path in trees.items()}
                 print(f"| case | {args.a} -> {args.b} |\n|---|---|")
-                for case in plans[args.a]:
-                    print(f"| {case} | {plan_difference(plans[args.a][case], plans[args.b].get(case))} |")
+                a, b = plans[args.a], plans[args.b]
+                for case in list(a) + [c for c in b if c not in a]:
+                    print(f"| {case} | {plan_difference(a.get(case), b.get(case))} |")
                 return
             got = {rev: [] for rev in trees}
             for _ in range(args.rounds):

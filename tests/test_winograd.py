@@ -241,11 +241,13 @@ def _check_wide_winograd(W, shape, kernel, c):
     return W.winograd_tiles(ref.shape[2:], kernel)[1]
 
 
-@pytest.mark.parametrize("co", [4, 19])
-def test_winograd_writes_into_a_strided_destination_and_reuses_buffers(co):
+@pytest.mark.parametrize(
+    "co, act", [(4, None), (19, None), (19, ("relu", 0.0)), (19, ("leaky_relu", 0.1)), (19, ("elu", 1.0))]
+)
+def test_winograd_writes_into_a_strided_destination_and_reuses_buffers(co, act):
     """A channels-first block of a larger array gets exactly its block, twice from kept buffers;
     19 channels: each voxel's channels go out a vector at a time (the last overlapping), with a
-    bias and ELU."""
+    bias and every fused activation.  A float64 destination is refused, naming the dtype."""
     from znni_core.layers.activation import apply_activation
 
     rng = np.random.default_rng(2)
@@ -253,13 +255,15 @@ def test_winograd_writes_into_a_strided_destination_and_reuses_buffers(co):
     w = rng.standard_normal((co, 3, 1, 3, 3)).astype(np.float32)
     b = rng.standard_normal(co).astype(np.float32) if co > 4 else None
     ref = reference(x, w, b)
-    if b is not None:
-        ref = apply_activation(ref.astype(np.float32), "elu", 1.0)
+    if act is not None:
+        ref = apply_activation(ref.astype(np.float32), *act)
     big = np.full((2, co + 3, 7, 14, 42), 7.0, np.float32)
     dst = big[:, 2 : 2 + co, 1:6, 2:12, 3:41]
     conv = WinogradConv(w, b, x.shape[2:], threads=2)
     conv.keep_buffers = True
-    conv.act = ("elu", 1.0) if b is not None else None
+    conv.act = act
+    with pytest.raises(InputError, match="float64"):
+        conv(x, out=np.zeros(dst.shape))
     for _ in range(2):  # the kept block buffers serve the second call
         assert conv(x, out=dst) is dst
         assert rel_err(np.ascontiguousarray(dst), ref) <= TOL

@@ -24,7 +24,7 @@ from numba.extending import intrinsic
 from ._numba import njit, prange
 from .layout import empty_like_layout, is_channels_last, memory_order
 
-__all__ = ["FUSABLE", "NONE", "act_row", "add_affine_act", "epilogue", "exp_neg"]
+__all__ = ["FUSABLE", "NONE", "act_row", "add_affine_act", "bias_act_row", "epilogue", "exp_neg"]
 
 #: activations a conv's output pass applies itself
 FUSABLE = {"relu": 1, "leaky_relu": 2, "elu": 3}

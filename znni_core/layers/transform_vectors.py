@@ -213,7 +213,9 @@ def vector_spread(typingctx, vl, v, k, ks, a, i):
     channels into the rows of a channels-first output).  LLVM's own loop stored them with
     ``vscatterdps`` in AVX-512 code, microcoded on AMD's Zen 4 (``tests/test_vector_width.py``
     finds no scatter in znni's kernels)."""
-    if not isinstance(vl, types.IntegerLiteral):
+    if not isinstance(vl, types.IntegerLiteral) or any(
+        not isinstance(t, types.Array) or t.dtype != types.float32 for t in (v, a)
+    ):
         return None
     W = int(vl.literal_value)
     sig = types.void(vl, v, k, ks, a, i)

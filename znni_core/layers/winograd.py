@@ -883,6 +883,8 @@ class WinogradConv(ResidentConv):
         return bufs
 
     def _call_cpu(self, x, out, low):
+        if out is not None and out.dtype != np.float32:  # the kernels store float32 values in place
+            raise InputError(f"WinogradConv writes float32; got an out of {out.dtype}")
         n, O = x.shape[0], self.c_out
         ntz, nty, ntx = self.nt
         blas = bool(tuning.get("winograd.blas"))
