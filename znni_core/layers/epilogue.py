@@ -24,7 +24,7 @@ from numba.extending import intrinsic
 from ._numba import njit, prange
 from .layout import empty_like_layout, is_channels_last, memory_order
 
-__all__ = ["FUSABLE", "NONE", "act_row", "add_affine_act", "bias_act_row", "epilogue", "exp_neg"]
+__all__ = ["FUSABLE", "NONE", "act_row", "add_affine_act", "epilogue", "exp_neg"]
 
 #: activations a conv's output pass applies itself
 FUSABLE = {"relu": 1, "leaky_relu": 2, "elu": 3}
@@ -102,33 +102,6 @@ def act_row(r, lo, hi, code, alpha):  # pragma: no cover - compiled
     elif code == 3:
         for i in range(lo, hi):
             v = r[i]
-            pos = v > zero
-            f = alpha * (exp_neg(min(v, zero)) - np.float32(1.0))
-            r[i] = (v if pos else zero) + (zero if pos else f)
-
-
-@njit(nogil=True, cache=True, inline="always")
-def bias_act_row(r, lo, hi, bias, code, alpha):  # pragma: no cover - compiled
-    """``r[i] = act(r[i] + bias[i - lo])`` for ``i`` in ``[lo, hi)``: :func:`act_row` with a bias
-    added in the same pass (the same selects, the same ``exp_neg``)."""
-    zero = np.float32(0.0)
-    lo, hi = np.uint64(lo), np.uint64(hi)
-    if code == 0:
-        for i in range(lo, hi):
-            r[i] += bias[i - lo]
-    elif code == 1:
-        for i in range(lo, hi):
-            v = r[i] + bias[i - lo]
-            m = max(v, zero)
-            r[i] = m + (zero if v > zero else m - m)
-    elif code == 2:
-        for i in range(lo, hi):
-            v = r[i] + bias[i - lo]
-            pos = v > zero
-            r[i] = (v if pos else zero) + (zero if pos else alpha * v)
-    else:
-        for i in range(lo, hi):
-            v = r[i] + bias[i - lo]
             pos = v > zero
             f = alpha * (exp_neg(min(v, zero)) - np.float32(1.0))
             r[i] = (v if pos else zero) + (zero if pos else f)

@@ -47,7 +47,7 @@ from ..errors import InputError
 from . import arena, microkernel, tuning
 from ._numba import njit
 from .buffers import staggered
-from .epilogue import act_row, bias_act_row
+from .epilogue import act_row
 from .layout import channels_inner, copy_run, empty_channels_last, fill_run, is_channels_last, memory_order
 from .resident import ResidentConv
 from .threads import blas_limit, each_worker, gemm
@@ -545,8 +545,8 @@ def _to_channels_first(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  #
     staged output row (:func:`_output_transform`'s layout: per x point ``k`` of the tiles, the
     row's ``ntx`` tiles of ``ldm`` channels) back to channels first (``out`` may be a strided view);
     ``bias`` as :func:`_staged_row_out`'s.  With a vector of channels or more and rows along x:
-    bias and activation in one pass over the staged row (:func:`.bias_act_row`), then a voxel at
-    a time, its channels a vector at a time, each lane stored into its row
+    bias and activation on the staged row (as :func:`_staged_row_out`), then a voxel at a time,
+    its channels a vector at a time, each lane stored into its row
     (:func:`.vector_spread`).  Reading each row's values a voxel apart in the staged row (a
     channel at a time, LLVM's gathers) took 1.3-1.5x as long (a 24-map (1,3,3) layer's output
     transform on one Xeon core)."""
@@ -555,7 +555,10 @@ def _to_channels_first(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  #
     L, sb = u(ldm), u(sb)
     st, e = out.strides, out.itemsize
     if O >= _VL and st[4] == e:
-        bias_act_row(S, sb, sb + u(mx * ntx) * L, bias, code, alpha)
+        m = u(mx * ntx) * L
+        for j in range(m):
+            S[sb + j] += bias[j]
+        act_row(S, sb, sb + m, code, alpha)
         s1 = st[1] // e
         row = (n * st[0] + z * st[2] + y * st[3]) // e
         for t in range(ntx):

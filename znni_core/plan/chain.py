@@ -20,7 +20,7 @@ from ..net.graph import Graph
 from ..net.ops import Convolution
 from ..units import format_bytes
 from . import memory as M
-from . import pricing as P
+from . import pricing as P  # P.streamed_seconds: read at call time (tests replace it)
 from .candidates import (
     Candidate,
     ConvOption,
@@ -109,10 +109,10 @@ def _pools_reading_channels_last(net: Graph, modes, steps_mem, decisions) -> set
     return {s.index for node, s in zip(prog.nodes, prog.steps) if s.pooling is not None and node.inputs[0] in cl}
 
 
-def _priced_steps(net: Graph, modes, steps_mem, decisions, reps, timer: Pricer, host, measure) -> tuple[list, float]:
+def _priced_steps(net: Graph, pooling, steps_mem, decisions, reps, timer: Pricer, host, measure) -> tuple[list, float]:
     """The plan's steps of one candidate from its memory walk and conv choices, each with its time
     (:func:`.pricing.step_of`, as the graph's search prices its steps); and their total."""
-    pooling = dict(zip((i for i, layer in enumerate(net.layers) if isinstance(layer, Pool)), modes))
+    modes = tuple(pooling.values())  # in the pooling layers' order
     ctx = StepContext(
         timer,
         timer.cal.threads,
@@ -243,7 +243,7 @@ def _evaluate(net, patch, modes, budget, timer, primitives, measure=False, host=
             break
         no_cache.add(largest)
         squeeze = squeezes = 0
-    steps, total = _priced_steps(net, modes, steps_mem, decisions, reps, timer, host, measure)
+    steps, total = _priced_steps(net, pooling, steps_mem, decisions, reps, timer, host, measure)
     out_vox = math.prod(net.output_shape(patch))
     total += timer.model.elementwise(M.nbytes((net.out_channels, out_vox)), 2.0)  # recombine
     total += PATCH_OVERHEAD_S
