@@ -246,8 +246,8 @@ def _check_wide_winograd(W, shape, kernel, c):
 )
 def test_winograd_writes_into_a_strided_destination_and_reuses_buffers(co, act):
     """A channels-first block of a larger array gets exactly its block, twice from kept buffers;
-    19 channels: each voxel's channels go out a vector at a time (the last overlapping), with a
-    bias and every fused activation.  A float64 destination is refused, naming the dtype."""
+    19 channels with a bias and every fused activation (added and applied on the staged rows
+    before each channel's row goes out).  A float64 destination is refused, naming the dtype."""
     from znni_core.layers.activation import apply_activation
 
     rng = np.random.default_rng(2)

@@ -19,7 +19,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-__all__ = ["AT8", "BT4", "BT6", "BT8", "MAX4", "MAX8", "vector_copy", "vector_spread", "vector_transform"]
+__all__ = ["AT8", "BT4", "BT6", "BT8", "MAX4", "MAX8", "vector_copy", "vector_transform"]
 
 #: ``kind`` of :func:`vector_transform`: the input transform BT (8 values in, 8 out)
 BT8 = 0
@@ -200,43 +200,6 @@ def vector_copy(typingctx, vl, v, k, a, i):
         x.align = 4
         s = builder.store(x, ptr(1, 2))
         s.align = 4
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def vector_spread(typingctx, vl, v, k, ks, a, i):
-    """``vector_spread(vl, v, k, ks, a, i)``: ``v[k + l * ks] = a[i + l]`` for the ``vl`` lanes
-    ``l`` (a constant), ``k``, ``ks`` and ``i`` counted in elements from the arrays' first (any
-    dimensions): one vector loaded, its lanes stored one at a time ``ks`` apart (a voxel's
-    channels into the rows of a channels-first output).  LLVM's own loop stored them with
-    ``vscatterdps`` in AVX-512 code, microcoded on AMD's Zen 4 (``tests/test_vector_width.py``
-    finds no scatter in znni's kernels)."""
-    if not isinstance(vl, types.IntegerLiteral) or any(
-        not isinstance(t, types.Array) or t.dtype != types.float32 for t in (v, a)
-    ):
-        return None
-    W = int(vl.literal_value)
-    sig = types.void(vl, v, k, ks, a, i)
-
-    def codegen(context, builder, signature, args):  # pragma: no cover - runs in the compiler
-        st = signature.args
-        vt = ir.VectorType(ir.FloatType(), W)
-        i64 = ir.IntType(64)
-
-        def idx(n):
-            return context.cast(builder, args[n], st[n], types.int64)
-
-        src = context.make_array(st[4])(context, builder, args[4]).data
-        x = builder.load(builder.bitcast(builder.gep(src, [idx(5)]), vt.as_pointer()))
-        x.align = 4
-        dst = context.make_array(st[1])(context, builder, args[1]).data
-        k, ks = idx(2), idx(3)
-        for lane in range(W):
-            at = builder.add(k, builder.mul(ir.Constant(i64, lane), ks))
-            s = builder.store(builder.extract_element(x, ir.Constant(ir.IntType(32), lane)), builder.gep(dst, [at]))
-            s.align = 4
         return context.get_dummy_value()
 
     return sig, codegen

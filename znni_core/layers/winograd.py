@@ -51,7 +51,7 @@ from .epilogue import act_row
 from .layout import channels_inner, copy_run, empty_channels_last, fill_run, is_channels_last, memory_order
 from .resident import ResidentConv
 from .threads import blas_limit, each_worker, gemm
-from .transform_vectors import AT8, BT4, BT6, BT8, vector_copy, vector_spread, vector_transform
+from .transform_vectors import AT8, BT4, BT6, BT8, vector_copy, vector_transform
 from .xp import get_array_module
 
 __all__ = [
@@ -544,41 +544,26 @@ def _to_channels_first(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  #
     """out[n, o, z, y, i] = act(S[sb + (k * ntx + t) * ldm + o] + bias[o]) for i = t * mx + k: one
     staged output row (:func:`_output_transform`'s layout: per x point ``k`` of the tiles, the
     row's ``ntx`` tiles of ``ldm`` channels) back to channels first (``out`` may be a strided view);
-    ``bias`` as :func:`_staged_row_out`'s.  With a vector of channels or more and rows along x:
-    bias and activation on the staged row (as :func:`_staged_row_out`), then a voxel at a time,
-    its channels a vector at a time, each lane stored into its row
-    (:func:`.vector_spread`).  Reading each row's values a voxel apart in the staged row (a
-    channel at a time, LLVM's gathers) took 1.3-1.5x as long (a 24-map (1,3,3) layer's output
-    transform on one Xeon core)."""
+    ``bias`` as :func:`_staged_row_out`'s.  Bias and activation on the staged row (as
+    :func:`_staged_row_out`), then each channel's output row in order, a voxel at a time.  Per
+    voxel, its channels loaded as a vector and each lane stored into its own row took 1.3-1.5x as
+    long in a whole layer (2026-11-30, interleaved: 28 maps on 18 x 320^2, two threads, 300-330
+    against 240-270 ms; 24 maps on 16 x 192^2, one core, 150-160 against 115 ms in 512-bit code and
+    155-165 against 105-110 in AVX2 code): one channel's row at a time streams its stores."""
     _, O, _, _, Xo = out.shape
     u = np.uint64
     L, sb = u(ldm), u(sb)
-    st, e = out.strides, out.itemsize
-    if O >= _VL and st[4] == e:
-        m = u(mx * ntx) * L
-        for j in range(m):
-            S[sb + j] += bias[j]
-        act_row(S, sb, sb + m, code, alpha)
-        s1 = st[1] // e
-        row = (n * st[0] + z * st[2] + y * st[3]) // e
-        for t in range(ntx):
-            for k in range(mx):
-                i = t * mx + k
-                if i < Xo:
-                    base = sb + u(k * ntx + t) * L
-                    for c in range(0, O - _VL, _VL):
-                        vector_spread(_VL, out, row + i + c * s1, s1, S, base + u(c))
-                    vector_spread(_VL, out, row + i + (O - _VL) * s1, s1, S, base + u(O - _VL))
-        return
+    m = u(mx * ntx) * L
+    for j in range(m):
+        S[sb + j] += bias[j]
+    act_row(S, sb, sb + m, code, alpha)
     for o in range(O):
-        b = bias[o]
         orow = out[n, o, z, y]
         for t in range(ntx):
             for k in range(mx):
                 i = t * mx + k
                 if i < Xo:
-                    orow[i] = S[sb + u(k * ntx + t) * L + u(o)] + b
-        act_row(orow, 0, Xo, code, alpha)  # a second pass on the row in L1: contiguous, so it vectorises
+                    orow[i] = S[sb + u(k * ntx + t) * L + u(o)]
 
 
 @njit(nogil=True, cache=True, fastmath={"contract"})
