@@ -3,6 +3,7 @@
     python -m benchmarks.compare_trees 1dea866 HEAD            # 3 rounds, each case in both trees
     python -m benchmarks.compare_trees main my-branch --rounds 5
     python -m benchmarks.compare_trees HEAD . --plans         # plans only: the work tree's against HEAD's
+    python -m benchmarks.compare_trees HEAD . --nets n537:16:24,n337:40:32   # ZNNi nets of your choice
 
 A revision ``.`` is the work tree as it stands (uncommitted changes included); every other is
 checked out in a temporary git worktree.  Each runs in its own process (the two trees cannot
@@ -43,12 +44,19 @@ from benchmarks.nets import make_boundary_network, make_network
 from znni_core.plan import autotune
 
 rng = np.random.default_rng(0)
-cases = [("boundary net 15 x 256^2", make_boundary_network(), (15, 256, 256))]
-n337 = make_network("n337", 24)
-cases.append(("n337 w24, output 48^3", n337, tuple(f + 47 for f in n337.field_of_view)))
-det = os.path.join(os.environ.get("ZNNI_DATA", ""), "models", "modelzoo_iarpa1_synapse_detection.onnx")
-if os.path.isfile(det):
-    cases.append(("synapse detector 18 x 320^2", znni_core.load_network(det), (18, 320, 320)))
+nets = sys.argv[1] if len(sys.argv) > 1 else ""
+cases = []
+for item in filter(None, nets.split(",")):  # --nets arch:width:edge
+    arch, width, edge = item.split(":")
+    net = make_network(arch, int(width))
+    cases.append((f"{arch} w{width}, output {edge}^3", net, tuple(f + int(edge) - 1 for f in net.field_of_view)))
+if not cases:
+    cases.append(("boundary net 15 x 256^2", make_boundary_network(), (15, 256, 256)))
+    n337 = make_network("n337", 24)
+    cases.append(("n337 w24, output 48^3", n337, tuple(f + 47 for f in n337.field_of_view)))
+    det = os.path.join(os.environ.get("ZNNI_DATA", ""), "models", "modelzoo_iarpa1_synapse_detection.onnx")
+    if os.path.isfile(det):
+        cases.append(("synapse detector 18 x 320^2", znni_core.load_network(det), (18, 320, 320)))
 out = {}
 for name, net, shape in cases:
     x = rng.random((1,) + shape, dtype=np.float32)
@@ -156,10 +164,10 @@ def plan_difference(a, b) -> str:
     return "choices differ: " + ", ".join(f"{k} {ca.get(k)} / {cb.get(k)}" for k in keys)
 
 
-def run_tree(path: Path, env: dict) -> dict:
-    """The cases' medians (seconds) with the tree at ``path``."""
+def run_tree(path: Path, env: dict, nets: str = "") -> dict:
+    """The cases' medians (seconds) with the tree at ``path`` (``nets``: ``--nets``' cases instead)."""
     p = subprocess.run(
-        [sys.executable, "-c", CHILD],
+        [sys.executable, "-c", CHILD, nets],
         cwd=path,
         env=env | {"PYTHONPATH": str(path)},
         capture_output=True,
@@ -178,6 +186,11 @@ def main(argv=None) -> None:
     ap.add_argument("b")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--plans", action="store_true", help="compare the two trees' plans instead of their speed")
+    ap.add_argument(
+        "--nets",
+        default="",
+        help="instead of the default cases: ZNNi nets, arch:width:edge,... (an edge^3 output; e.g. n537:16:24)",
+    )
     args = ap.parse_args(argv)
     env = dict(os.environ)
     env.setdefault("ZNNI_DATA", str(REPO.parent / "shared" / "data"))
@@ -203,7 +216,7 @@ def main(argv=None) -> None:
             got = {rev: [] for rev in trees}
             for _ in range(args.rounds):
                 for rev, path in trees.items():
-                    got[rev].append(run_tree(path, env))
+                    got[rev].append(run_tree(path, env, args.nets))
         finally:
             for path in trees.values():
                 if path == REPO:

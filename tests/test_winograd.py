@@ -19,7 +19,7 @@ import znni_core
 from znni_core import layers as L
 from znni_core.errors import InputError
 from znni_core.layers import tuning
-from znni_core.layers.winograd import KERNEL_SIZES, WinogradConv, toom_cook, winograd_supports
+from znni_core.layers.winograd import KERNEL_SIZES, WinogradConv, toom_cook, winograd_supports, winograd_tiles
 from znni_core.plan import autotune
 from znni_core.plan.primitives import primitive
 
@@ -211,6 +211,7 @@ def test_winograd_equals_scipy_correlate(n, ci, co, kernel, extra, bias, threads
         ((5, 61, 47), (1, 5, 5), (24, 24)),
         ((7, 40, 33), (1, 4, 4), (32, 20)),
         ((9, 26, 30), (2, 5, 4), (12, 10)),
+        ((12, 30, 28), (5, 5, 5), (16, 16)),  # 8 points in z too where large tiles are on
     ],
 )
 @pytest.mark.parametrize("gain,blas", [(0.0, 0), (1.0, 0), (1.0, 1)])
@@ -223,6 +224,19 @@ def test_winograd_equals_torch_conv3d_on_wide_layers(shape, kernel, c, gain, bla
     with tuning.using({"winograd.block_bytes": 64 * 2**10, "winograd.large_tile_gain": gain, "winograd.blas": blas}):
         points = _check_wide_winograd(W, shape, kernel, c)
     assert gain or 8 not in points
+
+
+def test_z_tiles_deepen_only_for_kernels_four_and_five_deep():
+    """In z a kernel 2-3 deep keeps 4-point tiles whatever the gain (deeper ones lost precision);
+    4-5 deep takes 8 points where they need no more transform positions than 6, as y and x do."""
+    with tuning.using({"winograd.large_tile_gain": 1.0}):
+        assert winograd_tiles((18, 64, 64), (3, 3, 3))[1] == (4, 8, 8)
+        assert winograd_tiles((16, 64, 64), (2, 3, 3))[1] == (4, 8, 8)
+        assert winograd_tiles((8, 64, 64), (5, 5, 5))[:2] == ((4, 4, 4), (8, 8, 8))
+        assert winograd_tiles((9, 64, 64), (4, 4, 4))[1] == (8, 8, 8)
+        assert winograd_tiles((2, 64, 64), (5, 5, 5))[1][0] == 6  # one tile of 6 points, not of 8
+    with tuning.using({"winograd.large_tile_gain": 0.0}):
+        assert winograd_tiles((8, 64, 64), (5, 5, 5))[1] == (6, 6, 6)
 
 
 def _check_wide_winograd(W, shape, kernel, c):

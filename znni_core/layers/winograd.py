@@ -9,9 +9,10 @@
 Every axis uses one set of points, so one ``BT`` per axis whatever the kernel: ``a = 6``
 in y and x (``F(4,3)``, ``F(3,4)``, ``F(2,5)``, ``F(5,2)``), or ``a = 8`` where it needs
 no more transform positions (``F(6,3)``, ``F(5,4)``, ``F(4,5)``: points +-1/2 added,
-``BT`` rows scaled to dyadic constants), ``a = 4`` in z (``F(2,3)``, ``F(3,2)``) or 6 for
-kernels 4-5 deep (``F(3,4)``, ``F(2,5)``: a ``5^3`` kernel 384 products per 32 outputs, 10x fewer)
-(:func:`toom_cook`, :func:`_axis_points`).  Axes nest: a ``(1, 3, 3)`` kernel uses 36 products per
+``BT`` rows scaled to dyadic constants), ``a = 4`` in z for kernels 2-3 deep (``F(2,3)``,
+``F(3,2)``: deeper tiles lost precision there) and 6 or 8 as in y and x for kernels 4-5 deep (a
+``5^3`` kernel 512 products per 64 outputs on 8 points every axis, 16x fewer than direct
+convolution's 125 per output) (:func:`toom_cook`, :func:`_axis_points`).  Axes nest: a ``(1, 3, 3)`` kernel uses 36 products per
 16 outputs (4x fewer than direct convolution's 144), ``(1, 4, 4)`` 36 per 9 (4x fewer),
 ``(1, 5, 5)`` 36 per 4 (2.8x fewer); a ``3^3`` kernel 144 per 32 (6x fewer); an axis of
 size 1 is the identity
@@ -143,22 +144,27 @@ def winograd_supports(kernel) -> bool:
 
 
 def _axis_points(axis: int, r: int, out: int) -> int:
-    """The tile's input extent ``a`` on an axis: 1 for a kernel of 1; in z 4, or 6 for 4-5
-    (``F(3, 4)``, ``F(2, 5)``: 6 products per 3 and 2 outputs, not 12 and 10); in y and x 8
-    where it needs at most ``winograd.large_tile_gain`` of the transform positions of 6 for ``out``
-    outputs, else 6."""
+    """The tile's input extent ``a`` on an axis: 1 for a kernel of 1; in z 4 for kernels of 2-3
+    (``F(3, 2)``, ``F(2, 3)``); otherwise 8 where it needs at most ``winograd.large_tile_gain`` of
+    the transform positions of 6 for ``out`` outputs, else 6.
+
+    z tiles of kernels 2-3 deep stay short: 6 or 8 points there made a 3^3 layer 1.27x faster (36
+    maps, 18 x 160^2, two Xeon threads) but its float32 error 4-5x larger (3.7-5.3e-5 of the
+    output's largest value against 0.9-1.0e-5, 24-48 maps; PyTorch's 6-7e-7), half the 1e-4 the
+    networks' outputs are held to.  Kernels 4-5 deep take 8 in z as in y and x: ``F(4, 5)``'s error
+    is ``F(2, 5)``'s (2.0e-5 both, 16 maps) with a third fewer products and transformed values per
+    output (a 5^3 layer 1.17-1.22x faster there)."""
     if r == 1:
         return 1
-    if axis == 0:
-        return 4 if r <= 3 else 6
+    if axis == 0 and r <= 3:
+        return 4
     pos = {a: -(-int(out) // (a + 1 - r)) * a for a in (6, 8)}
     return 8 if pos[8] <= tuning.get("winograd.large_tile_gain") * pos[6] else 6
 
 
 def _axis_transforms(kernel, out_spatial):
     """Per axis ``(BT, G, AT)``: identity for size 1, else ``F(a + 1 - r, r)`` on the points
-    of :func:`_axis_points` (z tiles stay short: a 3D kernel's transform positions grow with
-    every axis)."""
+    of :func:`_axis_points`."""
     if not winograd_supports(kernel):
         raise InputError(f"Winograd convolution takes kernels of 1-5 on every axis; got {tuple(kernel)}")
     return tuple(
