@@ -552,7 +552,7 @@ def _to_channels_first(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  #
     row's ``ntx`` tiles of ``ldm`` channels) back to channels first (``out`` may be a strided view);
     ``bias`` as :func:`_staged_row_out`'s.  Bias and activation on the staged row (as
     :func:`_staged_row_out`), then each channel's output row in order, a voxel at a time.  Per
-    voxel, its channels loaded as a vector and each lane stored into its own row took 1.3-1.5x as
+    voxel, its channels loaded as a vector and each lane stored into its own row took 1.2-1.5x as
     long in a whole layer (2026-11-30, interleaved: 28 maps on 18 x 320^2, two threads, 300-330
     against 240-270 ms; 24 maps on 16 x 192^2, one core, 150-160 against 115 ms in 512-bit code and
     155-165 against 105-110 in AVX2 code): one channel's row at a time streams its stores."""
