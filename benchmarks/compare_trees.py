@@ -141,14 +141,14 @@ def plans_of(path: Path, env: dict, cal: Path, graphs: list) -> dict:
 
 
 def plan_difference(a, b) -> str:
-    """``identical``, ``seconds only (...)`` (the same choices, other predictions), the first
-    choices that differ, or what one tree did where the other planned (refused it: the error; no
-    such case: ``absent``)."""
+    """``identical``, ``predictions only (...)`` (the same choices, other predicted seconds or
+    bytes), the first choices that differ, or what one tree did where the other planned (refused
+    it: the error; no such case: ``absent``)."""
     if a == b:
         return "identical"
     if not isinstance(a, dict) or not isinstance(b, dict):
         return " / ".join("absent" if v is None else v if isinstance(v, str) else "planned" for v in (a, b))
-    predicted = {"predicted_seconds", "predicted_voxels_per_s", "seconds", "rejected"}
+    predicted = {"predicted_seconds", "predicted_voxels_per_s", "seconds", "rejected", "predicted_peak_bytes", "bytes"}
 
     def choices(d):
         steps = [{k: v for k, v in s.items() if k not in predicted} for s in d["steps"]]
@@ -156,7 +156,10 @@ def plan_difference(a, b) -> str:
 
     ca, cb = choices(a), choices(b)
     if ca == cb:
-        return f"seconds only ({a['predicted_seconds']:.4g} -> {b['predicted_seconds']:.4g} s)"
+        return (
+            f"predictions only ({a['predicted_seconds']:.4g} -> {b['predicted_seconds']:.4g} s, peak "
+            f"{a.get('predicted_peak_bytes', 0) / 2**20:.1f} -> {b.get('predicted_peak_bytes', 0) / 2**20:.1f} MiB)"
+        )
     keys = sorted(k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k))
     if keys == ["steps"] and len(ca["steps"]) == len(cb["steps"]):
         i = next(i for i, (x, y) in enumerate(zip(ca["steps"], cb["steps"])) if x != y)
