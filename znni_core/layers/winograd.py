@@ -12,8 +12,8 @@ no more transform positions (``F(6,3)``, ``F(5,4)``, ``F(4,5)``: points +-1/2 ad
 ``BT`` rows scaled to dyadic constants), ``a = 4`` in z for kernels 2-3 deep (``F(2,3)``,
 ``F(3,2)``: deeper tiles lost precision there) and 6 or 8 as in y and x for kernels 4-5 deep (a
 ``5^3`` kernel 512 products per 64 outputs on 8 points every axis, 16x fewer than direct
-convolution's 125 per output) (:func:`toom_cook`, :func:`_axis_points`).  Axes nest: a ``(1, 3, 3)`` kernel uses 36 products per
-16 outputs (4x fewer than direct convolution's 144), ``(1, 4, 4)`` 36 per 9 (4x fewer),
+convolution's 125 per output) (:func:`toom_cook`, :func:`_axis_points`).  Axes nest: a
+``(1, 3, 3)`` kernel uses 36 products per 16 outputs (4x fewer than direct convolution's 144), ``(1, 4, 4)`` 36 per 9 (4x fewer),
 ``(1, 5, 5)`` 36 per 4 (2.8x fewer); a ``3^3`` kernel 144 per 32 (6x fewer); an axis of
 size 1 is the identity
 (``a = m = 1``).  For ``C_in -> C_out`` maps the products of each of the ``T = prod(a)``
@@ -545,6 +545,15 @@ def _to_channels_last(x, n, z, y, R, rb):  # pragma: no cover - compiled
                 R[dst + k * C_] = xf[src + k]
 
 
+@njit(nogil=True, cache=True, inline="always", fastmath={"contract"})
+def _bias_act(S, sb, m, bias, code, alpha):  # pragma: no cover - compiled
+    """S[sb + j] = act(S[sb + j] + bias[j]) for j < m: a staged output row's bias and epilogue, two
+    long loops over the row (the padding columns go along, unread)."""
+    for j in range(m):
+        S[sb + j] += bias[j]
+    act_row(S, sb, sb + m, code, alpha)
+
+
 @njit(nogil=True, cache=True, fastmath={"contract"})
 def _to_channels_first(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  # pragma: no cover - compiled
     """out[n, o, z, y, i] = act(S[sb + (k * ntx + t) * ldm + o] + bias[o]) for i = t * mx + k: one
@@ -559,10 +568,7 @@ def _to_channels_first(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  #
     _, O, _, _, Xo = out.shape
     u = np.uint64
     L, sb = u(ldm), u(sb)
-    m = u(mx * ntx) * L
-    for j in range(m):
-        S[sb + j] += bias[j]
-    act_row(S, sb, sb + m, code, alpha)
+    _bias_act(S, sb, u(mx * ntx) * L, bias, code, alpha)
     for o in range(O):
         orow = out[n, o, z, y]
         for t in range(ntx):
@@ -583,10 +589,8 @@ def _staged_row_out(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  # pr
     LLVM's loops over 24-48 channels ran as their scalar remainder in AVX2 code."""
     _, _, _, Xo, O = out.shape
     u = np.uint64
-    L, sb, m = u(ldm), u(sb), u(mx * ntx) * u(ldm)
-    for j in range(m):
-        S[sb + j] += bias[j]
-    act_row(S, sb, sb + m, code, alpha)
+    L, sb = u(ldm), u(sb)
+    _bias_act(S, sb, u(mx * ntx) * L, bias, code, alpha)
     orow = out[n, z, y]
     vec = O >= _VL and orow.strides[1] == orow.itemsize
     s0 = u(orow.strides[0] // orow.itemsize)
