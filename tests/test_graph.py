@@ -331,9 +331,9 @@ def test_activations_after_convs_run_in_the_conv_output_pass(tmp_path, monkeypat
 def test_winograd_convs_hand_channels_last_tensors_only_to_readers_that_take_them(tmp_path, monkeypatch, merge):
     """A Winograd conv or a run of 1x1x1 convs writes channels last only where every reader runs
     on it at speed: a Winograd or 1x1x1 conv, an element-wise node, a max-pool, a nearest
-    upsampling (and so on through them). Never into a concat or the output, never mixed with a
-    channels-first input of an add; the output equals PyTorch's and the channels-first run's (to
-    rounding: a 1x1x1 product reads its operand in the other order)."""
+    upsampling, a concat (and so on through them). Never into the output, never mixed with a
+    channels-first input of an add or a concat; the output equals PyTorch's and the channels-first
+    run's (to rounding: a 1x1x1 product reads its operand in the other order)."""
     import znni_core.exec.patch as EG
     from znni_core.layers.layout import is_channels_last
     from znni_core.plan.program import program
@@ -383,13 +383,13 @@ def test_winograd_convs_hand_channels_last_tensors_only_to_readers_that_take_the
         if nd.op.label == "conv":
             assert y == (nd.output in chosen), nd.name
             assert prim == "winograd" or not any(ins), nd.name  # others read channels first
-        if nd.op.label == "concat":
-            assert not any(ins)
-        if nd.op.label in ("add", "mul"):
+        if nd.op.label in ("add", "mul", "concat"):
             assert len(set(ins)) == 1, nd.name  # never mixed
+        if nd.op.label == "concat":
+            assert all(ins) and y, nd.name  # the skip and the upsampled tensor: channels last through it
     assert any(y for *_, y in seen) and pointwise_cl >= 2  # the upsampling's and the head's 1x1x1 convs
-    # the 1x1x1 conv before each upsampling feeds an add: it writes channels last; into a concat never
-    assert sum(pointwise_outs) == (2 if merge == "add" else 0), pointwise_outs
+    # the 1x1x1 conv before each upsampling feeds an add or a concat: it writes channels last
+    assert sum(pointwise_outs) == 2, pointwise_outs
     monkeypatch.setattr(EG, "channels_last_tensors", lambda prog: set())
     np.testing.assert_allclose(znni_core.infer(net, x, plan=plan), out, rtol=1e-6, atol=1e-6)
 

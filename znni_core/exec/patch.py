@@ -53,7 +53,7 @@ from ..layers import (
     tuning,
 )
 from ..layers.epilogue import add_affine_act
-from ..layers.layout import as_contiguous
+from ..layers.layout import as_contiguous, channels_inner, concat_channels_last
 from ..layers.resample import avg_pool, conv_transpose, interpolate, pad, upsample_nearest
 from ..layers.xp import get_array_module
 from ..net.graph import Graph
@@ -360,7 +360,10 @@ def _(op: Pad, node, step, env, a, b, run, out):
 
 @_execute.register
 def _(op: Concat, node, step, env, a, b, run, out):
-    return run.xp.concatenate([_take(env[i], a, b) for i in node.inputs], axis=1)
+    ins = [_take(env[i], a, b) for i in node.inputs]
+    if all(isinstance(v, np.ndarray) and v.dtype == np.float32 and channels_inner(v) for v in ins):
+        return concat_channels_last(ins)  # channels last in, channels last out (channels_last_tensors)
+    return run.xp.concatenate(ins, axis=1)
 
 
 @_execute.register
@@ -385,12 +388,21 @@ def _(op: Affine, node, step, env, a, b, run, out):
 
 
 def _join(op, node, step, env, a, b, run, out):
-    """An element-wise add or product of two tensors (into the one that dies here, if any)."""
+    """An element-wise add or product of two tensors (into the one that dies here, if any).  An add
+    of float32 arrays in host memory runs on the run's threads (:func:`add_affine_act`): numpy's
+    add runs on one, and a U-Net's skip add of 24 maps on 16 x 192^2 channels last took 6.6 ms
+    there against 4.3 ms on two (28 maps: 10.3 against 7.0)."""
     ins = [_take(env[i], a, b) for i in node.inputs]
+    target = None if out is None else env[out][0]
+    if (
+        isinstance(op, Add)
+        and ins[0].shape == ins[1].shape
+        and all(isinstance(v, np.ndarray) and v.dtype == np.float32 for v in ins)
+    ):
+        return add_affine_act(ins[0], ins[1], out=target)
     ufunc = run.xp.add if isinstance(op, Add) else run.xp.multiply
-    if out is None:
+    if target is None:
         return ufunc(ins[0], ins[1])
-    target = env[out][0]
     other = ins[1] if target is ins[0] else ins[0]
     return ufunc(target, other, out=target)
 

@@ -19,11 +19,13 @@ import numpy as np
 
 from . import arena
 from ._numba import njit, prange
+from .transform_vectors import vector_copy
 from .xp import get_array_module, with_host_variant
 
 __all__ = [
     "as_contiguous",
     "channels_inner",
+    "concat_channels_last",
     "copy_into",
     "empty_channels_last",
     "empty_like_layout",
@@ -47,6 +49,69 @@ def copy_into(dst, src) -> None:
         _copy_rows(src, dst)
     else:
         dst[...] = src
+
+
+def concat_channels_last(parts):
+    """``parts`` (5-D float32 arrays, each with its channels innermost: :func:`channels_inner`)
+    concatenated along the channels into a new channels-last array: a U-Net's concat of a skip and
+    an upsampled tensor, both channels last, hands its reader (a Winograd conv) channels last too.
+    Each voxel's channels of each part are one run in both; rows are split over the run's workers
+    (:func:`.threads.split_tasks`).  numpy's concatenate wrote channels first, and the Winograd
+    conv after it read its 48 maps of 16 x 192^2 in 72 ms, against 37 ms for 24 maps read
+    channels last."""
+    # lazy: threads imports this module
+    from .threads import split_tasks
+
+    n, _, z, y, x = parts[0].shape
+    out = empty_channels_last((n, sum(p.shape[1] for p in parts), z, y, x))
+    dst = memory_order(out)
+    offs, c = [], 0
+    for p in parts:
+        offs.append(c)
+        c += p.shape[1]
+    whole = all(is_channels_last(p) for p in parts)  # flat runs; else (a part of one) any strides
+    srcs = [memory_order(p).reshape(-1) if whole else memory_order(p) for p in parts]
+    flat = dst.reshape(-1)
+
+    def rows(r0, r1):
+        for src, off, p in zip(srcs, offs, parts):
+            if whole:
+                _concat_flat(src, p.shape[1], flat, dst.shape[4], off, r0 * x, r1 * x)
+            else:
+                _concat_rows(src, dst, off, r0, r1)
+
+    split_tasks(rows, n * z * y)
+    return out
+
+
+@njit(nogil=True, cache=True)
+def _concat_flat(src, C, dst, D, off, v0, v1):  # pragma: no cover - compiled
+    """``dst[v * D + off:][:C] = src[v * C:][:C]`` for the voxels ``v`` in ``[v0, v1)`` (flat,
+    C-contiguous): 8 floats at a time, the last 8 overlapping (LLVM's loop over 24 channels left
+    most of them to its scalar remainder: 18 against 13 ms for two 24-map parts of 16 x 192^2)."""
+    u = np.uint64
+    for v in range(u(v0), u(v1)):
+        d, s = v * u(D) + u(off), v * u(C)
+        if C < 8:
+            copy_run(dst, d, src, s, C)
+            continue
+        for k in range(0, C - 8, 8):
+            vector_copy(8, dst, d + u(k), src, s + u(k))
+        vector_copy(8, dst, d + u(C - 8), src, s + u(C - 8))
+
+
+@njit(nogil=True, cache=True)
+def _concat_rows(src, dst, off, r0, r1):  # pragma: no cover - compiled
+    """``dst[n, z, y, :, off:off + C] = src[n, z, y]`` for the rows ``r`` in ``[r0, r1)`` of
+    ``(n, z, y)`` (both ``(N, Z, Y, X, C)``, any strides)."""
+    _, Z, Y, X, C = src.shape
+    for r in range(r0, r1):
+        n, z, y = r // (Z * Y), (r // Y) % Z, r % Y
+        s, d = src[n, z, y], dst[n, z, y]
+        for i in range(X):
+            si, di = s[i], d[i]
+            for k in range(C):
+                di[off + k] = si[k]
 
 
 @njit(nogil=True, cache=True, inline="always")

@@ -453,6 +453,12 @@ class Concat(Operator):
     def channels(self, cin, name):
         return sum(cin)
 
+    @property
+    def keeps_layout(self):
+        """Channels-last inputs give a channels-last concatenation (each voxel's channels, part
+        after part: ``layers.layout.concat_channels_last``), when every input is channels last."""
+        return True
+
 
 @dataclass(frozen=True, eq=False)
 class Affine(Operator):

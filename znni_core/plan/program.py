@@ -18,7 +18,7 @@ from ..errors import PlanError
 from ..layers.activation import commutes_with_max
 from ..layers.epilogue import FUSABLE
 from ..net.graph import Graph
-from ..net.ops import Act, Add, Affine, Convolution, Mul, Pooling
+from ..net.ops import Act, Add, Affine, Concat, Convolution, Mul, Pooling
 from .plan import fuse, fuses
 from .pooling import DepthFirst
 from .primitives import PRIMITIVES
@@ -153,8 +153,8 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
     out (its input is a layer's output).
 
     A tensor is channels last if such a writer wrote it, or a node that keeps the layout
-    (``Operator.keeps_layout``: an activation, an affine; a max-pool subsampling or in MPF, a nearest upsampling; an add or mul
-    of channels-last inputs) made it from one.  A writer is chosen while every channels-last tensor
+    (``Operator.keeps_layout``: an activation, an affine; a max-pool subsampling or in MPF, a nearest upsampling; an add, mul
+    or concat of channels-last inputs) made it from one.  A writer is chosen while every channels-last tensor
     that flows from it is read only by untiled Winograd or 1x1x1 convs and such nodes, never
     mixed with a channels-first input, and is not the network's output; the others are dropped
     until none breaks that.  A one-channel output is channels first anyway.
@@ -211,7 +211,8 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
         for name, src in sources.items():
             bad = name == prog.output or not all(reads(i) for i in readers.get(name, ()))
             bad = bad or any(
-                isinstance(nodes[i].op, (Add, Mul)) and nodes[i].output not in sources for i in readers.get(name, ())
+                isinstance(nodes[i].op, (Add, Mul, Concat)) and nodes[i].output not in sources
+                for i in readers.get(name, ())
             )  # mixed with a channels-first input
             if bad:
                 drop |= src
