@@ -17,11 +17,13 @@ larger of that and the tracemalloc peak.
   pooling, widths 16-64) on 16 x 256 x 256, patches of 16 x 128 x 128, overlap 32: znni vs
   PyTorch eager on the same lattice, and MONAI ``sliding_window_inference`` (Gaussian
   weights, overlap 0.25) if MONAI is installed.
-* ``padded-small-whole``, ``padded-small-flat-whole`` and ``padded-small-concat-whole``: a generated
-  padded U-Net (1 level, widths 24-48, BN, ELU; 3^3 or 1x3x3 kernels; the skip added, or
-  concatenated in the last) on 16 x 192 x 192 of ISBI EM, the whole volume in one call: znni
-  ``infer`` vs ONNX Runtime and OpenVINO f32 on the same volume (a small net: narrow layers, whose
-  Winograd transforms weigh most, and memory-bound passes count).
+* ``padded-small-whole``, ``padded-small-flat-whole``, ``padded-small-concat-whole``,
+  ``padded-small-deconv-whole`` and ``padded-small-trilinear-whole`` (:data:`SMALL`): a generated
+  padded U-Net (1 level, widths 24-48, BN, ELU; 3^3 or 1x3x3 kernels; the skip added or
+  concatenated; nearest or trilinear upsampling and a 1x1x1 conv, or a transposed conv) on 16 x
+  192 x 192 of ISBI EM, the whole volume in one call: znni ``infer`` vs ONNX Runtime and OpenVINO
+  f32 on the same volume (a small net: narrow layers, whose Winograd transforms weigh most, and
+  memory-bound passes count).
 * ``valid-unet``: a MALA-style valid U-Net (3^3 kernels, 2 levels) on a 32 x 204 x 204
   volume: znni (exact tiles) vs PyTorch on the whole volume in one pass.
 
@@ -138,7 +140,7 @@ def onnx_runners(path, threads, shape=None, tmp: Path | None = None):
     return out, notes
 
 
-def torch_padded_unet(depth=3, width=16, kernel=(3, 3, 3), merge="add"):
+def torch_padded_unet(depth=3, width=16, kernel=(3, 3, 3), merge="add", up="nearest"):
     import torch
 
     sys.path.insert(0, str(HERE.parent))
@@ -153,7 +155,7 @@ def torch_padded_unet(depth=3, width=16, kernel=(3, 3, 3), merge="add"):
             pool=(1, 2, 2),
             width=width,
             bn=True,
-            up="nearest",
+            up=up,
             merge=merge,
             act="elu",
             c_out=3,
@@ -192,7 +194,22 @@ def torch_fn(model):
     return fn
 
 
-def build(tmp: Path, threads: int, quick: bool):
+#: the small padded U-Nets run on a whole volume: (case, kernel, skip merge, decoder upsampling)
+SMALL = (
+    ("padded-small-whole", (3, 3, 3), "add", "nearest"),
+    ("padded-small-flat-whole", (1, 3, 3), "add", "nearest"),
+    ("padded-small-concat-whole", (1, 3, 3), "concat", "nearest"),
+    ("padded-small-deconv-whole", (1, 3, 3), "concat", "transpose"),
+    ("padded-small-trilinear-whole", (1, 3, 3), "concat", "linear"),
+)
+UPSAMPLING = {
+    "nearest": "nearest upsampling + 1x1x1 conv",
+    "transpose": "transposed conv",
+    "linear": "trilinear upsampling + 1x1x1 conv",
+}
+
+
+def build(tmp: Path, threads: int, quick: bool, only=None):
     import torch
 
     import znni_core
@@ -281,12 +298,11 @@ def build(tmp: Path, threads: int, quick: bool):
     )
     whole = (16, 192, 192)
     xs = isbi(whole)
-    for case, kernel, merge in (
-        ("padded-small-whole", (3, 3, 3), "add"),
-        ("padded-small-flat-whole", (1, 3, 3), "add"),
-        ("padded-small-concat-whole", (1, 3, 3), "concat"),
-    ):
-        path = export(torch_padded_unet(depth=1, width=24, kernel=kernel, merge=merge), tmp / f"{case}.onnx", whole)
+    for case, kernel, merge, up in SMALL:
+        if only and case not in only:
+            continue
+        model = torch_padded_unet(depth=1, width=24, kernel=kernel, merge=merge, up=up)
+        path = export(model, tmp / f"{case}.onnx", whole)
         net = znni_core.load_network(path)
         runners, notes = onnx_runners(path, threads)
         fns = {"znni": lambda n=net: znni_core.infer(n, xs, memory_budget=2 * 2**30)}
@@ -296,7 +312,7 @@ def build(tmp: Path, threads: int, quick: bool):
             (
                 case,
                 f"generated padded U-Net (1 level, {'x'.join(map(str, kernel))} kernels, widths 24-48, BN, ELU, "
-                f"skip {'added' if merge == 'add' else 'concatenated'}), "
+                f"skip {'added' if merge == 'add' else 'concatenated'}, {UPSAMPLING[up]}), "
                 f"ISBI {whole}, the whole volume in one call (znni: infer with 2 GiB, as a user calls it)",
                 fns,
                 dict(notes, predicted_s=predicted_seconds(net, plan, whole)),
@@ -420,7 +436,7 @@ def main(argv=None):
 
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("ZNNI_CACHE_DIR", tmp)
-        built = build(Path(tmp), args.threads, args.quick)
+        built = build(Path(tmp), args.threads, args.quick, args.only.split(",") if args.only else None)
         from .machine import host_class
 
         res = {

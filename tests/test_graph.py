@@ -181,13 +181,14 @@ def _blend_reference(model, x, patch, overlap, kind):
 
 
 class _UpThenPointwise(nn.Module):
-    """Pooling, nearest upsampling, then a 1x1x1 conv (``twice``: the upsampled tensor read by a
-    second conv too)."""
+    """Pooling, nearest (or trilinear) upsampling, then a 1x1x1 conv (``twice``: the upsampled
+    tensor read by a second conv too)."""
 
-    def __init__(self, twice=False):
+    def __init__(self, twice=False, mode="nearest"):
         super().__init__()
         self.twice = twice
-        self.a, self.up, self.b = nn.Conv3d(1, 4, 3, padding=1), nn.Upsample(scale_factor=(1, 2, 2)), nn.Conv3d(4, 3, 1)
+        self.a, self.b = nn.Conv3d(1, 4, 3, padding=1), nn.Conv3d(4, 3, 1)
+        self.up = nn.Upsample(scale_factor=(1, 2, 2), mode=mode)
         self.c = nn.Conv3d(4, 3, 1)
 
     def forward(self, x):
@@ -195,12 +196,13 @@ class _UpThenPointwise(nn.Module):
         return self.b(u) + self.c(u) if self.twice else self.b(u)
 
 
-def test_a_pointwise_conv_after_nearest_upsampling_runs_first_and_equals_torch(tmp_path):
-    """The loader swaps "upsample (nearest), 1x1x1 conv" (4x fewer voxels for the conv here): the
-    output equals PyTorch's, on one patch and on the whole volume blended; an upsampled tensor that
-    two nodes read is left alone."""
+@pytest.mark.parametrize("mode", ["nearest", "trilinear"])
+def test_a_pointwise_conv_after_upsampling_runs_first_and_equals_torch(tmp_path, mode):
+    """The loader swaps "upsample (nearest or linear), 1x1x1 conv" (4x fewer voxels for the conv
+    here): the output equals PyTorch's, on one patch and on the whole volume blended; an upsampled
+    tensor that two nodes read is left alone."""
     torch.manual_seed(0)
-    model = _UpThenPointwise()
+    model = _UpThenPointwise(mode=mode)
     net = znni_core.load_network(export(model, tmp_path / "u.onnx", (4, 12, 12)))
     ops = [(n.op.label, n.name) for n in net.nodes]
     assert [o for o, _ in ops] == ["conv", "act", "pool", "conv", "resize"], ops
@@ -212,7 +214,7 @@ def test_a_pointwise_conv_after_nearest_upsampling_runs_first_and_equals_torch(t
         znni_core.load_network(export(model, tmp_path / "w.onnx", (6, 40, 40))), big, memory_budget=2**30
     )
     np.testing.assert_allclose(whole, run(model, big), rtol=1e-5, atol=1e-6)
-    kept = znni_core.load_network(export(_UpThenPointwise(twice=True), tmp_path / "t.onnx", (4, 12, 12)))
+    kept = znni_core.load_network(export(_UpThenPointwise(twice=True, mode=mode), tmp_path / "t.onnx", (4, 12, 12)))
     assert [n.op.label for n in kept.nodes][:4] == ["conv", "act", "pool", "resize"]
 
 

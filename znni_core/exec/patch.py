@@ -319,7 +319,8 @@ def _(op: Deconvolution, node, step, env, a, b, run, out):
     xp = run.xp
     x, lo, _ = _input(node, env, a, b, run)
     bias = None if op.bias is None else xp.asarray(op.bias)
-    return _cut(conv_transpose(xp.ascontiguousarray(x), xp.asarray(op.weight), bias, op.stride), a, b, lo, op.stride)
+    # a channels-last part stays channels last (the host's transposed conv reads and writes it so)
+    return _cut(conv_transpose(as_contiguous(x), xp.asarray(op.weight), bias, op.stride), a, b, lo, op.stride)
 
 
 @_execute.register
@@ -335,7 +336,7 @@ def _(op: Resize, node, step, env, a, b, run, out):
             continue
         i0, i1, w = op.table(ax, n_in[ax])
         tables.append((i0[a[ax] : b[ax]] - lo[ax], i1[a[ax] : b[ax]] - lo[ax], w[a[ax] : b[ax]]))
-    return interpolate(run.xp.ascontiguousarray(x), tables)
+    return interpolate(x, tables)
 
 
 @_execute.register
@@ -346,7 +347,7 @@ def _(op: Pooling, node, step, env, a, b, run, out):
 
 @_execute.register
 def _(op: Crop, node, step, env, a, b, run, out):
-    return run.xp.ascontiguousarray(_input(node, env, a, b, run)[0])
+    return as_contiguous(_input(node, env, a, b, run)[0])  # a channels-last part stays channels last
 
 
 @_execute.register

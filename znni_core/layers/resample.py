@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import InputError
 from . import arena
 from ._numba import njit, prange
-from .layout import empty_channels_last, is_channels_last, memory_order
+from .layout import channels_inner, empty_channels_last, is_channels_last, memory_order
 from .threads import matmul
 from .xp import get_array_module, with_host_variant
 
@@ -110,6 +110,7 @@ def _upsample_nearest(x, out, fz, fy, fx):  # pragma: no cover - compiled
                             dst[k * fx + dx] = v
 
 
+@with_host_variant
 def interpolate(x, tables):
     """Separable linear interpolation by per-axis ``(i0, i1, w)`` tables (None: axis kept);
     indices are into ``x`` (a slice of a larger tensor takes the slice of its tables)."""
@@ -131,6 +132,103 @@ def interpolate(x, tables):
     return x if any(t is not None for t in tables) else x.copy()
 
 
+@interpolate.host
+def _interpolate_host(x, tables):
+    """Host variant for float32: one pass, each output voxel from its (up to) 8 neighbours, the
+    same operations in the same order as the generic path (z, then y, then x: ``a + w (b - a)``),
+    so the same values; rows split over the run's workers (:func:`.threads.split_tasks`); channels
+    last in, channels last out.  The generic path's gathers and three passes over the output took
+    257 ms for a U-Net's (1,2,2) upsampling of 48 maps of 16 x 96^2 channels last."""
+    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 5):
+        return interpolate.generic(x, tables)
+    # lazy: threads imports layout, which this module imports too
+    from .threads import split_tasks
+
+    n, c = x.shape[:2]
+    full = []
+    for axis, t in enumerate(tables):
+        if t is None:
+            idx = np.arange(x.shape[2 + axis], dtype=np.int64)
+            full.append((idx, idx, np.zeros(idx.size, np.float32), False))
+        else:
+            i0, i1, w = t
+            full.append((np.asarray(i0, np.int64), np.asarray(i1, np.int64), np.asarray(w, np.float32), True))
+    (z0, z1, wz, hz), (y0, y1, wy, hy), (x0, x1, wx, hx) = full
+    shape = (n, c, z0.size, y0.size, x0.size)
+    if not (hz or hy or hx):
+        return x.copy()
+    if channels_inner(x):
+        out = empty_channels_last(shape)
+        src, dst = memory_order(x), memory_order(out)
+
+        def rows(r0, r1):
+            _lerp_cl(src, dst, z0, z1, wz, hz, y0, y1, wy, hy, x0, x1, wx, hx, r0, r1)
+
+        split_tasks(rows, n * z0.size * y0.size)
+        return out
+    src, out = np.ascontiguousarray(x), arena.empty(shape, np.float32)
+
+    def rows(r0, r1):
+        _lerp_cf(src, out, z0, z1, wz, hz, y0, y1, wy, hy, x0, x1, wx, hx, r0, r1)
+
+    split_tasks(rows, n * c * z0.size)
+    return out
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _lerp_zy(a00, a01, a10, a11, wz, hz, wy, hy):  # pragma: no cover - compiled
+    """The z then y interpolation of four values (``aZY``), as the generic path computes it."""
+    if hz:
+        a00 = a00 + wz * (a10 - a00)
+        a01 = a01 + wz * (a11 - a01)
+    if hy:
+        a00 = a00 + wy * (a01 - a00)
+    return a00
+
+
+@njit(nogil=True, cache=True)
+def _lerp_cl(x, out, z0, z1, wz, hz, y0, y1, wy, hy, x0, x1, wx, hx, r0, r1):  # pragma: no cover - compiled
+    """Output rows ``r = (n, z, y)`` in ``[r0, r1)``, channels last: ``x`` (N, Z, Y, X, C) and
+    ``out`` (N, Zo, Yo, Xo, C), any strides; a voxel's channels the inner loop."""
+    _, Zo, Yo, Xo, C = out.shape
+    for r in range(r0, r1):
+        n, zo, yo = r // (Zo * Yo), (r // Yo) % Zo, r % Yo
+        fz, fy = wz[zo], wy[yo]
+        s00, s01 = x[n, z0[zo], y0[yo]], x[n, z0[zo], y1[yo]]
+        s10, s11 = x[n, z1[zo], y0[yo]], x[n, z1[zo], y1[yo]]
+        d = out[n, zo, yo]
+        for xo in range(Xo):
+            i, j, fx = x0[xo], x1[xo], wx[xo]
+            for k in range(C):
+                v = _lerp_zy(s00[i, k], s01[i, k], s10[i, k], s11[i, k], fz, hz, fy, hy)
+                if hx:
+                    v1 = _lerp_zy(s00[j, k], s01[j, k], s10[j, k], s11[j, k], fz, hz, fy, hy)
+                    v = v + fx * (v1 - v)
+                d[xo, k] = v
+
+
+@njit(nogil=True, cache=True)
+def _lerp_cf(x, out, z0, z1, wz, hz, y0, y1, wy, hy, x0, x1, wx, hx, r0, r1):  # pragma: no cover - compiled
+    """Output planes ``r = (n, c, z)`` in ``[r0, r1)``, channels first (``x`` C-contiguous)."""
+    _, C, Zo, Yo, Xo = out.shape
+    for r in range(r0, r1):
+        n, c, zo = r // (C * Zo), (r // Zo) % C, r % Zo
+        fz = wz[zo]
+        pa, pb = x[n, c, z0[zo]], x[n, c, z1[zo]]
+        for yo in range(Yo):
+            fy = wy[yo]
+            s00, s01, s10, s11 = pa[y0[yo]], pa[y1[yo]], pb[y0[yo]], pb[y1[yo]]
+            d = out[n, c, zo, yo]
+            for xo in range(Xo):
+                i, j = x0[xo], x1[xo]
+                v = _lerp_zy(s00[i], s01[i], s10[i], s11[i], fz, hz, fy, hy)
+                if hx:
+                    v1 = _lerp_zy(s00[j], s01[j], s10[j], s11[j], fz, hz, fy, hy)
+                    v = v + wx[xo] * (v1 - v)
+                d[xo] = v
+
+
+@with_host_variant
 def conv_transpose(x, w, b, stride):
     """``ConvTranspose3d`` with stride equal to the kernel: ``w`` is (C_in, C_out, kz, ky, kx)."""
     xp = get_array_module(x)
@@ -148,6 +246,60 @@ def conv_transpose(x, w, b, stride):
     if b is not None:
         out += xp.asarray(b).reshape(1, -1, 1, 1, 1)
     return out
+
+
+@conv_transpose.host
+def _conv_transpose_host(x, w, b, stride):
+    """Host variant for a float32 input with its channels innermost (a U-Net's upsampling after a
+    Winograd conv): channels last in, channels last out.  One product per input voxel's channels
+    (``(V, C_in) @ (C_in, K C_out)``: row blocks over the run's workers), then each voxel's ``K``
+    output vectors, bias added, into their places (a numba loop, rows over the workers).  The
+    generic path reads channels first (a transposing copy of a channels-last input), runs one
+    product on one thread and scatters on one: 69 ms for 48 -> 24 maps (1,2,2) of 16 x 96^2,
+    whose channels-first output then took the concat and the conv after it off channels last."""
+    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and channels_inner(x)):
+        return conv_transpose.generic(x, w, b, stride)
+    # lazy: threads imports layout, which this module imports too
+    from .threads import split_tasks
+
+    n, ci, z, y, xx = x.shape
+    co, k = w.shape[1], tuple(int(v) for v in w.shape[2:])
+    if tuple(int(s) for s in stride) != k:
+        raise InputError(f"conv_transpose needs stride {tuple(stride)} equal to the kernel {k}")
+    K = math.prod(k)
+    a = np.ascontiguousarray(memory_order(x)).reshape(-1, ci)  # no copy for a whole channels-last array
+    wt = np.ascontiguousarray(np.asarray(w, np.float32).reshape(ci, co, K).transpose(0, 2, 1).reshape(ci, K * co))
+    prod = arena.empty((a.shape[0], K * co), np.float32)
+    split_tasks(lambda r0, r1: np.matmul(a[r0:r1], wt, out=prod[r0:r1]), a.shape[0])
+    out = empty_channels_last((n, co, z * k[0], y * k[1], xx * k[2]))
+    bias = np.zeros(co, np.float32) if b is None else np.ascontiguousarray(np.asarray(b, np.float32).reshape(-1))
+    pf, of = prod.reshape(-1), memory_order(out).reshape(-1)
+    split_tasks(lambda r0, r1: _scatter_blocks(pf, bias, of, z, y, xx, k[0], k[1], k[2], r0, r1), n * z * y)
+    return out
+
+
+@njit(nogil=True, cache=True)
+def _scatter_blocks(p, bias, out, Z, Y, X, kz, ky, kx, r0, r1):  # pragma: no cover - compiled
+    """For the input rows ``r = (n, z, y)`` in ``[r0, r1)``: each voxel's ``kz ky kx`` vectors of
+    ``C`` values (``p`` flat ``(V, K, C)``) plus ``bias`` into the output block the voxel makes
+    (``out`` flat channels last ``(N, Z kz, Y ky, X kx, C)``)."""
+    u = np.uint64
+    C = u(bias.size)
+    K = u(kz * ky * kx)
+    Yo, Xo = u(Y * ky), u(X * kx)
+    Zo = u(Z * kz)
+    for r in range(u(r0), u(r1)):
+        n, z, y = r // u(Z * Y), (r // u(Y)) % u(Z), r % u(Y)
+        for i in range(u(X)):
+            src = (r * u(X) + i) * K * C
+            for a in range(u(kz)):
+                for b in range(u(ky)):
+                    for c in range(u(kx)):
+                        kk = (a * u(ky) + b) * u(kx) + c
+                        dst = (((n * Zo + z * u(kz) + a) * Yo + y * u(ky) + b) * Xo + i * u(kx) + c) * C
+                        s0 = src + kk * C
+                        for o in range(C):
+                            out[dst + o] = p[s0 + o] + bias[o]
 
 
 def avg_pool(x, window):

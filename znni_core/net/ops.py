@@ -266,6 +266,11 @@ class Deconvolution(_Upsampling):
     def factor(self):
         return self.stride
 
+    @property
+    def keeps_layout(self):
+        """Channels last in, channels last out on the host (``layers.resample.conv_transpose``)."""
+        return True
+
 
 @dataclass(frozen=True, eq=False)
 class Pooling(Operator):
@@ -356,7 +361,8 @@ class Resize(_Upsampling):
 
     @property
     def keeps_layout(self):
-        return not self.linear
+        """Nearest and linear alike (``layers.resample``: channels last in, channels last out)."""
+        return True
 
     @property
     def padding(self):
@@ -374,6 +380,11 @@ class Crop(Operator):
     def __post_init__(self):
         object.__setattr__(self, "low", shape3(self.low, "crop low"))
         object.__setattr__(self, "high", shape3(self.high, "crop high"))
+
+    @property
+    def keeps_layout(self):
+        """A channels-last input's part is copied channels last (``layers.layout.as_contiguous``)."""
+        return True
 
     def length(self, axis, sizes, exact, name):
         n, lo, hi = sizes[0], self.low[axis], self.high[axis]

@@ -153,7 +153,7 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
     out (its input is a layer's output).
 
     A tensor is channels last if such a writer wrote it, or a node that keeps the layout
-    (``Operator.keeps_layout``: an activation, an affine; a max-pool subsampling or in MPF, a nearest upsampling; an add, mul
+    (``Operator.keeps_layout``: an activation, an affine; a max-pool subsampling or in MPF, an upsampling; an add, mul
     or concat of channels-last inputs) made it from one.  A writer is chosen while every channels-last tensor
     that flows from it is read only by untiled Winograd or 1x1x1 convs and such nodes, never
     mixed with a channels-first input, and is not the network's output; the others are dropped
