@@ -209,8 +209,9 @@ def test_transposed_conv_on_the_host_keeps_channels_last_and_equals_the_generic_
     x = rng.standard_normal((2, 6, 3, 4, 5)).astype(np.float32)
     xc = empty_channels_last(x.shape)
     xc[...] = x
-    w = rng.standard_normal((6, 5) + kernel).astype(np.float32)
-    b = rng.standard_normal(5).astype(np.float32)
+    co = 5 if kernel == (2, 3, 1) else 12  # each voxel's runs: fewer than 8 channels, or 8 + an overlapping 8
+    w = rng.standard_normal((6, co) + kernel).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
     before = numba.get_num_threads()
     try:
         for workers in (1, min(2, numba.config.NUMBA_NUM_THREADS)):

@@ -22,8 +22,9 @@ import numpy as np
 from ..errors import InputError
 from . import arena
 from ._numba import njit, prange
-from .layout import channels_inner, empty_channels_last, is_channels_last, memory_order
+from .layout import channels_inner, copy_run, empty_channels_last, is_channels_last, memory_order
 from .threads import matmul
+from .transform_vectors import vector_copy
 from .xp import get_array_module, with_host_variant
 
 __all__ = [
@@ -272,7 +273,7 @@ def _conv_transpose_host(x, w, b, stride):
     prod = arena.empty((a.shape[0], K * co), np.float32)
     split_tasks(lambda r0, r1: np.matmul(a[r0:r1], wt, out=prod[r0:r1]), a.shape[0])
     out = empty_channels_last((n, co, z * k[0], y * k[1], xx * k[2]))
-    bias = np.zeros(co, np.float32) if b is None else np.ascontiguousarray(np.asarray(b, np.float32).reshape(-1))
+    bias = np.tile(np.zeros(co, np.float32) if b is None else np.asarray(b, np.float32).reshape(-1), K)
     pf, of = prod.reshape(-1), memory_order(out).reshape(-1)
     split_tasks(lambda r0, r1: _scatter_blocks(pf, bias, of, z, y, xx, k[0], k[1], k[2], r0, r1), n * z * y)
     return out
@@ -281,25 +282,34 @@ def _conv_transpose_host(x, w, b, stride):
 @njit(nogil=True, cache=True)
 def _scatter_blocks(p, bias, out, Z, Y, X, kz, ky, kx, r0, r1):  # pragma: no cover - compiled
     """For the input rows ``r = (n, z, y)`` in ``[r0, r1)``: each voxel's ``kz ky kx`` vectors of
-    ``C`` values (``p`` flat ``(V, K, C)``) plus ``bias`` into the output block the voxel makes
-    (``out`` flat channels last ``(N, Z kz, Y ky, X kx, C)``)."""
+    ``C`` values (``p`` flat ``(V, K, C)``) plus the bias (``bias``: ``K C`` values, the bias
+    repeated) into the output block the voxel makes (``out`` flat channels last ``(N, Z kz, Y ky,
+    X kx, C)``).  The bias is added to the voxel's ``K C`` values in place (one long loop), then
+    each run of ``C`` goes out 8 floats at a time, the last 8 overlapping: LLVM's loop over 24
+    channels left most of them to its scalar remainder in AVX2 code."""
     u = np.uint64
-    C = u(bias.size)
+    KC = u(bias.size)
     K = u(kz * ky * kx)
+    C = KC // K
     Yo, Xo = u(Y * ky), u(X * kx)
     Zo = u(Z * kz)
     for r in range(u(r0), u(r1)):
         n, z, y = r // u(Z * Y), (r // u(Y)) % u(Z), r % u(Y)
         for i in range(u(X)):
-            src = (r * u(X) + i) * K * C
+            src = (r * u(X) + i) * KC
+            for j in range(KC):
+                p[src + j] += bias[j]
             for a in range(u(kz)):
                 for b in range(u(ky)):
                     for c in range(u(kx)):
-                        kk = (a * u(ky) + b) * u(kx) + c
+                        s0 = src + ((a * u(ky) + b) * u(kx) + c) * C
                         dst = (((n * Zo + z * u(kz) + a) * Yo + y * u(ky) + b) * Xo + i * u(kx) + c) * C
-                        s0 = src + kk * C
-                        for o in range(C):
-                            out[dst + o] = p[s0 + o] + bias[o]
+                        if C < u(8):
+                            copy_run(out, dst, p, s0, C)
+                            continue
+                        for q in range(u(0), C - u(8), u(8)):
+                            vector_copy(8, out, dst + q, p, s0 + q)
+                        vector_copy(8, out, dst + C - u(8), p, s0 + C - u(8))
 
 
 def avg_pool(x, window):
