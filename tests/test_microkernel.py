@@ -67,6 +67,24 @@ def test_tile_shapes_fit_the_registers_and_pad_least():
         assert shape[2] == max(w for _, v, w in mk.SHAPES if mk.padded_columns(n, (_, v, w)) == least)
 
 
+def test_wide_tile_shapes_take_the_fewest_vectors_per_row():
+    """``wide`` (``winograd.wide_tiles``): the fewest vectors per row of a tile first, then the
+    fewest padded columns; in a 512-bit build 24 and 36 maps take 16-float tiles (2 and 3 vectors,
+    32 and 48 columns) where the narrow rule takes 8-float ones (3 and 5, 24 and 40); in an 8-float
+    build the two rules agree."""
+    for n in (1, 7, 16, 24, 28, 36, 40, 48, 64, 80):
+        r, nv, vl = mk.tile_shape(n, wide=True)
+        vectors = min(-(-n // (v * w)) * v for _, v, w in mk.SHAPES)
+        assert -(-n // (nv * vl)) * nv == vectors
+        assert mk.padded_columns(n, wide=True) == mk.padded_columns(n, (r, nv, vl)) >= mk.padded_columns(n)
+        if mk.VL == 8:
+            assert mk.tile_shape(n, wide=True) == mk.tile_shape(n)
+    if mk.VL == 16:
+        assert mk.tile_shape(36) == (5, 5, 8) and mk.tile_shape(36, wide=True) == (9, 3, 16)
+        assert mk.tile_shape(24) == (9, 3, 8) and mk.tile_shape(24, wide=True) == (14, 2, 16)
+        assert mk.tile_shape(48, wide=True) == mk.tile_shape(48) == (9, 3, 16)
+
+
 def test_mismatched_buffers_are_refused():
     rng = np.random.default_rng(0)
     A, B, C = _product(rng, 2, 10, 8, 8, None, False, 0)

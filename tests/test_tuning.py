@@ -34,6 +34,7 @@ ODD = {
     "winograd.block_bytes": 64 * 2**10,
     "winograd.large_tile_gain": 0.0,
     "winograd.blas": 1,
+    "winograd.wide_tiles": 1,
     "pointwise.block": 64,
     "direct.row_group": 128,
 }
@@ -131,7 +132,7 @@ def test_a_quick_calibration_times_each_rate_once_after_its_warm_up(monkeypatch)
 
 def test_the_plan_carries_the_hosts_values_and_the_executor_runs_under_them(monkeypatch):
     """A host whose calibration chose unusual values (a small Winograd block, 6-point tiles only,
-    its products on BLAS, short pointwise blocks and row groups): the plan records them, its digest and JSON keep them,
+    its products on BLAS, wide register tiles, short pointwise blocks and row groups): the plan records them, its digest and JSON keep them,
     and infer runs under them (they are in force after the run), equal to PyTorch."""
     cal = dataclasses.replace(T.calibrate(2), tuned=dict(ODD))
     monkeypatch.setattr(T, "calibrate", lambda threads=1, refresh=False: cal)

@@ -214,16 +214,39 @@ def test_winograd_equals_scipy_correlate(n, ci, co, kernel, extra, bias, threads
         ((12, 30, 28), (5, 5, 5), (16, 16)),  # 8 points in z too where large tiles are on
     ],
 )
-@pytest.mark.parametrize("gain,blas", [(0.0, 0), (1.0, 0), (1.0, 1)])
-def test_winograd_equals_torch_conv3d_on_wide_layers(shape, kernel, c, gain, blas):
+@pytest.mark.parametrize("gain,blas,wide", [(0.0, 0, 0), (1.0, 0, 0), (1.0, 0, 1), (1.0, 1, 0)])
+def test_winograd_equals_torch_conv3d_on_wide_layers(shape, kernel, c, gain, blas, wide):
     """Many channels, several blocks of tile rows (a small block size), trained-like weights; 6-point
     tiles only (``gain`` 0) and 8-point tiles where they need no more positions (1), the products on
-    znni's register tiles or on BLAS: the values a host's calibration chooses between (``layers/tuning.py``)."""
+    znni's register tiles (the narrow or the wide rule) or on BLAS: the values a host's calibration
+    chooses between (``layers/tuning.py``)."""
     import znni_core.layers.winograd as W
 
-    with tuning.using({"winograd.block_bytes": 64 * 2**10, "winograd.large_tile_gain": gain, "winograd.blas": blas}):
+    values = {"winograd.block_bytes": 64 * 2**10, "winograd.large_tile_gain": gain, "winograd.blas": blas}
+    with tuning.using({**values, "winograd.wide_tiles": wide}):
         points = _check_wide_winograd(W, shape, kernel, c)
     assert gain or 8 not in points
+
+
+def test_wide_register_tiles_give_the_same_values():
+    """``winograd.wide_tiles`` changes how the products are blocked (16-float tiles padded), never
+    a value's sum: the layer's output is bit for bit the narrow rule's, and its memory prediction
+    follows the padded columns."""
+    import znni_core.layers.winograd as W
+
+    rng = np.random.default_rng(7)
+    w, b = rng.standard_normal((36, 20, 1, 3, 3)).astype(np.float32), rng.standard_normal(36).astype(np.float32)
+    x = rng.standard_normal((1, 20, 5, 30, 29)).astype(np.float32)
+    outs, tiles, ldm = [], [], []
+    for wide in (0, 1):
+        with tuning.using({"winograd.wide_tiles": wide, "winograd.blas": 0}):
+            conv = W.WinogradConv(w, b, x.shape[2:])
+            outs.append(conv(x))
+            tiles.append(conv.register_tile)
+            ldm.append(conv.U.shape[2])
+            assert W.winograd_kernel_bytes(20, 36, (1, 3, 3), x.shape[2:]) == conv.U.nbytes
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert ldm[1] >= ldm[0] >= 36 and all(u % (t[1] * t[2]) == 0 for u, t in zip(ldm, tiles))
 
 
 def test_z_tiles_deepen_only_for_kernels_four_and_five_deep():

@@ -294,24 +294,27 @@ _S = SHAPES + SHAPES[:5] * (2 - len(WIDTHS))  # ten entries either way: the disp
 (_A5, _B5, _C5), (_A6, _B6, _C6), (_A7, _B7, _C7), (_A8, _B8, _C8), (_A9, _B9, _C9) = _S[5:]
 
 
-def tile_shape(n_cols: int) -> tuple:
+def tile_shape(n_cols: int, wide: bool = False) -> tuple:
     """``(rows, nv, vl)`` for products of ``n_cols`` columns: the fewest padded columns, then the
     wider vectors, then the most sums per value loaded (``rows * nv / (rows + nv)``: a tall thin
-    tile is bound by its broadcasts)."""
+    tile is bound by its broadcasts).  ``wide``: the fewest vectors per row first (16-float vectors
+    padded rather than 8-float ones exact: where a 16-float multiply-add costs what an 8-float one
+    does, ``winograd.wide_tiles`` in :mod:`.tuning`), then as above."""
     n = max(1, int(n_cols))
 
     def cost(shape):
         r, nv, vl = shape
         w = nv * vl
-        return (-(-n // w) * w, -vl, -r * nv / (r + nv))
+        tiles = -(-n // w)
+        return ((tiles * nv,) if wide else ()) + (tiles * w, -vl, -r * nv / (r + nv))
 
     return min(SHAPES, key=cost)
 
 
-def padded_columns(n_cols: int, shape: tuple | None = None) -> int:
-    """``n_cols`` rounded up to whole tiles of ``shape`` (:func:`tile_shape`'s by default): the row
-    length of ``B`` and, to write no column through the scratch tile, of ``C``."""
-    _, nv, vl = tile_shape(n_cols) if shape is None else shape
+def padded_columns(n_cols: int, shape: tuple | None = None, wide: bool = False) -> int:
+    """``n_cols`` rounded up to whole tiles of ``shape`` (:func:`tile_shape`'s, ``wide`` or not, by
+    default): the row length of ``B`` and, to write no column through the scratch tile, of ``C``."""
+    _, nv, vl = tile_shape(n_cols, wide) if shape is None else shape
     return -(-int(n_cols) // (nv * vl)) * nv * vl
 
 

@@ -32,6 +32,12 @@ DEFAULTS = {
     # layers/microkernel.py): OpenBLAS's Haswell kernel ran them 1.1-1.4x slower on AVX2, its
     # SkylakeX kernel as fast or up to 1.3x faster on AVX-512
     "winograd.blas": 0,
+    # the register tiles of Winograd's products (layers/microkernel.py, tile_shape): 0 the fewest
+    # padded columns (8-float vectors for 24, 36 or 40 maps in a 512-bit build), 1 the fewest
+    # vectors per row (16-float ones, padded: 36 maps as 48 columns).  A Zen 4 core runs a 16-float
+    # multiply-add as two 8-float halves, so padding costs there; an Intel server core has two
+    # 512-bit ports (36 maps' products alone 1.2-1.65x faster as 16-float tiles on an Emerald Rapids)
+    "winograd.wide_tiles": 0,
     # voxels per block of a 1x1x1 chain (layers/pointwise.py; a multiple of 32)
     "pointwise.block": 1024,
     # input values per grouped row of the direct loop (layers/direct.py)
@@ -42,6 +48,7 @@ CANDIDATES = {
     "winograd.block_bytes": (2**19, 2**20, 3 * 2**20, 6 * 2**20),
     "winograd.large_tile_gain": (0.0, 1.0),
     "winograd.blas": (0, 1),
+    "winograd.wide_tiles": (0, 1),
     "pointwise.block": (512, 1024, 2048),
     "direct.row_group": (256, 512, 1024),
 }

@@ -193,7 +193,12 @@ def winograd_kernel_bytes(c_in, c_out, kernel, in_spatial) -> int:
     """Bytes of a layer's resident kernel transform ``U`` ``(T, C_in, C_out)`` float32 for
     inputs of ``in_spatial`` (the tile size follows the output's)."""
     T = winograd_sizes(1, in_spatial, kernel)[0]
-    return F32 * T * int(c_in) * microkernel.padded_columns(c_out)
+    return F32 * T * int(c_in) * microkernel.padded_columns(c_out, wide=_wide())
+
+
+def _wide() -> bool:
+    """``winograd.wide_tiles`` in force (:mod:`.tuning`): the register tiles' rule."""
+    return bool(tuning.get("winograd.wide_tiles"))
 
 
 def _blocks(rows, tiles_x, T, c_in, c_out, threads) -> tuple[int, int]:
@@ -215,8 +220,8 @@ def winograd_memory(n, c_in, c_out, in_spatial, kernel, threads=1) -> int:
     T = math.prod(al)
     rows = int(n) * nt[0] * nt[1]
     br, workers = _blocks(rows, nt[2], T, c_in, c_out, threads)
-    r = microkernel.tile_shape(c_out)[0]  # the register tiles' whole rows and columns of V and M
-    ldm = microkernel.padded_columns(c_out)  # the products' columns, padding included
+    r = microkernel.tile_shape(c_out, _wide())[0]  # the register tiles' whole rows and columns of V and M
+    ldm = microkernel.padded_columns(c_out, wide=_wide())  # the products' columns, padding included
     block = F32 * T * (int(c_in) + ldm) * (-(-br * nt[2] // r) * r)
     width = nt[2] * ms[2]
     scratch = F32 * (
@@ -791,7 +796,7 @@ class WinogradConv(ResidentConv):
         u = np.ascontiguousarray(u.reshape(self.T, self.c_in, self.c_out), np.float32)
         #: the register tiles' shape (:mod:`.microkernel`); on the CPU ``U`` is kept with whole
         #: tiles of zero columns (the tiles' loads), BLAS and the GPU read its first ``C_out``
-        self.register_tile = microkernel.tile_shape(self.c_out)
+        self.register_tile = microkernel.tile_shape(self.c_out, _wide())
         self.U = microkernel.pad_columns(u, self.register_tile) if xp is np else xp.asarray(u)
         #: a call without ``out`` returns a channels-last array (:mod:`.layout`; numpy only);
         #: chosen with ``act`` by :meth:`configured`.  The input may be channels last either way.

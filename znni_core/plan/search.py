@@ -33,7 +33,7 @@ EFFORTS = ("estimate", "measure", "exhaustive")
 #: device when asked for (``primitives=``)
 GPU_PRIMITIVES = names("gpu", gpu_default=True)
 DEVICES = ("cpu", "gpu", "cpu+gpu")  # cpu+gpu: the first layers on the CPU, the rest on the GPU, pipelined
-SEARCH_VERSION = 24  # in the plan cache key: bump when the search or time model changes (stale plans)
+SEARCH_VERSION = 25  # in the plan cache key: bump when the search or time model changes (stale plans)
 PLAN_CACHE_ENTRIES = 256  # newest plans kept on disk (one per network x shape x budget x ...)
 
 

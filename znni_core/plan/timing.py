@@ -178,6 +178,8 @@ def _tuning_cases(threads: int) -> dict:
         "winograd.block_bytes": wino,
         "winograd.large_tile_gain": wino,
         "winograd.blas": wino,
+        # 36 maps: 40 columns in 8-float tiles, 48 in 16-float ones (48 maps are whole tiles either way)
+        "winograd.wide_tiles": [winograd(36, 1, (12, 96, 96), (1, 3, 3)), winograd(36, 1, (12, 40, 40), (3, 3, 3))],
         "pointwise.block": chains,
         "direct.row_group": direct,
     }
