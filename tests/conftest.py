@@ -162,6 +162,24 @@ def gcs_emulator(monkeypatch):
     server.stop()
 
 
+@pytest.fixture
+def numba_thread_counts():
+    """1 and (where numba has them) 2 threads, set in turn as a test iterates over it: kernels that
+    split their rows over numba's thread count (``layers/threads.split_tasks``) run both ways; the
+    count is restored after the test."""
+    from znni_core.layers._numba import numba
+
+    before = numba.get_num_threads()
+
+    def counts():
+        for workers in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(workers)
+            yield workers
+
+    yield counts()
+    numba.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def _default_kernel_parameters():
     """Each test starts with the default kernel parameters: a plan run by an earlier test puts

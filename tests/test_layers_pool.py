@@ -183,11 +183,10 @@ def test_channels_last_pool_upsample_and_residual_stay_channels_last_and_equal_c
 
 
 @pytest.mark.parametrize("channels", [(24, 24), (3, 20), (9, 2, 17)])
-def test_concat_channels_last_equals_numpy_on_whole_arrays_and_parts(channels):
+def test_concat_channels_last_equals_numpy_on_whole_arrays_and_parts(channels, numba_thread_counts):
     """``layout.concat_channels_last`` (a U-Net's concat of channels-last tensors) equals numpy's
     concatenate and is channels last: whole arrays (flat runs; a part of fewer than 8 channels, 8 or
     more with an overlapping last vector), parts of them (any strides), on two workers and one."""
-    from znni_core.layers._numba import numba
     from znni_core.layers.layout import concat_channels_last, empty_channels_last, is_channels_last
 
     rng = np.random.default_rng(len(channels))
@@ -196,17 +195,12 @@ def test_concat_channels_last_equals_numpy_on_whole_arrays_and_parts(channels):
         p = empty_channels_last((2, c, 3, 5, 7))
         p[...] = rng.standard_normal(p.shape)
         parts.append(p)
-    before = numba.get_num_threads()
-    try:
-        for workers in (1, min(2, numba.config.NUMBA_NUM_THREADS)):  # split_tasks: numba's thread count
-            numba.set_num_threads(workers)
-            out = concat_channels_last(parts)
-            assert is_channels_last(out)
-            np.testing.assert_array_equal(out, np.concatenate(parts, axis=1))
-            sub = [p[:, :, 1:3, ::2] for p in parts]  # not whole: the strided rows' loop
-            np.testing.assert_array_equal(concat_channels_last(sub), np.concatenate(sub, axis=1))
-    finally:
-        numba.set_num_threads(before)
+    for _ in numba_thread_counts:
+        out = concat_channels_last(parts)
+        assert is_channels_last(out)
+        np.testing.assert_array_equal(out, np.concatenate(parts, axis=1))
+        sub = [p[:, :, 1:3, ::2] for p in parts]  # not whole: the strided rows' loop
+        np.testing.assert_array_equal(concat_channels_last(sub), np.concatenate(sub, axis=1))
 
 
 def test_copy_into_copies_any_strides_in_parallel():

@@ -160,12 +160,11 @@ def test_resize_tables_are_pytorchs():
 
 
 @pytest.mark.parametrize("scale", [(1, 2, 2), (2, 3, 1), (2, 1, 1)])
-def test_linear_resize_on_the_host_equals_the_generic_passes(scale):
+def test_linear_resize_on_the_host_equals_the_generic_passes(scale, numba_thread_counts):
     """The host's one-pass linear resize (numba, rows over the run's workers) gives the generic
     path's values bit for bit (the same operations in the same order; inf and NaN alike), on
     channels-first and channels-last input (whose output stays channels last), whole tables and a
     tile's slice of them, on one worker and two."""
-    from znni_core.layers._numba import numba
     from znni_core.layers.layout import empty_channels_last, is_channels_last
     from znni_core.layers.resample import interpolate
 
@@ -175,33 +174,27 @@ def test_linear_resize_on_the_host_equals_the_generic_passes(scale):
     x.reshape(-1)[5::41] = np.nan
     xc = empty_channels_last(x.shape)
     xc[...] = x
-    before = numba.get_num_threads()
-    try:
-        for workers in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
-            numba.set_num_threads(workers)
-            for coord in ("half_pixel", "align_corners"):
-                op = ops.Resize(scale, "linear", coord)
-                tables = [None if f == 1 else op.table(ax, n) for ax, (f, n) in enumerate(zip(scale, x.shape[2:]))]
-                part = [None if t is None else tuple(v[1:-1] for v in t) for t in tables]  # a tile's rows
-                for tb in (tables, part):
-                    with np.errstate(invalid="ignore"):
-                        ref = interpolate.generic(x, tb)
-                    np.testing.assert_array_equal(interpolate(x, tb), ref)
-                    got = interpolate(xc, tb)
-                    assert is_channels_last(got)
-                    np.testing.assert_array_equal(got, ref)
-    finally:
-        numba.set_num_threads(before)
+    for _ in numba_thread_counts:
+        for coord in ("half_pixel", "align_corners"):
+            op = ops.Resize(scale, "linear", coord)
+            tables = [None if f == 1 else op.table(ax, n) for ax, (f, n) in enumerate(zip(scale, x.shape[2:]))]
+            part = [None if t is None else tuple(v[1:-1] for v in t) for t in tables]  # a tile's rows
+            for tb in (tables, part):
+                with np.errstate(invalid="ignore"):
+                    ref = interpolate.generic(x, tb)
+                np.testing.assert_array_equal(interpolate(x, tb), ref)
+                got = interpolate(xc, tb)
+                assert is_channels_last(got)
+                np.testing.assert_array_equal(got, ref)
 
 
 @pytest.mark.parametrize("kernel", [(1, 2, 2), (2, 2, 2), (2, 3, 1)])
-def test_transposed_conv_on_the_host_keeps_channels_last_and_equals_the_generic_path(kernel):
+def test_transposed_conv_on_the_host_keeps_channels_last_and_equals_the_generic_path(kernel, numba_thread_counts):
     """The host's transposed convolution of a channels-last input (a product per voxel's channels,
     then each voxel's output block scattered): channels last out, equal to the generic path's
     (channels first) and to PyTorch's, with and without bias, for a whole array and a part of one,
     on one worker and two."""
     torch = pytest.importorskip("torch")
-    from znni_core.layers._numba import numba
     from znni_core.layers.layout import empty_channels_last, is_channels_last
     from znni_core.layers.resample import conv_transpose
 
@@ -212,23 +205,18 @@ def test_transposed_conv_on_the_host_keeps_channels_last_and_equals_the_generic_
     co = 5 if kernel == (2, 3, 1) else 12  # each voxel's runs: fewer than 8 channels, or 8 + an overlapping 8
     w = rng.standard_normal((6, co) + kernel).astype(np.float32)
     b = rng.standard_normal(co).astype(np.float32)
-    before = numba.get_num_threads()
-    try:
-        for workers in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
-            numba.set_num_threads(workers)
-            for bias in (b, None):
-                ref = torch.nn.functional.conv_transpose3d(
-                    torch.from_numpy(x), torch.from_numpy(w), None if bias is None else torch.from_numpy(bias), kernel
-                ).numpy()
-                got = conv_transpose(xc, w, bias, kernel)
-                assert is_channels_last(got)
-                np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
-                np.testing.assert_allclose(conv_transpose.generic(x, w, bias, kernel), ref, rtol=1e-5, atol=1e-5)
-                part = conv_transpose(xc[:, :, 1:], w, bias, kernel)  # channels inner, not whole
-                assert is_channels_last(part)
-                np.testing.assert_allclose(part, ref[:, :, kernel[0] :], rtol=1e-5, atol=1e-5)
-    finally:
-        numba.set_num_threads(before)
+    for _ in numba_thread_counts:
+        for bias in (b, None):
+            ref = torch.nn.functional.conv_transpose3d(
+                torch.from_numpy(x), torch.from_numpy(w), None if bias is None else torch.from_numpy(bias), kernel
+            ).numpy()
+            got = conv_transpose(xc, w, bias, kernel)
+            assert is_channels_last(got)
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(conv_transpose.generic(x, w, bias, kernel), ref, rtol=1e-5, atol=1e-5)
+            part = conv_transpose(xc[:, :, 1:], w, bias, kernel)  # channels inner, not whole
+            assert is_channels_last(part)
+            np.testing.assert_allclose(part, ref[:, :, kernel[0] :], rtol=1e-5, atol=1e-5)
 
 
 def test_a_node_holds_an_operator():

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import arena
 from ._numba import njit, prange
+from .threads import split_tasks
 from .transform_vectors import vector_copy
 from .xp import get_array_module, with_host_variant
 
@@ -59,9 +60,6 @@ def concat_channels_last(parts):
     (:func:`.threads.split_tasks`).  numpy's concatenate wrote channels first, and the Winograd
     conv after it read its 48 maps of 16 x 192^2 in 72 ms, against 37 ms for 24 maps read
     channels last."""
-    # lazy: threads imports this module
-    from .threads import split_tasks
-
     n, _, z, y, x = parts[0].shape
     out = empty_channels_last((n, sum(p.shape[1] for p in parts), z, y, x))
     dst = memory_order(out)

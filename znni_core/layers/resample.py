@@ -23,7 +23,7 @@ from ..errors import InputError
 from . import arena
 from ._numba import njit, prange
 from .layout import channels_inner, copy_run, empty_channels_last, is_channels_last, memory_order
-from .threads import matmul
+from .threads import matmul, split_tasks
 from .transform_vectors import vector_copy
 from .xp import get_array_module, with_host_variant
 
@@ -142,8 +142,6 @@ def _interpolate_host(x, tables):
     257 ms for a U-Net's (1,2,2) upsampling of 48 maps of 16 x 96^2 channels last."""
     if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 5):
         return interpolate.generic(x, tables)
-    # lazy: threads imports layout, which this module imports too
-    from .threads import split_tasks
 
     n, c = x.shape[:2]
     full = []
@@ -260,8 +258,6 @@ def _conv_transpose_host(x, w, b, stride):
     whose channels-first output then took the concat and the conv after it off channels last."""
     if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and channels_inner(x)):
         return conv_transpose.generic(x, w, b, stride)
-    # lazy: threads imports layout, which this module imports too
-    from .threads import split_tasks
 
     n, ci, z, y, xx = x.shape
     co, k = w.shape[1], tuple(int(v) for v in w.shape[2:])

@@ -18,7 +18,7 @@ from ..errors import PlanError
 from ..layers.activation import commutes_with_max
 from ..layers.epilogue import FUSABLE
 from ..net.graph import Graph
-from ..net.ops import Act, Add, Affine, Concat, Convolution, Mul, Pooling
+from ..net.ops import Act, Add, Affine, Convolution, Pooling
 from .plan import fuse, fuses
 from .pooling import DepthFirst
 from .primitives import PRIMITIVES
@@ -211,9 +211,8 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
         for name, src in sources.items():
             bad = name == prog.output or not all(reads(i) for i in readers.get(name, ()))
             bad = bad or any(
-                isinstance(nodes[i].op, (Add, Mul, Concat)) and nodes[i].output not in sources
-                for i in readers.get(name, ())
-            )  # mixed with a channels-first input
+                nodes[i].op.joins and nodes[i].output not in sources for i in readers.get(name, ())
+            )  # an add, mul or concat mixing it with a channels-first input
             if bad:
                 drop |= src
         if not drop:
