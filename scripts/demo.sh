@@ -5,11 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${ZNNI_DEMO_OUT:-demo_out}"
-case "$OUT" in /*) ;; *) OUT="$PWD/$OUT" ;; esac   # absolute from here on (printed paths, pycache)
+case "$OUT" in /*) ;; *) OUT="$PWD/$OUT" ;; esac   # absolute from here on (printed paths)
 # Jobs are separate processes: let Python cache bytecode (some machines set PYTHONDONTWRITEBYTECODE,
-# which costs ~5 s of compiling per job) and keep numba's compiled kernels between jobs.
+# which costs ~5 s of compiling per job) beside the sources, where setup compiled the venv's (a
+# PYTHONPYCACHEPREFIX of its own would compile it all again: 8 s of CPU in each first process),
+# and keep numba's compiled kernels between jobs.
 unset PYTHONDONTWRITEBYTECODE
-export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$OUT/.pycache}"
 export NUMBA_THREADING_LAYER="${NUMBA_THREADING_LAYER:-threadsafe}"
 start=$(date +%s)
 

@@ -66,7 +66,7 @@ def _parent(tmp_path: Path, work_dir: str, prefix: str | None, mask: bool = Fals
             prefix_after=SHELL_PREFIX if shell_prefix == "after" else "",
         )
     )
-    env = subprocess_env(tmp_path)
+    env = subprocess_env()
     # what leaks must come from znni (this test process's own imports set GOMP_SPINCOUNT, KMP_...)
     env = {k: v for k, v in env.items() if not k.startswith(("NUMBA_", "KMP_")) and k != "GOMP_SPINCOUNT"}
     p = subprocess.run(
@@ -109,7 +109,7 @@ def _check(tmp_path: Path, cfg: dict, work: Path, p):
             "plain.yaml",
         ],
         cwd=tmp_path,
-        env=subprocess_env(tmp_path),
+        env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -190,7 +190,7 @@ def test_parsing_znni_as_a_module_leaves_the_environment_and_its_jobs_set_their_
             prefix_after=SHELL_PREFIX if shell_prefix == "after" else "",
         )
     )
-    env = {k: v for k, v in subprocess_env(tmp_path).items() if not k.startswith(("NUMBA_", "KMP_", "GOMP_"))}
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith(("NUMBA_", "KMP_", "GOMP_"))}
     p = subprocess.run(
         [sys.executable, "-m", "snakemake", "-n", "--printshellcmds", "--cores", "2", "--configfile", "parent.yaml"],
         cwd=tmp_path,

@@ -396,7 +396,7 @@ def test_T12_processes(tmp_path):
     rf_a = prepare(base_config(tmp_path / "a", vol=vol))
     ids = run_all(rf_a)
     rf_b = prepare(base_config(tmp_path / "b", vol=vol))
-    env = subprocess_env(tmp_path)
+    env = subprocess_env()
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "znni_core.cli", "run-task", str(rf_b), "--task", str(i), "--no-progress"],

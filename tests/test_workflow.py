@@ -43,7 +43,7 @@ def snakemake(cwd, configfile, *args, check=True):
     p = subprocess.run(
         SNAKEMAKE + ["--configfile", str(configfile), *args],
         cwd=cwd,
-        env=subprocess_env(cwd),
+        env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -163,7 +163,7 @@ def test_T13_T14_rerun_only_unfinished_or_forced_tasks(two_runs):
             str(int(target.stem)),
             "--no-progress",
         ],
-        env=subprocess_env(tmp),
+        env=subprocess_env(),
         capture_output=True,
         text=True,
     )
@@ -210,7 +210,7 @@ def test_T1_batched_job_killed_inside_resumes_task_by_task(two_runs, tmp_path):
     cfg, path = write_config(tmp_path, "batched", vol, jobs={"tasks_per_job": 5})
     faults = tmp_path / "faults"
     faults.mkdir()
-    env = subprocess_env(tmp_path) | {
+    env = subprocess_env() | {
         "ZNNI_FAULT": "after-chunk:8:1",
         "ZNNI_FAULT_DIR": str(faults),
         "PYTHONPATH": str(INJECT_DIR),
