@@ -112,14 +112,14 @@ def _width_workload(threads: int, ready=None) -> dict:
 
 
 #: the kernel families each compile child runs (:func:`_compile_group`), about half the compile
-#: time each (a 2-core Xeon, the two at once: 16-17 and 19-21 s before the max filter moved to the
-#: first): Winograd's input transform (5 s), the 1x1x1 chains, activations, max-pooling fragments
-#: (MPF, 6.5 s), plain pooling and the max filter, copies; Winograd's output transform and products
-#: (7 s), the direct loops (7 s), the FFTs and FFT-GEMM.  No numba function is compiled by
-#: both (a function's cache index is written under a lock, ``layers/_numba.py``, but two
-#: compilations of one function would only waste a core): Winograd's two transforms, one numba
-#: function each, are compiled one in each child (the other, and the products in the first,
-#: replaced by no-ops there).
+#: time each (a 2-core Xeon, the two at once: 20 and 22 s; 24 and 29 s while the pooling kernels
+#: were parallel numba loops and the FFTs in the second): Winograd's input transform, the 1x1x1
+#: chains, activations, max-pooling fragments, plain pooling and the max filter, copies, the FFTs
+#: and FFT-GEMM; Winograd's output transform and products, the direct loops.  No numba function
+#: is compiled by both (a function's cache index is written under a lock, ``layers/_numba.py``,
+#: but two compilations of one function would only waste a core): Winograd's two transforms, one
+#: numba function each, are compiled one in each child (the other, and the products in the
+#: first, replaced by no-ops there).
 COMPILE_GROUPS = ("winograd-in", "winograd-out")
 
 
@@ -183,6 +183,12 @@ def _compile_group(group: str) -> dict:
             L.max_pool(xm, (2, 2, 2))
             L.max_filter_inplace(x_of(1, 4, 8, 8, 8), (2, 2, 2))
             copy_into(np.empty((1, 4, 4, 4, 4), np.float32), xm[:, :, ::2, ::2, ::2])
+            w = x_of(4, 4, 3, 3, 3)
+            for mode in L.fft.MODES:
+                L.FFTConv(w, None, (8, 8, 8), threads=1, mode=mode)(x_of(2, 4, 8, 8, 8))
+            L.FFTGemmConv(x_of(4, 4, 1, 3, 3), None, (2, 8, 8), threads=1).configured(keep_buffers=True)(
+                x_of(2, 4, 2, 8, 8)
+            )
         elif group == "winograd-out":
             _winograd_calls(x_of, [(L.winograd, "_input_transform")])
             conv = L.WinogradConv(x_of(8, 8, 1, 3, 3), None, (2, 12, 12), threads=1)
@@ -203,12 +209,6 @@ def _compile_group(group: str) -> dict:
                 L.conv_direct_numba(x, w, x_of(8), act=("relu", 0.0), channels_last=True)
                 L.conv_direct_gemm(x, w)
                 L.conv_direct_gemm(x, w, x_of(8), act=("relu", 0.0))
-            w = x_of(4, 4, 3, 3, 3)
-            for mode in L.fft.MODES:
-                L.FFTConv(w, None, (8, 8, 8), threads=1, mode=mode)(x_of(2, 4, 8, 8, 8))
-            L.FFTGemmConv(x_of(4, 4, 1, 3, 3), None, (2, 8, 8), threads=1).configured(keep_buffers=True)(
-                x_of(2, 4, 2, 8, 8)
-            )
         else:
             raise ValueError(f"compile group {group!r}: one of {', '.join(COMPILE_GROUPS)}")
     return {"functions": compiled(), "s": round(time.perf_counter() - t0, 2)}

@@ -23,6 +23,7 @@ from . import arena
 from ._numba import FAST, njit, prange
 from .layout import copy_into, copy_run, is_channels_last, memory_order
 from .microkernel import VL
+from .threads import split_tasks
 from .transform_vectors import MAX4, MAX8, vector_transform
 from .xp import get_array_module, with_host_variant
 
@@ -77,11 +78,11 @@ def _max_into(row, src):  # pragma: no cover - compiled
         row[i] = _max2(row[i], src[i])
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
-def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compiled
+@njit(nogil=True, cache=True, fastmath=FAST)
+def _pool_offsets_kernel(x, p0, p1, p2, offs, out, t0, t1):  # pragma: no cover - compiled
     """``out[n, k, c] = max_pool(x[n, c, oz:, oy:, ox:], p)`` for every offset ``offs[k]``.
 
-    Parallel over (item, channel).  Per fragment plane: the max over the ``p0`` input
+    Tasks ``t0 .. t1`` of (item, channel) (:func:`.threads.split_tasks`).  Per fragment plane: the max over the ``p0`` input
     planes into a plane buffer that stays in cache, shared by the consecutive offsets with
     the same ``oz``; then, shared by the offsets with the same ``(oz, oy)``, the max over
     ``p1`` rows and the running max over ``p2`` neighbouring columns (``cm[j, q] =
@@ -91,12 +92,12 @@ def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compil
     N, C, Z, Y, X = x.shape
     K, m0, m1, m2 = out.shape[1], out.shape[3], out.shape[4], out.shape[5]
     L = X - p2 + 1  # columns with a full window to their right
-    for t in prange(N * C):
+    plane = np.empty((Y, X), np.float32)
+    row = np.empty(X, np.float32)
+    cm = np.empty((m1, L), np.float32)
+    for t in range(t0, t1):
         n = t // C
         c = t % C
-        plane = np.empty((Y, X), np.float32)
-        row = np.empty(X, np.float32)
-        cm = np.empty((m1, L), np.float32)
         for i in range(m0):
             for k in range(K):
                 oz, oy, ox = offs[k, 0], offs[k, 1], offs[k, 2]
@@ -129,13 +130,14 @@ def _pool_offsets_kernel(x, p0, p1, p2, offs, out):  # pragma: no cover - compil
                         drow[l] = cj[ox + l * p2]
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
-def _max_filter_inplace_kernel(x, p0, p1, p2):  # pragma: no cover - compiled
-    """x[..., i, j, k] = max of the window starting there (valid part), in place.
+@njit(nogil=True, cache=True, fastmath=FAST)
+def _max_filter_inplace_kernel(x, p0, p1, p2, t0, t1):  # pragma: no cover - compiled
+    """x[..., i, j, k] = max of the window starting there (valid part), in place, for the
+    (item, channel) tasks ``t0 .. t1``.
 
     Axis by axis, ascending: position i reads i..i+p-1, which are not yet overwritten."""
     N, C, Z, Y, X = x.shape
-    for t in prange(N * C):
+    for t in range(t0, t1):
         a = x[t // C, t % C]
         for z in range(Z - p0 + 1):
             for u in range(1, p0):
@@ -163,7 +165,7 @@ def max_filter_inplace(x, p):
     instead of once per offset."""
     _check5(x)
     p = _window(p)
-    _max_filter_inplace_kernel(x, p[0], p[1], p[2])
+    split_tasks(lambda t0, t1: _max_filter_inplace_kernel(x, p[0], p[1], p[2], t0, t1), x.shape[0] * x.shape[1])
     return x
 
 
@@ -210,7 +212,8 @@ def gather_fragment(xf, p, offset, channels_last=False):
 def _pool_offsets(x, p, m, offsets, out):
     """numpy fast path: ``out`` (N, K, C, *m) gets the pooled fragment of every offset."""
     # views (a slab, a shifted window) are read in place: numba takes any strides
-    _pool_offsets_kernel(x, p[0], p[1], p[2], np.asarray(offsets, dtype=np.int64).reshape(-1, 3), out)
+    offs = np.asarray(offsets, dtype=np.int64).reshape(-1, 3)
+    split_tasks(lambda t0, t1: _pool_offsets_kernel(x, p[0], p[1], p[2], offs, out, t0, t1), x.shape[0] * x.shape[1])
     return out
 
 
@@ -233,8 +236,8 @@ def _pool_into(x, p, m, out):
     return out
 
 
-@njit(parallel=True, cache=True)
-def _mpf_cl(x, pz, py, px, offs, out):  # pragma: no cover - compiled
+@njit(nogil=True, cache=True)
+def _mpf_cl_kernel(x, pz, py, px, offs, out, t0, t1):  # pragma: no cover - compiled
     """:func:`mpf` channels last: ``out[n, k, i, j, l] = max over the window at offset
     ``offs[k]`` of ``x`` (N, Z, Y, X, C), a vector of channels per voxel; ``out`` (N, P, mz,
     my, mx, C) (both C-contiguous).  Windows of 2 x 2 x 2 and 1 x 2 x 2 take their values in
@@ -255,7 +258,7 @@ def _mpf_cl(x, pz, py, px, offs, out):  # pragma: no cover - compiled
     # which LLVM's loops left to their scalar remainder in AVX2 code (vectors of VL instead)
     o4 = (C_, sY, sY + C_)
     o8 = (C_, sY, sY + C_, sZ, sZ + C_, sZ + sY, sZ + sY + C_)
-    for t in prange(N * mz * my):
+    for t in range(t0, t1):  # rows (n, i, j) of the fragments (:func:`.threads.split_tasks`)
         n, i, j = t // (mz * my), (t // my) % mz, t % my
         for k in range(K):
             src0 = u(n) * sN + u(offs[k, 0] + i * pz) * sZ + u(offs[k, 1] + j * py) * sY + u(offs[k, 2]) * C_
@@ -297,6 +300,12 @@ def _mpf_cl(x, pz, py, px, offs, out):  # pragma: no cover - compiled
                                 s = src + a * sZ + b * sY + c * C_
                                 for q in range(C_):
                                     of[dst + q] = _max2(of[dst + q], xf[s + q])
+
+
+def _mpf_cl(x, pz, py, px, offs, out):
+    """:func:`_mpf_cl_kernel` over the run's threads, a range of fragment rows each."""
+    rows = out.shape[0] * out.shape[2] * out.shape[3]
+    split_tasks(lambda t0, t1: _mpf_cl_kernel(x, pz, py, px, offs, out, t0, t1), rows)
 
 
 @with_host_variant

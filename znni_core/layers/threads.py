@@ -93,10 +93,13 @@ def split_tasks(fn, tasks: int, workers: int | None = None) -> None:
     :data:`RANGES_PER_WORKER` contiguous ranges per worker, each taken by the next free one.
 
     For a kernel compiled ``nogil`` over a range of its tasks in place of a ``prange`` loop
-    (numba's parallel compilation took 5 s more per kernel: most of a first ``znni warmup``), when
-    it runs tens of milliseconds (the direct loops, the FFT products).  Kernels of a few
-    milliseconds keep ``prange`` (pooling, copies, upsampling, the epilogues): its threads wake
-    sooner (MPF of 24 maps on 16 x 130^2, 2 threads: 4.8 ms with ``prange``, 7.1 ms here)."""
+    (numba's parallel compilation took 3-5 s more per kernel: most of a first ``znni warmup``):
+    the direct loops, the FFT products, and the pooling kernels a chain's warmup compiles (MPF,
+    plain pooling, the max filter: 11.6 s of compiling with ``prange``, 4.5 s here).  A call of a
+    few milliseconds pays for it: ``prange``'s threads wake sooner (MPF of 24 maps on 16 x 130^2
+    channels last, 2 threads: 3.9 ms here, 3.4 ms with ``prange``; 48 maps on 8 x 30^2: 0.46
+    against 0.20 ms).  Copies, upsampling and the epilogues, compiled in a U-Net's first job, keep
+    ``prange``."""
     if tasks <= 0:
         return
     w = max(1, min(kernel_threads() if workers is None else int(workers), int(tasks)))
