@@ -82,12 +82,13 @@ def _max_into(row, src):  # pragma: no cover - compiled
 def _pool_offsets_kernel(x, p0, p1, p2, offs, out, t0, t1):  # pragma: no cover - compiled
     """``out[n, k, c] = max_pool(x[n, c, oz:, oy:, ox:], p)`` for every offset ``offs[k]``.
 
-    Tasks ``t0 .. t1`` of (item, channel) (:func:`.threads.split_tasks`).  Per fragment plane: the max over the ``p0`` input
-    planes into a plane buffer that stays in cache, shared by the consecutive offsets with
-    the same ``oz``; then, shared by the offsets with the same ``(oz, oy)``, the max over
-    ``p1`` rows and the running max over ``p2`` neighbouring columns (``cm[j, q] =
-    max(row[q : q + p2])``); every offset then only picks its columns ``ox + p2 * l``.
-    All maxima run on contiguous rows (vectorised); the one strided step is a copy.
+    Tasks ``t0 .. t1`` of (item, channel) (:func:`.threads.split_tasks`).  Per fragment plane:
+    the max over the ``p0`` input planes into a plane buffer that stays in cache, shared by the
+    consecutive offsets with the same ``oz``; then, shared by the offsets with the same ``(oz,
+    oy)``, the max over ``p1`` rows and the running max over ``p2`` neighbouring columns
+    (``cm[j, q] = max(row[q : q + p2])``); every offset then only picks its columns ``ox + p2 *
+    l``.  All maxima run on contiguous rows (vectorised); the one strided step is a copy.  The
+    plane, row and column buffers are allocated once per range.
     """
     N, C, Z, Y, X = x.shape
     K, m0, m1, m2 = out.shape[1], out.shape[3], out.shape[4], out.shape[5]
