@@ -220,8 +220,9 @@ def winograd_memory(n, c_in, c_out, in_spatial, kernel, threads=1) -> int:
     T = math.prod(al)
     rows = int(n) * nt[0] * nt[1]
     br, workers = _blocks(rows, nt[2], T, c_in, c_out, threads)
-    r = microkernel.tile_shape(c_out, _wide())[0]  # the register tiles' whole rows and columns of V and M
-    ldm = microkernel.padded_columns(c_out, wide=_wide())  # the products' columns, padding included
+    tile = microkernel.tile_shape(c_out, _wide())
+    r = tile[0]  # the register tiles' whole rows and columns of V and M
+    ldm = microkernel.padded_columns(c_out, tile)  # the products' columns, padding included
     block = F32 * T * (int(c_in) + ldm) * (-(-br * nt[2] // r) * r)
     width = nt[2] * ms[2]
     scratch = F32 * (
