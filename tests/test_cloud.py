@@ -159,7 +159,9 @@ def test_workflow_runs_every_job_in_an_empty_directory_with_work_dir_on_s3(moto_
     znni = [sys.executable, "-m", "znni_core.cli"]
     marker = str(tmp_path / "layer.json")
     p = subprocess.run(
-        [*znni, "validate", "--config-json", json.dumps(ref), "--layer-marker", marker],
+        # as the workflow's validate rule plans (its memory and threads): one plan, one set of bytes
+        [*znni, "validate", "--config-json", json.dumps(ref), "--memory", "2000MiB", "--threads", "1"]
+        + ["--layer-marker", marker],
         capture_output=True,
         text=True,
         env=env,
@@ -199,7 +201,9 @@ def test_workflow_runs_every_job_in_an_empty_directory_with_work_dir_on_s3(moto_
     faults.mkdir()
     victim = 3  # killed once after its first chunk; Snakemake's retry resumes its job elsewhere
     env = H.fault_env(f"after-chunk-once:{victim}:1", {"ZNNI_FAULT_DIR": str(faults)}) | {
-        k: v for k, v in env.items() if k == "PATH"
+        k: v
+        for k, v in env.items()
+        if k in ("PATH", "ZNNI_CACHE_DIR")  # the reference's calibration
     }
     env["NUMBA_CACHE_DIR"] = os.environ.get("NUMBA_CACHE_DIR") or str(Path.home() / ".cache" / "znni-tests-numba")
     cmd = [
