@@ -94,7 +94,7 @@ def test_a_quick_calibration_serves_until_a_full_one_is_asked_for(monkeypatch, t
     rates = {k: v for k, v in doc.items() if k not in ("tuned", "tuning_seconds", "level")}
     seen = []
 
-    def measure(threads):
+    def measure(threads, between=None):
         seen.append(T._LEVEL)
         return dict(rates, threads=threads)
 
@@ -118,6 +118,30 @@ def test_a_quick_calibration_serves_until_a_full_one_is_asked_for(monkeypatch, t
     monkeypatch.setenv("ZNNI_CALIBRATION", "full")
     monkeypatch.setenv("ZNNI_CACHE_DIR", str(tmp_path / "cold"))
     assert T.calibrate(1).level == "full" and seen[-1] == "full"
+
+
+def test_the_measurement_times_the_first_compile_groups_kernels_before_it_waits_for_the_second(monkeypatch):
+    """``znni warmup`` starts calibrating one thread when its first compile group ("winograd-in":
+    1x1x1 chains, FFTs, activations, pooling) is done: ``between`` (the wait for the second) comes
+    after every rate of the first group's kernels and before any of the second's (direct and
+    Winograd), which the calibration would otherwise compile itself."""
+    from znni_core import layers as L
+
+    order = []
+
+    def record(name, result=None):
+        return lambda *a, **k: order.append(name) or result
+
+    monkeypatch.setattr(T, "_best_of", lambda fn, repeats=5: (fn(), 1.0)[1])
+    for name in ("conv_pointwise_chain", "apply_activation", "mpf", "conv_direct_gemm", "conv_direct_numba"):
+        monkeypatch.setattr(L, name, record(name))
+    monkeypatch.setattr(T, "_fft_rates", record("fft", {}))
+    monkeypatch.setattr(T, "_fft_gemm_rates", record("fft-gemm", {}))
+    monkeypatch.setattr(T, "_winograd_rates", record("winograd", {}))
+    T._measure(1, between=lambda: order.append("between"))
+    i = order.index("between")
+    assert set(order[:i]) == {"conv_pointwise_chain", "fft", "fft-gemm", "apply_activation", "mpf"}, order
+    assert set(order[i + 1 :]) == {"conv_direct_gemm", "conv_direct_numba", "winograd"}, order
 
 
 def test_a_quick_calibration_times_each_rate_once_after_its_warm_up(monkeypatch):

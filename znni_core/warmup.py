@@ -11,7 +11,8 @@ A first warmup (the default, *quick*):
 2. **Calibrate** the time model for each thread count asked for, ``quick``
    (:data:`.plan.timing.LEVELS`: kernel parameters at their defaults, each rate timed once).
    Its process starts with the compiles and meanwhile imports, loads pyFFTW and readies numba's
-   code generator (``--after``: it waits for a line), so the calibration itself times kernels only.
+   code generator (``--after``: it waits for a line), so the calibration itself times kernels only;
+   at one thread it times the first group's kernels once that group is done, the rest once both are.
 
 ``znni warmup --refine`` (on demand, about a minute on 2 cores) measures what the quick one
 takes as given: on an AVX-512 host the **vector width** (:data:`WIDTH_CASES` compiled and timed
@@ -275,22 +276,39 @@ def _warmup_networks(rng) -> tuple:
     )
 
 
-def _calibrate(threads_list, level: str = "quick") -> dict:
-    """Calibrate for each thread count at ``level`` (in a child process, after the compiles):
-    ``compiled`` counts what the calibration compiled that the compile groups did not (none:
-    ``tests/test_vector_width.py``)."""
+def _calibrate(threads_list, level: str = "quick", between=None) -> dict:
+    """Calibrate for each thread count at ``level`` (in a child process, after the first compile
+    group): ``compiled`` counts what the calibration compiled that the compile groups did not
+    (none: ``tests/test_vector_width.py``).  ``between()`` returns once every group has compiled:
+    a quick one-thread calibration first calls it halfway (``plan.timing._measure``: the first
+    group's kernels timed on one core while the other still compiles), any other before it
+    starts."""
     # lazy: loads numba and scipy only when called
     from .plan.timing import calibrate
 
-    out, tuned = {}, None
-    for threads in threads_list:
-        t0 = time.perf_counter()
+    out, tuned, waited = {}, None, [0.0, between is None]
+
+    def wait():
+        if not waited[1]:
+            t = time.perf_counter()
+            between()
+            waited[0] += time.perf_counter() - t
+            waited[1] = True
+
+    for i, threads in enumerate(threads_list):
+        # halfway only for one thread at the quick level: a full one tunes Winograd's blocks first
+        halfway = i == 0 and int(threads) == 1 and level == "quick"
+        if not halfway:
+            wait()
+        t0, w0 = time.perf_counter(), waited[0]
         # the kernel parameters are timed once, at the first thread count: they size blocks to one
         # core's caches, and each worker runs its own blocks whatever the count
         with _compile_count() as compiled:
-            cal = calibrate(int(threads), tuned=tuned, level=level)
+            cal = calibrate(int(threads), tuned=tuned, level=level, between=wait if halfway else None)
+        wait()  # (a calibration found in the cache measured nothing)
         tuned = cal.tuned
-        out[str(threads)] = {"level": cal.level, "calibrate_s": time.perf_counter() - t0, "compiled": compiled()}
+        seconds = time.perf_counter() - t0 - (waited[0] - w0)
+        out[str(threads)] = {"level": cal.level, "calibrate_s": seconds, "compiled": compiled()}
     return out
 
 
@@ -433,8 +451,9 @@ def _children(steps, env, timeout: float = 1800, then=None) -> list:
     """Run ``python -m znni_core.warmup --child STEP ARG`` for each of ``steps`` at once and return
     what each printed (JSON); one that fails or passes ``timeout`` seconds stops the warmup with
     its stderr (kept in a file: a full pipe would stop it).  ``then``: one more step, started
-    with the others so that its imports overlap their work, that waits for them to end before
-    it runs (``--after``); its output is last."""
+    with the others so that its imports overlap their work (``--after``), told on its standard
+    input as each of them ends (a line ``done I``; ``all`` for the last): the calibration starts
+    after the first compile group and waits for ``all`` halfway; its output is last."""
     with tempfile.TemporaryDirectory(prefix="znni-warmup-") as tmp:
         procs = []
         try:
@@ -453,13 +472,14 @@ def _children(steps, env, timeout: float = 1800, then=None) -> list:
             deadline = time.monotonic() + timeout
             out = []
             for i, (args, p, err) in enumerate(procs):
-                if then is not None and i == len(steps):  # the others are done: go
-                    p.stdin.write("go\n")
-                    p.stdin.flush()
                 line = _line(p, deadline)
                 if not line or p.wait(max(1.0, deadline - time.monotonic())) != 0:
                     _failed(args, p, err)
                 out.append(json.loads(line))
+                if then is not None and i < len(steps):  # step i is done
+                    last = procs[-1][1]
+                    last.stdin.write("all\n" if i == len(steps) - 1 else f"done {i}\n")
+                    last.stdin.flush()
             return out
         finally:
             for _, p, err in procs:
@@ -513,6 +533,9 @@ def warmup(threads=(1,), *, tune: bool = True, refresh: bool = False, refine: bo
     report["calibrate_s"] = time.perf_counter() - t1 - report["compile_s"]
     total = time.perf_counter() - t0
     echo(f"warm: kernels in {base['NUMBA_CACHE_DIR']}, calibration in {base['ZNNI_CACHE_DIR']} ({total:.0f} s)")
+    stray = sum(c.get("compiled", 0) for c in report["calibration"].values() if isinstance(c, dict))
+    if stray:  # a kernel no compile group runs, or one the calibration timed before its group ended
+        echo(f"note: the calibration compiled {stray} kernel(s) itself, which a compile group should have")
     if not refine:
         echo(
             "refine when there is a minute to spare: `znni warmup --refine` "
@@ -542,10 +565,10 @@ def _ready_to_time() -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m znni_core.warmup")
     p.add_argument("--child", nargs=2, metavar=("STEP", "ARG"), required=True)
-    p.add_argument("--after", action="store_true", help="import, then wait for a line on stdin")
+    p.add_argument("--after", action="store_true", help="import, then wait for a line on stdin (and for `all` halfway)")
     a = p.parse_args(argv)
     step, arg = a.child
-    waited = None
+    waited, between = None, None
     if a.after:
         t0 = time.perf_counter()
         # lazy: loads numba and scipy only when called
@@ -553,8 +576,17 @@ def main(argv=None) -> int:
         from .plan.timing import calibrate  # noqa: F401
 
         _ready_to_time()
-        sys.stdin.readline()
+        first = sys.stdin.readline().strip()
         waited = time.perf_counter() - t0
+
+        def between():
+            """Wait until the driver says every step before this one is done."""
+            nonlocal waited, first
+            t = time.perf_counter()
+            while first not in ("all", ""):
+                first = sys.stdin.readline().strip()
+            waited += time.perf_counter() - t
+
     if step == "width":  # "compiled" once compiled; times when the driver writes a line
 
         def ready():
@@ -566,7 +598,7 @@ def main(argv=None) -> int:
         got = _compile_group(arg)
     elif step == "calibrate":  # LEVEL:THREADS,THREADS...
         level, _, counts = arg.partition(":")
-        got = _calibrate([int(x) for x in counts.split(",")], level)
+        got = _calibrate([int(x) for x in counts.split(",")], level, between)
     else:
         p.error(f"unknown step {step!r}")
     if waited is not None:

@@ -92,7 +92,7 @@ def _noise(shape) -> np.ndarray:
 
 # --------------------------------------------------------------------- calibration
 def calibrate(
-    threads: int = 1, *, refresh: bool = False, tuned: dict | None = None, level: str | None = None
+    threads: int = 1, *, refresh: bool = False, tuned: dict | None = None, level: str | None = None, between=None
 ) -> CpuCalibration:
     """Machine rates for the analytic model, measured once and cached; the kernel parameters
     timed on the host first (``full``), unless ``tuned`` gives them (another thread count's).
@@ -100,7 +100,7 @@ def calibrate(
     ``level`` (:data:`LEVELS`): None takes the cached calibration of either level and measures
     ``$ZNNI_CALIBRATION`` (default ``quick``) when there is none (a job on a cold host); ``full``
     measures unless a full one is cached, and replaces a quick one; ``refresh`` measures again at
-    the level asked."""
+    the level asked.  ``between``: called once measuring is half done (:func:`_measure`)."""
     if level is None and os.environ.get("ZNNI_CALIBRATION"):
         level = os.environ["ZNNI_CALIBRATION"].strip().lower()
         where = "ZNNI_CALIBRATION"
@@ -129,7 +129,7 @@ def calibrate(
             else:
                 tuned, tried = _tune(threads)
             with L.tuning.using(tuned):  # the rates of the kernels as plans will run them
-                cal = _measure(threads)
+                cal = _measure(threads, between)
     finally:
         _LEVEL = before
     cal = CpuCalibration(**cal, tuned=tuned, tuning_seconds=tried, level=level)
@@ -217,7 +217,44 @@ def _tune(threads: int) -> tuple[dict, dict]:
     return chosen, tried
 
 
-def _measure(threads: int) -> dict:
+def _measure(threads: int, between=None) -> dict:
+    """The rates of :class:`CpuCalibration`.  Those of the kernels ``znni warmup``'s first compile
+    group builds (1x1x1 chains, FFTs, activations, pooling) come first, then ``between()`` (when
+    given: the warmup's calibration waits there for its second group, whose direct and Winograd
+    kernels the rest time)."""
+    # 1x1x1 convs run as chains in cache (conv_pointwise_chain): four stages of 24 and of 48 maps
+    # on 16 x 128^2 voxels, the input's read and the output's write shared by the four (the
+    # block's copies weigh more on narrow stages: 24 maps ran at 0.75x the 48-map rate)
+    pointwise = []
+    for c in (24, 48):
+        xp1 = _noise((1, c, 16, 128, 128))
+        stages = [(_noise((c, c, 1, 1, 1)), None, ("relu", 0.0))] * 4
+        pointwise.append(
+            [c, 4 * 2 * c * c * xp1[0, 0].size / _best_of(lambda: L.conv_pointwise_chain(xp1, stages, threads=threads))]
+        )
+    rates = _fft_rates(threads)
+    rates["gemm"] = _fft_gemm_rates(threads)
+    big = np.empty(2**24, dtype=np.float32)
+    bw = big.nbytes * 2 / _best_of(lambda: np.maximum(big, 0, out=big))
+    # activations with an exponential (elu, sigmoid, tanh): numpy's exp sets their pace, not memory
+    # (a U-Net's elu on 28 x 18 x 160^2: 23 ms, against 7 ms for two passes at memory bandwidth)
+    big[:] = _noise(big.size)
+
+    old_threads = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        exp_s = _best_of(lambda: L.apply_activation(big, "elu", 1.0, out=big)) / big.size
+    finally:
+        numba.set_num_threads(old_threads)
+    # pooling: MPF of a 64 MiB layer (the numba kernel, not an elementwise pass: the elementwise
+    # rate predicted n337's three MPF layers at 0.04 s where 0.42 s were measured)
+    layer_in = _noise((1, 16, 100, 100, 100))
+    pool = _best_of(lambda: L.mpf(layer_in, (2, 2, 2))) / layer_in.nbytes
+    # ... and channels last (after a Winograd layer): another kernel, 2-4x faster per byte
+    layer_cl = np.ascontiguousarray(layer_in.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)
+    pool_cl = _best_of(lambda: L.mpf(layer_cl, (2, 2, 2))) / layer_cl.nbytes
+    if between is not None:
+        between()
     # direct convolution (BLAS lowering): effective FLOP/s on a mid-size layer
     x = _noise((1, 24) + NUMBA_CALIBRATION_SHAPE[0])
     w = _noise((24, 24) + NUMBA_CALIBRATION_SHAPE[1])
@@ -244,38 +281,7 @@ def _measure(threads: int) -> dict:
         "gemm": [[27, flops1 / _best_of(lambda: L.conv_direct_gemm(x1, w1))], [24 * 27, gemm]],
         "numba": [[27, first], [24 * 27, tiles]],
     }
-    # 1x1x1 convs run as chains in cache (conv_pointwise_chain): four stages of 24 and of 48 maps
-    # on 16 x 128^2 voxels, the input's read and the output's write shared by the four (the
-    # block's copies weigh more on narrow stages: 24 maps ran at 0.75x the 48-map rate)
-    pointwise = []
-    for c in (24, 48):
-        xp1 = _noise((1, c, 16, 128, 128))
-        stages = [(_noise((c, c, 1, 1, 1)), None, ("relu", 0.0))] * 4
-        pointwise.append(
-            [c, 4 * 2 * c * c * xp1[0, 0].size / _best_of(lambda: L.conv_pointwise_chain(xp1, stages, threads=threads))]
-        )
-    rates = _fft_rates(threads)
-    rates["gemm"] = _fft_gemm_rates(threads)
     rates["winograd"] = _winograd_rates(threads)
-    big = np.empty(2**24, dtype=np.float32)
-    bw = big.nbytes * 2 / _best_of(lambda: np.maximum(big, 0, out=big))
-    # activations with an exponential (elu, sigmoid, tanh): numpy's exp sets their pace, not memory
-    # (a U-Net's elu on 28 x 18 x 160^2: 23 ms, against 7 ms for two passes at memory bandwidth)
-    big[:] = _noise(big.size)
-
-    old_threads = numba.get_num_threads()
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-    try:
-        exp_s = _best_of(lambda: L.apply_activation(big, "elu", 1.0, out=big)) / big.size
-    finally:
-        numba.set_num_threads(old_threads)
-    # pooling: MPF of a 64 MiB layer (the numba kernel, not an elementwise pass: the elementwise
-    # rate predicted n337's three MPF layers at 0.04 s where 0.42 s were measured)
-    layer_in = _noise((1, 16, 100, 100, 100))
-    pool = _best_of(lambda: L.mpf(layer_in, (2, 2, 2))) / layer_in.nbytes
-    # ... and channels last (after a Winograd layer): another kernel, 2-4x faster per byte
-    layer_cl = np.ascontiguousarray(layer_in.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)
-    pool_cl = _best_of(lambda: L.mpf(layer_cl, (2, 2, 2))) / layer_cl.nbytes
     return {
         "gemm_flops": gemm,
         "numba_flops": numba_rate,
