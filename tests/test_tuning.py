@@ -68,14 +68,6 @@ def test_tune_keeps_the_default_on_a_tie_and_takes_a_clearly_faster_value(monkey
     assert all(s["winograd.block_bytes"] == 2**20 for s in seen[n_block:])
 
 
-def test_calibration_records_a_value_per_parameter_from_its_candidates():
-    cal = T.calibrate(1, level="full")
-    assert cal.level == "full"
-    assert set(cal.tuned) == set(tuning.DEFAULTS)
-    assert all(cal.tuned[k] in tuning.CANDIDATES[k] for k in tuning.DEFAULTS)
-    assert all(len(cal.tuning_seconds[k]) == len(tuning.CANDIDATES[k]) for k in tuning.DEFAULTS)
-
-
 def test_a_second_thread_count_reuses_the_first_ones_values(monkeypatch, tmp_path):
     """``warmup --threads 1 --threads 2`` times the kernel parameters once: the second calibration
     takes the first one's values and times no candidate."""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from znni_core.layers import tuning
 from znni_core.layers import vector_width as vw
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -279,6 +280,11 @@ def test_warmup_compiles_everything_quickly_then_refines(tmp_path):
     ]
     cal = json.loads((tmp_path / "calibration.json").read_text())
     assert cal[key]["level"] == "full" and levels().count("full") == 1, (key, levels())
+    # the full calibration timed every kernel parameter's every candidate and chose one of them
+    tuned, tried = cal[key]["tuned"], cal[key]["tuning_seconds"]
+    assert set(tuned) == set(tried) == set(tuning.DEFAULTS)
+    assert all(tuned[k] in tuning.CANDIDATES[k] for k in tuning.DEFAULTS), tuned
+    assert all([v for v, _ in tried[k]] == list(tuning.CANDIDATES[k]) for k in tuning.DEFAULTS), tried
     assert levels() == ["full"] or (AVX512 and sorted(levels()) == ["full", "quick"])
     if AVX512:
         (entry,) = json.loads((tmp_path / "vector_width.json").read_text()).values()
