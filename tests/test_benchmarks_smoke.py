@@ -119,3 +119,17 @@ def test_read_input_benchmark_reads_equal_boxes():
 
     doc = main(["--shape", "16,64,64", "--chunk", "8,32,32", "--box", "10,40,40", "--rounds", "1", "--pause", "0"])
     assert set(doc["layers"]) == {"raw", "sharded"} and doc["box"] == (10, 40, 40)
+
+
+def test_layers_benchmark_matches_every_conv_to_openvinos_node(tmp_path):
+    """``benchmarks.layers``: each conv of a generated U-Net is timed by znni's profile and found
+    among OpenVINO's counters by its ONNX name (OpenVINO names some ``<name>/WithoutBiases``)."""
+    pytest.importorskip("openvino")
+    from benchmarks import layers
+
+    r = layers.measure("padded-small-flat-whole", rounds=1, threads=1, tmp=tmp_path, whole=(4, 48, 48))
+    assert len(r["rows"]) == 8, r["rows"]  # the generated U-Net's convs, every one
+    assert all(row["znni_s"] > 0 and row["openvino_s"] and row["openvino"] for row in r["rows"]), r["rows"]
+    assert r["whole"]["znni"] > 0 and r["whole"]["openvino"] > 0
+    text = layers.render([r], "python -m benchmarks.layers", 1, 1)
+    assert text.count("| /") == 8 and "| all convs |" in text
