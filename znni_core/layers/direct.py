@@ -348,10 +348,12 @@ def _taps5(acc, row, w, n):  # pragma: no cover - compiled
         acc[3, i] += d0 * r0 + d1 * r1 + d2 * r2 + d3 * r3 + d4 * r4
 
 
-@njit(nogil=True, cache=True, fastmath=FAST, inline="always")
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _sums(acc, x, w, b, n, o0, z, y0, L, X):  # pragma: no cover - compiled
     """acc[q, :L] = b[o0 + q] + the taps over every input row of the grouped output row from y0
-    of plane z, for the _OB output channels from o0 (both kernels' inner loops)."""
+    of plane z, for the _OB output channels from o0 (both kernels' inner loops).  Called, not
+    inlined: compiled once for the two kernels (inlined in each, it took 2.7-3.1 s of a first
+    warmup's compiling twice; a call per row group and block of channels sums C x kz x ky rows)."""
     C = x.shape[1]
     kz, ky, kx = w.shape[2], w.shape[3], w.shape[4]
     for q in range(_OB):
