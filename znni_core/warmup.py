@@ -115,9 +115,10 @@ def _width_workload(threads: int, ready=None) -> dict:
 #: the kernel families each compile child runs (:func:`_compile_group`), about half the compile
 #: time each (a 2-core Xeon, the two at once: 20 and 22 s; 24 and 29 s while the pooling kernels
 #: were parallel numba loops and the FFTs in the second; later 12 and 14 s): Winograd's input
-#: transform, the 1x1x1 chains, activations, max-pooling fragments and plain pooling, the FFTs
-#: and FFT-GEMM (what a one-thread calibration times first, while the second group compiles);
-#: Winograd's output transform and products, the direct loops, the max filter and copies.  No numba function
+#: transform, the 1x1x1 chains, activations, max-pooling fragments, plain pooling and the max
+#: filter, copies, the FFTs and FFT-GEMM (a one-thread calibration times the chains, FFTs,
+#: activations and pooling while the second group compiles); Winograd's output transform and
+#: products, the direct loops.  No numba function
 #: is compiled by both (a function's cache index is written under a lock, ``layers/_numba.py``,
 #: but two compilations of one function would only waste a core): Winograd's two transforms, one
 #: numba function each, are compiled one in each child (the other, and the products in the
@@ -183,6 +184,8 @@ def _compile_group(group: str) -> dict:
             L.mpf(xm, (2, 2, 2))
             L.mpf(np.ascontiguousarray(xm.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3), (2, 2, 2))
             L.max_pool(xm, (2, 2, 2))
+            L.max_filter_inplace(x_of(1, 4, 8, 8, 8), (2, 2, 2))
+            copy_into(np.empty((1, 4, 4, 4, 4), np.float32), xm[:, :, ::2, ::2, ::2])
             w = x_of(4, 4, 3, 3, 3)
             for mode in L.fft.MODES:
                 L.FFTConv(w, None, (8, 8, 8), threads=1, mode=mode)(x_of(2, 4, 8, 8, 8))
@@ -201,11 +204,6 @@ def _compile_group(group: str) -> dict:
                 8,
                 L.microkernel.Scratch(8, 8, conv.register_tile),
             )
-            # depth-first pooling's max filter and strided copies (not timed by the calibration,
-            # so here: the calibration times the first group's kernels while this one compiles)
-            L.max_filter_inplace(x_of(1, 4, 8, 8, 8), (2, 2, 2))
-            xm = x_of(1, 4, 8, 8, 8)
-            copy_into(np.empty((1, 4, 4, 4, 4), np.float32), xm[:, :, ::2, ::2, ::2])
             # direct-numba's register tiles (rows of a tile or more: one signature, both layouts)
             L.conv_direct_numba(x_of(1, 2, 1, 3, L.direct.TILE_WIDTH + 2), x_of(5, 2, 1, 3, 3))
             for x, w in ((x_of(1, 1, 6, 12, 12), x_of(8, 1, 1, 4, 4)), (x_of(2, 8, 6, 6, 6), x_of(8, 8, 3, 3, 3))):
