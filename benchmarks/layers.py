@@ -20,9 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
-from .unets import DETECTOR, ISBI, SMALL, isbi, torch_padded_unet
+from .unets import DETECTOR, ISBI, SMALL, isbi, openvino_f32, torch_padded_unet
 
 HERE = Path(__file__).resolve().parent
 PAUSE_S = 0.3
@@ -44,14 +42,9 @@ def _case(name: str, tmp: Path, whole=None):
 
 
 def _openvino(path: Path, shape, threads: int):
-    """``run(x) -> (seconds, {node name: (exec type, seconds)})``: OpenVINO f32 with its counters."""
-    import openvino as ov
-
-    core = ov.Core()
-    model = core.read_model(str(path))
-    model.reshape([1, 1, *shape])
-    cfg = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
-    cm = core.compile_model(model, "CPU", dict(cfg, PERF_COUNT="YES"))
+    """``run(x) -> (seconds, {node name: (node type, exec type, seconds)})``: OpenVINO f32 (as
+    ``benchmarks.unets`` runs it, every convolution checked f32) with its counters."""
+    cm, _ = openvino_f32(path, threads, shape, PERF_COUNT="YES")
     req = cm.create_infer_request()
 
     def run(x):
@@ -139,7 +132,6 @@ def measure(name: str, rounds: int, threads: int, tmp: Path, whole=None) -> dict
         "rows": rows,
         "other": {"znni_s": z_other, "openvino_s": o_other},
         "whole": {k: statistics.median(v) for k, v in whole.items()},
-        "profiled_sum": {"znni_s": sum(statistics.median(v) for v in zsteps.values()), "openvino_s": None},
     }
 
 
@@ -213,5 +205,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    np.seterr(all="ignore")
     sys.exit(main())

@@ -95,6 +95,28 @@ def _symbolic_spatial_dims(path, tmp: Path) -> Path:
     return out
 
 
+def openvino_f32(path, threads, shape=None, **config):
+    """``(compiled model, {runtime precisions of its convolutions})``: OpenVINO on the CPU with the
+    f32 hint (``config``: more of its settings), reshaped to ``(1, 1, *shape)`` when given; an error
+    unless every convolution runs f32.  ``ImportError`` without OpenVINO."""
+    import openvino as ov
+
+    core = ov.Core()
+    model = core.read_model(str(path))
+    if shape is not None:
+        model.reshape([1, 1, *shape])
+    hints = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    cm = core.compile_model(model, "CPU", hints | config)
+    prec = {
+        op.get_rt_info()["runtimePrecision"].astype(str)
+        for op in cm.get_runtime_model().get_ops()
+        if op.get_rt_info()["layerType"].astype(str) == "Convolution"
+    }
+    if prec != {"f32"}:
+        raise RuntimeError(f"OpenVINO did not run f32 convolutions: {prec}")
+    return cm, prec
+
+
 def onnx_runners(path, threads, shape=None, tmp: Path | None = None):
     """{name: fn((C, z, y, x)) -> (C_out, z, y, x)} for ONNX Runtime and OpenVINO f32 on ``path``;
     with ``shape`` (z, y, x), on a whole volume of that shape in one call (OpenVINO's model
@@ -112,24 +134,7 @@ def onnx_runners(path, threads, shape=None, tmp: Path | None = None):
     except ImportError:
         notes["onnxruntime"] = "not installed"
     try:
-        import openvino as ov
-
-        core = ov.Core()
-        model = core.read_model(str(path))
-        if shape is not None:
-            model.reshape([1, 1, *shape])
-        cm = core.compile_model(
-            model,
-            "CPU",
-            {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"},
-        )
-        prec = {
-            op.get_rt_info()["runtimePrecision"].astype(str)
-            for op in cm.get_runtime_model().get_ops()
-            if op.get_rt_info()["layerType"].astype(str) == "Convolution"
-        }
-        if prec != {"f32"}:
-            raise RuntimeError(f"OpenVINO did not run f32 convolutions: {prec}")
+        cm, prec = openvino_f32(path, threads, shape)
         req = cm.create_infer_request()
         out["openvino-f32"] = lambda x: req.infer({0: x[None]})[cm.output(0)][0].copy()
         notes["openvino-f32"] = (

@@ -118,11 +118,10 @@ def _width_workload(threads: int, ready=None) -> dict:
 #: transform, the 1x1x1 chains, activations, max-pooling fragments, plain pooling and the max
 #: filter, copies, the FFTs and FFT-GEMM (a one-thread calibration times the chains, FFTs,
 #: activations and pooling while the second group compiles); Winograd's output transform and
-#: products, the direct loops.  No numba function
-#: is compiled by both (a function's cache index is written under a lock, ``layers/_numba.py``,
-#: but two compilations of one function would only waste a core): Winograd's two transforms, one
-#: numba function each, are compiled one in each child (the other, and the products in the
-#: first, replaced by no-ops there).
+#: products, the direct loops.  No numba function is compiled by both (a function's cache index
+#: is written under a lock, ``layers/_numba.py``, but two compilations of one function would only
+#: waste a core): Winograd's two transforms, one numba function each, are compiled one in each
+#: child (the other, and the products in the first, replaced by no-ops there).
 COMPILE_GROUPS = ("winograd-in", "winograd-out")
 
 
@@ -284,32 +283,32 @@ def _calibrate(threads_list, level: str = "quick", between=None) -> dict:
     (none: ``tests/test_vector_width.py``).  ``between()`` returns once every group has compiled:
     a quick one-thread calibration first calls it halfway (``plan.timing._measure``: the first
     group's kernels timed on one core while the other still compiles), any other before it
-    starts."""
+    starts; a call after the first returns at once."""
     # lazy: loads numba and scipy only when called
     from .plan.timing import calibrate
 
-    out, tuned, waited = {}, None, [0.0, between is None]
+    out, tuned, waited = {}, None, 0.0
 
-    def wait():
-        if not waited[1]:
+    def wait():  # between(), its seconds kept apart from the calibration's
+        nonlocal waited
+        if between is not None:
             t = time.perf_counter()
             between()
-            waited[0] += time.perf_counter() - t
-            waited[1] = True
+            waited += time.perf_counter() - t
 
     for i, threads in enumerate(threads_list):
         # halfway only for one thread at the quick level: a full one tunes Winograd's blocks first
         halfway = i == 0 and int(threads) == 1 and level == "quick"
         if not halfway:
             wait()
-        t0, w0 = time.perf_counter(), waited[0]
+        t0, w0 = time.perf_counter(), waited
         # the kernel parameters are timed once, at the first thread count: they size blocks to one
         # core's caches, and each worker runs its own blocks whatever the count
         with _compile_count() as compiled:
             cal = calibrate(int(threads), tuned=tuned, level=level, between=wait if halfway else None)
         wait()  # (a calibration found in the cache measured nothing)
         tuned = cal.tuned
-        seconds = time.perf_counter() - t0 - (waited[0] - w0)
+        seconds = time.perf_counter() - t0 - (waited - w0)
         out[str(threads)] = {"level": cal.level, "calibrate_s": seconds, "compiled": compiled()}
     return out
 
@@ -472,14 +471,13 @@ def _children(steps, env, timeout: float = 1800, then=None) -> list:
                 )
                 procs.append((args, p, err))
             deadline = time.monotonic() + timeout
-            out = []
+            out, last = [], procs[-1][1]
             for i, (args, p, err) in enumerate(procs):
                 line = _line(p, deadline)
                 if not line or p.wait(max(1.0, deadline - time.monotonic())) != 0:
                     _failed(args, p, err)
                 out.append(json.loads(line))
-                if then is not None and i < len(steps):  # step i is done
-                    last = procs[-1][1]
+                if then is not None and i < len(steps):  # step i is done: tell the last one
                     last.stdin.write("all\n" if i == len(steps) - 1 else f"done {i}\n")
                     last.stdin.flush()
             return out
@@ -582,7 +580,7 @@ def main(argv=None) -> int:
         waited = time.perf_counter() - t0
 
         def between():
-            """Wait until the driver says every step before this one is done."""
+            """Wait until the driver says every step before this one is done (at once after that)."""
             nonlocal waited, first
             t = time.perf_counter()
             while first not in ("all", ""):
