@@ -252,7 +252,7 @@ def test_the_workflow_refuses_a_changed_rerun_then_recomputes_it(tmp_path):
     from .test_workflow import snakemake, write_config
 
     vol = em((12, 40, 40))
-    cfg, path = write_config(tmp_path, "a", vol)
+    cfg, path = write_config(tmp_path, "a", vol, jobs={"tasks_per_job": 6})
     snakemake(tmp_path, path)
     out = Path(cfg["output"]["path"])
     before, prov = layer_files(str(out)), (out / "provenance").read_bytes()

@@ -1,9 +1,9 @@
 """The real workflow: snakemake with the local profile on a tiny volume.
 
-Output == `infer` on the whole volume (float32 tolerance); two runs byte-identical; a rerun after
-losing half the manifests runs exactly those tasks (T13); `znni run-task` of one task rewrites only
-that task's chunks (T14); a batched job killed inside its tasks resumes task by task (T1);
-tensorstore reads what cloud-volume reads; lint and dry run pass.
+Output == `infer` on the whole volume (float32 tolerance); two runs (jobs of one task, jobs of six)
+byte-identical; a rerun after losing half the manifests runs exactly those tasks (T13); `znni
+run-task` of one task rewrites only that task's chunks (T14); a batched job killed inside its tasks
+resumes task by task (T1); tensorstore reads what cloud-volume reads; lint and dry run pass.
 """
 
 from __future__ import annotations
@@ -65,13 +65,18 @@ def write_config(tmp_path, name, vol, **over):
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
+    """Run ``a`` in jobs of one task (12 jobs: the rerun cases count jobs as tasks), run ``b`` in two
+    jobs of six; ``a``'s report as it was then is kept beside them (``a-report.json``: T13 reruns
+    its finalize)."""
     tmp = tmp_path_factory.mktemp("wf")
     vol = em((12, 40, 40))
     out = []
-    for name in ("a", "b"):
-        cfg, path = write_config(tmp, name, vol)
+    for name, per in (("a", 1), ("b", 6)):
+        cfg, path = write_config(tmp, name, vol, jobs={"tasks_per_job": per})
         p = snakemake(tmp, path)
         out.append((cfg, path, p))
+    report = Path(out[0][0]["work_dir"]) / "report" / "report.json"
+    (tmp / "a-report.json").write_bytes(report.read_bytes())
     return tmp, vol, out
 
 
@@ -124,7 +129,7 @@ def _ran(work, since):
 def test_T13_T14_rerun_only_unfinished_or_forced_tasks(two_runs):
     import time
 
-    tmp, _, [_, (cfg, path, _)] = two_runs
+    tmp, _, [(cfg, path, _), _] = two_runs
     work = Path(cfg["work_dir"])
     manifests = sorted((work / "manifests").rglob("*.json"))
     n = json.loads((work / "run.json").read_text())["num_tasks"]
@@ -190,7 +195,7 @@ def test_jobs_as_boxes_of_tasks_fetch_the_input_they_share_once(two_runs, tmp_pa
     runs = [json.loads((work / "jobs" / f"{j:06d}.json").read_text())["tasks"] for j in range(4)]
     assert sorted(t for r in runs for t in r) == list(range(12)) and runs[0] == [0, 2, 4], runs
     reads = json.loads((work / "report" / "report.json").read_text())["cost"]["reads"]
-    alone = json.loads((Path(cfg_a["work_dir"]) / "report" / "report.json").read_text())["cost"]["reads"]
+    alone = json.loads((tmp / "a-report.json").read_text())["cost"]["reads"]
     assert (
         reads["chunk_reads"] == reads["predicted_chunk_reads"] < alone["chunk_reads"] == alone["predicted_chunk_reads"]
     )
