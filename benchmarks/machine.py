@@ -75,6 +75,63 @@ def gemm_flops_with_coretype(coretype: str | None, n: int = 2048) -> float | Non
         return None
 
 
+_FMA_ENGINES = []  # the compiled loops, kept alive while their functions may run
+
+
+def _fma_loop_ir(lanes: int, acc: int = 24) -> str:
+    """LLVM IR of ``f(n, p)``: ``acc`` independent chains of ``n`` multiply-adds on ``lanes``-float
+    vectors held in registers, their sum stored to ``p`` (so none is dropped as unused)."""
+    v = f"<{lanes} x float>"
+    body = ["define void @f(i64 %n, ptr %p) {", "entry:", f"  %x = load {v}, ptr %p, align 4", "  br label %loop"]
+    body += ["loop:", "  %i = phi i64 [0, %entry], [%i1, %loop]"]
+    body += [f"  %a{k} = phi {v} [%x, %entry], [%b{k}, %loop]" for k in range(acc)]
+    body += [f"  %b{k} = call {v} @llvm.fma.v{lanes}f32({v} %a{k}, {v} %x, {v} %x)" for k in range(acc)]
+    body += ["  %i1 = add i64 %i, 1", "  %c = icmp ult i64 %i1, %n", "  br i1 %c, label %loop, label %exit", "exit:"]
+    total = "%b0"
+    for k in range(1, acc):
+        body.append(f"  %s{k} = fadd {v} {total}, %b{k}")
+        total = f"%s{k}"
+    body += [f"  store {v} {total}, ptr %p, align 4", "  ret void", "}"]
+    body.append(f"declare {v} @llvm.fma.v{lanes}f32({v}, {v}, {v})")
+    return "\n".join(body)
+
+
+def fma_peak(bits: int, iterations: int = 4_000_000, repeats: int = 5) -> float | None:
+    """One core's peak float32 rate (FLOP/s) of ``bits``-wide multiply-adds (256 or 512): the best of
+    ``repeats`` runs of 24 independent chains of ``llvm.fma`` on registers, compiled by llvmlite for
+    this host's CPU (whatever ``NUMBA_CPU_NAME`` or ``NUMBA_CPU_FEATURES`` a build sets: the
+    hardware's roof, not the build's).  None for 512 bits without AVX-512.  The two differ by host:
+    a core with two 512-bit FMA units (Intel server cores) peaks twice as high in 512-bit code as
+    in 256-bit code, so no AVX2 build of a compute-bound kernel comes within 10% of its AVX-512
+    build there; Zen 4 runs AVX-512 on 256-bit units, and its two peaks are equal."""
+    import ctypes
+
+    import llvmlite.binding as llvm
+
+    if bits == 512 and "avx512f" not in cpu_flags():
+        return None
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    machine = llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=2
+    )
+    lanes = bits // 32
+    mod = llvm.parse_assembly(_fma_loop_ir(lanes))
+    mod.verify()
+    engine = llvm.create_mcjit_compiler(mod, machine)
+    engine.finalize_object()
+    _FMA_ENGINES.append(engine)
+    f = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p)(engine.get_function_address("f"))
+    buf = (ctypes.c_float * lanes)(*([1.0] * lanes))
+    f(1000, ctypes.addressof(buf))  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f(iterations, ctypes.addressof(buf))
+        best = min(best, time.perf_counter() - t0)
+    return iterations * 24 * lanes * 2 / best
+
+
 def versions() -> dict:
     out = {"python": platform.python_version()}
     for mod in ("numpy", "scipy", "torch", "pyfftw", "numba", "threadpoolctl", "psutil", "matplotlib", "znni_core"):
@@ -119,6 +176,7 @@ def describe(measure_haswell: bool = True) -> dict:
         "openblas_coretype_env": os.environ.get("OPENBLAS_CORETYPE"),
         "openblas_coretype_original": os.environ.get("ZNNI_BENCH_ORIG_CORETYPE", os.environ.get("OPENBLAS_CORETYPE")),
         "gemm_flops": gemm_flops(),
+        "fma_peak_flops_per_core": {str(b): fma_peak(b) for b in (256, 512)},
     }
     if measure_haswell and os.environ.get("OPENBLAS_CORETYPE") != "Haswell":
         info["gemm_flops_haswell"] = gemm_flops_with_coretype("Haswell")
@@ -152,11 +210,14 @@ def host_class() -> dict:
         "name": info.get("model name", "?"),
         "flags": vec,
         "vector_width": f"{vector_width.describe()} [{_numba.VECTOR_WIDTH_SOURCE}]",
+        "fma_peak_gflops": {str(b): None if (r := fma_peak(b)) is None else round(r / 1e9, 1) for b in (256, 512)},
     }
 
 
 def host_line(h: dict) -> str:
+    peaks = [f"{b}-bit {g}" for b, g in h.get("fma_peak_gflops", {}).items() if g is not None]
     return (
-        f"{h['vendor']} family {h['family']} model {h['model']} ({h['name']}), flags {' '.join(h['flags'])}; "
-        f"znni's kernels: {h['vector_width']}"
+        f"{h['vendor']} family {h['family']} model {h['model']} ({h['name']}), flags {' '.join(h['flags'])}"
+        + (f", multiply-add peak per core {', '.join(peaks)} GFLOP/s" if peaks else "")
+        + f"; znni's kernels: {h['vector_width']}"
     )

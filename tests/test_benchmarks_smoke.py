@@ -33,6 +33,16 @@ def test_znni_networks_geometry():
     assert direct_flops_per_voxel(make_network("n337", 24)) == 2 * 27 * (24 + 5 * 24 * 24 + 24 * 3)
 
 
+def test_the_multiply_add_peak_runs_a_chain_per_register_at_each_width():
+    """``machine.fma_peak``: 24 independent multiply-add chains of the width asked; a rate for 256
+    bits everywhere, for 512 bits only where the host has AVX-512 (no time is asserted)."""
+    ir = machine._fma_loop_ir(16)
+    assert ir.count("call <16 x float> @llvm.fma.v16f32(") == 24 and "<8 x float>" not in ir
+    assert machine.fma_peak(256, iterations=10_000, repeats=1) > 0
+    peak = machine.fma_peak(512, iterations=10_000, repeats=1)
+    assert (peak is None) == ("avx512f" not in machine.cpu_flags()) and (peak is None or peak > 0)
+
+
 def test_baselines_agree_on_a_small_net():
     torch.set_num_threads(2)
     net = make_net(
