@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ._numba import njit, prange
@@ -51,6 +51,24 @@ def _as_f32(typingctx, bits):  # pragma: no cover - compiled
     return types.float32(types.int32), codegen
 
 
+@intrinsic
+def _fmuladd(typingctx, a, b, c):  # pragma: no cover - compiled
+    """``a * b + c`` for float32 values as one multiply-add where the CPU has them (``llvm.fmuladd``,
+    one rounding): :func:`exp_neg`'s polynomial contracted whatever fastmath flags the loop it is
+    inlined into was compiled with (without contraction, ELU ran 0.56 ns a value in the first-level
+    cache on one Xeon core, with it 0.36).  Vectorised like any arithmetic."""
+    if not all(isinstance(t, types.Float) for t in (a, b, c)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fmuladd.f32")
+        vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args, signature.args)]
+        return builder.call(fn, vals)
+
+    return types.float32(a, b, c), codegen
+
+
 _LOG2E = np.float32(1.0 / math.log(2.0))
 _LN2_HI = np.float32(0.693145751953125)  # ln 2 in 16 bits: n * _LN2_HI is exact for |n| < 2^8
 _LN2_LO = np.float32(math.log(2.0) - 0.693145751953125)
@@ -64,16 +82,16 @@ def exp_neg(x):  # pragma: no cover - compiled
     a subnormal).  ``x = n ln2 + r``, ``|r| <= ln2 / 2``: a degree-7 polynomial of ``r``
     times ``2^n`` built from its exponent bits."""
     x = max(x, np.float32(-87.0))
-    n = np.floor(x * _LOG2E + np.float32(0.5))
-    r = (x - n * _LN2_HI) - n * _LN2_LO
+    n = np.floor(_fmuladd(x, _LOG2E, np.float32(0.5)))
+    r = _fmuladd(n, -_LN2_LO, _fmuladd(n, -_LN2_HI, x))
     p = _C7
-    p = p * r + _C6
-    p = p * r + _C5
-    p = p * r + _C4
-    p = p * r + _C3
-    p = p * r + _C2
-    p = p * r + np.float32(1.0)
-    p = p * r + np.float32(1.0)
+    p = _fmuladd(p, r, _C6)
+    p = _fmuladd(p, r, _C5)
+    p = _fmuladd(p, r, _C4)
+    p = _fmuladd(p, r, _C3)
+    p = _fmuladd(p, r, _C2)
+    p = _fmuladd(p, r, np.float32(1.0))
+    p = _fmuladd(p, r, np.float32(1.0))
     return p * _as_f32(np.int32((np.int32(n) + np.int32(127)) << np.int32(23)))
 
 
