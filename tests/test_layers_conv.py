@@ -365,6 +365,43 @@ def test_pointwise_chain_equals_torch_layer_by_layer(threads, block):
         conv_pointwise_chain(x, [(np.ones((2, 4, 1, 1, 1), np.float32), None, None)])
 
 
+@pytest.mark.parametrize("channels", [8, 19, 24])
+def test_pointwise_chain_moves_channels_last_blocks_in_whole_8x8_transposes_and_the_rest(channels):
+    """A channels-last input or output of the 1x1x1 chain is moved 8 x 8 values at a time
+    (:func:`~znni_core.layers.transform_vectors.vector_transpose8`), then the voxels and channels
+    past whole blocks one at a time: every layout in and out gives the same bytes, blocks of
+    voxels that are and are not multiples of 8, widths 8, 19 and 24."""
+    from znni_core.layers import conv_pointwise_chain
+    from znni_core.layers._numba import njit
+    from znni_core.layers.layout import is_channels_last
+    from znni_core.layers.transform_vectors import vector_transpose8
+
+    @njit(cache=False)
+    def transpose(x, xo, xs, y, yo, ys):
+        vector_transpose8(x, xo, xs, y, yo, ys)
+
+    src, dst = np.arange(300, dtype=np.float32), np.full(320, -1.0, np.float32)
+    transpose(src, 3, 19, dst, 5, 30)
+    block = np.array([[src[3 + i * 19 + j] for j in range(8)] for i in range(8)])
+    assert np.array_equal(np.array([[dst[5 + j * 30 + i] for i in range(8)] for j in range(8)]), block.T)
+    assert (dst >= 0).sum() == 64  # nothing else written
+
+    rng = np.random.default_rng(channels)
+    x = rng.standard_normal((2, channels, 3, 7, 9)).astype(np.float32)  # 189 voxels an item
+    xc = np.ascontiguousarray(x.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)
+    stages = [
+        (rng.standard_normal((o, i, 1, 1, 1)).astype(np.float32), None, None)
+        for i, o in ((channels, 16), (16, channels))
+    ]
+    for block in (64, 8192):
+        want = conv_pointwise_chain(x, stages, block=block)
+        for src in (x, xc):
+            assert np.array_equal(conv_pointwise_chain(src, stages, block=block), want)
+            got = conv_pointwise_chain(src, stages, block=block, channels_last=True)
+            assert is_channels_last(got) and np.array_equal(got, want)
+    np.testing.assert_allclose(want, _pointwise_reference(x, stages), rtol=1e-5, atol=1e-5)
+
+
 def _pointwise_reference(x, stages):
     from znni_core.layers import apply_activation
 

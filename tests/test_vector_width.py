@@ -205,8 +205,9 @@ def _scatter_free(scattered: dict):
     """No kernel stores through a scatter (AVX-512 code): a loop indexed with signed integers
     (numba wraps a negative index) compiled to ``vscatterdps``, microcoded on Zen 4, and the
     Winograd input transform's edge-row copies ran 3-4x slower than in AVX2 code.  The 1x1x1
-    chain's block transposition is the exception: one side of a transposition is strided, a
-    scatter or a gather either way."""
+    chain's block transposition is the exception, for what is left past its whole 8 x 8 blocks
+    (those are transposed in registers): one side of a transposition is strided, a scatter or a
+    gather either way."""
     assert len(scattered) >= 10, scattered
     assert not {k: n for k, n in scattered.items() if n and not k.startswith("znni_core.layers.pointwise.")}, scattered
 

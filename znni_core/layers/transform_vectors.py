@@ -19,7 +19,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-__all__ = ["AT8", "BT4", "BT6", "BT8", "MAX4", "MAX8", "vector_copy", "vector_transform"]
+__all__ = ["AT8", "BT4", "BT6", "BT8", "MAX4", "MAX8", "vector_copy", "vector_transform", "vector_transpose8"]
 
 #: ``kind`` of :func:`vector_transform`: the input transform BT (8 values in, 8 out)
 BT8 = 0
@@ -200,6 +200,59 @@ def vector_copy(typingctx, vl, v, k, a, i):
         x.align = 4
         s = builder.store(x, ptr(1, 2))
         s.align = 4
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+#: :func:`vector_transpose8`'s three rounds of two-vector shuffles (``unpcklps``/``unpckhps``, then
+#: pairs, then halves): each entry (first vector, second, lanes of the pair low, lanes high)
+_T8_ROUNDS = (
+    tuple((2 * i, 2 * i + 1, (0, 8, 1, 9, 4, 12, 5, 13), (2, 10, 3, 11, 6, 14, 7, 15)) for i in range(4)),
+    tuple((a, a + 2, (0, 1, 8, 9, 4, 5, 12, 13), (2, 3, 10, 11, 6, 7, 14, 15)) for a in (0, 1, 4, 5)),
+    tuple((k, k + 4, (0, 1, 2, 3, 8, 9, 10, 11), (4, 5, 6, 7, 12, 13, 14, 15)) for k in range(4)),
+)
+#: the column of the 8 x 8 block each vector holds after the rounds
+_T8_COLUMN = (0, 2, 1, 3, 4, 6, 5, 7)
+
+
+@intrinsic
+def vector_transpose8(typingctx, x, xo, xs, y, yo, ys):
+    """``vector_transpose8(x, xo, xs, y, yo, ys)``: ``y[yo + j * ys + i] = x[xo + i * xs + j]`` for
+    ``i, j < 8``: an 8 x 8 block of float32 transposed in registers (eight 8-float loads, 24
+    shuffles, eight stores), where a loop of single values stores through a scatter (a
+    channels-last block copied channel-major: the 1x1x1 chains' reads of a decoder's output).
+    ``x`` and ``y`` flat float32 arrays, distinct; offsets in elements."""
+    sig = types.void(x, xo, xs, y, yo, ys)
+
+    def codegen(context, builder, signature, args):  # pragma: no cover - runs in the compiler
+        st = signature.args
+        i64 = ir.IntType(64)
+        vt = ir.VectorType(ir.FloatType(), 8)
+
+        def idx(k):
+            return context.cast(builder, args[k], st[k], types.int64)
+
+        def ptr(k, off):
+            data = context.make_array(st[k])(context, builder, args[k]).data
+            return builder.bitcast(builder.gep(data, [off]), vt.as_pointer())
+
+        x0, sx, y0, sy = idx(1), idx(2), idx(4), idx(5)
+        rows = []
+        for i in range(8):
+            v = builder.load(ptr(0, builder.add(x0, builder.mul(ir.Constant(i64, i), sx))))
+            v.align = 4
+            rows.append(v)
+        for rnd in _T8_ROUNDS:
+            out = list(rows)
+            for a, b, lo, hi in rnd:
+                out[a] = builder.shuffle_vector(rows[a], rows[b], ir.Constant(ir.VectorType(ir.IntType(32), 8), lo))
+                out[b] = builder.shuffle_vector(rows[a], rows[b], ir.Constant(ir.VectorType(ir.IntType(32), 8), hi))
+            rows = out
+        for k, v in enumerate(rows):
+            at = builder.add(y0, builder.mul(ir.Constant(i64, _T8_COLUMN[k]), sy))
+            s = builder.store(v, ptr(3, at))
+            s.align = 4
         return context.get_dummy_value()
 
     return sig, codegen
