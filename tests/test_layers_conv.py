@@ -168,8 +168,9 @@ ACTIVATIONS = {
 def test_numba_register_tiles_equal_torch_conv3d(act):
     """Output rows of a register tile or more (one tile, a tile and a few values: the last tile
     shifted back over the first; several) run on tiles: blocks of 4 output channels and lone
-    ones (1, 3, 5, 9 channels), every kernel row length, inputs and outputs channels first and
-    last, each fused activation, equal to float64 torch; and equal to the grouped rows' loop."""
+    ones (1, 3, 5, 9, 24 channels), every kernel row length, inputs and outputs channels first and
+    last (a channels-last output written 8 x 8 values at a time, the channels past them one by
+    one), each fused activation, equal to float64 torch; and equal to the grouped rows' loop."""
     import znni_core.layers.direct as D
 
     W = D.TILE_WIDTH
@@ -181,6 +182,7 @@ def test_numba_register_tiles_equal_torch_conv3d(act):
         (1, 8, 4, (2, 2, 2), (3, 3, W + 1)),
         (1, 2, 3, (1, 1, 4), (2, 3, 3 * W + 3)),
         (3, 4, 6, (1, 2, 1), (2, 3, W)),
+        (1, 1, 24, (1, 3, 3), (2, 4, W + 5)),  # channels last: three whole 8 x 8 transposes a tile
     )
     for n, ci, co, kernel, spatial in cases:
         assert D.direct_numba_tiles(spatial, kernel)
