@@ -38,7 +38,7 @@ from .activation import apply_activation
 from .epilogue import FUSABLE, act_row, epilogue
 from .layout import empty_channels_last, memory_order
 from .threads import matmul, split_tasks
-from .transform_vectors import vector_transpose8
+from .transform_vectors import transpose_block
 from .xp import get_array_module, with_host_variant
 
 __all__ = [
@@ -487,11 +487,9 @@ def _conv_taps_kernel(x, w, b, offs, out, dims, cl, code, alpha, t0, t1):  # pra
     O, Zo, Yo, Xo, kx, sn, sz, sy = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]
     K1, ar = offs.size, offs.size * kx
     tcode = code if code < 3 else 0
-    W = TILE_WIDTH  # a multiple of 8
-    O8 = O // 8 * 8
+    W = TILE_WIDTH
     scratch = np.empty(O * W if cl else 0, np.float32)
     plane = Zo * Yo * Xo
-    u = np.uint64
     for t in range(t0, t1):
         n, zy = t // (Zo * Yo), t % (Zo * Yo)
         xin = n * sn + (zy // Yo) * sz + (zy % Yo) * sy
@@ -513,15 +511,8 @@ def _conv_taps_kernel(x, w, b, offs, out, dims, cl, code, alpha, t0, t1):  # pra
                     for r in range(rows):
                         act_row(c, co + r * ldc, co + r * ldc + W, code, alpha)
                 o += rows
-            if cl:  # 8 x 8 blocks transposed in registers, the channels past them one at a time
-                dst = u(((n * Zo * Yo + zy) * Xo + x0) * O)
-                for v0 in range(0, W, 8):
-                    for o0 in range(0, O8, 8):
-                        vector_transpose8(scratch, u(o0 * W + v0), u(W), out, dst + u(v0 * O + o0), u(O))
-                for v in range(u(W)):
-                    d = dst + v * u(O)
-                    for q in range(u(O8), u(O)):
-                        out[d + q] = scratch[q * u(W) + v]
+            if cl:  # the tile's channel rows to voxels of O channels
+                transpose_block(scratch, 0, W, out, ((n * Zo * Yo + zy) * Xo + x0) * O, O, O, W)
 
 
 def _conv_taps(x, w, b, code, alpha, out, channels_last):

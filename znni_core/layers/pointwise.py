@@ -37,7 +37,7 @@ from .epilogue import FUSABLE, act_row
 from .layout import empty_channels_last, is_channels_last, memory_order
 from .microkernel import fma_tile
 from .threads import each_worker
-from .transform_vectors import vector_transpose8
+from .transform_vectors import transpose_block
 
 __all__ = ["POINTWISE_BLOCK", "conv_pointwise_chain", "pack_weights"]
 
@@ -138,16 +138,8 @@ def _chain(
         nt = (nv + TV - 1) // TV * TV
         # unsigned indices: with signed ones numba checks for negative ones and the copies
         # stay scalar (3 GB/s against 10)
-        if cl:  # 8 x 8 blocks transposed in registers, then the rest a value at a time
-            u = np.uint64
-            base, v8, c8 = u((n * P + j0) * C0), nv // 8 * 8, C0 // 8 * 8
-            for v0 in range(0, v8, 8):
-                for c0 in range(0, c8, 8):
-                    vector_transpose8(x, base + u(v0 * C0 + c0), u(C0), buf1, u(c0 * ld + v0), u(ld))
-            for v in range(nv):
-                i0 = base + u(v * C0)
-                for c in range(u(c8 if v < v8 else 0), u(C0)):
-                    buf1[c * u(ld) + u(v)] = x[i0 + c]
+        if cl:  # the block's voxels (rows of C0 channels) to channel rows
+            transpose_block(x, (n * P + j0) * C0, C0, buf1, 0, ld, nv, C0)
         else:
             for c in range(C0):
                 i0, i1 = np.uint64((n * C0 + c) * P + j0), np.uint64(c * ld)
@@ -161,15 +153,7 @@ def _chain(
             _stage(src, ld, wp, dims[s, 2], b, dims[s, 3], dst, ld, dims[s, 0], dims[s, 1], nt, codes[s], alphas[s])
         fin = buf0 if S % 2 == 1 else buf1
         if cl_out:  # the block's rows transposed while in cache: a voxel's channels are one run
-            u = np.uint64
-            base, v8, o8 = u((n * P + j0) * O), nv // 8 * 8, O // 8 * 8
-            for v0 in range(0, v8, 8):
-                for o0 in range(0, o8, 8):
-                    vector_transpose8(fin, u(o0 * ld + v0), u(ld), y, base + u(v0 * O + o0), u(O))
-            for v in range(u(nv)):
-                i1 = base + v * u(O)
-                for o in range(u(o8 if v < v8 else 0), u(O)):
-                    y[i1 + o] = fin[o * u(ld) + v]
+            transpose_block(fin, 0, ld, y, (n * P + j0) * O, O, O, nv)
             continue
         for o in range(O):
             i0, i1 = np.uint64(o * ld), np.uint64((n * O + o) * P + j0)

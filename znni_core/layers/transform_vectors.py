@@ -15,11 +15,25 @@ on the scalar loops.  Products are fused into multiply-adds where LLVM's contrac
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-__all__ = ["AT8", "BT4", "BT6", "BT8", "MAX4", "MAX8", "vector_copy", "vector_transform", "vector_transpose8"]
+from ._numba import njit
+
+__all__ = [
+    "AT8",
+    "BT4",
+    "BT6",
+    "BT8",
+    "MAX4",
+    "MAX8",
+    "vector_copy",
+    "transpose_block",
+    "vector_transform",
+    "vector_transpose8",
+]
 
 #: ``kind`` of :func:`vector_transform`: the input transform BT (8 values in, 8 out)
 BT8 = 0
@@ -256,3 +270,20 @@ def vector_transpose8(typingctx, x, xo, xs, y, yo, ys):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@njit(nogil=True, cache=True, inline="always")
+def transpose_block(x, xo, xs, y, yo, ys, R, K):  # pragma: no cover - compiled
+    """``y[yo + j * ys + i] = x[xo + i * xs + j]`` for ``i < R``, ``j < K``: whole 8 x 8 blocks by
+    :func:`vector_transpose8`, the rest a value at a time (stores along ``i``, contiguous).  Flat
+    float32 arrays, distinct; a channels-last block to channels-major rows or back (the 1x1x1
+    chains, direct-numba's channels-last output)."""
+    u = np.uint64
+    xo, xs, yo, ys, R, K = u(xo), u(xs), u(yo), u(ys), u(R), u(K)
+    R8, K8 = R // u(8) * u(8), K // u(8) * u(8)
+    for i0 in range(u(0), R8, u(8)):
+        for j0 in range(u(0), K8, u(8)):
+            vector_transpose8(x, xo + i0 * xs + j0, xs, y, yo + j0 * ys + i0, ys)
+    for j in range(K):
+        for i in range(R8 if j < K8 else u(0), R):
+            y[yo + j * ys + i] = x[xo + i * xs + j]
