@@ -1,5 +1,6 @@
 """The fused activations of the conv output passes (``layers/epilogue.py``) against float64
-numpy: the arithmetic ``exp``, every code, and the 1x1x1 chain that applies them in cache."""
+numpy: the arithmetic ``exp``, every code, the 1x1x1 chain that applies them in cache, and the
+Winograd output transform that applies them in registers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 
 from znni_core.layers import apply_activation, conv_pointwise_chain
 from znni_core.layers._numba import njit
-from znni_core.layers.epilogue import FUSABLE, NONE, act_row, epilogue, exp_neg
+from znni_core.layers.epilogue import FUSABLE, NONE, act_row, epilogue, exp_neg, vector_transform_act
+from znni_core.layers.microkernel import VL
+from znni_core.layers.transform_vectors import AT8
 
 
 @njit(cache=False)
@@ -97,3 +100,47 @@ def test_add_affine_act_equals_three_passes_on_views():
     into = a.copy()  # in place into an input, and without b: act(s a + t)
     assert add_affine_act(into, None, s, t, ("relu", 0.0), out=into) is into
     assert np.abs(into - np.maximum(a * s.reshape(1, -1, 1, 1, 1) + t.reshape(1, -1, 1, 1, 1), 0)).max() <= 1e-6
+
+
+def _transform_pair(kind, vl, code):
+    """Two compiled calls of the output transform ``kind`` on ``vl`` lanes: with the epilogue
+    ``code`` fused (:func:`vector_transform_act`), and as the transform, the bias and
+    :func:`act_row` one after another."""
+    from znni_core.layers.transform_vectors import vector_transform
+
+    @njit(cache=False)
+    def fused(d, v, bias, alpha):  # pragma: no cover - compiled
+        u = np.uint64
+        offs = (u(vl), u(2 * vl), u(3 * vl), u(4 * vl), u(5 * vl), u(6 * vl), u(7 * vl))
+        vector_transform_act(kind, vl, d, u(0), offs, v, u(0), u(vl), bias, u(0), code, alpha)
+
+    @njit(cache=False)
+    def apart(d, v, bias, alpha):  # pragma: no cover - compiled
+        u = np.uint64
+        offs = (u(vl), u(2 * vl), u(3 * vl), u(4 * vl), u(5 * vl), u(6 * vl), u(7 * vl))
+        vector_transform(kind, vl, d, u(0), offs, v, u(0), u(vl))
+        for i in range(v.size):
+            v[i] += bias[i % vl]
+        act_row(v, 0, v.size, code, alpha)
+
+    return fused, apart
+
+
+@pytest.mark.parametrize("m", [4, 6, 7])
+@pytest.mark.parametrize("vl", sorted({8, VL}))
+def test_output_transform_with_fused_epilogue_equals_the_passes_apart(m, vl):
+    """The output transform with bias and activation in registers gives the values, bit for bit, of
+    the transform, the bias and :func:`act_row` as separate passes, for every code: NaN kept,
+    -0, infinities and values far below ELU's clamp among random ones of every scale."""
+    rng = np.random.default_rng(m * 100 + vl)
+    special = np.array([np.nan, -0.0, 0.0, -np.inf, np.inf, -200.0, 1e-30], np.float32)
+    for code in range(4):
+        fused, apart = _transform_pair(AT8 + m, vl, code)
+        for _ in range(40):
+            d = (rng.standard_normal(8 * vl) * rng.choice([1e-3, 1.0, 30.0, 1e3])).astype(np.float32)
+            d[rng.integers(0, d.size, 3)] = rng.choice(special, 3)
+            bias = rng.standard_normal(vl).astype(np.float32)
+            got, ref = np.full(m * vl, 9.0, np.float32), np.empty(m * vl, np.float32)
+            fused(d, got, bias, np.float32(0.7))
+            apart(d, ref, bias, np.float32(0.7))
+            assert np.array_equal(got.view(np.int32), ref.view(np.int32)), (code, got, ref)

@@ -23,8 +23,9 @@ from numba.extending import intrinsic
 
 from ._numba import njit, prange
 from .layout import empty_like_layout, is_channels_last, memory_order
+from .transform_vectors import TRANSFORM_POINTS, transform_codegen
 
-__all__ = ["FUSABLE", "NONE", "act_row", "add_affine_act", "epilogue", "exp_neg"]
+__all__ = ["FUSABLE", "NONE", "act_row", "add_affine_act", "epilogue", "exp_neg", "vector_transform_act"]
 
 #: activations a conv's output pass applies itself
 FUSABLE = {"relu": 1, "leaky_relu": 2, "elu": 3}
@@ -74,6 +75,8 @@ _LN2_HI = np.float32(0.693145751953125)  # ln 2 in 16 bits: n * _LN2_HI is exact
 _LN2_LO = np.float32(math.log(2.0) - 0.693145751953125)
 #: Taylor coefficients 1 / k!, k = 7 .. 2 (|r| <= ln2 / 2: truncation 5e-9 relative)
 _C7, _C6, _C5, _C4, _C3, _C2 = (np.float32(1.0 / math.factorial(k)) for k in (7, 6, 5, 4, 3, 2))
+#: the polynomial's coefficients from the highest power down, the last two (1/1!, 1/0!) included
+_EXP_TAYLOR = (_C7, _C6, _C5, _C4, _C3, _C2, np.float32(1.0), np.float32(1.0))
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -123,6 +126,83 @@ def act_row(r, lo, hi, code, alpha):  # pragma: no cover - compiled
             pos = v > zero
             f = alpha * (exp_neg(min(v, zero)) - np.float32(1.0))
             r[i] = (v if pos else zero) + (zero if pos else f)
+
+
+def _exp_neg(b, x, const):
+    """``e^x`` for ``x <= 0``, as :func:`exp_neg` computes it (the same operations, so the
+    same values): ``x = n ln2 + r``, a degree-7 polynomial of ``r`` times ``2^n``."""
+    vt = x.type
+    W = vt.count
+    fmuladd = cgutils.get_or_insert_function(b.module, ir.FunctionType(vt, [vt] * 3), f"llvm.fmuladd.v{W}f32")
+    floor = cgutils.get_or_insert_function(b.module, ir.FunctionType(vt, [vt]), f"llvm.floor.v{W}f32")
+
+    def fma(p, q, r):
+        return b.call(fmuladd, [p, q, r])
+
+    lo = const(-87.0)
+    x = b.select(b.fcmp_ordered(">", lo, x), lo, x)
+    n = b.call(floor, [fma(x, const(_LOG2E), const(0.5))])
+    r = fma(n, const(-_LN2_LO), fma(n, const(-_LN2_HI), x))
+    p = const(_EXP_TAYLOR[0])
+    for c in _EXP_TAYLOR[1:]:
+        p = fma(p, r, const(c))
+    it = ir.VectorType(ir.IntType(32), W)
+    bits = b.shl(b.add(b.fptosi(n, it), ir.Constant(it, [127] * W)), ir.Constant(it, [23] * W))
+    return b.fmul(p, b.bitcast(bits, vt))
+
+
+def _activation(b, v, code, alpha, const):
+    """``act(v)`` for the epilogue ``code`` (a constant: 0 none, 1 ReLU, 2 leaky ReLU, 3 ELU of
+    ``alpha``, a vector), as :func:`act_row` computes it: NaN kept, ReLU of -0 is +0."""
+    zero = const(0.0)
+    if code == 0:
+        return v
+    pos = b.fcmp_ordered(">", v, zero)
+    if code == 1:  # max(v, 0) + (0 if v > 0 else m - m)
+        m = b.select(b.fcmp_ordered(">", zero, v), zero, v)
+        return b.fadd(m, b.select(pos, zero, b.fsub(m, m)))
+    if code == 2:
+        f = b.fmul(alpha, v)
+    else:  # alpha (e^min(v, 0) - 1)
+        f = b.fmul(alpha, b.fsub(_exp_neg(b, b.select(b.fcmp_ordered("<", zero, v), zero, v), const), const(1.0)))
+    return b.fadd(b.select(pos, v, zero), b.select(pos, zero, f))
+
+
+@intrinsic
+def vector_transform_act(typingctx, kind, vl, d, j, o, v, k, vs, bias, bo, code, alpha):
+    """``vector_transform_act(kind, vl, d, j, o, v, k, vs, bias, bo, code, alpha)``: as
+    :func:`vector_transform`, each output then ``act(y + bias[bo + i])`` before its store, ``act``
+    the epilogue ``code`` (a constant: 0 none, 1 ReLU, 2 leaky ReLU, 3 ELU, slope or scale
+    ``alpha``; the same values as :func:`act_row`): the output
+    transform's last pass writes finished values, with no pass of its own for bias and activation."""
+    lits = (kind, vl, code)
+    if not all(isinstance(t, types.IntegerLiteral) for t in lits):
+        return None
+    K, W, C = (int(t.literal_value) for t in lits)
+    points = TRANSFORM_POINTS.get(K, 8)
+    if len(o) != points - 1 or C not in (0, 1, 2, 3):
+        return None
+    sig = types.void(kind, vl, d, j, o, v, k, vs, bias, bo, code, alpha)
+
+    def codegen(context, builder, signature, args):  # pragma: no cover - runs in the compiler
+        st = signature.args
+
+        def finish(b, ys, load, const):
+            bias = load(
+                context.make_array(st[8])(context, b, args[8]).data, context.cast(b, args[9], st[9], types.int64)
+            )
+            alpha = const(0.0)
+            a = context.cast(b, args[11], st[11], types.float32)
+            alpha = b.shuffle_vector(
+                b.insert_element(alpha, a, ir.Constant(ir.IntType(32), 0)),
+                alpha,
+                ir.Constant(ir.VectorType(ir.IntType(32), W), [0] * W),
+            )
+            return [_activation(b, b.fadd(y, bias), C, alpha, const) for y in ys]
+
+        return transform_codegen(context, builder, signature, args, K, W, points, finish)
+
+    return sig, codegen
 
 
 # the two below stay numba prange loops: as nogil loops over task ranges (the other kernels') they

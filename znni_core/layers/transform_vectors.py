@@ -29,7 +29,9 @@ __all__ = [
     "BT8",
     "MAX4",
     "MAX8",
+    "TRANSFORM_POINTS",
     "vector_copy",
+    "transform_codegen",
     "transpose_block",
     "vector_transform",
     "vector_transpose8",
@@ -46,7 +48,7 @@ BT4 = 2
 #: where ``b > a``, else ``a`` (the first when unordered)
 MAX4, MAX8 = 4, 8
 #: points read per lane by the kinds that read other than 8
-_POINTS = {BT6: 6, BT4: 4, MAX4: 4}
+TRANSFORM_POINTS = {BT6: 6, BT4: 4, MAX4: 4}
 #: ... and the output transform AT: ``AT8 + m`` for ``m`` outputs (4-7)
 AT8 = 10
 
@@ -133,6 +135,49 @@ class _Ops:
         return self.b.fmul(x, y, flags=("contract",))
 
 
+def transform_codegen(context, builder, signature, args, K, W, points, finish=None):
+    """:func:`vector_transform`'s body (arguments 2-7 ``d, j, o, v, k, vs``); ``finish(builder,
+    ys, load, const)``, where given, returns the outputs to store instead of ``ys`` (a fused
+    epilogue, :func:`.epilogue.vector_transform_act`; ``load(pointer, offset)`` loads a vector,
+    ``const(x)`` a vector of ``x``)."""
+    st = signature.args
+    i64 = ir.IntType(64)
+    vt = ir.VectorType(ir.FloatType(), W)
+
+    def idx(val, ty):
+        return context.cast(builder, val, ty, types.int64)
+
+    dp = context.make_array(st[2])(context, builder, args[2]).data
+    vp = context.make_array(st[5])(context, builder, args[5]).data
+    j0, k0, step = idx(args[3], st[3]), idx(args[6], st[6]), idx(args[7], st[7])
+    offs = [ir.Constant(i64, 0)] + [idx(builder.extract_value(args[4], p), st[4].types[p]) for p in range(points - 1)]
+
+    def load(base, off):
+        ptr = builder.bitcast(builder.gep(base, [off]), vt.as_pointer())
+        val = builder.load(ptr)
+        val.align = 4
+        return val
+
+    def const(x):
+        return ir.Constant(vt, [float(x)] * W)
+
+    x = [load(dp, builder.add(j0, off)) for off in offs]
+    ops = _Ops(builder)
+    if K >= AT8:
+        ys = _at8(ops, x, const, K - AT8)
+    elif K in (MAX4, MAX8):
+        ys = [_max_tree(builder, x)]
+    else:
+        ys = {BT8: _bt8, BT6: _bt6, BT4: _bt4}[K](ops, x, const)
+    if finish is not None:
+        ys = finish(builder, ys, load, const)
+    for r, y in enumerate(ys):
+        at = builder.add(k0, builder.mul(ir.Constant(i64, r), step))
+        s = builder.store(y, builder.bitcast(builder.gep(vp, [at]), vt.as_pointer()))
+        s.align = 4
+    return context.get_dummy_value()
+
+
 @intrinsic
 def vector_transform(typingctx, kind, vl, d, j, o, v, k, vs):
     """``vector_transform(kind, vl, d, j, o, v, k, vs)``: for the ``vl`` lanes ``i`` (constants
@@ -144,48 +189,13 @@ def vector_transform(typingctx, kind, vl, d, j, o, v, k, vs):
     if not (isinstance(kind, types.IntegerLiteral) and isinstance(vl, types.IntegerLiteral)):
         return None
     K, W = int(kind.literal_value), int(vl.literal_value)
-    points = _POINTS.get(K, 8)
+    points = TRANSFORM_POINTS.get(K, 8)
     if len(o) != points - 1:
         return None
     sig = types.void(kind, vl, d, j, o, v, k, vs)
 
     def codegen(context, builder, signature, args):  # pragma: no cover - runs in the compiler
-        st = signature.args
-        i64 = ir.IntType(64)
-        vt = ir.VectorType(ir.FloatType(), W)
-
-        def idx(val, ty):
-            return context.cast(builder, val, ty, types.int64)
-
-        dp = context.make_array(st[2])(context, builder, args[2]).data
-        vp = context.make_array(st[5])(context, builder, args[5]).data
-        j0, k0, step = idx(args[3], st[3]), idx(args[6], st[6]), idx(args[7], st[7])
-        offs = [ir.Constant(i64, 0)] + [
-            idx(builder.extract_value(args[4], p), st[4].types[p]) for p in range(points - 1)
-        ]
-
-        def load(off):
-            ptr = builder.bitcast(builder.gep(dp, [builder.add(j0, off)]), vt.as_pointer())
-            val = builder.load(ptr)
-            val.align = 4
-            return val
-
-        def const(x):
-            return ir.Constant(vt, [x] * W)
-
-        x = [load(off) for off in offs]
-        ops = _Ops(builder)
-        if K >= AT8:
-            ys = _at8(ops, x, const, K - AT8)
-        elif K in (MAX4, MAX8):
-            ys = [_max_tree(builder, x)]
-        else:
-            ys = {BT8: _bt8, BT6: _bt6, BT4: _bt4}[K](ops, x, const)
-        for r, y in enumerate(ys):
-            at = builder.add(k0, builder.mul(ir.Constant(i64, r), step))
-            s = builder.store(y, builder.bitcast(builder.gep(vp, [at]), vt.as_pointer()))
-            s.align = 4
-        return context.get_dummy_value()
+        return transform_codegen(context, builder, signature, args, K, W, points)
 
     return sig, codegen
 

@@ -48,7 +48,7 @@ from ..errors import InputError
 from . import arena, microkernel, tuning
 from ._numba import njit
 from .buffers import staggered
-from .epilogue import act_row
+from .epilogue import act_row, vector_transform_act
 from .layout import channels_inner, copy_run, empty_channels_last, fill_run, is_channels_last, memory_order
 from .resident import ResidentConv
 from .threads import blas_limit, each_worker, gemm
@@ -444,6 +444,52 @@ def _at8(m, x, x0, xs, y, y0, ys, L):  # pragma: no cover - compiled
             y[k + y6] = s1 + c64 * s2 + h6 * s3 + a7
 
 
+def _at8_epilogue(m):
+    """``one(code, x, x0, offs, y, y0, ys, bias, b0, alpha)``: one vector of :func:`_at8_act`, AT8
+    with ``m`` outputs (a constant of the function made) and a branch per epilogue ``code``
+    (:func:`.epilogue.vector_transform_act` takes both as constants)."""
+    kind = AT8 + m
+
+    @njit(nogil=True, cache=True, inline="always")
+    def one(code, x, x0, offs, y, y0, ys, bias, b0, alpha):  # pragma: no cover - compiled
+        if code == 0:
+            vector_transform_act(kind, _VL, x, x0, offs, y, y0, ys, bias, b0, 0, alpha)
+        elif code == 1:
+            vector_transform_act(kind, _VL, x, x0, offs, y, y0, ys, bias, b0, 1, alpha)
+        elif code == 2:
+            vector_transform_act(kind, _VL, x, x0, offs, y, y0, ys, bias, b0, 2, alpha)
+        else:
+            vector_transform_act(kind, _VL, x, x0, offs, y, y0, ys, bias, b0, 3, alpha)
+
+    return one
+
+
+_at4_act, _at5_act, _at6_act, _at7_act = (_at8_epilogue(m) for m in (4, 5, 6, 7))
+
+
+@njit(nogil=True, cache=True)
+def _at8_act(m, x, x0, xs, y, y0, ys, L, bias, code, alpha):  # pragma: no cover - compiled
+    """y[r, i] = act(AT x[:, i] + bias[i]) for i < L (``L >= _VL``), a = 8, m = 4-7 outputs: the
+    output transform's last pass with the bias and the epilogue ``code`` applied in registers
+    (:func:`.epilogue.vector_transform_act`), so the staged rows need no pass of their own for them
+    (the same values as :func:`_at8` then :func:`_bias_act`).  A vector at a time, the last one
+    overlapping the one before."""
+    u = np.uint64
+    x0, xs, y0, ys = u(x0), u(xs), u(y0), u(ys)
+    offs = (xs, u(2) * xs, u(3) * xs, u(4) * xs, u(5) * xs, u(6) * xs, u(7) * xs)
+    last = L - _VL
+    for q in range(0, L, _VL):
+        i = u(min(q, last))
+        if m == 6:  # F(6,3): every 3-tap axis
+            _at6_act(code, x, x0 + i, offs, y, y0 + i, ys, bias, i, alpha)
+        elif m == 7:
+            _at7_act(code, x, x0 + i, offs, y, y0 + i, ys, bias, i, alpha)
+        elif m == 5:
+            _at5_act(code, x, x0 + i, offs, y, y0 + i, ys, bias, i, alpha)
+        else:
+            _at4_act(code, x, x0 + i, offs, y, y0 + i, ys, bias, i, alpha)
+
+
 @njit(nogil=True, cache=True)
 def _bt_rows(a, d, d0, ds, dstep, v, v0, vs, vstep, L, nb):  # pragma: no cover - compiled
     """v[:, i] = BT d[:, i] for i < L, on ``nb`` runs ``dstep`` and ``vstep`` apart."""
@@ -560,13 +606,12 @@ def _bias_act(S, sb, m, bias, code, alpha):  # pragma: no cover - compiled
     act_row(S, sb, sb + m, code, alpha)
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"})
-def _to_channels_first(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  # pragma: no cover - compiled
-    """out[n, o, z, y, i] = act(S[sb + (k * ntx + t) * ldm + o] + bias[o]) for i = t * mx + k: one
-    staged output row (:func:`_output_transform`'s layout: per x point ``k`` of the tiles, the
-    row's ``ntx`` tiles of ``ldm`` channels) back to channels first (``out`` may be a strided view);
-    ``bias`` as :func:`_staged_row_out`'s.  Bias and activation on the staged row (as
-    :func:`_staged_row_out`), then each channel's output row in order, a voxel at a time.  Per
+@njit(nogil=True, cache=True)
+def _to_channels_first(S, sb, ntx, mx, ldm, out, n, z, y):  # pragma: no cover - compiled
+    """out[n, o, z, y, i] = S[sb + (k * ntx + t) * ldm + o] for i = t * mx + k: one finished staged
+    output row (:func:`_output_transform`'s layout: per x point ``k`` of the tiles, the row's
+    ``ntx`` tiles of ``ldm`` channels) back to channels first (``out`` may be a strided view),
+    each channel's output row in order, a voxel at a time.  Per
     voxel, its channels loaded as a vector and each lane stored into its own row took 1.2-1.5x as
     long in a whole layer (2026-11-30, interleaved: 28 maps on 18 x 320^2, two threads, 300-330
     against 240-270 ms; 24 maps on 16 x 192^2, one core, 150-160 against 115 ms in 512-bit code and
@@ -574,7 +619,6 @@ def _to_channels_first(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  #
     _, O, _, _, Xo = out.shape
     u = np.uint64
     L, sb = u(ldm), u(sb)
-    _bias_act(S, sb, u(mx * ntx) * L, bias, code, alpha)
     for o in range(O):
         orow = out[n, o, z, y]
         for t in range(ntx):
@@ -584,19 +628,16 @@ def _to_channels_first(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  #
                     orow[i] = S[sb + u(k * ntx + t) * L + u(o)]
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"})
-def _staged_row_out(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y):  # pragma: no cover - compiled
-    """out[n, z, y, i, o] = act(S[sb + (k * ntx + t) * ldm + o] + bias[o]) for i = t * mx + k: one
-    staged output row into a channels-last output's memory ``out`` (N, Z, Y, X, C_out) (a strided
-    view allowed); ``bias`` is the layer's bias, zero-padded to ``ldm`` and repeated over the
-    staged row's ``mx * ntx`` voxels, so bias and epilogue run on the whole staged row in ``S``
-    (two long loops; the padding columns go along, unread).  Then each voxel's ``C_out`` values
-    are copied a vector at a time, the last vector overlapping (:func:`.vector_copy`): per voxel,
-    LLVM's loops over 24-48 channels ran as their scalar remainder in AVX2 code."""
+@njit(nogil=True, cache=True)
+def _staged_row_out(S, sb, ntx, mx, ldm, out, n, z, y):  # pragma: no cover - compiled
+    """out[n, z, y, i, o] = S[sb + (k * ntx + t) * ldm + o] for i = t * mx + k: one finished staged
+    output row into a channels-last output's memory ``out`` (N, Z, Y, X, C_out) (a strided view
+    allowed), each voxel's ``C_out`` values a vector at a time, the last vector overlapping
+    (:func:`.vector_copy`): per voxel, LLVM's loops over 24-48 channels ran as their scalar
+    remainder in AVX2 code."""
     _, _, _, Xo, O = out.shape
     u = np.uint64
     L, sb = u(ldm), u(sb)
-    _bias_act(S, sb, u(mx * ntx) * L, bias, code, alpha)
     orow = out[n, z, y]
     vec = O >= _VL and orow.strides[1] == orow.itemsize
     s0 = u(orow.strides[0] // orow.itemsize)
@@ -725,6 +766,8 @@ def _output_transform(
     T = az * ay * ax
     NT = M.shape[0] // (T * ldm)
     RC = ntx * ldm  # one position's tiles of the row
+    u = np.uint64
+    finished = ax == 8 and RC >= _VL  # the x pass adds the bias and applies the epilogue
     for r in range(r0, r1):
         n = r // (ntz * nty)
         tz, ty = (r // nty) % ntz, r % nty
@@ -738,7 +781,10 @@ def _output_transform(
             for bx in range(ax):
                 _at(ay, my, M, bx * NT * ldm + m0, ax * NT * ldm, Q, bx * RC, ax * RC, RC)
         for q in range(mz * my):  # x: per (z, y) output, into the staged row
-            _at(ax, mx, Q, q * ax * RC, RC, S, q * mx * RC, RC, RC)
+            if finished:  # bias and epilogue in the same pass
+                _at8_act(mx, Q, q * ax * RC, RC, S, q * mx * RC, RC, RC, bias, code, alpha)
+            else:
+                _at(ax, mx, Q, q * ax * RC, RC, S, q * mx * RC, RC, RC)
         for rz in range(mz):
             z = tz * mz + rz
             if z >= Zo:
@@ -748,10 +794,12 @@ def _output_transform(
                 if y >= Yo:
                     break
                 sb = (rz * my + ry) * mx * RC
+                if not finished:
+                    _bias_act(S, sb, u(mx * ntx * ldm), bias, code, alpha)
                 if cl:
-                    _staged_row_out(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y)
+                    _staged_row_out(S, sb, ntx, mx, ldm, out, n, z, y)
                 else:
-                    _to_channels_first(S, sb, ntx, mx, ldm, bias, code, alpha, out, n, z, y)
+                    _to_channels_first(S, sb, ntx, mx, ldm, out, n, z, y)
 
 
 # ----------------------------------------------------------------------------- the layer
