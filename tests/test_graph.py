@@ -244,8 +244,10 @@ def test_padded_input_not_admissible_is_zero_padded_and_cropped(tmp_path):
 
 @pytest.mark.parametrize("scale", [(1, 2, 2), (2, 2, 2), (2, 1, 3)])
 def test_nearest_upsampling_and_padding_equal_numpy(scale):
-    """The CPU kernels (numba upsampling, arena padding) equal ``np.repeat`` and ``np.pad``."""
+    """The CPU kernels (numba upsampling, arena padding in the input's layout) equal ``np.repeat`` and
+    ``np.pad``."""
     from znni_core.layers import arena
+    from znni_core.layers.layout import is_channels_last
     from znni_core.layers.resample import pad, upsample_nearest
 
     x = np.random.default_rng(1).standard_normal((2, 4, 8, 61, 67)).astype(np.float32)  # > arena.MIN_BYTES
@@ -258,6 +260,11 @@ def test_nearest_upsampling_and_padding_equal_numpy(scale):
                 y = pad(x, low, high, -2.5)
                 assert np.array_equal(y, expect)
                 del y
+            # a channels-last input padded channels last (its reader takes it so)
+            x_cl = np.ascontiguousarray(x.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)
+            y = pad(x_cl, low, high, -2.5)
+            assert is_channels_last(y) and np.array_equal(y, expect)
+            del y
 
 
 def test_blend_lattice_and_weights():
@@ -434,6 +441,58 @@ def test_a_direct_numba_first_layer_writes_channels_last_into_winograd(tmp_path,
     monkeypatch.setattr(P.DirectNumba, "writes_channels_last", False)
     np.testing.assert_allclose(znni_core.infer(net, x, plan=plan), out, rtol=1e-6, atol=1e-6)
     assert layouts == [True, False]
+
+
+def test_a_last_layer_of_few_channels_reads_the_decoder_channels_last(tmp_path, monkeypatch):
+    """A padded (1,5,5) conv to one channel after a Winograd conv of 16 maps (a U-Net's last layer,
+    as the synapse detector's) reads the Winograd output channels last where direct-numba takes it
+    in place (``layers.direct.reads_channels_last``; its zero padding copied in the same layout):
+    the tensor is chosen, the array reaching the last conv is channels last, and the output equals
+    PyTorch's and the channels-first run's."""
+    import dataclasses
+
+    import znni_core.exec.patch as EG
+    from znni_core.layers.direct import reads_channels_last
+    from znni_core.layers.layout import is_channels_last
+    from znni_core.plan import primitives as P
+    from znni_core.plan.program import program
+
+    torch.manual_seed(6)
+    nn = torch.nn
+    model = nn.Sequential(
+        nn.Conv3d(1, 16, (1, 3, 3), padding=(0, 1, 1)),
+        nn.ELU(),
+        nn.Conv3d(16, 16, (1, 3, 3), padding=(0, 1, 1)),
+        nn.ELU(),
+        nn.Conv3d(16, 1, (1, 5, 5), padding=(0, 2, 2)),
+        nn.Sigmoid(),
+    )
+    shape = (3, 20, 30)
+    net = znni_core.load_network(export(model, tmp_path / "last.onnx", shape))
+    x = np.random.default_rng(6).standard_normal((1,) + shape).astype(np.float32)
+    plan = autotune(net, memory_budget=2**30, patch_shape=shape, primitives=("winograd",), use_cache=False)
+    convs = [i for i, n in enumerate(net.nodes) if n.op.label == "conv"]
+    steps = list(plan.steps)
+    steps[convs[1]] = dataclasses.replace(steps[convs[1]], primitive="winograd")
+    steps[convs[2]] = dataclasses.replace(steps[convs[2]], primitive="direct-numba")
+    plan = dataclasses.replace(plan, steps=tuple(steps) if isinstance(plan.steps, tuple) else steps)
+    in_place = reads_channels_last(16, 1, (shape[0], shape[1] + 4, shape[2] + 4), (1, 5, 5))
+    chosen = EG.channels_last_tensors(program(plan.steps, net), every=True)
+    assert (net.nodes[convs[2]].inputs[0] in chosen) == in_place
+    layouts, real = [], P.L.conv_direct_numba
+
+    def direct(x, w, *a, **k):
+        if w.shape[0] == 1:
+            layouts.append(is_channels_last(x))
+        return real(x, w, *a, **k)
+
+    monkeypatch.setattr(P.L, "conv_direct_numba", direct)
+    out = znni_core.infer(net, x, plan=plan)
+    assert layouts == [in_place]
+    np.testing.assert_allclose(out, run(model, x), rtol=1e-4, atol=1e-5)
+    monkeypatch.setattr(EG, "channels_last_tensors", lambda prog, every=False: set())
+    np.testing.assert_allclose(znni_core.infer(net, x, plan=plan), out, rtol=1e-6, atol=1e-6)
+    assert layouts == [in_place, False]
 
 
 def test_exact_tiles_memory_walk_tracks_the_executor(tmp_path, monkeypatch):

@@ -200,6 +200,45 @@ def test_numba_register_tiles_equal_torch_conv3d(act):
         assert rel_err(rows, ref) <= TOL, (kernel, co)
 
 
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_numba_reads_a_channels_last_input_in_place_for_few_output_channels(act):
+    """A channels-last input and up to 4 output channels run on tiles of voxels with their input
+    channels as whole vectors (``microkernel.fma_channels``: one to four vectors a voxel, the last
+    overlapping the one before, 1-5 taps along x, the last tile of a row shifted back; in AVX2
+    code tiles of one vector a voxel, the rest as below), equal to float64 torch; the others (5
+    output channels, fewer input channels than a vector, a row shorter than a tile) take the
+    channels-first tiles, and so does a channels-first input."""
+    import znni_core.layers.direct as D
+    from znni_core.layers.microkernel import VL
+
+    rng = np.random.default_rng(11)
+    cases = (  # (n, C_in, C_out, kernel, spatial)
+        (1, VL, 1, (1, 3, 3), (2, 5, 15)),
+        (2, VL + 12, 1, (1, 5, 5), (2, 7, 21)),  # the synapse detector's 28 -> 1 (1,5,5), AVX-512
+        (1, 2 * VL + 3, 3, (3, 3, 3), (4, 5, 19)),
+        (1, 4 * VL, 4, (2, 2, 1), (3, 4, 17)),
+        (1, 3 * VL - 1, 2, (1, 2, 2), (2, 3, 40)),
+        (1, VL + 1, 2, (1, 1, 1), (2, 2, 30)),
+    )
+    in_place = [D.reads_channels_last(ci, co, spatial, kernel) for _, ci, co, kernel, spatial in cases]
+    assert in_place[0] and (VL == 8 or all(in_place)), in_place  # AVX2's 16 registers: one vector a voxel
+    for n, ci, co, kernel, spatial in cases:
+        x = rng.standard_normal((n, ci) + spatial).astype(np.float32)
+        w = rng.standard_normal((co, ci) + kernel).astype(np.float32)
+        b = rng.standard_normal(co).astype(np.float32)
+        t = [torch.from_numpy(a).double() for a in (x, w, b)]
+        ref = ACTIVATIONS[act](torch.nn.functional.conv3d(*t).numpy())
+        x_cl = np.ascontiguousarray(x.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)
+        for cl in (False, True):
+            y = conv_direct_numba(x_cl, w, b, act=act, channels_last=cl)
+            assert is_channels_last(y) == (cl and co > 1) and rel_err(y, ref) <= TOL, (ci, co, kernel, cl)
+    assert not D.reads_channels_last(28, 5, (2, 7, 40), (1, 5, 5))  # more output channels than 4
+    assert not D.reads_channels_last(VL - 1, 1, (2, 7, 40), (1, 3, 3))  # fewer input channels than a vector
+    assert not D.reads_channels_last(4 * VL + 1, 1, (2, 7, 40), (1, 3, 3))  # five vectors a voxel
+    assert not D.reads_channels_last(28, 1, (2, 7, 40), (1, 3, 7))  # 7 taps along x
+    assert not D.reads_channels_last(VL, 1, (2, 7, 5), (1, 3, 3))  # a row shorter than a tile
+
+
 def test_numba_register_tiles_priced_by_their_own_efficiency():
     """The model's efficiency of a layer on tiles: whole tiles and blocks of 4 channels run at the
     full rate; a row a tile and a bit long recomputes most of a tile; a lone channel runs at

@@ -36,7 +36,7 @@ from . import arena, microkernel, tuning
 from ._numba import FAST, njit
 from .activation import apply_activation
 from .epilogue import FUSABLE, act_row, epilogue
-from .layout import empty_channels_last, memory_order
+from .layout import empty_channels_last, is_channels_last, memory_order
 from .threads import matmul, split_tasks
 from .transform_vectors import transpose_block
 from .xp import get_array_module, with_host_variant
@@ -47,6 +47,7 @@ __all__ = [
     "conv_direct_numba",
     "conv_direct_numba_memory",
     "conv_out_shape",
+    "reads_channels_last",
 ]
 
 F32 = 4
@@ -532,6 +533,100 @@ def _conv_taps(x, w, b, code, alpha, out, channels_last):
     return out
 
 
+# ----------------------------------------------------------------------------- channels-last input
+# A few output channels on a channels-last input (a U-Net's last layer after a channels-last
+# decoder: the synapse detector's 28 -> 1 (1,5,5)) run on :func:`.microkernel.fma_channels`: a
+# voxel's input channels as whole vectors, a tile of voxels along x in registers, each output
+# channel's row in turn.  The register tiles above need the input channels first: the layer
+# before then wrote a channels-first output, the transposition 30-60 ms of a 110 ms layer on
+# 18 x 320^2.  A tile's voxels: the most (up to 12) whose sums, a kernel row's weights and a
+# voxel's vectors fit the registers; one compiled kernel per (vectors a voxel, taps along x),
+# made on first use.
+_CV = microkernel.VL
+#: at most this many output channels: each runs over the input rows on its own
+CHANNELS_LAST_MAX_OUT = 4
+
+
+def _channels_rows(nv: int, kx: int) -> int:
+    """Voxels per :func:`.microkernel.fma_channels` tile of ``nv`` vectors a voxel, ``kx`` taps: the
+    most whose sums fit the registers beside a kernel row's weights and a voxel's vectors, with
+    three to spare (with one to spare, 28 -> 1 (1,5,5) tiles of 9 voxels spilled their sums and ran
+    1.6x slower than tiles of 8 on one Xeon core)."""
+    return max(1, min(12, (microkernel.REGISTERS - nv * (kx + 1) - 4) // nv))
+
+
+def reads_channels_last(c_in, c_out, in_spatial, kernel) -> bool:
+    """Whether :func:`conv_direct_numba` reads this layer's input channels last in place
+    (:func:`.microkernel.fma_channels`): a few output channels, one to four vectors of input
+    channels a voxel, 1-5 taps along x, tiles of at least 4 voxels (AVX2's 16 registers hold
+    fewer beside two vectors a voxel and 5 taps: the channels-first tiles then), output rows of a
+    tile or more."""
+    nv, kx = -(-int(c_in) // _CV), int(kernel[2])
+    if not (int(c_out) <= CHANNELS_LAST_MAX_OUT and _CV <= int(c_in) and nv <= 4 and 1 <= kx <= 5):
+        return False
+    rows = _channels_rows(nv, kx)
+    return rows >= 4 and int(in_spatial[2]) - kx + 1 >= rows
+
+
+def _channels_kernel(nv: int, kx: int):
+    """``kernel(x, w, b, offs, out, dims, code, alpha, t0, t1)``: output rows ``[t0, t1)`` of
+    ``N * Zo * Yo`` on tiles of ``nv`` vectors a voxel and ``kx`` taps: ``x`` the flat channels-last
+    input (N, Z, Y, X, C), ``w`` the packed weights (O, K1, kx, nv, vl), ``offs`` the K1 kernel
+    rows' offsets, ``out`` the flat output (N, O, Zo, Yo, Xo); ``dims`` (O, Zo, Yo, Xo, C, input
+    item, plane and row strides).  Each output channel's row in tiles (the last shifted back to
+    end with it), then its epilogue."""
+    R = _channels_rows(nv, kx)
+
+    @njit(nogil=True, cache=True)
+    def kernel(x, w, b, offs, out, dims, code, alpha, t0, t1):  # pragma: no cover - compiled
+        O, Zo, Yo, Xo, C = dims[0], dims[1], dims[2], dims[3], dims[4]
+        sn, sz, sy = dims[5], dims[6], dims[7]
+        K1 = offs.size
+        ar = K1 * kx * nv * _CV
+        for t in range(t0, t1):
+            n, zy = t // (Zo * Yo), t % (Zo * Yo)
+            xin = n * sn + (zy // Yo) * sz + (zy % Yo) * sy
+            for o in range(O):
+                row = ((n * O + o) * Zo * Yo + zy) * Xo
+                for x0 in range(0, Xo, R):
+                    x0 = min(x0, Xo - R)
+                    microkernel.fma_channels(
+                        R, nv, _CV, kx, w, o * ar, x, xin + x0 * C, offs, K1, C, out, row + x0, 1, b[o]
+                    )
+                if code:
+                    act_row(out, row, row + Xo, code, alpha)
+
+    return kernel
+
+
+_CHANNELS_KERNELS: dict = {}
+
+
+def _conv_channels(x, w, b, code, alpha, out):
+    """:func:`conv_direct_numba` on a channels-last input ``x`` (:func:`reads_channels_last`)."""
+    n, c, z, y, xw = x.shape
+    o, _, kz, ky, kx = w.shape
+    nv = -(-c // _CV)
+    # per output channel and tap, nv vectors of weights: the last one's first channel C - VL, its
+    # lanes counted by the vector before zero
+    packed = np.zeros((o, kz, ky, kx, nv, _CV), np.float32)
+    wt = np.ascontiguousarray(w.transpose(0, 2, 3, 4, 1))  # (O, kz, ky, kx, C)
+    for v in range(nv - 1):
+        packed[..., v, :] = wt[..., v * _CV : (v + 1) * _CV]
+    done = (nv - 1) * _CV
+    packed[..., nv - 1, done - (c - _CV) :] = wt[..., done:]
+    offs = np.array([(dz * y + dy) * xw * c for dz in range(kz) for dy in range(ky)], np.int64)
+    _, zo, yo, xo = out.shape[1:]
+    dims = np.array([o, zo, yo, xo, c, z * y * xw * c, y * xw * c, xw * c], np.int64)
+    xf = memory_order(x).reshape(-1)
+    args = (xf, packed.reshape(-1), b, offs, out.reshape(-1), dims, code, np.float32(alpha))
+    kernel = _CHANNELS_KERNELS.get((nv, kx))
+    if kernel is None:
+        kernel = _CHANNELS_KERNELS[nv, kx] = _channels_kernel(nv, kx)
+    split_tasks(lambda t0, t1: kernel(*args, t0, t1), n * zo * yo)
+    return out
+
+
 def conv_direct_numba(x, w, b=None, *, act=None, channels_last=False, tiles=None):
     """Valid 3-D convolution by numba loops on the run's threads (numpy arrays only).
 
@@ -561,6 +656,27 @@ def conv_direct_numba(x, w, b=None, *, act=None, channels_last=False, tiles=None
     -------
     ndarray, shape (N, C_out, Zo, Yo, Xo), float32
     """
+    if (
+        isinstance(x, np.ndarray)
+        and is_channels_last(x)
+        and x.dtype == np.float32
+        and getattr(w, "ndim", None) == 5
+        and w.shape[1] == x.shape[1]
+        and tiles is None
+        and reads_channels_last(x.shape[1], w.shape[0], x.shape[2:], w.shape[2:])
+    ):
+        o = w.shape[0]
+        shape = (x.shape[0], o) + conv_out_shape(x.shape[2:], w.shape[2:])
+        w = np.ascontiguousarray(w, dtype=np.float32)
+        bias = np.zeros(o, np.float32) if b is None else np.ascontiguousarray(b, dtype=np.float32)
+        if bias.shape != (o,):
+            raise InputError(f"bias must have shape ({o},); got {bias.shape}")
+        y = _conv_channels(x, w, bias, *epilogue(act), arena.empty(shape))
+        if channels_last and o > 1:
+            out = empty_channels_last(shape)
+            out[...] = y
+            return out
+        return y
     xp, x, w, b = _validate(x, w, b)
     if xp is not np:
         raise InputError("conv_direct_numba runs on numpy arrays only; use conv_direct_gemm or FFTConv on the GPU")

@@ -39,6 +39,7 @@ __all__ = [
     "Scratch",
     "batched_products",
     "fits",
+    "fma_channels",
     "fma_taps",
     "fma_tile",
     "pad_columns",
@@ -201,6 +202,71 @@ def _taps_function(module, R: int, NV: int, VL: int):
     return fn
 
 
+def _channels_function(module, R: int, NV: int, VL: int, KX: int):
+    """The tile of :func:`fma_channels` as a function of its own in ``module``: ``R`` output voxels
+    of one channel, each ``NV`` vectors of sums along the input channels, summed across their lanes
+    at the end.  Per kernel row each of the ``R + KX - 1`` input voxels is loaded once and feeds
+    the ``KX`` sums it takes part in (a voxel's vectors straddle cache lines: loaded once per tap,
+    the loads bound the tile at half the multiply-add rate)."""
+    name = f"znni_fma_channels_{R}x{NV}x{VL}x{KX}"
+    fn = module.globals.get(name)
+    if fn is not None:
+        return fn
+    f32, i64 = ir.FloatType(), ir.IntType(64)
+    fp, ip = f32.as_pointer(), i64.as_pointer()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [fp, fp, ip, i64, i64, fp, i64, f32]), name)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    w, x, offs, K1, C, c, ldc, bias = fn.args
+    for p in (w, x, c, offs):
+        p.add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    vt = ir.VectorType(f32, VL)
+    fma = cgutils.get_or_insert_function(module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{VL}f32")
+
+    def const(v):
+        return ir.Constant(i64, v)
+
+    def load(base, off):
+        v = b.load(b.bitcast(b.gep(base, [off]), vt.as_pointer()))
+        v.align = 4
+        return v
+
+    acc = [[cgutils.alloca_once(b, vt) for _ in range(NV)] for _ in range(R)]
+    for row in acc:
+        for a in row:
+            b.store(ir.Constant(vt, [0.0] * VL), a)
+    # the vectors' first channels: whole vectors, the last one ending with the voxel's channels
+    first = [const(v * VL) for v in range(NV - 1)] + [b.sub(C, const(VL))]
+    with cgutils.for_range(b, K1) as outer:
+        k1 = outer.index
+        row = b.gep(x, [b.load(b.gep(offs, [k1]))])
+        wrow = b.gep(w, [b.mul(k1, const(KX * NV * VL))])
+        wv = [[load(wrow, const((dx * NV + v) * VL)) for v in range(NV)] for dx in range(KX)]
+        for m in range(R + KX - 1):
+            voxel = b.mul(const(m), C)
+            xv = [load(row, b.add(voxel, first[v])) for v in range(NV)]
+            for dx in range(KX):
+                r = m - dx
+                if 0 <= r < R:
+                    for v in range(NV):
+                        b.store(b.call(fma, [wv[dx][v], xv[v], b.load(acc[r][v])]), acc[r][v])
+    undef = ir.Constant(vt, ir.Undefined)
+    for r in range(R):
+        t = b.load(acc[r][0])
+        for v in range(1, NV):
+            t = b.fadd(t, b.load(acc[r][v]))
+        width = VL
+        while width > 1:  # halves added: lanes [0, width / 2) hold the sums
+            width //= 2
+            mask = [width + i if i < width else i for i in range(VL)]
+            t = b.fadd(t, b.shuffle_vector(t, undef, ir.Constant(ir.VectorType(ir.IntType(32), VL), mask)))
+        out = b.fadd(b.extract_element(t, ir.Constant(ir.IntType(32), 0)), bias)
+        b.store(out, b.gep(c, [b.mul(const(r), ldc)]))
+    b.ret_void()
+    return fn
+
+
 class _Args:
     """An intrinsic's arguments as its tile function takes them: ``idx(k)`` argument ``k`` as an
     int64, ``at(k, off)`` a pointer to element ``off`` of flat array ``k``, ``data(k)`` array
@@ -277,6 +343,34 @@ def fma_taps(typingctx, rows, nv, vl, a, ao, ar, b, bo, offs, K1, K2, c, co, ldc
             [g.at(3, 4), g.idx(5), g.at(6, 7), g.data(8), g.idx(9), g.idx(10), g.at(11, 12), g.idx(13)]
             + [g.at(14, 15), g.idx(16), g.f32(17)],
         )
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def fma_channels(typingctx, rows, nv, vl, kx, w, wo, x, xo, offs, K1, C, c, co, ldc, bias):
+    """``fma_channels(rows, nv, vl, kx, w, wo, x, xo, offs, K1, C, c, co, ldc, bias)``: for ``r < rows``,
+    ``c[co + r*ldc] = bias + sum_{k1 < K1, dx < kx, v < nv} w[wo + ((k1*kx + dx)*nv + v)*vl : +vl] .
+    x[xo + offs[k1] + (r + dx)*C + f_v : +vl]``: one output channel of a direct convolution on a
+    channels-last input (``C`` channels a voxel, ``vl <= C <= nv * vl``), ``rows`` voxels along x in
+    registers, each ``nv`` vectors along the input channels (``f_v = v * vl``, the last vector
+    ``C - vl``: it overlaps the one before, its weights zero on the lanes counted there), the
+    lanes summed at the end; ``offs`` (int64) the kernel rows' input offsets; flat arrays;
+    ``rows``, ``nv``, ``vl`` and ``kx`` (the kernel's taps along x) constants.  Unlike
+    :func:`fma_taps` (vectors along x, channels first) it reads a voxel's channels as whole
+    vectors: the last layer of a U-Net, a few output channels of a channels-last decoder, needs no
+    transposition."""
+    shape = _literal_shape(rows, nv, vl)
+    if shape is None or not isinstance(kx, types.IntegerLiteral):
+        return None
+    shape += (int(kx.literal_value),)
+    sig = types.void(rows, nv, vl, kx, w, wo, x, xo, offs, K1, C, c, co, ldc, bias)
+
+    def codegen(context, builder, signature, args):  # pragma: no cover - runs in the compiler
+        g = _Args(context, builder, signature, args)
+        fn = _channels_function(builder.module, *shape)
+        builder.call(fn, [g.at(4, 5), g.at(6, 7), g.data(8), g.idx(9), g.idx(10), g.at(11, 12), g.idx(13), g.f32(14)])
         return context.get_dummy_value()
 
     return sig, codegen

@@ -322,11 +322,16 @@ def avg_pool(x, window):
 
 def pad(x, low, high, value: float = 0.0):
     """Constant padding of the spatial axes (the output from the arena: only the border is filled
-    and the input copied once; ``np.pad`` took 3x as long on U-Net layers)."""
+    and the input copied once; ``np.pad`` took 3x as long on U-Net layers), in the input's layout
+    (a channels-last input copied into a channels-first output took 0.3 s of a 28-channel
+    18 x 320^2 layer)."""
     xp = get_array_module(x)
     low, high = tuple(int(a) for a in low), tuple(int(b) for b in high)
     shape = x.shape[:2] + tuple(s + a + b for s, a, b in zip(x.shape[2:], low, high))
-    out = arena.empty(shape, x.dtype, xp=xp)
+    if xp is np and channels_inner(x):
+        out = empty_channels_last(shape, x.dtype)
+    else:
+        out = arena.empty(shape, x.dtype, xp=xp)
     for ax, (a, b) in enumerate(zip(low, high)):
         lead = (slice(None),) * (2 + ax)
         if a:

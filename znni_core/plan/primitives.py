@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import layers as L
 from ..errors import PlanError
+from ..layers.direct import reads_channels_last as direct_reads_channels_last
 from ..layers.epilogue import FUSABLE
 from ..layers.resample import conv_strided, conv_strided_memory, conv_strided_out_shape
 from ..layers.torch_conv import TorchConv, torch_conv_memory
@@ -95,9 +96,10 @@ class Primitive:
         ``(C_in, C_out)`` when given."""
         return True
 
-    def reads_channels_last(self, kernel) -> bool:
+    def reads_channels_last(self, kernel, channels=None, in_spatial=None) -> bool:
         """Whether an untiled call on one input reads a channels-last input (:mod:`~znni_core.layers.layout`)
-        at full speed, so the step before may write one."""
+        at full speed, so the step before may write one; ``channels`` ``(C_in, C_out)`` and
+        ``in_spatial`` the layer's where known."""
         return False
 
     def runs_pointwise_chain(self, kernel) -> bool:
@@ -217,7 +219,7 @@ class DirectGemm(Primitive):
         launches = 1 if math.prod(k) == 1 else 8
         return flops / cal.gemm_flops + (x_bytes + y_bytes + lowered) / cal.mem_bw + calls * F.LAUNCH_S * launches
 
-    def reads_channels_last(self, kernel):
+    def reads_channels_last(self, kernel, channels=None, in_spatial=None):
         """See :class:`Primitive`: a 1x1x1 conv (a GEMM on the input in place)."""
         return math.prod(kernel) == 1
 
@@ -247,6 +249,15 @@ class DirectNumba(Primitive):
     # channels last where every reader takes it (the first layer of a U-Net feeding Winograd: the
     # transposition cost the next layer 8 ms of 34 on 24 maps of 16 x 192^2)
     writes_channels_last = True
+
+    def reads_channels_last(self, kernel, channels=None, in_spatial=None):
+        """See :class:`Primitive`: a few output channels (``layers.direct.reads_channels_last``:
+        a U-Net's last layer after a channels-last decoder)."""
+        return (
+            channels is not None
+            and in_spatial is not None
+            and direct_reads_channels_last(channels[0], channels[1], in_spatial, kernel)
+        )
 
     def call_bytes(self, n, layer, in_spatial, threads=1):
         """See :class:`Primitive`."""
@@ -444,7 +455,7 @@ class Winograd(Primitive):
     pads_input = True
     writes_channels_last = True
 
-    def reads_channels_last(self, kernel):
+    def reads_channels_last(self, kernel, channels=None, in_spatial=None):
         """See :class:`Primitive`."""
         return True
 

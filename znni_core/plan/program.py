@@ -174,9 +174,10 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
         node, step = nodes[i], steps[i]
         if isinstance(node.op, Convolution):  # Winograd, or a 1x1x1 conv (conv_pointwise_chain reads it in place)
             prim = PRIMITIVES.get(step.primitive)
+            conv = node.op.conv
             return (
                 prim is not None
-                and prim.reads_channels_last(node.op.conv.kernel)
+                and prim.reads_channels_last(conv.kernel, (conv.in_channels, conv.out_channels), step.in_shape[2:])
                 and not step.tile
                 and not step.micro_batch
             )
