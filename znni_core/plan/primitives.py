@@ -99,7 +99,7 @@ class Primitive:
     def reads_channels_last(self, kernel, channels=None, in_spatial=None) -> bool:
         """Whether an untiled call on one input reads a channels-last input (:mod:`~znni_core.layers.layout`)
         at full speed, so the step before may write one; ``channels`` ``(C_in, C_out)`` and
-        ``in_spatial`` the layer's where known."""
+        ``in_spatial`` the layer's where known (None: not known, as while a step is priced)."""
         return False
 
     def runs_pointwise_chain(self, kernel) -> bool:
@@ -252,7 +252,8 @@ class DirectNumba(Primitive):
 
     def reads_channels_last(self, kernel, channels=None, in_spatial=None):
         """See :class:`Primitive`: a few output channels (``layers.direct.reads_channels_last``:
-        a U-Net's last layer after a channels-last decoder)."""
+        a U-Net's last layer after a channels-last decoder); not where the input's shape is not
+        known yet (a step being priced)."""
         return (
             channels is not None
             and in_spatial is not None

@@ -155,7 +155,8 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
     A tensor is channels last if such a writer wrote it, or a node that keeps the layout
     (``Operator.keeps_layout``: an activation, an affine; a max-pool subsampling or in MPF, an upsampling; an add, mul
     or concat of channels-last inputs) made it from one.  A writer is chosen while every channels-last tensor
-    that flows from it is read only by untiled Winograd or 1x1x1 convs and such nodes, never
+    that flows from it is read only by untiled Winograd or 1x1x1 convs (or direct-numba ones of a few output
+    channels: ``layers.direct.reads_channels_last``) and such nodes, never
     mixed with a channels-first input, and is not the network's output; the others are dropped
     until none breaks that.  A one-channel output is channels first anyway.
     ``every``: every tensor that is channels last, not only the writers' (what the layout-keeping
@@ -172,12 +173,16 @@ def channels_last_tensors(prog: Program, every: bool = False) -> set:
 
     def reads(i):  # reads a channels-last input at speed (a mixed add is checked apart)
         node, step = nodes[i], steps[i]
-        if isinstance(node.op, Convolution):  # Winograd, or a 1x1x1 conv (conv_pointwise_chain reads it in place)
+        if isinstance(node.op, Convolution):  # Winograd, a 1x1x1 conv, direct-numba to a few channels
             prim = PRIMITIVES.get(step.primitive)
             conv = node.op.conv
             return (
                 prim is not None
-                and prim.reads_channels_last(conv.kernel, (conv.in_channels, conv.out_channels), step.in_shape[2:])
+                and prim.reads_channels_last(
+                    conv.kernel,
+                    (conv.in_channels, conv.out_channels),
+                    tuple(step.in_shape[2:]) if len(step.in_shape) == 5 else None,  # unknown while priced
+                )
                 and not step.tile
                 and not step.micro_batch
             )
