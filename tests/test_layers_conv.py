@@ -164,6 +164,17 @@ ACTIVATIONS = {
 }
 
 
+def _torch_case(rng, n, ci, co, kernel, spatial, act):
+    """``(x, x channels last, w, b, reference)``: a random layer and its float64 torch output with
+    the activation ``act``."""
+    x = rng.standard_normal((n, ci) + spatial).astype(np.float32)
+    w = rng.standard_normal((co, ci) + kernel).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
+    t = [torch.from_numpy(a).double() for a in (x, w, b)]
+    ref = ACTIVATIONS[act](torch.nn.functional.conv3d(*t).numpy())
+    return x, np.ascontiguousarray(x.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3), w, b, ref
+
+
 @pytest.mark.parametrize("act", list(ACTIVATIONS))
 def test_numba_register_tiles_equal_torch_conv3d(act):
     """Output rows of a register tile or more (one tile, a tile and a few values: the last tile
@@ -186,12 +197,7 @@ def test_numba_register_tiles_equal_torch_conv3d(act):
     )
     for n, ci, co, kernel, spatial in cases:
         assert D.direct_numba_tiles(spatial, kernel)
-        x = rng.standard_normal((n, ci) + spatial).astype(np.float32)
-        w = rng.standard_normal((co, ci) + kernel).astype(np.float32)
-        b = rng.standard_normal(co).astype(np.float32)
-        t = [torch.from_numpy(a).double() for a in (x, w, b)]
-        ref = ACTIVATIONS[act](torch.nn.functional.conv3d(*t).numpy())
-        x_cl = np.ascontiguousarray(x.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)
+        x, x_cl, w, b, ref = _torch_case(rng, n, ci, co, kernel, spatial, act)
         for xin in (x, x_cl):
             for cl in (False, True):
                 y = conv_direct_numba(xin, w, b, act=act, channels_last=cl)
@@ -223,12 +229,7 @@ def test_numba_reads_a_channels_last_input_in_place_for_few_output_channels(act)
     in_place = [D.reads_channels_last(ci, co, spatial, kernel) for _, ci, co, kernel, spatial in cases]
     assert in_place[0] and (VL == 8 or all(in_place)), in_place  # AVX2's 16 registers: one vector a voxel
     for n, ci, co, kernel, spatial in cases:
-        x = rng.standard_normal((n, ci) + spatial).astype(np.float32)
-        w = rng.standard_normal((co, ci) + kernel).astype(np.float32)
-        b = rng.standard_normal(co).astype(np.float32)
-        t = [torch.from_numpy(a).double() for a in (x, w, b)]
-        ref = ACTIVATIONS[act](torch.nn.functional.conv3d(*t).numpy())
-        x_cl = np.ascontiguousarray(x.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)
+        x, x_cl, w, b, ref = _torch_case(rng, n, ci, co, kernel, spatial, act)
         for cl in (False, True):
             y = conv_direct_numba(x_cl, w, b, act=act, channels_last=cl)
             assert is_channels_last(y) == (cl and co > 1) and rel_err(y, ref) <= TOL, (ci, co, kernel, cl)
