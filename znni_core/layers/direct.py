@@ -637,7 +637,9 @@ def conv_direct_numba(x, w, b=None, *, act=None, channels_last=False, tiles=None
     than ``direct.row_group`` input values run several at a time as one row with gaps (MPF
     fragments' rows are 6-8 voxels); a last block of fewer than 4 channels runs on
     zero-padded weights.  With ``channels_last`` the output is a channels-last array
-    (:mod:`.layout`), a task then a group of output rows over every block of channels.
+    (:mod:`.layout`), a task then a group of output rows over every block of channels.  A
+    channels-last input of a layer with a few output channels (:func:`reads_channels_last`) is
+    read in place, a voxel's channels as whole vectors; any other is read channels first.
 
     Parameters
     ----------
@@ -663,6 +665,7 @@ def conv_direct_numba(x, w, b=None, *, act=None, channels_last=False, tiles=None
         and getattr(w, "ndim", None) == 5
         and w.shape[1] == x.shape[1]
         and tiles is None
+        and min(conv_out_shape(x.shape[2:], w.shape[2:])) >= 1
         and reads_channels_last(x.shape[1], w.shape[0], x.shape[2:], w.shape[2:])
     ):
         o = w.shape[0]
